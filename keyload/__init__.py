@@ -1,0 +1,1 @@
+"""keyload: a durable messaging engine built as an event-sourced log processor."""

@@ -1,0 +1,1 @@
+"""The command log: the source of truth every projection is rebuilt from."""

@@ -1,0 +1,69 @@
+"""The log interface every backend (embedded file log, Kafka) implements."""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from typing import Protocol
+
+
+@dataclass(frozen=True, slots=True)
+class LogRecord:
+    """One record as read back: its position and the time the log stamped on it."""
+
+    partition: int
+    offset: int
+    timestamp_ms: int
+    value: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class Appended:
+    partition: int
+    offset: int
+    timestamp_ms: int
+
+
+class LogError(Exception):
+    """The log cannot serve the request (I/O failure, integrity failure, bad argument)."""
+
+
+class LogCorruption(LogError):
+    """A record in the middle of a partition fails its checksum: recovery is required."""
+
+
+def partition_for(domain: str, partitions: int) -> int:
+    """The one domain→partition function; every backend must use it.
+
+    SHA-256 of the UTF-8 domain, first 8 bytes big-endian, modulo the partition
+    count: stable across processes, languages and Python versions.
+    """
+    if partitions < 1:
+        raise ValueError("partitions must be >= 1")
+    digest = hashlib.sha256(domain.encode("utf-8")).digest()
+    return int.from_bytes(digest[:8], "big") % partitions
+
+
+class CommandLog(Protocol):
+    """A partitioned, append-only log of opaque records.
+
+    Offsets start at 0 and are dense per partition. The log stamps each record
+    with its append time in milliseconds; readers treat it as the record's time.
+    """
+
+    @property
+    def partitions(self) -> int: ...
+
+    def append(self, partition: int, values: list[bytes]) -> list[Appended]:
+        """Append records to one partition, durably per the backend's policy."""
+        ...
+
+    def read(self, partition: int, from_offset: int, max_records: int) -> list[LogRecord]:
+        """Up to `max_records` records from `from_offset`; empty when none are there yet."""
+        ...
+
+    def end_offset(self, partition: int) -> int:
+        """The offset the next appended record of `partition` will get."""
+        ...
+
+    def close(self) -> None: ...
