@@ -1,0 +1,134 @@
+"""Avro single-object encoding over a registry of every historical writer schema.
+
+Each encoded value is `C3 01 | CRC-64-AVRO fingerprint (8 bytes, little-endian) | body`.
+The fingerprint names the writer schema; a value written under any version in
+`schemas/history/` decodes under the current schema by Avro schema resolution.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+from dataclasses import dataclass
+from importlib import resources
+from typing import Any
+
+from fastavro import parse_schema, schemaless_reader, schemaless_writer
+from fastavro.schema import fingerprint, load_schema, to_parsing_canonical_form
+
+MAGIC = b"\xc3\x01"
+HEADER_BYTES = 10
+
+# Top-level schemas that are written as single-object encoded values.
+TOP_LEVEL = (
+    "keyload.Command",
+    "keyload.Outcome",
+    "keyload.QueueRecord",
+    "keyload.MessageMeta",
+    "keyload.PoisonEntry",
+)
+
+Record = dict[str, Any]
+
+
+class CodecError(Exception):
+    """Bytes that are not a readable single-object encoded value of the expected type."""
+
+
+class UnknownSchema(CodecError):
+    """The value's writer fingerprint is not in the registry."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Writer:
+    name: str
+    schema: Any  # parsed writer schema
+
+
+def _fingerprint(schema: Any) -> bytes:
+    hex_fp: str = fingerprint(to_parsing_canonical_form(schema), "CRC-64-AVRO")
+    return bytes.fromhex(hex_fp)[::-1]  # the spec writes it little-endian
+
+
+def expanded_current(name: str) -> Any:
+    """The current schema of `name` with every referenced type inlined."""
+    path = resources.files("keyload.schemas").joinpath(f"{name}.avsc")
+    with resources.as_file(path) as file:
+        return load_schema(str(file), _write_hint=False)
+
+
+def history(name: str) -> list[tuple[int, Any]]:
+    """Every released version of `name`, oldest first."""
+    folder = resources.files("keyload.schemas").joinpath("history", name)
+    versions = []
+    for entry in folder.iterdir():
+        if entry.name.endswith(".avsc"):
+            version = int(entry.name.removeprefix("v").removesuffix(".avsc"))
+            versions.append((version, json.loads(entry.read_text("utf-8"))))
+    return sorted(versions, key=lambda item: item[0])
+
+
+class SchemaRegistry:
+    """Current reader schemas plus every historical writer schema, by fingerprint."""
+
+    def __init__(self) -> None:
+        self._current: dict[str, Any] = {}
+        self._current_header: dict[str, bytes] = {}
+        self._writers: dict[bytes, _Writer] = {}
+        for name in TOP_LEVEL:
+            current = parse_schema(expanded_current(name))
+            self._current[name] = current
+            fp = _fingerprint(current)
+            self._current_header[name] = MAGIC + fp
+            self._writers[fp] = _Writer(name, current)
+            for _, old in history(name):
+                parsed = parse_schema(old)
+                self._writers.setdefault(_fingerprint(parsed), _Writer(name, parsed))
+
+    def schema(self, name: str) -> Any:
+        return self._current[name]
+
+    def encode(self, name: str, record: Record) -> bytes:
+        out = io.BytesIO()
+        out.write(self._current_header[name])
+        schemaless_writer(out, self._current[name], record)
+        return out.getvalue()
+
+    def encode_body(self, name: str, record: Record) -> bytes:
+        """The Avro binary body alone, without the single-object header."""
+        out = io.BytesIO()
+        schemaless_writer(out, self._current[name], record)
+        return out.getvalue()
+
+    def writer_name(self, data: bytes) -> str:
+        """The top-level type a value was written as; raises CodecError/UnknownSchema."""
+        return self._writer(data).name
+
+    def decode(self, name: str, data: bytes) -> Record:
+        writer = self._writer(data)
+        if writer.name != name:
+            raise CodecError(f"expected {name}, found {writer.name}")
+        current = self._current[name]
+        reader = None if writer.schema is current else current
+        try:
+            record: Record = schemaless_reader(
+                io.BytesIO(data[HEADER_BYTES:]),
+                writer.schema,
+                reader,
+                return_record_name=True,
+                return_record_name_override=True,
+            )
+        except Exception as exc:  # fastavro raises many types on malformed bodies
+            raise CodecError(f"malformed {name} body: {type(exc).__name__}") from exc
+        return record
+
+    def _writer(self, data: bytes) -> _Writer:
+        if len(data) < HEADER_BYTES or data[:2] != MAGIC:
+            raise CodecError("not an Avro single-object encoded value")
+        writer = self._writers.get(data[2:HEADER_BYTES])
+        if writer is None:
+            raise UnknownSchema(f"unknown writer schema fingerprint {data[2:HEADER_BYTES].hex()}")
+        return writer
+
+
+REGISTRY = SchemaRegistry()

@@ -1,0 +1,1 @@
+"""Deterministic command handlers: pure functions of (state, command, log position, log time)."""

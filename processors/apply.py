@@ -1,0 +1,145 @@
+"""Apply one log record to a partition's staged projection.
+
+The only entry point the runtime calls. It decodes the envelope, enforces
+command-id idempotency by fingerprint, authorizes, dispatches to the command's
+handler inside its own child stage (so a rejection leaves nothing behind), and
+stores the outcome. Undecodable records become poison entries.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from keyload.log.base import partition_for
+from keyload.log.codec import REGISTRY, CodecError
+from keyload.projections import keys
+from keyload.projections.store import Staged
+
+from . import limits, queues
+from .access import authorize
+from .context import Context
+from .errors import ErrorCode, Rejected
+
+Record = dict[str, Any]
+Handler = Callable[[Staged, Record, Context], Record | None]
+
+COMMAND = "keyload.Command"
+OUTCOME = "keyload.Outcome"
+POISON = "keyload.PoisonEntry"
+FINGERPRINT_BYTES = 32
+CHECKPOINT_KIND = "keyload.command.Checkpoint"
+
+HANDLERS: dict[str, Handler] = {
+    "keyload.command.CreateQueue": queues.create_queue,
+    "keyload.command.ConfigureQueue": queues.configure_queue,
+    "keyload.command.Enqueue": queues.enqueue,
+    "keyload.command.InspectQueue": queues.inspect_queue,
+    "keyload.command.InspectMessage": queues.inspect_message,
+    "keyload.command.Tick": queues.tick,
+    CHECKPOINT_KIND: lambda stage, body, ctx: {"offset": ctx.offset},
+}
+
+# Result union branches of the Outcome schema, by handler.
+RESULT_TYPES: dict[str, str] = {
+    "keyload.command.CreateQueue": "keyload.QueueView",
+    "keyload.command.ConfigureQueue": "keyload.QueueView",
+    "keyload.command.Enqueue": "keyload.result.EnqueueResult",
+    "keyload.command.InspectQueue": "keyload.QueueView",
+    "keyload.command.InspectMessage": "keyload.MessageView",
+    "keyload.command.Tick": "keyload.result.TickResult",
+    CHECKPOINT_KIND: "keyload.result.CheckpointResult",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Applied:
+    """What applying one record produced. `outcome` is None for a poison record."""
+
+    outcome: bytes | None
+    reply_to: int | None
+    kind: str | None
+
+
+def fingerprint(command: Record) -> bytes:
+    """SHA-256 over the command's canonical bytes: the envelope without its
+    informational fields (reply-to, client time), encoded under the current schema."""
+    canonical = dict(command, reply_to=None, client_time_ms=None)
+    return hashlib.sha256(REGISTRY.encode_body(COMMAND, canonical)).digest()
+
+
+def apply_record(stage: Staged, value: bytes, partition: int, partitions: int, offset: int, now_ms: int) -> Applied:
+    try:
+        command = REGISTRY.decode(COMMAND, value)
+    except CodecError as exc:
+        _record_poison(stage, value, offset, now_ms, str(exc))
+        return Applied(None, None, None)
+    command_id: str = command["command_id"]
+    if not 1 <= len(command_id) <= limits.MAX_COMMAND_ID_CHARS or not limits.ID_PATTERN.fullmatch(command_id):
+        _record_poison(stage, value, offset, now_ms, "command id is not 1..128 printable ASCII characters")
+        return Applied(None, None, None)
+    kind, body = command["body"]
+    reply_to = command["reply_to"]
+    print_ = fingerprint(command)
+
+    stored = stage.get(keys.outcome(command_id))
+    if stored is not None:
+        if stored[:FINGERPRINT_BYTES] == print_:
+            return Applied(stored[FINGERPRINT_BYTES:], reply_to, kind)
+        conflict = _outcome(command_id, partition, offset, now_ms, None, None)
+        _reject(conflict, Rejected(ErrorCode.CONFLICT, "command id was used for a different command"))
+        return Applied(REGISTRY.encode(OUTCOME, conflict), reply_to, kind)
+
+    ctx = Context(partition, offset, now_ms, command["domain"], command["principal"])
+    child = Staged(stage)
+    outcome = _outcome(command_id, partition, offset, now_ms, None, None)
+    try:
+        _check_envelope(ctx, partitions)
+        authorize(ctx, kind)
+        result = HANDLERS[kind](child, body, ctx)
+        if result is not None:
+            outcome["result"] = (RESULT_TYPES[kind], result)
+        child.merge_into(stage)
+    except Rejected as rejection:
+        _reject(outcome, rejection)
+    encoded = REGISTRY.encode(OUTCOME, outcome)
+    stage.put(keys.outcome(command_id), print_ + encoded)
+    return Applied(encoded, reply_to, kind)
+
+
+def _check_envelope(ctx: Context, partitions: int) -> None:
+    queues.check_name("domain", ctx.domain, limits.MAX_DOMAIN_CHARS, limits.DOMAIN_PATTERN)
+    if partition_for(ctx.domain, partitions) != ctx.partition:
+        raise Rejected(ErrorCode.VALIDATION, "domain does not belong to this partition")
+    if not 1 <= len(ctx.principal) <= limits.MAX_PRINCIPAL_CHARS:
+        raise Rejected(ErrorCode.VALIDATION, f"principal must be 1..{limits.MAX_PRINCIPAL_CHARS} characters")
+
+
+def _outcome(command_id: str, partition: int, offset: int, now_ms: int, code: str | None, result: Any) -> Record:
+    return {
+        "command_id": command_id,
+        "partition": partition,
+        "offset": offset,
+        "eval_time_ms": now_ms,
+        "status": "committed",
+        "error_code": code,
+        "detail": "",
+        "result": result,
+    }
+
+
+def _reject(outcome: Record, rejection: Rejected) -> None:
+    outcome.update(status="rejected", error_code=str(rejection.code), detail=rejection.detail, result=None)
+
+
+def _record_poison(stage: Staged, value: bytes, offset: int, now_ms: int, reason: str) -> None:
+    entry = {
+        "offset": offset,
+        "timestamp_ms": now_ms,
+        "length": len(value),
+        "sha256": hashlib.sha256(value).digest(),
+        "reason": reason,
+    }
+    stage.put(keys.poison(offset), REGISTRY.encode(POISON, entry))

@@ -1,0 +1,25 @@
+"""Named limits of the command surface. docs/ARCHITECTURE.md lists each one."""
+
+from __future__ import annotations
+
+import re
+
+MAX_COMMAND_ID_CHARS = 128
+MAX_DOMAIN_CHARS = 64
+MAX_PRINCIPAL_CHARS = 256
+MAX_QUEUE_NAME_CHARS = 80
+MAX_MESSAGE_ID_CHARS = 128
+MAX_ORDERING_KEY_CHARS = 128
+MAX_INLINE_BODY_BYTES = 256 * 1024
+MAX_HEADERS = 64
+MAX_HEADER_NAME_CHARS = 128
+MAX_HEADERS_BYTES = 16 * 1024
+MAX_SCHEDULE_AHEAD_MS = 365 * 24 * 3600 * 1000
+TICK_EXAMINATION_BUDGET = 256
+
+# Identifiers: printable ASCII without spaces (command and message ids); stricter
+# names for domains, queues and header names so they read well in URLs and CLIs.
+ID_PATTERN = re.compile(r"[\x21-\x7e]+")
+DOMAIN_PATTERN = re.compile(r"[a-z0-9][a-z0-9._-]*")
+QUEUE_NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
+HEADER_NAME_PATTERN = re.compile(r"[A-Za-z0-9_.-]+")

@@ -1,0 +1,80 @@
+"""Queue policy: defaults, bounds and cross-field rules (DESIGN.md §5)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from .errors import ErrorCode, Rejected
+
+KIB = 1024
+MIB = 1024 * KIB
+GIB = 1024 * MIB
+HOUR_MS = 3600 * 1000
+
+
+@dataclass(frozen=True, slots=True)
+class Bound:
+    default: int
+    minimum: int
+    maximum: int
+
+
+INTEGER_FIELDS: dict[str, Bound] = {
+    "max_stored_messages": Bound(100_000, 1, 100_000_000),
+    "max_stored_bytes": Bound(256 * MIB, 1, 1024 * GIB),
+    "max_in_flight": Bound(1_000, 1, 120_000),
+    "max_attempts": Bound(5, 1, 1_000),
+    "lease_ms": Bound(30_000, 100, 12 * HOUR_MS),
+    "max_lease_ms": Bound(12 * HOUR_MS, 100, 12 * HOUR_MS),
+    "retry_base_ms": Bound(1_000, 0, 24 * HOUR_MS),
+    "retry_max_ms": Bound(300_000, 0, 24 * HOUR_MS),
+    "retry_factor": Bound(2, 1, 10),
+    "receive_max_messages": Bound(10, 1, 1_000),
+    "receive_max_bytes": Bound(4 * MIB, 1, 64 * MIB),
+}
+# Dead-letter sublimits: null inherits the stored grant, a value may not exceed it.
+SUBLIMIT_FIELDS = {
+    "max_dead_letter_messages": "max_stored_messages",
+    "max_dead_letter_bytes": "max_stored_bytes",
+}
+ENUM_FIELDS: dict[str, tuple[str, ...]] = {
+    "retry_jitter": ("none", "full"),
+    "ordering": ("competing", "strict_per_key"),
+    "parked_head": ("continue", "block"),
+}
+
+
+def resolve_policy(spec: dict[str, Any]) -> dict[str, Any]:
+    """A complete, validated QueuePolicy from a QueuePolicySpec (nulls take defaults)."""
+    policy: dict[str, Any] = {}
+    for name, bound in INTEGER_FIELDS.items():
+        value = spec.get(name)
+        value = bound.default if value is None else value
+        if not bound.minimum <= value <= bound.maximum:
+            raise Rejected(
+                ErrorCode.VALIDATION,
+                f"policy.{name} must be between {bound.minimum} and {bound.maximum}",
+            )
+        policy[name] = value
+    for name, choices in ENUM_FIELDS.items():
+        value = spec.get(name)
+        value = choices[0] if value is None else value
+        if value not in choices:
+            raise Rejected(ErrorCode.VALIDATION, f"policy.{name} must be one of {', '.join(choices)}")
+        policy[name] = value
+    for name, grant in SUBLIMIT_FIELDS.items():
+        value = spec.get(name)
+        if value is not None and not 0 <= value <= policy[grant]:
+            raise Rejected(ErrorCode.VALIDATION, f"policy.{name} must be between 0 and {grant}")
+        policy[name] = value
+    if policy["lease_ms"] > policy["max_lease_ms"]:
+        raise Rejected(ErrorCode.VALIDATION, "policy.lease_ms must not exceed policy.max_lease_ms")
+    if policy["retry_base_ms"] > policy["retry_max_ms"]:
+        raise Rejected(ErrorCode.VALIDATION, "policy.retry_base_ms must not exceed policy.retry_max_ms")
+    return policy
+
+
+def default_spec() -> dict[str, Any]:
+    """A QueuePolicySpec asking for every default."""
+    return {name: None for name in (*INTEGER_FIELDS, *ENUM_FIELDS, *SUBLIMIT_FIELDS)}

@@ -1,0 +1,1 @@
+"""RocksDB projections: the state the processors rebuild from the log."""

@@ -1,0 +1,108 @@
+"""Key families of a partition's projection.
+
+Every key starts with a one-byte family tag. Integers are fixed-width unsigned
+big-endian so RocksDB's byte order is numeric order; names are UTF-8 and come
+last in a key (or are length-prefixed when something follows them). This layout
+is a contract: changing it needs a migration and a test over old projections.
+"""
+
+from __future__ import annotations
+
+import struct
+
+U64 = struct.Struct(">Q")
+U16 = struct.Struct(">H")
+
+# Family tags.
+META = b"\x00"  # partition metadata (applied offset, last time, allocators)
+QUEUE = b"q"  # q | queue name                                  -> QueueRecord
+QUEUE_NAME = b"i"  # i | queue id u64                           -> queue name
+MESSAGE = b"m"  # m | queue id u64 | message id                 -> MessageMeta
+BODY = b"b"  # b | queue id u64 | message id                    -> raw body bytes
+READY = b"r"  # r | queue id u64 | ready sequence u64           -> message id
+TIMER = b"t"  # t | queue id u64 | due ms u64 | kind u8 | enqueue sequence u64 -> message id
+DUE_QUEUE = b"w"  # w | due ms u64 | queue id u64                -> empty (earliest timer of a queue)
+OUTCOME = b"o"  # o | command id                                -> fingerprint(32) | Outcome
+POISON = b"p"  # p | offset u64                                 -> PoisonEntry
+
+APPLIED_OFFSET = META + b"applied_offset"  # u64 offset of the last applied record
+LAST_TIME = META + b"last_time"  # u64 evaluation time of the last applied record
+NEXT_QUEUE_ID = META + b"next_queue_id"  # u64 queue incarnation allocator
+
+# Timer kinds, in the order they fire when due at the same instant.
+TIMER_EXPIRY = 0
+TIMER_LEASE = 1
+TIMER_NOT_BEFORE = 2
+
+TIMER_KEY_BYTES = 1 + 8 + 8 + 1 + 8
+
+
+def u64(value: int) -> bytes:
+    return U64.pack(value)
+
+
+def read_u64(data: bytes, at: int = 0) -> int:
+    value: int = U64.unpack_from(data, at)[0]
+    return value
+
+
+def prefix_end(prefix: bytes) -> bytes:
+    """The smallest key greater than every key starting with `prefix`."""
+    stripped = prefix.rstrip(b"\xff")
+    assert stripped, "prefix of only 0xff bytes has no end"
+    return stripped[:-1] + bytes([stripped[-1] + 1])
+
+
+def queue(name: str) -> bytes:
+    return QUEUE + name.encode("utf-8")
+
+
+def queue_name(queue_id: int) -> bytes:
+    return QUEUE_NAME + U64.pack(queue_id)
+
+
+def message(queue_id: int, message_id: str) -> bytes:
+    return MESSAGE + U64.pack(queue_id) + message_id.encode("utf-8")
+
+
+def body(queue_id: int, message_id: str) -> bytes:
+    return BODY + U64.pack(queue_id) + message_id.encode("utf-8")
+
+
+def ready(queue_id: int, ready_sequence: int) -> bytes:
+    return READY + U64.pack(queue_id) + U64.pack(ready_sequence)
+
+
+def ready_prefix(queue_id: int) -> bytes:
+    return READY + U64.pack(queue_id)
+
+
+def timer(queue_id: int, due_ms: int, kind: int, enqueue_sequence: int) -> bytes:
+    return TIMER + U64.pack(queue_id) + U64.pack(due_ms) + bytes([kind]) + U64.pack(enqueue_sequence)
+
+
+def timer_prefix(queue_id: int) -> bytes:
+    return TIMER + U64.pack(queue_id)
+
+
+def parse_timer(key: bytes) -> tuple[int, int, int]:
+    """(due ms, kind, enqueue sequence) of a timer key."""
+    assert len(key) == TIMER_KEY_BYTES and key[:1] == TIMER
+    return read_u64(key, 9), key[17], read_u64(key, 18)
+
+
+def due_queue(due_ms: int, queue_id: int) -> bytes:
+    return DUE_QUEUE + U64.pack(due_ms) + U64.pack(queue_id)
+
+
+def parse_due_queue(key: bytes) -> tuple[int, int]:
+    """(due ms, queue id) of a due-queue key."""
+    return read_u64(key, 1), read_u64(key, 9)
+
+
+def outcome(command_id: str) -> bytes:
+    return OUTCOME + command_id.encode("utf-8")
+
+
+def poison(offset: int) -> bytes:
+    return POISON + U64.pack(offset)

@@ -1,0 +1,236 @@
+"""A partition's RocksDB projection: atomic apply batches, staged reads, digests, checkpoints."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import struct
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Protocol
+
+from rocksdict import AccessType, Checkpoint, Options, Rdict, WriteBatch, WriteOptions
+
+from . import keys
+
+NO_OFFSET = -1
+MANIFEST = "manifest.json"
+CHECKPOINT_DB = "db"
+_LEN = struct.Struct(">I")
+
+
+class StoreError(Exception):
+    """The projection cannot be opened or written."""
+
+
+class Readable(Protocol):
+    def get(self, key: bytes) -> bytes | None: ...
+
+    def scan(self, start: bytes, end: bytes) -> Iterator[tuple[bytes, bytes]]:
+        """Key/value pairs with start <= key < end, in key order."""
+        ...
+
+
+_DELETED = None
+
+
+class Staged:
+    """Writes staged over a readable base, read back before they are committed.
+
+    A group of commands shares one `Staged` over the store; each command stages
+    into a child `Staged` that is merged on success and dropped on rejection, so
+    a rejected command leaves nothing behind and later commands see earlier ones.
+    """
+
+    __slots__ = ("_base", "_writes")
+
+    def __init__(self, base: Readable) -> None:
+        self._base = base
+        self._writes: dict[bytes, bytes | None] = {}
+
+    def get(self, key: bytes) -> bytes | None:
+        if key in self._writes:
+            return self._writes[key]
+        return self._base.get(key)
+
+    def put(self, key: bytes, value: bytes) -> None:
+        self._writes[key] = value
+
+    def delete(self, key: bytes) -> None:
+        self._writes[key] = _DELETED
+
+    def scan(self, start: bytes, end: bytes) -> Iterator[tuple[bytes, bytes]]:
+        staged = sorted(k for k in self._writes if start <= k < end)
+        base = self._base.scan(start, end)
+        base_item = next(base, None)
+        i = 0
+        while True:
+            staged_key = staged[i] if i < len(staged) else None
+            if base_item is None and staged_key is None:
+                return
+            if staged_key is not None and (base_item is None or staged_key <= base_item[0]):
+                if base_item is not None and staged_key == base_item[0]:
+                    base_item = next(base, None)
+                value = self._writes[staged_key]
+                i += 1
+                if value is not None:
+                    yield staged_key, value
+            else:
+                assert base_item is not None
+                yield base_item
+                base_item = next(base, None)
+
+    def first(self, start: bytes, end: bytes) -> tuple[bytes, bytes] | None:
+        return next(self.scan(start, end), None)
+
+    def merge_into(self, parent: Staged) -> None:
+        parent._writes.update(self._writes)
+
+    @property
+    def writes(self) -> dict[bytes, bytes | None]:
+        return self._writes
+
+    def __len__(self) -> int:
+        return len(self._writes)
+
+
+@dataclass(frozen=True, slots=True)
+class ManifestFile:
+    name: str
+    size: int
+    sha256: str
+
+
+@dataclass(frozen=True, slots=True)
+class Manifest:
+    """What a checkpoint holds and how to verify it."""
+
+    partition: int
+    offset: int
+    last_time_ms: int
+    processor_version: str
+    digest: str
+    files: tuple[ManifestFile, ...]
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=2, sort_keys=True) + "\n"
+
+    @staticmethod
+    def from_json(text: str) -> Manifest:
+        raw = json.loads(text)
+        raw["files"] = tuple(ManifestFile(**f) for f in raw["files"])
+        return Manifest(**raw)
+
+
+class Store:
+    """One partition's projection in its own RocksDB directory."""
+
+    def __init__(self, path: str | os.PathLike[str], *, read_only: bool = False, sync: bool = False) -> None:
+        self.path = Path(path)
+        options = Options(raw_mode=True)
+        options.create_if_missing(not read_only)
+        try:
+            if read_only:
+                self._db = Rdict(str(self.path), options, access_type=AccessType.read_only())
+            else:
+                self.path.mkdir(parents=True, exist_ok=True)
+                self._db = Rdict(str(self.path), options)
+        except Exception as exc:
+            raise StoreError(f"cannot open projection at {self.path}: {exc}") from exc
+        self._write_options = WriteOptions()
+        self._write_options.sync = sync
+
+    def get(self, key: bytes) -> bytes | None:
+        value: bytes | None = self._db.get(key)
+        return value
+
+    def scan(self, start: bytes, end: bytes) -> Iterator[tuple[bytes, bytes]]:
+        for key, value in self._db.items(from_key=start):
+            if key >= end:
+                return
+            yield key, value
+
+    @property
+    def applied_offset(self) -> int:
+        raw = self.get(keys.APPLIED_OFFSET)
+        return NO_OFFSET if raw is None else keys.read_u64(raw)
+
+    @property
+    def last_time_ms(self) -> int:
+        raw = self.get(keys.LAST_TIME)
+        return 0 if raw is None else keys.read_u64(raw)
+
+    def commit(self, writes: dict[bytes, bytes | None], applied_offset: int, last_time_ms: int) -> None:
+        """Apply staged writes and the partition's position in one atomic WriteBatch."""
+        assert applied_offset > self.applied_offset, "applied offset must advance"
+        batch = WriteBatch(raw_mode=True)
+        for key, value in writes.items():
+            if value is None:
+                batch.delete(key)
+            else:
+                batch.put(key, value)
+        batch.put(keys.APPLIED_OFFSET, keys.u64(applied_offset))
+        batch.put(keys.LAST_TIME, keys.u64(last_time_ms))
+        self._db.write(batch, self._write_options)
+
+    def digest(self) -> str:
+        """SHA-256 over every key and value in key order, each length-prefixed."""
+        h = hashlib.sha256()
+        for key, value in self._db.items():
+            h.update(_LEN.pack(len(key)))
+            h.update(key)
+            h.update(_LEN.pack(len(value)))
+            h.update(value)
+        return h.hexdigest()
+
+    def checkpoint(self, directory: str | os.PathLike[str], partition: int, processor_version: str) -> Manifest:
+        """A RocksDB checkpoint in `directory/db` and its manifest in `directory/manifest.json`."""
+        target = Path(directory)
+        if target.exists():
+            raise StoreError(f"checkpoint directory {target} already exists")
+        target.mkdir(parents=True)
+        Checkpoint(self._db).create_checkpoint(str(target / CHECKPOINT_DB))
+        frozen = Store(target / CHECKPOINT_DB, read_only=True)
+        try:
+            manifest = Manifest(
+                partition=partition,
+                offset=frozen.applied_offset,
+                last_time_ms=frozen.last_time_ms,
+                processor_version=processor_version,
+                digest=frozen.digest(),
+                files=_file_list(target / CHECKPOINT_DB),
+            )
+        finally:
+            frozen.close()
+        temporary = target / (MANIFEST + ".tmp")
+        temporary.write_text(manifest.to_json(), "utf-8")
+        os.replace(temporary, target / MANIFEST)
+        return manifest
+
+    def close(self) -> None:
+        self._db.close()
+
+
+def _file_list(directory: Path) -> tuple[ManifestFile, ...]:
+    files = []
+    for path in sorted(directory.iterdir()):
+        data = path.read_bytes()
+        files.append(ManifestFile(path.name, len(data), hashlib.sha256(data).hexdigest()))
+    return tuple(files)
+
+
+def verify_checkpoint(directory: str | os.PathLike[str]) -> Manifest:
+    """The manifest of a checkpoint whose files all match it; StoreError otherwise."""
+    target = Path(directory)
+    try:
+        manifest = Manifest.from_json((target / MANIFEST).read_text("utf-8"))
+    except (OSError, ValueError, TypeError, KeyError) as exc:
+        raise StoreError(f"no readable manifest in {target}: {exc}") from exc
+    for entry in manifest.files:
+        path = target / CHECKPOINT_DB / entry.name
+        data = path.read_bytes() if path.exists() else b""
+        if len(data) != entry.size or hashlib.sha256(data).hexdigest() != entry.sha256:
+            raise StoreError(f"checkpoint file {path} does not match its manifest")
+    return manifest
