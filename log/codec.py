@@ -111,7 +111,7 @@ class SchemaRegistry:
         current = self._current[name]
         reader = None if writer.schema is current else current
         try:
-            record: Record = schemaless_reader(
+            record: Record = schemaless_reader(  # type: ignore[assignment]
                 io.BytesIO(data[HEADER_BYTES:]),
                 writer.schema,
                 reader,

@@ -31,6 +31,10 @@ OUTCOME = "keyload.Outcome"
 POISON = "keyload.PoisonEntry"
 FINGERPRINT_BYTES = 32
 CHECKPOINT_KIND = "keyload.command.Checkpoint"
+TICK_KIND = "keyload.command.Tick"
+# Commands that are idempotent by nature: their outcomes are published, not stored,
+# so a ticker running for months does not grow the projection.
+UNSTORED_KINDS = frozenset({TICK_KIND, CHECKPOINT_KIND})
 
 HANDLERS: dict[str, Handler] = {
     "keyload.command.CreateQueue": queues.create_queue,
@@ -38,7 +42,7 @@ HANDLERS: dict[str, Handler] = {
     "keyload.command.Enqueue": queues.enqueue,
     "keyload.command.InspectQueue": queues.inspect_queue,
     "keyload.command.InspectMessage": queues.inspect_message,
-    "keyload.command.Tick": queues.tick,
+    TICK_KIND: queues.tick,
     CHECKPOINT_KIND: lambda stage, body, ctx: {"offset": ctx.offset},
 }
 
@@ -49,7 +53,7 @@ RESULT_TYPES: dict[str, str] = {
     "keyload.command.Enqueue": "keyload.result.EnqueueResult",
     "keyload.command.InspectQueue": "keyload.QueueView",
     "keyload.command.InspectMessage": "keyload.MessageView",
-    "keyload.command.Tick": "keyload.result.TickResult",
+    TICK_KIND: "keyload.result.TickResult",
     CHECKPOINT_KIND: "keyload.result.CheckpointResult",
 }
 
@@ -84,7 +88,7 @@ def apply_record(stage: Staged, value: bytes, partition: int, partitions: int, o
     reply_to = command["reply_to"]
     print_ = fingerprint(command)
 
-    stored = stage.get(keys.outcome(command_id))
+    stored = None if kind in UNSTORED_KINDS else stage.get(keys.outcome(command_id))
     if stored is not None:
         if stored[:FINGERPRINT_BYTES] == print_:
             return Applied(stored[FINGERPRINT_BYTES:], reply_to, kind)
@@ -105,7 +109,8 @@ def apply_record(stage: Staged, value: bytes, partition: int, partitions: int, o
     except Rejected as rejection:
         _reject(outcome, rejection)
     encoded = REGISTRY.encode(OUTCOME, outcome)
-    stage.put(keys.outcome(command_id), print_ + encoded)
+    if kind not in UNSTORED_KINDS:
+        stage.put(keys.outcome(command_id), print_ + encoded)
     return Applied(encoded, reply_to, kind)
 
 

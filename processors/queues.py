@@ -244,7 +244,10 @@ def configure_queue(stage: Staged, body: Record, ctx: Context) -> Record:
     if current["counters"]["stored_messages"] > 0:
         for name in ORDERING_FIELDS:
             if policy[name] != current["policy"][name]:
-                raise Rejected(ErrorCode.CONFLICT, f"policy.{name} cannot change while the queue holds messages")
+                raise Rejected(
+                    ErrorCode.CONFLICT,
+                    f"policy.{name} cannot change while the queue holds messages",
+                )
     current["policy"] = policy
     current["policy_version"] += 1
     save_queue(stage, record)

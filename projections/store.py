@@ -147,10 +147,15 @@ class Store:
         return value
 
     def scan(self, start: bytes, end: bytes) -> Iterator[tuple[bytes, bytes]]:
-        for key, value in self._db.items(from_key=start):
+        key: bytes
+        value: bytes
+        for key, value in self._db.items(from_key=start):  # type: ignore[assignment]
             if key >= end:
                 return
             yield key, value
+
+    def first(self, start: bytes, end: bytes) -> tuple[bytes, bytes] | None:
+        return next(self.scan(start, end), None)
 
     @property
     def applied_offset(self) -> int:
@@ -178,7 +183,9 @@ class Store:
     def digest(self) -> str:
         """SHA-256 over every key and value in key order, each length-prefixed."""
         h = hashlib.sha256()
-        for key, value in self._db.items():
+        key: bytes
+        value: bytes
+        for key, value in self._db.items():  # type: ignore[assignment]
             h.update(_LEN.pack(len(key)))
             h.update(key)
             h.update(_LEN.pack(len(value)))

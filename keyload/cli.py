@@ -1,0 +1,374 @@
+"""The `keyload` command line: run the embedded service, submit commands, operate partitions."""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import functools
+import json
+import os
+import signal
+import sys
+import tempfile
+import time
+from dataclasses import asdict, fields, is_dataclass
+from pathlib import Path
+from threading import Event
+from typing import Any
+
+from keyload.datadir import DataDir, DataDirError
+from keyload.errors import CommandRejected, KeyloadError
+from keyload.log.base import LogError, partition_for
+from keyload.log.codec import CodecError
+from keyload.processors.policy import ENUM_FIELDS, INTEGER_FIELDS, SUBLIMIT_FIELDS
+from keyload.projections.store import Store, StoreError
+from keyload.recovery import RecoveryError, drill, replay
+from keyload.results import QueuePolicy
+from keyload.runtime import DEFAULT_TICK_INTERVAL_MS, PartitionProcessor, Ticker, run_until
+
+from .client import DEFAULT_TIMEOUT_S, Client
+
+DEFAULT_DATA = "keyload-data"
+CHECKPOINT_WAIT_S = 30.0
+EXIT_FAILED = 1
+EXIT_USAGE = 2
+
+
+class UsageError(Exception):
+    """Bad command-line input: one line to the user, exit 2."""
+
+
+def _jsonable(value: Any) -> Any:
+    if is_dataclass(value) and not isinstance(value, type):
+        return {k: _jsonable(v) for k, v in asdict(value).items()}
+    if isinstance(value, dict):
+        return {k: _jsonable(v) for k, v in value.items()}
+    if isinstance(value, bytes):
+        try:
+            return value.decode("utf-8")
+        except UnicodeDecodeError:
+            return {"base64": base64.b64encode(value).decode("ascii")}
+    return value
+
+
+def _print_json(value: Any) -> None:
+    print(json.dumps(_jsonable(value), indent=2, sort_keys=False))
+
+
+def _client(args: argparse.Namespace) -> Client:
+    return Client(args.data, principal=args.principal, timeout_s=args.timeout)
+
+
+# -- run ------------------------------------------------------------------------------------
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    data = DataDir.create(args.data, args.partitions)
+    log = data.command_log()
+    outcomes = data.outcome_log()
+    stores: list[Store] = []
+    try:
+        processors = []
+        for partition in range(data.partitions):
+            log.repair(partition)
+            store = Store(data.projection(partition))
+            stores.append(store)
+            processors.append(
+                PartitionProcessor(
+                    partition,
+                    data.partitions,
+                    log,
+                    store,
+                    outcomes,
+                    checkpoint_dir=functools.partial(data.checkpoint, partition),
+                )
+            )
+        stop = Event()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, lambda *_: stop.set())
+        ticker = Ticker(log, args.tick_interval_ms)
+        positions = ", ".join(f"p{p.partition}@{p.applied_offset}" for p in processors)
+        print(
+            f"keyload: serving {data.root} ({data.partitions} partitions; applied {positions})",
+            flush=True,
+        )
+        halts = run_until(processors, stop, ticker, idle_exit=args.until_idle)
+        print("keyload: stopped", flush=True)
+        return EXIT_FAILED if halts else 0
+    finally:
+        for store in stores:
+            store.close()
+        log.close()
+        outcomes.close()
+
+
+# -- queues and messages ---------------------------------------------------------------------
+
+
+def _policy(args: argparse.Namespace) -> QueuePolicy:
+    return QueuePolicy(**{f.name: getattr(args, f.name) for f in fields(QueuePolicy)})
+
+
+def cmd_queue_create(args: argparse.Namespace) -> int:
+    with _client(args) as client:
+        _print_json(client.create_queue(args.domain, args.queue, _policy(args), command_id=args.command_id))
+    return 0
+
+
+def cmd_queue_configure(args: argparse.Namespace) -> int:
+    with _client(args) as client:
+        view = client.configure_queue(
+            args.domain,
+            args.queue,
+            _policy(args),
+            expected_policy_version=args.expected_policy_version,
+            command_id=args.command_id,
+        )
+        _print_json(view)
+    return 0
+
+
+def _headers(pairs: list[str]) -> dict[str, str]:
+    headers = {}
+    for pair in pairs:
+        name, sep, value = pair.partition("=")
+        if not sep:
+            raise UsageError(f"--header must be NAME=VALUE, got {pair!r}")
+        headers[name] = value
+    return headers
+
+
+def cmd_enqueue(args: argparse.Namespace) -> int:
+    if (args.body is None) == (args.body_file is None):
+        raise UsageError("give exactly one of --body or --body-file")
+    body = args.body.encode("utf-8") if args.body is not None else Path(args.body_file).read_bytes()
+    with _client(args) as client:
+        result = client.enqueue(
+            args.domain,
+            args.queue,
+            body,
+            message_id=args.message_id,
+            headers=_headers(args.header),
+            ordering_key=args.ordering_key,
+            not_before_ms=args.not_before_ms,
+            expires_at_ms=args.expires_at_ms,
+            command_id=args.command_id,
+        )
+        _print_json(result)
+    return 0
+
+
+def cmd_inspect(args: argparse.Namespace) -> int:
+    with _client(args) as client:
+        if args.message is None:
+            _print_json(client.inspect_queue(args.domain, args.queue))
+        else:
+            _print_json(client.inspect_message(args.domain, args.queue, args.message, include_body=args.body))
+    return 0
+
+
+# -- operations -----------------------------------------------------------------------------
+
+
+def _partition(args: argparse.Namespace, data: DataDir) -> int:
+    if (args.partition is None) == (args.domain is None):
+        raise UsageError("give exactly one of --partition or --domain")
+    partition: int = args.partition if args.domain is None else partition_for(args.domain, data.partitions)
+    data.check_partition(partition)
+    return partition
+
+
+def cmd_checkpoint(args: argparse.Namespace) -> int:
+    with _client(args) as client:
+        partition = _partition(args, client.data)
+        offset = client.request_checkpoint(partition).offset
+        manifest_path = client.data.checkpoint(partition, offset) / "manifest.json"
+        deadline = time.monotonic() + CHECKPOINT_WAIT_S
+        while not manifest_path.exists():
+            if time.monotonic() > deadline:
+                raise KeyloadError(f"checkpoint at offset {offset} was not written within {CHECKPOINT_WAIT_S:g}s")
+            time.sleep(0.05)
+        manifest = json.loads(manifest_path.read_text("utf-8"))
+        print(f"checkpoint of partition {partition} at offset {offset}: {manifest_path.parent}")
+        print(f"digest {manifest['digest']}")
+    return 0
+
+
+def cmd_replay(args: argparse.Namespace) -> int:
+    data = DataDir.open(args.data)
+    partition = _partition(args, data)
+    replayed = replay(data, partition, Path(args.into), args.from_offset, args.to_offset, progress=not args.quiet)
+    print(
+        f"replayed partition {partition} into {args.into}: offset {replayed.applied_offset}, digest {replayed.digest}"
+    )
+    return 0
+
+
+def cmd_drill(args: argparse.Namespace) -> int:
+    data = DataDir.open(args.data)
+    partition = _partition(args, data)
+    from_checkpoint = args.from_checkpoint
+    if from_checkpoint == "latest":
+        manifests = data.checkpoints(partition)
+        if not manifests:
+            raise UsageError(f"partition {partition} has no checkpoint; take one with `keyload checkpoint`")
+        from_checkpoint = manifests[-1].offset
+    start = None if from_checkpoint is None else int(from_checkpoint)
+    with tempfile.TemporaryDirectory(prefix="keyload-drill-") as scratch:
+        report = drill(data, partition, Path(scratch) / "projection", start, progress=not args.quiet)
+    verdict = "PASS" if report.passed else "FAIL"
+    print(f"drill partition {report.partition} from {report.start}: {verdict}")
+    print(f"  live    offset {report.live_offset}  digest {report.live_digest}")
+    print(f"  replay  offset {report.replay_offset}  digest {report.replay_digest}")
+    return 0 if report.passed else EXIT_FAILED
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    data = DataDir.open(args.data)
+    log = data.command_log()
+    try:
+        print(f"{data.root}: {data.partitions} partitions, {data.outcome_partitions} outcome partitions")
+        for partition in range(data.partitions):
+            end = log.end_offset(partition)
+            try:
+                store = Store(data.projection(partition), read_only=True)
+                applied = store.applied_offset
+                store.close()
+            except StoreError:
+                applied = -1
+            checkpoints = [m.offset for m in data.checkpoints(partition)]
+            print(
+                f"  p{partition}: log end {end}, applied through {applied}, "
+                f"lag {end - 1 - applied}, checkpoints {checkpoints}"
+            )
+    finally:
+        log.close()
+    return 0
+
+
+# -- parser ---------------------------------------------------------------------------------
+
+
+def _add_policy_options(parser: argparse.ArgumentParser) -> None:
+    for name in INTEGER_FIELDS:
+        parser.add_argument(f"--{name.replace('_', '-')}", dest=name, type=int, metavar="N")
+    for name in SUBLIMIT_FIELDS:
+        parser.add_argument(f"--{name.replace('_', '-')}", dest=name, type=int, metavar="N")
+    for name, choices in ENUM_FIELDS.items():
+        parser.add_argument(f"--{name.replace('_', '-')}", dest=name, choices=choices)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument(
+        "--data",
+        default=os.environ.get("KEYLOAD_DATA", DEFAULT_DATA),
+        help="data directory (default: $KEYLOAD_DATA or ./keyload-data)",
+    )
+    common.add_argument("--principal", default="anonymous")
+    common.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S, help="seconds to wait for an outcome")
+    command = argparse.ArgumentParser(add_help=False)
+    command.add_argument("--command-id", help="stable id for retries (default: a new UUID)")
+
+    parser = argparse.ArgumentParser(prog="keyload", description="keyload: durable messaging on an event-sourced log")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    run = sub.add_parser("run", parents=[common], help="run the processors (and ticker) over the data directory")
+    run.add_argument("--partitions", type=int, default=4, help="partition count when creating a data directory")
+    run.add_argument("--tick-interval-ms", type=int, default=DEFAULT_TICK_INTERVAL_MS)
+    run.add_argument("--until-idle", action="store_true", help="exit once every partition is caught up")
+    run.set_defaults(func=cmd_run)
+
+    queue = sub.add_parser("queue", help="create, configure or inspect queues").add_subparsers(
+        dest="action", required=True
+    )
+    create = queue.add_parser("create", parents=[common, command], help="create a queue")
+    create.add_argument("--domain", required=True)
+    create.add_argument("queue")
+    _add_policy_options(create)
+    create.set_defaults(func=cmd_queue_create)
+    configure = queue.add_parser("configure", parents=[common, command], help="replace a queue's policy")
+    configure.add_argument("--domain", required=True)
+    configure.add_argument("queue")
+    configure.add_argument("--expected-policy-version", type=int)
+    _add_policy_options(configure)
+    configure.set_defaults(func=cmd_queue_configure)
+
+    enqueue = sub.add_parser("enqueue", parents=[common, command], help="enqueue one message")
+    enqueue.add_argument("--domain", required=True)
+    enqueue.add_argument("--queue", required=True)
+    enqueue.add_argument("--message-id")
+    enqueue.add_argument("--body")
+    enqueue.add_argument("--body-file")
+    enqueue.add_argument("--header", action="append", default=[], metavar="NAME=VALUE")
+    enqueue.add_argument("--ordering-key")
+    enqueue.add_argument("--not-before-ms", type=int)
+    enqueue.add_argument("--expires-at-ms", type=int)
+    enqueue.set_defaults(func=cmd_enqueue)
+
+    inspect = sub.add_parser("inspect", parents=[common], help="show a queue's counters or one message")
+    inspect.add_argument("--domain", required=True)
+    inspect.add_argument("--queue", required=True)
+    inspect.add_argument("--message")
+    inspect.add_argument("--body", action="store_true", help="include the message body")
+    inspect.set_defaults(func=cmd_inspect)
+
+    for name, func, text in (
+        ("checkpoint", cmd_checkpoint, "take a checkpoint of a partition (needs `keyload run`)"),
+        ("replay", cmd_replay, "rebuild a partition's projection into a directory"),
+        (
+            "drill",
+            cmd_drill,
+            "rebuild a partition in scratch space and compare digests with the live projection",
+        ),
+    ):
+        op = sub.add_parser(name, parents=[common], help=text)
+        op.add_argument("--partition", type=int)
+        op.add_argument("--domain", help="the partition of this domain")
+        op.set_defaults(func=func)
+        if name == "replay":
+            op.add_argument("--from-offset", type=int, default=0)
+            op.add_argument("--to-offset", type=int)
+            op.add_argument("--into", required=True)
+        if name == "drill":
+            op.add_argument(
+                "--from-checkpoint",
+                help="'latest' or a checkpoint offset (default: replay from offset 0)",
+            )
+        if name in ("replay", "drill"):
+            op.add_argument("--quiet", action="store_true", help="no progress bar")
+
+    status = sub.add_parser("status", parents=[common], help="log ends, applied offsets, checkpoints")
+    status.set_defaults(func=cmd_status)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        code: int = args.func(args)
+        return code
+    except UsageError as exc:
+        print(f"keyload: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except CommandRejected as exc:
+        print(f"keyload: rejected: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+    except (
+        KeyloadError,
+        DataDirError,
+        RecoveryError,
+        StoreError,
+        LogError,
+        CodecError,
+        OSError,
+        ValueError,
+    ) as exc:
+        print(f"keyload: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,193 @@
+"""The Python SDK: append commands to the embedded log and wait for their outcomes."""
+
+from __future__ import annotations
+
+import os
+import time
+import uuid
+from typing import Any, TypeVar
+
+from keyload.datadir import DataDir
+from keyload.log.base import partition_for
+from keyload.log.codec import REGISTRY
+from keyload.runtime import domain_for_partition
+
+from .errors import OutcomeTimeout, rejection
+from .results import (
+    CheckpointResult,
+    EnqueueResult,
+    MessageView,
+    Outcome,
+    QueuePolicy,
+    QueueView,
+)
+
+DEFAULT_TIMEOUT_S = 10.0
+DEFAULT_PRINCIPAL = "anonymous"
+OUTCOME_POLL_S = 0.002
+OUTCOME_READ_BATCH = 256
+
+T = TypeVar("T")
+
+
+class Client:
+    """Submits commands to a keyload data directory served by `keyload run`.
+
+    Every command has a command id (generated unless given). Submitting the same
+    command id again, with the same content, returns the original outcome and
+    applies nothing twice; with different content it is rejected with `Conflict`.
+    """
+
+    def __init__(
+        self,
+        data_dir: str | os.PathLike[str],
+        principal: str = DEFAULT_PRINCIPAL,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+        reply_partition: int | None = None,
+    ) -> None:
+        self.data = DataDir.open(data_dir)
+        self.principal = principal
+        self.timeout_s = timeout_s
+        self._commands = self.data.command_log()
+        self._outcomes = self.data.outcome_log()
+        partitions = self.data.outcome_partitions
+        self.reply_partition = (
+            int.from_bytes(os.urandom(2), "big") % partitions if reply_partition is None else reply_partition
+        )
+        if not 0 <= self.reply_partition < partitions:
+            raise ValueError(f"reply_partition must be 0..{partitions - 1}")
+
+    def close(self) -> None:
+        self._commands.close()
+        self._outcomes.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
+
+    # -- the generic path -------------------------------------------------------------
+
+    def submit(
+        self,
+        domain: str,
+        kind: str,
+        body: dict[str, Any],
+        command_id: str | None = None,
+        timeout_s: float | None = None,
+    ) -> Outcome:
+        """Append one command and wait for its outcome (committed or rejected)."""
+        command_id = command_id or str(uuid.uuid4())
+        envelope = {
+            "command_id": command_id,
+            "domain": domain,
+            "principal": self.principal,
+            "body": (kind, body),
+            "reply_to": self.reply_partition,
+            "client_time_ms": time.time_ns() // 1_000_000,
+        }
+        value = REGISTRY.encode("keyload.Command", envelope)
+        cursor = self._outcomes.end_offset(self.reply_partition)
+        self._commands.append(partition_for(domain, self.data.partitions), [value])
+        return self._await(command_id, cursor, self.timeout_s if timeout_s is None else timeout_s)
+
+    def _await(self, command_id: str, cursor: int, timeout_s: float) -> Outcome:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            records = self._outcomes.read(self.reply_partition, cursor, OUTCOME_READ_BATCH)
+            for record in records:
+                cursor = record.offset + 1
+                decoded = REGISTRY.decode("keyload.Outcome", record.value)
+                if decoded["command_id"] == command_id:
+                    return Outcome.from_record(decoded)
+            if not records:
+                if time.monotonic() >= deadline:
+                    raise OutcomeTimeout(command_id, timeout_s)
+                time.sleep(OUTCOME_POLL_S)
+
+    def _result(self, outcome: Outcome, kind: type[T]) -> T:
+        if outcome.status != "committed":
+            raise rejection(outcome)
+        assert isinstance(outcome.result, kind), f"expected {kind.__name__}, got {outcome.result!r}"
+        return outcome.result
+
+    # -- queues ---------------------------------------------------------------------------
+
+    def create_queue(
+        self,
+        domain: str,
+        queue: str,
+        policy: QueuePolicy | None = None,
+        *,
+        command_id: str | None = None,
+    ) -> QueueView:
+        body = {"queue": queue, "policy": (policy or QueuePolicy()).to_record()}
+        return self._result(self.submit(domain, "keyload.command.CreateQueue", body, command_id), QueueView)
+
+    def configure_queue(
+        self,
+        domain: str,
+        queue: str,
+        policy: QueuePolicy,
+        *,
+        expected_policy_version: int | None = None,
+        command_id: str | None = None,
+    ) -> QueueView:
+        """Replace the queue's whole policy; fields left None take their defaults."""
+        body = {
+            "queue": queue,
+            "policy": policy.to_record(),
+            "expected_policy_version": expected_policy_version,
+        }
+        return self._result(self.submit(domain, "keyload.command.ConfigureQueue", body, command_id), QueueView)
+
+    def enqueue(
+        self,
+        domain: str,
+        queue: str,
+        body: bytes,
+        *,
+        message_id: str | None = None,
+        headers: dict[str, str] | None = None,
+        ordering_key: str | None = None,
+        not_before_ms: int | None = None,
+        expires_at_ms: int | None = None,
+        command_id: str | None = None,
+    ) -> EnqueueResult:
+        command_id = command_id or str(uuid.uuid4())
+        record = {
+            "queue": queue,
+            "message_id": message_id or command_id,
+            "body": body,
+            "headers": headers or {},
+            "ordering_key": ordering_key,
+            "not_before_ms": not_before_ms,
+            "expires_at_ms": expires_at_ms,
+        }
+        return self._result(self.submit(domain, "keyload.command.Enqueue", record, command_id), EnqueueResult)
+
+    def inspect_queue(self, domain: str, queue: str, *, command_id: str | None = None) -> QueueView:
+        outcome = self.submit(domain, "keyload.command.InspectQueue", {"queue": queue}, command_id)
+        return self._result(outcome, QueueView)
+
+    def inspect_message(
+        self,
+        domain: str,
+        queue: str,
+        message_id: str,
+        *,
+        include_body: bool = False,
+        command_id: str | None = None,
+    ) -> MessageView:
+        body = {"queue": queue, "message_id": message_id, "include_body": include_body}
+        return self._result(self.submit(domain, "keyload.command.InspectMessage", body, command_id), MessageView)
+
+    # -- operations -----------------------------------------------------------------------
+
+    def request_checkpoint(self, partition: int, *, command_id: str | None = None) -> CheckpointResult:
+        """Ask the partition's runtime for a checkpoint at this command's offset."""
+        self.data.check_partition(partition)
+        domain = domain_for_partition(partition, self.data.partitions)
+        outcome = self.submit(domain, "keyload.command.Checkpoint", {}, command_id)
+        return self._result(outcome, CheckpointResult)

@@ -1,0 +1,179 @@
+"""Typed views of outcomes and results, as the SDK returns them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Any, Literal, Self
+
+Record = dict[str, Any]
+
+
+def _build(cls: Any, record: Record) -> Any:
+    return cls(**{f.name: record[f.name] for f in fields(cls)})
+
+
+@dataclass(frozen=True, slots=True)
+class QueuePolicy:
+    """A queue's policy. Every field has a documented default (docs/ARCHITECTURE.md)."""
+
+    max_stored_messages: int | None = None
+    max_stored_bytes: int | None = None
+    max_in_flight: int | None = None
+    max_attempts: int | None = None
+    lease_ms: int | None = None
+    max_lease_ms: int | None = None
+    retry_base_ms: int | None = None
+    retry_max_ms: int | None = None
+    retry_factor: int | None = None
+    retry_jitter: Literal["none", "full"] | None = None
+    max_dead_letter_messages: int | None = None
+    max_dead_letter_bytes: int | None = None
+    ordering: Literal["competing", "strict_per_key"] | None = None
+    parked_head: Literal["continue", "block"] | None = None
+    receive_max_messages: int | None = None
+    receive_max_bytes: int | None = None
+
+    def to_record(self) -> Record:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    @classmethod
+    def from_record(cls, record: Record) -> Self:
+        built: Self = _build(cls, record)
+        return built
+
+
+@dataclass(frozen=True, slots=True)
+class QueueCounters:
+    stored_messages: int
+    stored_bytes: int
+    scheduled: int
+    ready: int
+    leased: int
+    dead_lettered: int
+    pending_dead_letter: int
+    dead_letter_bytes: int
+    enqueued_total: int
+    acked_total: int
+    expired_total: int
+    cancelled_total: int
+
+
+@dataclass(frozen=True, slots=True)
+class QueueView:
+    queue: str
+    incarnation: int
+    created_at_ms: int
+    policy_version: int
+    policy: QueuePolicy
+    counters: QueueCounters
+
+    @classmethod
+    def from_record(cls, record: Record) -> QueueView:
+        return cls(
+            queue=record["queue"],
+            incarnation=record["incarnation"],
+            created_at_ms=record["created_at_ms"],
+            policy_version=record["policy_version"],
+            policy=QueuePolicy.from_record(record["policy"]),
+            counters=_build(QueueCounters, record["counters"]),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class EnqueueResult:
+    queue: str
+    message_id: str
+    state: str
+    enqueue_sequence: int
+    stored_messages: int
+    stored_bytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class MessageMeta:
+    state: str
+    state_version: int
+    attempts: int
+    lease_version: int
+    delivery_generation: int
+    enqueue_sequence: int
+    ready_sequence: int | None
+    parked_sequence: int | None
+    enqueued_at_ms: int
+    not_before_ms: int | None
+    expires_at_ms: int | None
+    lease_owner: str | None
+    lease_until_ms: int | None
+    body_bytes: int
+    headers: dict[str, str]
+    ordering_key: str | None
+    terminal_at_ms: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class MessageView:
+    queue: str
+    message_id: str
+    meta: MessageMeta
+    body: bytes | None
+
+    @classmethod
+    def from_record(cls, record: Record) -> MessageView:
+        return cls(
+            record["queue"],
+            record["message_id"],
+            _build(MessageMeta, record["meta"]),
+            record["body"],
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class TickResult:
+    transitions: int
+    budget_exhausted: bool
+    next_due_ms: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class CheckpointResult:
+    offset: int
+
+
+Result = QueueView | EnqueueResult | MessageView | TickResult | CheckpointResult
+
+_RESULTS: dict[str, Any] = {
+    "keyload.QueueView": QueueView.from_record,
+    "keyload.MessageView": MessageView.from_record,
+    "keyload.result.EnqueueResult": lambda r: _build(EnqueueResult, r),
+    "keyload.result.TickResult": lambda r: _build(TickResult, r),
+    "keyload.result.CheckpointResult": lambda r: _build(CheckpointResult, r),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """The durable receipt of one command."""
+
+    command_id: str
+    partition: int
+    offset: int
+    eval_time_ms: int
+    status: Literal["committed", "rejected"]
+    error_code: str | None
+    detail: str
+    result: Result | None
+
+    @classmethod
+    def from_record(cls, record: Record) -> Outcome:
+        result = record["result"]
+        typed = None if result is None else _RESULTS[result[0]](result[1])
+        return cls(
+            command_id=record["command_id"],
+            partition=record["partition"],
+            offset=record["offset"],
+            eval_time_ms=record["eval_time_ms"],
+            status=record["status"],
+            error_code=record["error_code"],
+            detail=record["detail"],
+            result=typed,
+        )

@@ -1,0 +1,210 @@
+"""The processor runtime: the only place where log, projection and outcome stream meet.
+
+Per partition: read from `applied_offset + 1`, evaluate each record at its log
+time clamped to be non-decreasing, apply it with the pure processors, publish
+the outcomes, then commit the group's writes together with `applied_offset` and
+`last_time` in one WriteBatch. Outcomes are published before the commit: a crash
+in between replays the same records, which recompute the same outcomes, so
+subscribers may see an outcome twice but never miss one.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from threading import Event
+from typing import TypeGuard
+
+from keyload import __version__
+from keyload.log.base import CommandLog, partition_for
+from keyload.log.codec import REGISTRY
+from keyload.processors.apply import CHECKPOINT_KIND, apply_record
+from keyload.processors.errors import Corruption
+from keyload.projections import keys
+from keyload.projections.store import Manifest, Staged, Store
+
+PROCESSOR_VERSION = __version__
+MAX_GROUP_RECORDS = 512  # records applied per WriteBatch (group commit)
+DEFAULT_TICK_INTERVAL_MS = 1_000
+IDLE_POLL_S = 0.002
+MAX_TICKER_DOMAIN_PROBES = 1_000_000
+
+
+@dataclass(frozen=True, slots=True)
+class Halt:
+    partition: int
+    offset: int
+    reason: str
+
+
+class PartitionProcessor:
+    """Applies one partition of the command log to its projection."""
+
+    def __init__(
+        self,
+        partition: int,
+        partitions: int,
+        log: CommandLog,
+        store: Store,
+        outcomes: CommandLog | None = None,
+        checkpoint_dir: Callable[[int], Path] | None = None,
+        group_records: int = MAX_GROUP_RECORDS,
+    ) -> None:
+        assert 1 <= group_records <= MAX_GROUP_RECORDS
+        self.partition = partition
+        self.partitions = partitions
+        self.log = log
+        self.store = store
+        self.outcomes = outcomes
+        self.checkpoint_dir = checkpoint_dir
+        self.group_records = group_records
+        self.halt: Halt | None = None
+        self.last_checkpoint: Manifest | None = None
+        self._applied = store.applied_offset
+        self._last_time = store.last_time_ms
+
+    @property
+    def applied_offset(self) -> int:
+        return self._applied
+
+    def step(self, stop_after: int | None = None) -> int:
+        """Apply at most one group of records (none past `stop_after`); returns how many."""
+        if self.halt is not None:
+            return 0
+        limit = self.group_records
+        if stop_after is not None:
+            limit = min(limit, stop_after - self._applied)
+            if limit <= 0:
+                return 0
+        records = self.log.read(self.partition, self._applied + 1, limit)
+        if not records:
+            return 0
+        stage = Staged(self.store)
+        published: dict[int, list[bytes]] = {}
+        applied, last_time, take_checkpoint = self._applied, self._last_time, False
+        for record in records:
+            assert record.offset == applied + 1, "log offsets must be dense"
+            now_ms = max(record.timestamp_ms, last_time)
+            try:
+                result = apply_record(stage, record.value, self.partition, self.partitions, record.offset, now_ms)
+            except Corruption as exc:
+                self.halt = Halt(self.partition, record.offset, f"Corruption: {exc}")
+                break
+            applied, last_time = record.offset, now_ms
+            if result.outcome is not None and self._publishes_to(result.reply_to):
+                published.setdefault(result.reply_to, []).append(result.outcome)
+            if result.kind == CHECKPOINT_KIND:
+                take_checkpoint = True
+                break  # a checkpoint is taken exactly at its command's offset
+        count = applied - self._applied
+        if count == 0:
+            return 0
+        for reply_partition, values in published.items():
+            assert self.outcomes is not None
+            self.outcomes.append(reply_partition, values)
+        self.store.commit(stage.writes, applied, last_time)
+        self._applied, self._last_time = applied, last_time
+        if take_checkpoint and self.checkpoint_dir is not None:
+            target = self.checkpoint_dir(applied)
+            if not target.exists():
+                self.last_checkpoint = self.store.checkpoint(target, self.partition, PROCESSOR_VERSION)
+        return count
+
+    def _publishes_to(self, reply_to: int | None) -> TypeGuard[int]:
+        """Whether an outcome goes to a reply partition (an unknown one is ignored)."""
+        return self.outcomes is not None and reply_to is not None and 0 <= reply_to < self.outcomes.partitions
+
+    def next_timer_ms(self) -> int | None:
+        """Due time of the earliest pending timer in the projection, if any."""
+        first = self.store.first(keys.DUE_QUEUE, keys.prefix_end(keys.DUE_QUEUE))
+        return None if first is None else keys.parse_due_queue(first[0])[0]
+
+
+def domain_for_partition(partition: int, partitions: int) -> str:
+    """A stable domain name that maps to `partition`, for partition-wide commands (Tick)."""
+    for n in range(MAX_TICKER_DOMAIN_PROBES):
+        candidate = f"keyload-system-{n}"
+        if partition_for(candidate, partitions) == partition:
+            return candidate
+    raise AssertionError("no domain maps to the partition")
+
+
+def tick_command(partition: int, partitions: int, command_id: str) -> bytes:
+    return REGISTRY.encode(
+        "keyload.Command",
+        {
+            "command_id": command_id,
+            "domain": domain_for_partition(partition, partitions),
+            "principal": "keyload-ticker",
+            "body": ("keyload.command.Tick", {}),
+            "reply_to": None,
+            "client_time_ms": None,
+        },
+    )
+
+
+class Ticker:
+    """Appends a Tick to partitions whose earliest timer is due, so time advances without traffic.
+
+    At most one Tick per partition is outstanding: the next one is appended only
+    after the previous one has been applied.
+    """
+
+    def __init__(self, log: CommandLog, interval_ms: int = DEFAULT_TICK_INTERVAL_MS) -> None:
+        assert interval_ms > 0
+        self.log = log
+        self.interval_ms = interval_ms
+        self._outstanding: dict[int, int] = {}
+        self._last_check_ms = 0
+
+    def poll(self, processors: list[PartitionProcessor], now_ms: int) -> int:
+        if now_ms - self._last_check_ms < self.interval_ms:
+            return 0
+        self._last_check_ms = now_ms
+        appended = 0
+        for processor in processors:
+            outstanding = self._outstanding.get(processor.partition)
+            if outstanding is not None and outstanding > processor.applied_offset:
+                continue
+            due = processor.next_timer_ms()
+            if due is None or due > now_ms:
+                continue
+            command_id = f"tick-{processor.partition}-{now_ms}"
+            value = tick_command(processor.partition, processor.partitions, command_id)
+            [position] = self.log.append(processor.partition, [value])
+            self._outstanding[processor.partition] = position.offset
+            appended += 1
+        return appended
+
+
+def wall_clock_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+def run_until(
+    processors: list[PartitionProcessor],
+    stop: Event,
+    ticker: Ticker | None = None,
+    idle_exit: bool = False,
+) -> list[Halt]:
+    """Round-robin the partitions until `stop` is set (or, with idle_exit, until no work is left)."""
+    reported: set[int] = set()
+    while not stop.is_set():
+        applied = sum(processor.step() for processor in processors)
+        for processor in processors:
+            if processor.halt is not None and processor.partition not in reported:
+                reported.add(processor.partition)
+                halt = processor.halt
+                print(
+                    f"partition {halt.partition} halted at offset {halt.offset}: {halt.reason}",
+                    file=sys.stderr,
+                )
+        ticked = ticker.poll(processors, wall_clock_ms()) if ticker is not None else 0
+        if applied == 0 and ticked == 0:
+            if idle_exit:
+                break
+            stop.wait(IDLE_POLL_S)
+    return [p.halt for p in processors if p.halt is not None]

@@ -1,0 +1,541 @@
+"""The embedded command log: append-only segment files, one folder per partition.
+
+Layout::
+
+    <directory>/p-0000/.lock                         flock(2) target that serialises appenders
+    <directory>/p-0000/00000000000000000000.seg      segment named by its base (first) offset
+    <directory>/p-0000/00000000000000004096.seg
+
+Frame format (a contract: tools outside this module read these files). A segment is
+a run of frames back to back, one per record, all integers big-endian::
+
+    u32 payload_length | u32 crc32 | u64 offset | i64 timestamp_ms | payload
+
+The header is 24 bytes; crc32 is zlib.crc32 over the offset bytes, the timestamp
+bytes and the payload. Offsets are dense per partition and a segment's first frame
+carries the segment's base offset.
+
+Concurrency: processes may append to and read the same partition at once. An
+append holds an exclusive flock on the partition's .lock and writes its frames with
+one write() on an O_APPEND descriptor; readers take no lock. An instance is not
+thread-safe: use one per thread.
+
+Damage: a frame that is incomplete or fails its CRC, and is not followed by a valid
+frame, is a torn tail (a write in progress, or a crashed appender). Readers stop in
+front of it; the next append, or repair(), truncates it. A bad frame followed by a
+valid one, a bad frame in a segment that has a successor, or an offset out of
+sequence is corruption: LogCorruption.
+"""
+
+from __future__ import annotations
+
+import bisect
+import enum
+import fcntl
+import os
+import struct
+import time
+import zlib
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from types import TracebackType
+from typing import Self
+
+from .base import Appended, LogCorruption, LogError, LogRecord
+
+HEADER = struct.Struct(">IIQq")  # payload_length, crc32, offset, timestamp_ms
+HEADER_BYTES = HEADER.size
+CRC_START = 8  # the CRC covers the header from the offset field on, then the payload
+STAMP = struct.Struct(">Qq")  # offset, timestamp_ms: the CRC-covered part of the header
+MAX_PAYLOAD_BYTES = 2**32 - 1  # what the u32 length field can express
+SEGMENT_SUFFIX = ".seg"
+SEGMENT_NAME_DIGITS = 20
+PARTITION_DIR_FORMAT = "p-{:04d}"
+LOCK_FILE_NAME = ".lock"
+FILE_MODE = 0o644
+READ_CHUNK_BYTES = 1024 * 1024  # how much a scan reads from a segment at a time
+
+
+class FsyncPolicy(enum.StrEnum):
+    """When appends reach the disk rather than the page cache."""
+
+    ALWAYS = "always"  # fsync after every record
+    GROUP = "group"  # one fsync per append() call
+    INTERVAL = "interval"  # fsync when fsync_interval_ms passed since this process's last one
+    NONE = "none"  # never fsync (OS page cache only): for derived streams
+
+
+@dataclass(frozen=True)
+class FileLogConfig:
+    """Tuning of one FileLog; every process appending to a directory should agree on it."""
+
+    segment_bytes: int = 64 * 1024 * 1024
+    fsync: FsyncPolicy = FsyncPolicy.GROUP
+    fsync_interval_ms: int = 100
+    max_record_bytes: int = 4 * 1024 * 1024
+
+    def __post_init__(self) -> None:
+        if self.segment_bytes < 1:
+            raise ValueError("segment_bytes must be >= 1")
+        if self.fsync_interval_ms < 0:
+            raise ValueError("fsync_interval_ms must be >= 0")
+        if not 0 <= self.max_record_bytes <= MAX_PAYLOAD_BYTES:
+            raise ValueError(f"max_record_bytes must be in 0..{MAX_PAYLOAD_BYTES}")
+
+
+DEFAULT_CONFIG = FileLogConfig()
+
+
+@dataclass
+class _Tail:
+    """This process's view of a partition's newest segment: bytes up to `size` are good."""
+
+    fd: int  # O_APPEND descriptor of the segment
+    base: int
+    size: int
+    next_offset: int
+    last_timestamp_ms: int | None  # of the segment's last frame; None while it is empty
+    dirty: bool = False  # written by us since our last fsync
+
+
+@dataclass
+class _Cursor:
+    """Where the last read() stopped, so that sequential reads only scan new data."""
+
+    fd: int
+    base: int
+    position: int
+    next_offset: int
+
+
+@dataclass
+class _Partition:
+    directory: str
+    segments: list[int] = field(default_factory=list)  # base offsets seen, ascending
+    lock_fd: int | None = None
+    tail: _Tail | None = None
+    cursor: _Cursor | None = None
+    last_fsync_ms: int | None = None  # monotonic
+
+
+class _Scanner:
+    """Walks one segment's frames from a known-good position, verifying each one."""
+
+    def __init__(self, partition: int, fd: int, position: int, next_offset: int) -> None:
+        self.partition = partition
+        self.position = position
+        self.next_offset = next_offset
+        self.last_timestamp_ms: int | None = None
+        self.torn = False  # stopped in front of a torn tail rather than at the end of the file
+        self._fd = fd
+        self._buffer = b""
+        self._buffer_start = position
+
+    def records(self) -> Iterator[LogRecord]:
+        """The good frames up to the file's current end.
+
+        The scanner's state is updated before each yield, so a caller may stop early
+        and still read position/next_offset.
+        """
+        end = os.fstat(self._fd).st_size
+        while self.position < end:
+            frame_end, record = self._frame_at(self.position, end)
+            if frame_end is None or record is None:
+                if frame_end is not None and self._valid_frame_at(frame_end, end):
+                    raise LogCorruption(
+                        f"partition {self.partition}: bad frame at byte {self.position} "
+                        f"(offset {self.next_offset}) followed by valid data"
+                    )
+                self.torn = True
+                return
+            if record.offset != self.next_offset:
+                raise LogCorruption(
+                    f"partition {self.partition}: offset {record.offset} at byte "
+                    f"{self.position}, expected {self.next_offset}"
+                )
+            self.position = frame_end
+            self.next_offset += 1
+            self.last_timestamp_ms = record.timestamp_ms
+            yield record
+
+    def scan_to_end(self) -> None:
+        for _ in self.records():
+            pass
+
+    def _valid_frame_at(self, position: int, end: int) -> bool:
+        return self._frame_at(position, end)[1] is not None
+
+    def _frame_at(self, position: int, end: int) -> tuple[int | None, LogRecord | None]:
+        """(end of the frame or None if it is incomplete, record or None if it is bad)."""
+        header = self._bytes(position, HEADER_BYTES, end)
+        if header is None:
+            return None, None
+        length, crc, offset, timestamp_ms = HEADER.unpack(header)
+        frame = self._bytes(position, HEADER_BYTES + length, end)
+        if frame is None:
+            return None, None
+        frame_end = position + len(frame)
+        if zlib.crc32(frame[CRC_START:]) != crc:
+            return frame_end, None
+        payload = bytes(frame[HEADER_BYTES:])
+        return frame_end, LogRecord(self.partition, offset, timestamp_ms, payload)
+
+    def _bytes(self, position: int, length: int, end: int) -> memoryview | None:
+        """`length` bytes at `position`, or None if the file (as of `end`) is shorter."""
+        if position + length > end:
+            return None
+        start = position - self._buffer_start
+        if start + length > len(self._buffer):
+            size = min(max(length, READ_CHUNK_BYTES), end - position)
+            self._buffer = os.pread(self._fd, size, position)
+            self._buffer_start = position
+            start = 0
+            if len(self._buffer) < length:  # a torn tail was cut meanwhile
+                return None
+        return memoryview(self._buffer)[start : start + length]
+
+
+def _encode_frame(offset: int, timestamp_ms: int, value: bytes) -> bytes:
+    crc = zlib.crc32(value, zlib.crc32(STAMP.pack(offset, timestamp_ms)))
+    return HEADER.pack(len(value), crc, offset, timestamp_ms) + value
+
+
+def _segment_base(name: str) -> int | None:
+    stem = name.removesuffix(SEGMENT_SUFFIX)
+    if stem == name or len(stem) != SEGMENT_NAME_DIGITS or not stem.isdigit():
+        return None
+    return int(stem)
+
+
+def _wall_clock_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+def _monotonic_ms() -> int:
+    return time.monotonic_ns() // 1_000_000
+
+
+def _fsync_directory(path: str) -> None:
+    """Makes a new directory entry durable (fsync of the file alone does not)."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class FileLog:
+    """CommandLog on local segment files; see the module docstring for the format."""
+
+    def __init__(
+        self,
+        directory: str | os.PathLike[str],
+        partitions: int,
+        config: FileLogConfig = DEFAULT_CONFIG,
+        clock_ms: Callable[[], int] | None = None,
+    ) -> None:
+        if partitions < 1:
+            raise LogError("partitions must be >= 1")
+        self._directory = os.fspath(directory)
+        self._partitions = partitions
+        self._config = config
+        self._clock_ms = clock_ms or _wall_clock_ms
+        self._states: dict[int, _Partition] = {}
+        self._closed = False
+
+    @property
+    def partitions(self) -> int:
+        return self._partitions
+
+    def append(self, partition: int, values: list[bytes]) -> list[Appended]:
+        state = self._state(partition)
+        for value in values:
+            if len(value) > self._config.max_record_bytes:
+                raise LogError(f"record of {len(value)} bytes exceeds max_record_bytes {self._config.max_record_bytes}")
+        if not values:
+            return []
+        with self._io_errors(), self._locked(state):
+            try:
+                return self._append_locked(partition, state, values)
+            except BaseException:
+                self._drop_tail(state)  # the file may not match the cache any more: rescan
+                raise
+
+    def read(self, partition: int, from_offset: int, max_records: int) -> list[LogRecord]:
+        state = self._state(partition)
+        if from_offset < 0 or max_records < 1:
+            raise LogError("from_offset must be >= 0 and max_records >= 1")
+        with self._io_errors():
+            cursor = self._cursor_for(state, from_offset)
+            if cursor is None:
+                return []
+            return self._read_from(partition, state, cursor, from_offset, max_records)
+
+    def end_offset(self, partition: int) -> int:
+        state = self._state(partition)
+        with self._io_errors():
+            tail = self._refresh_tail(partition, state, repair=False)
+        return 0 if tail is None else tail.next_offset
+
+    def repair(self, partition: int) -> int:
+        """Truncates a torn tail left by a crashed appender; returns the end offset."""
+        state = self._state(partition)
+        with self._io_errors(), self._locked(state):
+            tail = self._refresh_tail(partition, state, repair=True)
+        return 0 if tail is None else tail.next_offset
+
+    def close(self) -> None:
+        """Closes every descriptor, first syncing data an INTERVAL policy left unsynced."""
+        if self._closed:
+            return
+        self._closed = True
+        with self._io_errors():
+            for state in self._states.values():
+                try:
+                    self._drop_tail(state)
+                finally:
+                    if state.cursor is not None:
+                        os.close(state.cursor.fd)
+                    if state.lock_fd is not None:
+                        os.close(state.lock_fd)
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    # -- appending ---------------------------------------------------------------------
+
+    def _append_locked(self, partition: int, state: _Partition, values: list[bytes]) -> list[Appended]:
+        tail = self._refresh_tail(partition, state, repair=True)
+        if tail is None:
+            tail = self._start_segment(state, base=0, last_timestamp_ms=None)
+        floor = tail.last_timestamp_ms
+        if floor is None:
+            floor = self._last_timestamp_before(partition, state, tail.base)
+        timestamp = self._clock_ms() if floor is None else max(self._clock_ms(), floor)
+        always = self._config.fsync is FsyncPolicy.ALWAYS
+        appended: list[Appended] = []
+        pending = bytearray()
+        offset = tail.next_offset
+        for value in values:
+            frame = _encode_frame(offset, timestamp, value)
+            used = tail.size + len(pending)
+            if used > 0 and used + len(frame) > self._config.segment_bytes:
+                self._write(tail, pending, offset, timestamp)
+                pending = bytearray()
+                tail = self._start_segment(state, base=offset, last_timestamp_ms=timestamp)
+            pending += frame
+            appended.append(Appended(partition, offset, timestamp))
+            offset += 1
+            if always:
+                self._write(tail, pending, offset, timestamp)
+                pending = bytearray()
+                self._fsync_tail(state, tail)
+        self._write(tail, pending, offset, timestamp)
+        if self._fsync_due(state):
+            self._fsync_tail(state, tail)
+        return appended
+
+    def _write(self, tail: _Tail, data: bytearray, next_offset: int, timestamp_ms: int) -> None:
+        """Appends whole frames; one write() unless the kernel takes them piecewise."""
+        view = memoryview(data)
+        while view:
+            view = view[os.write(tail.fd, view) :]
+        if data:
+            tail.size += len(data)
+            tail.next_offset = next_offset
+            tail.last_timestamp_ms = timestamp_ms
+            tail.dirty = True
+
+    def _fsync_due(self, state: _Partition) -> bool:
+        policy = self._config.fsync
+        if policy is FsyncPolicy.GROUP:
+            return True
+        if policy is FsyncPolicy.INTERVAL:
+            last = state.last_fsync_ms
+            return last is None or _monotonic_ms() - last >= self._config.fsync_interval_ms
+        return False  # ALWAYS has synced each record already; NONE never syncs
+
+    def _fsync_tail(self, state: _Partition, tail: _Tail) -> None:
+        os.fsync(tail.fd)
+        tail.dirty = False
+        state.last_fsync_ms = _monotonic_ms()
+
+    def _start_segment(self, state: _Partition, base: int, last_timestamp_ms: int | None) -> _Tail:
+        """Rolls to a new segment; the old one is synced first so that no later segment
+        can survive a power loss that an earlier one's data did not."""
+        durable = self._config.fsync is not FsyncPolicy.NONE
+        if state.tail is not None and durable:
+            self._fsync_tail(state, state.tail)
+        self._drop_tail(state)
+        path = self._segment_path(state, base)
+        fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_EXCL, FILE_MODE)
+        state.tail = _Tail(fd, base, 0, base, last_timestamp_ms)
+        if durable:
+            _fsync_directory(state.directory)
+        return state.tail
+
+    def _last_timestamp_before(self, partition: int, state: _Partition, base: int) -> int | None:
+        """The last timestamp of the segment before `base`: needed only when the newest
+        segment is empty (an appender died between creating and writing it)."""
+        earlier = [b for b in state.segments if b < base]
+        if not earlier:
+            return None
+        fd = os.open(self._segment_path(state, earlier[-1]), os.O_RDONLY)
+        try:
+            scanner = _Scanner(partition, fd, 0, earlier[-1])
+            scanner.scan_to_end()
+        finally:
+            os.close(fd)
+        return scanner.last_timestamp_ms
+
+    def _refresh_tail(self, partition: int, state: _Partition, repair: bool) -> _Tail | None:
+        """Brings the cached tail up to date by scanning what other processes appended;
+        with `repair` (only under the lock) a torn tail is truncated. None: no segments."""
+        bases = self._list_segments(state)
+        if not bases:
+            return None
+        tail = state.tail
+        if tail is None or tail.base != bases[-1]:
+            self._drop_tail(state)
+            fd = os.open(self._segment_path(state, bases[-1]), os.O_RDWR | os.O_APPEND)
+            tail = state.tail = _Tail(fd, bases[-1], 0, bases[-1], None)
+        scanner = _Scanner(partition, tail.fd, tail.size, tail.next_offset)
+        scanner.scan_to_end()
+        if scanner.torn and repair:
+            os.ftruncate(tail.fd, scanner.position)
+            os.fsync(tail.fd)
+        tail.size = scanner.position
+        tail.next_offset = scanner.next_offset
+        if scanner.last_timestamp_ms is not None:
+            tail.last_timestamp_ms = scanner.last_timestamp_ms
+        return tail
+
+    def _drop_tail(self, state: _Partition) -> None:
+        tail = state.tail
+        if tail is None:
+            return
+        state.tail = None
+        try:
+            if tail.dirty and self._config.fsync is not FsyncPolicy.NONE:
+                os.fsync(tail.fd)
+        finally:
+            os.close(tail.fd)
+
+    @contextmanager
+    def _locked(self, state: _Partition) -> Iterator[None]:
+        if state.lock_fd is None:
+            self._make_directory(state.directory)
+            lock_path = os.path.join(state.directory, LOCK_FILE_NAME)
+            state.lock_fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, FILE_MODE)
+        fcntl.flock(state.lock_fd, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(state.lock_fd, fcntl.LOCK_UN)
+
+    def _make_directory(self, path: str) -> None:
+        if os.path.isdir(path):
+            return
+        os.makedirs(path, exist_ok=True)
+        if self._config.fsync is not FsyncPolicy.NONE:
+            _fsync_directory(os.path.dirname(path))
+
+    # -- reading -----------------------------------------------------------------------
+
+    def _cursor_for(self, state: _Partition, from_offset: int) -> _Cursor | None:
+        """A cursor at or before `from_offset` in the segment holding it; None: no segments."""
+        cursor = state.cursor
+        if cursor is not None and cursor.next_offset == from_offset:
+            return cursor
+        bases = self._list_segments(state)
+        if not bases:
+            return None
+        if from_offset < bases[0]:
+            raise LogError(f"offset {from_offset} is below the first segment ({bases[0]})")
+        base = bases[bisect.bisect_right(bases, from_offset) - 1]
+        if cursor is not None and cursor.base == base and cursor.next_offset <= from_offset:
+            return cursor
+        return self._open_cursor(state, base)
+
+    def _open_cursor(self, state: _Partition, base: int) -> _Cursor:
+        if state.cursor is not None:
+            os.close(state.cursor.fd)
+            state.cursor = None
+        fd = os.open(self._segment_path(state, base), os.O_RDONLY)
+        state.cursor = _Cursor(fd, base, 0, base)
+        return state.cursor
+
+    def _read_from(
+        self, partition: int, state: _Partition, cursor: _Cursor, from_offset: int, max_records: int
+    ) -> list[LogRecord]:
+        records: list[LogRecord] = []
+        while True:
+            # A segment with a successor is complete: its frames were written before the
+            # successor was created, so it cannot hold a write in progress or a torn tail.
+            sealed = cursor.base != state.segments[-1]
+            scanner = _Scanner(partition, cursor.fd, cursor.position, cursor.next_offset)
+            for record in scanner.records():
+                if record.offset >= from_offset:
+                    records.append(record)
+                    if len(records) == max_records:
+                        break
+            cursor.position = scanner.position
+            cursor.next_offset = scanner.next_offset
+            if len(records) == max_records:
+                return records
+            if not sealed:
+                if self._list_segments(state)[-1] == cursor.base:
+                    return records
+                continue  # it was sealed meanwhile: read its last frames before moving on
+            next_base = state.segments[bisect.bisect_right(state.segments, cursor.base)]
+            if scanner.torn or cursor.next_offset != next_base:
+                raise LogCorruption(
+                    f"partition {partition}: segment {cursor.base} ends at offset "
+                    f"{cursor.next_offset} (torn: {scanner.torn}), the next starts at {next_base}"
+                )
+            cursor = self._open_cursor(state, next_base)
+
+    # -- shared ------------------------------------------------------------------------
+
+    def _state(self, partition: int) -> _Partition:
+        if self._closed:
+            raise LogError("the log is closed")
+        if not 0 <= partition < self._partitions:
+            raise LogError(f"partition {partition} is not in 0..{self._partitions - 1}")
+        state = self._states.get(partition)
+        if state is None:
+            directory = os.path.join(self._directory, PARTITION_DIR_FORMAT.format(partition))
+            state = self._states[partition] = _Partition(directory)
+        return state
+
+    def _list_segments(self, state: _Partition) -> list[int]:
+        try:
+            names = os.listdir(state.directory)
+        except FileNotFoundError:
+            names = []
+        bases = (_segment_base(name) for name in names)
+        state.segments = sorted(base for base in bases if base is not None)
+        return state.segments
+
+    @staticmethod
+    def _segment_path(state: _Partition, base: int) -> str:
+        name = f"{base:0{SEGMENT_NAME_DIGITS}d}{SEGMENT_SUFFIX}"
+        return os.path.join(state.directory, name)
+
+    @staticmethod
+    @contextmanager
+    def _io_errors() -> Iterator[None]:
+        """Reports I/O failures as LogError, as the CommandLog contract says."""
+        try:
+            yield
+        except OSError as exc:
+            raise LogError(f"file log I/O failed: {exc}") from exc

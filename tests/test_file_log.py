@@ -1,0 +1,320 @@
+"""FileLog on real files: format, rolling, torn tails, corruption, several processes."""
+
+from __future__ import annotations
+
+import itertools
+import multiprocessing
+import os
+import random
+import struct
+import time
+import zlib
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from keyload.log.base import LogCorruption, LogError, LogRecord
+from keyload.log.file_log import (
+    HEADER_BYTES,
+    FileLog,
+    FileLogConfig,
+    FsyncPolicy,
+)
+
+WORKERS = 3
+RECORDS_PER_WORKER = 300
+MAX_BATCH = 5
+TAIL_TIMEOUT_S = 15.0
+
+
+def _segments(directory: Path, partition: int = 0) -> list[Path]:
+    return sorted((directory / f"p-{partition:04d}").glob("*.seg"))
+
+
+def _read_all(log: FileLog, partition: int = 0, from_offset: int = 0) -> list[LogRecord]:
+    return log.read(partition, from_offset, 1_000_000)
+
+
+def _clock(values: list[int]) -> Callable[[], int]:
+    ticks: Iterator[int] = iter(values)
+    return lambda: next(ticks)
+
+
+def _flip_byte(path: Path, position: int) -> None:
+    data = bytearray(path.read_bytes())
+    data[position] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+def test_round_trip_across_partitions(tmp_path: Path) -> None:
+    with FileLog(tmp_path, 3) as log:
+        for partition in range(3):
+            values = [f"{partition}-{i}".encode() for i in range(7)]
+            appended = log.append(partition, values[:3]) + log.append(partition, values[3:])
+            assert [a.offset for a in appended] == list(range(7))
+            assert {a.partition for a in appended} == {partition}
+        for partition in range(3):
+            records = _read_all(log, partition)
+            assert [r.value for r in records] == [f"{partition}-{i}".encode() for i in range(7)]
+            assert [r.offset for r in records] == list(range(7))
+            assert log.end_offset(partition) == 7
+        assert log.partitions == 3
+        assert log.append(0, []) == []
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["p-0000", "p-0001", "p-0002"]
+    assert (tmp_path / "p-0000" / ".lock").exists()
+
+
+def test_frame_format_on_disk(tmp_path: Path) -> None:
+    with FileLog(tmp_path, 1, clock_ms=lambda: 1234) as log:
+        log.append(0, [b"hello", b"world!"])
+    data = (tmp_path / "p-0000" / f"{0:020d}.seg").read_bytes()
+    length, crc, offset, timestamp = struct.unpack_from(">IIQq", data, 0)
+    assert (length, offset, timestamp) == (5, 0, 1234)
+    assert data[HEADER_BYTES : HEADER_BYTES + 5] == b"hello"
+    assert crc == zlib.crc32(data[8 : HEADER_BYTES + 5])
+    second = HEADER_BYTES + 5
+    assert struct.unpack_from(">IIQq", data, second)[2] == 1
+    assert len(data) == 2 * HEADER_BYTES + 11
+
+
+def test_timestamps_never_go_backwards(tmp_path: Path) -> None:
+    with FileLog(tmp_path, 1, clock_ms=_clock([1000, 900, 1100, 500])) as log:
+        batches = [[b"a", b"b"], [b"c"], [b"d"], [b"e"]]
+        stamps = [a.timestamp_ms for batch in batches for a in log.append(0, batch)]
+    assert stamps == [1000, 1000, 1000, 1100, 1100]
+    # A new instance (another process, say) with an even earlier clock still continues from disk.
+    with FileLog(tmp_path, 1, clock_ms=lambda: 10) as log:
+        assert log.append(0, [b"f"])[0].timestamp_ms == 1100
+        assert [r.timestamp_ms for r in _read_all(log)] == [1000, 1000, 1000, 1100, 1100, 1100]
+
+
+def test_segments_roll_and_read_from_any_offset(tmp_path: Path) -> None:
+    config = FileLogConfig(segment_bytes=200)
+    values = [f"record-{i:03d}".encode() * (1 + i % 3) for i in range(40)]
+    with FileLog(tmp_path, 1, config) as log:
+        i = 0
+        for size in [1, 3, 2, 5, 1, 4, 7, 2, 6, 9]:
+            log.append(0, values[i : i + size])
+            i += size
+        assert log.end_offset(0) == 40
+        for from_offset in range(41):
+            for max_records in (1, 3, 100):
+                got = log.read(0, from_offset, max_records)
+                assert [r.value for r in got] == values[from_offset : from_offset + max_records]
+                assert [r.offset for r in got] == list(range(from_offset, from_offset + len(got)))
+        assert log.read(0, 40, 10) == []
+        assert log.read(0, 1000, 10) == []
+        big = b"x" * 500  # larger than a segment: it gets one of its own
+        assert log.append(0, [big, b"after"])[1].offset == 41
+        assert [r.value for r in log.read(0, 40, 10)] == [big, b"after"]
+    segments = _segments(tmp_path)
+    assert len(segments) > 10
+    bases = [int(p.stem) for p in segments]
+    assert bases[0] == 0 and bases[-2:] == [40, 41]
+    assert all(p.stat().st_size <= 200 for p in segments if int(p.stem) != 40)
+    with FileLog(tmp_path, 1, config) as log:  # a fresh instance finds the same records
+        assert [r.value for r in _read_all(log, 0, 17)] == [*values[17:], big, b"after"]
+        assert log.end_offset(0) == 42
+
+
+def _damage_truncate(path: Path) -> None:
+    os.truncate(path, path.stat().st_size - 3)
+
+
+def _damage_short_garbage(path: Path) -> None:
+    with path.open("ab") as f:
+        f.write(b"\x00\x01\x02\x03\x04")
+
+
+def _damage_long_garbage(path: Path) -> None:
+    with path.open("ab") as f:
+        f.write(b"\xff" * 40)  # its length field claims 4 GiB: an incomplete frame
+
+
+def _damage_zeros(path: Path) -> None:
+    with path.open("ab") as f:
+        f.write(bytes(4096))  # what a file system may leave after a power loss
+
+
+def _damage_flip_last(path: Path) -> None:
+    _flip_byte(path, path.stat().st_size - 1)
+
+
+@pytest.mark.parametrize(
+    ("damage", "survivors"),
+    [
+        (_damage_truncate, 9),
+        (_damage_flip_last, 9),
+        (_damage_short_garbage, 10),
+        (_damage_long_garbage, 10),
+        (_damage_zeros, 10),
+    ],
+)
+@pytest.mark.parametrize("fix", ["append", "repair"])
+def test_torn_tail_is_cut_and_the_log_continues(
+    tmp_path: Path, damage: Callable[[Path], None], survivors: int, fix: str
+) -> None:
+    config = FileLogConfig(segment_bytes=300)
+    values = [f"value-{i}".encode() for i in range(10)]
+    with FileLog(tmp_path, 1, config) as log:
+        for i in range(0, 10, 2):
+            log.append(0, values[i : i + 2])
+    last = _segments(tmp_path)[-1]
+    damage(last)
+    with FileLog(tmp_path, 1, config) as log:
+        assert [r.value for r in _read_all(log)] == values[:survivors]
+        assert log.end_offset(0) == survivors
+        if fix == "append":
+            assert log.append(0, [b"next"])[0].offset == survivors
+        else:
+            assert log.repair(0) == survivors
+            log.append(0, [b"next"])
+        assert [r.value for r in _read_all(log)] == [*values[:survivors], b"next"]
+    with FileLog(tmp_path, 1, config) as log:
+        assert [r.offset for r in _read_all(log)] == list(range(survivors + 1))
+
+
+def test_corruption_in_the_middle_is_reported(tmp_path: Path) -> None:
+    with FileLog(tmp_path, 1) as log:
+        log.append(0, [f"value-{i}".encode() for i in range(10)])
+    segment = _segments(tmp_path)[0]
+    size = segment.stat().st_size
+    _flip_byte(segment, HEADER_BYTES + 2)  # the first record's payload
+    with FileLog(tmp_path, 1) as log:
+        with pytest.raises(LogCorruption):
+            log.read(0, 0, 100)
+        with pytest.raises(LogCorruption):
+            log.read(0, 5, 100)
+        with pytest.raises(LogCorruption):
+            log.end_offset(0)
+        with pytest.raises(LogCorruption):
+            log.append(0, [b"more"])
+    assert segment.stat().st_size == size  # nothing was cut or added
+
+
+def test_torn_frame_in_a_sealed_segment_is_corruption(tmp_path: Path) -> None:
+    config = FileLogConfig(segment_bytes=100)
+    with FileLog(tmp_path, 1, config) as log:
+        log.append(0, [b"a" * 40, b"b" * 40, b"c" * 40])
+    first = _segments(tmp_path)[0]
+    os.truncate(first, first.stat().st_size - 1)
+    with FileLog(tmp_path, 1, config) as log, pytest.raises(LogCorruption):
+        log.read(0, 0, 10)
+
+
+def test_offset_below_the_first_segment_is_an_error(tmp_path: Path) -> None:
+    config = FileLogConfig(segment_bytes=100)
+    with FileLog(tmp_path, 1, config) as log:
+        log.append(0, [b"a" * 40, b"b" * 40, b"c" * 40])
+    _segments(tmp_path)[0].unlink()  # as a retention job would
+    with FileLog(tmp_path, 1, config) as log:
+        with pytest.raises(LogError):
+            log.read(0, 0, 10)
+        assert [r.value for r in log.read(0, 2, 10)] == [b"c" * 40]
+
+
+def test_empty_newest_segment_keeps_timestamps_monotonic(tmp_path: Path) -> None:
+    """An appender that died between creating a segment and writing to it."""
+    config = FileLogConfig(segment_bytes=100)
+    with FileLog(tmp_path, 1, config, clock_ms=lambda: 5000) as log:
+        log.append(0, [b"a" * 40, b"b" * 40])
+    (tmp_path / "p-0000" / f"{2:020d}.seg").touch()
+    with FileLog(tmp_path, 1, config, clock_ms=lambda: 10) as log:
+        assert log.end_offset(0) == 2
+        appended = log.append(0, [b"c"])
+        assert (appended[0].offset, appended[0].timestamp_ms) == (2, 5000)
+        assert [r.value for r in _read_all(log)] == [b"a" * 40, b"b" * 40, b"c"]
+
+
+def test_tailing_reader_in_another_instance(tmp_path: Path) -> None:
+    config = FileLogConfig(segment_bytes=150, fsync=FsyncPolicy.NONE)
+    with FileLog(tmp_path, 2, config) as writer, FileLog(tmp_path, 2, config) as reader:
+        assert reader.read(1, 0, 10) == []
+        assert reader.end_offset(1) == 0
+        seen: list[bytes] = []
+        for batch in range(10):
+            writer.append(1, [f"b{batch}-{i}".encode() * 3 for i in range(batch % 4 + 1)])
+            while records := reader.read(1, len(seen), 2):
+                seen.extend(r.value for r in records)
+            assert len(seen) == writer.end_offset(1) == reader.end_offset(1)
+        assert seen == [r.value for r in _read_all(writer, 1)]
+        assert len(_segments(tmp_path, 1)) > 3
+
+
+def test_oversize_record_is_rejected_before_writing(tmp_path: Path) -> None:
+    with FileLog(tmp_path, 1, FileLogConfig(max_record_bytes=100)) as log:
+        with pytest.raises(LogError):
+            log.append(0, [b"fine", b"x" * 101])
+        assert log.end_offset(0) == 0
+        assert log.read(0, 0, 10) == []
+        assert _segments(tmp_path) == []
+        assert log.append(0, [b"x" * 100])[0].offset == 0
+
+
+@pytest.mark.parametrize("policy", list(FsyncPolicy))
+def test_every_fsync_policy_appends(tmp_path: Path, policy: FsyncPolicy) -> None:
+    config = FileLogConfig(segment_bytes=100, fsync=policy, fsync_interval_ms=0)
+    with FileLog(tmp_path, 1, config) as log:
+        log.append(0, [b"a" * 30] * 5)
+        log.append(0, [b"b" * 30])
+        assert [r.offset for r in _read_all(log)] == list(range(6))
+
+
+def test_bad_arguments(tmp_path: Path) -> None:
+    with pytest.raises(LogError):
+        FileLog(tmp_path, 0)
+    log = FileLog(tmp_path, 2)
+    for call in (
+        lambda: log.append(2, [b"x"]),
+        lambda: log.append(-1, [b"x"]),
+        lambda: log.read(2, 0, 1),
+        lambda: log.read(0, -1, 1),
+        lambda: log.read(0, 0, 0),
+        lambda: log.end_offset(5),
+    ):
+        with pytest.raises(LogError):
+            call()
+    log.close()
+    log.close()
+    with pytest.raises(LogError):
+        log.read(0, 0, 1)
+
+
+def _append_worker(directory: str, worker: int, start: multiprocessing.synchronize.Event) -> None:
+    rng = random.Random(worker)
+    with FileLog(directory, 1) as log:
+        start.wait()
+        i = 0
+        while i < RECORDS_PER_WORKER:
+            size = min(rng.randint(1, MAX_BATCH), RECORDS_PER_WORKER - i)
+            log.append(0, [f"{worker}:{n}".encode() for n in range(i, i + size)])
+            i += size
+
+
+def test_concurrent_appenders_in_several_processes(tmp_path: Path) -> None:
+    context = multiprocessing.get_context("spawn")
+    start = context.Event()
+    workers = [context.Process(target=_append_worker, args=(str(tmp_path), worker, start)) for worker in range(WORKERS)]
+    for process in workers:
+        process.start()
+    total = WORKERS * RECORDS_PER_WORKER
+    seen: list[LogRecord] = []
+    deadline = time.monotonic() + TAIL_TIMEOUT_S
+    with FileLog(tmp_path, 1) as reader:
+        start.set()
+        while len(seen) < total and time.monotonic() < deadline:
+            seen.extend(reader.read(0, len(seen), 37))
+        for process in workers:
+            process.join(TAIL_TIMEOUT_S)
+            assert process.exitcode == 0
+        assert reader.end_offset(0) == total
+    assert [r.offset for r in seen] == list(range(total))
+    with FileLog(tmp_path, 1) as log:
+        assert [r.value for r in seen] == [r.value for r in _read_all(log)]
+    by_worker: dict[int, list[int]] = {w: [] for w in range(WORKERS)}
+    for record in seen:
+        worker, n = record.value.decode().split(":")
+        by_worker[int(worker)].append(int(n))
+    assert by_worker == {w: list(range(RECORDS_PER_WORKER)) for w in range(WORKERS)}
+    assert all(a.timestamp_ms <= b.timestamp_ms for a, b in itertools.pairwise(seen))
