@@ -1,0 +1,1 @@
+"""Benchmarks of keyload. Commands, not tests: run them with `python -m bench.<name>`."""

@@ -1,0 +1,496 @@
+"""Processor throughput against raw references, measured in one run on one machine.
+
+    python -m bench.throughput [--commands N] [--body-bytes B] [--json]
+
+A fresh temporary data directory gets one CreateQueue and N Enqueue commands (one
+domain, reply_to set as clients do) appended to its command log. Then, timing only
+the loop named in each line:
+
+(a) apply:  PartitionProcessor.step() until caught up, publishing outcomes.
+(b) replay: recovery.replay() of the same log into an empty directory (no outcomes;
+            includes the digest pass replay() ends with).
+(c) raw writes: the exact key/value pairs of (a)'s projection, written with rocksdict
+            WriteBatches of 512 commands' worth into a fresh Rdict with the Store's options.
+(d) raw read + decode: FileLog.read() of the same records, REGISTRY.decode of each value.
+
+bench/README.md explains how to read the ratios a/c, a/d and b/c.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import importlib.metadata
+import json
+import math
+import os
+import platform
+import pstats
+import random
+import resource
+import shutil
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rocksdict import Options, Rdict, WriteBatch, WriteOptions
+
+from keyload.datadir import DataDir
+from keyload.log.base import partition_for
+from keyload.log.codec import REGISTRY
+from keyload.log.file_log import FileLog, FileLogConfig, FsyncPolicy
+from keyload.processors import limits
+from keyload.processors.policy import INTEGER_FIELDS, default_spec
+from keyload.projections.store import Store
+from keyload.recovery import replay
+from keyload.runtime import MAX_GROUP_RECORDS, PartitionProcessor
+
+COMMAND = "keyload.Command"
+OUTCOME = "keyload.Outcome"
+CREATE_QUEUE = "keyload.command.CreateQueue"
+ENQUEUE = "keyload.command.Enqueue"
+
+DOMAIN = "bench"
+QUEUE = "bench-queue"
+PRINCIPAL = "bench"
+REPLY_TO = 0  # the outcome partition the "client" listens on
+CLIENT_TIME_MS = 1_700_000_000_000
+SEED = 20_240_601
+ID_CHARS = 36  # len(str(uuid4())): command ids and message ids, as the SDK makes them
+
+DEFAULT_COMMANDS = 50_000
+DEFAULT_BODY_BYTES = 1024
+DEFAULT_WARMUP = 2_000
+PROFILE_LINES = 30
+
+
+class BenchError(Exception):
+    """The run did not do what it was meant to measure."""
+
+
+# -- workload --------------------------------------------------------------------------
+
+
+def _command(command_id: str, kind: str, body: dict[str, Any]) -> bytes:
+    return REGISTRY.encode(
+        COMMAND,
+        {
+            "command_id": command_id,
+            "domain": DOMAIN,
+            "principal": PRINCIPAL,
+            "body": (kind, body),
+            "reply_to": REPLY_TO,
+            "client_time_ms": CLIENT_TIME_MS,
+        },
+    )
+
+
+def _check_sizes(commands: int, body_bytes: int) -> None:
+    if commands < 1:
+        raise BenchError("--commands must be >= 1")
+    if not 0 <= body_bytes <= limits.MAX_INLINE_BODY_BYTES:
+        raise BenchError(f"--body-bytes must be 0..{limits.MAX_INLINE_BODY_BYTES}")
+    if commands > INTEGER_FIELDS["max_stored_messages"].maximum:
+        raise BenchError("--commands exceeds the largest max_stored_messages a queue may have")
+    if commands * body_bytes > INTEGER_FIELDS["max_stored_bytes"].maximum:
+        raise BenchError("--commands x --body-bytes exceeds the largest max_stored_bytes a queue may have")
+
+
+def generate(commands: int, body_bytes: int, ids: list[str]) -> Iterator[bytes]:
+    """CreateQueue (quotas large enough for everything), then `commands` Enqueues.
+
+    Ids are UUID4 strings from a seeded generator (the SDK uses uuid4, and
+    message_id = command_id); bodies are seeded random bytes, so RocksDB cannot
+    compress them away. Each command's id is appended to `ids` (index = offset).
+    """
+    rng = random.Random(SEED)
+
+    def new_id() -> str:
+        value = str(uuid.UUID(int=rng.getrandbits(128), version=4))
+        ids.append(value)
+        return value
+
+    policy = {
+        **default_spec(),
+        "max_stored_messages": commands,
+        "max_stored_bytes": max(commands * body_bytes, 1),
+    }
+    yield _command(new_id(), CREATE_QUEUE, {"queue": QUEUE, "policy": policy})
+    for _ in range(commands):
+        command_id = new_id()
+        body = {
+            "queue": QUEUE,
+            "message_id": command_id,
+            "body": rng.randbytes(body_bytes),
+            "headers": {},
+            "ordering_key": None,
+            "not_before_ms": None,
+            "expires_at_ms": None,
+        }
+        yield _command(command_id, ENQUEUE, body)
+
+
+@dataclass(frozen=True)
+class Workload:
+    root: Path
+    data: DataDir
+    partition: int
+    records: int  # CreateQueue + the Enqueues
+    ids: list[str]  # command id of each offset
+
+
+def prepare(root: Path, commands: int, body_bytes: int) -> Workload:
+    """Append the workload to a fresh data directory, one group's worth per append()."""
+    data = DataDir.create(root / "data")
+    partition = partition_for(DOMAIN, data.partitions)
+    ids: list[str] = []
+    log = data.command_log(FileLogConfig(fsync=FsyncPolicy.NONE))  # set-up only: durability is moot
+    try:
+        chunk: list[bytes] = []
+        for value in generate(commands, body_bytes, ids):
+            chunk.append(value)
+            if len(chunk) == MAX_GROUP_RECORDS:
+                log.append(partition, chunk)
+                chunk = []
+        if chunk:
+            log.append(partition, chunk)
+        if log.end_offset(partition) != len(ids):
+            raise BenchError("the command log does not hold the workload")
+    finally:
+        log.close()
+    return Workload(root, data, partition, len(ids), ids)
+
+
+# -- measurements ----------------------------------------------------------------------
+
+
+def peak_rss_kib() -> int:
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak // 1024 if sys.platform == "darwin" else peak  # bytes on macOS, KiB elsewhere
+
+
+@dataclass(frozen=True)
+class Phase:
+    key: str
+    label: str
+    records: int
+    seconds: float
+    peak_rss_kib: int  # process peak so far, read right after the phase
+
+    @property
+    def rate(self) -> float:
+        return self.records / self.seconds if self.seconds > 0 else math.inf
+
+
+def apply_log(
+    work: Workload, projection: Path, outcomes: FileLog, profiler: cProfile.Profile | None = None
+) -> tuple[float, Store]:
+    """(a): step a processor over the whole log; returns the apply loop's time and the open store."""
+    log = work.data.command_log()
+    store = Store(projection)
+    try:
+        processor = PartitionProcessor(work.partition, work.data.partitions, log, store, outcomes)
+        target = work.records - 1
+        if profiler is not None:
+            profiler.enable()
+        start = time.perf_counter()
+        while processor.applied_offset < target and processor.step() > 0:
+            pass
+        seconds = time.perf_counter() - start
+        if profiler is not None:
+            profiler.disable()
+    except BaseException:
+        store.close()
+        raise
+    finally:
+        log.close()
+    if processor.halt is not None or processor.applied_offset != target:
+        store.close()
+        raise BenchError(f"apply stopped at offset {processor.applied_offset} of {target}: {processor.halt}")
+    return seconds, store
+
+
+def check_outcomes(outcomes: FileLog, work: Workload) -> None:
+    """Every command's outcome was published and says committed (not timed)."""
+    seen, offset = 0, 0
+    while True:
+        records = outcomes.read(REPLY_TO, offset, 4096)
+        if not records:
+            break
+        for record in records:
+            outcome = REGISTRY.decode(OUTCOME, record.value)
+            if outcome["status"] != "committed":
+                raise BenchError(f"command at offset {outcome['offset']} was {outcome['status']}: {outcome['detail']}")
+        seen += len(records)
+        offset = records[-1].offset + 1
+    if seen != work.records:
+        raise BenchError(f"{seen} outcomes published for {work.records} commands")
+
+
+def replay_log(work: Workload) -> tuple[float, str]:
+    """(b): recovery.replay from offset 0 into an empty directory."""
+    start = time.perf_counter()
+    replayed = replay(work.data, work.partition, work.root / "replay", progress=False)
+    seconds = time.perf_counter() - start
+    if replayed.applied_offset != work.records - 1:
+        raise BenchError(f"replay reached offset {replayed.applied_offset} of {work.records - 1}")
+    return seconds, replayed.digest
+
+
+Pair = tuple[bytes, bytes]
+
+
+def group_pairs(store: Store, work: Workload) -> tuple[list[list[Pair]], int, int]:
+    """(a)'s projection cut into one batch per apply group, in command order.
+
+    A pair belongs to the command whose id ends its key (message, body, outcome)
+    or is its value (ready index); the rest (queue record, allocators, applied
+    offset, last time) the processor rewrites with every group, so every batch
+    gets them. Returns (batches, distinct pairs, their key+value bytes).
+    """
+    owner = {command_id.encode("utf-8"): offset for offset, command_id in enumerate(work.ids)}
+    per_command: list[list[Pair]] = [[] for _ in range(work.records)]
+    shared: list[Pair] = []
+    pairs = size = 0
+    for key, value in store.scan(b"", b"\xff"):
+        pairs += 1
+        size += len(key) + len(value)
+        offset = owner.get(key[-ID_CHARS:])
+        if offset is None:
+            offset = owner.get(value)
+        (shared if offset is None else per_command[offset]).append((key, value))
+    batches = []
+    for first in range(0, work.records, MAX_GROUP_RECORDS):
+        batch = [pair for command in per_command[first : first + MAX_GROUP_RECORDS] for pair in command]
+        batches.append(batch + shared)
+    return batches, pairs, size
+
+
+def raw_writes(path: Path, batches: list[list[Pair]]) -> float:
+    """(c): the batches through rocksdict alone, with the options Store uses."""
+    options = Options(raw_mode=True)
+    options.create_if_missing(True)
+    path.mkdir(parents=True)
+    db = Rdict(str(path), options)
+    write_options = WriteOptions()
+    write_options.sync = False  # Store's default, and what `keyload run` uses
+    try:
+        start = time.perf_counter()
+        for pairs in batches:
+            batch = WriteBatch(raw_mode=True)
+            for key, value in pairs:
+                batch.put(key, value)
+            db.write(batch, write_options)
+        return time.perf_counter() - start
+    finally:
+        db.close()
+
+
+def read_and_decode(work: Workload) -> float:
+    """(d): read the log in groups as the processor does, and decode every command."""
+    log = work.data.command_log()
+    try:
+        decode = REGISTRY.decode
+        offset = 0
+        start = time.perf_counter()
+        while offset < work.records:
+            records = log.read(work.partition, offset, MAX_GROUP_RECORDS)
+            if not records:
+                raise BenchError(f"the log ended at offset {offset}")
+            for record in records:
+                decode(COMMAND, record.value)
+            offset += len(records)
+        return time.perf_counter() - start
+    finally:
+        log.close()
+
+
+@dataclass(frozen=True)
+class Result:
+    commands: int
+    body_bytes: int
+    partitions: int
+    phases: dict[str, Phase]
+    digest_a: str
+    digest_b: str
+    digest_seconds: float  # one Store.digest() pass over (a)'s projection; (b) includes one
+    raw_pairs: int
+    raw_bytes: int
+
+    def ratio(self, top: str, bottom: str) -> float:
+        return self.phases[top].rate / self.phases[bottom].rate
+
+    @property
+    def ratios(self) -> dict[str, float]:
+        return {"a/c": self.ratio("a", "c"), "a/d": self.ratio("a", "d"), "b/c": self.ratio("b", "c")}
+
+
+def measure(root: Path, commands: int, body_bytes: int) -> Result:
+    work = prepare(root, commands, body_bytes)
+    phases: dict[str, Phase] = {}
+
+    def record(key: str, label: str, seconds: float) -> None:
+        phases[key] = Phase(key, label, work.records, seconds, peak_rss_kib())
+
+    outcomes = work.data.outcome_log()
+    try:
+        seconds, store = apply_log(work, work.data.projection(work.partition), outcomes)
+        record("a", "processor apply (outcomes on)", seconds)
+        check_outcomes(outcomes, work)
+    finally:
+        outcomes.close()
+    try:
+        start = time.perf_counter()
+        digest_a = store.digest()
+        digest_seconds = time.perf_counter() - start
+        seconds, digest_b = replay_log(work)
+        record("b", "replay into empty projection", seconds)
+        batches, pairs, size = group_pairs(store, work)
+    finally:
+        store.close()
+    record("c", "raw rocksdict WriteBatch puts", raw_writes(root / "raw", batches))
+    del batches
+    record("d", "raw file-log read + Avro decode", read_and_decode(work))
+    return Result(commands, body_bytes, work.data.partitions, phases, digest_a, digest_b, digest_seconds, pairs, size)
+
+
+def profile_apply(root: Path, commands: int, body_bytes: int, lines: int, out: Path | None) -> None:
+    """(a) again on a fresh workload under cProfile; the top functions go to stderr."""
+    work = prepare(root, commands, body_bytes)
+    outcomes = work.data.outcome_log()
+    profiler = cProfile.Profile()
+    try:
+        seconds, store = apply_log(work, work.data.projection(work.partition), outcomes, profiler)
+        store.close()
+    finally:
+        outcomes.close()
+    print(f"\ncProfile of (a): {work.records} records in {seconds:.3f} s under the profiler", file=sys.stderr)
+    stats = pstats.Stats(profiler, stream=sys.stderr)
+    stats.strip_dirs().sort_stats("tottime").print_stats(lines)
+    stats.sort_stats("cumulative").print_stats(lines)
+    if out is not None:
+        profiler.dump_stats(out)
+        print(f"profile written to {out} (pstats format)", file=sys.stderr)
+
+
+# -- reporting -------------------------------------------------------------------------
+
+
+def environment(warmup: int, directory: Path) -> dict[str, Any]:
+    return {
+        "python": platform.python_version(),
+        "implementation": platform.python_implementation(),
+        "platform": platform.platform(),
+        "cpus": os.cpu_count(),
+        "fastavro": importlib.metadata.version("fastavro"),
+        "rocksdict": importlib.metadata.version("rocksdict"),
+        "warmup_commands": warmup,
+        "directory": str(directory),
+    }
+
+
+def to_json(result: Result, env: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "benchmark": "bench.throughput",
+        "commands": result.commands,
+        "records": result.phases["a"].records,
+        "body_bytes": result.body_bytes,
+        "group_records": MAX_GROUP_RECORDS,
+        "partitions": result.partitions,
+        "phases": {
+            key: {
+                "label": phase.label,
+                "records": phase.records,
+                "seconds": phase.seconds,
+                "commands_per_s": phase.rate,
+                "peak_rss_kib": phase.peak_rss_kib,
+            }
+            for key, phase in result.phases.items()
+        },
+        "ratios": result.ratios,
+        "digest_equal": result.digest_a == result.digest_b,
+        "digest_a": result.digest_a,
+        "digest_b": result.digest_b,
+        "digest_seconds": result.digest_seconds,
+        "raw_pairs": result.raw_pairs,
+        "raw_bytes": result.raw_bytes,
+        "peak_rss_kib": max(phase.peak_rss_kib for phase in result.phases.values()),
+        "environment": env,
+    }
+
+
+def table(result: Result, env: dict[str, Any]) -> str:
+    records = result.phases["a"].records
+    lines = [
+        f"keyload bench.throughput: {result.commands} Enqueue + 1 CreateQueue = {records} records, "
+        f"body {result.body_bytes} B, group {MAX_GROUP_RECORDS}, 1 domain (1 of {result.partitions} partitions)",
+        f"python {env['python']}, fastavro {env['fastavro']}, rocksdict {env['rocksdict']}, {env['cpus']} cpus; "
+        + (f"warm-up {env['warmup_commands']} commands excluded" if env["warmup_commands"] else "COLD START (no warm-up)"),
+        "",
+        f"{'phase':<38} {'records':>8} {'seconds':>9} {'commands/s':>11} {'peak RSS':>10}",
+    ]
+    for phase in result.phases.values():
+        lines.append(
+            f"({phase.key}) {phase.label:<34} {phase.records:>8} {phase.seconds:>9.3f} "
+            f"{phase.rate:>11,.0f} {phase.peak_rss_kib / 1024:>7.0f} MiB"
+        )
+    ratios = result.ratios
+    lines += [
+        "",
+        "ratios (throughput): " + "   ".join(f"{name} = {value:.3f}" for name, value in ratios.items()),
+        f"digest (a) == (b): {'yes' if result.digest_a == result.digest_b else 'NO'}"
+        f"  ({result.digest_a[:16]}…, one digest pass = {result.digest_seconds:.3f} s, included in (b))",
+        f"(c) wrote {result.raw_pairs} distinct pairs, {result.raw_bytes / 2**20:.1f} MiB of keys+values",
+        f"peak RSS of the process: {max(p.peak_rss_kib for p in result.phases.values()) / 1024:.0f} MiB",
+    ]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.throughput", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--commands", type=int, default=DEFAULT_COMMANDS, help="Enqueue commands (default %(default)s)")
+    parser.add_argument("--body-bytes", type=int, default=DEFAULT_BODY_BYTES, help="message body size (default %(default)s)")
+    parser.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
+    parser.add_argument(
+        "--warmup", type=int, default=DEFAULT_WARMUP, help="commands of an untimed warm-up run first; 0: cold start"
+    )
+    parser.add_argument("--dir", type=Path, default=None, help="parent of the temporary directory (default: $TMPDIR)")
+    parser.add_argument("--keep", action="store_true", help="keep the temporary directory")
+    parser.add_argument("--profile", action="store_true", help="then run (a) once more under cProfile (to stderr)")
+    parser.add_argument("--profile-lines", type=int, default=PROFILE_LINES, help="rows per profile listing")
+    parser.add_argument("--profile-out", type=Path, default=None, help="also dump the profile (pstats) here")
+    args = parser.parse_args(argv)
+    try:
+        _check_sizes(args.commands, args.body_bytes)
+        if args.warmup < 0:
+            raise BenchError("--warmup must be >= 0")
+    except BenchError as exc:
+        parser.error(str(exc))
+
+    root = Path(tempfile.mkdtemp(prefix="keyload-bench-", dir=args.dir))
+    try:
+        if args.warmup:
+            measure(root / "warmup", args.warmup, args.body_bytes)
+        result = measure(root / "run", args.commands, args.body_bytes)
+        env = environment(args.warmup, root)
+        print(json.dumps(to_json(result, env), indent=2) if args.json else table(result, env), flush=True)
+        if args.profile or args.profile_out is not None:
+            profile_apply(root / "profile", args.commands, args.body_bytes, args.profile_lines, args.profile_out)
+    except BenchError as exc:
+        print(f"bench.throughput: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        if args.keep:
+            print(f"kept {root}", file=sys.stderr)
+        else:
+            shutil.rmtree(root, ignore_errors=True)
+    return 0 if result.digest_a == result.digest_b else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,167 @@
+"""Shared test helpers: build commands, drive processors in-process, run `keyload run`."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from keyload.datadir import DataDir
+from keyload.log.base import partition_for
+from keyload.log.codec import REGISTRY
+from keyload.processors.policy import default_spec
+from keyload.projections import keys
+from keyload.projections.store import Store
+from keyload.results import Outcome
+from keyload.runtime import PartitionProcessor
+
+CREATE_QUEUE = "keyload.command.CreateQueue"
+CONFIGURE_QUEUE = "keyload.command.ConfigureQueue"
+ENQUEUE = "keyload.command.Enqueue"
+INSPECT_QUEUE = "keyload.command.InspectQueue"
+INSPECT_MESSAGE = "keyload.command.InspectMessage"
+TICK = "keyload.command.Tick"
+CHECKPOINT = "keyload.command.Checkpoint"
+
+
+def command(
+    domain: str,
+    kind: str,
+    body: dict[str, Any],
+    command_id: str | None = None,
+    principal: str = "tester",
+    reply_to: int | None = None,
+) -> bytes:
+    return REGISTRY.encode(
+        "keyload.Command",
+        {
+            "command_id": command_id or str(uuid.uuid4()),
+            "domain": domain,
+            "principal": principal,
+            "body": (kind, body),
+            "reply_to": reply_to,
+            "client_time_ms": None,
+        },
+    )
+
+
+def create_queue_body(queue: str, **policy: Any) -> dict[str, Any]:
+    return {"queue": queue, "policy": {**default_spec(), **policy}}
+
+
+def enqueue_body(queue: str, message_id: str, body: bytes = b"x", **fields: Any) -> dict[str, Any]:
+    record = {
+        "queue": queue,
+        "message_id": message_id,
+        "body": body,
+        "headers": {},
+        "ordering_key": None,
+        "not_before_ms": None,
+        "expires_at_ms": None,
+    }
+    record.update(fields)
+    return record
+
+
+class Embedded:
+    """The embedded deployment driven synchronously: append, then step the processors.
+
+    `clock_ms` is the file log's append clock, so tests control evaluation time.
+    """
+
+    def __init__(self, root: Path, partitions: int = 2) -> None:
+        from keyload.log.file_log import FileLog, FileLogConfig, FsyncPolicy
+
+        self.now_ms = 1_000_000
+        self.data = DataDir.create(root, partitions)
+        self.log = FileLog(
+            root / "log" / "commands", partitions, FileLogConfig(fsync=FsyncPolicy.NONE), clock_ms=lambda: self.now_ms
+        )
+        self.outcomes = self.data.outcome_log()
+        self.stores = [Store(self.data.projection(p)) for p in range(partitions)]
+        self.processors = [
+            PartitionProcessor(p, partitions, self.log, self.stores[p], self.outcomes, self._checkpoint_dir(p))
+            for p in range(partitions)
+        ]
+
+    def _checkpoint_dir(self, partition: int) -> Any:
+        return lambda offset: self.data.checkpoint(partition, offset)
+
+    def partition(self, domain: str) -> int:
+        return partition_for(domain, self.data.partitions)
+
+    def append(self, domain: str, value: bytes) -> int:
+        [position] = self.log.append(self.partition(domain), [value])
+        return position.offset
+
+    def run(self) -> None:
+        while sum(p.step() for p in self.processors):
+            pass
+
+    def submit(self, domain: str, kind: str, body: dict[str, Any], command_id: str | None = None) -> Outcome:
+        """Append, apply, and return the outcome as published to reply partition 0."""
+        command_id = command_id or str(uuid.uuid4())
+        cursor = self.outcomes.end_offset(0)
+        self.append(domain, command(domain, kind, body, command_id, reply_to=0))
+        self.run()
+        for record in self.outcomes.read(0, cursor, 1_000):
+            decoded = REGISTRY.decode("keyload.Outcome", record.value)
+            if decoded["command_id"] == command_id:
+                return Outcome.from_record(decoded)
+        raise AssertionError(f"no outcome published for {command_id}")
+
+    def store(self, domain: str) -> Store:
+        return self.stores[self.partition(domain)]
+
+    def stored_outcome(self, domain: str, command_id: str) -> bytes | None:
+        return self.store(domain).get(keys.outcome(command_id))
+
+    def digest(self, domain: str) -> str:
+        return self.store(domain).digest()
+
+    def close(self) -> None:
+        for store in self.stores:
+            store.close()
+        self.log.close()
+        self.outcomes.close()
+
+
+def keyload_command(*args: str) -> list[str]:
+    return [sys.executable, "-m", "keyload.cli", *args]
+
+
+def start_service(data: Path, *args: str) -> subprocess.Popen[bytes]:
+    """Start `keyload run` over `data` and wait until it serves."""
+    process = subprocess.Popen(
+        keyload_command("run", "--data", str(data), *args),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
+    assert process.stdout is not None
+    line = process.stdout.readline().decode()
+    assert line.startswith("keyload: serving"), line
+    return process
+
+
+def stop_service(process: subprocess.Popen[bytes], timeout_s: float = 10.0) -> int:
+    process.send_signal(signal.SIGTERM)
+    try:
+        return process.wait(timeout_s)
+    finally:
+        if process.poll() is None:
+            process.kill()
+
+
+def wait_until(predicate: Any, timeout_s: float = 20.0, what: str = "condition") -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.01)
+
+

@@ -1,0 +1,114 @@
+"""The determinism contract: processors never read a clock or randomness, and every replay agrees."""
+
+from __future__ import annotations
+
+import os
+import random
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from keyload.recovery import replay
+
+from .support import (
+    CHECKPOINT,
+    CREATE_QUEUE,
+    ENQUEUE,
+    INSPECT_MESSAGE,
+    TICK,
+    Embedded,
+    command,
+    create_queue_body,
+    enqueue_body,
+)
+
+D = "acme"
+
+
+def _forbidden(*_: object, **__: object) -> object:
+    raise AssertionError("a processor read a clock or a random source")
+
+
+FORBIDDEN = [
+    (time, "time"),
+    (time, "time_ns"),
+    (time, "monotonic"),
+    (time, "monotonic_ns"),
+    (time, "perf_counter"),
+    (random, "random"),
+    (random, "getrandbits"),
+    (random, "randint"),
+    (os, "urandom"),
+    (uuid, "uuid1"),
+    (uuid, "uuid4"),
+]
+
+
+def append_workload(embedded: Embedded, rounds: int) -> None:
+    """Queues, scheduled and expiring messages, ticks, rejections: a bit of everything."""
+    embedded.append(D, command(D, CREATE_QUEUE, create_queue_body("jobs", max_stored_messages=40)))
+    embedded.append(D, command(D, CREATE_QUEUE, create_queue_body("bad name")))
+    for i in range(rounds):
+        embedded.now_ms += 7
+        fields = {}
+        if i % 3 == 0:
+            fields["not_before_ms"] = embedded.now_ms + 50
+        if i % 4 == 0:
+            fields["expires_at_ms"] = embedded.now_ms + 120
+        embedded.append(D, command(D, ENQUEUE, enqueue_body("jobs", f"m{i}", bytes([i % 256]) * i, **fields)))
+        if i % 10 == 0:
+            embedded.append(D, command(D, TICK, {}))
+            embedded.append(D, command(D, INSPECT_MESSAGE, {"queue": "jobs", "message_id": "m0", "include_body": True}))
+        if i == rounds // 2:
+            embedded.append(D, command(D, CHECKPOINT, {}))
+    # The clock going backwards in the log must not move evaluation time backwards.
+    embedded.now_ms -= 10_000
+    embedded.append(D, command(D, TICK, {}))
+
+
+def test_processing_reads_no_clock_or_randomness_and_replays_agree(
+    embedded: Embedded, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    append_workload(embedded, 120)
+    with monkeypatch.context() as patch:
+        for module, name in FORBIDDEN:
+            patch.setattr(module, name, _forbidden)
+        partition = embedded.partition(D)
+        processor = embedded.processors[partition]
+        # Apply everything up to the checkpoint command under the patches, then the rest.
+        while processor.step():
+            pass
+    live_offset = embedded.store(D).applied_offset
+    live_digest = embedded.digest(D)
+    assert live_offset == embedded.log.end_offset(partition) - 1
+
+    [manifest] = embedded.data.checkpoints(partition)
+    assert 0 < manifest.offset < live_offset
+    from_zero = replay(embedded.data, partition, tmp_path / "from-zero", progress=False)
+    from_checkpoint = replay(
+        embedded.data, partition, tmp_path / "from-checkpoint", from_offset=manifest.offset + 1, progress=False
+    )
+    assert from_zero.applied_offset == from_checkpoint.applied_offset == live_offset
+    assert from_zero.digest == from_checkpoint.digest == live_digest
+    # The checkpoint's own digest equals a replay stopped at its offset.
+    at_checkpoint = replay(embedded.data, partition, tmp_path / "to-checkpoint", to_offset=manifest.offset, progress=False)
+    assert at_checkpoint.digest == manifest.digest
+
+
+def test_evaluation_time_never_goes_backwards(embedded: Embedded) -> None:
+    embedded.submit(D, CREATE_QUEUE, create_queue_body("jobs"))
+    later = embedded.submit(D, ENQUEUE, enqueue_body("jobs", "m1"))
+    embedded.now_ms -= 60_000
+    earlier_stamp = embedded.submit(D, ENQUEUE, enqueue_body("jobs", "m2"))
+    assert earlier_stamp.eval_time_ms >= later.eval_time_ms
+
+
+def test_replay_refuses_an_offset_without_a_checkpoint(embedded: Embedded, tmp_path: Path) -> None:
+    from keyload.recovery import RecoveryError
+
+    append_workload(embedded, 5)
+    embedded.run()
+    with pytest.raises(RecoveryError, match="no checkpoint at offset 2"):
+        replay(embedded.data, embedded.partition(D), tmp_path / "x", from_offset=3, progress=False)

@@ -1,0 +1,92 @@
+"""The runtime: group commit, halting on corruption, checkpoints at exact offsets, the ticker."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from keyload.log.codec import REGISTRY
+from keyload.projections import keys
+from keyload.runtime import Ticker
+
+from .support import (
+    CHECKPOINT,
+    CREATE_QUEUE,
+    ENQUEUE,
+    TICK,
+    Embedded,
+    command,
+    create_queue_body,
+    enqueue_body,
+)
+
+D = "acme"
+
+
+def test_corruption_halts_the_partition_and_commits_nothing_of_the_bad_command(embedded: Embedded) -> None:
+    embedded.submit(D, CREATE_QUEUE, create_queue_body("jobs"))
+    embedded.submit(D, ENQUEUE, enqueue_body("jobs", "m1", not_before_ms=embedded.now_ms + 10))
+    # Make the projection contradict itself: the queue forgets its scheduled message.
+    store = embedded.store(D)
+    record = REGISTRY.decode("keyload.QueueRecord", store.get(keys.queue("jobs")) or b"")
+    record["view"]["counters"]["scheduled"] = 0
+    store._db.put(keys.queue("jobs"), REGISTRY.encode("keyload.QueueRecord", record))  # bit rot, outside the log
+    embedded.log.append(embedded.partition(D), [command(D, ENQUEUE, enqueue_body("jobs", "m2"))])
+    good_offset = embedded.log.end_offset(embedded.partition(D)) - 1
+    embedded.now_ms += 10
+    tick_offset = embedded.append(D, command(D, TICK, {}))
+    embedded.append(D, command(D, ENQUEUE, enqueue_body("jobs", "m3")))
+    digest_before = None
+    processor = embedded.processors[embedded.partition(D)]
+    while processor.step():
+        digest_before = store.digest()
+    assert processor.halt is not None
+    assert processor.halt.offset == tick_offset
+    assert "Corruption: counter scheduled would become -1" == processor.halt.reason
+    assert store.applied_offset == good_offset == tick_offset - 1
+    # Nothing more is applied, however often it is asked.
+    assert processor.step() == 0
+    assert store.applied_offset == tick_offset - 1
+    assert digest_before is None or store.digest() == digest_before
+
+
+def test_group_commit_applies_many_commands_per_write_batch(embedded: Embedded) -> None:
+    embedded.append(D, command(D, CREATE_QUEUE, create_queue_body("jobs")))
+    for i in range(1_000):
+        embedded.append(D, command(D, ENQUEUE, enqueue_body("jobs", f"m{i}")))
+    processor = embedded.processors[embedded.partition(D)]
+    groups = 0
+    while processor.step():
+        groups += 1
+    assert groups == 2  # 1,001 records in groups of at most 512
+    assert embedded.store(D).applied_offset == 1_000
+
+
+def test_checkpoint_command_cuts_the_group_and_records_its_offset(embedded: Embedded, tmp_path: Path) -> None:
+    embedded.append(D, command(D, CREATE_QUEUE, create_queue_body("jobs")))
+    for i in range(5):
+        embedded.append(D, command(D, ENQUEUE, enqueue_body("jobs", f"m{i}")))
+    checkpoint_offset = embedded.append(D, command(D, CHECKPOINT, {}))
+    for i in range(5, 10):
+        embedded.append(D, command(D, ENQUEUE, enqueue_body("jobs", f"m{i}")))
+    embedded.run()
+    [manifest] = embedded.data.checkpoints(embedded.partition(D))
+    assert manifest.offset == checkpoint_offset
+    assert embedded.store(D).applied_offset == checkpoint_offset + 5
+
+
+def test_ticker_appends_a_tick_only_when_a_timer_is_due(embedded: Embedded) -> None:
+    embedded.submit(D, CREATE_QUEUE, create_queue_body("jobs"))
+    partition = embedded.partition(D)
+    due = embedded.now_ms + 1_000
+    embedded.submit(D, ENQUEUE, enqueue_body("jobs", "later", not_before_ms=due))
+    ticker = Ticker(embedded.log, interval_ms=100)
+    end = embedded.log.end_offset(partition)
+    assert ticker.poll(embedded.processors, due - 1_000) == 0
+    assert embedded.log.end_offset(partition) == end
+    embedded.now_ms = due  # the log stamps the tick at the time it is appended
+    assert ticker.poll(embedded.processors, due) == 1
+    # One outstanding tick per partition: nothing more until it is applied.
+    assert ticker.poll(embedded.processors, due + 500) == 0
+    embedded.run()
+    assert embedded.processors[partition].next_timer_ms() is None
+    assert ticker.poll(embedded.processors, due + 1_000) == 0

@@ -1,0 +1,90 @@
+"""The projection store: staged reads-your-writes, atomic commits, digests, checkpoints."""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from keyload.projections import keys
+from keyload.projections.store import Staged, Store, StoreError, verify_checkpoint
+
+small_keys = st.binary(min_size=1, max_size=3)
+operations = st.lists(st.tuples(st.booleans(), small_keys, st.binary(max_size=4)), max_size=40)
+
+
+@settings(max_examples=60, deadline=None)
+@given(base=st.dictionaries(small_keys, st.binary(max_size=4), max_size=20), parent_ops=operations, child_ops=operations)
+def test_staged_scans_match_a_dictionary_model(
+    base: dict[bytes, bytes], parent_ops: list[tuple[bool, bytes, bytes]], child_ops: list[tuple[bool, bytes, bytes]]
+) -> None:
+    with tempfile.TemporaryDirectory() as directory:
+        store = Store(Path(directory) / "db")
+        store.commit(dict(base), 0, 0)
+        model = {**base, keys.APPLIED_OFFSET: keys.u64(0), keys.LAST_TIME: keys.u64(0)}
+        parent = Staged(store)
+        child = Staged(parent)
+        for stage, ops in ((parent, parent_ops), (child, child_ops)):
+            for is_put, key, value in ops:
+                if is_put:
+                    stage.put(key, value)
+                    model[key] = value
+                else:
+                    stage.delete(key)
+                    model.pop(key, None)
+        assert list(child.scan(b"", b"\xff\xff\xff\xff")) == sorted(model.items())
+        assert list(child.scan(b"\x10", b"\x80")) == sorted((k, v) for k, v in model.items() if b"\x10" <= k < b"\x80")
+        for key in list(model)[:5]:
+            assert child.get(key) == model[key]
+        child.merge_into(parent)
+        store.commit(parent.writes, 1, 5)
+        assert list(store.scan(b"", b"\xff\xff\xff\xff")) == sorted(
+            {**model, keys.APPLIED_OFFSET: keys.u64(1), keys.LAST_TIME: keys.u64(5)}.items()
+        )
+        store.close()
+
+
+def test_digest_depends_on_every_key_and_value(tmp_path: Path) -> None:
+    def digest_of(items: dict[bytes, bytes], name: str) -> str:
+        store = Store(tmp_path / name)
+        store.commit(items, 0, 0)
+        try:
+            return store.digest()
+        finally:
+            store.close()
+
+    base = digest_of({b"a": b"1", b"b": b"2"}, "one")
+    assert digest_of({b"b": b"2", b"a": b"1"}, "two") == base  # order of writes is irrelevant
+    assert digest_of({b"a": b"1", b"b": b"3"}, "three") != base
+    assert digest_of({b"a": b"12", b"b": b""}, "four") != digest_of({b"a": b"1", b"b": b"2"}, "five")
+
+
+def test_commit_must_advance_the_applied_offset(tmp_path: Path) -> None:
+    store = Store(tmp_path / "db")
+    store.commit({b"a": b"1"}, 3, 10)
+    with pytest.raises(AssertionError):
+        store.commit({b"a": b"2"}, 3, 11)
+    assert (store.applied_offset, store.last_time_ms, store.get(b"a")) == (3, 10, b"1")
+    store.close()
+
+
+def test_checkpoint_manifest_verifies_files(tmp_path: Path) -> None:
+    store = Store(tmp_path / "db")
+    store.commit({b"a": b"1" * 1000}, 7, 99)
+    manifest = store.checkpoint(tmp_path / "cp", partition=2, processor_version="test")
+    assert (manifest.partition, manifest.offset, manifest.last_time_ms) == (2, 7, 99)
+    assert manifest.digest == store.digest()
+    assert verify_checkpoint(tmp_path / "cp") == manifest
+    with pytest.raises(StoreError, match="already exists"):
+        store.checkpoint(tmp_path / "cp", partition=2, processor_version="test")
+    store.close()
+    victim = next(f for f in manifest.files if f.size > 0 and f.name.endswith(".sst"))
+    path = tmp_path / "cp" / "db" / victim.name
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    path.write_bytes(bytes(data))
+    with pytest.raises(StoreError, match="does not match its manifest"):
+        verify_checkpoint(tmp_path / "cp")
