@@ -1,0 +1,77 @@
+"""The command line as a person uses it: clear one-line errors, and the README's main command."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from .support import keyload_command, start_service, stop_service
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def keyload(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(keyload_command(*args), capture_output=True, text=True, timeout=timeout)
+
+
+def assert_one_clear_line(result: subprocess.CompletedProcess[str], code: int, text: str) -> None:
+    assert result.returncode == code, result
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and text in lines[0], result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_errors_without_a_service_are_one_line(tmp_path: Path) -> None:
+    missing = str(tmp_path / "nowhere")
+    assert_one_clear_line(keyload("status", "--data", missing), 1, "is not a keyload data directory")
+    result = keyload("enqueue", "--data", missing, "--domain", "d", "--queue", "q", "--body", "x", "--body-file", "f")
+    assert_one_clear_line(result, 2, "exactly one of --body or --body-file")
+    result = keyload("drill", "--data", missing, "--partition", "0")
+    assert_one_clear_line(result, 1, "is not a keyload data directory")
+    assert keyload("frobnicate").returncode == 2  # argparse usage error
+
+
+@pytest.mark.slow
+def test_commands_against_a_running_service(tmp_path: Path) -> None:
+    data = str(tmp_path / "data")
+    service = start_service(tmp_path / "data", "--partitions", "2")
+    try:
+        created = keyload("queue", "create", "--data", data, "--domain", "shop", "orders", "--max-stored-messages", "1")
+        assert created.returncode == 0 and '"queue": "orders"' in created.stdout
+        args = ("enqueue", "--data", data, "--domain", "shop", "--queue", "orders", "--body", "hi")
+        assert keyload(*args, "--message-id", "a").returncode == 0
+        assert_one_clear_line(keyload(*args, "--message-id", "b"), 1, "rejected: ResourceExhausted")
+        assert_one_clear_line(keyload(*args[:5], "--queue", "nope", "--body", "x"), 1, "rejected: NotFound")
+        bad = keyload("queue", "create", "--data", data, "--domain", "shop", "orders", "--max-attempts", "0")
+        assert_one_clear_line(bad, 1, "policy.max_attempts must be between 1 and 1000")
+        assert_one_clear_line(keyload("drill", "--data", data, "--partition", "7"), 1, "partition must be 0..1")
+        assert_one_clear_line(
+            keyload("replay", "--data", data, "--domain", "shop", "--from-offset", "2", "--into", str(tmp_path / "r")),
+            1,
+            "no checkpoint at offset 1",
+        )
+        inspected = keyload("inspect", "--data", data, "--domain", "shop", "--queue", "orders", "--message", "a", "--body")
+        assert '"body": "hi"' in inspected.stdout and '"state": "ready"' in inspected.stdout
+    finally:
+        assert stop_service(service) == 0
+
+
+@pytest.mark.slow
+def test_readme_main_command_on_a_fresh_virtualenv(tmp_path: Path) -> None:
+    """What a new user runs first: it must create its own virtualenv and end with passing drills."""
+    env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "PYTHONPATH", "KEYLOAD_DATA")}
+    env["KEYLOAD_VENV"] = str(tmp_path / "fresh-venv")
+    env["KEYLOAD_DATA"] = str(tmp_path / "demo-data")
+    result = subprocess.run(
+        [str(ROOT / "scripts" / "demo")], capture_output=True, text=True, env=env, timeout=600, cwd=tmp_path
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    out = result.stdout
+    assert (tmp_path / "fresh-venv" / "bin" / "keyload").exists()
+    assert "enqueued order-3" in out
+    assert '"stored_messages": 3' in out
+    assert out.count(": PASS") == 2 and "FAIL" not in out
+    assert "Traceback" not in result.stderr
