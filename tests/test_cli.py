@@ -53,7 +53,9 @@ def test_commands_against_a_running_service(tmp_path: Path) -> None:
             1,
             "no checkpoint at offset 1",
         )
-        inspected = keyload("inspect", "--data", data, "--domain", "shop", "--queue", "orders", "--message", "a", "--body")
+        inspected = keyload(
+            "inspect", "--data", data, "--domain", "shop", "--queue", "orders", "--message", "a", "--body"
+        )
         assert '"body": "hi"' in inspected.stdout and '"state": "ready"' in inspected.stdout
     finally:
         assert stop_service(service) == 0

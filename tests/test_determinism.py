@@ -93,7 +93,9 @@ def test_processing_reads_no_clock_or_randomness_and_replays_agree(
     assert from_zero.applied_offset == from_checkpoint.applied_offset == live_offset
     assert from_zero.digest == from_checkpoint.digest == live_digest
     # The checkpoint's own digest equals a replay stopped at its offset.
-    at_checkpoint = replay(embedded.data, partition, tmp_path / "to-checkpoint", to_offset=manifest.offset, progress=False)
+    at_checkpoint = replay(
+        embedded.data, partition, tmp_path / "to-checkpoint", to_offset=manifest.offset, progress=False
+    )
     assert at_checkpoint.digest == manifest.digest
 
 

@@ -126,9 +126,10 @@ def test_quota_refusal_leaves_the_queue_unchanged(embedded: Embedded) -> None:
     after = queue_view(embedded)
     assert after.counters.stored_messages == before.counters.stored_messages + 1 == 2
     assert after.counters.stored_bytes == 5
-    assert rejected(embedded, INSPECT_MESSAGE, {"queue": "jobs", "message_id": "big", "include_body": False})[
-        0
-    ] == "NotFound"
+    assert (
+        rejected(embedded, INSPECT_MESSAGE, {"queue": "jobs", "message_id": "big", "include_body": False})[0]
+        == "NotFound"
+    )
 
 
 @pytest.mark.parametrize(
@@ -186,7 +187,9 @@ def test_expiry_releases_body_and_quota(embedded: Embedded) -> None:
     embedded.submit(D, CREATE_QUEUE, create_queue_body("jobs"))
     start = embedded.now_ms
     embedded.submit(D, ENQUEUE, enqueue_body("jobs", "short", b"abc", expires_at_ms=start + 100))
-    embedded.submit(D, ENQUEUE, enqueue_body("jobs", "sched", b"de", not_before_ms=start + 50, expires_at_ms=start + 60))
+    embedded.submit(
+        D, ENQUEUE, enqueue_body("jobs", "sched", b"de", not_before_ms=start + 50, expires_at_ms=start + 60)
+    )
     embedded.submit(D, ENQUEUE, enqueue_body("jobs", "keep", b"f"))
     embedded.now_ms = start + 100
     tick = embedded.submit(D, TICK, {})

@@ -41,7 +41,7 @@ def test_corruption_halts_the_partition_and_commits_nothing_of_the_bad_command(e
         digest_before = store.digest()
     assert processor.halt is not None
     assert processor.halt.offset == tick_offset
-    assert "Corruption: counter scheduled would become -1" == processor.halt.reason
+    assert processor.halt.reason == "Corruption: counter scheduled would become -1"
     assert store.applied_offset == good_offset == tick_offset - 1
     # Nothing more is applied, however often it is asked.
     assert processor.step() == 0

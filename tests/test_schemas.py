@@ -99,4 +99,3 @@ def _example(schema: object) -> object:
     if kind == "fixed":
         return b"\x00" * schema["size"]
     return _example(kind)
-

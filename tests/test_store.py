@@ -17,7 +17,9 @@ operations = st.lists(st.tuples(st.booleans(), small_keys, st.binary(max_size=4)
 
 
 @settings(max_examples=60, deadline=None)
-@given(base=st.dictionaries(small_keys, st.binary(max_size=4), max_size=20), parent_ops=operations, child_ops=operations)
+@given(
+    base=st.dictionaries(small_keys, st.binary(max_size=4), max_size=20), parent_ops=operations, child_ops=operations
+)
 def test_staged_scans_match_a_dictionary_model(
     base: dict[bytes, bytes], parent_ops: list[tuple[bool, bytes, bytes]], child_ops: list[tuple[bool, bytes, bytes]]
 ) -> None:
