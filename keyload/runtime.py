@@ -29,7 +29,8 @@ from keyload.projections.store import Manifest, Staged, Store
 PROCESSOR_VERSION = __version__
 MAX_GROUP_RECORDS = 512  # records applied per WriteBatch (group commit)
 DEFAULT_TICK_INTERVAL_MS = 1_000
-IDLE_POLL_S = 0.002
+IDLE_POLL_MIN_S = 0.001  # first wait after the log runs dry
+IDLE_POLL_MAX_S = 0.020  # the wait doubles while idle, up to this (worst added latency)
 MAX_TICKER_DOMAIN_PROBES = 1_000_000
 
 
@@ -192,6 +193,7 @@ def run_until(
 ) -> list[Halt]:
     """Round-robin the partitions until `stop` is set (or, with idle_exit, until no work is left)."""
     reported: set[int] = set()
+    idle_wait = IDLE_POLL_MIN_S
     while not stop.is_set():
         applied = sum(processor.step() for processor in processors)
         for processor in processors:
@@ -203,8 +205,11 @@ def run_until(
                     file=sys.stderr,
                 )
         ticked = ticker.poll(processors, wall_clock_ms()) if ticker is not None else 0
-        if applied == 0 and ticked == 0:
-            if idle_exit:
-                break
-            stop.wait(IDLE_POLL_S)
+        if applied or ticked:
+            idle_wait = IDLE_POLL_MIN_S
+            continue
+        if idle_exit:
+            break
+        stop.wait(idle_wait)
+        idle_wait = min(idle_wait * 2, IDLE_POLL_MAX_S)
     return [p.halt for p in processors if p.halt is not None]
