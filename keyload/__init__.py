@@ -1,3 +1,6 @@
 """keyload: a durable messaging engine built as an event-sourced log processor."""
 
-__version__ = "0.1.0"
+from keyload.client import Client
+from keyload.version import __version__
+
+__all__ = ["Client", "__version__"]

@@ -60,6 +60,7 @@ class QueueCounters:
 
 @dataclass(frozen=True, slots=True)
 class QueueView:
+    domain: str
     queue: str
     incarnation: int
     created_at_ms: int
@@ -70,6 +71,7 @@ class QueueView:
     @classmethod
     def from_record(cls, record: Record) -> QueueView:
         return cls(
+            domain=record["domain"],
             queue=record["queue"],
             incarnation=record["incarnation"],
             created_at_ms=record["created_at_ms"],

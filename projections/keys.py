@@ -2,7 +2,9 @@
 
 Every key starts with a one-byte family tag. Integers are fixed-width unsigned
 big-endian so RocksDB's byte order is numeric order; names are UTF-8 and come
-last in a key (or are length-prefixed when something follows them). This layout
+last in a key, or are length-prefixed (u8) when something follows them. Names a
+client chooses (queues, command ids) are scoped by their domain: several domains
+share a partition. This layout
 is a contract: changing it needs a migration and a test over old projections.
 """
 
@@ -15,14 +17,14 @@ U16 = struct.Struct(">H")
 
 # Family tags.
 META = b"\x00"  # partition metadata (applied offset, last time, allocators)
-QUEUE = b"q"  # q | queue name                                  -> QueueRecord
-QUEUE_NAME = b"i"  # i | queue id u64                           -> queue name
+QUEUE = b"q"  # q | domain (u8-prefixed) | queue name          -> QueueRecord
+QUEUE_KEY = b"i"  # i | queue id u64                            -> the queue's QUEUE key
 MESSAGE = b"m"  # m | queue id u64 | message id                 -> MessageMeta
 BODY = b"b"  # b | queue id u64 | message id                    -> raw body bytes
 READY = b"r"  # r | queue id u64 | ready sequence u64           -> message id
 TIMER = b"t"  # t | queue id u64 | due ms u64 | kind u8 | enqueue sequence u64 -> message id
 DUE_QUEUE = b"w"  # w | due ms u64 | queue id u64                -> empty (earliest timer of a queue)
-OUTCOME = b"o"  # o | command id                                -> fingerprint(32) | Outcome
+OUTCOME = b"o"  # o | domain (u8-prefixed) | command id         -> fingerprint(32) | Outcome
 POISON = b"p"  # p | offset u64                                 -> PoisonEntry
 
 APPLIED_OFFSET = META + b"applied_offset"  # u64 offset of the last applied record
@@ -53,12 +55,18 @@ def prefix_end(prefix: bytes) -> bytes:
     return stripped[:-1] + bytes([stripped[-1] + 1])
 
 
-def queue(name: str) -> bytes:
-    return QUEUE + name.encode("utf-8")
+def _domain(domain: str) -> bytes:
+    encoded = domain.encode("utf-8")
+    assert len(encoded) < 256, "domains are at most 64 characters"
+    return bytes([len(encoded)]) + encoded
 
 
-def queue_name(queue_id: int) -> bytes:
-    return QUEUE_NAME + U64.pack(queue_id)
+def queue(domain: str, name: str) -> bytes:
+    return QUEUE + _domain(domain) + name.encode("utf-8")
+
+
+def queue_key(queue_id: int) -> bytes:
+    return QUEUE_KEY + U64.pack(queue_id)
 
 
 def message(queue_id: int, message_id: str) -> bytes:
@@ -100,8 +108,8 @@ def parse_due_queue(key: bytes) -> tuple[int, int]:
     return read_u64(key, 1), read_u64(key, 9)
 
 
-def outcome(command_id: str) -> bytes:
-    return OUTCOME + command_id.encode("utf-8")
+def outcome(domain: str, command_id: str) -> bytes:
+    return OUTCOME + _domain(domain) + command_id.encode("utf-8")
 
 
 def poison(offset: int) -> bytes:

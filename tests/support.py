@@ -118,7 +118,7 @@ class Embedded:
         return self.stores[self.partition(domain)]
 
     def stored_outcome(self, domain: str, command_id: str) -> bytes | None:
-        return self.store(domain).get(keys.outcome(command_id))
+        return self.store(domain).get(keys.outcome(domain, command_id))
 
     def digest(self, domain: str) -> str:
         return self.store(domain).digest()

@@ -54,7 +54,7 @@ def test_a_command_in_the_wrong_partition_is_rejected(embedded: Embedded) -> Non
     value = command(other, CREATE_QUEUE, create_queue_body("jobs"), "misrouted", reply_to=0)
     [position] = embedded.log.append(embedded.partition(D), [value])
     embedded.run()
-    stored = embedded.stored_outcome(D, "misrouted")
+    stored = embedded.store(D).get(keys.outcome(other, "misrouted"))  # stored where it was applied
     assert stored is not None
     outcome = REGISTRY.decode("keyload.Outcome", stored[32:])
     assert outcome["offset"] == position.offset

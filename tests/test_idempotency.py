@@ -91,3 +91,17 @@ def test_client_resubmission_after_a_lost_response(tmp_path: Path) -> None:
     finally:
         client.close()
         embedded.close()
+
+
+def test_queue_names_and_command_ids_are_scoped_by_domain(embedded: Embedded) -> None:
+    """Domains sharing a partition never see each other's queues or command ids."""
+    other = next(d for d in (f"tenant-{i}" for i in range(100)) if embedded.partition(d) == embedded.partition(D))
+    for domain in (D, other):
+        assert embedded.submit(domain, CREATE_QUEUE, create_queue_body("jobs"), command_id="same-id").status == (
+            "committed"
+        )
+    embedded.submit(other, ENQUEUE, enqueue_body("jobs", "m1"))
+    assert stored_messages(embedded) == 0
+    other_view = embedded.submit(other, INSPECT_QUEUE, {"queue": "jobs"}).result
+    assert other_view.counters.stored_messages == 1  # type: ignore[union-attr]
+    assert other_view.domain == other  # type: ignore[union-attr]

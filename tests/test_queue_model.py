@@ -90,7 +90,7 @@ class QueueMachine(RuleBasedStateMachine):
 
     @invariant()
     def counters_match_the_model(self) -> None:
-        raw = self.embedded.store(D).get(keys.queue("jobs"))
+        raw = self.embedded.store(D).get(keys.queue(D, "jobs"))
         assert raw is not None
         counters = REGISTRY.decode("keyload.QueueRecord", raw)["view"]["counters"]
         live = self.live()

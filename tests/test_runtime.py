@@ -27,9 +27,9 @@ def test_corruption_halts_the_partition_and_commits_nothing_of_the_bad_command(e
     embedded.submit(D, ENQUEUE, enqueue_body("jobs", "m1", not_before_ms=embedded.now_ms + 10))
     # Make the projection contradict itself: the queue forgets its scheduled message.
     store = embedded.store(D)
-    record = REGISTRY.decode("keyload.QueueRecord", store.get(keys.queue("jobs")) or b"")
+    record = REGISTRY.decode("keyload.QueueRecord", store.get(keys.queue(D, "jobs")) or b"")
     record["view"]["counters"]["scheduled"] = 0
-    store._db.put(keys.queue("jobs"), REGISTRY.encode("keyload.QueueRecord", record))  # bit rot, outside the log
+    store._db.put(keys.queue(D, "jobs"), REGISTRY.encode("keyload.QueueRecord", record))  # bit rot, outside the log
     embedded.log.append(embedded.partition(D), [command(D, ENQUEUE, enqueue_body("jobs", "m2"))])
     good_offset = embedded.log.end_offset(embedded.partition(D)) - 1
     embedded.now_ms += 10
