@@ -18,13 +18,13 @@ from pathlib import Path
 from threading import Event
 from typing import TypeGuard
 
-from keyload import __version__
 from keyload.log.base import CommandLog, partition_for
 from keyload.log.codec import REGISTRY
 from keyload.processors.apply import CHECKPOINT_KIND, apply_record
 from keyload.processors.errors import Corruption
 from keyload.projections import keys
 from keyload.projections.store import Manifest, Staged, Store
+from keyload.version import __version__
 
 PROCESSOR_VERSION = __version__
 MAX_GROUP_RECORDS = 512  # records applied per WriteBatch (group commit)
@@ -106,7 +106,7 @@ class PartitionProcessor:
         for reply_partition, values in published.items():
             assert self.outcomes is not None
             self.outcomes.append(reply_partition, values)
-        self.store.commit(stage.writes, applied, last_time)
+        self.store.commit(stage.encoded_writes(), applied, last_time)
         self._applied, self._last_time = applied, last_time
         if take_checkpoint and self.checkpoint_dir is not None:
             target = self.checkpoint_dir(applied)

@@ -100,6 +100,10 @@ class SchemaRegistry:
         schemaless_writer(out, self._current[name], record)
         return out.getvalue()
 
+    def is_current(self, name: str, data: bytes) -> bool:
+        """Whether `data` was written under the current schema of `name`."""
+        return data[:HEADER_BYTES] == self._current_header[name]
+
     def writer_name(self, data: bytes) -> str:
         """The top-level type a value was written as; raises CodecError/UnknownSchema."""
         return self._writer(data).name
@@ -129,6 +133,19 @@ class SchemaRegistry:
         if writer is None:
             raise UnknownSchema(f"unknown writer schema fingerprint {data[2:HEADER_BYTES].hex()}")
         return writer
+
+
+def encoded_optional_long(value: int | None) -> bytes:
+    """The Avro binary encoding of a ["null", "long"] (or "int") union value."""
+    if value is None:
+        return b"\x00"
+    zigzag = (value << 1) ^ (value >> 63)
+    out = bytearray(b"\x02")
+    while zigzag > 0x7F:
+        out.append((zigzag & 0x7F) | 0x80)
+        zigzag >>= 7
+    out.append(zigzag)
+    return bytes(out)
 
 
 REGISTRY = SchemaRegistry()

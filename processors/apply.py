@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from keyload.log.base import partition_for
-from keyload.log.codec import REGISTRY, CodecError
+from keyload.log.codec import HEADER_BYTES, REGISTRY, CodecError, encoded_optional_long
 from keyload.projections import keys
 from keyload.projections.store import Staged
 
@@ -30,6 +30,8 @@ COMMAND = "keyload.Command"
 OUTCOME = "keyload.Outcome"
 POISON = "keyload.PoisonEntry"
 FINGERPRINT_BYTES = 32
+INFORMATIONAL_TAIL = ("reply_to", "client_time_ms")
+assert tuple(f["name"] for f in REGISTRY.schema(COMMAND)["fields"][-2:]) == INFORMATIONAL_TAIL
 CHECKPOINT_KIND = "keyload.command.Checkpoint"
 TICK_KIND = "keyload.command.Tick"
 # Commands that are idempotent by nature: their outcomes are published, not stored,
@@ -67,11 +69,16 @@ class Applied:
     kind: str | None
 
 
-def fingerprint(command: Record) -> bytes:
-    """SHA-256 over the command's canonical bytes: the envelope without its
-    informational fields (reply-to, client time), encoded under the current schema."""
-    canonical = dict(command, reply_to=None, client_time_ms=None)
-    return hashlib.sha256(REGISTRY.encode_body(COMMAND, canonical)).digest()
+def fingerprint(command: Record, value: bytes) -> bytes:
+    """SHA-256 over the command's canonical bytes: its Avro encoding under the current
+    schema, up to the informational tail (reply-to, client time) that retries may change.
+
+    The tail fields are the envelope's last ones, so the canonical bytes are a prefix
+    of the record as written whenever it was written under the current schema.
+    """
+    encoded = value[HEADER_BYTES:] if REGISTRY.is_current(COMMAND, value) else REGISTRY.encode_body(COMMAND, command)
+    tail = sum(len(encoded_optional_long(command[field])) for field in INFORMATIONAL_TAIL)
+    return hashlib.sha256(encoded[: len(encoded) - tail]).digest()
 
 
 def apply_record(stage: Staged, value: bytes, partition: int, partitions: int, offset: int, now_ms: int) -> Applied:
@@ -86,9 +93,9 @@ def apply_record(stage: Staged, value: bytes, partition: int, partitions: int, o
         return Applied(None, None, None)
     kind, body = command["body"]
     reply_to = command["reply_to"]
-    print_ = fingerprint(command)
+    print_ = fingerprint(command, value)
 
-    stored = None if kind in UNSTORED_KINDS else stage.get(keys.outcome(command_id))
+    stored = None if kind in UNSTORED_KINDS else stage.get(keys.outcome(command["domain"], command_id))
     if stored is not None:
         if stored[:FINGERPRINT_BYTES] == print_:
             return Applied(stored[FINGERPRINT_BYTES:], reply_to, kind)
@@ -110,7 +117,7 @@ def apply_record(stage: Staged, value: bytes, partition: int, partitions: int, o
         _reject(outcome, rejection)
     encoded = REGISTRY.encode(OUTCOME, outcome)
     if kind not in UNSTORED_KINDS:
-        stage.put(keys.outcome(command_id), print_ + encoded)
+        stage.put(keys.outcome(ctx.domain, command_id), print_ + encoded)
     return Applied(encoded, reply_to, kind)
 
 

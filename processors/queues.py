@@ -12,7 +12,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from keyload.log.codec import REGISTRY
 from keyload.projections import keys
 from keyload.projections.store import Staged
 
@@ -48,24 +47,24 @@ _ZERO_COUNTERS = {
 # -- records ---------------------------------------------------------------------------
 
 
-def load_queue(stage: Staged, name: str) -> Record:
-    raw = stage.get(keys.queue(name))
-    if raw is None:
+def load_queue(stage: Staged, domain: str, name: str) -> Record:
+    record = stage.get_record(keys.queue(domain, name), QUEUE_RECORD)
+    if record is None:
         raise Rejected(ErrorCode.NOT_FOUND, f"queue {name!r} does not exist")
-    return REGISTRY.decode(QUEUE_RECORD, raw)
+    return record
 
 
 def save_queue(stage: Staged, record: Record) -> None:
-    stage.put(keys.queue(record["view"]["queue"]), REGISTRY.encode(QUEUE_RECORD, record))
+    queue = record["view"]
+    stage.put_record(keys.queue(queue["domain"], queue["queue"]), QUEUE_RECORD, record)
 
 
 def load_message(stage: Staged, queue_id: int, message_id: str) -> Record | None:
-    raw = stage.get(keys.message(queue_id, message_id))
-    return None if raw is None else REGISTRY.decode(MESSAGE_META, raw)
+    return stage.get_record(keys.message(queue_id, message_id), MESSAGE_META)
 
 
 def save_message(stage: Staged, queue_id: int, message_id: str, meta: Record) -> None:
-    stage.put(keys.message(queue_id, message_id), REGISTRY.encode(MESSAGE_META, meta))
+    stage.put_record(keys.message(queue_id, message_id), MESSAGE_META, meta)
 
 
 def adjust(counters: Record, name: str, delta: int) -> None:
@@ -207,14 +206,15 @@ def create_queue(stage: Staged, body: Record, ctx: Context) -> Record:
     name = body["queue"]
     check_name("queue name", name, limits.MAX_QUEUE_NAME_CHARS, limits.QUEUE_NAME_PATTERN)
     policy = resolve_policy(body["policy"])
-    if stage.get(keys.queue(name)) is not None:
+    if stage.get(keys.queue(ctx.domain, name)) is not None:
         raise Rejected(ErrorCode.CONFLICT, f"queue {name!r} already exists")
     raw_next = stage.get(keys.NEXT_QUEUE_ID)
     queue_id = 1 if raw_next is None else keys.read_u64(raw_next)
     stage.put(keys.NEXT_QUEUE_ID, keys.u64(queue_id + 1))
-    stage.put(keys.queue_name(queue_id), name.encode("utf-8"))
+    stage.put(keys.queue_key(queue_id), keys.queue(ctx.domain, name))
     record: Record = {
         "view": {
+            "domain": ctx.domain,
             "queue": name,
             "incarnation": queue_id,
             "created_at_ms": ctx.now_ms,
@@ -232,7 +232,7 @@ def create_queue(stage: Staged, body: Record, ctx: Context) -> Record:
 
 
 def configure_queue(stage: Staged, body: Record, ctx: Context) -> Record:
-    record = load_queue(stage, body["queue"])
+    record = load_queue(stage, ctx.domain, body["queue"])
     current = record["view"]
     expected = body["expected_policy_version"]
     if expected is not None and expected != current["policy_version"]:
@@ -255,7 +255,7 @@ def configure_queue(stage: Staged, body: Record, ctx: Context) -> Record:
 
 
 def enqueue(stage: Staged, body: Record, ctx: Context) -> Record:
-    record = load_queue(stage, body["queue"])
+    record = load_queue(stage, ctx.domain, body["queue"])
     queue = record["view"]
     message_id = body["message_id"]
     check_name("message id", message_id, limits.MAX_MESSAGE_ID_CHARS, limits.ID_PATTERN)
@@ -331,11 +331,11 @@ def enqueue(stage: Staged, body: Record, ctx: Context) -> Record:
 
 
 def inspect_queue(stage: Staged, body: Record, ctx: Context) -> Record:
-    return view(load_queue(stage, body["queue"]))
+    return view(load_queue(stage, ctx.domain, body["queue"]))
 
 
 def inspect_message(stage: Staged, body: Record, ctx: Context) -> Record:
-    record = load_queue(stage, body["queue"])
+    record = load_queue(stage, ctx.domain, body["queue"])
     queue_id = record["view"]["incarnation"]
     meta = load_message(stage, queue_id, body["message_id"])
     if meta is None:
@@ -357,10 +357,10 @@ def tick(stage: Staged, body: Record, ctx: Context) -> Record:
         due_ms, queue_id = keys.parse_due_queue(first[0])
         if due_ms > ctx.now_ms:
             break
-        raw_name = stage.get(keys.queue_name(queue_id))
-        if raw_name is None:
+        queue_key = stage.get(keys.queue_key(queue_id))
+        record = None if queue_key is None else stage.get_record(queue_key, QUEUE_RECORD)
+        if record is None:
             raise Corruption(f"due index names missing queue {queue_id}")
-        record = load_queue(stage, raw_name.decode("utf-8"))
         if record["next_timer_ms"] != due_ms:
             raise Corruption(f"due index of queue {queue_id} disagrees with its record")
         seen, moved = fire_due_timers(stage, record, ctx.now_ms, budget - examined)

@@ -9,9 +9,11 @@ import struct
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 from rocksdict import AccessType, Checkpoint, Options, Rdict, WriteBatch, WriteOptions
+
+from keyload.log.codec import REGISTRY
 
 from . import keys
 
@@ -33,7 +35,34 @@ class Readable(Protocol):
         ...
 
 
-_DELETED = None
+Record = dict[str, Any]
+
+
+class _Pending:
+    """A record staged as a Python object; it is encoded once, when the group commits."""
+
+    __slots__ = ("name", "record")
+
+    def __init__(self, name: str, record: Record) -> None:
+        self.name = name
+        self.record = record
+
+    def encode(self) -> bytes:
+        return REGISTRY.encode(self.name, self.record)
+
+
+def clone(record: Record) -> Record:
+    """A copy of a decoded Avro record deep enough that mutating it never touches the original."""
+    copy = dict(record)
+    for key, value in record.items():
+        kind = type(value)
+        if kind is dict:
+            copy[key] = clone(value)
+        elif kind is list:
+            copy[key] = [clone(item) if type(item) is dict else item for item in value]
+        elif kind is tuple and type(value[1]) is dict:
+            copy[key] = (value[0], clone(value[1]))
+    return copy
 
 
 class Staged:
@@ -42,24 +71,67 @@ class Staged:
     A group of commands shares one `Staged` over the store; each command stages
     into a child `Staged` that is merged on success and dropped on rejection, so
     a rejected command leaves nothing behind and later commands see earlier ones.
+
+    Records (`get_record`/`put_record`) stay decoded while staged: a record that
+    many commands of a group update (a queue's counters) is decoded once and
+    encoded once per group. A child gets its own copy of a record it reads from
+    its parent, so a dropped child leaves the parent's records untouched.
     """
 
-    __slots__ = ("_base", "_writes")
+    __slots__ = ("_base", "_loaded", "_writes")
 
     def __init__(self, base: Readable) -> None:
         self._base = base
-        self._writes: dict[bytes, bytes | None] = {}
+        self._writes: dict[bytes, bytes | _Pending | None] = {}
+        self._loaded: dict[bytes, Record] = {}  # decoded reads, never written
 
     def get(self, key: bytes) -> bytes | None:
         if key in self._writes:
-            return self._writes[key]
+            value = self._writes[key]
+            return value.encode() if isinstance(value, _Pending) else value
         return self._base.get(key)
 
     def put(self, key: bytes, value: bytes) -> None:
         self._writes[key] = value
 
     def delete(self, key: bytes) -> None:
-        self._writes[key] = _DELETED
+        self._writes[key] = None
+        self._loaded.pop(key, None)
+
+    def get_record(self, key: bytes, name: str) -> Record | None:
+        """The decoded record at `key`, owned by this stage: mutate it, then `put_record` it."""
+        if key in self._writes or key in self._loaded:
+            return self._own_record(key, name)
+        if isinstance(self._base, Staged):
+            shared = self._base._own_record(key, name)
+            if shared is None:
+                return None
+            record = clone(shared)
+        else:
+            raw = self._base.get(key)
+            if raw is None:
+                return None
+            record = REGISTRY.decode(name, raw)
+        self._loaded[key] = record
+        return record
+
+    def _own_record(self, key: bytes, name: str) -> Record | None:
+        if key in self._writes:
+            value = self._writes[key]
+            if isinstance(value, _Pending):
+                return value.record
+            if value is None:
+                return None
+            record = REGISTRY.decode(name, value)
+            self._writes[key] = _Pending(name, record)
+            return record
+        if key in self._loaded:
+            return self._loaded[key]
+        return self.get_record(key, name)
+
+    def put_record(self, key: bytes, name: str, record: Record) -> None:
+        self._writes[key] = _Pending(name, record)
+        self._loaded.pop(key, None)
 
     def scan(self, start: bytes, end: bytes) -> Iterator[tuple[bytes, bytes]]:
         staged = sorted(k for k in self._writes if start <= k < end)
@@ -73,7 +145,7 @@ class Staged:
             if staged_key is not None and (base_item is None or staged_key <= base_item[0]):
                 if base_item is not None and staged_key == base_item[0]:
                     base_item = next(base, None)
-                value = self._writes[staged_key]
+                value = self.get(staged_key)
                 i += 1
                 if value is not None:
                     yield staged_key, value
@@ -86,11 +158,14 @@ class Staged:
         return next(self.scan(start, end), None)
 
     def merge_into(self, parent: Staged) -> None:
+        """Hand this stage's writes to `parent`; the records now belong to it."""
         parent._writes.update(self._writes)
+        for key in self._writes:
+            parent._loaded.pop(key, None)
 
-    @property
-    def writes(self) -> dict[bytes, bytes | None]:
-        return self._writes
+    def encoded_writes(self) -> dict[bytes, bytes | None]:
+        """The staged writes as bytes, each pending record encoded once."""
+        return {k: v.encode() if isinstance(v, _Pending) else v for k, v in self._writes.items()}
 
     def __len__(self) -> int:
         return len(self._writes)

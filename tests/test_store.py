@@ -42,7 +42,7 @@ def test_staged_scans_match_a_dictionary_model(
         for key in list(model)[:5]:
             assert child.get(key) == model[key]
         child.merge_into(parent)
-        store.commit(parent.writes, 1, 5)
+        store.commit(parent.encoded_writes(), 1, 5)
         assert list(store.scan(b"", b"\xff\xff\xff\xff")) == sorted(
             {**model, keys.APPLIED_OFFSET: keys.u64(1), keys.LAST_TIME: keys.u64(5)}.items()
         )
@@ -90,3 +90,33 @@ def test_checkpoint_manifest_verifies_files(tmp_path: Path) -> None:
     path.write_bytes(bytes(data))
     with pytest.raises(StoreError, match="does not match its manifest"):
         verify_checkpoint(tmp_path / "cp")
+
+
+def test_staged_records_are_copied_into_a_child_and_dropped_with_it(tmp_path: Path) -> None:
+    from keyload.log.codec import REGISTRY
+
+    name = "keyload.PoisonEntry"
+    entry = {"offset": 1, "timestamp_ms": 2, "length": 3, "sha256": b"\x00" * 32, "reason": "r"}
+    store = Store(tmp_path / "db")
+    store.commit({b"k": REGISTRY.encode(name, entry)}, 0, 0)
+    group = Staged(store)
+    first = group.get_record(b"k", name)
+    assert first == entry and group.get_record(b"k", name) is first  # decoded once per stage
+
+    rejected = Staged(group)
+    mine = rejected.get_record(b"k", name)
+    assert mine is not None and mine is not first
+    mine["reason"] = "changed by a command that is then rejected"
+    rejected.put_record(b"k", name, mine)
+    assert group.get_record(b"k", name) == entry  # the parent never saw it
+
+    accepted = Staged(group)
+    record = accepted.get_record(b"k", name)
+    assert record is not None
+    record["length"] = 99
+    accepted.put_record(b"k", name, record)
+    accepted.merge_into(group)
+    assert REGISTRY.decode(name, group.get(b"k") or b"")["length"] == 99
+    store.commit(group.encoded_writes(), 1, 0)
+    assert REGISTRY.decode(name, store.get(b"k") or b"") == dict(entry, length=99)
+    store.close()
