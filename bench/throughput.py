@@ -67,6 +67,7 @@ DEFAULT_COMMANDS = 50_000
 DEFAULT_BODY_BYTES = 1024
 DEFAULT_WARMUP = 2_000
 PROFILE_LINES = 30
+MAX_SHARED_PAIRS = 16  # per-group pairs (queue record, offsets, allocators) that no command id names
 
 
 class BenchError(Exception):
@@ -123,7 +124,7 @@ def generate(commands: int, body_bytes: int, ids: list[str]) -> Iterator[bytes]:
     yield _command(new_id(), CREATE_QUEUE, {"queue": QUEUE, "policy": policy})
     for _ in range(commands):
         command_id = new_id()
-        body = {
+        body: dict[str, Any] = {
             "queue": QUEUE,
             "message_id": command_id,
             "body": rng.randbytes(body_bytes),
@@ -179,29 +180,50 @@ class Phase:
     key: str
     label: str
     records: int
-    seconds: float
+    seconds: float  # wall clock
+    cpu_seconds: float  # CPU time of the measuring thread (RocksDB's background threads excluded)
     peak_rss_kib: int  # process peak so far, read right after the phase
 
     @property
     def rate(self) -> float:
         return self.records / self.seconds if self.seconds > 0 else math.inf
 
+    @property
+    def cpu_rate(self) -> float:
+        return self.records / self.cpu_seconds if self.cpu_seconds > 0 else math.inf
+
+
+class Stopwatch:
+    """Wall clock and this thread's CPU time between start() and stop()."""
+
+    def __init__(self) -> None:
+        self.seconds = self.cpu_seconds = 0.0
+        self._wall = self._cpu = 0.0
+
+    def start(self) -> None:
+        self._wall, self._cpu = time.perf_counter(), time.thread_time()
+
+    def stop(self) -> None:
+        self.seconds = time.perf_counter() - self._wall
+        self.cpu_seconds = time.thread_time() - self._cpu
+
 
 def apply_log(
     work: Workload, projection: Path, outcomes: FileLog, profiler: cProfile.Profile | None = None
-) -> tuple[float, Store]:
+) -> tuple[Stopwatch, Store]:
     """(a): step a processor over the whole log; returns the apply loop's time and the open store."""
     log = work.data.command_log()
     store = Store(projection)
+    watch = Stopwatch()
     try:
         processor = PartitionProcessor(work.partition, work.data.partitions, log, store, outcomes)
         target = work.records - 1
         if profiler is not None:
             profiler.enable()
-        start = time.perf_counter()
+        watch.start()
         while processor.applied_offset < target and processor.step() > 0:
             pass
-        seconds = time.perf_counter() - start
+        watch.stop()
         if profiler is not None:
             profiler.disable()
     except BaseException:
@@ -212,16 +234,13 @@ def apply_log(
     if processor.halt is not None or processor.applied_offset != target:
         store.close()
         raise BenchError(f"apply stopped at offset {processor.applied_offset} of {target}: {processor.halt}")
-    return seconds, store
+    return watch, store
 
 
 def check_outcomes(outcomes: FileLog, work: Workload) -> None:
     """Every command's outcome was published and says committed (not timed)."""
     seen, offset = 0, 0
-    while True:
-        records = outcomes.read(REPLY_TO, offset, 4096)
-        if not records:
-            break
+    while records := outcomes.read(REPLY_TO, offset, 4096):
         for record in records:
             outcome = REGISTRY.decode(OUTCOME, record.value)
             if outcome["status"] != "committed":
@@ -232,14 +251,15 @@ def check_outcomes(outcomes: FileLog, work: Workload) -> None:
         raise BenchError(f"{seen} outcomes published for {work.records} commands")
 
 
-def replay_log(work: Workload) -> tuple[float, str]:
+def replay_log(work: Workload) -> tuple[Stopwatch, str]:
     """(b): recovery.replay from offset 0 into an empty directory."""
-    start = time.perf_counter()
+    watch = Stopwatch()
+    watch.start()
     replayed = replay(work.data, work.partition, work.root / "replay", progress=False)
-    seconds = time.perf_counter() - start
+    watch.stop()
     if replayed.applied_offset != work.records - 1:
         raise BenchError(f"replay reached offset {replayed.applied_offset} of {work.records - 1}")
-    return seconds, replayed.digest
+    return watch, replayed.digest
 
 
 Pair = tuple[bytes, bytes]
@@ -264,6 +284,11 @@ def group_pairs(store: Store, work: Workload) -> tuple[list[list[Pair]], int, in
         if offset is None:
             offset = owner.get(value)
         (shared if offset is None else per_command[offset]).append((key, value))
+    if len(shared) > MAX_SHARED_PAIRS:
+        raise BenchError(
+            f"{len(shared)} projection pairs name no command id: the key layout changed, fix group_pairs() "
+            "(they would be rewritten in every batch and inflate (c))"
+        )
     batches = []
     for first in range(0, work.records, MAX_GROUP_RECORDS):
         batch = [pair for command in per_command[first : first + MAX_GROUP_RECORDS] for pair in command]
@@ -271,7 +296,7 @@ def group_pairs(store: Store, work: Workload) -> tuple[list[list[Pair]], int, in
     return batches, pairs, size
 
 
-def raw_writes(path: Path, batches: list[list[Pair]]) -> float:
+def raw_writes(path: Path, batches: list[list[Pair]]) -> Stopwatch:
     """(c): the batches through rocksdict alone, with the options Store uses."""
     options = Options(raw_mode=True)
     options.create_if_missing(True)
@@ -279,25 +304,28 @@ def raw_writes(path: Path, batches: list[list[Pair]]) -> float:
     db = Rdict(str(path), options)
     write_options = WriteOptions()
     write_options.sync = False  # Store's default, and what `keyload run` uses
+    watch = Stopwatch()
     try:
-        start = time.perf_counter()
+        watch.start()
         for pairs in batches:
             batch = WriteBatch(raw_mode=True)
             for key, value in pairs:
                 batch.put(key, value)
             db.write(batch, write_options)
-        return time.perf_counter() - start
+        watch.stop()
     finally:
         db.close()
+    return watch
 
 
-def read_and_decode(work: Workload) -> float:
+def read_and_decode(work: Workload) -> Stopwatch:
     """(d): read the log in groups as the processor does, and decode every command."""
     log = work.data.command_log()
+    watch = Stopwatch()
     try:
         decode = REGISTRY.decode
         offset = 0
-        start = time.perf_counter()
+        watch.start()
         while offset < work.records:
             records = log.read(work.partition, offset, MAX_GROUP_RECORDS)
             if not records:
@@ -305,16 +333,28 @@ def read_and_decode(work: Workload) -> float:
             for record in records:
                 decode(COMMAND, record.value)
             offset += len(records)
-        return time.perf_counter() - start
+        watch.stop()
     finally:
         log.close()
+    return watch
+
+
+LABELS = {
+    "a": "processor apply (outcomes on)",
+    "b": "replay into empty projection",
+    "c": "raw rocksdict WriteBatch puts",
+    "d": "raw file-log read + Avro decode",
+}
+RATIOS = (("a", "c"), ("a", "d"), ("b", "c"))
 
 
 @dataclass(frozen=True)
 class Result:
     commands: int
+    records: int
     body_bytes: int
     partitions: int
+    repeats: int
     phases: dict[str, Phase]
     digest_a: str
     digest_b: str
@@ -322,41 +362,95 @@ class Result:
     raw_pairs: int
     raw_bytes: int
 
-    def ratio(self, top: str, bottom: str) -> float:
-        return self.phases[top].rate / self.phases[bottom].rate
+    @property
+    def digests_equal(self) -> bool:
+        return self.digest_a == self.digest_b
 
     @property
     def ratios(self) -> dict[str, float]:
-        return {"a/c": self.ratio("a", "c"), "a/d": self.ratio("a", "d"), "b/c": self.ratio("b", "c")}
+        return {f"{top}/{bottom}": self.phases[top].rate / self.phases[bottom].rate for top, bottom in RATIOS}
+
+    @property
+    def cpu_ratios(self) -> dict[str, float]:
+        return {f"{top}/{bottom}": self.phases[top].cpu_rate / self.phases[bottom].cpu_rate for top, bottom in RATIOS}
+
+    @property
+    def peak_rss_kib(self) -> int:
+        return max(phase.peak_rss_kib for phase in self.phases.values())
 
 
 def measure(root: Path, commands: int, body_bytes: int) -> Result:
+    """One repetition of (a) to (d) on a fresh workload under `root`."""
     work = prepare(root, commands, body_bytes)
     phases: dict[str, Phase] = {}
 
-    def record(key: str, label: str, seconds: float) -> None:
-        phases[key] = Phase(key, label, work.records, seconds, peak_rss_kib())
+    def record(key: str, watch: Stopwatch) -> None:
+        phases[key] = Phase(key, LABELS[key], work.records, watch.seconds, watch.cpu_seconds, peak_rss_kib())
 
     outcomes = work.data.outcome_log()
     try:
-        seconds, store = apply_log(work, work.data.projection(work.partition), outcomes)
-        record("a", "processor apply (outcomes on)", seconds)
+        watch, store = apply_log(work, work.data.projection(work.partition), outcomes)
+        record("a", watch)
         check_outcomes(outcomes, work)
     finally:
         outcomes.close()
     try:
-        start = time.perf_counter()
+        digest_watch = Stopwatch()
+        digest_watch.start()
         digest_a = store.digest()
-        digest_seconds = time.perf_counter() - start
-        seconds, digest_b = replay_log(work)
-        record("b", "replay into empty projection", seconds)
+        digest_watch.stop()
+        watch, digest_b = replay_log(work)
+        record("b", watch)
         batches, pairs, size = group_pairs(store, work)
     finally:
         store.close()
-    record("c", "raw rocksdict WriteBatch puts", raw_writes(root / "raw", batches))
+    record("c", raw_writes(root / "raw", batches))
     del batches
-    record("d", "raw file-log read + Avro decode", read_and_decode(work))
-    return Result(commands, body_bytes, work.data.partitions, phases, digest_a, digest_b, digest_seconds, pairs, size)
+    record("d", read_and_decode(work))
+    return Result(
+        commands,
+        work.records,
+        body_bytes,
+        work.data.partitions,
+        1,
+        phases,
+        digest_a,
+        digest_b,
+        digest_watch.seconds,
+        pairs,
+        size,
+    )
+
+
+def best_of(results: list[Result]) -> Result:
+    """Per phase the fastest wall time and the smallest CPU time over the repetitions."""
+    first = results[0]
+    phases = {}
+    for key, phase in first.phases.items():
+        runs = [result.phases[key] for result in results]
+        phases[key] = Phase(
+            key,
+            phase.label,
+            phase.records,
+            min(run.seconds for run in runs),
+            min(run.cpu_seconds for run in runs),
+            max(run.peak_rss_kib for run in runs),
+        )
+    unequal = [result for result in results if not result.digests_equal]
+    worst = unequal[0] if unequal else first
+    return Result(
+        first.commands,
+        first.records,
+        first.body_bytes,
+        first.partitions,
+        len(results),
+        phases,
+        worst.digest_a,
+        worst.digest_b,
+        min(result.digest_seconds for result in results),
+        first.raw_pairs,
+        first.raw_bytes,
+    )
 
 
 def profile_apply(root: Path, commands: int, body_bytes: int, lines: int, out: Path | None) -> None:
@@ -365,11 +459,11 @@ def profile_apply(root: Path, commands: int, body_bytes: int, lines: int, out: P
     outcomes = work.data.outcome_log()
     profiler = cProfile.Profile()
     try:
-        seconds, store = apply_log(work, work.data.projection(work.partition), outcomes, profiler)
+        watch, store = apply_log(work, work.data.projection(work.partition), outcomes, profiler)
         store.close()
     finally:
         outcomes.close()
-    print(f"\ncProfile of (a): {work.records} records in {seconds:.3f} s under the profiler", file=sys.stderr)
+    print(f"\ncProfile of (a): {work.records} records in {watch.seconds:.3f} s under the profiler", file=sys.stderr)
     stats = pstats.Stats(profiler, stream=sys.stderr)
     stats.strip_dirs().sort_stats("tottime").print_stats(lines)
     stats.sort_stats("cumulative").print_stats(lines)
@@ -387,6 +481,7 @@ def environment(warmup: int, directory: Path) -> dict[str, Any]:
         "implementation": platform.python_implementation(),
         "platform": platform.platform(),
         "cpus": os.cpu_count(),
+        "load_average_1m": os.getloadavg()[0],
         "fastavro": importlib.metadata.version("fastavro"),
         "rocksdict": importlib.metadata.version("rocksdict"),
         "warmup_commands": warmup,
@@ -398,55 +493,61 @@ def to_json(result: Result, env: dict[str, Any]) -> dict[str, Any]:
     return {
         "benchmark": "bench.throughput",
         "commands": result.commands,
-        "records": result.phases["a"].records,
+        "records": result.records,
         "body_bytes": result.body_bytes,
         "group_records": MAX_GROUP_RECORDS,
         "partitions": result.partitions,
+        "repeats": result.repeats,
         "phases": {
             key: {
                 "label": phase.label,
                 "records": phase.records,
                 "seconds": phase.seconds,
+                "cpu_seconds": phase.cpu_seconds,
                 "commands_per_s": phase.rate,
+                "commands_per_cpu_s": phase.cpu_rate,
                 "peak_rss_kib": phase.peak_rss_kib,
             }
             for key, phase in result.phases.items()
         },
         "ratios": result.ratios,
-        "digest_equal": result.digest_a == result.digest_b,
+        "cpu_ratios": result.cpu_ratios,
+        "digest_equal": result.digests_equal,
         "digest_a": result.digest_a,
         "digest_b": result.digest_b,
         "digest_seconds": result.digest_seconds,
         "raw_pairs": result.raw_pairs,
         "raw_bytes": result.raw_bytes,
-        "peak_rss_kib": max(phase.peak_rss_kib for phase in result.phases.values()),
+        "peak_rss_kib": result.peak_rss_kib,
         "environment": env,
     }
 
 
 def table(result: Result, env: dict[str, Any]) -> str:
-    records = result.phases["a"].records
+    warmup = env["warmup_commands"]
+    repeats = f"best of {result.repeats}" if result.repeats > 1 else "1 run"
     lines = [
-        f"keyload bench.throughput: {result.commands} Enqueue + 1 CreateQueue = {records} records, "
+        f"keyload bench.throughput: {result.commands} Enqueue + 1 CreateQueue = {result.records} records, "
         f"body {result.body_bytes} B, group {MAX_GROUP_RECORDS}, 1 domain (1 of {result.partitions} partitions)",
-        f"python {env['python']}, fastavro {env['fastavro']}, rocksdict {env['rocksdict']}, {env['cpus']} cpus; "
-        + (f"warm-up {env['warmup_commands']} commands excluded" if env["warmup_commands"] else "COLD START (no warm-up)"),
+        f"python {env['python']}, fastavro {env['fastavro']}, rocksdict {env['rocksdict']}, {env['cpus']} cpus, "
+        f"load {env['load_average_1m']:.2f}; {repeats}; "
+        + (f"warm-up of {warmup} commands excluded" if warmup else "COLD START (no warm-up)"),
         "",
-        f"{'phase':<38} {'records':>8} {'seconds':>9} {'commands/s':>11} {'peak RSS':>10}",
+        f"{'phase':<38} {'wall s':>8} {'cmd/s':>9} {'cpu s':>8} {'cmd/cpu-s':>10} {'peak RSS':>9}",
     ]
     for phase in result.phases.values():
         lines.append(
-            f"({phase.key}) {phase.label:<34} {phase.records:>8} {phase.seconds:>9.3f} "
-            f"{phase.rate:>11,.0f} {phase.peak_rss_kib / 1024:>7.0f} MiB"
+            f"({phase.key}) {phase.label:<34} {phase.seconds:>8.3f} {phase.rate:>9,.0f} "
+            f"{phase.cpu_seconds:>8.3f} {phase.cpu_rate:>10,.0f} {phase.peak_rss_kib / 1024:>5.0f} MiB"
         )
-    ratios = result.ratios
     lines += [
         "",
-        "ratios (throughput): " + "   ".join(f"{name} = {value:.3f}" for name, value in ratios.items()),
-        f"digest (a) == (b): {'yes' if result.digest_a == result.digest_b else 'NO'}"
-        f"  ({result.digest_a[:16]}…, one digest pass = {result.digest_seconds:.3f} s, included in (b))",
+        "ratios, wall:  " + "   ".join(f"{name} = {value:.3f}" for name, value in result.ratios.items()),
+        "ratios, cpu:   " + "   ".join(f"{name} = {value:.3f}" for name, value in result.cpu_ratios.items()),
+        f"digest (a) == (b): {'yes' if result.digests_equal else 'NO'}  ({result.digest_a[:16]}…; "
+        f"one digest pass = {result.digest_seconds:.3f} s, included in (b))",
         f"(c) wrote {result.raw_pairs} distinct pairs, {result.raw_bytes / 2**20:.1f} MiB of keys+values",
-        f"peak RSS of the process: {max(p.peak_rss_kib for p in result.phases.values()) / 1024:.0f} MiB",
+        f"peak RSS of the process: {result.peak_rss_kib / 1024:.0f} MiB",
     ]
     return "\n".join(lines)
 
@@ -454,21 +555,27 @@ def table(result: Result, env: dict[str, Any]) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.throughput", description=__doc__.split("\n\n")[0])
     parser.add_argument("--commands", type=int, default=DEFAULT_COMMANDS, help="Enqueue commands (default %(default)s)")
-    parser.add_argument("--body-bytes", type=int, default=DEFAULT_BODY_BYTES, help="message body size (default %(default)s)")
+    parser.add_argument(
+        "--body-bytes", type=int, default=DEFAULT_BODY_BYTES, help="message body size (default %(default)s)"
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     parser.add_argument(
-        "--warmup", type=int, default=DEFAULT_WARMUP, help="commands of an untimed warm-up run first; 0: cold start"
+        "--warmup",
+        type=int,
+        default=DEFAULT_WARMUP,
+        help="commands of an untimed warm-up repetition first; 0: cold start (default %(default)s)",
     )
+    parser.add_argument("--repeat", type=int, default=1, help="repetitions; per phase the best is reported")
     parser.add_argument("--dir", type=Path, default=None, help="parent of the temporary directory (default: $TMPDIR)")
     parser.add_argument("--keep", action="store_true", help="keep the temporary directory")
     parser.add_argument("--profile", action="store_true", help="then run (a) once more under cProfile (to stderr)")
     parser.add_argument("--profile-lines", type=int, default=PROFILE_LINES, help="rows per profile listing")
-    parser.add_argument("--profile-out", type=Path, default=None, help="also dump the profile (pstats) here")
+    parser.add_argument("--profile-out", type=Path, default=None, help="also dump that profile (pstats) here")
     args = parser.parse_args(argv)
     try:
         _check_sizes(args.commands, args.body_bytes)
-        if args.warmup < 0:
-            raise BenchError("--warmup must be >= 0")
+        if args.warmup < 0 or args.repeat < 1:
+            raise BenchError("--warmup must be >= 0 and --repeat >= 1")
     except BenchError as exc:
         parser.error(str(exc))
 
@@ -476,7 +583,12 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.warmup:
             measure(root / "warmup", args.warmup, args.body_bytes)
-        result = measure(root / "run", args.commands, args.body_bytes)
+        results = []
+        for repetition in range(args.repeat):
+            results.append(measure(root / f"run-{repetition}", args.commands, args.body_bytes))
+            if not args.keep:
+                shutil.rmtree(root / f"run-{repetition}")
+        result = best_of(results)
         env = environment(args.warmup, root)
         print(json.dumps(to_json(result, env), indent=2) if args.json else table(result, env), flush=True)
         if args.profile or args.profile_out is not None:
@@ -489,7 +601,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"kept {root}", file=sys.stderr)
         else:
             shutil.rmtree(root, ignore_errors=True)
-    return 0 if result.digest_a == result.digest_b else 1
+    return 0 if result.digests_equal else 1
 
 
 if __name__ == "__main__":

@@ -1,0 +1,498 @@
+"""`keyload run` as real processes over one data directory: concurrent producers, and SIGKILL mid-workload."""
+
+from __future__ import annotations
+
+import json
+import random
+import subprocess
+import sys
+import time
+from collections import Counter, defaultdict, deque
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from keyload.client import Client
+from keyload.datadir import DataDir
+from keyload.log.base import partition_for
+from keyload.log.codec import REGISTRY
+from keyload.log.file_log import FileLog
+from keyload.processors.apply import FINGERPRINT_BYTES, fingerprint
+from keyload.projections import keys
+from keyload.projections.store import Store
+from keyload.recovery import replay
+
+from .support import (
+    CREATE_QUEUE,
+    ENQUEUE,
+    command,
+    create_queue_body,
+    enqueue_body,
+    start_service,
+    stop_service,
+    wait_until,
+)
+
+PARTITIONS = 2
+CATCH_UP_TIMEOUT_S = 60.0
+
+# Test 1: concurrent producers through the SDK.
+PRODUCERS = 2
+MESSAGES_PER_DOMAIN = 300
+PRODUCER_TIMEOUT_S = 120.0
+QUEUE = "orders"
+PRODUCER_SCRIPT = """\
+import json
+import sys
+
+from keyload.client import Client
+
+data, reply_partition, name, count, queue, *domains = sys.argv[1:]
+with Client(data, principal=name, reply_partition=int(reply_partition)) as client:
+    for i in range(int(count)):
+        for domain in domains:
+            command_id = f"{name}-{domain}-{i}"
+            body = {
+                "queue": queue,
+                "message_id": command_id,
+                "body": b"x",
+                "headers": {},
+                "ordering_key": None,
+                "not_before_ms": None,
+                "expires_at_ms": None,
+            }
+            outcome = client.submit(domain, "keyload.command.Enqueue", body, command_id)
+            fields = ("command_id", "status", "partition", "offset")
+            print(json.dumps({name: getattr(outcome, name) for name in fields}), flush=True)
+"""
+
+# Test 2: a workload appended while `keyload run` is SIGKILLed again and again.
+WORKLOAD_COMMANDS = 10_000
+DOMAINS = 3
+KILLS = 40
+CHUNK_RECORDS = (20, 100)
+RUN_WINDOW_S = (0.02, 0.4)
+SMALL_QUOTA = 400  # max_stored_messages of the first domain's queue
+RETRY_SHARE = 0.05  # same command id, same command
+CONFLICT_SHARE = 0.02  # same command id, different body
+REUSED_MESSAGE_SHARE = 0.02  # new command id, a message id used before
+
+
+def spread_domains(count: int, partitions: int) -> list[str]:
+    """`count` (>= partitions) domain names that between them land on every partition."""
+    chosen: list[str] = []
+    covered: set[int] = set()
+    n = 0
+    while len(chosen) < count:
+        name = f"tenant-{n}"
+        n += 1
+        partition = partition_for(name, partitions)
+        if partition not in covered or len(covered) == partitions:
+            chosen.append(name)
+            covered.add(partition)
+    return chosen
+
+
+@contextmanager
+def running(root: Path) -> Iterator[subprocess.Popen[bytes]]:
+    """`keyload run` over `root`, serving; SIGKILLed on the way out unless it has already exited."""
+    process = start_service(root)
+    try:
+        yield process
+    finally:
+        if process.poll() is None:
+            process.kill()
+        process.wait()
+        assert process.stdout is not None
+        process.stdout.close()
+
+
+def published_outcomes(data: DataDir) -> list[tuple[int, bytes]]:
+    """Every record of every outcome partition, as (reply partition, encoded Outcome)."""
+    log = data.outcome_log()
+    try:
+        return [(p, record.value) for p in range(data.outcome_partitions) for record in log.read(p, 0, 10**9)]
+    finally:
+        log.close()
+
+
+def stored_outcomes(data: DataDir) -> list[tuple[int, str, bytes]]:
+    """Every key of the OUTCOME family of every partition, as (partition, command id, fingerprint + Outcome)."""
+    stored = []
+    for partition in range(data.partitions):
+        store = Store(data.projection(partition), read_only=True)
+        try:
+            for key, value in store.scan(keys.OUTCOME, keys.prefix_end(keys.OUTCOME)):
+                domain_length = key[len(keys.OUTCOME)]
+                stored.append((partition, key[len(keys.OUTCOME) + 1 + domain_length :].decode(), value))
+        finally:
+            store.close()
+    return stored
+
+
+def decode_outcome(value: bytes) -> dict[str, Any]:
+    return REGISTRY.decode("keyload.Outcome", value)
+
+
+def lag(data: DataDir, log: FileLog) -> list[int]:
+    """Per partition: log records not yet applied by the live projection."""
+    lags = []
+    for partition in range(data.partitions):
+        store = Store(data.projection(partition), read_only=True)
+        try:
+            lags.append(log.end_offset(partition) - 1 - store.applied_offset)
+        finally:
+            store.close()
+    return lags
+
+
+def assert_replays_match(data: DataDir, scratch: Path) -> None:
+    """Every partition is caught up with its log and equals a replay of the log from offset 0."""
+    log = data.command_log()
+    try:
+        assert lag(data, log) == [0] * data.partitions
+    finally:
+        log.close()
+    for partition in range(data.partitions):
+        live = Store(data.projection(partition), read_only=True)
+        try:
+            live_state = (live.applied_offset, live.digest())
+        finally:
+            live.close()
+        replayed = replay(data, partition, scratch / f"replay-{partition}", progress=False)
+        assert live_state == (replayed.applied_offset, replayed.digest), f"partition {partition}"
+
+
+def queue_record(store: Store, domain: str, queue: str) -> dict[str, Any]:
+    raw = store.get(keys.queue(domain, queue))
+    assert raw is not None, f"queue {queue!r} does not exist"
+    return REGISTRY.decode("keyload.QueueRecord", raw)
+
+
+def message_ids(store: Store, queue_id: int) -> set[str]:
+    prefix = keys.MESSAGE + keys.u64(queue_id)
+    return {key[len(prefix) :].decode() for key, _ in store.scan(prefix, keys.prefix_end(prefix))}
+
+
+@pytest.mark.slow
+def test_several_processes_every_command_gets_one_outcome(tmp_path: Path) -> None:
+    root = tmp_path / "data"
+    data = DataDir.create(root, PARTITIONS)
+    domains = spread_domains(PARTITIONS, PARTITIONS)
+    script = tmp_path / "producer.py"
+    script.write_text(PRODUCER_SCRIPT)
+    expected: dict[str, str] = {
+        f"producer{k}-{domain}-{i}": domain
+        for k in range(PRODUCERS)
+        for domain in domains
+        for i in range(MESSAGES_PER_DOMAIN)
+    }
+
+    with running(root) as service:
+        with Client(root) as client:
+            for domain in domains:
+                client.create_queue(domain, QUEUE)
+        arguments = [str(MESSAGES_PER_DOMAIN), QUEUE, *domains]
+        producers = [
+            subprocess.Popen(
+                [sys.executable, str(script), str(root), str(k), f"producer{k}", *arguments],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+            )
+            for k in range(PRODUCERS)
+        ]
+        try:
+            outputs = [producer.communicate(timeout=PRODUCER_TIMEOUT_S) for producer in producers]
+        finally:
+            for producer in producers:
+                if producer.poll() is None:
+                    producer.kill()
+                    producer.wait()
+        with Client(root) as client:
+            counters = [client.inspect_queue(domain, QUEUE).counters for domain in domains]
+        assert stop_service(service) == 0
+
+    # Every command id got exactly one outcome in its producer's output, committed on its domain's partition.
+    printed: dict[str, dict[str, Any]] = {}
+    for k, (producer, (stdout, stderr)) in enumerate(zip(producers, outputs, strict=True)):
+        assert producer.returncode == 0, stderr.decode()
+        lines = [json.loads(line) for line in stdout.decode().splitlines()]
+        own = [command_id for command_id in expected if command_id.startswith(f"producer{k}-")]
+        assert Counter(line["command_id"] for line in lines) == Counter(own)
+        printed.update((line["command_id"], line) for line in lines)
+    for command_id, line in printed.items():
+        assert line["status"] == "committed", line
+        assert line["partition"] == partition_for(expected[command_id], PARTITIONS), line
+
+    # The outcome stream holds only identical copies of each command's outcome, matching what producers saw.
+    streamed: dict[str, set[bytes]] = defaultdict(set)
+    for _, value in published_outcomes(data):
+        streamed[decode_outcome(value)["command_id"]].add(value)
+    assert {command_id: len(values) for command_id, values in streamed.items() if len(values) > 1} == {}
+    for command_id, line in printed.items():
+        [value] = streamed[command_id]
+        outcome = decode_outcome(value)
+        assert (outcome["status"], outcome["partition"], outcome["offset"]) == (
+            line["status"],
+            line["partition"],
+            line["offset"],
+        )
+
+    # Each projection stores one outcome per command id, the one that was published.
+    stored = stored_outcomes(data)
+    assert [command_id for command_id, n in Counter(c for _, c, _ in stored).items() if n > 1] == []
+    by_id = {command_id: (partition, value) for partition, command_id, value in stored}
+    for command_id, line in printed.items():
+        partition, value = by_id[command_id]
+        assert partition == line["partition"]
+        assert {value[FINGERPRINT_BYTES:]} == streamed[command_id]
+
+    enqueued = PRODUCERS * MESSAGES_PER_DOMAIN
+    for queue_counters in counters:
+        assert (queue_counters.stored_messages, queue_counters.enqueued_total) == (enqueued, enqueued)
+    assert_replays_match(data, tmp_path)
+
+
+@dataclass(frozen=True, slots=True)
+class Planned:
+    """One Enqueue of the crash workload."""
+
+    command_id: str
+    domain: str
+    message_id: str
+    payload: bytes
+    reply_to: int
+
+    def same_command(self, other: Planned) -> bool:
+        """Whether the two have the same fingerprint (reply_to is informational)."""
+        return (self.domain, self.message_id, self.payload) == (other.domain, other.message_id, other.payload)
+
+    def encode(self) -> bytes:
+        body = enqueue_body(queue_for(self.domain), self.message_id, self.payload)
+        return command(self.domain, ENQUEUE, body, self.command_id, reply_to=self.reply_to)
+
+
+def queue_for(domain: str) -> str:
+    # The same name in every domain: with more domains than partitions, two domains share a partition and
+    # must still get separate queues.
+    return "jobs"
+
+
+def plan_workload(rng: random.Random, domains: list[str], outcome_partitions: int) -> list[Planned]:
+    originals: list[Planned] = []
+    workload: list[Planned] = []
+    while len(workload) < WORKLOAD_COMMANDS:
+        n = len(workload)
+        roll = rng.random()
+        reply_to = rng.randrange(outcome_partitions)
+        if originals and roll < RETRY_SHARE:
+            planned = replace(rng.choice(originals), reply_to=reply_to)
+        elif originals and roll < RETRY_SHARE + CONFLICT_SHARE:
+            original = rng.choice(originals)
+            planned = replace(original, payload=original.payload + b"!", reply_to=reply_to)
+        elif originals and roll < RETRY_SHARE + CONFLICT_SHARE + REUSED_MESSAGE_SHARE:
+            original = rng.choice(originals)
+            planned = Planned(f"cmd-{n}", original.domain, original.message_id, b"again", reply_to)
+        else:
+            domain = rng.choice(domains)
+            planned = Planned(f"cmd-{n}", domain, f"msg-{n}", rng.randbytes(rng.randint(1, 64)), reply_to)
+            originals.append(planned)
+        workload.append(planned)
+    return workload
+
+
+@dataclass(frozen=True, slots=True)
+class Expected:
+    status: str
+    error_code: str | None = None
+
+
+COMMITTED = Expected("committed")
+CONFLICT = Expected("rejected", "Conflict")
+EXHAUSTED = Expected("rejected", "ResourceExhausted")
+
+
+@dataclass
+class Model:
+    """What applying the workload in log order must produce.
+
+    `published[i]` is (index of the record whose outcome record i publishes, that outcome's status): a retry
+    republishes the first occurrence's outcome, anything else publishes its own. `first` maps each command id to
+    the record that decided its stored outcome; `messages` holds the message ids each domain's queue stores.
+    """
+
+    published: list[tuple[int, Expected]] = field(default_factory=list)
+    first: dict[str, int] = field(default_factory=dict)
+    messages: dict[str, set[str]] = field(default_factory=lambda: defaultdict(set))
+
+
+def run_model(workload: list[Planned], quotas: dict[str, int]) -> Model:
+    """Command ids never cross domains here, so the global order stands in for each partition's order."""
+    model = Model()
+    for index, planned in enumerate(workload):
+        first = model.first.get(planned.command_id)
+        if first is not None:
+            retry = workload[first].same_command(planned)
+            model.published.append(model.published[first] if retry else (index, CONFLICT))
+            continue
+        stored = model.messages[planned.domain]
+        if planned.message_id in stored:
+            expected = CONFLICT
+        elif len(stored) >= quotas[planned.domain]:
+            expected = EXHAUSTED
+        else:
+            stored.add(planned.message_id)
+            expected = COMMITTED
+        model.first[planned.command_id] = index
+        model.published.append((index, expected))
+    return model
+
+
+class Appender:
+    """Appends encoded records to the command log in consecutive chunks of 20-100, keeping their offsets."""
+
+    def __init__(self, log: FileLog, partitions: list[int], values: list[bytes], rng: random.Random) -> None:
+        self.log = log
+        self.partitions = partitions
+        self.values = values
+        self.offsets: dict[int, int] = {}
+        self.chunks: deque[range] = deque()
+        start = 0
+        while start < len(values):
+            end = min(len(values), start + rng.randint(*CHUNK_RECORDS))
+            self.chunks.append(range(start, end))
+            start = end
+
+    def append_next(self) -> None:
+        by_partition: dict[int, list[int]] = defaultdict(list)
+        for index in self.chunks.popleft():
+            by_partition[self.partitions[index]].append(index)
+        for partition, indices in by_partition.items():
+            appended = self.log.append(partition, [self.values[i] for i in indices])
+            self.offsets.update(zip(indices, (a.offset for a in appended), strict=True))
+
+
+@pytest.mark.slow
+def test_kill_9_during_workload_loses_nothing_and_applies_nothing_twice(tmp_path: Path) -> None:
+    rng = random.Random(20240607)
+    root = tmp_path / "data"
+    data = DataDir.create(root, PARTITIONS)
+    domains = spread_domains(DOMAINS, PARTITIONS)
+    partition_of = {domain: partition_for(domain, PARTITIONS) for domain in domains}
+    quotas = {domain: SMALL_QUOTA if domain == domains[0] else 100_000 for domain in domains}
+    workload = plan_workload(rng, domains, data.outcome_partitions)
+    model = run_model(workload, quotas)
+    values = [planned.encode() for planned in workload]
+    log = data.command_log()
+    try:
+        created: dict[str, tuple[str, int]] = {}  # domain -> (command id, offset) of its CreateQueue
+        for domain in domains:
+            command_id = f"create-{domain}"
+            body = create_queue_body(queue_for(domain), max_stored_messages=quotas[domain])
+            value = command(domain, CREATE_QUEUE, body, command_id, reply_to=0)
+            [position] = log.append(partition_of[domain], [value])
+            created[domain] = (command_id, position.offset)
+        appender = Appender(log, [partition_of[planned.domain] for planned in workload], values, rng)
+
+        # Each round: append some chunks while no service runs, start one, keep appending at random moments
+        # of a random window, then SIGKILL it wherever it is (idle, applying a group, publishing, committing).
+        kills = kills_with_backlog = 0
+        started_at = time.monotonic()
+        while kills < KILLS:
+            share = -(-len(appender.chunks) // (KILLS - kills))
+            while_down = share // 3
+            for _ in range(while_down):
+                appender.append_next()
+            with running(root) as service:
+                window = rng.uniform(*RUN_WINDOW_S)
+                served_at = time.monotonic()
+                for moment in sorted(rng.uniform(0, window) for _ in range(share - while_down)):
+                    time.sleep(max(0.0, served_at + moment - time.monotonic()))
+                    appender.append_next()
+                time.sleep(max(0.0, served_at + window - time.monotonic()))
+                service.kill()
+            kills += 1
+            kills_with_backlog += any(lag(data, log))
+        assert not appender.chunks
+        with running(root) as service:
+            wait_until(lambda: not any(lag(data, log)), CATCH_UP_TIMEOUT_S, "the last run to catch up")
+            assert stop_service(service) == 0
+        crash_phase_s = time.monotonic() - started_at
+    finally:
+        log.close()
+
+    assert_replays_match(data, tmp_path)
+    offsets = appender.offsets
+
+    # Stored outcomes: exactly one per command id, decided by its first occurrence.
+    stored = stored_outcomes(data)
+    assert [command_id for command_id, n in Counter(c for _, c, _ in stored).items() if n > 1] == []
+    by_id = {command_id: (partition, value) for partition, command_id, value in stored}
+    assert by_id.keys() == set(model.first) | {command_id for command_id, _ in created.values()}
+    for domain, (command_id, offset) in created.items():
+        outcome = decode_outcome(by_id[command_id][1][FINGERPRINT_BYTES:])
+        assert (outcome["status"], outcome["partition"], outcome["offset"]) == (
+            "committed",
+            partition_of[domain],
+            offset,
+        )
+    wrong = []
+    for command_id, index in model.first.items():
+        partition, value = by_id[command_id]
+        outcome = decode_outcome(value[FINGERPRINT_BYTES:])
+        original = REGISTRY.decode("keyload.Command", values[index])
+        actual = (partition, value[:FINGERPRINT_BYTES], outcome["offset"], outcome["status"], outcome["error_code"])
+        expected = model.published[index][1]
+        want = (
+            partition_of[workload[index].domain],
+            fingerprint(original, values[index]),
+            offsets[index],
+            expected.status,
+            expected.error_code,
+        )
+        if actual != want:
+            wrong.append((command_id, actual, want))
+    assert wrong == []
+
+    # Published outcomes: every record's outcome reached its reply partition, and copies are identical.
+    want_published = {
+        (0, command_id, partition_of[domain], offset): COMMITTED for domain, (command_id, offset) in created.items()
+    }
+    for planned, (carrier, expected) in zip(workload, model.published, strict=True):
+        key = (planned.reply_to, planned.command_id, partition_of[planned.domain], offsets[carrier])
+        want_published[key] = expected
+    published = published_outcomes(data)
+    copies: dict[tuple[int, str, int, int], set[bytes]] = defaultdict(set)
+    for reply_partition, value in published:
+        outcome = decode_outcome(value)
+        copies[(reply_partition, outcome["command_id"], outcome["partition"], outcome["offset"])].add(value)
+    assert [key for key, found in copies.items() if len(found) > 1] == []
+    seen = {}
+    for key, [value] in copies.items():
+        outcome = decode_outcome(value)
+        seen[key] = Expected(outcome["status"], outcome["error_code"])
+    assert seen == want_published
+
+    # Effects: each committed enqueue stored its message once, and the counters agree.
+    for domain in domains:
+        store = Store(data.projection(partition_of[domain]), read_only=True)
+        try:
+            record = queue_record(store, domain, queue_for(domain))
+            stored_ids = message_ids(store, record["view"]["incarnation"])
+        finally:
+            store.close()
+        counters = record["view"]["counters"]
+        assert stored_ids == model.messages[domain]
+        assert counters["stored_messages"] == counters["enqueued_total"] == len(model.messages[domain])
+
+    statuses = Counter(expected for _, expected in model.published)
+    print(
+        f"\n{kills} kills ({kills_with_backlog} left unapplied records), "
+        f"{len(published) - len(workload) - len(created)} outcomes republished after a crash, "
+        f"crash phase {crash_phase_s:.1f}s; workload outcomes: "
+        + ", ".join(f"{e.error_code or e.status} {n}" for e, n in statuses.most_common())
+    )
