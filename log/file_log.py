@@ -142,7 +142,7 @@ class _Scanner:
         while self.position < end:
             frame_end, record = self._frame_at(self.position, end)
             if frame_end is None or record is None:
-                if frame_end is not None and self._valid_frame_at(frame_end, end):
+                if self._valid_frame_after(self.position + 1, end, self.next_offset + 1):
                     raise LogCorruption(
                         f"partition {self.partition}: bad frame at byte {self.position} "
                         f"(offset {self.next_offset}) followed by valid data"
@@ -163,8 +163,22 @@ class _Scanner:
         for _ in self.records():
             pass
 
-    def _valid_frame_at(self, position: int, end: int) -> bool:
-        return self._frame_at(position, end)[1] is not None
+    def _valid_frame_after(self, start: int, end: int, offset: int) -> bool:
+        """Whether a valid frame carrying `offset` starts anywhere in [start, end).
+
+        A torn write is a prefix of one append, so no valid later frame can follow
+        it; finding one means the bad frame is damage inside the log (a flipped
+        length field, say) and truncating there would drop good records.
+        """
+        needle = STAMP.pack(offset, 0)[:8]
+        rest = os.pread(self._fd, end - start, start)
+        found = rest.find(needle)
+        while found != -1:
+            position = start + found - CRC_START
+            if position >= start - 1 and self._frame_at(position, end)[1] is not None:
+                return True
+            found = rest.find(needle, found + 1)
+        return False
 
     def _frame_at(self, position: int, end: int) -> tuple[int | None, LogRecord | None]:
         """(end of the frame or None if it is incomplete, record or None if it is bad)."""

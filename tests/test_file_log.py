@@ -193,6 +193,26 @@ def test_corruption_in_the_middle_is_reported(tmp_path: Path) -> None:
     assert segment.stat().st_size == size  # nothing was cut or added
 
 
+@pytest.mark.parametrize("flipped_bit", [0, 3, 30])
+def test_a_damaged_length_field_is_corruption_not_a_torn_tail(tmp_path: Path, flipped_bit: int) -> None:
+    """A frame that claims more bytes than it has, with good frames after it, must not be cut."""
+    with FileLog(tmp_path, 1) as log:
+        log.append(0, [f"value-{i}".encode() for i in range(10)])
+    segment = _segments(tmp_path)[0]
+    size = segment.stat().st_size
+    frame = HEADER_BYTES + len(b"value-0")
+    position = 3 * frame + 3 - flipped_bit // 8  # a bit of the fourth frame's u32 length field
+    data = bytearray(segment.read_bytes())
+    data[position] ^= 1 << (flipped_bit % 8)
+    segment.write_bytes(bytes(data))
+    with FileLog(tmp_path, 1) as log:
+        with pytest.raises(LogCorruption):
+            log.read(0, 0, 100)
+        with pytest.raises(LogCorruption):
+            log.repair(0)
+    assert segment.stat().st_size == size
+
+
 def test_torn_frame_in_a_sealed_segment_is_corruption(tmp_path: Path) -> None:
     config = FileLogConfig(segment_bytes=100)
     with FileLog(tmp_path, 1, config) as log:
