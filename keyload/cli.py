@@ -16,7 +16,7 @@ from pathlib import Path
 from threading import Event
 from typing import Any
 
-from keyload.datadir import DataDir, DataDirError
+from keyload.datadir import DEFAULT_PARTITIONS, DataDir, DataDirError
 from keyload.errors import CommandRejected, KeyloadError
 from keyload.log.base import LogError, partition_for
 from keyload.log.codec import CodecError
@@ -204,16 +204,24 @@ def cmd_replay(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_drill(args: argparse.Namespace) -> int:
-    data = DataDir.open(args.data)
-    partition = _partition(args, data)
-    from_checkpoint = args.from_checkpoint
-    if from_checkpoint == "latest":
+def _checkpoint_offset(choice: str | None, data: DataDir, partition: int) -> int | None:
+    """The offset named by --from-checkpoint: None (offset 0), 'latest', or a number."""
+    if choice is None:
+        return None
+    if choice == "latest":
         manifests = data.checkpoints(partition)
         if not manifests:
             raise UsageError(f"partition {partition} has no checkpoint; take one with `keyload checkpoint`")
-        from_checkpoint = manifests[-1].offset
-    start = None if from_checkpoint is None else int(from_checkpoint)
+        return manifests[-1].offset
+    if not choice.isdigit():
+        raise UsageError("--from-checkpoint must be 'latest' or a checkpoint offset")
+    return int(choice)
+
+
+def cmd_drill(args: argparse.Namespace) -> int:
+    data = DataDir.open(args.data)
+    partition = _partition(args, data)
+    start = _checkpoint_offset(args.from_checkpoint, data, partition)
     with tempfile.TemporaryDirectory(prefix="keyload-drill-") as scratch:
         report = drill(data, partition, Path(scratch) / "projection", start, progress=not args.quiet)
     verdict = "PASS" if report.passed else "FAIL"
@@ -258,6 +266,12 @@ def _add_policy_options(parser: argparse.ArgumentParser) -> None:
         parser.add_argument(f"--{name.replace('_', '-')}", dest=name, choices=choices)
 
 
+def _positive(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return int(text)
+
+
 def build_parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument(
@@ -274,8 +288,13 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     run = sub.add_parser("run", parents=[common], help="run the processors (and ticker) over the data directory")
-    run.add_argument("--partitions", type=int, default=4, help="partition count when creating a data directory")
-    run.add_argument("--tick-interval-ms", type=int, default=DEFAULT_TICK_INTERVAL_MS)
+    run.add_argument(
+        "--partitions",
+        type=_positive,
+        default=DEFAULT_PARTITIONS,
+        help="partition count when creating a data directory",
+    )
+    run.add_argument("--tick-interval-ms", type=_positive, default=DEFAULT_TICK_INTERVAL_MS)
     run.add_argument("--until-idle", action="store_true", help="exit once every partition is caught up")
     run.set_defaults(func=cmd_run)
 

@@ -10,9 +10,10 @@ from typing import Any, TypeVar
 from keyload.datadir import DataDir
 from keyload.log.base import partition_for
 from keyload.log.codec import REGISTRY
+from keyload.processors import limits
 from keyload.runtime import domain_for_partition
 
-from .errors import OutcomeTimeout, rejection
+from .errors import KeyloadError, OutcomeTimeout, rejection
 from .results import (
     CheckpointResult,
     EnqueueResult,
@@ -28,6 +29,12 @@ OUTCOME_POLL_S = 0.002
 OUTCOME_READ_BATCH = 256
 
 T = TypeVar("T")
+
+
+def check_command_id(command_id: str) -> None:
+    """The processor's rule, checked before appending: a bad id would never get an outcome."""
+    if not 1 <= len(command_id) <= limits.MAX_COMMAND_ID_CHARS or not limits.ID_PATTERN.fullmatch(command_id):
+        raise ValueError(f"command id must be 1..{limits.MAX_COMMAND_ID_CHARS} printable ASCII characters")
 
 
 class Client:
@@ -79,6 +86,7 @@ class Client:
     ) -> Outcome:
         """Append one command and wait for its outcome (committed or rejected)."""
         command_id = command_id or str(uuid.uuid4())
+        check_command_id(command_id)
         envelope = {
             "command_id": command_id,
             "domain": domain,
@@ -90,26 +98,28 @@ class Client:
         value = REGISTRY.encode("keyload.Command", envelope)
         cursor = self._outcomes.end_offset(self.reply_partition)
         self._commands.append(partition_for(domain, self.data.partitions), [value])
-        return self._await(command_id, cursor, self.timeout_s if timeout_s is None else timeout_s)
+        return self._await(command_id, domain, cursor, self.timeout_s if timeout_s is None else timeout_s)
 
-    def _await(self, command_id: str, cursor: int, timeout_s: float) -> Outcome:
+    def _await(self, command_id: str, domain: str, cursor: int, timeout_s: float) -> Outcome:
+        """Tail the reply partition from `cursor` for the outcome of (domain, command id)."""
         deadline = time.monotonic() + timeout_s
-        while True:
+        while time.monotonic() < deadline:
             records = self._outcomes.read(self.reply_partition, cursor, OUTCOME_READ_BATCH)
             for record in records:
                 cursor = record.offset + 1
                 decoded = REGISTRY.decode("keyload.Outcome", record.value)
-                if decoded["command_id"] == command_id:
+                if decoded["command_id"] == command_id and decoded["domain"] == domain:
                     return Outcome.from_record(decoded)
             if not records:
-                if time.monotonic() >= deadline:
-                    raise OutcomeTimeout(command_id, timeout_s)
                 time.sleep(OUTCOME_POLL_S)
+        raise OutcomeTimeout(command_id, timeout_s)
 
     def _result(self, outcome: Outcome, kind: type[T]) -> T:
         if outcome.status != "committed":
             raise rejection(outcome)
-        assert isinstance(outcome.result, kind), f"expected {kind.__name__}, got {outcome.result!r}"
+        if not isinstance(outcome.result, kind):
+            # Only a client bug gets here: the same command id used for two kinds of command.
+            raise KeyloadError(f"command {outcome.command_id!r} produced {type(outcome.result).__name__}")
         return outcome.result
 
     # -- queues ---------------------------------------------------------------------------

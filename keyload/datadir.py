@@ -45,9 +45,10 @@ class DataDir:
             ) from None
         except (OSError, ValueError) as exc:
             raise DataDirError(f"cannot read {path / CONFIG}: {exc}") from exc
-        if raw.get("format") != FORMAT:
-            raise DataDirError(f"{path} has data format {raw.get('format')}, this keyload reads {FORMAT}")
-        return DataDir(path, int(raw["partitions"]), int(raw["outcome_partitions"]))
+        if not isinstance(raw, dict) or raw.get("format") != FORMAT:
+            found = raw.get("format") if isinstance(raw, dict) else None
+            raise DataDirError(f"{path / CONFIG} is not data format {FORMAT} (found {found!r})")
+        return DataDir(path, _count(raw, "partitions", path), _count(raw, "outcome_partitions", path))
 
     @staticmethod
     def create(
@@ -105,6 +106,13 @@ class DataDir:
     def check_partition(self, partition: int) -> None:
         if not 0 <= partition < self.partitions:
             raise DataDirError(f"partition must be 0..{self.partitions - 1}")
+
+
+def _count(raw: dict[str, object], name: str, path: Path) -> int:
+    value = raw.get(name)
+    if not isinstance(value, int) or not 1 <= value <= MAX_PARTITIONS:
+        raise DataDirError(f"{path / CONFIG}: {name} must be 1..{MAX_PARTITIONS}")
+    return value
 
 
 def find_checkpoint(data: DataDir, partition: int, offset: int) -> Manifest:

@@ -42,7 +42,7 @@ class DrillReport:
 def restore_checkpoint(manifest_dir: Path, into: Path) -> Manifest:
     """Copy a verified checkpoint into an empty directory as a writable projection."""
     manifest = verify_checkpoint(manifest_dir)
-    shutil.copytree(manifest_dir / CHECKPOINT_DB, into)
+    shutil.copytree(manifest_dir / CHECKPOINT_DB, into, dirs_exist_ok=True)
     return manifest
 
 

@@ -157,6 +157,7 @@ class Outcome:
     """The durable receipt of one command."""
 
     command_id: str
+    domain: str
     partition: int
     offset: int
     eval_time_ms: int
@@ -171,6 +172,7 @@ class Outcome:
         typed = None if result is None else _RESULTS[result[0]](result[1])
         return cls(
             command_id=record["command_id"],
+            domain=record["domain"],
             partition=record["partition"],
             offset=record["offset"],
             eval_time_ms=record["eval_time_ms"],

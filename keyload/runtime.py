@@ -66,6 +66,12 @@ class PartitionProcessor:
         self.last_checkpoint: Manifest | None = None
         self._applied = store.applied_offset
         self._last_time = store.last_time_ms
+        end = log.end_offset(partition)
+        if self._applied >= end:
+            # The projection applied records the log no longer has (its tail was lost
+            # after a crash): applying new records at those offsets would skip them.
+            reason = f"RecoveryRequired: projection applied offset {self._applied} but the log ends at {end - 1}"
+            self.halt = Halt(partition, self._applied, reason)
 
     @property
     def applied_offset(self) -> int:
@@ -94,10 +100,13 @@ class PartitionProcessor:
             except Corruption as exc:
                 self.halt = Halt(self.partition, record.offset, f"Corruption: {exc}")
                 break
+            except Exception as exc:  # a processor bug: stop this partition, not the service
+                self.halt = Halt(self.partition, record.offset, f"RecoveryRequired: {type(exc).__name__}: {exc}")
+                break
             applied, last_time = record.offset, now_ms
             if result.outcome is not None and self._publishes_to(result.reply_to):
                 published.setdefault(result.reply_to, []).append(result.outcome)
-            if result.kind == CHECKPOINT_KIND:
+            if result.kind == CHECKPOINT_KIND and result.committed:
                 take_checkpoint = True
                 break  # a checkpoint is taken exactly at its command's offset
         count = applied - self._applied
@@ -106,6 +115,7 @@ class PartitionProcessor:
         for reply_partition, values in published.items():
             assert self.outcomes is not None
             self.outcomes.append(reply_partition, values)
+        self.log.sync_through(self.partition, applied)
         self.store.commit(stage.encoded_writes(), applied, last_time)
         self._applied, self._last_time = applied, last_time
         if take_checkpoint and self.checkpoint_dir is not None:

@@ -66,4 +66,13 @@ class CommandLog(Protocol):
         """The offset the next appended record of `partition` will get."""
         ...
 
+    def sync_through(self, partition: int, offset: int) -> None:
+        """Make records through `offset` durable before a projection that applied them is.
+
+        A reader may see records an appender has written but not yet fsynced; the
+        processor calls this before committing so its projection is never ahead of
+        the durable log.
+        """
+        ...
+
     def close(self) -> None: ...

@@ -114,9 +114,10 @@ class SchemaRegistry:
             raise CodecError(f"expected {name}, found {writer.name}")
         current = self._current[name]
         reader = None if writer.schema is current else current
+        body = io.BytesIO(data[HEADER_BYTES:])
         try:
             record: Record = schemaless_reader(  # type: ignore[assignment]
-                io.BytesIO(data[HEADER_BYTES:]),
+                body,
                 writer.schema,
                 reader,
                 return_record_name=True,
@@ -124,6 +125,8 @@ class SchemaRegistry:
             )
         except Exception as exc:  # fastavro raises many types on malformed bodies
             raise CodecError(f"malformed {name} body: {type(exc).__name__}") from exc
+        if body.tell() != len(data) - HEADER_BYTES:
+            raise CodecError(f"malformed {name} body: {len(data) - HEADER_BYTES - body.tell()} trailing bytes")
         return record
 
     def _writer(self, data: bytes) -> _Writer:

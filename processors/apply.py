@@ -9,6 +9,7 @@ stores the outcome. Undecodable records become poison entries.
 from __future__ import annotations
 
 import hashlib
+import itertools
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -32,6 +33,20 @@ POISON = "keyload.PoisonEntry"
 FINGERPRINT_BYTES = 32
 INFORMATIONAL_TAIL = ("reply_to", "client_time_ms")
 assert tuple(f["name"] for f in REGISTRY.schema(COMMAND)["fields"][-2:]) == INFORMATIONAL_TAIL
+
+
+def _map_fields(schema: Any) -> dict[str, tuple[str, ...]]:
+    """Per command kind, its body's map fields: Avro maps have no order, so the fingerprint sorts them."""
+    [body] = [f for f in schema["fields"] if f["name"] == "body"]
+    found = {}
+    for branch in body["type"]:
+        names = tuple(f["name"] for f in branch["fields"] if isinstance(f["type"], dict) and f["type"]["type"] == "map")
+        if names:
+            found[branch["name"]] = names
+    return found
+
+
+MAP_FIELDS = _map_fields(REGISTRY.schema(COMMAND))
 CHECKPOINT_KIND = "keyload.command.Checkpoint"
 TICK_KIND = "keyload.command.Tick"
 # Commands that are idempotent by nature: their outcomes are published, not stored,
@@ -44,7 +59,7 @@ HANDLERS: dict[str, Handler] = {
     "keyload.command.Enqueue": queues.enqueue,
     "keyload.command.InspectQueue": queues.inspect_queue,
     "keyload.command.InspectMessage": queues.inspect_message,
-    TICK_KIND: queues.tick,
+    TICK_KIND: lambda stage, body, ctx: ctx.fired,
     CHECKPOINT_KIND: lambda stage, body, ctx: {"offset": ctx.offset},
 }
 
@@ -67,45 +82,71 @@ class Applied:
     outcome: bytes | None
     reply_to: int | None
     kind: str | None
+    committed: bool
+
+
+POISON_APPLIED = Applied(None, None, None, False)
 
 
 def fingerprint(command: Record, value: bytes) -> bytes:
     """SHA-256 over the command's canonical bytes: its Avro encoding under the current
-    schema, up to the informational tail (reply-to, client time) that retries may change.
+    schema, maps in key order, up to the informational tail (reply-to, client time)
+    that retries may change.
 
     The tail fields are the envelope's last ones, so the canonical bytes are a prefix
-    of the record as written whenever it was written under the current schema.
+    of the record as written whenever it was written under the current schema with
+    its maps in key order: the common case needs no re-encoding.
     """
-    encoded = value[HEADER_BYTES:] if REGISTRY.is_current(COMMAND, value) else REGISTRY.encode_body(COMMAND, command)
+    kind, body = command["body"]
+    maps = MAP_FIELDS.get(kind, ())
+    if REGISTRY.is_current(COMMAND, value) and all(_in_key_order(body[name]) for name in maps):
+        encoded = value[HEADER_BYTES:]
+    else:
+        canonical_body = dict(body, **{name: dict(sorted(body[name].items())) for name in maps})
+        encoded = REGISTRY.encode_body(COMMAND, dict(command, body=(kind, canonical_body)))
     tail = sum(len(encoded_optional_long(command[field])) for field in INFORMATIONAL_TAIL)
     return hashlib.sha256(encoded[: len(encoded) - tail]).digest()
 
 
+def _in_key_order(mapping: dict[str, Any]) -> bool:
+    return all(a < b for a, b in itertools.pairwise(mapping))
+
+
 def apply_record(stage: Staged, value: bytes, partition: int, partitions: int, offset: int, now_ms: int) -> Applied:
+    """Apply one record at evaluation time `now_ms`.
+
+    Every record first lets log time advance: timers due by `now_ms` fire (within
+    the tick budget) whatever the record turns out to be.
+    """
+    fired = queues.fire_due(stage, now_ms)
     try:
         command = REGISTRY.decode(COMMAND, value)
     except CodecError as exc:
         _record_poison(stage, value, offset, now_ms, str(exc))
-        return Applied(None, None, None)
+        return POISON_APPLIED
     command_id: str = command["command_id"]
     if not 1 <= len(command_id) <= limits.MAX_COMMAND_ID_CHARS or not limits.ID_PATTERN.fullmatch(command_id):
         _record_poison(stage, value, offset, now_ms, "command id is not 1..128 printable ASCII characters")
-        return Applied(None, None, None)
+        return POISON_APPLIED
     kind, body = command["body"]
+    domain: str = command["domain"]
     reply_to = command["reply_to"]
+    outcome = _outcome(command_id, domain, partition, offset, now_ms)
+    if not valid_domain(domain):
+        # Without a valid domain there is no key to store the outcome under: it is published only.
+        _reject(outcome, Rejected(ErrorCode.VALIDATION, DOMAIN_RULE))
+        return Applied(REGISTRY.encode(OUTCOME, outcome), reply_to, kind, False)
     print_ = fingerprint(command, value)
 
-    stored = None if kind in UNSTORED_KINDS else stage.get(keys.outcome(command["domain"], command_id))
+    stored = None if kind in UNSTORED_KINDS else stage.get(keys.outcome(domain, command_id))
     if stored is not None:
         if stored[:FINGERPRINT_BYTES] == print_:
-            return Applied(stored[FINGERPRINT_BYTES:], reply_to, kind)
-        conflict = _outcome(command_id, partition, offset, now_ms, None, None)
-        _reject(conflict, Rejected(ErrorCode.CONFLICT, "command id was used for a different command"))
-        return Applied(REGISTRY.encode(OUTCOME, conflict), reply_to, kind)
+            return Applied(stored[FINGERPRINT_BYTES:], reply_to, kind, False)
+        _reject(outcome, Rejected(ErrorCode.CONFLICT, "command id was used for a different command"))
+        return Applied(REGISTRY.encode(OUTCOME, outcome), reply_to, kind, False)
 
-    ctx = Context(partition, offset, now_ms, command["domain"], command["principal"])
+    ctx = Context(partition, offset, now_ms, domain, command["principal"], fired)
     child = Staged(stage)
-    outcome = _outcome(command_id, partition, offset, now_ms, None, None)
     try:
         _check_envelope(ctx, partitions)
         authorize(ctx, kind)
@@ -117,33 +158,41 @@ def apply_record(stage: Staged, value: bytes, partition: int, partitions: int, o
         _reject(outcome, rejection)
     encoded = REGISTRY.encode(OUTCOME, outcome)
     if kind not in UNSTORED_KINDS:
-        stage.put(keys.outcome(ctx.domain, command_id), print_ + encoded)
-    return Applied(encoded, reply_to, kind)
+        stage.put(keys.outcome(domain, command_id), print_ + encoded)
+    return Applied(encoded, reply_to, kind, outcome["status"] == "committed")
+
+
+DOMAIN_RULE = f"domain must be 1..{limits.MAX_DOMAIN_CHARS} characters matching {limits.DOMAIN_PATTERN.pattern}"
+
+
+def valid_domain(domain: str) -> bool:
+    return 1 <= len(domain) <= limits.MAX_DOMAIN_CHARS and limits.DOMAIN_PATTERN.fullmatch(domain) is not None
 
 
 def _check_envelope(ctx: Context, partitions: int) -> None:
-    queues.check_name("domain", ctx.domain, limits.MAX_DOMAIN_CHARS, limits.DOMAIN_PATTERN)
     if partition_for(ctx.domain, partitions) != ctx.partition:
         raise Rejected(ErrorCode.VALIDATION, "domain does not belong to this partition")
     if not 1 <= len(ctx.principal) <= limits.MAX_PRINCIPAL_CHARS:
         raise Rejected(ErrorCode.VALIDATION, f"principal must be 1..{limits.MAX_PRINCIPAL_CHARS} characters")
 
 
-def _outcome(command_id: str, partition: int, offset: int, now_ms: int, code: str | None, result: Any) -> Record:
+def _outcome(command_id: str, domain: str, partition: int, offset: int, now_ms: int) -> Record:
     return {
         "command_id": command_id,
+        "domain": domain,
         "partition": partition,
         "offset": offset,
         "eval_time_ms": now_ms,
         "status": "committed",
-        "error_code": code,
+        "error_code": None,
         "detail": "",
-        "result": result,
+        "result": None,
     }
 
 
 def _reject(outcome: Record, rejection: Rejected) -> None:
-    outcome.update(status="rejected", error_code=str(rejection.code), detail=rejection.detail, result=None)
+    detail = rejection.detail[: limits.MAX_DETAIL_CHARS]
+    outcome.update(status="rejected", error_code=str(rejection.code), detail=detail, result=None)
 
 
 def _record_poison(stage: Staged, value: bytes, offset: int, now_ms: int, reason: str) -> None:

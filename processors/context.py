@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 
 @dataclass(frozen=True, slots=True)
@@ -12,3 +13,4 @@ class Context:
     now_ms: int  # the record's append time, clamped to be non-decreasing per partition
     domain: str
     principal: str
+    fired: dict[str, Any]  # what advancing log time to now_ms did before this command (a TickResult)

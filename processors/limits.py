@@ -16,6 +16,7 @@ MAX_HEADER_NAME_CHARS = 128
 MAX_HEADERS_BYTES = 16 * 1024
 MAX_SCHEDULE_AHEAD_MS = 365 * 24 * 3600 * 1000
 TICK_EXAMINATION_BUDGET = 256
+MAX_DETAIL_CHARS = 512  # an outcome's error detail is cut to this
 
 # Identifiers: printable ASCII without spaces (command and message ids); stricter
 # names for domains, queues and header names so they read well in URLs and CLIs.

@@ -48,9 +48,10 @@ _ZERO_COUNTERS = {
 
 
 def load_queue(stage: Staged, domain: str, name: str) -> Record:
+    check_name("queue name", name, limits.MAX_QUEUE_NAME_CHARS, limits.QUEUE_NAME_PATTERN)
     record = stage.get_record(keys.queue(domain, name), QUEUE_RECORD)
     if record is None:
-        raise Rejected(ErrorCode.NOT_FOUND, f"queue {name!r} does not exist")
+        raise Rejected(ErrorCode.NOT_FOUND, "queue does not exist")
     return record
 
 
@@ -135,9 +136,10 @@ def _expire(stage: Staged, record: Record, message_id: str, meta: Record, now_ms
     queue_id = record["view"]["incarnation"]
     counters = record["view"]["counters"]
     if meta["state"] == "scheduled":
-        stage.delete(keys.timer(queue_id, meta["not_before_ms"], keys.TIMER_NOT_BEFORE, meta["enqueue_sequence"]))
+        index = keys.timer(queue_id, meta["not_before_ms"], keys.TIMER_NOT_BEFORE, meta["enqueue_sequence"])
     else:
-        stage.delete(keys.ready(queue_id, meta["ready_sequence"]))
+        index = keys.ready(queue_id, meta["ready_sequence"])
+    remove_index_row(stage, index, message_id)
     adjust(counters, meta["state"], -1)
     adjust(counters, "stored_messages", -1)
     adjust(counters, "stored_bytes", -meta["body_bytes"])
@@ -146,6 +148,13 @@ def _expire(stage: Staged, record: Record, message_id: str, meta: Record, now_ms
     meta["state"] = "expired"
     meta["ready_sequence"] = None
     meta["terminal_at_ms"] = now_ms
+
+
+def remove_index_row(stage: Staged, key: bytes, message_id: str) -> None:
+    """Delete an index row that must exist and name `message_id`; anything else is corruption."""
+    if stage.get(key) != message_id.encode("utf-8"):
+        raise Corruption(f"index row {key.hex()} is missing or names another message")
+    stage.delete(key)
 
 
 def fire_due_timers(stage: Staged, record: Record, now_ms: int, budget: int) -> tuple[int, int]:
@@ -207,7 +216,7 @@ def create_queue(stage: Staged, body: Record, ctx: Context) -> Record:
     check_name("queue name", name, limits.MAX_QUEUE_NAME_CHARS, limits.QUEUE_NAME_PATTERN)
     policy = resolve_policy(body["policy"])
     if stage.get(keys.queue(ctx.domain, name)) is not None:
-        raise Rejected(ErrorCode.CONFLICT, f"queue {name!r} already exists")
+        raise Rejected(ErrorCode.CONFLICT, "queue already exists")
     raw_next = stage.get(keys.NEXT_QUEUE_ID)
     queue_id = 1 if raw_next is None else keys.read_u64(raw_next)
     stage.put(keys.NEXT_QUEUE_ID, keys.u64(queue_id + 1))
@@ -276,7 +285,7 @@ def enqueue(stage: Staged, body: Record, ctx: Context) -> Record:
             raise Rejected(ErrorCode.VALIDATION, "expires_at_ms must be after not_before_ms")
     queue_id = queue["incarnation"]
     if stage.get(keys.message(queue_id, message_id)) is not None:
-        raise Rejected(ErrorCode.CONFLICT, f"message id {message_id!r} is already used in this queue")
+        raise Rejected(ErrorCode.CONFLICT, "message id is already used in this queue")
     counters, policy = queue["counters"], queue["policy"]
     if counters["stored_messages"] + 1 > policy["max_stored_messages"]:
         raise Rejected(ErrorCode.RESOURCE_EXHAUSTED, "queue is at max_stored_messages")
@@ -301,7 +310,7 @@ def enqueue(stage: Staged, body: Record, ctx: Context) -> Record:
         "lease_owner": None,
         "lease_until_ms": None,
         "body_bytes": len(payload),
-        "headers": body["headers"],
+        "headers": dict(sorted(body["headers"].items())),
         "ordering_key": ordering_key,
         "terminal_at_ms": None,
     }
@@ -337,17 +346,22 @@ def inspect_queue(stage: Staged, body: Record, ctx: Context) -> Record:
 def inspect_message(stage: Staged, body: Record, ctx: Context) -> Record:
     record = load_queue(stage, ctx.domain, body["queue"])
     queue_id = record["view"]["incarnation"]
+    check_name("message id", body["message_id"], limits.MAX_MESSAGE_ID_CHARS, limits.ID_PATTERN)
     meta = load_message(stage, queue_id, body["message_id"])
     if meta is None:
-        raise Rejected(ErrorCode.NOT_FOUND, f"message {body['message_id']!r} does not exist")
+        raise Rejected(ErrorCode.NOT_FOUND, "message does not exist")
     payload = stage.get(keys.body(queue_id, body["message_id"])) if body["include_body"] else None
     if meta["state"] in LIVE_STATES and payload is None and body["include_body"]:
-        raise Corruption(f"live message {body['message_id']!r} has no body")
+        raise Corruption(f"live message {meta['enqueue_sequence']} of queue {queue_id} has no body")
     return {"queue": body["queue"], "message_id": body["message_id"], "meta": meta, "body": payload}
 
 
-def tick(stage: Staged, body: Record, ctx: Context) -> Record:
-    """Fire due timers across the partition's queues, earliest first, within one budget."""
+def fire_due(stage: Staged, now_ms: int) -> Record:
+    """Fire due timers across the partition's queues, earliest first, within one budget.
+
+    Runs before every record is applied, so log time reaching a timer's due time is
+    what fires it; a Tick command is just a record that does nothing else.
+    """
     budget = limits.TICK_EXAMINATION_BUDGET
     examined = transitions = 0
     while examined < budget:
@@ -355,7 +369,7 @@ def tick(stage: Staged, body: Record, ctx: Context) -> Record:
         if first is None:
             break
         due_ms, queue_id = keys.parse_due_queue(first[0])
-        if due_ms > ctx.now_ms:
+        if due_ms > now_ms:
             break
         queue_key = stage.get(keys.queue_key(queue_id))
         record = None if queue_key is None else stage.get_record(queue_key, QUEUE_RECORD)
@@ -363,8 +377,9 @@ def tick(stage: Staged, body: Record, ctx: Context) -> Record:
             raise Corruption(f"due index names missing queue {queue_id}")
         if record["next_timer_ms"] != due_ms:
             raise Corruption(f"due index of queue {queue_id} disagrees with its record")
-        seen, moved = fire_due_timers(stage, record, ctx.now_ms, budget - examined)
-        assert seen > 0, "a due queue must have a due timer"
+        seen, moved = fire_due_timers(stage, record, now_ms, budget - examined)
+        if seen == 0:
+            raise Corruption(f"due index of queue {queue_id} names no due timer")
         examined += seen
         transitions += moved
         save_queue(stage, record)

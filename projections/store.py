@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import bisect
 import hashlib
 import json
 import os
@@ -78,12 +79,18 @@ class Staged:
     its parent, so a dropped child leaves the parent's records untouched.
     """
 
-    __slots__ = ("_base", "_loaded", "_writes")
+    __slots__ = ("_base", "_loaded", "_order", "_writes")
 
     def __init__(self, base: Readable) -> None:
         self._base = base
         self._writes: dict[bytes, bytes | _Pending | None] = {}
+        self._order: list[bytes] = []  # the keys of _writes, sorted, for range scans
         self._loaded: dict[bytes, Record] = {}  # decoded reads, never written
+
+    def _stage(self, key: bytes, value: bytes | _Pending | None) -> None:
+        if key not in self._writes:
+            bisect.insort(self._order, key)
+        self._writes[key] = value
 
     def get(self, key: bytes) -> bytes | None:
         if key in self._writes:
@@ -92,10 +99,10 @@ class Staged:
         return self._base.get(key)
 
     def put(self, key: bytes, value: bytes) -> None:
-        self._writes[key] = value
+        self._stage(key, value)
 
     def delete(self, key: bytes) -> None:
-        self._writes[key] = None
+        self._stage(key, None)
         self._loaded.pop(key, None)
 
     def get_record(self, key: bytes, name: str) -> Record | None:
@@ -123,18 +130,18 @@ class Staged:
             if value is None:
                 return None
             record = REGISTRY.decode(name, value)
-            self._writes[key] = _Pending(name, record)
+            self._stage(key, _Pending(name, record))
             return record
         if key in self._loaded:
             return self._loaded[key]
         return self.get_record(key, name)
 
     def put_record(self, key: bytes, name: str, record: Record) -> None:
-        self._writes[key] = _Pending(name, record)
+        self._stage(key, _Pending(name, record))
         self._loaded.pop(key, None)
 
     def scan(self, start: bytes, end: bytes) -> Iterator[tuple[bytes, bytes]]:
-        staged = sorted(k for k in self._writes if start <= k < end)
+        staged = self._order[bisect.bisect_left(self._order, start) : bisect.bisect_left(self._order, end)]
         base = self._base.scan(start, end)
         base_item = next(base, None)
         i = 0
@@ -159,8 +166,8 @@ class Staged:
 
     def merge_into(self, parent: Staged) -> None:
         """Hand this stage's writes to `parent`; the records now belong to it."""
-        parent._writes.update(self._writes)
-        for key in self._writes:
+        for key, value in self._writes.items():
+            parent._stage(key, value)
             parent._loaded.pop(key, None)
 
     def encoded_writes(self) -> dict[bytes, bytes | None]:

@@ -69,3 +69,43 @@ def test_an_unreadable_command_id_is_poison_not_an_outcome(embedded: Embedded) -
         "command id is not 1..128 printable ASCII characters"
     ] * 2
     assert embedded.submit(D, CREATE_QUEUE, create_queue_body("jobs")).status == "committed"
+
+
+def test_an_invalid_domain_is_rejected_and_the_partition_goes_on(embedded: Embedded) -> None:
+    """Even a domain too long to key anything by gets a (published, unstored) Validation outcome."""
+    from .support import INSPECT_QUEUE as INSPECT
+
+    for domain in ("a" * 300, "é" * 200, "UPPER", ""):
+        value = command(domain, INSPECT, {"queue": "jobs"}, f"bad-{len(domain)}", reply_to=0)
+        embedded.log.append(embedded.partition(D), [value])
+    embedded.run()
+    published = [REGISTRY.decode("keyload.Outcome", r.value) for r in embedded.outcomes.read(0, 0, 100)]
+    assert [(o["status"], o["error_code"]) for o in published] == [("rejected", "Validation")] * 4
+    assert all("domain must be" in o["detail"] for o in published)
+    assert embedded.submit(D, CREATE_QUEUE, create_queue_body("jobs")).status == "committed"
+
+
+def test_client_strings_are_never_echoed_in_details(embedded: Embedded) -> None:
+    from .support import INSPECT_MESSAGE
+
+    secret = "secret-token-abc"
+    embedded.submit(D, CREATE_QUEUE, create_queue_body("jobs"))
+    huge_name = "\x00" * (2 * 1024 * 1024)
+    outcomes = [
+        embedded.submit(D, ENQUEUE, enqueue_body(secret, "m1")),
+        embedded.submit(D, ENQUEUE, enqueue_body(huge_name, "m1")),
+        embedded.submit(D, INSPECT_MESSAGE, {"queue": "jobs", "message_id": secret, "include_body": False}),
+    ]
+    embedded.submit(D, ENQUEUE, enqueue_body("jobs", secret))
+    outcomes.append(embedded.submit(D, ENQUEUE, enqueue_body("jobs", secret)))
+    assert [o.error_code for o in outcomes] == ["NotFound", "Validation", "NotFound", "Conflict"]
+    for outcome in outcomes:
+        assert secret not in outcome.detail and len(outcome.detail) <= limits.MAX_DETAIL_CHARS
+
+
+def test_trailing_bytes_after_a_command_are_poison(embedded: Embedded) -> None:
+    value = command(D, CREATE_QUEUE, create_queue_body("jobs"), "with-tail")
+    offset = embedded.append(D, value + b"\x00\x00")
+    embedded.run()
+    [entry] = poison_entries(embedded)
+    assert entry["offset"] == offset and "trailing bytes" in str(entry["reason"])

@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from keyload.datadir import DataDir
+
 from .support import keyload_command, start_service, stop_service
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -32,6 +34,18 @@ def test_errors_without_a_service_are_one_line(tmp_path: Path) -> None:
     result = keyload("drill", "--data", missing, "--partition", "0")
     assert_one_clear_line(result, 1, "is not a keyload data directory")
     assert keyload("frobnicate").returncode == 2  # argparse usage error
+    assert keyload("run", "--data", missing, "--tick-interval-ms", "0").returncode == 2
+    assert "Traceback" not in keyload("run", "--data", missing, "--tick-interval-ms", "0").stderr
+
+    DataDir.create(tmp_path / "data")
+    data = str(tmp_path / "data")
+    result = keyload("enqueue", "--data", data, "--domain", "d", "--queue", "q", "--body", "x", "--command-id", "a b")
+    assert_one_clear_line(result, 1, "command id must be 1..128 printable ASCII characters")
+    result = keyload("drill", "--data", data, "--partition", "0", "--from-checkpoint", "abc")
+    assert_one_clear_line(result, 2, "--from-checkpoint must be 'latest' or a checkpoint offset")
+    for broken in ("[]", '{"format": 1}', '{"format": 1, "partitions": 0, "outcome_partitions": 8}'):
+        (tmp_path / "data" / "keyload.json").write_text(broken)
+        assert_one_clear_line(keyload("status", "--data", data), 1, "keyload.json")
 
 
 @pytest.mark.slow
@@ -53,6 +67,23 @@ def test_commands_against_a_running_service(tmp_path: Path) -> None:
             1,
             "no checkpoint at offset 1",
         )
+        # Replay from one past a checkpoint, into an existing empty directory.
+        checkpoint = keyload("checkpoint", "--data", data, "--domain", "shop")
+        assert checkpoint.returncode == 0, checkpoint.stderr
+        offset = int(checkpoint.stdout.split("at offset ")[1].split(":")[0])
+        (tmp_path / "empty").mkdir()
+        replayed = keyload(
+            "replay",
+            "--data",
+            data,
+            "--domain",
+            "shop",
+            "--from-offset",
+            str(offset + 1),
+            "--into",
+            str(tmp_path / "empty"),
+        )
+        assert replayed.returncode == 0 and f"offset {offset}," in replayed.stdout, replayed
         inspected = keyload(
             "inspect", "--data", data, "--domain", "shop", "--queue", "orders", "--message", "a", "--body"
         )

@@ -40,6 +40,16 @@ class QueueMachine(RuleBasedStateMachine):
         self.messages: dict[str, ModelMessage] = {}
         self.expired_total = 0
 
+    def fire_due(self) -> None:
+        """Every applied command first lets log time fire what is due."""
+        now = self.embedded.now_ms
+        for message in self.live():
+            if message.expires_at is not None and message.expires_at <= now:
+                message.state = "expired"
+                self.expired_total += 1
+            elif message.state == "scheduled" and message.not_before is not None and message.not_before <= now:
+                message.state = "ready"
+
     def live(self) -> list[ModelMessage]:
         return [m for m in self.messages.values() if m.state in ("scheduled", "ready")]
 
@@ -55,6 +65,7 @@ class QueueMachine(RuleBasedStateMachine):
         message_id = f"m{len(self.messages)}"
         fields = {"not_before_ms": not_before, "expires_at_ms": expires_at}
         outcome = self.embedded.submit(D, ENQUEUE, enqueue_body("jobs", message_id, b"b" * size, **fields))
+        self.fire_due()
         live = self.live()
         fits = len(live) + 1 <= self.max_messages and sum(m.size for m in live) + size <= MAX_BYTES
         if not fits:
@@ -70,15 +81,9 @@ class QueueMachine(RuleBasedStateMachine):
 
     @rule()
     def tick(self) -> None:
-        now = self.embedded.now_ms
         outcome = self.embedded.submit(D, TICK, {})
         assert outcome.status == "committed"
-        for message in self.live():
-            if message.expires_at is not None and message.expires_at <= now:
-                message.state = "expired"
-                self.expired_total += 1
-            elif message.state == "scheduled" and message.not_before is not None and message.not_before <= now:
-                message.state = "ready"
+        self.fire_due()
 
     @precondition(lambda self: len(self.messages) > 0)
     @rule(limit=st.integers(1, 15))
@@ -86,6 +91,7 @@ class QueueMachine(RuleBasedStateMachine):
         policy = create_queue_body("jobs", max_stored_messages=limit, max_stored_bytes=MAX_BYTES)["policy"]
         body = {"queue": "jobs", "policy": policy, "expected_policy_version": None}
         assert self.embedded.submit(D, CONFIGURE_QUEUE, body).status == "committed"
+        self.fire_due()
         self.max_messages = limit
 
     @invariant()

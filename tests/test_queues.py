@@ -229,3 +229,12 @@ def test_timers_of_several_queues_fire_in_due_order(embedded: Embedded) -> None:
     assert embedded.submit(D, TICK, {}).result == TickResult(2, False, start + 30)
     embedded.now_ms = start + 30
     assert embedded.submit(D, TICK, {}).result == TickResult(1, False, None)
+
+
+def test_any_command_fires_due_timers_not_only_tick(embedded: Embedded) -> None:
+    """Log time reaching a timer fires it: an enqueue after an expiry finds the slot free."""
+    embedded.submit(D, CREATE_QUEUE, create_queue_body("jobs", max_stored_messages=1))
+    embedded.submit(D, ENQUEUE, enqueue_body("jobs", "m1", expires_at_ms=embedded.now_ms + 100))
+    embedded.now_ms += 60_000
+    assert embedded.submit(D, ENQUEUE, enqueue_body("jobs", "m2")).status == "committed"
+    assert message_view(embedded, "m1").meta.state == "expired"

@@ -90,3 +90,43 @@ def test_ticker_appends_a_tick_only_when_a_timer_is_due(embedded: Embedded) -> N
     embedded.run()
     assert embedded.processors[partition].next_timer_ms() is None
     assert ticker.poll(embedded.processors, due + 1_000) == 0
+
+
+def test_a_missing_index_row_is_corruption_not_repaired(embedded: Embedded) -> None:
+    embedded.submit(D, CREATE_QUEUE, create_queue_body("jobs"))
+    embedded.submit(D, ENQUEUE, enqueue_body("jobs", "m1", expires_at_ms=embedded.now_ms + 10))
+    store = embedded.store(D)
+    [(ready_key, _)] = store.scan(keys.READY, keys.prefix_end(keys.READY))
+    store._db.delete(ready_key)  # bit rot, outside the log
+    embedded.now_ms += 10
+    offset = embedded.append(D, command(D, TICK, {}))
+    embedded.run()
+    halt = embedded.processors[embedded.partition(D)].halt
+    assert halt is not None and halt.offset == offset and "index row" in halt.reason
+    assert store.applied_offset == offset - 1
+
+
+def test_a_rejected_checkpoint_command_takes_no_checkpoint(embedded: Embedded) -> None:
+    embedded.append(D, command(D, CHECKPOINT, {}, principal=""))
+    embedded.run()
+    assert embedded.data.checkpoints(embedded.partition(D)) == []
+
+
+def test_a_projection_ahead_of_its_log_halts_instead_of_skipping_records(tmp_path: Path) -> None:
+    """After a crash that lost the log's tail, new records would reuse applied offsets: refuse."""
+    import shutil
+
+    first = Embedded(tmp_path / "data")
+    first.submit(D, CREATE_QUEUE, create_queue_body("jobs"))
+    first.submit(D, ENQUEUE, enqueue_body("jobs", "m1"))
+    first.close()
+    segments = tmp_path / "data" / "log" / "commands" / f"p-{first.partition(D):04d}"
+    shutil.rmtree(segments)  # the log lost everything the projection applied
+    second = Embedded(tmp_path / "data")
+    try:
+        processor = second.processors[second.partition(D)]
+        assert processor.halt is not None and processor.halt.reason.startswith("RecoveryRequired")
+        second.append(D, command(D, ENQUEUE, enqueue_body("jobs", "m2")))
+        assert processor.step() == 0
+    finally:
+        second.close()

@@ -140,3 +140,13 @@ def test_fingerprint_ignores_the_informational_tail_and_nothing_else(
     assert fingerprint(retried, b"\xc3\x01" + b"\x00" * 8 + retried_bytes[10:]) == fingerprint(plain, plain_bytes)
     changed = dict(plain, body=(ENQUEUE, dict(plain["body"][1], body=body + b"!")))
     assert fingerprint(changed, REGISTRY.encode("keyload.Command", changed)) != fingerprint(plain, plain_bytes)
+
+
+def test_fingerprint_does_not_depend_on_header_order() -> None:
+    forward = command("acme", ENQUEUE, enqueue_body("q", "m", headers={"a": "1", "b": "2"}), "c-1")
+    backward = command("acme", ENQUEUE, enqueue_body("q", "m", headers={"b": "2", "a": "1"}), "c-1")
+    assert forward != backward
+    decode = REGISTRY.decode
+    assert fingerprint(decode("keyload.Command", forward), forward) == fingerprint(
+        decode("keyload.Command", backward), backward
+    )
