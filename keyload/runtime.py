@@ -22,7 +22,7 @@ from keyload.log.base import CommandLog, partition_for
 from keyload.log.codec import REGISTRY
 from keyload.processors.apply import CHECKPOINT_KIND, apply_record
 from keyload.processors.errors import Corruption
-from keyload.projections import keys
+from keyload.processors.queues import next_due_ms
 from keyload.projections.store import Manifest, Staged, Store
 from keyload.version import __version__
 
@@ -130,8 +130,7 @@ class PartitionProcessor:
 
     def next_timer_ms(self) -> int | None:
         """Due time of the earliest pending timer in the projection, if any."""
-        first = self.store.first(keys.DUE_QUEUE, keys.prefix_end(keys.DUE_QUEUE))
-        return None if first is None else keys.parse_due_queue(first[0])[0]
+        return next_due_ms(self.store)
 
 
 def domain_for_partition(partition: int, partitions: int) -> str:

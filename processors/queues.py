@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from keyload.projections import keys
-from keyload.projections.store import Staged
+from keyload.projections.store import Readable, Staged
 
 from . import limits
 from .context import Context
@@ -120,6 +120,17 @@ def _refresh_due(stage: Staged, record: Record) -> None:
     if earliest is not None:
         stage.put(keys.due_queue(earliest, queue_id), b"")
     record["next_timer_ms"] = earliest
+    first_due = stage.first(keys.DUE_QUEUE, keys.prefix_end(keys.DUE_QUEUE))
+    if first_due is None:
+        stage.delete(keys.NEXT_DUE)
+    else:
+        stage.put(keys.NEXT_DUE, keys.u64(keys.parse_due_queue(first_due[0])[0]))
+
+
+def next_due_ms(stage: Readable) -> int | None:
+    """The earliest timer of the partition: one read, so checking it costs every record little."""
+    raw = stage.get(keys.NEXT_DUE)
+    return None if raw is None else keys.read_u64(raw)
 
 
 def _make_ready(stage: Staged, record: Record, message_id: str, meta: Record) -> None:
@@ -365,12 +376,13 @@ def fire_due(stage: Staged, now_ms: int) -> Record:
     budget = limits.TICK_EXAMINATION_BUDGET
     examined = transitions = 0
     while examined < budget:
+        next_due = next_due_ms(stage)
+        if next_due is None or next_due > now_ms:
+            break
         first = stage.first(keys.DUE_QUEUE, keys.prefix_end(keys.DUE_QUEUE))
-        if first is None:
-            break
+        if first is None or keys.parse_due_queue(first[0])[0] != next_due:
+            raise Corruption("the partition's next due time disagrees with its due index")
         due_ms, queue_id = keys.parse_due_queue(first[0])
-        if due_ms > now_ms:
-            break
         queue_key = stage.get(keys.queue_key(queue_id))
         record = None if queue_key is None else stage.get_record(queue_key, QUEUE_RECORD)
         if record is None:
@@ -383,9 +395,4 @@ def fire_due(stage: Staged, now_ms: int) -> Record:
         examined += seen
         transitions += moved
         save_queue(stage, record)
-    following = stage.first(keys.DUE_QUEUE, keys.prefix_end(keys.DUE_QUEUE))
-    return {
-        "transitions": transitions,
-        "budget_exhausted": examined >= budget,
-        "next_due_ms": None if following is None else keys.parse_due_queue(following[0])[0],
-    }
+    return {"transitions": transitions, "budget_exhausted": examined >= budget, "next_due_ms": next_due_ms(stage)}

@@ -30,6 +30,7 @@ POISON = b"p"  # p | offset u64                                 -> PoisonEntry
 APPLIED_OFFSET = META + b"applied_offset"  # u64 offset of the last applied record
 LAST_TIME = META + b"last_time"  # u64 evaluation time of the last applied record
 NEXT_QUEUE_ID = META + b"next_queue_id"  # u64 queue incarnation allocator
+NEXT_DUE = META + b"next_due"  # u64 due time of the partition's earliest timer (absent: none)
 
 # Timer kinds, in the order they fire when due at the same instant.
 TIMER_EXPIRY = 0
