@@ -219,7 +219,9 @@ def apply_log(
     store = Store(projection)
     watch = Stopwatch()
     try:
-        processor = PartitionProcessor(work.partition, work.data.partitions, log, store, outcomes)
+        processor = PartitionProcessor(
+            work.partition, work.data.partitions, log, store, outcomes, keyring=work.data.keyring()
+        )
         target = work.records - 1
         if profiler is not None:
             profiler.enable()

@@ -18,6 +18,7 @@ from typing import Any
 
 from keyload.datadir import DEFAULT_PARTITIONS, DataDir, DataDirError
 from keyload.errors import CommandRejected, KeyloadError
+from keyload.keyring import KeyringError
 from keyload.log.base import LogError, partition_for
 from keyload.log.codec import CodecError
 from keyload.processors.policy import ENUM_FIELDS, INTEGER_FIELDS, SUBLIMIT_FIELDS
@@ -66,6 +67,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     data = DataDir.create(args.data, args.partitions)
     log = data.command_log()
     outcomes = data.outcome_log()
+    keys = data.keyring()
     stores: list[Store] = []
     try:
         processors = []
@@ -81,6 +83,7 @@ def cmd_run(args: argparse.Namespace) -> int:
                     store,
                     outcomes,
                     checkpoint_dir=functools.partial(data.checkpoint, partition),
+                    keyring=keys,
                 )
             )
         stop = Event()
@@ -376,6 +379,7 @@ def main(argv: list[str] | None = None) -> int:
     except (
         KeyloadError,
         DataDirError,
+        KeyringError,
         RecoveryError,
         StoreError,
         LogError,

@@ -1,6 +1,7 @@
 """The embedded deployment's data directory: one place for logs, projections and checkpoints.
 
 DATA/keyload.json                  partition counts (fixed at creation)
+DATA/keyring.json                  key material by id (keyload/keyring.py)
 DATA/log/commands/p-NNNN/          command log (file log segments)
 DATA/log/outcomes/p-NNNN/          outcome stream
 DATA/projections/p-NNNN/           RocksDB projection of a partition
@@ -14,6 +15,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from keyload import keyring
 from keyload.log.file_log import FileLog, FileLogConfig, FsyncPolicy
 from keyload.projections.store import MANIFEST, Manifest, StoreError
 
@@ -71,6 +73,7 @@ class DataDir:
         }
         temporary = path / (CONFIG + ".tmp")
         temporary.write_text(json.dumps(config, indent=2) + "\n", "utf-8")
+        keyring.create(path)
         os.replace(temporary, path / CONFIG)
         return DataDir.open(path)
 
@@ -85,6 +88,9 @@ class DataDir:
             self.outcome_partitions,
             FileLogConfig(fsync=FsyncPolicy.NONE),
         )
+
+    def keyring(self) -> dict[str, bytes]:
+        return keyring.load(self.root)
 
     def projection(self, partition: int) -> Path:
         return self.root / "projections" / f"p-{partition:04d}"

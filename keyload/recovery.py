@@ -82,7 +82,7 @@ def replay(
             restore_checkpoint(data.checkpoint(partition, manifest.offset), into)
         store = Store(into)
         try:
-            processor = PartitionProcessor(partition, data.partitions, log, store)
+            processor = PartitionProcessor(partition, data.partitions, log, store, keyring=data.keyring())
             total = target - processor.applied_offset
             with tqdm(total=total, desc=f"replay p{partition}", unit="cmd", disable=not progress) as bar:
                 while processor.applied_offset < target:

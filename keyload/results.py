@@ -110,6 +110,8 @@ class MessageMeta:
     headers: dict[str, str]
     ordering_key: str | None
     terminal_at_ms: int | None
+    last_retry_delay_ms: int | None
+    dead_lettered_at_ms: int | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,7 +143,86 @@ class CheckpointResult:
     offset: int
 
 
-Result = QueueView | EnqueueResult | MessageView | TickResult | CheckpointResult
+@dataclass(frozen=True, slots=True)
+class Delivery:
+    """One leased message. Present `token` to renew, ack or nack it."""
+
+    message_id: str
+    token: str
+    body: bytes
+    headers: dict[str, str]
+    ordering_key: str | None
+    attempts: int
+    delivery_generation: int
+    lease_until_ms: int
+    enqueued_at_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class ReceiveResult:
+    deliveries: list[Delivery]
+    budget_exhausted: bool
+
+    @classmethod
+    def from_record(cls, record: Record) -> ReceiveResult:
+        return cls([_build(Delivery, d) for d in record["deliveries"]], record["budget_exhausted"])
+
+
+@dataclass(frozen=True, slots=True)
+class LeaseResult:
+    """A delivery's state after renew (leased), ack (acked) or nack (scheduled, dead-lettered, expired)."""
+
+    message_id: str
+    state: str
+    lease_until_ms: int | None
+    not_before_ms: int | None
+    retry_delay_ms: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class TokenResult:
+    status: Literal["committed", "rejected"]
+    error_code: str | None
+    message_id: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class AckBatchResult:
+    results: list[TokenResult]
+
+    @classmethod
+    def from_record(cls, record: Record) -> AckBatchResult:
+        return cls([_build(TokenResult, r) for r in record["results"]])
+
+
+@dataclass(frozen=True, slots=True)
+class DeadLetterPage:
+    messages: list[MessageView]
+    next_after_sequence: int | None
+
+    @classmethod
+    def from_record(cls, record: Record) -> DeadLetterPage:
+        return cls([MessageView.from_record(m) for m in record["messages"]], record["next_after_sequence"])
+
+
+@dataclass(frozen=True, slots=True)
+class ActiveKeys:
+    token_key_id: str
+    jitter_key_id: str
+
+
+Result = (
+    QueueView
+    | EnqueueResult
+    | MessageView
+    | TickResult
+    | CheckpointResult
+    | ReceiveResult
+    | LeaseResult
+    | AckBatchResult
+    | DeadLetterPage
+    | ActiveKeys
+)
 
 _RESULTS: dict[str, Any] = {
     "keyload.QueueView": QueueView.from_record,
@@ -149,6 +230,11 @@ _RESULTS: dict[str, Any] = {
     "keyload.result.EnqueueResult": lambda r: _build(EnqueueResult, r),
     "keyload.result.TickResult": lambda r: _build(TickResult, r),
     "keyload.result.CheckpointResult": lambda r: _build(CheckpointResult, r),
+    "keyload.result.ReceiveResult": ReceiveResult.from_record,
+    "keyload.result.LeaseResult": lambda r: _build(LeaseResult, r),
+    "keyload.result.AckBatchResult": AckBatchResult.from_record,
+    "keyload.result.DeadLetterPage": DeadLetterPage.from_record,
+    "keyload.result.ActiveKeys": lambda r: _build(ActiveKeys, r),
 }
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from threading import Event
@@ -22,7 +22,7 @@ from keyload.log.base import CommandLog, partition_for
 from keyload.log.codec import REGISTRY
 from keyload.processors.apply import CHECKPOINT_KIND, apply_record
 from keyload.processors.errors import Corruption
-from keyload.processors.queues import next_due_ms
+from keyload.processors.state import next_due_ms
 from keyload.projections.store import Manifest, Staged, Store
 from keyload.version import __version__
 
@@ -53,6 +53,7 @@ class PartitionProcessor:
         outcomes: CommandLog | None = None,
         checkpoint_dir: Callable[[int], Path] | None = None,
         group_records: int = MAX_GROUP_RECORDS,
+        keyring: Mapping[str, bytes] | None = None,
     ) -> None:
         assert 1 <= group_records <= MAX_GROUP_RECORDS
         self.partition = partition
@@ -62,6 +63,7 @@ class PartitionProcessor:
         self.outcomes = outcomes
         self.checkpoint_dir = checkpoint_dir
         self.group_records = group_records
+        self.keyring = dict(keyring or {})
         self.halt: Halt | None = None
         self.last_checkpoint: Manifest | None = None
         self._applied = store.applied_offset
@@ -96,7 +98,9 @@ class PartitionProcessor:
             assert record.offset == applied + 1, "log offsets must be dense"
             now_ms = max(record.timestamp_ms, last_time)
             try:
-                result = apply_record(stage, record.value, self.partition, self.partitions, record.offset, now_ms)
+                result = apply_record(
+                    stage, record.value, self.partition, self.partitions, record.offset, now_ms, self.keyring
+                )
             except Corruption as exc:
                 self.halt = Halt(self.partition, record.offset, f"Corruption: {exc}")
                 break

@@ -8,9 +8,10 @@ stores the outcome. Undecodable records become poison entries.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import itertools
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,7 +20,7 @@ from keyload.log.codec import HEADER_BYTES, REGISTRY, CodecError, encoded_option
 from keyload.projections import keys
 from keyload.projections.store import Staged
 
-from . import limits, queues
+from . import dead_letters, key_rotation, leases, lifecycle, limits, queues
 from .access import authorize
 from .context import Context
 from .errors import ErrorCode, Rejected
@@ -53,25 +54,25 @@ TICK_KIND = "keyload.command.Tick"
 # so a ticker running for months does not grow the projection.
 UNSTORED_KINDS = frozenset({TICK_KIND, CHECKPOINT_KIND})
 
-HANDLERS: dict[str, Handler] = {
-    "keyload.command.CreateQueue": queues.create_queue,
-    "keyload.command.ConfigureQueue": queues.configure_queue,
-    "keyload.command.Enqueue": queues.enqueue,
-    "keyload.command.InspectQueue": queues.inspect_queue,
-    "keyload.command.InspectMessage": queues.inspect_message,
-    TICK_KIND: lambda stage, body, ctx: ctx.fired,
-    CHECKPOINT_KIND: lambda stage, body, ctx: {"offset": ctx.offset},
-}
-
-# Result union branches of the Outcome schema, by handler.
-RESULT_TYPES: dict[str, str] = {
-    "keyload.command.CreateQueue": "keyload.QueueView",
-    "keyload.command.ConfigureQueue": "keyload.QueueView",
-    "keyload.command.Enqueue": "keyload.result.EnqueueResult",
-    "keyload.command.InspectQueue": "keyload.QueueView",
-    "keyload.command.InspectMessage": "keyload.MessageView",
-    TICK_KIND: "keyload.result.TickResult",
-    CHECKPOINT_KIND: "keyload.result.CheckpointResult",
+# Each command kind: its handler and the Outcome result branch it returns.
+COMMANDS: dict[str, tuple[Handler, str]] = {
+    "keyload.command.CreateQueue": (queues.create_queue, "keyload.QueueView"),
+    "keyload.command.ConfigureQueue": (queues.configure_queue, "keyload.QueueView"),
+    "keyload.command.Enqueue": (queues.enqueue, "keyload.result.EnqueueResult"),
+    "keyload.command.InspectQueue": (queues.inspect_queue, "keyload.QueueView"),
+    "keyload.command.InspectMessage": (queues.inspect_message, "keyload.MessageView"),
+    TICK_KIND: (lambda stage, body, ctx: ctx.fired, "keyload.result.TickResult"),
+    CHECKPOINT_KIND: (lambda stage, body, ctx: {"offset": ctx.offset}, "keyload.result.CheckpointResult"),
+    "keyload.command.Receive": (leases.receive, "keyload.result.ReceiveResult"),
+    "keyload.command.Renew": (leases.renew, "keyload.result.LeaseResult"),
+    "keyload.command.Ack": (leases.ack, "keyload.result.LeaseResult"),
+    "keyload.command.AckBatch": (leases.ack_batch, "keyload.result.AckBatchResult"),
+    "keyload.command.Nack": (leases.nack, "keyload.result.LeaseResult"),
+    "keyload.command.Redrive": (dead_letters.redrive, "keyload.MessageView"),
+    "keyload.command.Cancel": (dead_letters.cancel, "keyload.MessageView"),
+    "keyload.command.ParkPending": (dead_letters.park_pending, "keyload.MessageView"),
+    "keyload.command.ListDeadLetters": (dead_letters.list_dead_letters, "keyload.result.DeadLetterPage"),
+    "keyload.command.RotateKeys": (key_rotation.rotate_keys, "keyload.result.ActiveKeys"),
 }
 
 
@@ -112,22 +113,35 @@ def _in_key_order(mapping: dict[str, Any]) -> bool:
     return all(a < b for a, b in itertools.pairwise(mapping))
 
 
-def apply_record(stage: Staged, value: bytes, partition: int, partitions: int, offset: int, now_ms: int) -> Applied:
+def apply_record(
+    stage: Staged,
+    value: bytes,
+    partition: int,
+    partitions: int,
+    offset: int,
+    now_ms: int,
+    keyring: Mapping[str, bytes],
+) -> Applied:
     """Apply one record at evaluation time `now_ms`.
 
     Every record first lets log time advance: timers due by `now_ms` fire (within
     the tick budget) whatever the record turns out to be.
     """
-    fired = queues.fire_due(stage, now_ms)
     try:
-        command = REGISTRY.decode(COMMAND, value)
+        command: Record | None = REGISTRY.decode(COMMAND, value)
+        poison = None
     except CodecError as exc:
-        _record_poison(stage, value, offset, now_ms, str(exc))
+        command, poison = None, str(exc)
+    if command is not None and not _valid_command_id(command["command_id"]):
+        command, poison = None, "command id is not 1..128 printable ASCII characters"
+    moment = Context(partition, offset, now_ms, f"@{offset}", "", "", keyring)
+    if command is None:
+        lifecycle.fire_due(stage, moment)
+        assert poison is not None
+        _record_poison(stage, value, offset, now_ms, poison)
         return POISON_APPLIED
     command_id: str = command["command_id"]
-    if not 1 <= len(command_id) <= limits.MAX_COMMAND_ID_CHARS or not limits.ID_PATTERN.fullmatch(command_id):
-        _record_poison(stage, value, offset, now_ms, "command id is not 1..128 printable ASCII characters")
-        return POISON_APPLIED
+    fired = lifecycle.fire_due(stage, dataclasses.replace(moment, command_id=command_id))
     kind, body = command["body"]
     domain: str = command["domain"]
     reply_to = command["reply_to"]
@@ -145,14 +159,15 @@ def apply_record(stage: Staged, value: bytes, partition: int, partitions: int, o
         _reject(outcome, Rejected(ErrorCode.CONFLICT, "command id was used for a different command"))
         return Applied(REGISTRY.encode(OUTCOME, outcome), reply_to, kind, False)
 
-    ctx = Context(partition, offset, now_ms, domain, command["principal"], fired)
+    ctx = dataclasses.replace(moment, command_id=command_id, domain=domain, principal=command["principal"], fired=fired)
     child = Staged(stage)
     try:
         _check_envelope(ctx, partitions)
         authorize(ctx, kind)
-        result = HANDLERS[kind](child, body, ctx)
+        handler, result_type = COMMANDS[kind]
+        result = handler(child, body, ctx)
         if result is not None:
-            outcome["result"] = (RESULT_TYPES[kind], result)
+            outcome["result"] = (result_type, result)
         child.merge_into(stage)
     except Rejected as rejection:
         _reject(outcome, rejection)
@@ -160,6 +175,10 @@ def apply_record(stage: Staged, value: bytes, partition: int, partitions: int, o
     if kind not in UNSTORED_KINDS:
         stage.put(keys.outcome(domain, command_id), print_ + encoded)
     return Applied(encoded, reply_to, kind, outcome["status"] == "committed")
+
+
+def _valid_command_id(command_id: str) -> bool:
+    return 1 <= len(command_id) <= limits.MAX_COMMAND_ID_CHARS and limits.ID_PATTERN.fullmatch(command_id) is not None
 
 
 DOMAIN_RULE = f"domain must be 1..{limits.MAX_DOMAIN_CHARS} characters matching {limits.DOMAIN_PATTERN.pattern}"

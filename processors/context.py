@@ -1,8 +1,9 @@
-"""What a command is evaluated against besides the projection: its log position and time."""
+"""What a command is evaluated against besides the projection: its log position, time and keys."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 
@@ -11,6 +12,8 @@ class Context:
     partition: int
     offset: int
     now_ms: int  # the record's append time, clamped to be non-decreasing per partition
+    command_id: str  # for a record without one (poison), "@<offset>"
     domain: str
     principal: str
-    fired: dict[str, Any]  # what advancing log time to now_ms did before this command (a TickResult)
+    keyring: Mapping[str, bytes]  # configured key material by key id; never logged
+    fired: dict[str, Any] = field(default_factory=dict)  # what advancing log time did first (a TickResult)

@@ -17,6 +17,10 @@ MAX_HEADERS_BYTES = 16 * 1024
 MAX_SCHEDULE_AHEAD_MS = 365 * 24 * 3600 * 1000
 TICK_EXAMINATION_BUDGET = 256
 MAX_DETAIL_CHARS = 512  # an outcome's error detail is cut to this
+MAX_KEY_ID_CHARS = 64
+MIN_LEASE_MS = 100
+MAX_ACK_BATCH = 100  # tokens per AckBatch
+MAX_DEAD_LETTER_PAGE = 100  # messages per ListDeadLetters page
 
 # Identifiers: printable ASCII without spaces (command and message ids); stricter
 # names for domains, queues and header names so they read well in URLs and CLIs.

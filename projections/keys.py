@@ -22,6 +22,8 @@ QUEUE_KEY = b"i"  # i | queue id u64                            -> the queue's Q
 MESSAGE = b"m"  # m | queue id u64 | message id                 -> MessageMeta
 BODY = b"b"  # b | queue id u64 | message id                    -> raw body bytes
 READY = b"r"  # r | queue id u64 | ready sequence u64           -> message id
+DEAD_LETTER = b"d"  # d | queue id u64 | parked sequence u64    -> message id
+PENDING_DEAD_LETTER = b"n"  # n | queue id u64 | enqueue sequence u64 -> message id
 TIMER = b"t"  # t | queue id u64 | due ms u64 | kind u8 | enqueue sequence u64 -> message id
 DUE_QUEUE = b"w"  # w | due ms u64 | queue id u64                -> empty (earliest timer of a queue)
 OUTCOME = b"o"  # o | domain (u8-prefixed) | command id         -> fingerprint(32) | Outcome
@@ -84,6 +86,14 @@ def ready(queue_id: int, ready_sequence: int) -> bytes:
 
 def ready_prefix(queue_id: int) -> bytes:
     return READY + U64.pack(queue_id)
+
+
+def dead_letter(queue_id: int, parked_sequence: int) -> bytes:
+    return DEAD_LETTER + U64.pack(queue_id) + U64.pack(parked_sequence)
+
+
+def pending_dead_letter(queue_id: int, enqueue_sequence: int) -> bytes:
+    return PENDING_DEAD_LETTER + U64.pack(queue_id) + U64.pack(enqueue_sequence)
 
 
 def timer(queue_id: int, due_ms: int, kind: int, enqueue_sequence: int) -> bytes:

@@ -84,7 +84,15 @@ class Embedded:
         self.outcomes = self.data.outcome_log()
         self.stores = [Store(self.data.projection(p)) for p in range(partitions)]
         self.processors = [
-            PartitionProcessor(p, partitions, self.log, self.stores[p], self.outcomes, self._checkpoint_dir(p))
+            PartitionProcessor(
+                p,
+                partitions,
+                self.log,
+                self.stores[p],
+                self.outcomes,
+                self._checkpoint_dir(p),
+                keyring=self.data.keyring(),
+            )
             for p in range(partitions)
         ]
 

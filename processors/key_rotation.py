@@ -1,0 +1,50 @@
+"""Which keyring keys a partition signs tokens and draws retry jitter with.
+
+The choice is state, changed only by the logged RotateKeys command, so a replay
+signs with exactly the keys the live run used. Key material stays in the
+keyring file (DATA/keyring.json); the log and the projection hold only ids.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from keyload.projections import keys
+from keyload.projections.store import Readable, Staged
+
+from . import limits
+from .context import Context
+from .errors import ErrorCode, Rejected
+from .state import Record
+
+TOKEN = keys.META + b"token_key_id"
+JITTER = keys.META + b"jitter_key_id"
+DEFAULT_KEY_ID = "k0"  # the key a new data directory's keyring is created with
+
+
+class MissingKey(Exception):
+    """The projection names a key id the keyring does not hold: processing cannot go on."""
+
+
+def active_key_id(stage: Readable, purpose: bytes) -> str:
+    raw = stage.get(purpose)
+    return DEFAULT_KEY_ID if raw is None else raw.decode("utf-8")
+
+
+def active_key(stage: Readable, keyring: Mapping[str, bytes], purpose: bytes) -> tuple[str, bytes]:
+    key_id = active_key_id(stage, purpose)
+    key = keyring.get(key_id)
+    if key is None:
+        raise MissingKey(f"keyring has no key {key_id!r}; restore it to the keyring file")
+    return key_id, key
+
+
+def rotate_keys(stage: Staged, body: Record, ctx: Context) -> Record:
+    for purpose, name in ((TOKEN, "token_key_id"), (JITTER, "jitter_key_id")):
+        key_id = body[name]
+        if key_id is None:
+            continue
+        if not 1 <= len(key_id) <= limits.MAX_KEY_ID_CHARS or key_id not in ctx.keyring:
+            raise Rejected(ErrorCode.VALIDATION, f"{name} must name a key in the keyring")
+        stage.put(purpose, key_id.encode("utf-8"))
+    return {"token_key_id": active_key_id(stage, TOKEN), "jitter_key_id": active_key_id(stage, JITTER)}

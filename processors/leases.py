@@ -1,0 +1,183 @@
+"""The lease lifecycle: receive, renew, ack, nack — fenced by delivery tokens.
+
+A receive claims ready messages in FIFO order under a lease; the lease is a timer
+that, if it fires first, ends the attempt like a nack. Every later command about
+the delivery presents its token, checked in a fixed order: signature and queue
+incarnation (TokenInvalidated), principal (PermissionDenied), delivery generation,
+lease version and state (StaleLease), deadline (LeaseExpired).
+"""
+
+from __future__ import annotations
+
+from keyload.projections import keys
+from keyload.projections.store import Staged
+
+from . import limits, tokens
+from .context import Context
+from .errors import Corruption, ErrorCode, Rejected
+from .key_rotation import TOKEN, active_key
+from .lifecycle import end_attempt, enter, leave
+from .state import Record, load_message, load_queue, load_queue_by_id, save_queue
+
+
+def _bounded(name: str, value: int | None, default: int, minimum: int, maximum: int) -> int:
+    chosen = default if value is None else value
+    if not minimum <= chosen <= maximum:
+        raise Rejected(ErrorCode.VALIDATION, f"{name} must be between {minimum} and {maximum}")
+    return chosen
+
+
+def receive(stage: Staged, body: Record, ctx: Context) -> Record:
+    record = load_queue(stage, ctx.domain, body["queue"])
+    queue = record["view"]
+    policy, counters = queue["policy"], queue["counters"]
+    if policy["ordering"] != "competing":
+        raise Rejected(ErrorCode.UNSUPPORTED_CAPABILITY, "receive on a strict_per_key queue is not available yet")
+    max_messages = _bounded(
+        "max_messages", body["max_messages"], policy["receive_max_messages"], 1, policy["receive_max_messages"]
+    )
+    max_bytes = _bounded("max_bytes", body["max_bytes"], policy["receive_max_bytes"], 1, policy["receive_max_bytes"])
+    lease_ms = _bounded("lease_ms", body["lease_ms"], policy["lease_ms"], limits.MIN_LEASE_MS, policy["max_lease_ms"])
+    wanted = min(max_messages, policy["max_in_flight"] - counters["leased"])
+    queue_id = queue["incarnation"]
+    key_id, key = active_key(stage, ctx.keyring, TOKEN)
+    claims: list[tuple[str, Record]] = []
+    size = 0
+    prefix = keys.ready_prefix(queue_id)
+    for _, value in stage.scan(prefix, keys.prefix_end(prefix)):
+        if len(claims) >= wanted:
+            break
+        message_id = value.decode("utf-8")
+        meta = load_message(stage, queue_id, message_id)
+        if meta is None or meta["state"] != "ready":
+            raise Corruption("the ready index names a message that is not ready")
+        if claims and size + meta["body_bytes"] > max_bytes:
+            break  # the first claim is always made, so one large message never wedges a queue
+        size += meta["body_bytes"]
+        claims.append((message_id, meta))
+    deliveries = []
+    for message_id, meta in claims:
+        leave(stage, record, message_id, meta)
+        meta["attempts"] += 1
+        meta["lease_version"] += 1
+        enter(
+            stage,
+            record,
+            message_id,
+            meta,
+            "leased",
+            ctx.now_ms,
+            lease_until_ms=ctx.now_ms + lease_ms,
+            lease_owner=ctx.principal,
+        )
+        payload = stage.get(keys.body(queue_id, message_id))
+        if payload is None:
+            raise Corruption("a leased message has no body")
+        token = tokens.issue(
+            {key_id: key},
+            key_id,
+            domain=queue["domain"],
+            queue=queue["queue"],
+            incarnation=queue_id,
+            message_id=message_id,
+            principal=ctx.principal,
+            delivery_generation=meta["delivery_generation"],
+            lease_version=meta["lease_version"],
+        )
+        deliveries.append(
+            {
+                "message_id": message_id,
+                "token": token,
+                "body": payload,
+                "headers": meta["headers"],
+                "ordering_key": meta["ordering_key"],
+                "attempts": meta["attempts"],
+                "delivery_generation": meta["delivery_generation"],
+                "lease_until_ms": meta["lease_until_ms"],
+                "enqueued_at_ms": meta["enqueued_at_ms"],
+            }
+        )
+    save_queue(stage, record)
+    return {"deliveries": deliveries, "budget_exhausted": bool(ctx.fired.get("budget_exhausted", False))}
+
+
+def check_lease(stage: Staged, ctx: Context, token_text: str) -> tuple[Record, str, Record]:
+    """(queue record, message id, metadata) of the live lease a token names, or the specific refusal."""
+    token = tokens.parse(token_text)
+    record = load_queue_by_id(stage, token.incarnation)
+    if record is None or record["view"]["domain"] != ctx.domain:
+        raise Rejected(ErrorCode.TOKEN_INVALIDATED, "delivery token is not valid")
+    queue = record["view"]
+    tokens.verify_signature(ctx.keyring, token, queue["domain"], queue["queue"])
+    if token.principal != ctx.principal:
+        raise Rejected(ErrorCode.PERMISSION_DENIED, "the delivery was issued to another principal")
+    meta = load_message(stage, token.incarnation, token.message_id)
+    if meta is None:
+        raise Rejected(ErrorCode.TOKEN_INVALIDATED, "delivery token is not valid")
+    if (
+        meta["state"] != "leased"
+        or meta["delivery_generation"] != token.delivery_generation
+        or meta["lease_version"] != token.lease_version
+    ):
+        raise Rejected(ErrorCode.STALE_LEASE, "the lease this token names is no longer current")
+    if meta["lease_until_ms"] <= ctx.now_ms:
+        raise Rejected(ErrorCode.LEASE_EXPIRED, "the lease has expired")
+    return record, token.message_id, meta
+
+
+def _lease_result(message_id: str, meta: Record) -> Record:
+    return {
+        "message_id": message_id,
+        "state": meta["state"],
+        "lease_until_ms": meta["lease_until_ms"],
+        "not_before_ms": meta["not_before_ms"] if meta["state"] == "scheduled" else None,
+        "retry_delay_ms": meta["last_retry_delay_ms"] if meta["state"] == "scheduled" else None,
+    }
+
+
+def renew(stage: Staged, body: Record, ctx: Context) -> Record:
+    record, message_id, meta = check_lease(stage, ctx, body["token"])
+    policy = record["view"]["policy"]
+    lease_ms = _bounded("lease_ms", body["lease_ms"], policy["lease_ms"], limits.MIN_LEASE_MS, policy["max_lease_ms"])
+    owner = meta["lease_owner"]
+    leave(stage, record, message_id, meta)
+    enter(
+        stage, record, message_id, meta, "leased", ctx.now_ms, lease_until_ms=ctx.now_ms + lease_ms, lease_owner=owner
+    )
+    save_queue(stage, record)
+    return _lease_result(message_id, meta)
+
+
+def ack(stage: Staged, body: Record, ctx: Context) -> Record:
+    record, message_id, meta = check_lease(stage, ctx, body["token"])
+    leave(stage, record, message_id, meta)
+    enter(stage, record, message_id, meta, "acked", ctx.now_ms)
+    save_queue(stage, record)
+    return _lease_result(message_id, meta)
+
+
+def ack_batch(stage: Staged, body: Record, ctx: Context) -> Record:
+    """Ack each token on its own: one refusal does not undo the others."""
+    if not 1 <= len(body["tokens"]) <= limits.MAX_ACK_BATCH:
+        raise Rejected(ErrorCode.VALIDATION, f"tokens must hold 1..{limits.MAX_ACK_BATCH} tokens")
+    results = []
+    for token in body["tokens"]:
+        child = Staged(stage)
+        try:
+            acked = ack(child, {"token": token}, ctx)
+        except Rejected as refusal:
+            results.append({"status": "rejected", "error_code": str(refusal.code), "message_id": None})
+            continue
+        child.merge_into(stage)
+        results.append({"status": "committed", "error_code": None, "message_id": acked["message_id"]})
+    return {"results": results}
+
+
+def nack(stage: Staged, body: Record, ctx: Context) -> Record:
+    record, message_id, meta = check_lease(stage, ctx, body["token"])
+    delay = body["delay_ms"]
+    if delay is not None and not 0 <= delay <= record["view"]["policy"]["max_lease_ms"]:
+        raise Rejected(ErrorCode.VALIDATION, "delay_ms must be between 0 and the queue's max_lease_ms")
+    end_attempt(stage, record, message_id, meta, ctx, delay)
+    save_queue(stage, record)
+    return _lease_result(message_id, meta)

@@ -1,0 +1,285 @@
+"""Message state transitions: every move leaves one state's index row and enters another's.
+
+`leave` and `enter` are the only places that touch state indexes and per-state
+counters, so each transition keeps them exact by construction. Terminal states
+(acked, expired, cancelled) release the body and the stored quota exactly once;
+their metadata stays as a tombstone so a message id is never reused.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+
+from keyload.projections import keys
+from keyload.projections.store import Staged
+
+from . import limits
+from .context import Context
+from .errors import Corruption
+from .key_rotation import JITTER, active_key
+from .state import (
+    LIVE_STATES,
+    TERMINAL_TOTALS,
+    Record,
+    add_index_row,
+    adjust,
+    dead_letter_limits,
+    load_message,
+    load_queue_by_id,
+    next_due_ms,
+    remove_index_row,
+    save_message,
+    save_queue,
+)
+
+
+def _state_row(queue_id: int, meta: Record) -> bytes | None:
+    """The index row that holds a message in its current state (None for terminal states)."""
+    state, sequence = meta["state"], meta["enqueue_sequence"]
+    if state == "scheduled":
+        return keys.timer(queue_id, meta["not_before_ms"], keys.TIMER_NOT_BEFORE, sequence)
+    if state == "ready":
+        return keys.ready(queue_id, meta["ready_sequence"])
+    if state == "leased":
+        return keys.timer(queue_id, meta["lease_until_ms"], keys.TIMER_LEASE, sequence)
+    if state == "dead_lettered":
+        return keys.dead_letter(queue_id, meta["parked_sequence"])
+    if state == "pending_dead_letter":
+        return keys.pending_dead_letter(queue_id, sequence)
+    return None
+
+
+def _expiry_timer(queue_id: int, meta: Record) -> bytes:
+    return keys.timer(queue_id, meta["expires_at_ms"], keys.TIMER_EXPIRY, meta["enqueue_sequence"])
+
+
+def leave(stage: Staged, record: Record, message_id: str, meta: Record) -> None:
+    """Take a live message out of its state's index and counter."""
+    state = meta["state"]
+    if state not in LIVE_STATES:
+        raise Corruption(f"message {meta['enqueue_sequence']} leaves terminal state {state}")
+    queue = record["view"]
+    row = _state_row(queue["incarnation"], meta)
+    assert row is not None
+    remove_index_row(stage, row, message_id)
+    counters = queue["counters"]
+    adjust(counters, state, -1)
+    if state == "ready":
+        meta["ready_sequence"] = None
+    elif state == "leased":
+        meta["lease_until_ms"] = None
+        meta["lease_owner"] = None
+    elif state == "dead_lettered":
+        adjust(counters, "dead_letter_bytes", -meta["body_bytes"])
+        meta["parked_sequence"] = None
+
+
+def enter(
+    stage: Staged,
+    record: Record,
+    message_id: str,
+    meta: Record,
+    state: str,
+    now_ms: int,
+    *,
+    not_before_ms: int | None = None,
+    lease_until_ms: int | None = None,
+    lease_owner: str | None = None,
+) -> None:
+    """Put a message (fresh, or just out of `leave`) into `state` and save it."""
+    queue = record["view"]
+    queue_id = queue["incarnation"]
+    counters = queue["counters"]
+    meta["state"] = state
+    meta["state_version"] += 1
+    if state == "scheduled":
+        assert not_before_ms is not None
+        meta["not_before_ms"] = not_before_ms
+    elif state == "ready":
+        meta["ready_sequence"] = record["next_ready_sequence"]
+        record["next_ready_sequence"] += 1
+    elif state == "leased":
+        assert lease_until_ms is not None and lease_owner is not None
+        meta["lease_until_ms"] = lease_until_ms
+        meta["lease_owner"] = lease_owner
+    elif state == "dead_lettered":
+        meta["parked_sequence"] = record["next_parked_sequence"]
+        record["next_parked_sequence"] += 1
+        adjust(counters, "dead_letter_bytes", meta["body_bytes"])
+    if state in LIVE_STATES:
+        row = _state_row(queue_id, meta)
+        assert row is not None
+        add_index_row(stage, row, message_id)
+        adjust(counters, state, 1)
+    else:
+        _release(stage, record, message_id, meta, now_ms)
+        adjust(counters, TERMINAL_TOTALS[state], 1)
+    if state in ("dead_lettered", "pending_dead_letter"):
+        meta["dead_lettered_at_ms"] = now_ms
+        _drop_expiry(stage, queue_id, meta)
+    save_message(stage, queue_id, message_id, meta)
+
+
+def _release(stage: Staged, record: Record, message_id: str, meta: Record, now_ms: int) -> None:
+    """A message reaches a terminal state: its body and quota go, its expiry no longer applies."""
+    queue_id = record["view"]["incarnation"]
+    counters = record["view"]["counters"]
+    adjust(counters, "stored_messages", -1)
+    adjust(counters, "stored_bytes", -meta["body_bytes"])
+    stage.delete(keys.body(queue_id, message_id))
+    _drop_expiry(stage, queue_id, meta)
+    meta["terminal_at_ms"] = now_ms
+
+
+def _drop_expiry(stage: Staged, queue_id: int, meta: Record) -> None:
+    # The expiry timer may have fired already (it is what expired the message): a plain delete.
+    if meta["expires_at_ms"] is not None:
+        stage.delete(_expiry_timer(queue_id, meta))
+
+
+def add_expiry(stage: Staged, queue_id: int, message_id: str, meta: Record) -> None:
+    if meta["expires_at_ms"] is not None:
+        add_index_row(stage, _expiry_timer(queue_id, meta), message_id)
+
+
+def expired(meta: Record, now_ms: int) -> bool:
+    return meta["expires_at_ms"] is not None and meta["expires_at_ms"] <= now_ms
+
+
+# -- retries and dead letters ------------------------------------------------------------
+
+
+def retry_delay_ms(policy: Record, meta: Record, jitter_key: bytes, command_id: str, queue: Record) -> int:
+    """Backoff before the next attempt: min(base · factor^(attempts-1), max), optionally full jitter.
+
+    Full jitter is deterministic: 1 + (HMAC-SHA256 over the triggering command id,
+    queue, message, generation, attempts and state version, first 8 bytes
+    big-endian) mod cap, so a replay chooses the same delay.
+    """
+    cap = policy["retry_base_ms"]
+    for _ in range(meta["attempts"] - 1):
+        if cap >= policy["retry_max_ms"]:
+            break
+        cap *= policy["retry_factor"]
+    cap = min(cap, policy["retry_max_ms"])
+    if policy["retry_jitter"] == "none" or cap == 0:
+        return int(cap)
+    material = "\x00".join(
+        (
+            command_id,
+            queue["domain"],
+            queue["queue"],
+            str(meta["enqueue_sequence"]),
+            str(meta["delivery_generation"]),
+            str(meta["attempts"]),
+            str(meta["state_version"]),
+        )
+    ).encode("utf-8")
+    digest = hmac.new(jitter_key, material, hashlib.sha256).digest()
+    return 1 + int.from_bytes(digest[:8], "big") % int(cap)
+
+
+def dead_letter(stage: Staged, record: Record, message_id: str, meta: Record, now_ms: int) -> None:
+    """Park an exhausted message, or mark it pending when the dead-letter sublimit is full."""
+    counters = record["view"]["counters"]
+    max_messages, max_bytes = dead_letter_limits(record["view"]["policy"])
+    fits = counters["dead_lettered"] + 1 <= max_messages and counters["dead_letter_bytes"] + meta["body_bytes"] <= (
+        max_bytes
+    )
+    enter(stage, record, message_id, meta, "dead_lettered" if fits else "pending_dead_letter", now_ms)
+
+
+def end_attempt(
+    stage: Staged,
+    record: Record,
+    message_id: str,
+    meta: Record,
+    ctx: Context,
+    delay_ms: int | None = None,
+) -> None:
+    """A leased attempt failed (nack or lease expiry): expire, dead-letter, or schedule a retry.
+
+    Expiry wins over retry; a message that used up max_attempts is dead-lettered;
+    otherwise it is scheduled after `delay_ms` (a nack's own delay) or the backoff.
+    """
+    leave(stage, record, message_id, meta)
+    queue = record["view"]
+    if expired(meta, ctx.now_ms):
+        enter(stage, record, message_id, meta, "expired", ctx.now_ms)
+    elif meta["attempts"] >= queue["policy"]["max_attempts"]:
+        dead_letter(stage, record, message_id, meta, ctx.now_ms)
+    else:
+        if delay_ms is None:
+            _, jitter_key = active_key(stage, ctx.keyring, JITTER)
+            delay_ms = retry_delay_ms(queue["policy"], meta, jitter_key, ctx.command_id, queue)
+        meta["last_retry_delay_ms"] = delay_ms
+        enter(stage, record, message_id, meta, "scheduled", ctx.now_ms, not_before_ms=ctx.now_ms + delay_ms)
+
+
+# -- timers ------------------------------------------------------------------------------
+
+
+def fire_due(stage: Staged, ctx: Context) -> Record:
+    """Fire due timers across the partition's queues, earliest first, within one budget.
+
+    Runs before every record is applied, so log time reaching a timer's due time is
+    what fires it; a Tick command is just a record that does nothing else.
+    `ctx.command_id` names the record for deterministic retry jitter.
+    """
+    budget = limits.TICK_EXAMINATION_BUDGET
+    examined = transitions = 0
+    while examined < budget:
+        next_due = next_due_ms(stage)
+        if next_due is None or next_due > ctx.now_ms:
+            break
+        first = stage.first(keys.DUE_QUEUE, keys.prefix_end(keys.DUE_QUEUE))
+        if first is None or keys.parse_due_queue(first[0])[0] != next_due:
+            raise Corruption("the partition's next due time disagrees with its due index")
+        due_ms, queue_id = keys.parse_due_queue(first[0])
+        record = load_queue_by_id(stage, queue_id)
+        if record is None:
+            raise Corruption(f"due index names missing queue {queue_id}")
+        if record["next_timer_ms"] != due_ms:
+            raise Corruption(f"due index of queue {queue_id} disagrees with its record")
+        seen, moved = _fire_queue_timers(stage, record, ctx, budget - examined)
+        if seen == 0:
+            raise Corruption(f"due index of queue {queue_id} names no due timer")
+        examined += seen
+        transitions += moved
+        save_queue(stage, record)
+    return {"transitions": transitions, "budget_exhausted": examined >= budget, "next_due_ms": next_due_ms(stage)}
+
+
+def _fire_queue_timers(stage: Staged, record: Record, ctx: Context, budget: int) -> tuple[int, int]:
+    """Fire one queue's due timers, examining at most `budget`; returns (examined, transitions)."""
+    queue_id = record["view"]["incarnation"]
+    prefix = keys.timer_prefix(queue_id)
+    due: list[tuple[bytes, bytes]] = []
+    for key, value in stage.scan(prefix, keys.prefix_end(prefix)):
+        if len(due) == budget or keys.parse_timer(key)[0] > ctx.now_ms:
+            break
+        due.append((key, value))
+    transitions = 0
+    for key, value in due:
+        _, kind, _ = keys.parse_timer(key)
+        message_id = value.decode("utf-8")
+        meta = load_message(stage, queue_id, message_id)
+        if meta is None:
+            raise Corruption(f"timer {key.hex()} names a missing message")
+        state = meta["state"]
+        if kind == keys.TIMER_EXPIRY:
+            stage.delete(key)
+            if state not in ("scheduled", "ready", "leased"):
+                raise Corruption(f"expiry timer of a message in state {state}")
+            leave(stage, record, message_id, meta)
+            enter(stage, record, message_id, meta, "expired", ctx.now_ms)
+        elif kind == keys.TIMER_NOT_BEFORE:
+            leave(stage, record, message_id, meta)  # removes this timer row
+            enter(stage, record, message_id, meta, "ready", ctx.now_ms)
+        elif kind == keys.TIMER_LEASE:
+            end_attempt(stage, record, message_id, meta, ctx)
+        else:
+            raise Corruption(f"timer {key.hex()} has unknown kind {kind}")
+        transitions += 1
+    return len(due), transitions

@@ -1,0 +1,125 @@
+"""Reading and writing a queue's state: records, names, counters, timer and state indexes.
+
+State layout (projections/keys.py): the queue record carries policy, counters
+and sequence allocators; each message has metadata and a separate body. Each
+live state has exactly one index row per message — ready (FIFO by ready
+sequence), scheduled (a not-before timer), leased (a lease timer), dead-lettered
+(by parked sequence), pending dead letter (by enqueue sequence) — plus an expiry
+timer while an expiry can still apply. Every queue with timers has one entry in
+a partition-wide due index at its earliest timer, and the partition keeps its
+earliest due time in one key, so checking for due work costs one read.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from keyload.projections import keys
+from keyload.projections.store import Readable, Staged
+
+from . import limits
+from .errors import Corruption, ErrorCode, Rejected
+
+Record = dict[str, Any]
+
+QUEUE_RECORD = "keyload.QueueRecord"
+MESSAGE_META = "keyload.MessageMeta"
+
+LIVE_STATES = ("scheduled", "ready", "leased", "dead_lettered", "pending_dead_letter")
+TERMINAL_TOTALS = {"acked": "acked_total", "expired": "expired_total", "cancelled": "cancelled_total"}
+
+
+def check_name(kind: str, value: str, max_chars: int, pattern: Any) -> None:
+    if not 1 <= len(value) <= max_chars or not pattern.fullmatch(value):
+        raise Rejected(
+            ErrorCode.VALIDATION,
+            f"{kind} must be 1..{max_chars} characters matching {pattern.pattern}",
+        )
+
+
+def check_message_id(message_id: str) -> None:
+    check_name("message id", message_id, limits.MAX_MESSAGE_ID_CHARS, limits.ID_PATTERN)
+
+
+def load_queue(stage: Staged, domain: str, name: str) -> Record:
+    check_name("queue name", name, limits.MAX_QUEUE_NAME_CHARS, limits.QUEUE_NAME_PATTERN)
+    record = stage.get_record(keys.queue(domain, name), QUEUE_RECORD)
+    if record is None:
+        raise Rejected(ErrorCode.NOT_FOUND, "queue does not exist")
+    return record
+
+
+def load_queue_by_id(stage: Staged, queue_id: int) -> Record | None:
+    queue_key = stage.get(keys.queue_key(queue_id))
+    return None if queue_key is None else stage.get_record(queue_key, QUEUE_RECORD)
+
+
+def save_queue(stage: Staged, record: Record) -> None:
+    """Store the queue record, first bringing its entry in the due index up to date."""
+    _refresh_due(stage, record)
+    queue = record["view"]
+    stage.put_record(keys.queue(queue["domain"], queue["queue"]), QUEUE_RECORD, record)
+
+
+def load_message(stage: Staged, queue_id: int, message_id: str) -> Record | None:
+    return stage.get_record(keys.message(queue_id, message_id), MESSAGE_META)
+
+
+def save_message(stage: Staged, queue_id: int, message_id: str, meta: Record) -> None:
+    stage.put_record(keys.message(queue_id, message_id), MESSAGE_META, meta)
+
+
+def adjust(counters: Record, name: str, delta: int) -> None:
+    """Change an authoritative counter; going negative means the projection is corrupt."""
+    value = counters[name] + delta
+    if value < 0:
+        raise Corruption(f"counter {name} would become {value}")
+    counters[name] = value
+
+
+def add_index_row(stage: Staged, key: bytes, message_id: str) -> None:
+    stage.put(key, message_id.encode("utf-8"))
+
+
+def remove_index_row(stage: Staged, key: bytes, message_id: str) -> None:
+    """Delete an index row that must exist and name `message_id`; anything else is corruption."""
+    if stage.get(key) != message_id.encode("utf-8"):
+        raise Corruption(f"index row {key.hex()} is missing or names another message")
+    stage.delete(key)
+
+
+def _refresh_due(stage: Staged, record: Record) -> None:
+    """Keep the queue's due-index entry at its earliest timer, and the partition's next due time."""
+    queue_id = record["view"]["incarnation"]
+    prefix = keys.timer_prefix(queue_id)
+    first = stage.first(prefix, keys.prefix_end(prefix))
+    earliest = None if first is None else keys.parse_timer(first[0])[0]
+    previous = record["next_timer_ms"]
+    if earliest == previous:
+        return
+    if previous is not None:
+        stage.delete(keys.due_queue(previous, queue_id))
+    if earliest is not None:
+        stage.put(keys.due_queue(earliest, queue_id), b"")
+    record["next_timer_ms"] = earliest
+    first_due = stage.first(keys.DUE_QUEUE, keys.prefix_end(keys.DUE_QUEUE))
+    if first_due is None:
+        stage.delete(keys.NEXT_DUE)
+    else:
+        stage.put(keys.NEXT_DUE, keys.u64(keys.parse_due_queue(first_due[0])[0]))
+
+
+def next_due_ms(stage: Readable) -> int | None:
+    """The earliest timer of the partition: one read, so checking it costs every record little."""
+    raw = stage.get(keys.NEXT_DUE)
+    return None if raw is None else keys.read_u64(raw)
+
+
+def dead_letter_limits(policy: Record) -> tuple[int, int]:
+    """The dead-letter sublimits, null inheriting the stored grant."""
+    messages = policy["max_dead_letter_messages"]
+    size = policy["max_dead_letter_bytes"]
+    return (
+        policy["max_stored_messages"] if messages is None else messages,
+        policy["max_stored_bytes"] if size is None else size,
+    )
