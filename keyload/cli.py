@@ -16,6 +16,7 @@ from pathlib import Path
 from threading import Event
 from typing import Any
 
+from keyload import keyring
 from keyload.datadir import DEFAULT_PARTITIONS, DataDir, DataDirError
 from keyload.errors import CommandRejected, KeyloadError
 from keyload.keyring import KeyringError
@@ -44,6 +45,8 @@ def _jsonable(value: Any) -> Any:
         return {k: _jsonable(v) for k, v in asdict(value).items()}
     if isinstance(value, dict):
         return {k: _jsonable(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_jsonable(v) for v in value]
     if isinstance(value, bytes):
         try:
             return value.decode("utf-8")
@@ -84,6 +87,7 @@ def cmd_run(args: argparse.Namespace) -> int:
                     outcomes,
                     checkpoint_dir=functools.partial(data.checkpoint, partition),
                     keyring=keys,
+                    keyring_loader=data.keyring,
                 )
             )
         stop = Event()
@@ -167,6 +171,96 @@ def cmd_inspect(args: argparse.Namespace) -> int:
             _print_json(client.inspect_queue(args.domain, args.queue))
         else:
             _print_json(client.inspect_message(args.domain, args.queue, args.message, include_body=args.body))
+    return 0
+
+
+# -- leases and dead letters -----------------------------------------------------------------
+
+
+def cmd_receive(args: argparse.Namespace) -> int:
+    with _client(args) as client:
+        result = client.receive(
+            args.domain,
+            args.queue,
+            max_messages=args.max_messages,
+            max_bytes=args.max_bytes,
+            lease_ms=args.lease_ms,
+            command_id=args.command_id,
+        )
+        _print_json(result)
+    return 0
+
+
+def cmd_renew(args: argparse.Namespace) -> int:
+    with _client(args) as client:
+        _print_json(client.renew(args.domain, args.token, lease_ms=args.lease_ms, command_id=args.command_id))
+    return 0
+
+
+def cmd_ack(args: argparse.Namespace) -> int:
+    with _client(args) as client:
+        if len(args.token) == 1:
+            _print_json(client.ack(args.domain, args.token[0], command_id=args.command_id))
+            return 0
+        result = client.ack_batch(args.domain, args.token, command_id=args.command_id)
+        _print_json(result)
+        return 0 if all(r.status == "committed" for r in result.results) else EXIT_FAILED
+
+
+def cmd_nack(args: argparse.Namespace) -> int:
+    with _client(args) as client:
+        _print_json(client.nack(args.domain, args.token, delay_ms=args.delay_ms, command_id=args.command_id))
+    return 0
+
+
+def cmd_dlq_list(args: argparse.Namespace) -> int:
+    with _client(args) as client:
+        page = client.list_dead_letters(
+            args.domain, args.queue, after_sequence=args.after, limit=args.limit, include_body=args.body
+        )
+        _print_json(page)
+    return 0
+
+
+def cmd_operate(args: argparse.Namespace) -> int:
+    with _client(args) as client:
+        operation = {"redrive": client.redrive, "cancel": client.cancel, "park": client.park_pending}[args.operation]
+        view = operation(
+            args.domain,
+            args.queue,
+            args.message_id,
+            expected_state_version=args.state_version,
+            expected_delivery_generation=args.generation,
+            command_id=args.command_id,
+        )
+        _print_json(view)
+    return 0
+
+
+def cmd_stats(args: argparse.Namespace) -> int:
+    with _client(args) as client:
+        view = client.inspect_queue(args.domain, args.queue)
+    counters = asdict(view.counters)
+    width = max(len(name) for name in counters)
+    print(f"{args.domain}/{args.queue} (policy version {view.policy_version})")
+    for name, value in counters.items():
+        print(f"  {name:<{width}}  {value}")
+    return 0
+
+
+def cmd_keys_add(args: argparse.Namespace) -> int:
+    data = DataDir.open(args.data)
+    keyring.add(data.root, args.key_id)
+    print(f"added key {args.key_id!r} to {data.root / keyring.FILE}; activate it with `keyload keys rotate`")
+    return 0
+
+
+def cmd_keys_rotate(args: argparse.Namespace) -> int:
+    with _client(args) as client:
+        partitions = range(client.data.partitions) if args.partition is None else [args.partition]
+        for partition in partitions:
+            active = client.rotate_keys(partition, token_key_id=args.token_key, jitter_key_id=args.jitter_key)
+            print(f"p{partition}: token key {active.token_key_id}, jitter key {active.jitter_key_id}")
     return 0
 
 
@@ -334,6 +428,64 @@ def build_parser() -> argparse.ArgumentParser:
     inspect.add_argument("--message")
     inspect.add_argument("--body", action="store_true", help="include the message body")
     inspect.set_defaults(func=cmd_inspect)
+
+    receive = sub.add_parser("receive", parents=[common, command], help="lease ready messages")
+    receive.add_argument("--domain", required=True)
+    receive.add_argument("--queue", required=True)
+    receive.add_argument("--max-messages", type=_positive)
+    receive.add_argument("--max-bytes", type=_positive)
+    receive.add_argument("--lease-ms", type=_positive)
+    receive.set_defaults(func=cmd_receive)
+    renew = sub.add_parser("renew", parents=[common, command], help="extend a delivery's lease")
+    renew.add_argument("--domain", required=True)
+    renew.add_argument("token")
+    renew.add_argument("--lease-ms", type=_positive)
+    renew.set_defaults(func=cmd_renew)
+    ack = sub.add_parser("ack", parents=[common, command], help="complete deliveries (several tokens: one batch)")
+    ack.add_argument("--domain", required=True)
+    ack.add_argument("token", nargs="+")
+    ack.set_defaults(func=cmd_ack)
+    nack = sub.add_parser("nack", parents=[common, command], help="give a delivery back for retry")
+    nack.add_argument("--domain", required=True)
+    nack.add_argument("token")
+    nack.add_argument("--delay-ms", type=int)
+    nack.set_defaults(func=cmd_nack)
+
+    dlq = sub.add_parser("dlq", help="dead letters").add_subparsers(dest="action", required=True)
+    dlq_list = dlq.add_parser("list", parents=[common], help="list dead-lettered messages in parked order")
+    dlq_list.add_argument("--domain", required=True)
+    dlq_list.add_argument("--queue", required=True)
+    dlq_list.add_argument("--after", type=int, help="parked sequence to continue after")
+    dlq_list.add_argument("--limit", type=_positive, default=100)
+    dlq_list.add_argument("--body", action="store_true")
+    dlq_list.set_defaults(func=cmd_dlq_list)
+    for operation, text in (
+        ("redrive", "send a dead letter back to ready"),
+        ("cancel", "cancel a message (any non-terminal state)"),
+        ("park", "move a pending dead letter into the dead-letter index"),
+    ):
+        op = sub.add_parser(operation, parents=[common, command], help=text)
+        op.add_argument("--domain", required=True)
+        op.add_argument("--queue", required=True)
+        op.add_argument("message_id")
+        op.add_argument("--state-version", type=int, required=True, help="as last seen (inspect or dlq list)")
+        op.add_argument("--generation", type=int, required=True, help="delivery generation as last seen")
+        op.set_defaults(func=cmd_operate, operation=operation)
+
+    stats = sub.add_parser("stats", parents=[common], help="a queue's counters")
+    stats.add_argument("--domain", required=True)
+    stats.add_argument("--queue", required=True)
+    stats.set_defaults(func=cmd_stats)
+
+    keys = sub.add_parser("keys", help="keyring keys").add_subparsers(dest="action", required=True)
+    keys_add = keys.add_parser("add", parents=[common], help="add a new random key to the keyring file")
+    keys_add.add_argument("key_id")
+    keys_add.set_defaults(func=cmd_keys_add)
+    keys_rotate = keys.add_parser("rotate", parents=[common, command], help="activate keys (a logged command)")
+    keys_rotate.add_argument("--partition", type=int, help="default: every partition")
+    keys_rotate.add_argument("--token-key")
+    keys_rotate.add_argument("--jitter-key")
+    keys_rotate.set_defaults(func=cmd_keys_rotate)
 
     for name, func, text in (
         ("checkpoint", cmd_checkpoint, "take a checkpoint of a partition (needs `keyload run`)"),

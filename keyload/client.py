@@ -5,7 +5,9 @@ from __future__ import annotations
 import os
 import time
 import uuid
-from typing import Any, TypeVar
+from dataclasses import dataclass
+from threading import Event
+from typing import Any, Literal, TypeVar
 
 from keyload.datadir import DataDir
 from keyload.log.base import partition_for
@@ -13,14 +15,20 @@ from keyload.log.codec import REGISTRY
 from keyload.processors import limits
 from keyload.runtime import domain_for_partition
 
-from .errors import KeyloadError, OutcomeTimeout, rejection
+from .consumer import DEFAULT_CONCURRENCY, DEFAULT_LEASE_MS, ConsumeStats, Handler, consume
+from .errors import CommandRejected, KeyloadError, OutcomeTimeout, rejection
 from .results import (
+    AckBatchResult,
+    ActiveKeys,
     CheckpointResult,
+    DeadLetterPage,
     EnqueueResult,
+    LeaseResult,
     MessageView,
     Outcome,
     QueuePolicy,
     QueueView,
+    ReceiveResult,
 )
 
 DEFAULT_TIMEOUT_S = 10.0
@@ -29,6 +37,27 @@ OUTCOME_POLL_S = 0.002
 OUTCOME_READ_BATCH = 256
 
 T = TypeVar("T")
+MAX_LANES = 8
+
+
+@dataclass(frozen=True, slots=True)
+class Lane:
+    """One queue of a multi-lane receive."""
+
+    domain: str
+    queue: str
+    max_messages: int | None = None
+    max_bytes: int | None = None
+    lease_ms: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class LaneOutcome:
+    lane: Lane
+    command_id: str
+    status: Literal["committed", "rejected", "unknown", "not_attempted"]
+    result: ReceiveResult | None
+    error: CommandRejected | None
 
 
 def check_command_id(command_id: str) -> None:
@@ -193,7 +222,177 @@ class Client:
         body = {"queue": queue, "message_id": message_id, "include_body": include_body}
         return self._result(self.submit(domain, "keyload.command.InspectMessage", body, command_id), MessageView)
 
+    # -- leases ---------------------------------------------------------------------------
+
+    def receive(
+        self,
+        domain: str,
+        queue: str,
+        *,
+        max_messages: int | None = None,
+        max_bytes: int | None = None,
+        lease_ms: int | None = None,
+        command_id: str | None = None,
+    ) -> ReceiveResult:
+        """Lease up to `max_messages` ready messages; an empty result is normal."""
+        body = {"queue": queue, "max_messages": max_messages, "max_bytes": max_bytes, "lease_ms": lease_ms}
+        return self._result(self.submit(domain, "keyload.command.Receive", body, command_id), ReceiveResult)
+
+    def renew(
+        self, domain: str, token: str, *, lease_ms: int | None = None, command_id: str | None = None
+    ) -> LeaseResult:
+        body = {"token": token, "lease_ms": lease_ms}
+        return self._result(self.submit(domain, "keyload.command.Renew", body, command_id), LeaseResult)
+
+    def ack(self, domain: str, token: str, *, command_id: str | None = None) -> LeaseResult:
+        return self._result(self.submit(domain, "keyload.command.Ack", {"token": token}, command_id), LeaseResult)
+
+    def ack_batch(self, domain: str, tokens: list[str], *, command_id: str | None = None) -> AckBatchResult:
+        """Ack many deliveries in one command; each token's result is reported separately."""
+        outcome = self.submit(domain, "keyload.command.AckBatch", {"tokens": tokens}, command_id)
+        return self._result(outcome, AckBatchResult)
+
+    def nack(
+        self, domain: str, token: str, *, delay_ms: int | None = None, command_id: str | None = None
+    ) -> LeaseResult:
+        """Give a delivery back: retried after `delay_ms` (default: the queue's backoff) or dead-lettered."""
+        body = {"token": token, "delay_ms": delay_ms}
+        return self._result(self.submit(domain, "keyload.command.Nack", body, command_id), LeaseResult)
+
+    def consume(
+        self,
+        domain: str,
+        queue: str,
+        handler: Handler,
+        *,
+        concurrency: int = DEFAULT_CONCURRENCY,
+        lease_ms: int = DEFAULT_LEASE_MS,
+        stop: Event | None = None,
+        nack_delay_ms: int | None = None,
+    ) -> ConsumeStats:
+        """Run `handler` on every delivery until `stop` is set: ack on return, nack on exception,
+        renewing leases while handlers run (see keyload/consumer.py)."""
+        return consume(
+            self,
+            domain,
+            queue,
+            handler,
+            concurrency=concurrency,
+            lease_ms=lease_ms,
+            stop=stop,
+            nack_delay_ms=nack_delay_ms,
+        )
+
+    # -- dead letters -----------------------------------------------------------------------
+
+    def list_dead_letters(
+        self,
+        domain: str,
+        queue: str,
+        *,
+        after_sequence: int | None = None,
+        limit: int = 100,
+        include_body: bool = False,
+    ) -> DeadLetterPage:
+        body = {"queue": queue, "after_sequence": after_sequence, "limit": limit, "include_body": include_body}
+        return self._result(self.submit(domain, "keyload.command.ListDeadLetters", body), DeadLetterPage)
+
+    def _operate(
+        self,
+        kind: str,
+        domain: str,
+        queue: str,
+        message_id: str,
+        state_version: int,
+        generation: int,
+        command_id: str | None,
+    ) -> MessageView:
+        body = {
+            "queue": queue,
+            "message_id": message_id,
+            "expected_state_version": state_version,
+            "expected_delivery_generation": generation,
+        }
+        return self._result(self.submit(domain, kind, body, command_id), MessageView)
+
+    def redrive(
+        self,
+        domain: str,
+        queue: str,
+        message_id: str,
+        *,
+        expected_state_version: int,
+        expected_delivery_generation: int,
+        command_id: str | None = None,
+    ) -> MessageView:
+        """Send a dead letter back to ready with fresh attempts; its old tokens go stale."""
+        return self._operate(
+            "keyload.command.Redrive",
+            domain,
+            queue,
+            message_id,
+            expected_state_version,
+            expected_delivery_generation,
+            command_id,
+        )
+
+    def cancel(
+        self,
+        domain: str,
+        queue: str,
+        message_id: str,
+        *,
+        expected_state_version: int,
+        expected_delivery_generation: int,
+        command_id: str | None = None,
+    ) -> MessageView:
+        """Cancel any non-terminal message: its body and quota are released."""
+        return self._operate(
+            "keyload.command.Cancel",
+            domain,
+            queue,
+            message_id,
+            expected_state_version,
+            expected_delivery_generation,
+            command_id,
+        )
+
+    def park_pending(
+        self,
+        domain: str,
+        queue: str,
+        message_id: str,
+        *,
+        expected_state_version: int,
+        expected_delivery_generation: int,
+        command_id: str | None = None,
+    ) -> MessageView:
+        """Move a pending dead letter into the dead-letter index once the sublimit has room."""
+        return self._operate(
+            "keyload.command.ParkPending",
+            domain,
+            queue,
+            message_id,
+            expected_state_version,
+            expected_delivery_generation,
+            command_id,
+        )
+
     # -- operations -----------------------------------------------------------------------
+
+    def rotate_keys(
+        self,
+        partition: int,
+        *,
+        token_key_id: str | None = None,
+        jitter_key_id: str | None = None,
+        command_id: str | None = None,
+    ) -> ActiveKeys:
+        """Make keyring keys active for token signing and retry jitter in one partition."""
+        self.data.check_partition(partition)
+        domain = domain_for_partition(partition, self.data.partitions)
+        body = {"token_key_id": token_key_id, "jitter_key_id": jitter_key_id}
+        return self._result(self.submit(domain, "keyload.command.RotateKeys", body, command_id), ActiveKeys)
 
     def request_checkpoint(self, partition: int, *, command_id: str | None = None) -> CheckpointResult:
         """Ask the partition's runtime for a checkpoint at this command's offset."""

@@ -16,6 +16,7 @@ import os
 from pathlib import Path
 
 from keyload.processors.key_rotation import DEFAULT_KEY_ID
+from keyload.processors.limits import MAX_KEY_ID_CHARS
 
 FILE = "keyring.json"
 FORMAT = 1
@@ -29,16 +30,30 @@ class KeyringError(Exception):
 
 def create(root: Path) -> None:
     """Write a keyring holding one new random key under the default id, if there is none."""
-    path = root / FILE
-    if path.exists():
-        return
-    keys = {DEFAULT_KEY_ID: base64.b64encode(os.urandom(KEY_BYTES)).decode("ascii")}
+    if not (root / FILE).exists():
+        _write(root, {DEFAULT_KEY_ID: base64.b64encode(os.urandom(KEY_BYTES)).decode("ascii")})
+
+
+def _write(root: Path, keys: dict[str, str]) -> None:
     temporary = root / (FILE + ".tmp")
     fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w", encoding="utf-8") as file:
         json.dump({"format": FORMAT, "keys": keys}, file, indent=2)
         file.write("\n")
-    os.replace(temporary, path)
+        file.flush()
+        os.fsync(file.fileno())
+    os.replace(temporary, root / FILE)
+
+
+def add(root: Path, key_id: str) -> None:
+    """Add a new random key; existing keys are never replaced (logs may still reference them)."""
+    current = {k: base64.b64encode(v).decode("ascii") for k, v in load(root).items()}
+    if key_id in current:
+        raise KeyringError(f"key {key_id!r} already exists")
+    if not 1 <= len(key_id) <= MAX_KEY_ID_CHARS or not key_id.isascii() or not key_id.isprintable():
+        raise KeyringError(f"key ids are 1..{MAX_KEY_ID_CHARS} printable ASCII characters")
+    current[key_id] = base64.b64encode(os.urandom(KEY_BYTES)).decode("ascii")
+    _write(root, current)
 
 
 def load(root: Path) -> dict[str, bytes]:

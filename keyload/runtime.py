@@ -22,6 +22,7 @@ from keyload.log.base import CommandLog, partition_for
 from keyload.log.codec import REGISTRY
 from keyload.processors.apply import CHECKPOINT_KIND, apply_record
 from keyload.processors.errors import Corruption
+from keyload.processors.key_rotation import MissingKey
 from keyload.processors.state import next_due_ms
 from keyload.projections.store import Manifest, Staged, Store
 from keyload.version import __version__
@@ -54,6 +55,7 @@ class PartitionProcessor:
         checkpoint_dir: Callable[[int], Path] | None = None,
         group_records: int = MAX_GROUP_RECORDS,
         keyring: Mapping[str, bytes] | None = None,
+        keyring_loader: Callable[[], Mapping[str, bytes]] | None = None,
     ) -> None:
         assert 1 <= group_records <= MAX_GROUP_RECORDS
         self.partition = partition
@@ -64,6 +66,7 @@ class PartitionProcessor:
         self.checkpoint_dir = checkpoint_dir
         self.group_records = group_records
         self.keyring = dict(keyring or {})
+        self.keyring_loader = keyring_loader
         self.halt: Halt | None = None
         self.last_checkpoint: Manifest | None = None
         self._applied = store.applied_offset
@@ -80,7 +83,25 @@ class PartitionProcessor:
         return self._applied
 
     def step(self, stop_after: int | None = None) -> int:
-        """Apply at most one group of records (none past `stop_after`); returns how many."""
+        """Apply at most one group of records (none past `stop_after`); returns how many.
+
+        A record that needs a key the keyring lacks makes the runtime reload the
+        keyring (keys are added to the file while running) and apply the group again;
+        if the key is still missing the partition halts with RecoveryRequired.
+        """
+        try:
+            return self._step(stop_after)
+        except MissingKey:
+            if self.keyring_loader is not None:
+                self.keyring = dict(self.keyring_loader())
+                try:
+                    return self._step(stop_after)
+                except MissingKey as again:
+                    missing = again
+            self.halt = Halt(self.partition, self._applied + 1, f"RecoveryRequired: {missing}")
+            return 0
+
+    def _step(self, stop_after: int | None) -> int:
         if self.halt is not None:
             return 0
         limit = self.group_records
@@ -104,6 +125,8 @@ class PartitionProcessor:
             except Corruption as exc:
                 self.halt = Halt(self.partition, record.offset, f"Corruption: {exc}")
                 break
+            except MissingKey:
+                raise  # nothing of this group is committed yet: step() reloads the keyring
             except Exception as exc:  # a processor bug: stop this partition, not the service
                 self.halt = Halt(self.partition, record.offset, f"RecoveryRequired: {type(exc).__name__}: {exc}")
                 break

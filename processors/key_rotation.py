@@ -44,7 +44,11 @@ def rotate_keys(stage: Staged, body: Record, ctx: Context) -> Record:
         key_id = body[name]
         if key_id is None:
             continue
-        if not 1 <= len(key_id) <= limits.MAX_KEY_ID_CHARS or key_id not in ctx.keyring:
-            raise Rejected(ErrorCode.VALIDATION, f"{name} must name a key in the keyring")
+        if not 1 <= len(key_id) <= limits.MAX_KEY_ID_CHARS:
+            raise Rejected(ErrorCode.VALIDATION, f"{name} must be 1..{limits.MAX_KEY_ID_CHARS} characters")
+        if key_id not in ctx.keyring:
+            # Not a rejection: whether a key exists is configuration, and a replay with the
+            # key present would decide differently. The runtime reloads the keyring or halts.
+            raise MissingKey(f"keyring has no key {key_id!r}")
         stage.put(purpose, key_id.encode("utf-8"))
     return {"token_key_id": active_key_id(stage, TOKEN), "jitter_key_id": active_key_id(stage, JITTER)}
