@@ -16,7 +16,7 @@ from . import limits, tokens
 from .context import Context
 from .errors import Corruption, ErrorCode, Rejected
 from .key_rotation import TOKEN, active_key
-from .lifecycle import end_attempt, enter, leave
+from .lifecycle import end_attempt, enter, is_key_head, leave
 from .state import Record, load_message, load_queue, load_queue_by_id, save_queue
 
 
@@ -31,8 +31,6 @@ def receive(stage: Staged, body: Record, ctx: Context) -> Record:
     record = load_queue(stage, ctx.domain, body["queue"])
     queue = record["view"]
     policy, counters = queue["policy"], queue["counters"]
-    if policy["ordering"] != "competing":
-        raise Rejected(ErrorCode.UNSUPPORTED_CAPABILITY, "receive on a strict_per_key queue is not available yet")
     max_messages = _bounded(
         "max_messages", body["max_messages"], policy["receive_max_messages"], 1, policy["receive_max_messages"]
     )
@@ -42,15 +40,22 @@ def receive(stage: Staged, body: Record, ctx: Context) -> Record:
     queue_id = queue["incarnation"]
     key_id, key = active_key(stage, ctx.keyring, TOKEN)
     claims: list[tuple[str, Record]] = []
-    size = 0
+    size = examined = 0
+    budget_hit = False
     prefix = keys.ready_prefix(queue_id)
     for _, value in stage.scan(prefix, keys.prefix_end(prefix)):
         if len(claims) >= wanted:
             break
+        if examined == limits.RECEIVE_EXAMINATION_BUDGET:
+            budget_hit = True
+            break
+        examined += 1
         message_id = value.decode("utf-8")
         meta = load_message(stage, queue_id, message_id)
         if meta is None or meta["state"] != "ready":
             raise Corruption("the ready index names a message that is not ready")
+        if not is_key_head(stage, queue, meta):
+            continue  # an older message of its ordering key is unresolved: it waits
         if claims and size + meta["body_bytes"] > max_bytes:
             break  # the first claim is always made, so one large message never wedges a queue
         size += meta["body_bytes"]
@@ -98,7 +103,7 @@ def receive(stage: Staged, body: Record, ctx: Context) -> Record:
             }
         )
     save_queue(stage, record)
-    return {"deliveries": deliveries, "budget_exhausted": bool(ctx.fired.get("budget_exhausted", False))}
+    return {"deliveries": deliveries, "budget_exhausted": budget_hit or bool(ctx.fired.get("budget_exhausted", False))}
 
 
 def check_lease(stage: Staged, ctx: Context, token_text: str) -> tuple[Record, str, Record]:

@@ -118,7 +118,42 @@ def enter(
     if state in ("dead_lettered", "pending_dead_letter"):
         meta["dead_lettered_at_ms"] = now_ms
         _drop_expiry(stage, queue_id, meta)
+    _keep_ordering_row(stage, queue, message_id, meta)
     save_message(stage, queue_id, message_id, meta)
+
+
+def holds_its_key(policy: Record, state: str) -> bool:
+    """Whether a message in `state` still holds back later messages of its ordering key.
+
+    Every live state does, except a dead letter under parked_head=continue, which
+    releases its successors; under block a parked head keeps holding them.
+    """
+    if state not in LIVE_STATES:
+        return False
+    return policy["parked_head"] == "block" or state not in ("dead_lettered", "pending_dead_letter")
+
+
+def _keep_ordering_row(stage: Staged, queue: Record, message_id: str, meta: Record) -> None:
+    """In a strict_per_key queue, a message is in its key's ordering index while it holds the key."""
+    if queue["policy"]["ordering"] != "strict_per_key" or meta["ordering_key"] is None:
+        return
+    row = keys.ordering(queue["incarnation"], meta["ordering_key"], meta["enqueue_sequence"])
+    if holds_its_key(queue["policy"], meta["state"]):
+        stage.put(row, message_id.encode("utf-8"))
+    else:
+        stage.delete(row)
+
+
+def is_key_head(stage: Staged, queue: Record, meta: Record) -> bool:
+    """Whether the message is the oldest unresolved one of its ordering key (always true without one)."""
+    if queue["policy"]["ordering"] != "strict_per_key" or meta["ordering_key"] is None:
+        return True
+    prefix = keys.ordering_prefix(queue["incarnation"], meta["ordering_key"])
+    head = stage.first(prefix, keys.prefix_end(prefix))
+    if head is None:
+        raise Corruption("a keyed message is missing from its ordering index")
+    sequence: int = meta["enqueue_sequence"]
+    return keys.read_u64(head[0], len(head[0]) - 8) == sequence
 
 
 def _release(stage: Staged, record: Record, message_id: str, meta: Record, now_ms: int) -> None:

@@ -24,6 +24,7 @@ BODY = b"b"  # b | queue id u64 | message id                    -> raw body byte
 READY = b"r"  # r | queue id u64 | ready sequence u64           -> message id
 DEAD_LETTER = b"d"  # d | queue id u64 | parked sequence u64    -> message id
 PENDING_DEAD_LETTER = b"n"  # n | queue id u64 | enqueue sequence u64 -> message id
+ORDERING = b"k"  # k | queue id u64 | ordering key (u16-prefixed) | enqueue sequence u64 -> message id
 TIMER = b"t"  # t | queue id u64 | due ms u64 | kind u8 | enqueue sequence u64 -> message id
 DUE_QUEUE = b"w"  # w | due ms u64 | queue id u64                -> empty (earliest timer of a queue)
 OUTCOME = b"o"  # o | domain (u8-prefixed) | command id         -> fingerprint(32) | Outcome
@@ -94,6 +95,15 @@ def dead_letter(queue_id: int, parked_sequence: int) -> bytes:
 
 def pending_dead_letter(queue_id: int, enqueue_sequence: int) -> bytes:
     return PENDING_DEAD_LETTER + U64.pack(queue_id) + U64.pack(enqueue_sequence)
+
+
+def ordering_prefix(queue_id: int, ordering_key: str) -> bytes:
+    encoded = ordering_key.encode("utf-8")
+    return ORDERING + U64.pack(queue_id) + U16.pack(len(encoded)) + encoded
+
+
+def ordering(queue_id: int, ordering_key: str, enqueue_sequence: int) -> bytes:
+    return ordering_prefix(queue_id, ordering_key) + U64.pack(enqueue_sequence)
 
 
 def timer(queue_id: int, due_ms: int, kind: int, enqueue_sequence: int) -> bytes:
