@@ -185,6 +185,7 @@ def cmd_receive(args: argparse.Namespace) -> int:
             max_messages=args.max_messages,
             max_bytes=args.max_bytes,
             lease_ms=args.lease_ms,
+            wait_ms=args.wait_ms,
             command_id=args.command_id,
         )
         _print_json(result)
@@ -435,6 +436,7 @@ def build_parser() -> argparse.ArgumentParser:
     receive.add_argument("--max-messages", type=_positive)
     receive.add_argument("--max-bytes", type=_positive)
     receive.add_argument("--lease-ms", type=_positive)
+    receive.add_argument("--wait-ms", type=int, help="long poll: wait up to this long (≤ 20000) for a message")
     receive.set_defaults(func=cmd_receive)
     renew = sub.add_parser("renew", parents=[common, command], help="extend a delivery's lease")
     renew.add_argument("--domain", required=True)

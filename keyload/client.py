@@ -15,7 +15,7 @@ from keyload.log.codec import REGISTRY
 from keyload.processors import limits
 from keyload.runtime import domain_for_partition
 
-from .consumer import DEFAULT_CONCURRENCY, DEFAULT_LEASE_MS, ConsumeStats, Handler, consume
+from .consumer import DEFAULT_CONCURRENCY, DEFAULT_LEASE_MS, DEFAULT_WAIT_MS, ConsumeStats, Handler, consume
 from .errors import CommandRejected, KeyloadError, OutcomeTimeout, rejection
 from .results import (
     AckBatchResult,
@@ -232,11 +232,67 @@ class Client:
         max_messages: int | None = None,
         max_bytes: int | None = None,
         lease_ms: int | None = None,
+        wait_ms: int | None = None,
         command_id: str | None = None,
     ) -> ReceiveResult:
-        """Lease up to `max_messages` ready messages; an empty result is normal."""
-        body = {"queue": queue, "max_messages": max_messages, "max_bytes": max_bytes, "lease_ms": lease_ms}
-        return self._result(self.submit(domain, "keyload.command.Receive", body, command_id), ReceiveResult)
+        """Lease up to `max_messages` ready messages; an empty result is normal.
+
+        With `wait_ms` (≤ 20 s) and nothing ready, the receive waits in the log for a
+        message (one command, however long the wait) and returns when one arrives or
+        the wait ends; the client waits that long plus its own timeout.
+        """
+        body = {
+            "queue": queue,
+            "max_messages": max_messages,
+            "max_bytes": max_bytes,
+            "lease_ms": lease_ms,
+            "wait_ms": wait_ms,
+        }
+        timeout = self.timeout_s + (wait_ms or 0) / 1000
+        outcome = self.submit(domain, "keyload.command.Receive", body, command_id, timeout)
+        return self._result(outcome, ReceiveResult)
+
+    def receive_across(
+        self, lanes: list[Lane], *, request_id: str | None = None, timeout_s: float | None = None
+    ) -> list[LaneOutcome]:
+        """Receive from up to 8 queues in order, one independent Receive per lane.
+
+        Lane i's command id is "<request_id>.<i>": calling again with the same
+        request id and unchanged lanes returns the original per-lane receipts.
+        No atomicity across lanes is claimed: each lane is committed, rejected,
+        unknown (no outcome in time: retry with the same request id), or
+        not_attempted (the overall timeout ran out before its turn).
+        """
+        if not 1 <= len(lanes) <= MAX_LANES:
+            raise ValueError(f"receive_across takes 1..{MAX_LANES} lanes")
+        request_id = request_id or str(uuid.uuid4())
+        check_command_id(f"{request_id}.{len(lanes) - 1}")
+        deadline = time.monotonic() + (self.timeout_s if timeout_s is None else timeout_s)
+        outcomes: list[LaneOutcome] = []
+        for index, lane in enumerate(lanes):
+            command_id = f"{request_id}.{index}"
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                outcomes.append(LaneOutcome(lane, command_id, "not_attempted", None, None))
+                continue
+            body = {
+                "queue": lane.queue,
+                "max_messages": lane.max_messages,
+                "max_bytes": lane.max_bytes,
+                "lease_ms": lane.lease_ms,
+                "wait_ms": None,
+            }
+            try:
+                outcome = self.submit(lane.domain, "keyload.command.Receive", body, command_id, remaining)
+            except OutcomeTimeout:
+                outcomes.append(LaneOutcome(lane, command_id, "unknown", None, None))
+                continue
+            if outcome.status == "committed":
+                assert isinstance(outcome.result, ReceiveResult)
+                outcomes.append(LaneOutcome(lane, command_id, "committed", outcome.result, None))
+            else:
+                outcomes.append(LaneOutcome(lane, command_id, "rejected", None, rejection(outcome)))
+        return outcomes
 
     def renew(
         self, domain: str, token: str, *, lease_ms: int | None = None, command_id: str | None = None
@@ -267,6 +323,7 @@ class Client:
         *,
         concurrency: int = DEFAULT_CONCURRENCY,
         lease_ms: int = DEFAULT_LEASE_MS,
+        wait_ms: int = DEFAULT_WAIT_MS,
         stop: Event | None = None,
         nack_delay_ms: int | None = None,
     ) -> ConsumeStats:
@@ -279,6 +336,7 @@ class Client:
             handler,
             concurrency=concurrency,
             lease_ms=lease_ms,
+            wait_ms=wait_ms,
             stop=stop,
             nack_delay_ms=nack_delay_ms,
         )

@@ -3,7 +3,8 @@
 All log traffic happens on the calling thread (a Client is not thread-safe);
 handlers run on a thread pool. A handler that returns acks its delivery, one that
 raises nacks it (retried per the queue's policy, or dead-lettered). Setting
-`stop` stops receiving, lets running handlers finish, settles them, and returns.
+`stop` stops receiving, lets running handlers finish, settles them, and returns
+(a long-poll receive in progress finishes first: at most `wait_ms`).
 """
 
 from __future__ import annotations
@@ -26,8 +27,7 @@ Handler = Callable[[Delivery], None]
 DEFAULT_CONCURRENCY = 4
 DEFAULT_LEASE_MS = 30_000
 RENEW_FRACTION = 3  # renew when a third of the lease is left
-IDLE_WAIT_MIN_S = 0.05  # wait after an empty receive, doubling while idle
-IDLE_WAIT_MAX_S = 1.0
+DEFAULT_WAIT_MS = 5_000  # long poll while idle: one receive command per wait, not a flood
 SETTLE_POLL_S = 0.05  # how often running handlers are checked for completion and renewal
 LOST_LEASE_CODES = frozenset({"StaleLease", "LeaseExpired", "TokenInvalidated"})
 
@@ -54,6 +54,7 @@ def consume(
     *,
     concurrency: int = DEFAULT_CONCURRENCY,
     lease_ms: int = DEFAULT_LEASE_MS,
+    wait_ms: int = DEFAULT_WAIT_MS,
     stop: Event | None = None,
     nack_delay_ms: int | None = None,
 ) -> ConsumeStats:
@@ -64,7 +65,6 @@ def consume(
     stats = ConsumeStats()
     running: dict[Future[None], _Running] = {}
     renew_every = lease_ms / 1000 / RENEW_FRACTION
-    idle_wait = IDLE_WAIT_MIN_S
 
     def settle(future: Future[None], entry: _Running) -> None:
         token = entry.delivery.token
@@ -97,16 +97,13 @@ def consume(
         while not stop.is_set() or running:
             free = concurrency - len(running)
             if free > 0 and not stop.is_set():
-                result = client.receive(domain, queue, max_messages=free, lease_ms=lease_ms)
+                # Long-poll only while nothing runs, so running handlers keep being settled and renewed.
+                result = client.receive(
+                    domain, queue, max_messages=free, lease_ms=lease_ms, wait_ms=None if running else wait_ms
+                )
                 for delivery in result.deliveries:
                     running[pool.submit(handler, delivery)] = _Running(delivery, time.monotonic() + renew_every)
                 stats.received += len(result.deliveries)
-                if result.deliveries:
-                    idle_wait = IDLE_WAIT_MIN_S
-                elif not running:
-                    stop.wait(idle_wait)
-                    idle_wait = min(idle_wait * 2, IDLE_WAIT_MAX_S)
-                    continue
             if running:
                 done, _ = wait(list(running), timeout=SETTLE_POLL_S, return_when=FIRST_COMPLETED)
                 for future in done:

@@ -131,8 +131,9 @@ class PartitionProcessor:
                 self.halt = Halt(self.partition, record.offset, f"RecoveryRequired: {type(exc).__name__}: {exc}")
                 break
             applied, last_time = record.offset, now_ms
-            if result.outcome is not None and self._publishes_to(result.reply_to):
-                published.setdefault(result.reply_to, []).append(result.outcome)
+            for reply_to, outcome in result.published:
+                if self._publishes_to(reply_to):
+                    published.setdefault(reply_to, []).append(outcome)
             if result.kind == CHECKPOINT_KIND and result.committed:
                 take_checkpoint = True
                 break  # a checkpoint is taken exactly at its command's offset

@@ -26,6 +26,7 @@ TOP_LEVEL = (
     "keyload.QueueRecord",
     "keyload.MessageMeta",
     "keyload.PoisonEntry",
+    "keyload.Waiter",
 )
 
 Record = dict[str, Any]
@@ -60,7 +61,9 @@ def expanded_current(name: str) -> Any:
 def history(name: str) -> list[tuple[int, Any]]:
     """Every released version of `name`, oldest first."""
     folder = resources.files("keyload.schemas").joinpath("history", name)
-    versions = []
+    versions: list[tuple[int, Any]] = []
+    if not folder.is_dir():
+        return versions
     for entry in folder.iterdir():
         if entry.name.endswith(".avsc"):
             version = int(entry.name.removeprefix("v").removesuffix(".avsc"))

@@ -24,12 +24,12 @@ from . import dead_letters, key_rotation, leases, lifecycle, limits, queues
 from .access import authorize
 from .context import Context
 from .errors import ErrorCode, Rejected
+from .outcomes import OUTCOME, new_outcome, reject
 
 Record = dict[str, Any]
 Handler = Callable[[Staged, Record, Context], Record | None]
 
 COMMAND = "keyload.Command"
-OUTCOME = "keyload.Outcome"
 POISON = "keyload.PoisonEntry"
 FINGERPRINT_BYTES = 32
 INFORMATIONAL_TAIL = ("reply_to", "client_time_ms")
@@ -78,15 +78,12 @@ COMMANDS: dict[str, tuple[Handler, str]] = {
 
 @dataclass(frozen=True, slots=True)
 class Applied:
-    """What applying one record produced. `outcome` is None for a poison record."""
+    """What applying one record produced: outcomes to publish (reply partition, bytes), the
+    record's own first when it has one; its command kind; whether it committed."""
 
-    outcome: bytes | None
-    reply_to: int | None
+    published: tuple[tuple[int | None, bytes], ...]
     kind: str | None
     committed: bool
-
-
-POISON_APPLIED = Applied(None, None, None, False)
 
 
 def fingerprint(command: Record, value: bytes) -> bytes:
@@ -125,7 +122,8 @@ def apply_record(
     """Apply one record at evaluation time `now_ms`.
 
     Every record first lets log time advance: timers due by `now_ms` fire (within
-    the tick budget) whatever the record turns out to be.
+    the tick budget) whatever the record turns out to be. After the record, queues
+    it changed serve their waiting long-poll receives.
     """
     try:
         command: Record | None = REGISTRY.decode(COMMAND, value)
@@ -134,32 +132,55 @@ def apply_record(
         command, poison = None, str(exc)
     if command is not None and not _valid_command_id(command["command_id"]):
         command, poison = None, "command id is not 1..128 printable ASCII characters"
-    moment = Context(partition, offset, now_ms, f"@{offset}", "", "", keyring)
+    trigger = f"@{offset}" if command is None else command["command_id"]
+    ctx = Context(partition, offset, now_ms, trigger, "", "", keyring)
+    fired = _advance_time(stage, ctx)
     if command is None:
-        lifecycle.fire_due(stage, moment)
         assert poison is not None
         _record_poison(stage, value, offset, now_ms, poison)
-        return POISON_APPLIED
+        return Applied(tuple(ctx.outbox.published), None, False)
+    own, kind, committed = _apply_command(stage, command, value, dataclasses.replace(ctx, fired=fired), partitions)
+    published = ((command["reply_to"], own),) if own is not None else ()
+    return Applied(published + tuple(ctx.outbox.published), kind, committed)
+
+
+def _advance_time(stage: Staged, ctx: Context) -> Record:
+    timers = Staged(stage)
+    fired = lifecycle.fire_due(timers, ctx)
+    timers.merge_into(stage)
+    leases.serve_waiters(stage, ctx, timers.written(keys.QUEUE))
+    return fired
+
+
+def _apply_command(
+    stage: Staged, command: Record, value: bytes, ctx: Context, partitions: int
+) -> tuple[bytes | None, str, bool]:
+    """(own outcome to publish, or None while deferred; kind; committed) of one decoded command."""
     command_id: str = command["command_id"]
-    fired = lifecycle.fire_due(stage, dataclasses.replace(moment, command_id=command_id))
     kind, body = command["body"]
     domain: str = command["domain"]
-    reply_to = command["reply_to"]
-    outcome = _outcome(command_id, domain, partition, offset, now_ms)
+    outcome = new_outcome(command_id, domain, ctx.partition, ctx.offset, ctx.now_ms)
     if not valid_domain(domain):
         # Without a valid domain there is no key to store the outcome under: it is published only.
-        _reject(outcome, Rejected(ErrorCode.VALIDATION, DOMAIN_RULE))
-        return Applied(REGISTRY.encode(OUTCOME, outcome), reply_to, kind, False)
+        reject(outcome, Rejected(ErrorCode.VALIDATION, DOMAIN_RULE))
+        return REGISTRY.encode(OUTCOME, outcome), kind, False
     print_ = fingerprint(command, value)
 
     stored = None if kind in UNSTORED_KINDS else stage.get(keys.outcome(domain, command_id))
     if stored is not None:
-        if stored[:FINGERPRINT_BYTES] == print_:
-            return Applied(stored[FINGERPRINT_BYTES:], reply_to, kind, False)
-        _reject(outcome, Rejected(ErrorCode.CONFLICT, "command id was used for a different command"))
-        return Applied(REGISTRY.encode(OUTCOME, outcome), reply_to, kind, False)
+        if stored[:FINGERPRINT_BYTES] != print_:
+            reject(outcome, Rejected(ErrorCode.CONFLICT, "command id was used for a different command"))
+            return REGISTRY.encode(OUTCOME, outcome), kind, False
+        previous = stored[FINGERPRINT_BYTES:]
+        return (previous or None), kind, False  # empty: a long-poll receive still waiting
 
-    ctx = dataclasses.replace(moment, command_id=command_id, domain=domain, principal=command["principal"], fired=fired)
+    ctx = dataclasses.replace(
+        ctx,
+        domain=domain,
+        principal=command["principal"],
+        reply_to=command["reply_to"],
+        fingerprint=print_,
+    )
     child = Staged(stage)
     try:
         _check_envelope(ctx, partitions)
@@ -169,12 +190,16 @@ def apply_record(
         if result is not None:
             outcome["result"] = (result_type, result)
         child.merge_into(stage)
+        leases.serve_waiters(stage, ctx, child.written(keys.QUEUE))
     except Rejected as rejection:
-        _reject(outcome, rejection)
+        reject(outcome, rejection)
+    if ctx.outbox.deferred:
+        stage.put(keys.outcome(domain, command_id), print_)
+        return None, kind, True
     encoded = REGISTRY.encode(OUTCOME, outcome)
     if kind not in UNSTORED_KINDS:
         stage.put(keys.outcome(domain, command_id), print_ + encoded)
-    return Applied(encoded, reply_to, kind, outcome["status"] == "committed")
+    return encoded, kind, outcome["status"] == "committed"
 
 
 def _valid_command_id(command_id: str) -> bool:
@@ -193,25 +218,6 @@ def _check_envelope(ctx: Context, partitions: int) -> None:
         raise Rejected(ErrorCode.VALIDATION, "domain does not belong to this partition")
     if not 1 <= len(ctx.principal) <= limits.MAX_PRINCIPAL_CHARS:
         raise Rejected(ErrorCode.VALIDATION, f"principal must be 1..{limits.MAX_PRINCIPAL_CHARS} characters")
-
-
-def _outcome(command_id: str, domain: str, partition: int, offset: int, now_ms: int) -> Record:
-    return {
-        "command_id": command_id,
-        "domain": domain,
-        "partition": partition,
-        "offset": offset,
-        "eval_time_ms": now_ms,
-        "status": "committed",
-        "error_code": None,
-        "detail": "",
-        "result": None,
-    }
-
-
-def _reject(outcome: Record, rejection: Rejected) -> None:
-    detail = rejection.detail[: limits.MAX_DETAIL_CHARS]
-    outcome.update(status="rejected", error_code=str(rejection.code), detail=detail, result=None)
 
 
 def _record_poison(stage: Staged, value: bytes, offset: int, now_ms: int, reason: str) -> None:

@@ -6,6 +6,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from .outcomes import Outbox
+
 
 @dataclass(frozen=True, slots=True)
 class Context:
@@ -17,3 +19,6 @@ class Context:
     principal: str
     keyring: Mapping[str, bytes]  # configured key material by key id; never logged
     fired: dict[str, Any] = field(default_factory=dict)  # what advancing log time did first (a TickResult)
+    reply_to: int | None = None
+    fingerprint: bytes = b""
+    outbox: Outbox = field(default_factory=Outbox)

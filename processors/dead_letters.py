@@ -93,13 +93,17 @@ def list_dead_letters(stage: Staged, body: Record, ctx: Context) -> Record:
     if not 1 <= limit <= limits.MAX_DEAD_LETTER_PAGE:
         raise Rejected(ErrorCode.VALIDATION, f"limit must be between 1 and {limits.MAX_DEAD_LETTER_PAGE}")
     queue_id = record["view"]["incarnation"]
+    if body["after_sequence"] is not None and body["after_sequence"] < 0:
+        raise Rejected(ErrorCode.VALIDATION, "after_sequence must not be negative")
     after = body["after_sequence"] or 0
     start = keys.dead_letter(queue_id, after + 1)
     end = keys.prefix_end(keys.DEAD_LETTER + keys.u64(queue_id))
     messages: list[Record] = []
     last = None
+    more = False
     for key, value in stage.scan(start, end):
         if len(messages) == limit:
+            more = True  # there is at least one more after this page
             break
         message_id = value.decode("utf-8")
         meta = load_message(stage, queue_id, message_id)
@@ -108,5 +112,4 @@ def list_dead_letters(stage: Staged, body: Record, ctx: Context) -> Record:
         payload = stage.get(keys.body(queue_id, message_id)) if body["include_body"] else None
         messages.append({"queue": record["view"]["queue"], "message_id": message_id, "meta": meta, "body": payload})
         last = keys.read_u64(key, 9)
-    more = len(messages) == limit
     return {"messages": messages, "next_after_sequence": last if more else None}

@@ -9,15 +9,17 @@ lease version and state (StaleLease), deadline (LeaseExpired).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from keyload.projections import keys
 from keyload.projections.store import Staged
 
-from . import limits, tokens
+from . import limits, tokens, waiters
 from .context import Context
 from .errors import Corruption, ErrorCode, Rejected
 from .key_rotation import TOKEN, active_key
 from .lifecycle import end_attempt, enter, is_key_head, leave
-from .state import Record, load_message, load_queue, load_queue_by_id, save_queue
+from .state import QUEUE_RECORD, Record, load_message, load_queue, load_queue_by_id, save_queue
 
 
 def _bounded(name: str, value: int | None, default: int, minimum: int, maximum: int) -> int:
@@ -27,24 +29,52 @@ def _bounded(name: str, value: int | None, default: int, minimum: int, maximum: 
     return chosen
 
 
-def receive(stage: Staged, body: Record, ctx: Context) -> Record:
+@dataclass(frozen=True, slots=True)
+class ReceiveLimits:
+    max_messages: int
+    max_bytes: int
+    lease_ms: int
+
+
+def receive_limits(policy: Record, body: Record) -> ReceiveLimits:
+    """A Receive's limits, defaulted from and bounded by the queue's policy."""
+    return ReceiveLimits(
+        _bounded(
+            "max_messages", body["max_messages"], policy["receive_max_messages"], 1, policy["receive_max_messages"]
+        ),
+        _bounded("max_bytes", body["max_bytes"], policy["receive_max_bytes"], 1, policy["receive_max_bytes"]),
+        _bounded("lease_ms", body["lease_ms"], policy["lease_ms"], limits.MIN_LEASE_MS, policy["max_lease_ms"]),
+    )
+
+
+def receive(stage: Staged, body: Record, ctx: Context) -> Record | None:
     record = load_queue(stage, ctx.domain, body["queue"])
+    wanted = receive_limits(record["view"]["policy"], body)
+    wait_ms = _bounded("wait_ms", body["wait_ms"], 0, 0, limits.MAX_WAIT_MS)
+    deliveries, budget_hit = claim(stage, record, ctx, ctx.principal, wanted)
+    if not deliveries and wait_ms > 0:
+        waiters.wait(stage, record, ctx, wanted.max_messages, wanted.max_bytes, wanted.lease_ms, ctx.now_ms + wait_ms)
+        ctx.outbox.deferred = True
+        save_queue(stage, record)
+        return None
+    save_queue(stage, record)
+    return {"deliveries": deliveries, "budget_exhausted": budget_hit or bool(ctx.fired.get("budget_exhausted", False))}
+
+
+def claim(
+    stage: Staged, record: Record, ctx: Context, principal: str, wanted: ReceiveLimits
+) -> tuple[list[Record], bool]:
+    """Lease ready messages in FIFO order for `principal`: (deliveries, examination budget hit)."""
     queue = record["view"]
     policy, counters = queue["policy"], queue["counters"]
-    max_messages = _bounded(
-        "max_messages", body["max_messages"], policy["receive_max_messages"], 1, policy["receive_max_messages"]
-    )
-    max_bytes = _bounded("max_bytes", body["max_bytes"], policy["receive_max_bytes"], 1, policy["receive_max_bytes"])
-    lease_ms = _bounded("lease_ms", body["lease_ms"], policy["lease_ms"], limits.MIN_LEASE_MS, policy["max_lease_ms"])
-    wanted = min(max_messages, policy["max_in_flight"] - counters["leased"])
+    room = min(wanted.max_messages, policy["max_in_flight"] - counters["leased"])
     queue_id = queue["incarnation"]
-    key_id, key = active_key(stage, ctx.keyring, TOKEN)
     claims: list[tuple[str, Record]] = []
     size = examined = 0
     budget_hit = False
     prefix = keys.ready_prefix(queue_id)
     for _, value in stage.scan(prefix, keys.prefix_end(prefix)):
-        if len(claims) >= wanted:
+        if len(claims) >= room:
             break
         if examined == limits.RECEIVE_EXAMINATION_BUDGET:
             budget_hit = True
@@ -56,25 +86,20 @@ def receive(stage: Staged, body: Record, ctx: Context) -> Record:
             raise Corruption("the ready index names a message that is not ready")
         if not is_key_head(stage, queue, meta):
             continue  # an older message of its ordering key is unresolved: it waits
-        if claims and size + meta["body_bytes"] > max_bytes:
+        if claims and size + meta["body_bytes"] > wanted.max_bytes:
             break  # the first claim is always made, so one large message never wedges a queue
         size += meta["body_bytes"]
         claims.append((message_id, meta))
+    if not claims:
+        return [], budget_hit
+    key_id, key = active_key(stage, ctx.keyring, TOKEN)
     deliveries = []
     for message_id, meta in claims:
         leave(stage, record, message_id, meta)
         meta["attempts"] += 1
         meta["lease_version"] += 1
-        enter(
-            stage,
-            record,
-            message_id,
-            meta,
-            "leased",
-            ctx.now_ms,
-            lease_until_ms=ctx.now_ms + lease_ms,
-            lease_owner=ctx.principal,
-        )
+        lease_until = ctx.now_ms + wanted.lease_ms
+        enter(stage, record, message_id, meta, "leased", ctx.now_ms, lease_until_ms=lease_until, lease_owner=principal)
         payload = stage.get(keys.body(queue_id, message_id))
         if payload is None:
             raise Corruption("a leased message has no body")
@@ -85,7 +110,7 @@ def receive(stage: Staged, body: Record, ctx: Context) -> Record:
             queue=queue["queue"],
             incarnation=queue_id,
             message_id=message_id,
-            principal=ctx.principal,
+            principal=principal,
             delivery_generation=meta["delivery_generation"],
             lease_version=meta["lease_version"],
         )
@@ -98,12 +123,34 @@ def receive(stage: Staged, body: Record, ctx: Context) -> Record:
                 "ordering_key": meta["ordering_key"],
                 "attempts": meta["attempts"],
                 "delivery_generation": meta["delivery_generation"],
-                "lease_until_ms": meta["lease_until_ms"],
+                "lease_until_ms": lease_until,
                 "enqueued_at_ms": meta["enqueued_at_ms"],
             }
         )
-    save_queue(stage, record)
-    return {"deliveries": deliveries, "budget_exhausted": budget_hit or bool(ctx.fired.get("budget_exhausted", False))}
+    return deliveries, budget_hit
+
+
+def serve_waiters(stage: Staged, ctx: Context, queue_keys: list[bytes]) -> None:
+    """Serve waiting long-poll receives of the queues a record changed, oldest waiter first."""
+    served = 0
+    for queue_key in queue_keys:
+        record = stage.get_record(queue_key, QUEUE_RECORD)
+        if record is None or record["waiting_receives"] == 0:
+            continue
+        queue_id = record["view"]["incarnation"]
+        changed = False
+        for sequence, waiter in waiters.oldest(stage, queue_id, limits.MAX_WAITERS_SERVED - served):
+            if record["view"]["counters"]["ready"] == 0:
+                break
+            wanted = ReceiveLimits(waiter["max_messages"], waiter["max_bytes"], waiter["lease_ms"])
+            deliveries, _ = claim(stage, record, ctx, waiter["principal"], wanted)
+            if not deliveries:
+                break
+            waiters.complete(stage, record, ctx, sequence, waiter, deliveries)
+            served += 1
+            changed = True
+        if changed:
+            save_queue(stage, record)
 
 
 def check_lease(stage: Staged, ctx: Context, token_text: str) -> tuple[Record, str, Record]:

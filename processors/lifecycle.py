@@ -14,7 +14,7 @@ import hmac
 from keyload.projections import keys
 from keyload.projections.store import Staged
 
-from . import limits
+from . import limits, waiters
 from .context import Context
 from .errors import Corruption
 from .key_rotation import JITTER, active_key
@@ -297,7 +297,13 @@ def _fire_queue_timers(stage: Staged, record: Record, ctx: Context, budget: int)
         due.append((key, value))
     transitions = 0
     for key, value in due:
-        _, kind, _ = keys.parse_timer(key)
+        if stage.get(key) != value:
+            continue  # an earlier transition in this batch already moved the message off this timer
+        _, kind, sequence = keys.parse_timer(key)
+        if kind == keys.TIMER_WAITER:
+            waiters.expire(stage, record, ctx, sequence)
+            transitions += 1
+            continue
         message_id = value.decode("utf-8")
         meta = load_message(stage, queue_id, message_id)
         if meta is None:

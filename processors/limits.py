@@ -22,6 +22,9 @@ MAX_KEY_ID_CHARS = 64
 MIN_LEASE_MS = 100
 MAX_ACK_BATCH = 100  # tokens per AckBatch
 MAX_DEAD_LETTER_PAGE = 100  # messages per ListDeadLetters page
+MAX_WAIT_MS = 20_000  # longest long-poll Receive
+MAX_WAITERS_PER_QUEUE = 1_000  # waiting long-poll receives a queue holds at once
+MAX_WAITERS_SERVED = 64  # waiters one record may serve
 
 # Identifiers: printable ASCII without spaces (command and message ids); stricter
 # names for domains, queues and header names so they read well in URLs and CLIs.

@@ -81,6 +81,8 @@ def create_queue(stage: Staged, body: Record, ctx: Context) -> Record:
         "next_ready_sequence": 1,
         "next_parked_sequence": 1,
         "next_timer_ms": None,
+        "waiting_receives": 0,
+        "next_waiter_sequence": 1,
     }
     stage.put_record(keys.queue(ctx.domain, name), QUEUE_RECORD, record)
     return view(record)

@@ -24,6 +24,7 @@ BODY = b"b"  # b | queue id u64 | message id                    -> raw body byte
 READY = b"r"  # r | queue id u64 | ready sequence u64           -> message id
 DEAD_LETTER = b"d"  # d | queue id u64 | parked sequence u64    -> message id
 PENDING_DEAD_LETTER = b"n"  # n | queue id u64 | enqueue sequence u64 -> message id
+WAITER = b"a"  # a | queue id u64 | waiter sequence u64          -> Waiter (a waiting long-poll Receive)
 ORDERING = b"k"  # k | queue id u64 | ordering key (u16-prefixed) | enqueue sequence u64 -> message id
 TIMER = b"t"  # t | queue id u64 | due ms u64 | kind u8 | enqueue sequence u64 -> message id
 DUE_QUEUE = b"w"  # w | due ms u64 | queue id u64                -> empty (earliest timer of a queue)
@@ -39,6 +40,7 @@ NEXT_DUE = META + b"next_due"  # u64 due time of the partition's earliest timer 
 TIMER_EXPIRY = 0
 TIMER_LEASE = 1
 TIMER_NOT_BEFORE = 2
+TIMER_WAITER = 3  # a long-poll Receive's deadline; the timer's sequence is the waiter's
 
 TIMER_KEY_BYTES = 1 + 8 + 8 + 1 + 8
 
@@ -95,6 +97,14 @@ def dead_letter(queue_id: int, parked_sequence: int) -> bytes:
 
 def pending_dead_letter(queue_id: int, enqueue_sequence: int) -> bytes:
     return PENDING_DEAD_LETTER + U64.pack(queue_id) + U64.pack(enqueue_sequence)
+
+
+def waiter(queue_id: int, waiter_sequence: int) -> bytes:
+    return WAITER + U64.pack(queue_id) + U64.pack(waiter_sequence)
+
+
+def waiter_prefix(queue_id: int) -> bytes:
+    return WAITER + U64.pack(queue_id)
 
 
 def ordering_prefix(queue_id: int, ordering_key: str) -> bytes:

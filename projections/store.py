@@ -170,6 +170,12 @@ class Staged:
             parent._stage(key, value)
             parent._loaded.pop(key, None)
 
+    def written(self, prefix: bytes) -> list[bytes]:
+        """Keys under `prefix` this stage wrote (not deleted), in key order."""
+        start = bisect.bisect_left(self._order, prefix)
+        end = bisect.bisect_left(self._order, keys.prefix_end(prefix))
+        return [key for key in self._order[start:end] if self._writes[key] is not None]
+
     def encoded_writes(self) -> dict[bytes, bytes | None]:
         """The staged writes as bytes, each pending record encoded once."""
         return {k: v.encode() if isinstance(v, _Pending) else v for k, v in self._writes.items()}

@@ -1,0 +1,43 @@
+"""Outcome records, and the outbox of outcomes a record publishes besides its own."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from . import limits
+from .errors import Rejected
+
+Record = dict[str, Any]
+OUTCOME = "keyload.Outcome"
+
+
+@dataclass
+class Outbox:
+    """What applying one record publishes beyond its own outcome, and whether that is deferred.
+
+    A long-poll Receive that finds nothing defers its outcome; a later record that
+    serves it (or reaches its deadline) publishes that outcome from here.
+    """
+
+    published: list[tuple[int | None, bytes]] = field(default_factory=list)
+    deferred: bool = False
+
+
+def new_outcome(command_id: str, domain: str, partition: int, offset: int, now_ms: int) -> Record:
+    return {
+        "command_id": command_id,
+        "domain": domain,
+        "partition": partition,
+        "offset": offset,
+        "eval_time_ms": now_ms,
+        "status": "committed",
+        "error_code": None,
+        "detail": "",
+        "result": None,
+    }
+
+
+def reject(outcome: Record, rejection: Rejected) -> None:
+    detail = rejection.detail[: limits.MAX_DETAIL_CHARS]
+    outcome.update(status="rejected", error_code=str(rejection.code), detail=detail, result=None)

@@ -1,0 +1,88 @@
+"""Long-poll receives: a Receive that finds nothing ready waits as a logged waiter.
+
+A waiter is served by the first later record that leaves its queue with a
+deliverable message (the claims are made for the waiter's principal, and the
+outcome is published under the waiting Receive's command id), or completed empty
+when log time passes its deadline. Either way the Receive's stored outcome
+becomes that final outcome, so a retry of the same command id returns it.
+"""
+
+from __future__ import annotations
+
+from keyload.log.codec import REGISTRY
+from keyload.projections import keys
+from keyload.projections.store import Staged
+
+from . import limits
+from .context import Context
+from .errors import Corruption, ErrorCode, Rejected
+from .outcomes import OUTCOME, new_outcome
+from .state import Record, add_index_row, remove_index_row
+
+WAITER = "keyload.Waiter"
+
+
+def wait(
+    stage: Staged, record: Record, ctx: Context, max_messages: int, max_bytes: int, lease_ms: int, deadline_ms: int
+) -> None:
+    if record["waiting_receives"] >= limits.MAX_WAITERS_PER_QUEUE:
+        raise Rejected(
+            ErrorCode.RESOURCE_EXHAUSTED, f"the queue already holds {limits.MAX_WAITERS_PER_QUEUE} waiting receives"
+        )
+    queue_id = record["view"]["incarnation"]
+    sequence = record["next_waiter_sequence"]
+    record["next_waiter_sequence"] = sequence + 1
+    record["waiting_receives"] += 1
+    waiter = {
+        "command_id": ctx.command_id,
+        "domain": ctx.domain,
+        "principal": ctx.principal,
+        "reply_to": ctx.reply_to,
+        "offset": ctx.offset,
+        "fingerprint": ctx.fingerprint,
+        "max_messages": max_messages,
+        "max_bytes": max_bytes,
+        "lease_ms": lease_ms,
+        "deadline_ms": deadline_ms,
+    }
+    stage.put_record(keys.waiter(queue_id, sequence), WAITER, waiter)
+    add_index_row(stage, keys.timer(queue_id, deadline_ms, keys.TIMER_WAITER, sequence), "")
+
+
+def oldest(stage: Staged, queue_id: int, count: int) -> list[tuple[int, Record]]:
+    """Up to `count` waiters of the queue, oldest first, as (sequence, waiter)."""
+    found: list[tuple[int, Record]] = []
+    prefix = keys.waiter_prefix(queue_id)
+    for key, _ in stage.scan(prefix, keys.prefix_end(prefix)):
+        if len(found) == count:
+            break
+        sequence = keys.read_u64(key, 9)
+        waiter = stage.get_record(key, WAITER)
+        assert waiter is not None
+        found.append((sequence, waiter))
+    return found
+
+
+def complete(
+    stage: Staged, record: Record, ctx: Context, sequence: int, waiter: Record, deliveries: list[Record]
+) -> None:
+    """Finish a waiting Receive with `deliveries` (empty at its deadline) and publish its outcome."""
+    queue_id = record["view"]["incarnation"]
+    outcome = new_outcome(waiter["command_id"], waiter["domain"], ctx.partition, waiter["offset"], ctx.now_ms)
+    outcome["result"] = ("keyload.result.ReceiveResult", {"deliveries": deliveries, "budget_exhausted": False})
+    encoded = REGISTRY.encode(OUTCOME, outcome)
+    stage.put(keys.outcome(waiter["domain"], waiter["command_id"]), waiter["fingerprint"] + encoded)
+    ctx.outbox.published.append((waiter["reply_to"], encoded))
+    stage.delete(keys.waiter(queue_id, sequence))
+    remove_index_row(stage, keys.timer(queue_id, waiter["deadline_ms"], keys.TIMER_WAITER, sequence), "")
+    record["waiting_receives"] -= 1
+    if record["waiting_receives"] < 0:
+        raise Corruption("waiting receive count would become negative")
+
+
+def expire(stage: Staged, record: Record, ctx: Context, sequence: int) -> None:
+    """The waiter's deadline timer fired: it completes with no deliveries."""
+    waiter = stage.get_record(keys.waiter(record["view"]["incarnation"], sequence), WAITER)
+    if waiter is None:
+        raise Corruption("a waiter deadline names a missing waiter")
+    complete(stage, record, ctx, sequence, waiter, [])
