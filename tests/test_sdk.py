@@ -1,0 +1,128 @@
+"""The SDK against a running `keyload run`: long poll, multi-lane receive, the consumer helper."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from keyload import Client
+from keyload.client import Lane
+from keyload.errors import OutcomeTimeout
+from keyload.log.base import partition_for
+from keyload.results import Delivery, QueuePolicy
+
+from .support import start_service, stop_service
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture
+def client(tmp_path: Path) -> Iterator[Client]:
+    service = start_service(tmp_path / "data", "--tick-interval-ms", "50")
+    sdk = Client(tmp_path / "data")
+    try:
+        yield sdk
+    finally:
+        sdk.close()
+        assert stop_service(service) == 0
+
+
+def test_an_idle_long_poll_appends_one_command_and_an_enqueue_completes_it(client: Client, tmp_path: Path) -> None:
+    client.create_queue("shop", "jobs")
+    log = client.data.command_log()
+    partition = partition_for("shop", client.data.partitions)
+    before = log.end_offset(partition)
+    # Nothing arrives: the receive waits out its 1.5 s in the log, as one command.
+    started = time.monotonic()
+    assert client.receive("shop", "jobs", wait_ms=1_500).deliveries == []
+    assert time.monotonic() - started >= 1.4
+    ticks = sum(1 for r in log.read(partition, before, 1_000) if b"keyload-ticker" in r.value)
+    assert log.end_offset(partition) - before - ticks == 1
+    # A message enqueued during a wait completes it at once.
+    producer = Client(tmp_path / "data")
+    timer = threading.Timer(0.3, lambda: producer.enqueue("shop", "jobs", b"hi", message_id="m1"))
+    timer.start()
+    started = time.monotonic()
+    result = client.receive("shop", "jobs", wait_ms=20_000)
+    timer.join()
+    producer.close()
+    assert [d.message_id for d in result.deliveries] == ["m1"]
+    assert time.monotonic() - started < 5  # served when the enqueue was applied, not at the deadline
+
+
+def test_receive_across_reports_each_lane_and_a_retry_returns_the_same_receipts(client: Client) -> None:
+    client.create_queue("shop", "a")
+    client.create_queue("shop", "b")
+    client.enqueue("shop", "a", b"1", message_id="a1")
+    client.enqueue("shop", "b", b"2", message_id="b1")
+    lanes = [Lane("shop", "a"), Lane("shop", "missing"), Lane("shop", "b")]
+    first = client.receive_across(lanes, request_id="req-1")
+    assert [o.status for o in first] == ["committed", "rejected", "committed"]
+    assert [o.command_id for o in first] == ["req-1.0", "req-1.1", "req-1.2"]
+    assert first[1].error is not None and first[1].error.code == "NotFound"
+    again = client.receive_across(lanes, request_id="req-1")
+    assert [o.result for o in again] == [o.result for o in first]  # the original deliveries and tokens
+    late = client.receive_across(lanes, request_id="req-2", timeout_s=0)
+    assert [o.status for o in late] == ["not_attempted"] * 3
+
+
+def test_a_lane_without_an_outcome_is_unknown(tmp_path: Path) -> None:
+    # No service runs: the command is appended but nobody applies it.
+    from keyload.datadir import DataDir
+
+    DataDir.create(tmp_path / "data")
+    client = Client(tmp_path / "data")
+    try:
+        [lane] = client.receive_across([Lane("shop", "q")], request_id="r", timeout_s=0.3)
+        assert lane.status == "unknown"
+        with pytest.raises(OutcomeTimeout) as caught:
+            client.submit("shop", "keyload.command.InspectQueue", {"queue": "q"}, "direct", 0.2)
+        assert caught.value.command_id == "direct"  # what to resubmit with
+    finally:
+        client.close()
+
+
+def test_consumer_helper_acks_nacks_and_renews(client: Client) -> None:
+    client.create_queue("shop", "jobs", QueuePolicy(max_attempts=2, retry_base_ms=10, retry_max_ms=10, lease_ms=1_000))
+    for i in range(40):
+        client.enqueue("shop", "jobs", str(i).encode(), message_id=f"m{i}")
+    seen: dict[str, int] = {}
+    lock = threading.Lock()
+
+    def handler(delivery: Delivery) -> None:
+        with lock:
+            seen[delivery.message_id] = seen.get(delivery.message_id, 0) + 1
+        if delivery.message_id == "slow":
+            time.sleep(2.5)  # longer than the 1 s lease: the helper must renew it
+        if int(delivery.message_id[1:] if delivery.message_id != "slow" else 0) % 10 == 3:
+            raise RuntimeError("handler failure")
+
+    client.enqueue("shop", "jobs", b"slow", message_id="slow")
+    stop = threading.Event()
+    consumer = Client(client.data.root)
+    results = []
+    thread = threading.Thread(
+        target=lambda: results.append(
+            consumer.consume("shop", "jobs", handler, concurrency=4, lease_ms=1_000, wait_ms=500, stop=stop)
+        )
+    )
+    thread.start()
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        counters = client.inspect_queue("shop", "jobs").counters
+        if counters.acked_total + counters.dead_lettered == 41:
+            break
+        time.sleep(0.1)
+    stop.set()
+    thread.join(30)
+    consumer.close()
+    [stats] = results
+    counters = client.inspect_queue("shop", "jobs").counters
+    assert (counters.acked_total, counters.dead_lettered) == (37, 4)  # m3, m13, m23, m33 fail twice
+    assert seen["slow"] == 1 and stats.lost_leases == 0  # renewed, never redelivered
+    assert all(seen[f"m{i}"] == (2 if i % 10 == 3 else 1) for i in range(40))
+    assert (stats.acked, stats.nacked) == (37, 8)
