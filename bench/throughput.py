@@ -20,25 +20,18 @@ from __future__ import annotations
 
 import argparse
 import cProfile
-import importlib.metadata
 import json
 import math
-import os
-import platform
 import pstats
 import random
-import resource
 import shutil
 import sys
 import tempfile
-import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-
-from rocksdict import Options, Rdict, WriteBatch, WriteOptions
 
 from keyload.datadir import DataDir
 from keyload.log.base import partition_for
@@ -50,17 +43,24 @@ from keyload.projections.store import Store
 from keyload.recovery import replay
 from keyload.runtime import MAX_GROUP_RECORDS, PartitionProcessor
 
-COMMAND = "keyload.Command"
-OUTCOME = "keyload.Outcome"
+from .common import (
+    DOMAIN,
+    OUTCOME,
+    QUEUE,
+    REPLY_TO,
+    SEED,
+    BenchError,
+    Stopwatch,
+    encode_command,
+    environment,
+    peak_rss_kib,
+    raw_writes,
+    read_and_decode,
+)
+
 CREATE_QUEUE = "keyload.command.CreateQueue"
 ENQUEUE = "keyload.command.Enqueue"
 
-DOMAIN = "bench"
-QUEUE = "bench-queue"
-PRINCIPAL = "bench"
-REPLY_TO = 0  # the outcome partition the "client" listens on
-CLIENT_TIME_MS = 1_700_000_000_000
-SEED = 20_240_601
 ID_CHARS = 36  # len(str(uuid4())): command ids and message ids, as the SDK makes them
 
 DEFAULT_COMMANDS = 50_000
@@ -70,25 +70,7 @@ PROFILE_LINES = 30
 MAX_SHARED_PAIRS = 16  # per-group pairs (queue record, offsets, allocators) that no command id names
 
 
-class BenchError(Exception):
-    """The run did not do what it was meant to measure."""
-
-
 # -- workload --------------------------------------------------------------------------
-
-
-def _command(command_id: str, kind: str, body: dict[str, Any]) -> bytes:
-    return REGISTRY.encode(
-        COMMAND,
-        {
-            "command_id": command_id,
-            "domain": DOMAIN,
-            "principal": PRINCIPAL,
-            "body": (kind, body),
-            "reply_to": REPLY_TO,
-            "client_time_ms": CLIENT_TIME_MS,
-        },
-    )
 
 
 def _check_sizes(commands: int, body_bytes: int) -> None:
@@ -121,7 +103,7 @@ def generate(commands: int, body_bytes: int, ids: list[str]) -> Iterator[bytes]:
         "max_stored_messages": commands,
         "max_stored_bytes": max(commands * body_bytes, 1),
     }
-    yield _command(new_id(), CREATE_QUEUE, {"queue": QUEUE, "policy": policy})
+    yield encode_command(new_id(), CREATE_QUEUE, {"queue": QUEUE, "policy": policy})
     for _ in range(commands):
         command_id = new_id()
         body: dict[str, Any] = {
@@ -133,7 +115,7 @@ def generate(commands: int, body_bytes: int, ids: list[str]) -> Iterator[bytes]:
             "not_before_ms": None,
             "expires_at_ms": None,
         }
-        yield _command(command_id, ENQUEUE, body)
+        yield encode_command(command_id, ENQUEUE, body)
 
 
 @dataclass(frozen=True)
@@ -173,11 +155,6 @@ def prepare(root: Path, commands: int, body_bytes: int) -> Workload:
 # -- measurements ----------------------------------------------------------------------
 
 
-def peak_rss_kib() -> int:
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return peak // 1024 if sys.platform == "darwin" else peak  # bytes on macOS, KiB elsewhere
-
-
 @dataclass(frozen=True)
 class Phase:
     key: str
@@ -194,21 +171,6 @@ class Phase:
     @property
     def cpu_rate(self) -> float:
         return self.records / self.cpu_seconds if self.cpu_seconds > 0 else math.inf
-
-
-class Stopwatch:
-    """Wall clock and this thread's CPU time between start() and stop()."""
-
-    def __init__(self) -> None:
-        self.seconds = self.cpu_seconds = 0.0
-        self._wall = self._cpu = 0.0
-
-    def start(self) -> None:
-        self._wall, self._cpu = time.perf_counter(), time.thread_time()
-
-    def stop(self) -> None:
-        self.seconds = time.perf_counter() - self._wall
-        self.cpu_seconds = time.thread_time() - self._cpu
 
 
 def apply_log(
@@ -270,6 +232,11 @@ def replay_log(work: Workload) -> tuple[Stopwatch, str]:
 Pair = tuple[bytes, bytes]
 
 
+def group_sizes(records: int) -> list[int]:
+    """Record counts of the processor's groups over `records` records: 512 each, then the rest."""
+    return [min(MAX_GROUP_RECORDS, records - first) for first in range(0, records, MAX_GROUP_RECORDS)]
+
+
 def group_pairs(store: Store, work: Workload) -> tuple[list[list[Pair]], int, int]:
     """(a)'s projection cut into one batch per apply group, in command order.
 
@@ -299,49 +266,6 @@ def group_pairs(store: Store, work: Workload) -> tuple[list[list[Pair]], int, in
         batch = [pair for command in per_command[first : first + MAX_GROUP_RECORDS] for pair in command]
         batches.append(batch + shared)
     return batches, pairs, size
-
-
-def raw_writes(path: Path, batches: list[list[Pair]]) -> Stopwatch:
-    """(c): the batches through rocksdict alone, with the options Store uses."""
-    options = Options(raw_mode=True)
-    options.create_if_missing(True)
-    path.mkdir(parents=True)
-    db = Rdict(str(path), options)
-    write_options = WriteOptions()
-    write_options.sync = False  # Store's default, and what `keyload run` uses
-    watch = Stopwatch()
-    try:
-        watch.start()
-        for pairs in batches:
-            batch = WriteBatch(raw_mode=True)
-            for key, value in pairs:
-                batch.put(key, value)
-            db.write(batch, write_options)
-        watch.stop()
-    finally:
-        db.close()
-    return watch
-
-
-def read_and_decode(work: Workload) -> Stopwatch:
-    """(d): read the log in groups as the processor does, and decode every command."""
-    log = work.data.command_log()
-    watch = Stopwatch()
-    try:
-        decode = REGISTRY.decode
-        offset = 0
-        watch.start()
-        while offset < work.records:
-            records = log.read(work.partition, offset, MAX_GROUP_RECORDS)
-            if not records:
-                raise BenchError(f"the log ended at offset {offset}")
-            for record in records:
-                decode(COMMAND, record.value)
-            offset += len(records)
-        watch.stop()
-    finally:
-        log.close()
-    return watch
 
 
 LABELS = {
@@ -411,7 +335,7 @@ def measure(root: Path, commands: int, body_bytes: int) -> Result:
         store.close()
     record("c", raw_writes(root / "raw", batches))
     del batches
-    record("d", read_and_decode(work))
+    record("d", read_and_decode(work.data, work.partition, 0, group_sizes(work.records)))
     return Result(
         commands,
         work.records,
@@ -478,20 +402,6 @@ def profile_apply(root: Path, commands: int, body_bytes: int, lines: int, out: P
 
 
 # -- reporting -------------------------------------------------------------------------
-
-
-def environment(warmup: int, directory: Path) -> dict[str, Any]:
-    return {
-        "python": platform.python_version(),
-        "implementation": platform.python_implementation(),
-        "platform": platform.platform(),
-        "cpus": os.cpu_count(),
-        "load_average_1m": os.getloadavg()[0],
-        "fastavro": importlib.metadata.version("fastavro"),
-        "rocksdict": importlib.metadata.version("rocksdict"),
-        "warmup_commands": warmup,
-        "directory": str(directory),
-    }
 
 
 def to_json(result: Result, env: dict[str, Any]) -> dict[str, Any]:

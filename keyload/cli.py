@@ -18,6 +18,7 @@ from typing import Any
 
 from keyload import keyring
 from keyload.datadir import DEFAULT_PARTITIONS, DataDir, DataDirError
+from keyload.doorbell import Listener
 from keyload.errors import CommandRejected, KeyloadError
 from keyload.keyring import KeyringError
 from keyload.log.base import LogError, partition_for
@@ -31,6 +32,7 @@ from keyload.runtime import DEFAULT_TICK_INTERVAL_MS, PartitionProcessor, Ticker
 from .client import DEFAULT_TIMEOUT_S, Client
 
 DEFAULT_DATA = "keyload-data"
+IDLE_WAIT_MAX_S = 0.1  # with a doorbell, an idle service wakes at once for clients and at least this often
 CHECKPOINT_WAIT_S = 30.0
 EXIT_FAILED = 1
 EXIT_USAGE = 2
@@ -94,12 +96,21 @@ def cmd_run(args: argparse.Namespace) -> int:
         for sig in (signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, lambda *_: stop.set())
         ticker = Ticker(log, args.tick_interval_ms)
+        try:
+            listener = Listener(data.root)
+        except OSError as exc:
+            raise KeyloadError(f"another `keyload run` serves {data.root} ({exc.strerror})") from None
         positions = ", ".join(f"p{p.partition}@{p.applied_offset}" for p in processors)
         print(
             f"keyload: serving {data.root} ({data.partitions} partitions; applied {positions})",
             flush=True,
         )
-        halts = run_until(processors, stop, ticker, idle_exit=args.until_idle)
+        try:
+            halts = run_until(
+                processors, stop, ticker, idle_exit=args.until_idle, idle=listener.wait, idle_max_s=IDLE_WAIT_MAX_S
+            )
+        finally:
+            listener.close()
         print("keyload: stopped", flush=True)
         return EXIT_FAILED if halts else 0
     finally:

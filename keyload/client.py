@@ -10,6 +10,7 @@ from threading import Event
 from typing import Any, Literal, TypeVar
 
 from keyload.datadir import DataDir
+from keyload.doorbell import Doorbell
 from keyload.log.base import partition_for
 from keyload.log.codec import REGISTRY
 from keyload.processors import limits
@@ -86,6 +87,7 @@ class Client:
         self.timeout_s = timeout_s
         self._commands = self.data.command_log()
         self._outcomes = self.data.outcome_log()
+        self._doorbell = Doorbell(self.data.root)
         partitions = self.data.outcome_partitions
         self.reply_partition = (
             int.from_bytes(os.urandom(2), "big") % partitions if reply_partition is None else reply_partition
@@ -96,6 +98,7 @@ class Client:
     def close(self) -> None:
         self._commands.close()
         self._outcomes.close()
+        self._doorbell.close()
 
     def __enter__(self) -> Client:
         return self
@@ -127,6 +130,7 @@ class Client:
         value = REGISTRY.encode("keyload.Command", envelope)
         cursor = self._outcomes.end_offset(self.reply_partition)
         self._commands.append(partition_for(domain, self.data.partitions), [value])
+        self._doorbell.ring()
         return self._await(command_id, domain, cursor, self.timeout_s if timeout_s is None else timeout_s)
 
     def _await(self, command_id: str, domain: str, cursor: int, timeout_s: float) -> Outcome:

@@ -16,7 +16,9 @@ from dataclasses import dataclass
 from threading import Event
 from typing import TYPE_CHECKING
 
-from .errors import CommandRejected
+from keyload.processors.limits import MAX_ACK_BATCH
+
+from .errors import CommandRejected, KeyloadError
 from .results import Delivery
 
 if TYPE_CHECKING:
@@ -59,26 +61,34 @@ def consume(
     nack_delay_ms: int | None = None,
 ) -> ConsumeStats:
     """Process deliveries of `queue` until `stop` is set; see the module docstring."""
-    if concurrency < 1:
-        raise ValueError("concurrency must be >= 1")
+    if not 1 <= concurrency <= MAX_ACK_BATCH:
+        raise ValueError(f"concurrency must be 1..{MAX_ACK_BATCH} (one AckBatch settles a round)")
     stop = stop or Event()
     stats = ConsumeStats()
     running: dict[Future[None], _Running] = {}
     renew_every = lease_ms / 1000 / RENEW_FRACTION
 
-    def settle(future: Future[None], entry: _Running) -> None:
-        token = entry.delivery.token
-        try:
+    def settle(finished: list[tuple[Future[None], _Running]]) -> None:
+        """Ack the handlers that returned in one AckBatch; nack the ones that raised."""
+        succeeded = [entry.delivery.token for future, entry in finished if future.exception() is None]
+        if succeeded:
+            for result in client.ack_batch(domain, succeeded).results:
+                if result.status == "committed":
+                    stats.acked += 1
+                elif result.error_code in LOST_LEASE_CODES:
+                    stats.lost_leases += 1
+                else:
+                    raise KeyloadError(f"ack refused: {result.error_code}")
+        for future, entry in finished:
             if future.exception() is None:
-                client.ack(domain, token)
-                stats.acked += 1
-            else:
-                client.nack(domain, token, delay_ms=nack_delay_ms)
+                continue
+            try:
+                client.nack(domain, entry.delivery.token, delay_ms=nack_delay_ms)
                 stats.nacked += 1
-        except CommandRejected as refusal:
-            if refusal.code not in LOST_LEASE_CODES:
-                raise
-            stats.lost_leases += 1
+            except CommandRejected as refusal:
+                if refusal.code not in LOST_LEASE_CODES:
+                    raise
+                stats.lost_leases += 1
 
     def renew_due() -> None:
         now = time.monotonic()
@@ -106,7 +116,7 @@ def consume(
                 stats.received += len(result.deliveries)
             if running:
                 done, _ = wait(list(running), timeout=SETTLE_POLL_S, return_when=FIRST_COMPLETED)
-                for future in done:
-                    settle(future, running.pop(future))
+                if done:
+                    settle([(future, running.pop(future)) for future in done])
                 renew_due()
     return stats

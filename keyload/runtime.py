@@ -31,7 +31,7 @@ PROCESSOR_VERSION = __version__
 MAX_GROUP_RECORDS = 512  # records applied per WriteBatch (group commit)
 DEFAULT_TICK_INTERVAL_MS = 1_000
 IDLE_POLL_MIN_S = 0.001  # first wait after the log runs dry
-IDLE_POLL_MAX_S = 0.020  # the wait doubles while idle, up to this (worst added latency)
+IDLE_POLL_MAX_S = 0.020  # the wait doubles while idle, up to this (worst added latency without a doorbell)
 MAX_TICKER_DOMAIN_PROBES = 1_000_000
 
 
@@ -227,8 +227,16 @@ def run_until(
     stop: Event,
     ticker: Ticker | None = None,
     idle_exit: bool = False,
+    idle: Callable[[float], object] | None = None,
+    idle_max_s: float = IDLE_POLL_MAX_S,
 ) -> list[Halt]:
-    """Round-robin the partitions until `stop` is set (or, with idle_exit, until no work is left)."""
+    """Round-robin the partitions until `stop` is set (or, with idle_exit, until no work is left).
+
+    When every partition is caught up the loop calls `idle(seconds)` (default: sleep
+    unless stopped), doubling the wait up to `idle_max_s`; a doorbell's wait returns
+    early when an appender rings.
+    """
+    idle = idle or stop.wait
     reported: set[int] = set()
     idle_wait = IDLE_POLL_MIN_S
     while not stop.is_set():
@@ -247,6 +255,6 @@ def run_until(
             continue
         if idle_exit:
             break
-        stop.wait(idle_wait)
-        idle_wait = min(idle_wait * 2, IDLE_POLL_MAX_S)
+        idle(idle_wait)
+        idle_wait = min(idle_wait * 2, idle_max_s)
     return [p.halt for p in processors if p.halt is not None]
