@@ -59,7 +59,7 @@ def redrive(stage: Staged, body: Record, ctx: Context) -> Record:
     meta["attempts"] = 0
     meta["delivery_generation"] += 1
     enter(stage, record, message_id, meta, "ready", ctx.now_ms)
-    add_expiry(stage, record["view"]["incarnation"], message_id, meta)
+    add_expiry(stage, record, message_id, meta)
     save_queue(stage, record)
     return _view(record, message_id, meta)
 

@@ -72,12 +72,17 @@ def claim(
     claims: list[tuple[str, Record]] = []
     size = examined = 0
     budget_hit = False
-    prefix = keys.ready_prefix(queue_id)
-    for _, value in stage.scan(prefix, keys.prefix_end(prefix)):
+    # The ready floor: no ready row lies below it, so the scan never walks the
+    # tombstones of rows claimed earlier. It moves to the first row left behind.
+    floor: int | None = None
+    scan = stage.scan(keys.ready(queue_id, record["ready_floor"]), keys.prefix_end(keys.ready_prefix(queue_id)))
+    for key, value in scan:
         if len(claims) >= room:
+            floor = keys.read_u64(key, 9) if floor is None else floor
             break
         if examined == limits.RECEIVE_EXAMINATION_BUDGET:
             budget_hit = True
+            floor = keys.read_u64(key, 9) if floor is None else floor
             break
         examined += 1
         message_id = value.decode("utf-8")
@@ -85,11 +90,14 @@ def claim(
         if meta is None or meta["state"] != "ready":
             raise Corruption("the ready index names a message that is not ready")
         if not is_key_head(stage, queue, meta):
+            floor = meta["ready_sequence"] if floor is None else floor
             continue  # an older message of its ordering key is unresolved: it waits
         if claims and size + meta["body_bytes"] > wanted.max_bytes:
+            floor = meta["ready_sequence"] if floor is None else floor
             break  # the first claim is always made, so one large message never wedges a queue
         size += meta["body_bytes"]
         claims.append((message_id, meta))
+    record["ready_floor"] = record["next_ready_sequence"] if floor is None else floor
     if not claims:
         return [], budget_hit
     key_id, key = active_key(stage, ctx.keyring, TOKEN)
@@ -137,9 +145,8 @@ def serve_waiters(stage: Staged, ctx: Context, queue_keys: list[bytes]) -> None:
         record = stage.get_record(queue_key, QUEUE_RECORD)
         if record is None or record["waiting_receives"] == 0:
             continue
-        queue_id = record["view"]["incarnation"]
         changed = False
-        for sequence, waiter in waiters.oldest(stage, queue_id, limits.MAX_WAITERS_SERVED - served):
+        for sequence, waiter in waiters.oldest(stage, record, limits.MAX_WAITERS_SERVED - served):
             if record["view"]["counters"]["ready"] == 0:
                 break
             wanted = ReceiveLimits(waiter["max_messages"], waiter["max_bytes"], waiter["lease_ms"])

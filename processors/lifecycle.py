@@ -23,6 +23,7 @@ from .state import (
     TERMINAL_TOTALS,
     Record,
     add_index_row,
+    add_timer_row,
     adjust,
     dead_letter_limits,
     load_message,
@@ -31,6 +32,7 @@ from .state import (
     remove_index_row,
     save_message,
     save_queue,
+    timers_from_floor,
 )
 
 
@@ -107,10 +109,15 @@ def enter(
         meta["parked_sequence"] = record["next_parked_sequence"]
         record["next_parked_sequence"] += 1
         adjust(counters, "dead_letter_bytes", meta["body_bytes"])
-    if state in LIVE_STATES:
+    if state in ("scheduled", "leased"):
+        due = meta["not_before_ms"] if state == "scheduled" else meta["lease_until_ms"]
+        kind = keys.TIMER_NOT_BEFORE if state == "scheduled" else keys.TIMER_LEASE
+        add_timer_row(stage, record, due, kind, meta["enqueue_sequence"], message_id)
+    elif state in LIVE_STATES:
         row = _state_row(queue_id, meta)
         assert row is not None
         add_index_row(stage, row, message_id)
+    if state in LIVE_STATES:
         adjust(counters, state, 1)
     else:
         _release(stage, record, message_id, meta, now_ms)
@@ -134,26 +141,42 @@ def holds_its_key(policy: Record, state: str) -> bool:
 
 
 def _keep_ordering_row(stage: Staged, queue: Record, message_id: str, meta: Record) -> None:
-    """In a strict_per_key queue, a message is in its key's ordering index while it holds the key."""
+    """In a strict_per_key queue, a message is in its key's ordering index while it holds the key.
+
+    The key's head row (`h`) holds the lowest sequence in its ordering index and
+    exists exactly while the index has rows, so finding a key's head is one read.
+    """
     if queue["policy"]["ordering"] != "strict_per_key" or meta["ordering_key"] is None:
         return
-    row = keys.ordering(queue["incarnation"], meta["ordering_key"], meta["enqueue_sequence"])
+    queue_id, key, sequence = queue["incarnation"], meta["ordering_key"], meta["enqueue_sequence"]
+    row = keys.ordering(queue_id, key, sequence)
+    head_key = keys.key_head(queue_id, key)
+    raw_head = stage.get(head_key)
+    head = None if raw_head is None else keys.read_u64(raw_head)
     if holds_its_key(queue["policy"], meta["state"]):
         stage.put(row, message_id.encode("utf-8"))
-    else:
+        if head is None or sequence < head:
+            stage.put(head_key, keys.u64(sequence))
+    elif stage.get(row) is not None:
         stage.delete(row)
+        if head == sequence:
+            # Seek from just past the deleted head: the tombstones before it are never walked.
+            following = stage.first(keys.ordering(queue_id, key, sequence + 1), keys.prefix_end(row[:-8]))
+            if following is None:
+                stage.delete(head_key)
+            else:
+                stage.put(head_key, following[0][-8:])
 
 
 def is_key_head(stage: Staged, queue: Record, meta: Record) -> bool:
     """Whether the message is the oldest unresolved one of its ordering key (always true without one)."""
     if queue["policy"]["ordering"] != "strict_per_key" or meta["ordering_key"] is None:
         return True
-    prefix = keys.ordering_prefix(queue["incarnation"], meta["ordering_key"])
-    head = stage.first(prefix, keys.prefix_end(prefix))
-    if head is None:
+    raw_head = stage.get(keys.key_head(queue["incarnation"], meta["ordering_key"]))
+    if raw_head is None:
         raise Corruption("a keyed message is missing from its ordering index")
     sequence: int = meta["enqueue_sequence"]
-    return keys.read_u64(head[0], len(head[0]) - 8) == sequence
+    return keys.read_u64(raw_head) == sequence
 
 
 def _release(stage: Staged, record: Record, message_id: str, meta: Record, now_ms: int) -> None:
@@ -173,9 +196,9 @@ def _drop_expiry(stage: Staged, queue_id: int, meta: Record) -> None:
         stage.delete(_expiry_timer(queue_id, meta))
 
 
-def add_expiry(stage: Staged, queue_id: int, message_id: str, meta: Record) -> None:
+def add_expiry(stage: Staged, record: Record, message_id: str, meta: Record) -> None:
     if meta["expires_at_ms"] is not None:
-        add_index_row(stage, _expiry_timer(queue_id, meta), message_id)
+        add_timer_row(stage, record, meta["expires_at_ms"], keys.TIMER_EXPIRY, meta["enqueue_sequence"], message_id)
 
 
 def expired(meta: Record, now_ms: int) -> bool:
@@ -268,7 +291,7 @@ def fire_due(stage: Staged, ctx: Context) -> Record:
         next_due = next_due_ms(stage)
         if next_due is None or next_due > ctx.now_ms:
             break
-        first = stage.first(keys.DUE_QUEUE, keys.prefix_end(keys.DUE_QUEUE))
+        first = stage.first(keys.due_queue(next_due, 0), keys.prefix_end(keys.DUE_QUEUE))
         if first is None or keys.parse_due_queue(first[0])[0] != next_due:
             raise Corruption("the partition's next due time disagrees with its due index")
         due_ms, queue_id = keys.parse_due_queue(first[0])
@@ -289,9 +312,8 @@ def fire_due(stage: Staged, ctx: Context) -> Record:
 def _fire_queue_timers(stage: Staged, record: Record, ctx: Context, budget: int) -> tuple[int, int]:
     """Fire one queue's due timers, examining at most `budget`; returns (examined, transitions)."""
     queue_id = record["view"]["incarnation"]
-    prefix = keys.timer_prefix(queue_id)
     due: list[tuple[bytes, bytes]] = []
-    for key, value in stage.scan(prefix, keys.prefix_end(prefix)):
+    for key, value in timers_from_floor(stage, record):
         if len(due) == budget or keys.parse_timer(key)[0] > ctx.now_ms:
             break
         due.append((key, value))

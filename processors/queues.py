@@ -83,6 +83,9 @@ def create_queue(stage: Staged, body: Record, ctx: Context) -> Record:
         "next_timer_ms": None,
         "waiting_receives": 0,
         "next_waiter_sequence": 1,
+        "ready_floor": 1,
+        "timer_floor_ms": None,
+        "waiter_floor": 1,
     }
     stage.put_record(keys.queue(ctx.domain, name), QUEUE_RECORD, record)
     return view(record)
@@ -171,7 +174,7 @@ def enqueue(stage: Staged, body: Record, ctx: Context) -> Record:
         enter(stage, record, message_id, meta, "scheduled", ctx.now_ms, not_before_ms=not_before)
     else:
         enter(stage, record, message_id, meta, "ready", ctx.now_ms)
-    add_expiry(stage, queue_id, message_id, meta)
+    add_expiry(stage, record, message_id, meta)
     save_queue(stage, record)
     return {
         "queue": queue["queue"],

@@ -12,6 +12,7 @@ earliest due time in one key, so checking for due work costs one read.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 from keyload.projections import keys
@@ -88,12 +89,33 @@ def remove_index_row(stage: Staged, key: bytes, message_id: str) -> None:
     stage.delete(key)
 
 
+def add_timer_row(stage: Staged, record: Record, due_ms: int, kind: int, sequence: int, value: str) -> None:
+    """Add a timer, keeping the queue's timer floor at or below every timer's due time."""
+    add_index_row(stage, keys.timer(record["view"]["incarnation"], due_ms, kind, sequence), value)
+    floor = record["timer_floor_ms"]
+    record["timer_floor_ms"] = due_ms if floor is None else min(floor, due_ms)
+
+
+def timers_from_floor(stage: Staged, record: Record) -> Iterator[tuple[bytes, bytes]]:
+    """The queue's timers in due order, seeking past the deleted ones in front of its floor.
+
+    Index rows are deleted from the front as a queue works through them; RocksDB
+    keeps their tombstones for a while, so a scan from the prefix start would step
+    over every one. Each index keeps a floor below which no row exists.
+    """
+    floor = record["timer_floor_ms"]
+    if floor is None:
+        return iter(())
+    queue_id = record["view"]["incarnation"]
+    return stage.scan(keys.timer(queue_id, floor, 0, 0), keys.prefix_end(keys.timer_prefix(queue_id)))
+
+
 def _refresh_due(stage: Staged, record: Record) -> None:
     """Keep the queue's due-index entry at its earliest timer, and the partition's next due time."""
     queue_id = record["view"]["incarnation"]
-    prefix = keys.timer_prefix(queue_id)
-    first = stage.first(prefix, keys.prefix_end(prefix))
+    first = next(timers_from_floor(stage, record), None)
     earliest = None if first is None else keys.parse_timer(first[0])[0]
+    record["timer_floor_ms"] = earliest
     previous = record["next_timer_ms"]
     if earliest == previous:
         return
@@ -102,7 +124,10 @@ def _refresh_due(stage: Staged, record: Record) -> None:
     if earliest is not None:
         stage.put(keys.due_queue(earliest, queue_id), b"")
     record["next_timer_ms"] = earliest
-    first_due = stage.first(keys.DUE_QUEUE, keys.prefix_end(keys.DUE_QUEUE))
+    # The partition's earliest is at or after the smaller of its old value and this queue's new one.
+    candidates = [t for t in (next_due_ms(stage), earliest) if t is not None]
+    start = keys.due_queue(min(candidates), 0) if candidates else keys.DUE_QUEUE
+    first_due = stage.first(start, keys.prefix_end(keys.DUE_QUEUE))
     if first_due is None:
         stage.delete(keys.NEXT_DUE)
     else:

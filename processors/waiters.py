@@ -17,7 +17,7 @@ from . import limits
 from .context import Context
 from .errors import Corruption, ErrorCode, Rejected
 from .outcomes import OUTCOME, new_outcome
-from .state import Record, add_index_row, remove_index_row
+from .state import Record, add_timer_row, remove_index_row
 
 WAITER = "keyload.Waiter"
 
@@ -46,20 +46,23 @@ def wait(
         "deadline_ms": deadline_ms,
     }
     stage.put_record(keys.waiter(queue_id, sequence), WAITER, waiter)
-    add_index_row(stage, keys.timer(queue_id, deadline_ms, keys.TIMER_WAITER, sequence), "")
+    add_timer_row(stage, record, deadline_ms, keys.TIMER_WAITER, sequence, "")
 
 
-def oldest(stage: Staged, queue_id: int, count: int) -> list[tuple[int, Record]]:
+def oldest(stage: Staged, record: Record, count: int) -> list[tuple[int, Record]]:
     """Up to `count` waiters of the queue, oldest first, as (sequence, waiter)."""
     found: list[tuple[int, Record]] = []
-    prefix = keys.waiter_prefix(queue_id)
-    for key, _ in stage.scan(prefix, keys.prefix_end(prefix)):
+    queue_id = record["view"]["incarnation"]
+    start = keys.waiter(queue_id, record["waiter_floor"])
+    for key, _ in stage.scan(start, keys.prefix_end(keys.waiter_prefix(queue_id))):
         if len(found) == count:
             break
         sequence = keys.read_u64(key, 9)
         waiter = stage.get_record(key, WAITER)
         assert waiter is not None
         found.append((sequence, waiter))
+    if found:
+        record["waiter_floor"] = found[0][0]  # every waiter before the first found is gone
     return found
 
 

@@ -26,6 +26,7 @@ DEAD_LETTER = b"d"  # d | queue id u64 | parked sequence u64    -> message id
 PENDING_DEAD_LETTER = b"n"  # n | queue id u64 | enqueue sequence u64 -> message id
 WAITER = b"a"  # a | queue id u64 | waiter sequence u64          -> Waiter (a waiting long-poll Receive)
 ORDERING = b"k"  # k | queue id u64 | ordering key (u16-prefixed) | enqueue sequence u64 -> message id
+KEY_HEAD = b"h"  # h | queue id u64 | ordering key (u16-prefixed)  -> u64 lowest enqueue sequence in `k`
 TIMER = b"t"  # t | queue id u64 | due ms u64 | kind u8 | enqueue sequence u64 -> message id
 DUE_QUEUE = b"w"  # w | due ms u64 | queue id u64                -> empty (earliest timer of a queue)
 OUTCOME = b"o"  # o | domain (u8-prefixed) | command id         -> fingerprint(32) | Outcome
@@ -110,6 +111,10 @@ def waiter_prefix(queue_id: int) -> bytes:
 def ordering_prefix(queue_id: int, ordering_key: str) -> bytes:
     encoded = ordering_key.encode("utf-8")
     return ORDERING + U64.pack(queue_id) + U16.pack(len(encoded)) + encoded
+
+
+def key_head(queue_id: int, ordering_key: str) -> bytes:
+    return KEY_HEAD + ordering_prefix(queue_id, ordering_key)[1:]
 
 
 def ordering(queue_id: int, ordering_key: str, enqueue_sequence: int) -> bytes:
