@@ -34,7 +34,8 @@ from .results import (
 
 DEFAULT_TIMEOUT_S = 10.0
 DEFAULT_PRINCIPAL = "anonymous"
-OUTCOME_POLL_S = 0.002
+OUTCOME_POLL_MIN_S = 0.0005  # first wait for an outcome; doubles while none comes
+OUTCOME_POLL_MAX_S = 0.010
 OUTCOME_READ_BATCH = 256
 
 T = TypeVar("T")
@@ -136,6 +137,7 @@ class Client:
     def _await(self, command_id: str, domain: str, cursor: int, timeout_s: float) -> Outcome:
         """Tail the reply partition from `cursor` for the outcome of (domain, command id)."""
         deadline = time.monotonic() + timeout_s
+        pause = OUTCOME_POLL_MIN_S
         while time.monotonic() < deadline:
             records = self._outcomes.read(self.reply_partition, cursor, OUTCOME_READ_BATCH)
             for record in records:
@@ -144,7 +146,8 @@ class Client:
                 if decoded["command_id"] == command_id and decoded["domain"] == domain:
                     return Outcome.from_record(decoded)
             if not records:
-                time.sleep(OUTCOME_POLL_S)
+                time.sleep(pause)
+                pause = min(pause * 2, OUTCOME_POLL_MAX_S)
         raise OutcomeTimeout(command_id, timeout_s)
 
     def _result(self, outcome: Outcome, kind: type[T]) -> T:
