@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 from pathlib import Path
@@ -88,6 +89,46 @@ def test_commands_against_a_running_service(tmp_path: Path) -> None:
             "inspect", "--data", data, "--domain", "shop", "--queue", "orders", "--message", "a", "--body"
         )
         assert '"body": "hi"' in inspected.stdout and '"state": "ready"' in inspected.stdout
+    finally:
+        assert stop_service(service) == 0
+
+
+@pytest.mark.slow
+def test_queue_work_from_the_command_line(tmp_path: Path) -> None:
+    data = str(tmp_path / "data")
+    service = start_service(tmp_path / "data", "--partitions", "2")
+    try:
+        assert (
+            keyload("queue", "create", "--data", data, "--domain", "shop", "jobs", "--max-attempts", "1").returncode
+            == 0
+        )
+        for message_id in ("a", "b"):
+            enqueue = ("enqueue", "--data", data, "--domain", "shop", "--queue", "jobs", "--message-id", message_id)
+            assert keyload(*enqueue, "--body", message_id).returncode == 0
+        received = keyload("receive", "--data", data, "--domain", "shop", "--queue", "jobs", "--max-messages", "2")
+        deliveries = json.loads(received.stdout)["deliveries"]
+        assert [d["message_id"] for d in deliveries] == ["a", "b"] and deliveries[0]["body"] == "a"
+        tokens = {d["message_id"]: d["token"] for d in deliveries}
+        renewed = keyload("renew", "--data", data, "--domain", "shop", tokens["a"], "--lease-ms", "60000")
+        assert json.loads(renewed.stdout)["state"] == "leased"
+        assert json.loads(keyload("ack", "--data", data, "--domain", "shop", tokens["a"]).stdout)["state"] == "acked"
+        nacked = keyload("nack", "--data", data, "--domain", "shop", tokens["b"])
+        assert json.loads(nacked.stdout)["state"] == "dead_lettered"
+        assert_one_clear_line(keyload("ack", "--data", data, "--domain", "shop", tokens["a"]), 1, "StaleLease")
+        assert_one_clear_line(keyload("ack", "--data", data, "--domain", "shop", "garbage"), 1, "TokenInvalidated")
+        page = json.loads(keyload("dlq", "list", "--data", data, "--domain", "shop", "--queue", "jobs").stdout)
+        [dead] = page["messages"]
+        version, generation = dead["meta"]["state_version"], dead["meta"]["delivery_generation"]
+        args = ("--data", data, "--domain", "shop", "--queue", "jobs", "b", "--generation", str(generation))
+        assert_one_clear_line(keyload("redrive", *args, "--state-version", "999"), 1, "RevisionConflict")
+        redriven = keyload("redrive", *args, "--state-version", str(version))
+        assert json.loads(redriven.stdout)["meta"]["state"] == "ready"
+        stats = keyload("stats", "--data", data, "--domain", "shop", "--queue", "jobs").stdout
+        assert "acked_total          1" in stats and "ready                1" in stats
+        assert keyload("keys", "add", "--data", data, "k1").returncode == 0
+        assert "token key k1" in keyload("keys", "rotate", "--data", data, "--token-key", "k1").stdout
+        relet = keyload("receive", "--data", data, "--domain", "shop", "--queue", "jobs")
+        assert json.loads(relet.stdout)["deliveries"][0]["token"] != tokens["b"]
     finally:
         assert stop_service(service) == 0
 
