@@ -8,7 +8,6 @@ stores the outcome. Undecodable records become poison entries.
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import itertools
 from collections.abc import Callable, Mapping
@@ -139,7 +138,7 @@ def apply_record(
         assert poison is not None
         _record_poison(stage, value, offset, now_ms, poison)
         return Applied(tuple(ctx.outbox.published), None, False)
-    own, kind, committed = _apply_command(stage, command, value, dataclasses.replace(ctx, fired=fired), partitions)
+    own, kind, committed = _apply_command(stage, command, value, ctx, fired, partitions)
     published = ((command["reply_to"], own),) if own is not None else ()
     return Applied(published + tuple(ctx.outbox.published), kind, committed)
 
@@ -153,13 +152,13 @@ def _advance_time(stage: Staged, ctx: Context) -> Record:
 
 
 def _apply_command(
-    stage: Staged, command: Record, value: bytes, ctx: Context, partitions: int
+    stage: Staged, command: Record, value: bytes, moment: Context, fired: Record, partitions: int
 ) -> tuple[bytes | None, str, bool]:
     """(own outcome to publish, or None while deferred; kind; committed) of one decoded command."""
     command_id: str = command["command_id"]
     kind, body = command["body"]
     domain: str = command["domain"]
-    outcome = new_outcome(command_id, domain, ctx.partition, ctx.offset, ctx.now_ms)
+    outcome = new_outcome(command_id, domain, moment.partition, moment.offset, moment.now_ms)
     if not valid_domain(domain):
         # Without a valid domain there is no key to store the outcome under: it is published only.
         reject(outcome, Rejected(ErrorCode.VALIDATION, DOMAIN_RULE))
@@ -174,12 +173,18 @@ def _apply_command(
         previous = stored[FINGERPRINT_BYTES:]
         return (previous or None), kind, False  # empty: a long-poll receive still waiting
 
-    ctx = dataclasses.replace(
-        ctx,
-        domain=domain,
-        principal=command["principal"],
-        reply_to=command["reply_to"],
-        fingerprint=print_,
+    ctx = Context(
+        moment.partition,
+        moment.offset,
+        moment.now_ms,
+        command_id,
+        domain,
+        command["principal"],
+        moment.keyring,
+        fired,
+        command["reply_to"],
+        print_,
+        moment.outbox,  # shared: outcomes of waiters this command serves go out with the record's
     )
     child = Staged(stage)
     try:
