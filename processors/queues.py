@@ -84,7 +84,7 @@ def create_queue(stage: Staged, body: Record, ctx: Context) -> Record:
         "waiting_receives": 0,
         "next_waiter_sequence": 1,
         "ready_floor": 1,
-        "timer_floor_ms": None,
+        "timer_floor": None,
         "waiter_floor": 1,
     }
     stage.put_record(keys.queue(ctx.domain, name), QUEUE_RECORD, record)

@@ -91,9 +91,11 @@ def remove_index_row(stage: Staged, key: bytes, message_id: str) -> None:
 
 def add_timer_row(stage: Staged, record: Record, due_ms: int, kind: int, sequence: int, value: str) -> None:
     """Add a timer, keeping the queue's timer floor at or below every timer's due time."""
-    add_index_row(stage, keys.timer(record["view"]["incarnation"], due_ms, kind, sequence), value)
-    floor = record["timer_floor_ms"]
-    record["timer_floor_ms"] = due_ms if floor is None else min(floor, due_ms)
+    key = keys.timer(record["view"]["incarnation"], due_ms, kind, sequence)
+    add_index_row(stage, key, value)
+    position = key[len(keys.timer_prefix(0)) :]
+    floor = record["timer_floor"]
+    record["timer_floor"] = position if floor is None else min(floor, position)
 
 
 def timers_from_floor(stage: Staged, record: Record) -> Iterator[tuple[bytes, bytes]]:
@@ -103,11 +105,11 @@ def timers_from_floor(stage: Staged, record: Record) -> Iterator[tuple[bytes, by
     keeps their tombstones for a while, so a scan from the prefix start would step
     over every one. Each index keeps a floor below which no row exists.
     """
-    floor = record["timer_floor_ms"]
+    floor = record["timer_floor"]
     if floor is None:
         return iter(())
-    queue_id = record["view"]["incarnation"]
-    return stage.scan(keys.timer(queue_id, floor, 0, 0), keys.prefix_end(keys.timer_prefix(queue_id)))
+    prefix = keys.timer_prefix(record["view"]["incarnation"])
+    return stage.scan(prefix + floor, keys.prefix_end(prefix))
 
 
 def _refresh_due(stage: Staged, record: Record) -> None:
@@ -115,7 +117,9 @@ def _refresh_due(stage: Staged, record: Record) -> None:
     queue_id = record["view"]["incarnation"]
     first = next(timers_from_floor(stage, record), None)
     earliest = None if first is None else keys.parse_timer(first[0])[0]
-    record["timer_floor_ms"] = earliest
+    # The floor is the first timer's whole position (due, kind, sequence): many timers
+    # share a due time, and a floor of only the time would walk the deleted ones again.
+    record["timer_floor"] = None if first is None else first[0][len(keys.timer_prefix(0)) :]
     previous = record["next_timer_ms"]
     if earliest == previous:
         return
