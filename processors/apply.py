@@ -195,9 +195,10 @@ def _apply_command(
         if result is not None:
             outcome["result"] = (result_type, result)
         child.merge_into(stage)
-        leases.serve_waiters(stage, ctx, child.written(keys.QUEUE))
     except Rejected as rejection:
         reject(outcome, rejection)
+    else:
+        leases.serve_waiters(stage, ctx, child.written(keys.QUEUE))
     if ctx.outbox.deferred:
         stage.put(keys.outcome(domain, command_id), print_)
         return None, kind, True
