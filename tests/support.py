@@ -131,11 +131,28 @@ class Embedded:
     def digest(self, domain: str) -> str:
         return self.store(domain).digest()
 
+    def digest_of(self, partition: int) -> str:
+        return self.stores[partition].digest()
+
     def close(self) -> None:
         for store in self.stores:
             store.close()
         self.log.close()
         self.outcomes.close()
+
+
+def close_after_replay_check(embedded: Embedded, directory: Path) -> None:
+    """End a model run: partition 0 replayed from offset 0 must reach the live digest; then clean up."""
+    import shutil
+
+    from keyload.recovery import replay
+
+    try:
+        replayed = replay(embedded.data, 0, directory / "replay", progress=False)
+        assert replayed.digest == embedded.digest_of(0)
+    finally:
+        embedded.close()
+        shutil.rmtree(directory, ignore_errors=True)
 
 
 def keyload_command(*args: str) -> list[str]:

@@ -7,7 +7,6 @@ It does not import the processors.
 
 from __future__ import annotations
 
-import shutil
 import tempfile
 import uuid
 from dataclasses import dataclass
@@ -20,10 +19,18 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 from keyload.log.codec import REGISTRY
 from keyload.projections import keys
-from keyload.recovery import replay
 from keyload.results import AckBatchResult, LeaseResult, Outcome, ReceiveResult
 
-from .support import CREATE_QUEUE, ENQUEUE, TICK, Embedded, command, create_queue_body, enqueue_body
+from .support import (
+    CREATE_QUEUE,
+    ENQUEUE,
+    TICK,
+    Embedded,
+    close_after_replay_check,
+    command,
+    create_queue_body,
+    enqueue_body,
+)
 
 D = "acme"
 BASE_POLICY = {
@@ -519,13 +526,7 @@ class LeaseMachine(RuleBasedStateMachine):
         assert sorted(state_rows) == sorted(i for i, m in self.model.messages.items() if m.state in LIVE)
 
     def teardown(self) -> None:
-        try:
-            live = self.embedded.digest(D)
-            replayed = replay(self.embedded.data, 0, self.directory / "replay", progress=False)
-            assert replayed.digest == live
-        finally:
-            self.embedded.close()
-            shutil.rmtree(self.directory, ignore_errors=True)
+        close_after_replay_check(self.embedded, self.directory)
 
 
 LeaseMachine.TestCase.settings = settings(max_examples=30, stateful_step_count=40, deadline=None)

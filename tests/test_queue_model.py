@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -13,9 +12,17 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 from keyload.log.codec import REGISTRY
 from keyload.projections import keys
-from keyload.recovery import replay
 
-from .support import CONFIGURE_QUEUE, CREATE_QUEUE, ENQUEUE, TICK, Embedded, create_queue_body, enqueue_body
+from .support import (
+    CONFIGURE_QUEUE,
+    CREATE_QUEUE,
+    ENQUEUE,
+    TICK,
+    Embedded,
+    close_after_replay_check,
+    create_queue_body,
+    enqueue_body,
+)
 
 D = "acme"
 MAX_BYTES = 400
@@ -108,13 +115,7 @@ class QueueMachine(RuleBasedStateMachine):
         assert counters["enqueued_total"] == len(self.messages)
 
     def teardown(self) -> None:
-        try:
-            live = self.embedded.digest(D)
-            replayed = replay(self.embedded.data, 0, self.directory / "replay", progress=False)
-            assert replayed.digest == live
-        finally:
-            self.embedded.close()
-            shutil.rmtree(self.directory, ignore_errors=True)
+        close_after_replay_check(self.embedded, self.directory)
 
 
 QueueMachine.TestCase.settings = settings(max_examples=40, stateful_step_count=30, deadline=None)
