@@ -5,6 +5,9 @@ from pathlib import Path
 
 import pytest
 
+from keyload.broker import NativeBroker, native_broker_available
+
+from .kafka import BrokerUnavailable, kafka_broker, unavailable
 from .support import Embedded
 
 
@@ -13,3 +16,23 @@ def embedded(tmp_path: Path) -> Iterator[Embedded]:
     deployment = Embedded(tmp_path / "data")
     yield deployment
     deployment.close()
+
+
+@pytest.fixture(scope="session")
+def kafka_bootstrap(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """One broker for the whole session: starting one costs seconds."""
+    try:
+        with kafka_broker(tmp_path_factory.mktemp("kafka")) as bootstrap:
+            yield bootstrap
+    except BrokerUnavailable as e:
+        unavailable(str(e))
+
+
+@pytest.fixture
+def native_broker(tmp_path: Path) -> Iterator[NativeBroker]:
+    """A broker of the test's own, for tests that stop, restart or kill it."""
+    problem = native_broker_available()
+    if problem is not None:
+        unavailable(problem)
+    with NativeBroker(tmp_path / "kafka") as broker:
+        yield broker
