@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -58,12 +59,28 @@ class CommandLog(Protocol):
         """Append records to one partition, durably per the backend's policy."""
         ...
 
+    def append_batches(self, batches: Mapping[int, list[bytes]]) -> None:
+        """Append to several partitions at once; durable when it returns; order within each list kept."""
+        ...
+
     def read(self, partition: int, from_offset: int, max_records: int) -> list[LogRecord]:
         """Up to `max_records` records from `from_offset`; empty when none are there yet."""
         ...
 
     def end_offset(self, partition: int) -> int:
         """The offset the next appended record of `partition` will get."""
+        ...
+
+    def start_offset(self, partition: int) -> int:
+        """The first offset still readable: 0 until the log is truncated."""
+        ...
+
+    def truncate_before(self, partition: int, offset: int) -> int:
+        """Delete records below `offset`; returns the new start offset.
+
+        A backend that deletes in whole segments may keep some records below
+        `offset`: the returned start is never above it.
+        """
         ...
 
     def sync_through(self, partition: int, offset: int) -> None:

@@ -32,12 +32,13 @@ from __future__ import annotations
 import bisect
 import enum
 import fcntl
+import itertools
 import os
 import struct
 import time
 import zlib
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Self
@@ -276,12 +277,17 @@ class FileLog:
                 self._drop_tail(state)  # the file may not match the cache any more: rescan
                 raise
 
+    def append_batches(self, batches: Mapping[int, list[bytes]]) -> None:
+        """One append per partition: each is durable per the fsync policy when it returns."""
+        for partition, values in batches.items():
+            self.append(partition, values)
+
     def read(self, partition: int, from_offset: int, max_records: int) -> list[LogRecord]:
         state = self._state(partition)
         if from_offset < 0 or max_records < 1:
             raise LogError("from_offset must be >= 0 and max_records >= 1")
         with self._io_errors():
-            cursor = self._cursor_for(state, from_offset)
+            cursor = self._cursor_for(partition, state, from_offset)
             if cursor is None:
                 return []
             return self._read_from(partition, state, cursor, from_offset, max_records)
@@ -291,6 +297,31 @@ class FileLog:
         with self._io_errors():
             tail = self._refresh_tail(partition, state, repair=False)
         return 0 if tail is None else tail.next_offset
+
+    def start_offset(self, partition: int) -> int:
+        state = self._state(partition)
+        with self._io_errors():
+            bases = self._list_segments(state)
+        return bases[0] if bases else 0
+
+    def truncate_before(self, partition: int, offset: int) -> int:
+        """Deletes whole segments whose every record is below `offset`, oldest first so
+        that a crash midway leaves no hole; the newest segment always stays."""
+        state = self._state(partition)
+        end = self.end_offset(partition)
+        if not 0 <= offset <= end:
+            raise LogError(f"cannot truncate partition {partition} before {offset}: its offsets end at {end}")
+        with self._io_errors():
+            bases = self._list_segments(state)
+            for base, successor in itertools.pairwise(bases):
+                if successor > offset:
+                    break
+                if state.cursor is not None and state.cursor.base == base:
+                    os.close(state.cursor.fd)
+                    state.cursor = None
+                with suppress(FileNotFoundError):  # another process truncated it first
+                    os.remove(self._segment_path(state, base))
+            return self.start_offset(partition)
 
     def sync_through(self, partition: int, offset: int) -> None:
         """fsync the segment this instance last read, which holds `offset`.
@@ -478,7 +509,7 @@ class FileLog:
 
     # -- reading -----------------------------------------------------------------------
 
-    def _cursor_for(self, state: _Partition, from_offset: int) -> _Cursor | None:
+    def _cursor_for(self, partition: int, state: _Partition, from_offset: int) -> _Cursor | None:
         """A cursor at or before `from_offset` in the segment holding it; None: no segments."""
         cursor = state.cursor
         if cursor is not None and cursor.next_offset == from_offset:
@@ -487,7 +518,10 @@ class FileLog:
         if not bases:
             return None
         if from_offset < bases[0]:
-            raise LogError(f"offset {from_offset} is below the first segment ({bases[0]})")
+            raise LogError(
+                f"offset {from_offset} of partition {partition} is below the log's start offset "
+                f"{bases[0]}: the records before it were truncated"
+            )
         base = bases[bisect.bisect_right(bases, from_offset) - 1]
         if cursor is not None and cursor.base == base and cursor.next_offset <= from_offset:
             return cursor

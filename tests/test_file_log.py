@@ -338,3 +338,41 @@ def test_concurrent_appenders_in_several_processes(tmp_path: Path) -> None:
         by_worker[int(worker)].append(int(n))
     assert by_worker == {w: list(range(RECORDS_PER_WORKER)) for w in range(WORKERS)}
     assert all(a.timestamp_ms <= b.timestamp_ms for a, b in itertools.pairwise(seen))
+
+
+def test_append_batches_appends_each_partition_in_order(tmp_path: Path) -> None:
+    with FileLog(tmp_path, 3) as log:
+        log.append_batches({2: [b"c0", b"c1"], 0: [b"a0"], 1: []})
+        log.append_batches({2: [b"c2"]})
+        assert [r.value for r in _read_all(log, 0)] == [b"a0"]
+        assert _read_all(log, 1) == []
+        assert [(r.offset, r.value) for r in _read_all(log, 2)] == [(0, b"c0"), (1, b"c1"), (2, b"c2")]
+
+
+def test_truncate_before_deletes_whole_segments_below_the_offset(tmp_path: Path) -> None:
+    config = FileLogConfig(segment_bytes=150)  # two 64-byte frames (40-byte records) a segment
+    values = [bytes([65 + i]) * 40 for i in range(7)]
+    with FileLog(tmp_path, 1, config) as log:
+        assert log.start_offset(0) == 0
+        assert log.truncate_before(0, 0) == 0  # an empty partition: nothing to delete
+        log.append(0, values)
+        assert [int(p.stem) for p in _segments(tmp_path)] == [0, 2, 4, 6]
+        assert log.start_offset(0) == 0
+        assert [r.value for r in log.read(0, 0, 2)] == values[:2]  # a cursor in the first segment
+        assert log.truncate_before(0, 3) == 2  # offset 2 shares a segment with 3: it stays
+        assert [int(p.stem) for p in _segments(tmp_path)] == [2, 4, 6]
+        assert log.start_offset(0) == 2
+        with pytest.raises(LogError, match="below the log's start offset 2"):
+            log.read(0, 1, 10)
+        assert [r.value for r in log.read(0, 2, 10)] == values[2:]
+        assert log.truncate_before(0, 2) == 2  # idempotent
+        assert log.truncate_before(0, 7) == 6  # never the newest segment
+        assert log.start_offset(0) == 6
+        with pytest.raises(LogError):
+            log.truncate_before(0, 8)  # beyond the end
+        assert log.append(0, [b"next"])[0].offset == 7
+        assert [r.offset for r in _read_all(log, 0, 6)] == [6, 7]
+    with FileLog(tmp_path, 1, config) as log:  # another instance sees the same start
+        assert log.start_offset(0) == 6
+        with pytest.raises(LogError, match="truncated"):
+            log.read(0, 0, 10)
