@@ -144,8 +144,8 @@ class Driver:
         self.first_timed = 0  # offset of the first record applied in a timed loop
         self.round_cpu: list[tuple[int, float]] = []  # (messages, apply CPU seconds) of each round
         self._rng = random.Random(SEED)
-        self._producer = self.data.command_log()  # the default fsync policy: one fsync per append()
-        self._log = self.data.command_log()  # the processor's own instance, as in `keyload run`
+        self._producer = self.data.file_command_log()  # the default fsync policy: one fsync per append()
+        self._log = self.data.file_command_log()  # the processor's own instance, as in `keyload run`
         self._outcomes = self.data.outcome_log()
         self._cursor = 0  # next offset to read on the outcome partition the clients listen on
         self.store = RecordingStore(self.data.projection(self.partition))

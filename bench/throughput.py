@@ -34,9 +34,8 @@ from pathlib import Path
 from typing import Any
 
 from keyload.datadir import DataDir
-from keyload.log.base import partition_for
+from keyload.log.base import CommandLog, partition_for
 from keyload.log.codec import REGISTRY
-from keyload.log.file_log import FileLog
 from keyload.processors import limits
 from keyload.processors.policy import INTEGER_FIELDS, default_spec
 from keyload.projections.store import Store
@@ -174,7 +173,7 @@ class Phase:
 
 
 def apply_log(
-    work: Workload, projection: Path, outcomes: FileLog, profiler: cProfile.Profile | None = None
+    work: Workload, projection: Path, outcomes: CommandLog, profiler: cProfile.Profile | None = None
 ) -> tuple[Stopwatch, Store]:
     """(a): step a processor over the whole log; returns the apply loop's time and the open store."""
     log = work.data.command_log()
@@ -204,7 +203,7 @@ def apply_log(
     return watch, store
 
 
-def check_outcomes(outcomes: FileLog, work: Workload) -> None:
+def check_outcomes(outcomes: CommandLog, work: Workload) -> None:
     """Every command's outcome was published and says committed (not timed)."""
     seen, offset = 0, 0
     while records := outcomes.read(REPLY_TO, offset, 4096):

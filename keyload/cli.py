@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import base64
-import functools
 import json
 import os
 import signal
@@ -17,9 +16,18 @@ from threading import Event
 from typing import Any
 
 from keyload import keyring
-from keyload.datadir import DEFAULT_PARTITIONS, DataDir, DataDirError
+from keyload.catalog import CatalogError
+from keyload.checkpoints import (
+    DEFAULT_CHECKPOINT_EVERY_RECORDS,
+    DEFAULT_CHECKPOINT_INTERVAL_S,
+    DEFAULT_RETAINED_CHECKPOINTS,
+    CheckpointError,
+    CheckpointPolicy,
+)
+from keyload.datadir import DEFAULT_PARTITIONS, DataDir, DataDirError, KafkaConfig
 from keyload.doorbell import Listener
 from keyload.errors import CommandRejected, KeyloadError
+from keyload.kafka_runtime import DEFAULT_SESSION_TIMEOUT_MS, KafkaService
 from keyload.keyring import KeyringError
 from keyload.log.base import LogError, partition_for
 from keyload.log.codec import CodecError
@@ -68,10 +76,30 @@ def _client(args: argparse.Namespace) -> Client:
 # -- run ------------------------------------------------------------------------------------
 
 
+def _stop_on_signals() -> Event:
+    stop = Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    return stop
+
+
 def cmd_run(args: argparse.Namespace) -> int:
-    data = DataDir.create(args.data, args.partitions)
-    log = data.command_log()
+    kafka = None
+    if args.kafka is not None:
+        kafka = KafkaConfig(args.kafka, args.topic_prefix, args.replication_factor, args.min_insync_replicas)
+    data = DataDir.create(
+        args.data,
+        args.partitions,
+        kafka=kafka,
+        object_store=args.object_store,
+        keyring_from=args.keyring_from,
+    )
+    policy = CheckpointPolicy(args.checkpoint_every, args.checkpoint_interval_s, args.checkpoint_retain)
+    if data.kafka is not None:
+        return _run_kafka(data, policy, args)
+    log = data.file_command_log()
     outcomes = data.outcome_log()
+    checkpoints = data.checkpoints(policy)
     keys = data.keyring()
     stores: list[Store] = []
     try:
@@ -87,14 +115,12 @@ def cmd_run(args: argparse.Namespace) -> int:
                     log,
                     store,
                     outcomes,
-                    checkpoint_dir=functools.partial(data.checkpoint, partition),
+                    checkpoints=checkpoints,
                     keyring=keys,
                     keyring_loader=data.keyring,
                 )
             )
-        stop = Event()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            signal.signal(sig, lambda *_: stop.set())
+        stop = _stop_on_signals()
         ticker = Ticker(log, args.tick_interval_ms)
         try:
             listener = Listener(data.root)
@@ -118,6 +144,18 @@ def cmd_run(args: argparse.Namespace) -> int:
             store.close()
         log.close()
         outcomes.close()
+        checkpoints.close()
+
+
+def _run_kafka(data: DataDir, policy: CheckpointPolicy, args: argparse.Namespace) -> int:
+    service = KafkaService(data, data.checkpoints(policy), args.tick_interval_ms, args.session_timeout_ms)
+    stop = _stop_on_signals()
+    print(
+        f"keyload: serving {data.describe_log()} as group {service.group_id} ({data.partitions} partitions)", flush=True
+    )
+    halts = service.run(stop)
+    print("keyload: stopped", flush=True)
+    return EXIT_FAILED if halts else 0
 
 
 # -- queues and messages ---------------------------------------------------------------------
@@ -291,15 +329,20 @@ def cmd_checkpoint(args: argparse.Namespace) -> int:
     with _client(args) as client:
         partition = _partition(args, client.data)
         offset = client.request_checkpoint(partition).offset
-        manifest_path = client.data.checkpoint(partition, offset) / "manifest.json"
+    with client.data.checkpoints() as checkpoints:
         deadline = time.monotonic() + CHECKPOINT_WAIT_S
-        while not manifest_path.exists():
-            if time.monotonic() > deadline:
-                raise KeyloadError(f"checkpoint at offset {offset} was not written within {CHECKPOINT_WAIT_S:g}s")
-            time.sleep(0.05)
-        manifest = json.loads(manifest_path.read_text("utf-8"))
-        print(f"checkpoint of partition {partition} at offset {offset}: {manifest_path.parent}")
-        print(f"digest {manifest['digest']}")
+        while True:
+            try:
+                entry = checkpoints.find(partition, offset)
+                break
+            except CheckpointError:
+                if time.monotonic() > deadline:
+                    raise KeyloadError(
+                        f"checkpoint at offset {offset} was not published within {CHECKPOINT_WAIT_S:g}s"
+                    ) from None
+                time.sleep(0.05)
+    print(f"checkpoint of partition {partition} at offset {offset}: published as {entry.object_prefix}")
+    print(f"digest {entry.manifest.digest}")
     return 0
 
 
@@ -318,10 +361,11 @@ def _checkpoint_offset(choice: str | None, data: DataDir, partition: int) -> int
     if choice is None:
         return None
     if choice == "latest":
-        manifests = data.checkpoints(partition)
-        if not manifests:
+        with data.checkpoints() as checkpoints:
+            latest = checkpoints.latest(partition)
+        if latest is None:
             raise UsageError(f"partition {partition} has no checkpoint; take one with `keyload checkpoint`")
-        return manifests[-1].offset
+        return latest.offset
     if not choice.isdigit():
         raise UsageError("--from-checkpoint must be 'latest' or a checkpoint offset")
     return int(choice)
@@ -343,23 +387,49 @@ def cmd_drill(args: argparse.Namespace) -> int:
 def cmd_status(args: argparse.Namespace) -> int:
     data = DataDir.open(args.data)
     log = data.command_log()
+    checkpoints = data.checkpoints()
     try:
-        print(f"{data.root}: {data.partitions} partitions, {data.outcome_partitions} outcome partitions")
+        print(f"{data.root}: {data.describe_log()}, {data.partitions} partitions, ", end="")
+        print(f"{data.outcome_partitions} outcome partitions")
         for partition in range(data.partitions):
-            end = log.end_offset(partition)
+            start, end = log.start_offset(partition), log.end_offset(partition)
             try:
                 store = Store(data.projection(partition), read_only=True)
                 applied = store.applied_offset
                 store.close()
             except StoreError:
                 applied = -1
-            checkpoints = [m.offset for m in data.checkpoints(partition)]
+            published = [e.offset for e in checkpoints.entries(partition)]
+            floor = published[0] if published else None
             print(
-                f"  p{partition}: log end {end}, applied through {applied}, "
-                f"lag {end - 1 - applied}, checkpoints {checkpoints}"
+                f"  p{partition}: log {start}..{end - 1}, applied through {applied}, "
+                f"lag {end - 1 - applied}, checkpoints {published}, recovery floor {floor}"
             )
     finally:
         log.close()
+        checkpoints.close()
+    return 0
+
+
+def cmd_log_truncate(args: argparse.Namespace) -> int:
+    """Delete a partition's records below an offset, never past the recovery floor."""
+    data = DataDir.open(args.data)
+    partition = _partition(args, data)
+    with data.checkpoints() as checkpoints:
+        floor = checkpoints.floor(partition)
+    if floor is None:
+        raise KeyloadError(f"partition {partition} has no published checkpoint: its log cannot be truncated")
+    if args.before > floor + 1:
+        raise KeyloadError(
+            f"refused: truncating partition {partition} before offset {args.before} would pass its recovery floor "
+            f"(the oldest published checkpoint is at offset {floor}; truncate before {floor + 1} at most)"
+        )
+    log = data.command_log()
+    try:
+        start = log.truncate_before(partition, args.before)
+    finally:
+        log.close()
+    print(f"partition {partition}: log now starts at offset {start} (recovery floor {floor})")
     return 0
 
 
@@ -404,7 +474,22 @@ def build_parser() -> argparse.ArgumentParser:
         help="partition count when creating a data directory",
     )
     run.add_argument("--tick-interval-ms", type=_positive, default=DEFAULT_TICK_INTERVAL_MS)
-    run.add_argument("--until-idle", action="store_true", help="exit once every partition is caught up")
+    run.add_argument("--until-idle", action="store_true", help="exit once every partition is caught up (embedded)")
+    run.add_argument("--kafka", metavar="BOOTSTRAP", help="use Kafka as the log (recorded when creating --data)")
+    run.add_argument("--topic-prefix", default="keyload", help="Kafka topics PREFIX.commands|outcomes|checkpoints")
+    run.add_argument("--replication-factor", type=_positive, default=1, help="of new Kafka topics")
+    run.add_argument("--min-insync-replicas", type=_positive, default=1, help="of new Kafka topics")
+    run.add_argument("--object-store", type=Path, help="checkpoint object store folder (default DATA/objects)")
+    run.add_argument("--keyring-from", type=Path, help="copy this keyring file when creating --data")
+    run.add_argument(
+        "--session-timeout-ms",
+        type=_positive,
+        default=DEFAULT_SESSION_TIMEOUT_MS,
+        help="Kafka group session timeout: how soon a dead processor's partitions move",
+    )
+    run.add_argument("--checkpoint-every", type=_positive, default=DEFAULT_CHECKPOINT_EVERY_RECORDS, help="records")
+    run.add_argument("--checkpoint-interval-s", type=float, default=DEFAULT_CHECKPOINT_INTERVAL_S)
+    run.add_argument("--checkpoint-retain", type=_positive, default=DEFAULT_RETAINED_CHECKPOINTS)
     run.set_defaults(func=cmd_run)
 
     queue = sub.add_parser("queue", help="create, configure or inspect queues").add_subparsers(
@@ -527,6 +612,15 @@ def build_parser() -> argparse.ArgumentParser:
 
     status = sub.add_parser("status", parents=[common], help="log ends, applied offsets, checkpoints")
     status.set_defaults(func=cmd_status)
+
+    log = sub.add_parser("log", help="the command log").add_subparsers(dest="action", required=True)
+    truncate = log.add_parser(
+        "truncate", parents=[common], help="delete a partition's records below an offset (not past the recovery floor)"
+    )
+    truncate.add_argument("--partition", type=int)
+    truncate.add_argument("--domain", help="the partition of this domain")
+    truncate.add_argument("--before", type=int, required=True, help="first offset to keep")
+    truncate.set_defaults(func=cmd_log_truncate)
     return parser
 
 
@@ -547,6 +641,8 @@ def main(argv: list[str] | None = None) -> int:
         KeyringError,
         RecoveryError,
         StoreError,
+        CheckpointError,
+        CatalogError,
         LogError,
         CodecError,
         OSError,

@@ -88,7 +88,10 @@ class Client:
         self.timeout_s = timeout_s
         self._commands = self.data.command_log()
         self._outcomes = self.data.outcome_log()
-        self._doorbell = Doorbell(self.data.root)
+        # Kafka processors block in their fetch and wake on new records; only the
+        # embedded service listens for a doorbell.
+        self._doorbell = Doorbell(self.data.root) if self.data.kafka is None else None
+        self._cursor: int | None = None  # the next outcome to read of the reply partition
         partitions = self.data.outcome_partitions
         self.reply_partition = (
             int.from_bytes(os.urandom(2), "big") % partitions if reply_partition is None else reply_partition
@@ -99,7 +102,8 @@ class Client:
     def close(self) -> None:
         self._commands.close()
         self._outcomes.close()
-        self._doorbell.close()
+        if self._doorbell is not None:
+            self._doorbell.close()
 
     def __enter__(self) -> Client:
         return self
@@ -129,19 +133,31 @@ class Client:
             "client_time_ms": time.time_ns() // 1_000_000,
         }
         value = REGISTRY.encode("keyload.Command", envelope)
-        cursor = self._outcomes.end_offset(self.reply_partition)
+        if self._cursor is None:
+            self._cursor = self._outcomes.end_offset(self.reply_partition)
         self._commands.append(partition_for(domain, self.data.partitions), [value])
-        self._doorbell.ring()
-        return self._await(command_id, domain, cursor, self.timeout_s if timeout_s is None else timeout_s)
+        if self._doorbell is not None:
+            self._doorbell.ring()
+        return self._await(command_id, domain, self.timeout_s if timeout_s is None else timeout_s)
 
-    def _await(self, command_id: str, domain: str, cursor: int, timeout_s: float) -> Outcome:
-        """Tail the reply partition from `cursor` for the outcome of (domain, command id)."""
+    def _await(self, command_id: str, domain: str, timeout_s: float) -> Outcome:
+        """Tail the reply partition for the outcome of (domain, command id).
+
+        The client reads on from where its last wait stopped (at most the
+        partition's end, so nothing after the append is missed), which spares a
+        broker round trip per command; outcomes of other clients sharing the
+        partition are passed over, most without decoding.
+        """
+        assert self._cursor is not None
         deadline = time.monotonic() + timeout_s
         pause = OUTCOME_POLL_MIN_S
+        needle = command_id.encode()
         while time.monotonic() < deadline:
-            records = self._outcomes.read(self.reply_partition, cursor, OUTCOME_READ_BATCH)
+            records = self._outcomes.read(self.reply_partition, self._cursor, OUTCOME_READ_BATCH)
             for record in records:
-                cursor = record.offset + 1
+                self._cursor = record.offset + 1
+                if needle not in record.value:
+                    continue
                 decoded = REGISTRY.decode("keyload.Outcome", record.value)
                 if decoded["command_id"] == command_id and decoded["domain"] == domain:
                     return Outcome.from_record(decoded)

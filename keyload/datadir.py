@@ -1,23 +1,36 @@
-"""The embedded deployment's data directory: one place for logs, projections and checkpoints.
+"""A deployment's data directory: which log it uses, and where its local state lives.
 
-DATA/keyload.json                  partition counts (fixed at creation)
+DATA/keyload.json                  partition counts (fixed at creation); the Kafka
+                                   settings when the log is Kafka; the object store
 DATA/keyring.json                  key material by id (keyload/keyring.py)
-DATA/log/commands/p-NNNN/          command log (file log segments)
-DATA/log/outcomes/p-NNNN/          outcome stream
+DATA/log/commands/p-NNNN/          command log (file log segments; embedded only)
+DATA/log/outcomes/p-NNNN/          outcome stream (embedded only)
 DATA/projections/p-NNNN/           RocksDB projection of a partition
-DATA/checkpoints/p-NNNN/OFFSET/    checkpoint: db/ + manifest.json
+DATA/objects/                      the object store (checkpoint files), unless configured elsewhere
+DATA/catalog/p-NNNN/OFFSET.json    published checkpoints (embedded only; Kafka: a compacted topic)
+DATA/scratch/                      checkpoints being taken or restored
+
+In Kafka mode every processor of a group has a data directory of its own (its
+projections) with the same Kafka settings, a copy of the same keyring, and one
+shared object store.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from keyload import keyring
+from keyload.catalog import CheckpointCatalog, FileCatalog, KafkaCatalog
+from keyload.checkpoints import CheckpointPolicy, Checkpoints
+from keyload.log.base import CommandLog
 from keyload.log.file_log import FileLog, FileLogConfig, FsyncPolicy
-from keyload.projections.store import MANIFEST, Manifest, StoreError
+from keyload.log.kafka_log import KafkaLog, KafkaSettings
+from keyload.object_store import FileObjectStore
 
 DEFAULT_PARTITIONS = 4
 DEFAULT_OUTCOME_PARTITIONS = 8
@@ -31,10 +44,22 @@ class DataDirError(Exception):
 
 
 @dataclass(frozen=True, slots=True)
+class KafkaConfig:
+    """The Kafka part of keyload.json; partition counts are the data directory's."""
+
+    bootstrap: str
+    topic_prefix: str = "keyload"
+    replication_factor: int = 1
+    min_insync_replicas: int = 1
+
+
+@dataclass(frozen=True, slots=True)
 class DataDir:
     root: Path
     partitions: int
     outcome_partitions: int
+    kafka: KafkaConfig | None = None
+    object_root: Path | None = None  # None: DATA/objects
 
     @staticmethod
     def open(root: str | os.PathLike[str]) -> DataDir:
@@ -50,37 +75,98 @@ class DataDir:
         if not isinstance(raw, dict) or raw.get("format") != FORMAT:
             found = raw.get("format") if isinstance(raw, dict) else None
             raise DataDirError(f"{path / CONFIG} is not data format {FORMAT} (found {found!r})")
-        return DataDir(path, _count(raw, "partitions", path), _count(raw, "outcome_partitions", path))
+        kafka = raw.get("kafka")
+        try:
+            kafka_config = None if kafka is None else KafkaConfig(**kafka)
+        except TypeError as exc:
+            raise DataDirError(f"{path / CONFIG}: bad kafka settings: {exc}") from None
+        objects = raw.get("object_store")
+        return DataDir(
+            path,
+            _count(raw, "partitions", path),
+            _count(raw, "outcome_partitions", path),
+            kafka_config,
+            None if objects is None else Path(objects),
+        )
 
     @staticmethod
     def create(
         root: str | os.PathLike[str],
         partitions: int = DEFAULT_PARTITIONS,
         outcome_partitions: int = DEFAULT_OUTCOME_PARTITIONS,
+        kafka: KafkaConfig | None = None,
+        object_store: Path | None = None,
+        keyring_from: Path | None = None,
     ) -> DataDir:
-        """Open `root`, creating it with the given partition counts if it is new."""
+        """Open `root`, creating it with the given settings if it is new.
+
+        `keyring_from` copies an existing keyring file (every processor over one log
+        needs the same keys); otherwise a new keyring with one random key is made.
+        An existing directory must not be asked for other Kafka settings.
+        """
         path = Path(root)
         if (path / CONFIG).exists():
-            return DataDir.open(path)
+            existing = DataDir.open(path)
+            if kafka is not None and existing.kafka != kafka:
+                raise DataDirError(f"{path} was created with other log settings ({existing.describe_log()})")
+            return existing
         for count in (partitions, outcome_partitions):
             if not 1 <= count <= MAX_PARTITIONS:
                 raise DataDirError(f"partition counts must be 1..{MAX_PARTITIONS}")
         path.mkdir(parents=True, exist_ok=True)
-        config = {
+        config: dict[str, Any] = {
             "format": FORMAT,
             "partitions": partitions,
             "outcome_partitions": outcome_partitions,
         }
+        if kafka is not None:
+            config["kafka"] = {
+                "bootstrap": kafka.bootstrap,
+                "topic_prefix": kafka.topic_prefix,
+                "replication_factor": kafka.replication_factor,
+                "min_insync_replicas": kafka.min_insync_replicas,
+            }
+        if object_store is not None:
+            config["object_store"] = str(Path(object_store).resolve())
         temporary = path / (CONFIG + ".tmp")
         temporary.write_text(json.dumps(config, indent=2) + "\n", "utf-8")
+        if keyring_from is not None:
+            shutil.copyfile(keyring_from, path / keyring.FILE)
+            keyring.load(path)  # a copied file must be a keyring
         keyring.create(path)
         os.replace(temporary, path / CONFIG)
         return DataDir.open(path)
 
-    def command_log(self, config: FileLogConfig | None = None) -> FileLog:
+    def describe_log(self) -> str:
+        if self.kafka is None:
+            return "embedded file log"
+        return f"Kafka at {self.kafka.bootstrap}, topics {self.kafka.topic_prefix}.*"
+
+    def kafka_settings(self) -> KafkaSettings:
+        if self.kafka is None:
+            raise DataDirError(f"{self.root} uses the embedded file log, not Kafka")
+        return KafkaSettings(
+            bootstrap=self.kafka.bootstrap,
+            topic_prefix=self.kafka.topic_prefix,
+            partitions=self.partitions,
+            outcome_partitions=self.outcome_partitions,
+            replication_factor=self.kafka.replication_factor,
+            min_insync_replicas=self.kafka.min_insync_replicas,
+        )
+
+    def file_command_log(self, config: FileLogConfig | None = None) -> FileLog:
+        if self.kafka is not None:
+            raise DataDirError(f"{self.root} uses {self.describe_log()}, not the file log")
         return FileLog(self.root / "log" / "commands", self.partitions, config or FileLogConfig())
 
-    def outcome_log(self) -> FileLog:
+    def command_log(self) -> CommandLog:
+        if self.kafka is not None:
+            return KafkaLog.commands(self.kafka_settings())
+        return self.file_command_log()
+
+    def outcome_log(self) -> CommandLog:
+        if self.kafka is not None:
+            return KafkaLog.outcomes(self.kafka_settings())
         # Outcomes are derived data: replaying the command log reproduces every
         # one of them, so the stream is not fsynced.
         return FileLog(
@@ -89,25 +175,23 @@ class DataDir:
             FileLogConfig(fsync=FsyncPolicy.NONE),
         )
 
+    def catalog(self) -> CheckpointCatalog:
+        if self.kafka is not None:
+            settings = self.kafka_settings()
+            return KafkaCatalog(
+                {"bootstrap.servers": settings.bootstrap, **settings.client_config}, settings.catalog_topic
+            )
+        return FileCatalog(self.root / "catalog")
+
+    def checkpoints(self, policy: CheckpointPolicy | None = None) -> Checkpoints:
+        objects = FileObjectStore(self.object_root or self.root / "objects")
+        return Checkpoints(objects, self.catalog(), self.root / "scratch", policy)
+
     def keyring(self) -> dict[str, bytes]:
         return keyring.load(self.root)
 
     def projection(self, partition: int) -> Path:
         return self.root / "projections" / f"p-{partition:04d}"
-
-    def checkpoint(self, partition: int, offset: int) -> Path:
-        return self.root / "checkpoints" / f"p-{partition:04d}" / f"{offset:020d}"
-
-    def checkpoints(self, partition: int) -> list[Manifest]:
-        """Manifests of the partition's complete checkpoints, oldest first."""
-        folder = self.root / "checkpoints" / f"p-{partition:04d}"
-        manifests = []
-        for entry in sorted(folder.iterdir()) if folder.exists() else []:
-            try:
-                manifests.append(Manifest.from_json((entry / MANIFEST).read_text("utf-8")))
-            except (OSError, ValueError, TypeError, KeyError):
-                continue  # a checkpoint without a manifest was never completed
-        return manifests
 
     def check_partition(self, partition: int) -> None:
         if not 0 <= partition < self.partitions:
@@ -119,10 +203,3 @@ def _count(raw: dict[str, object], name: str, path: Path) -> int:
     if not isinstance(value, int) or not 1 <= value <= MAX_PARTITIONS:
         raise DataDirError(f"{path / CONFIG}: {name} must be 1..{MAX_PARTITIONS}")
     return value
-
-
-def find_checkpoint(data: DataDir, partition: int, offset: int) -> Manifest:
-    for manifest in data.checkpoints(partition):
-        if manifest.offset == offset:
-            return manifest
-    raise StoreError(f"partition {partition} has no checkpoint at offset {offset}")

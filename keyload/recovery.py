@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
 from tqdm import tqdm
 
-from keyload.datadir import DataDir, find_checkpoint
-from keyload.projections.store import CHECKPOINT_DB, Manifest, Store, StoreError, verify_checkpoint
+from keyload.checkpoints import CheckpointError
+from keyload.datadir import DataDir
+from keyload.projections.store import Store, StoreError
 from keyload.runtime import PartitionProcessor
 
 
@@ -39,13 +39,6 @@ class DrillReport:
         return self.live_offset == self.replay_offset and self.live_digest == self.replay_digest
 
 
-def restore_checkpoint(manifest_dir: Path, into: Path) -> Manifest:
-    """Copy a verified checkpoint into an empty directory as a writable projection."""
-    manifest = verify_checkpoint(manifest_dir)
-    shutil.copytree(manifest_dir / CHECKPOINT_DB, into, dirs_exist_ok=True)
-    return manifest
-
-
 def replay(
     data: DataDir,
     partition: int,
@@ -57,8 +50,9 @@ def replay(
     """Rebuild `partition` in the empty directory `into` from `from_offset` through `to_offset`.
 
     From offset 0 the projection starts empty; from offset N > 0 it starts from
-    the checkpoint taken at offset N - 1. No outcome is published and no checkpoint
-    is taken: a replay only rebuilds state.
+    the published checkpoint taken at offset N - 1 (fetched from the object store
+    and verified). No outcome is published and no checkpoint is taken: a replay
+    only rebuilds state.
     """
     data.check_partition(partition)
     if into.exists() and any(into.iterdir()):
@@ -73,13 +67,19 @@ def replay(
             raise RecoveryError(f"partition {partition} ends at offset {end}, cannot replay to {target}")
         if from_offset > target + 1:
             raise RecoveryError(f"--from-offset {from_offset} is past the target offset {target}")
+        start = log.start_offset(partition)
+        if from_offset < start:
+            raise RecoveryError(
+                f"partition {partition}'s log was truncated before offset {start}: "
+                "replay from a checkpoint at or past it"
+            )
         if from_offset > 0:
-            try:
-                manifest = find_checkpoint(data, partition, from_offset - 1)
-            except StoreError as exc:
-                have = ", ".join(str(m.offset + 1) for m in data.checkpoints(partition)) or "none"
-                raise RecoveryError(f"{exc}; replay can start at 0 or one past a checkpoint ({have})") from None
-            restore_checkpoint(data.checkpoint(partition, manifest.offset), into)
+            with data.checkpoints() as checkpoints:
+                try:
+                    checkpoints.restore(checkpoints.find(partition, from_offset - 1), into)
+                except CheckpointError as exc:
+                    have = ", ".join(str(e.offset + 1) for e in checkpoints.entries(partition)) or "none"
+                    raise RecoveryError(f"{exc}; replay can start at 0 or one past a checkpoint ({have})") from None
         store = Store(into)
         try:
             processor = PartitionProcessor(partition, data.partitions, log, store, keyring=data.keyring())

@@ -14,25 +14,35 @@ import sys
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from threading import Event
-from typing import TypeGuard
+from typing import Protocol, TypeGuard
 
-from keyload.log.base import CommandLog, partition_for
+from keyload.catalog import CatalogEntry, CatalogError
+from keyload.checkpoints import CheckpointError, Checkpoints
+from keyload.log.base import CommandLog, LogRecord, partition_for
 from keyload.log.codec import REGISTRY
+from keyload.object_store import ObjectStoreError
 from keyload.processors.apply import CHECKPOINT_KIND, apply_record
 from keyload.processors.errors import Corruption
 from keyload.processors.key_rotation import MissingKey
 from keyload.processors.state import next_due_ms
-from keyload.projections.store import Manifest, Staged, Store
-from keyload.version import __version__
+from keyload.projections.store import Staged, Store, StoreError
 
-PROCESSOR_VERSION = __version__
 MAX_GROUP_RECORDS = 512  # records applied per WriteBatch (group commit)
 DEFAULT_TICK_INTERVAL_MS = 1_000
 IDLE_POLL_MIN_S = 0.001  # first wait after the log runs dry
 IDLE_POLL_MAX_S = 0.020  # the wait doubles while idle, up to this (worst added latency without a doorbell)
 MAX_TICKER_DOMAIN_PROBES = 1_000_000
+
+
+class RecordSource(Protocol):
+    """What a processor reads: one partition of the command log (whole, or as fetched for it)."""
+
+    def read(self, partition: int, from_offset: int, max_records: int) -> list[LogRecord]: ...
+
+    def end_offset(self, partition: int) -> int: ...
+
+    def sync_through(self, partition: int, offset: int) -> None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,10 +59,10 @@ class PartitionProcessor:
         self,
         partition: int,
         partitions: int,
-        log: CommandLog,
+        log: RecordSource,
         store: Store,
         outcomes: CommandLog | None = None,
-        checkpoint_dir: Callable[[int], Path] | None = None,
+        checkpoints: Checkpoints | None = None,
         group_records: int = MAX_GROUP_RECORDS,
         keyring: Mapping[str, bytes] | None = None,
         keyring_loader: Callable[[], Mapping[str, bytes]] | None = None,
@@ -63,14 +73,16 @@ class PartitionProcessor:
         self.log = log
         self.store = store
         self.outcomes = outcomes
-        self.checkpoint_dir = checkpoint_dir
+        self.checkpoints = checkpoints
         self.group_records = group_records
         self.keyring = dict(keyring or {})
         self.keyring_loader = keyring_loader
         self.halt: Halt | None = None
-        self.last_checkpoint: Manifest | None = None
+        self.last_checkpoint: CatalogEntry | None = None
         self._applied = store.applied_offset
         self._last_time = store.last_time_ms
+        self._checkpointed_offset = self._applied  # periodic checkpoints count from here ...
+        self._checkpointed_at = time.monotonic()  # ... and from now
         end = log.end_offset(partition)
         if self._applied >= end:
             # The projection applied records the log no longer has (its tail was lost
@@ -140,17 +152,40 @@ class PartitionProcessor:
         count = applied - self._applied
         if count == 0:
             return 0
-        for reply_partition, values in published.items():
+        if published:
             assert self.outcomes is not None
-            self.outcomes.append(reply_partition, values)
+            self.outcomes.append_batches(published)
         self.log.sync_through(self.partition, applied)
         self.store.commit(stage.encoded_writes(), applied, last_time)
         self._applied, self._last_time = applied, last_time
-        if take_checkpoint and self.checkpoint_dir is not None:
-            target = self.checkpoint_dir(applied)
-            if not target.exists():
-                self.last_checkpoint = self.store.checkpoint(target, self.partition, PROCESSOR_VERSION)
+        if take_checkpoint or self._periodic_checkpoint_due():
+            self.take_checkpoint()
         return count
+
+    def _periodic_checkpoint_due(self) -> bool:
+        if self.checkpoints is None or self._applied == self._checkpointed_offset:
+            return False
+        policy = self.checkpoints.policy
+        return (
+            self._applied - self._checkpointed_offset >= policy.every_records
+            or time.monotonic() - self._checkpointed_at >= policy.interval_s
+        )
+
+    def take_checkpoint(self) -> CatalogEntry | None:
+        """Checkpoint and publish the projection at its applied offset.
+
+        A failure (object store or catalog unreachable) is reported and leaves the
+        partition running: the next periodic checkpoint tries again.
+        """
+        if self.checkpoints is None or self._applied < 0:
+            return None
+        self._checkpointed_offset, self._checkpointed_at = self._applied, time.monotonic()
+        try:
+            self.last_checkpoint = self.checkpoints.take(self.store, self.partition)
+        except (CheckpointError, CatalogError, ObjectStoreError, StoreError, OSError) as exc:
+            print(f"partition {self.partition}: checkpoint at offset {self._applied} failed: {exc}", file=sys.stderr)
+            return None
+        return self.last_checkpoint
 
     def _publishes_to(self, reply_to: int | None) -> TypeGuard[int]:
         """Whether an outcome goes to a reply partition (an unknown one is ignored)."""
@@ -241,14 +276,7 @@ def run_until(
     idle_wait = IDLE_POLL_MIN_S
     while not stop.is_set():
         applied = sum(processor.step() for processor in processors)
-        for processor in processors:
-            if processor.halt is not None and processor.partition not in reported:
-                reported.add(processor.partition)
-                halt = processor.halt
-                print(
-                    f"partition {halt.partition} halted at offset {halt.offset}: {halt.reason}",
-                    file=sys.stderr,
-                )
+        report_halts(processors, reported)
         ticked = ticker.poll(processors, wall_clock_ms()) if ticker is not None else 0
         if applied or ticked:
             idle_wait = IDLE_POLL_MIN_S
@@ -258,3 +286,12 @@ def run_until(
         idle(idle_wait)
         idle_wait = min(idle_wait * 2, idle_max_s)
     return [p.halt for p in processors if p.halt is not None]
+
+
+def report_halts(processors: list[PartitionProcessor], reported: set[int]) -> None:
+    """Say once on stderr that a partition halted, and why."""
+    for processor in processors:
+        halt = processor.halt
+        if halt is not None and halt.partition not in reported:
+            reported.add(halt.partition)
+            print(f"partition {halt.partition} halted at offset {halt.offset}: {halt.reason}", file=sys.stderr)

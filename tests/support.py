@@ -82,6 +82,7 @@ class Embedded:
             root / "log" / "commands", partitions, FileLogConfig(fsync=FsyncPolicy.NONE), clock_ms=lambda: self.now_ms
         )
         self.outcomes = self.data.outcome_log()
+        self.checkpoints = self.data.checkpoints()
         self.stores = [Store(self.data.projection(p)) for p in range(partitions)]
         self.processors = [
             PartitionProcessor(
@@ -90,14 +91,11 @@ class Embedded:
                 self.log,
                 self.stores[p],
                 self.outcomes,
-                self._checkpoint_dir(p),
+                checkpoints=self.checkpoints,
                 keyring=self.data.keyring(),
             )
             for p in range(partitions)
         ]
-
-    def _checkpoint_dir(self, partition: int) -> Any:
-        return lambda offset: self.data.checkpoint(partition, offset)
 
     def partition(self, domain: str) -> int:
         return partition_for(domain, self.data.partitions)
@@ -155,8 +153,41 @@ def close_after_replay_check(embedded: Embedded, directory: Path) -> None:
         shutil.rmtree(directory, ignore_errors=True)
 
 
+def assert_live_equals_replay(data: DataDir, scratch: Path) -> None:
+    """Each partition's live projection equals a clean replay of its log from offset 0, offset and digest."""
+    from keyload.recovery import replay
+
+    for partition in range(data.partitions):
+        live = Store(data.projection(partition), read_only=True)
+        try:
+            live_state = (live.applied_offset, live.digest())
+        finally:
+            live.close()
+        replayed = replay(data, partition, scratch / f"replay-{partition}", progress=False)
+        assert live_state == (replayed.applied_offset, replayed.digest), f"partition {partition}"
+
+
 def keyload_command(*args: str) -> list[str]:
     return [sys.executable, "-m", "keyload.cli", *args]
+
+
+def run_keyload(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(keyload_command(*args), capture_output=True, text=True, timeout=timeout)
+
+
+def spread_domains(count: int, partitions: int) -> list[str]:
+    """`count` (>= partitions) domain names that between them land on every partition."""
+    chosen: list[str] = []
+    covered: set[int] = set()
+    n = 0
+    while len(chosen) < count:
+        name = f"tenant-{n}"
+        n += 1
+        partition = partition_for(name, partitions)
+        if partition not in covered or len(covered) == partitions:
+            chosen.append(name)
+            covered.add(partition)
+    return chosen
 
 
 def start_service(data: Path, *args: str) -> subprocess.Popen[bytes]:

@@ -11,13 +11,9 @@ import pytest
 
 from keyload.datadir import DataDir
 
-from .support import keyload_command, start_service, stop_service
+from .support import run_keyload, start_service, stop_service
 
 ROOT = Path(__file__).resolve().parent.parent
-
-
-def keyload(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(keyload_command(*args), capture_output=True, text=True, timeout=timeout)
 
 
 def assert_one_clear_line(result: subprocess.CompletedProcess[str], code: int, text: str) -> None:
@@ -29,24 +25,28 @@ def assert_one_clear_line(result: subprocess.CompletedProcess[str], code: int, t
 
 def test_errors_without_a_service_are_one_line(tmp_path: Path) -> None:
     missing = str(tmp_path / "nowhere")
-    assert_one_clear_line(keyload("status", "--data", missing), 1, "is not a keyload data directory")
-    result = keyload("enqueue", "--data", missing, "--domain", "d", "--queue", "q", "--body", "x", "--body-file", "f")
+    assert_one_clear_line(run_keyload("status", "--data", missing), 1, "is not a keyload data directory")
+    result = run_keyload(
+        "enqueue", "--data", missing, "--domain", "d", "--queue", "q", "--body", "x", "--body-file", "f"
+    )
     assert_one_clear_line(result, 2, "exactly one of --body or --body-file")
-    result = keyload("drill", "--data", missing, "--partition", "0")
+    result = run_keyload("drill", "--data", missing, "--partition", "0")
     assert_one_clear_line(result, 1, "is not a keyload data directory")
-    assert keyload("frobnicate").returncode == 2  # argparse usage error
-    assert keyload("run", "--data", missing, "--tick-interval-ms", "0").returncode == 2
-    assert "Traceback" not in keyload("run", "--data", missing, "--tick-interval-ms", "0").stderr
+    assert run_keyload("frobnicate").returncode == 2  # argparse usage error
+    assert run_keyload("run", "--data", missing, "--tick-interval-ms", "0").returncode == 2
+    assert "Traceback" not in run_keyload("run", "--data", missing, "--tick-interval-ms", "0").stderr
 
     DataDir.create(tmp_path / "data")
     data = str(tmp_path / "data")
-    result = keyload("enqueue", "--data", data, "--domain", "d", "--queue", "q", "--body", "x", "--command-id", "a b")
+    result = run_keyload(
+        "enqueue", "--data", data, "--domain", "d", "--queue", "q", "--body", "x", "--command-id", "a b"
+    )
     assert_one_clear_line(result, 1, "command id must be 1..128 printable ASCII characters")
-    result = keyload("drill", "--data", data, "--partition", "0", "--from-checkpoint", "abc")
+    result = run_keyload("drill", "--data", data, "--partition", "0", "--from-checkpoint", "abc")
     assert_one_clear_line(result, 2, "--from-checkpoint must be 'latest' or a checkpoint offset")
     for broken in ("[]", '{"format": 1}', '{"format": 1, "partitions": 0, "outcome_partitions": 8}'):
         (tmp_path / "data" / "keyload.json").write_text(broken)
-        assert_one_clear_line(keyload("status", "--data", data), 1, "keyload.json")
+        assert_one_clear_line(run_keyload("status", "--data", data), 1, "keyload.json")
 
 
 @pytest.mark.slow
@@ -54,26 +54,34 @@ def test_commands_against_a_running_service(tmp_path: Path) -> None:
     data = str(tmp_path / "data")
     service = start_service(tmp_path / "data", "--partitions", "2")
     try:
-        created = keyload("queue", "create", "--data", data, "--domain", "shop", "orders", "--max-stored-messages", "1")
+        created = run_keyload(
+            "queue", "create", "--data", data, "--domain", "shop", "orders", "--max-stored-messages", "1"
+        )
         assert created.returncode == 0 and '"queue": "orders"' in created.stdout
         args = ("enqueue", "--data", data, "--domain", "shop", "--queue", "orders", "--body", "hi")
-        assert keyload(*args, "--message-id", "a").returncode == 0
-        assert_one_clear_line(keyload(*args, "--message-id", "b"), 1, "rejected: ResourceExhausted")
-        assert_one_clear_line(keyload(*args[:5], "--queue", "nope", "--body", "x"), 1, "rejected: NotFound")
-        bad = keyload("queue", "create", "--data", data, "--domain", "shop", "orders", "--max-attempts", "0")
+        assert run_keyload(*args, "--message-id", "a").returncode == 0
+        assert_one_clear_line(run_keyload(*args, "--message-id", "b"), 1, "rejected: ResourceExhausted")
+        assert_one_clear_line(run_keyload(*args[:5], "--queue", "nope", "--body", "x"), 1, "rejected: NotFound")
+        bad = run_keyload("queue", "create", "--data", data, "--domain", "shop", "orders", "--max-attempts", "0")
         assert_one_clear_line(bad, 1, "policy.max_attempts must be between 1 and 1000")
-        assert_one_clear_line(keyload("drill", "--data", data, "--partition", "7"), 1, "partition must be 0..1")
+        assert_one_clear_line(run_keyload("drill", "--data", data, "--partition", "7"), 1, "partition must be 0..1")
         assert_one_clear_line(
-            keyload("replay", "--data", data, "--domain", "shop", "--from-offset", "2", "--into", str(tmp_path / "r")),
+            run_keyload(
+                "replay", "--data", data, "--domain", "shop", "--from-offset", "2", "--into", str(tmp_path / "r")
+            ),
             1,
             "no checkpoint at offset 1",
         )
+        truncate = ("log", "truncate", "--data", data, "--domain", "shop", "--before")
+        assert_one_clear_line(
+            run_keyload(*truncate, "1"), 1, "has no published checkpoint: its log cannot be truncated"
+        )
         # Replay from one past a checkpoint, into an existing empty directory.
-        checkpoint = keyload("checkpoint", "--data", data, "--domain", "shop")
+        checkpoint = run_keyload("checkpoint", "--data", data, "--domain", "shop")
         assert checkpoint.returncode == 0, checkpoint.stderr
         offset = int(checkpoint.stdout.split("at offset ")[1].split(":")[0])
         (tmp_path / "empty").mkdir()
-        replayed = keyload(
+        replayed = run_keyload(
             "replay",
             "--data",
             data,
@@ -85,7 +93,11 @@ def test_commands_against_a_running_service(tmp_path: Path) -> None:
             str(tmp_path / "empty"),
         )
         assert replayed.returncode == 0 and f"offset {offset}," in replayed.stdout, replayed
-        inspected = keyload(
+        # The log may be truncated up to the recovery floor (the file log keeps whole segments), not past it.
+        assert_one_clear_line(run_keyload(*truncate, str(offset + 2)), 1, "would pass its recovery floor")
+        truncated = run_keyload(*truncate, str(offset + 1))
+        assert truncated.returncode == 0 and "log now starts at offset 0" in truncated.stdout, truncated
+        inspected = run_keyload(
             "inspect", "--data", data, "--domain", "shop", "--queue", "orders", "--message", "a", "--body"
         )
         assert '"body": "hi"' in inspected.stdout and '"state": "ready"' in inspected.stdout
@@ -99,35 +111,37 @@ def test_queue_work_from_the_command_line(tmp_path: Path) -> None:
     service = start_service(tmp_path / "data", "--partitions", "2")
     try:
         assert (
-            keyload("queue", "create", "--data", data, "--domain", "shop", "jobs", "--max-attempts", "1").returncode
+            run_keyload("queue", "create", "--data", data, "--domain", "shop", "jobs", "--max-attempts", "1").returncode
             == 0
         )
         for message_id in ("a", "b"):
             enqueue = ("enqueue", "--data", data, "--domain", "shop", "--queue", "jobs", "--message-id", message_id)
-            assert keyload(*enqueue, "--body", message_id).returncode == 0
-        received = keyload("receive", "--data", data, "--domain", "shop", "--queue", "jobs", "--max-messages", "2")
+            assert run_keyload(*enqueue, "--body", message_id).returncode == 0
+        received = run_keyload("receive", "--data", data, "--domain", "shop", "--queue", "jobs", "--max-messages", "2")
         deliveries = json.loads(received.stdout)["deliveries"]
         assert [d["message_id"] for d in deliveries] == ["a", "b"] and deliveries[0]["body"] == "a"
         tokens = {d["message_id"]: d["token"] for d in deliveries}
-        renewed = keyload("renew", "--data", data, "--domain", "shop", tokens["a"], "--lease-ms", "60000")
+        renewed = run_keyload("renew", "--data", data, "--domain", "shop", tokens["a"], "--lease-ms", "60000")
         assert json.loads(renewed.stdout)["state"] == "leased"
-        assert json.loads(keyload("ack", "--data", data, "--domain", "shop", tokens["a"]).stdout)["state"] == "acked"
-        nacked = keyload("nack", "--data", data, "--domain", "shop", tokens["b"])
+        assert (
+            json.loads(run_keyload("ack", "--data", data, "--domain", "shop", tokens["a"]).stdout)["state"] == "acked"
+        )
+        nacked = run_keyload("nack", "--data", data, "--domain", "shop", tokens["b"])
         assert json.loads(nacked.stdout)["state"] == "dead_lettered"
-        assert_one_clear_line(keyload("ack", "--data", data, "--domain", "shop", tokens["a"]), 1, "StaleLease")
-        assert_one_clear_line(keyload("ack", "--data", data, "--domain", "shop", "garbage"), 1, "TokenInvalidated")
-        page = json.loads(keyload("dlq", "list", "--data", data, "--domain", "shop", "--queue", "jobs").stdout)
+        assert_one_clear_line(run_keyload("ack", "--data", data, "--domain", "shop", tokens["a"]), 1, "StaleLease")
+        assert_one_clear_line(run_keyload("ack", "--data", data, "--domain", "shop", "garbage"), 1, "TokenInvalidated")
+        page = json.loads(run_keyload("dlq", "list", "--data", data, "--domain", "shop", "--queue", "jobs").stdout)
         [dead] = page["messages"]
         version, generation = dead["meta"]["state_version"], dead["meta"]["delivery_generation"]
         args = ("--data", data, "--domain", "shop", "--queue", "jobs", "b", "--generation", str(generation))
-        assert_one_clear_line(keyload("redrive", *args, "--state-version", "999"), 1, "RevisionConflict")
-        redriven = keyload("redrive", *args, "--state-version", str(version))
+        assert_one_clear_line(run_keyload("redrive", *args, "--state-version", "999"), 1, "RevisionConflict")
+        redriven = run_keyload("redrive", *args, "--state-version", str(version))
         assert json.loads(redriven.stdout)["meta"]["state"] == "ready"
-        stats = keyload("stats", "--data", data, "--domain", "shop", "--queue", "jobs").stdout
+        stats = run_keyload("stats", "--data", data, "--domain", "shop", "--queue", "jobs").stdout
         assert "acked_total          1" in stats and "ready                1" in stats
-        assert keyload("keys", "add", "--data", data, "k1").returncode == 0
-        assert "token key k1" in keyload("keys", "rotate", "--data", data, "--token-key", "k1").stdout
-        relet = keyload("receive", "--data", data, "--domain", "shop", "--queue", "jobs")
+        assert run_keyload("keys", "add", "--data", data, "k1").returncode == 0
+        assert "token key k1" in run_keyload("keys", "rotate", "--data", data, "--token-key", "k1").stdout
+        relet = run_keyload("receive", "--data", data, "--domain", "shop", "--queue", "jobs")
         assert json.loads(relet.stdout)["deliveries"][0]["token"] != tokens["b"]
     finally:
         assert stop_service(service) == 0

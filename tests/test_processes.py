@@ -1,4 +1,4 @@
-"""`keyload run` as real processes over one data directory: concurrent producers, and SIGKILL mid-workload."""
+"""`keyload run` as real processes: concurrent producers (file log and Kafka), and SIGKILL mid-workload."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import random
 import subprocess
 import sys
 import time
+import uuid
 from collections import Counter, defaultdict, deque
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -17,21 +18,22 @@ from typing import Any
 import pytest
 
 from keyload.client import Client
-from keyload.datadir import DataDir
-from keyload.log.base import partition_for
+from keyload.datadir import DataDir, KafkaConfig
+from keyload.log.base import CommandLog, partition_for
 from keyload.log.codec import REGISTRY
 from keyload.log.file_log import FileLog
 from keyload.processors.apply import FINGERPRINT_BYTES, fingerprint
 from keyload.projections import keys
 from keyload.projections.store import Store
-from keyload.recovery import replay
 
 from .support import (
     CREATE_QUEUE,
     ENQUEUE,
+    assert_live_equals_replay,
     command,
     create_queue_body,
     enqueue_body,
+    spread_domains,
     start_service,
     stop_service,
     wait_until,
@@ -82,21 +84,6 @@ CONFLICT_SHARE = 0.02  # same command id, different body
 REUSED_MESSAGE_SHARE = 0.02  # new command id, a message id used before
 
 
-def spread_domains(count: int, partitions: int) -> list[str]:
-    """`count` (>= partitions) domain names that between them land on every partition."""
-    chosen: list[str] = []
-    covered: set[int] = set()
-    n = 0
-    while len(chosen) < count:
-        name = f"tenant-{n}"
-        n += 1
-        partition = partition_for(name, partitions)
-        if partition not in covered or len(covered) == partitions:
-            chosen.append(name)
-            covered.add(partition)
-    return chosen
-
-
 @contextmanager
 def running(root: Path) -> Iterator[subprocess.Popen[bytes]]:
     """`keyload run` over `root`, serving; SIGKILLed on the way out unless it has already exited."""
@@ -114,8 +101,15 @@ def running(root: Path) -> Iterator[subprocess.Popen[bytes]]:
 def published_outcomes(data: DataDir) -> list[tuple[int, bytes]]:
     """Every record of every outcome partition, as (reply partition, encoded Outcome)."""
     log = data.outcome_log()
+    found = []
     try:
-        return [(p, record.value) for p in range(data.outcome_partitions) for record in log.read(p, 0, 10**9)]
+        for partition in range(data.outcome_partitions):
+            offset, end = log.start_offset(partition), log.end_offset(partition)
+            while offset < end:
+                for record in log.read(partition, offset, 10_000):
+                    found.append((partition, record.value))
+                    offset = record.offset + 1
+        return found
     finally:
         log.close()
 
@@ -138,7 +132,7 @@ def decode_outcome(value: bytes) -> dict[str, Any]:
     return REGISTRY.decode("keyload.Outcome", value)
 
 
-def lag(data: DataDir, log: FileLog) -> list[int]:
+def lag(data: DataDir, log: CommandLog) -> list[int]:
     """Per partition: log records not yet applied by the live projection."""
     lags = []
     for partition in range(data.partitions):
@@ -157,14 +151,7 @@ def assert_replays_match(data: DataDir, scratch: Path) -> None:
         assert lag(data, log) == [0] * data.partitions
     finally:
         log.close()
-    for partition in range(data.partitions):
-        live = Store(data.projection(partition), read_only=True)
-        try:
-            live_state = (live.applied_offset, live.digest())
-        finally:
-            live.close()
-        replayed = replay(data, partition, scratch / f"replay-{partition}", progress=False)
-        assert live_state == (replayed.applied_offset, replayed.digest), f"partition {partition}"
+    assert_live_equals_replay(data, scratch)
 
 
 def queue_record(store: Store, domain: str, queue: str) -> dict[str, Any]:
@@ -179,9 +166,15 @@ def message_ids(store: Store, queue_id: int) -> set[str]:
 
 
 @pytest.mark.slow
-def test_several_processes_every_command_gets_one_outcome(tmp_path: Path) -> None:
+@pytest.mark.parametrize("backend", ["file", "kafka"])
+def test_several_processes_every_command_gets_one_outcome(
+    backend: str, request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
     root = tmp_path / "data"
-    data = DataDir.create(root, PARTITIONS)
+    kafka = None
+    if backend == "kafka":
+        kafka = KafkaConfig(request.getfixturevalue("kafka_bootstrap"), f"procs-{uuid.uuid4().hex[:10]}")
+    data = DataDir.create(root, PARTITIONS, kafka=kafka)
     domains = spread_domains(PARTITIONS, PARTITIONS)
     script = tmp_path / "producer.py"
     script.write_text(PRODUCER_SCRIPT)

@@ -69,7 +69,7 @@ def test_checkpoint_command_cuts_the_group_and_records_its_offset(embedded: Embe
     for i in range(5, 10):
         embedded.append(D, command(D, ENQUEUE, enqueue_body("jobs", f"m{i}")))
     embedded.run()
-    [manifest] = embedded.data.checkpoints(embedded.partition(D))
+    [manifest] = [e.manifest for e in embedded.checkpoints.entries(embedded.partition(D))]
     assert manifest.offset == checkpoint_offset
     assert embedded.store(D).applied_offset == checkpoint_offset + 5
 
@@ -109,7 +109,7 @@ def test_a_missing_index_row_is_corruption_not_repaired(embedded: Embedded) -> N
 def test_a_rejected_checkpoint_command_takes_no_checkpoint(embedded: Embedded) -> None:
     embedded.append(D, command(D, CHECKPOINT, {}, principal=""))
     embedded.run()
-    assert embedded.data.checkpoints(embedded.partition(D)) == []
+    assert embedded.checkpoints.entries(embedded.partition(D)) == []
 
 
 def test_a_projection_ahead_of_its_log_halts_instead_of_skipping_records(tmp_path: Path) -> None:

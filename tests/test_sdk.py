@@ -1,9 +1,11 @@
-"""The SDK against a running `keyload run`: long poll, multi-lane receive, the consumer helper."""
+"""The SDK against a running `keyload run`, over the file log and over Kafka: long poll, multi-lane receive,
+the consumer helper."""
 
 from __future__ import annotations
 
 import threading
 import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -11,6 +13,7 @@ import pytest
 
 from keyload import Client
 from keyload.client import Lane
+from keyload.datadir import DataDir, KafkaConfig
 from keyload.errors import OutcomeTimeout
 from keyload.log.base import partition_for
 from keyload.results import Delivery, QueuePolicy
@@ -20,8 +23,11 @@ from .support import start_service, stop_service
 pytestmark = pytest.mark.slow
 
 
-@pytest.fixture
-def client(tmp_path: Path) -> Iterator[Client]:
+@pytest.fixture(params=["file", "kafka"])
+def client(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Client]:
+    if request.param == "kafka":
+        bootstrap: str = request.getfixturevalue("kafka_bootstrap")
+        DataDir.create(tmp_path / "data", kafka=KafkaConfig(bootstrap, f"sdk-{uuid.uuid4().hex[:10]}"))
     service = start_service(tmp_path / "data", "--tick-interval-ms", "50")
     sdk = Client(tmp_path / "data")
     try:
@@ -72,8 +78,6 @@ def test_receive_across_reports_each_lane_and_a_retry_returns_the_same_receipts(
 
 def test_a_lane_without_an_outcome_is_unknown(tmp_path: Path) -> None:
     # No service runs: the command is appended but nobody applies it.
-    from keyload.datadir import DataDir
-
     DataDir.create(tmp_path / "data")
     client = Client(tmp_path / "data")
     try:

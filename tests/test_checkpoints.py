@@ -1,0 +1,149 @@
+"""The object store, the checkpoint catalog (files and a compacted Kafka topic), and checkpoints through them."""
+
+from __future__ import annotations
+
+import hashlib
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from keyload.catalog import CatalogEntry, CheckpointCatalog, FileCatalog, KafkaCatalog, recovery_floor
+from keyload.checkpoints import CheckpointError, CheckpointPolicy, Checkpoints
+from keyload.log.kafka_log import KafkaSettings, ensure_topics
+from keyload.object_store import FileObjectStore, ObjectConflict, ObjectStoreError
+from keyload.projections.store import Manifest, ManifestFile, Store
+from keyload.runtime import PartitionProcessor
+
+from .support import CHECKPOINT, CREATE_QUEUE, ENQUEUE, Embedded, command, create_queue_body, enqueue_body
+
+D = "shop"
+
+
+def write(path: Path, data: bytes) -> Path:
+    path.write_bytes(data)
+    return path
+
+
+def test_object_store_creates_once_and_deletes_exact_versions(tmp_path: Path) -> None:
+    store = FileObjectStore(tmp_path / "objects")
+    first = store.put_if_absent("a/b.sst", write(tmp_path / "one", b"one"))
+    assert (first.etag, first.length) == (hashlib.sha256(b"one").hexdigest(), 3)
+    # The same bytes again are idempotent; other bytes are a conflict and change nothing.
+    assert store.put_if_absent("a/b.sst", write(tmp_path / "same", b"one")) == first
+    with pytest.raises(ObjectConflict):
+        store.put_if_absent("a/b.sst", write(tmp_path / "other", b"two"))
+    assert store.head("a/b.sst") == first
+    # A key may also be a prefix of other keys.
+    nested = store.put_if_absent("a/b.sst/c", write(tmp_path / "c", b"c"))
+    assert [v.key for v in store.list("a/")] == ["a/b.sst", "a/b.sst/c"]
+    assert store.get("a/b.sst", tmp_path / "fetched") == first
+    assert (tmp_path / "fetched").read_bytes() == b"one"
+    # Deletes name a version: a repeated or stale delete never removes a newer object.
+    assert store.delete("a/b.sst", first.version) is True
+    assert store.delete("a/b.sst", first.version) is False
+    assert store.head("a/b.sst") is None
+    recreated = store.put_if_absent("a/b.sst", write(tmp_path / "again", b"one"))
+    assert recreated.version != first.version
+    assert store.delete("a/b.sst", first.version) is False
+    assert store.head("a/b.sst") == recreated
+    assert store.head("a/b.sst/c") == nested
+    for bad in ("", "../x", "a//b", "a/../b", "/a", "a b", "x" * 513):
+        with pytest.raises(ObjectStoreError):
+            store.head(bad)
+
+
+def manifest(partition: int, offset: int) -> Manifest:
+    return Manifest(partition, offset, 1_000 + offset, "test", "d" * 64, (ManifestFile("CURRENT", 16, "0" * 64),))
+
+
+@pytest.fixture(params=["file", "kafka"])
+def catalog(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[CheckpointCatalog]:
+    if request.param == "file":
+        yield FileCatalog(tmp_path / "catalog")
+        return
+    bootstrap: str = request.getfixturevalue("kafka_bootstrap")
+    settings = KafkaSettings(bootstrap, topic_prefix=f"cat-{uuid.uuid4().hex[:8]}")
+    ensure_topics(settings)
+    kafka = KafkaCatalog({"bootstrap.servers": bootstrap}, settings.catalog_topic)
+    yield kafka
+    kafka.close()
+
+
+def test_catalog_recovery_set_and_floor(catalog: CheckpointCatalog) -> None:
+    assert catalog.entries(0) == [] and recovery_floor(catalog, 0) is None
+    for offset in (30, 10, 20):
+        catalog.publish(CatalogEntry(manifest(0, offset), f"checkpoints/p-0000/{offset}/x/"))
+    catalog.publish(CatalogEntry(manifest(1, 5), "checkpoints/p-0001/5/x/"))
+    assert [e.offset for e in catalog.entries(0)] == [10, 20, 30]
+    assert catalog.entries(0)[0] == CatalogEntry(manifest(0, 10), "checkpoints/p-0000/10/x/")
+    assert recovery_floor(catalog, 0) == 10
+    catalog.retire(0, 10)
+    assert [e.offset for e in catalog.entries(0)] == [20, 30]
+    assert recovery_floor(catalog, 0) == 20
+    assert [e.offset for e in catalog.entries(1)] == [5]
+
+
+def fill(embedded: Embedded, count: int) -> None:
+    for n in range(count):
+        embedded.append(D, command(D, ENQUEUE, enqueue_body("q", f"m{embedded.now_ms}-{n}")))
+        embedded.now_ms += 1
+    embedded.run()
+
+
+def test_checkpoints_are_stored_published_restored_and_retired(embedded: Embedded, tmp_path: Path) -> None:
+    embedded.append(D, command(D, CREATE_QUEUE, create_queue_body("q")))
+    checkpoints = Checkpoints(
+        embedded.checkpoints.objects, embedded.checkpoints.catalog, tmp_path / "scratch", CheckpointPolicy(retain=2)
+    )
+    partition = embedded.partition(D)
+    taken = []
+    for _ in range(3):
+        fill(embedded, 5)
+        taken.append(checkpoints.take(embedded.store(D), partition))
+    # Only the newest two remain published; the oldest one's objects are gone.
+    assert [e.offset for e in checkpoints.entries(partition)] == [taken[1].offset, taken[2].offset]
+    assert checkpoints.floor(partition) == taken[1].offset
+    assert list(checkpoints.objects.list(taken[0].object_prefix)) == []
+    assert len(list(checkpoints.objects.list(taken[2].object_prefix))) == len(taken[2].manifest.files) + 1
+    # A restore is verified and holds exactly the checkpointed state.
+    restored = tmp_path / "restored"
+    assert checkpoints.restore(taken[2], restored) == taken[2].manifest
+    store = Store(restored)
+    try:
+        assert (store.applied_offset, store.digest()) == (taken[2].offset, embedded.digest(D))
+    finally:
+        store.close()
+    with pytest.raises(CheckpointError, match="not empty"):
+        checkpoints.restore(taken[2], restored)
+    # A damaged object is caught before use.
+    damaged = next(v for v in checkpoints.objects.list(taken[1].object_prefix) if v.key.endswith("CURRENT"))
+    damaged_path = Path(checkpoints.objects.root) / (damaged.key + "~") / damaged.version  # type: ignore[attr-defined]
+    damaged_path.write_bytes(b"garbage\n")
+    with pytest.raises(CheckpointError, match="does not match its manifest"):
+        checkpoints.restore(taken[1], tmp_path / "from-damaged")
+
+
+def test_the_runtime_checkpoints_by_itself_every_n_records(embedded: Embedded, tmp_path: Path) -> None:
+    partition = embedded.partition(D)
+    checkpoints = Checkpoints(
+        embedded.checkpoints.objects,
+        embedded.checkpoints.catalog,
+        tmp_path / "scratch",
+        CheckpointPolicy(every_records=5),
+    )
+    processor = PartitionProcessor(
+        partition, embedded.data.partitions, embedded.log, embedded.store(D), checkpoints=checkpoints
+    )
+    embedded.processors[partition] = processor
+    embedded.append(D, command(D, CREATE_QUEUE, create_queue_body("q")))
+    fill(embedded, 11)  # one group of 12 records: a checkpoint at its end
+    fill(embedded, 3)  # 3 past it: none
+    assert [e.offset for e in checkpoints.entries(partition)] == [11]
+    fill(embedded, 2)  # 5 past it
+    assert [e.offset for e in checkpoints.entries(partition)] == [11, 16]
+    # A Checkpoint command takes one at its own offset whatever the count.
+    offset = embedded.append(D, command(D, CHECKPOINT, {}))
+    embedded.run()
+    assert [e.offset for e in checkpoints.entries(partition)] == [11, 16, offset]
