@@ -5,7 +5,8 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Protocol
+from types import TracebackType
+from typing import Protocol, Self
 
 
 @dataclass(frozen=True, slots=True)
@@ -23,6 +24,24 @@ class Appended:
     partition: int
     offset: int
     timestamp_ms: int
+
+
+class ClosedOnExit:
+    """`with log:` closes the log on the way out."""
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self.close()
 
 
 class LogError(Exception):

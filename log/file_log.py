@@ -40,10 +40,8 @@ import zlib
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
-from types import TracebackType
-from typing import Self
 
-from .base import Appended, LogCorruption, LogError, LogRecord
+from .base import Appended, ClosedOnExit, LogCorruption, LogError, LogRecord
 
 HEADER = struct.Struct(">IIQq")  # payload_length, crc32, offset, timestamp_ms
 HEADER_BYTES = HEADER.size
@@ -240,7 +238,7 @@ def _fsync_directory(path: str) -> None:
         os.close(fd)
 
 
-class FileLog:
+class FileLog(ClosedOnExit):
     """CommandLog on local segment files; see the module docstring for the format."""
 
     def __init__(
@@ -357,17 +355,6 @@ class FileLog:
                         os.close(state.cursor.fd)
                     if state.lock_fd is not None:
                         os.close(state.lock_fd)
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        self.close()
 
     # -- appending ---------------------------------------------------------------------
 

@@ -22,8 +22,7 @@ from collections import deque
 from collections.abc import Callable, Mapping
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
-from types import TracebackType
-from typing import Any, Self
+from typing import Any
 
 from confluent_kafka import Consumer, IsolationLevel, KafkaError, KafkaException, Message, Producer, TopicPartition
 
@@ -38,7 +37,7 @@ from confluent_kafka.admin import (  # type: ignore[attr-defined]
     TopicMetadata,
 )
 
-from .base import Appended, LogError, LogRecord
+from .base import Appended, ClosedOnExit, LogError, LogRecord
 from .file_log import DEFAULT_CONFIG
 
 MAX_RECORD_BYTES = DEFAULT_CONFIG.max_record_bytes  # the file log's limit: both backends accept the same records
@@ -315,7 +314,7 @@ class _Deliveries:
         return delivered
 
 
-class KafkaLog:
+class KafkaLog(ClosedOnExit):
     """CommandLog on one Kafka topic; see the module docstring."""
 
     def __init__(self, settings: KafkaSettings, topic: str, partitions: int) -> None:
@@ -425,17 +424,6 @@ class KafkaLog:
         finally:
             if consumer is not None:
                 consumer.close()
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        self.close()
 
     # -- appending ---------------------------------------------------------------------
 
