@@ -10,10 +10,12 @@ import signal
 import sys
 import tempfile
 import time
+import uuid
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, fields, is_dataclass
 from pathlib import Path
 from threading import Event
-from typing import Any
+from typing import Any, TypeVar
 
 from keyload import keyring
 from keyload.catalog import CatalogError
@@ -31,10 +33,11 @@ from keyload.kafka_runtime import DEFAULT_SESSION_TIMEOUT_MS, KafkaService
 from keyload.keyring import KeyringError
 from keyload.log.base import LogError, partition_for
 from keyload.log.codec import CodecError
-from keyload.processors.policy import ENUM_FIELDS, INTEGER_FIELDS, SUBLIMIT_FIELDS
+from keyload.processors.policy import ENUM_FIELDS, INTEGER_FIELDS, SUBLIMIT_FIELDS, TOPIC_INTEGER_FIELDS
 from keyload.projections.store import Store, StoreError
 from keyload.recovery import RecoveryError, drill, replay
-from keyload.results import QueuePolicy
+from keyload.results import Event as TopicEvent
+from keyload.results import QueuePolicy, TopicPolicy
 from keyload.runtime import DEFAULT_TICK_INTERVAL_MS, PartitionProcessor, Ticker, run_until
 
 from .client import DEFAULT_TIMEOUT_S, Client
@@ -44,6 +47,8 @@ IDLE_WAIT_MAX_S = 0.1  # with a doorbell, an idle service wakes at once for clie
 CHECKPOINT_WAIT_S = 30.0
 EXIT_FAILED = 1
 EXIT_USAGE = 2
+
+P = TypeVar("P")
 
 
 class UsageError(Exception):
@@ -161,13 +166,17 @@ def _run_kafka(data: DataDir, policy: CheckpointPolicy, args: argparse.Namespace
 # -- queues and messages ---------------------------------------------------------------------
 
 
-def _policy(args: argparse.Namespace) -> QueuePolicy:
-    return QueuePolicy(**{f.name: getattr(args, f.name) for f in fields(QueuePolicy)})
+def _policy(args: argparse.Namespace, kind: Callable[..., P], names: Iterable[str]) -> P:
+    return kind(**{name: getattr(args, name) for name in names})
+
+
+def _queue_policy(args: argparse.Namespace) -> QueuePolicy:
+    return _policy(args, QueuePolicy, (f.name for f in fields(QueuePolicy)))
 
 
 def cmd_queue_create(args: argparse.Namespace) -> int:
     with _client(args) as client:
-        _print_json(client.create_queue(args.domain, args.queue, _policy(args), command_id=args.command_id))
+        _print_json(client.create_queue(args.domain, args.queue, _queue_policy(args), command_id=args.command_id))
     return 0
 
 
@@ -176,7 +185,7 @@ def cmd_queue_configure(args: argparse.Namespace) -> int:
         view = client.configure_queue(
             args.domain,
             args.queue,
-            _policy(args),
+            _queue_policy(args),
             expected_policy_version=args.expected_policy_version,
             command_id=args.command_id,
         )
@@ -194,10 +203,14 @@ def _headers(pairs: list[str]) -> dict[str, str]:
     return headers
 
 
-def cmd_enqueue(args: argparse.Namespace) -> int:
+def _body(args: argparse.Namespace) -> bytes:
     if (args.body is None) == (args.body_file is None):
         raise UsageError("give exactly one of --body or --body-file")
-    body = args.body.encode("utf-8") if args.body is not None else Path(args.body_file).read_bytes()
+    return args.body.encode("utf-8") if args.body is not None else Path(args.body_file).read_bytes()
+
+
+def cmd_enqueue(args: argparse.Namespace) -> int:
+    body = _body(args)
     with _client(args) as client:
         result = client.enqueue(
             args.domain,
@@ -220,6 +233,40 @@ def cmd_inspect(args: argparse.Namespace) -> int:
             _print_json(client.inspect_queue(args.domain, args.queue))
         else:
             _print_json(client.inspect_message(args.domain, args.queue, args.message, include_body=args.body))
+    return 0
+
+
+# -- topics ---------------------------------------------------------------------------------
+
+
+def cmd_topic_create(args: argparse.Namespace) -> int:
+    policy = _policy(args, TopicPolicy, TOPIC_INTEGER_FIELDS)
+    with _client(args) as client:
+        _print_json(client.create_topic(args.domain, args.topic, policy, command_id=args.command_id))
+    return 0
+
+
+def cmd_topic_inspect(args: argparse.Namespace) -> int:
+    with _client(args) as client:
+        _print_json(client.inspect_topic(args.domain, args.topic))
+    return 0
+
+
+def cmd_publish(args: argparse.Namespace) -> int:
+    body = _body(args)
+    command_id = args.command_id or str(uuid.uuid4())
+    event = TopicEvent(args.event_id or command_id, args.type, body, _headers(args.header))
+    with _client(args) as client:
+        _print_json(client.publish(args.domain, args.topic, [event], command_id=command_id))
+    return 0
+
+
+def cmd_read(args: argparse.Namespace) -> int:
+    with _client(args) as client:
+        page = client.read_topic(
+            args.domain, args.topic, args.from_position, max_events=args.max_events, max_bytes=args.max_bytes
+        )
+        _print_json(page)
     return 0
 
 
@@ -436,11 +483,13 @@ def cmd_log_truncate(args: argparse.Namespace) -> int:
 # -- parser ---------------------------------------------------------------------------------
 
 
+def _add_integer_options(parser: argparse.ArgumentParser, names: Iterable[str]) -> None:
+    for name in names:
+        parser.add_argument(f"--{name.replace('_', '-')}", dest=name, type=int, metavar="N")
+
+
 def _add_policy_options(parser: argparse.ArgumentParser) -> None:
-    for name in INTEGER_FIELDS:
-        parser.add_argument(f"--{name.replace('_', '-')}", dest=name, type=int, metavar="N")
-    for name in SUBLIMIT_FIELDS:
-        parser.add_argument(f"--{name.replace('_', '-')}", dest=name, type=int, metavar="N")
+    _add_integer_options(parser, (*INTEGER_FIELDS, *SUBLIMIT_FIELDS))
     for name, choices in ENUM_FIELDS.items():
         parser.add_argument(f"--{name.replace('_', '-')}", dest=name, choices=choices)
 
@@ -506,6 +555,34 @@ def build_parser() -> argparse.ArgumentParser:
     configure.add_argument("--expected-policy-version", type=int)
     _add_policy_options(configure)
     configure.set_defaults(func=cmd_queue_configure)
+
+    topic = sub.add_parser("topic", help="create or inspect topics").add_subparsers(dest="action", required=True)
+    topic_create = topic.add_parser("create", parents=[common, command], help="create a topic")
+    topic_create.add_argument("--domain", required=True)
+    topic_create.add_argument("topic")
+    _add_integer_options(topic_create, TOPIC_INTEGER_FIELDS)
+    topic_create.set_defaults(func=cmd_topic_create)
+    topic_inspect = topic.add_parser("inspect", parents=[common], help="show a topic's retained range and counters")
+    topic_inspect.add_argument("--domain", required=True)
+    topic_inspect.add_argument("topic")
+    topic_inspect.set_defaults(func=cmd_topic_inspect)
+
+    publish = sub.add_parser("publish", parents=[common, command], help="publish one event to a topic")
+    publish.add_argument("--domain", required=True)
+    publish.add_argument("--topic", required=True)
+    publish.add_argument("--event-id", help="unique in the topic (default: the command id)")
+    publish.add_argument("--type", required=True)
+    publish.add_argument("--body")
+    publish.add_argument("--body-file")
+    publish.add_argument("--header", action="append", default=[], metavar="NAME=VALUE")
+    publish.set_defaults(func=cmd_publish)
+    read = sub.add_parser("read", parents=[common], help="read a page of a topic's events in position order")
+    read.add_argument("--domain", required=True)
+    read.add_argument("--topic", required=True)
+    read.add_argument("--from", dest="from_position", type=int, default=1, help="first position (default 1)")
+    read.add_argument("--max-events", type=_positive)
+    read.add_argument("--max-bytes", type=_positive)
+    read.set_defaults(func=cmd_read)
 
     enqueue = sub.add_parser("enqueue", parents=[common, command], help="enqueue one message")
     enqueue.add_argument("--domain", required=True)

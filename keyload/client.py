@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import os
+import threading
 import time
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
-from threading import Event
 from typing import Any, Literal, TypeVar
 
 from keyload.datadir import DataDir
@@ -24,12 +25,17 @@ from .results import (
     CheckpointResult,
     DeadLetterPage,
     EnqueueResult,
+    Event,
     LeaseResult,
     MessageView,
     Outcome,
+    PublishResult,
     QueuePolicy,
     QueueView,
     ReceiveResult,
+    TopicPage,
+    TopicPolicy,
+    TopicView,
 )
 
 DEFAULT_TIMEOUT_S = 10.0
@@ -347,7 +353,7 @@ class Client:
         concurrency: int = DEFAULT_CONCURRENCY,
         lease_ms: int = DEFAULT_LEASE_MS,
         wait_ms: int = DEFAULT_WAIT_MS,
-        stop: Event | None = None,
+        stop: threading.Event | None = None,
         nack_delay_ms: int | None = None,
     ) -> ConsumeStats:
         """Run `handler` on every delivery until `stop` is set: ack on return, nack on exception,
@@ -458,6 +464,49 @@ class Client:
             expected_delivery_generation,
             command_id,
         )
+
+    # -- topics ---------------------------------------------------------------------------
+
+    def create_topic(
+        self,
+        domain: str,
+        topic: str,
+        policy: TopicPolicy | None = None,
+        *,
+        command_id: str | None = None,
+    ) -> TopicView:
+        body = {"topic": topic, "policy": (policy or TopicPolicy()).to_record()}
+        return self._result(self.submit(domain, "keyload.command.CreateTopic", body, command_id), TopicView)
+
+    def publish(
+        self, domain: str, topic: str, events: Sequence[Event], *, command_id: str | None = None
+    ) -> PublishResult:
+        """Append 1..100 events at the topic's next positions, all or none.
+
+        An event id already in the topic refuses the whole command: with the same
+        content `DuplicateEventIdError` (its detail names the original position),
+        with other content `ConflictError`.
+        """
+        body = {"topic": topic, "events": [event.to_record() for event in events]}
+        return self._result(self.submit(domain, "keyload.command.Publish", body, command_id), PublishResult)
+
+    def read_topic(
+        self,
+        domain: str,
+        topic: str,
+        from_position: int = 1,
+        *,
+        max_events: int | None = None,
+        max_bytes: int | None = None,
+        command_id: str | None = None,
+    ) -> TopicPage:
+        """A page of events from `from_position`; continue from the page's `next_position`."""
+        body = {"topic": topic, "from_position": from_position, "max_events": max_events, "max_bytes": max_bytes}
+        return self._result(self.submit(domain, "keyload.command.ReadTopic", body, command_id), TopicPage)
+
+    def inspect_topic(self, domain: str, topic: str, *, command_id: str | None = None) -> TopicView:
+        outcome = self.submit(domain, "keyload.command.InspectTopic", {"topic": topic}, command_id)
+        return self._result(outcome, TopicView)
 
     # -- operations -----------------------------------------------------------------------
 

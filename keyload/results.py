@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import Any, Literal, Self
 
 Record = dict[str, Any]
@@ -211,6 +211,97 @@ class ActiveKeys:
     jitter_key_id: str
 
 
+@dataclass(frozen=True, slots=True)
+class TopicPolicy:
+    """A topic's policy. Every field has a documented default (docs/ARCHITECTURE.md)."""
+
+    max_retained_events: int | None = None
+    max_retained_bytes: int | None = None
+
+    def to_record(self) -> Record:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+@dataclass(frozen=True, slots=True)
+class TopicView:
+    """A topic: events first_available..tail are retained (none when tail < first_available)."""
+
+    domain: str
+    topic: str
+    incarnation: int
+    created_at_ms: int
+    policy: TopicPolicy
+    first_available: int
+    tail: int
+    generation: int
+    retained_events: int
+    retained_bytes: int
+    published_total: int
+
+    @classmethod
+    def from_record(cls, record: Record) -> TopicView:
+        return cls(**dict(record, policy=_build(TopicPolicy, record["policy"])))
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    """One event to publish. Its id is unique in the topic: publishing it again is refused."""
+
+    event_id: str
+    type: str
+    body: bytes
+    headers: dict[str, str] = field(default_factory=dict)
+
+    def to_record(self) -> Record:
+        return {"event_id": self.event_id, "type": self.type, "headers": self.headers, "body": self.body}
+
+
+@dataclass(frozen=True, slots=True)
+class PublishedEvent:
+    event_id: str
+    position: int
+
+
+@dataclass(frozen=True, slots=True)
+class PublishResult:
+    topic: str
+    events: list[PublishedEvent]
+    retained_events: int
+    retained_bytes: int
+
+    @classmethod
+    def from_record(cls, record: Record) -> PublishResult:
+        events = [_build(PublishedEvent, e) for e in record["events"]]
+        return cls(record["topic"], events, record["retained_events"], record["retained_bytes"])
+
+
+@dataclass(frozen=True, slots=True)
+class TopicEvent:
+    """One retained event as a read returns it."""
+
+    position: int
+    event_id: str
+    type: str
+    headers: dict[str, str]
+    body: bytes
+    published_at_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class TopicPage:
+    """Events in position order; read on from `next_position` (tail + 1: nothing more yet)."""
+
+    events: list[TopicEvent]
+    next_position: int
+    first_available: int
+    tail: int
+    budget_exhausted: bool
+
+    @classmethod
+    def from_record(cls, record: Record) -> TopicPage:
+        return cls(**dict(record, events=[_build(TopicEvent, e) for e in record["events"]]))
+
+
 Result = (
     QueueView
     | EnqueueResult
@@ -222,6 +313,9 @@ Result = (
     | AckBatchResult
     | DeadLetterPage
     | ActiveKeys
+    | TopicView
+    | PublishResult
+    | TopicPage
 )
 
 _RESULTS: dict[str, Any] = {
@@ -235,6 +329,9 @@ _RESULTS: dict[str, Any] = {
     "keyload.result.AckBatchResult": AckBatchResult.from_record,
     "keyload.result.DeadLetterPage": DeadLetterPage.from_record,
     "keyload.result.ActiveKeys": lambda r: _build(ActiveKeys, r),
+    "keyload.TopicView": TopicView.from_record,
+    "keyload.result.PublishResult": PublishResult.from_record,
+    "keyload.result.TopicPage": TopicPage.from_record,
 }
 
 

@@ -27,6 +27,8 @@ TOP_LEVEL = (
     "keyload.MessageMeta",
     "keyload.PoisonEntry",
     "keyload.Waiter",
+    "keyload.TopicRecord",
+    "keyload.EventRecord",
 )
 
 Record = dict[str, Any]

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import itertools
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,7 +19,7 @@ from keyload.log.codec import HEADER_BYTES, REGISTRY, CodecError, encoded_option
 from keyload.projections import keys
 from keyload.projections.store import Staged
 
-from . import dead_letters, key_rotation, leases, lifecycle, limits, queues
+from . import dead_letters, key_rotation, leases, lifecycle, limits, queues, topics
 from .access import authorize
 from .context import Context
 from .errors import ErrorCode, Rejected
@@ -35,14 +35,37 @@ INFORMATIONAL_TAIL = ("reply_to", "client_time_ms")
 assert tuple(f["name"] for f in REGISTRY.schema(COMMAND)["fields"][-2:]) == INFORMATIONAL_TAIL
 
 
-def _map_fields(schema: Any) -> dict[str, tuple[str, ...]]:
-    """Per command kind, its body's map fields: Avro maps have no order, so the fingerprint sorts them."""
+# Where a map sits in a command body: field names, ITEMS stepping into every item of an array.
+MapPath = tuple[str, ...]
+ITEMS = "[]"
+
+
+def _map_paths(schema: Any, named: dict[str, Any], path: MapPath = ()) -> list[MapPath]:
+    """Every map inside `schema` (a parsed schema), following records and arrays."""
+    if isinstance(schema, str) and schema in named:
+        return _map_paths(named[schema], named, path)
+    if not isinstance(schema, dict):
+        assert not isinstance(schema, list) or not any(_map_paths(s, named) for s in schema), "map inside a union"
+        return []
+    if schema["type"] == "map":
+        return [path]
+    if schema["type"] == "array":
+        return _map_paths(schema["items"], named, (*path, ITEMS))
+    if schema["type"] != "record":
+        return []
+    named[schema["name"]] = schema
+    return [found for f in schema["fields"] for found in _map_paths(f["type"], named, (*path, f["name"]))]
+
+
+def _map_fields(schema: Any) -> dict[str, tuple[MapPath, ...]]:
+    """Per command kind, where its body holds maps: Avro maps have no order, so the fingerprint sorts them."""
     [body] = [f for f in schema["fields"] if f["name"] == "body"]
+    named: dict[str, Any] = {}
     found = {}
     for branch in body["type"]:
-        names = tuple(f["name"] for f in branch["fields"] if isinstance(f["type"], dict) and f["type"]["type"] == "map")
-        if names:
-            found[branch["name"]] = names
+        paths = tuple(_map_paths(branch, named))
+        if paths:
+            found[branch["name"]] = paths
     return found
 
 
@@ -72,6 +95,10 @@ COMMANDS: dict[str, tuple[Handler, str]] = {
     "keyload.command.ParkPending": (dead_letters.park_pending, "keyload.MessageView"),
     "keyload.command.ListDeadLetters": (dead_letters.list_dead_letters, "keyload.result.DeadLetterPage"),
     "keyload.command.RotateKeys": (key_rotation.rotate_keys, "keyload.result.ActiveKeys"),
+    "keyload.command.CreateTopic": (topics.create_topic, "keyload.TopicView"),
+    "keyload.command.Publish": (topics.publish, "keyload.result.PublishResult"),
+    "keyload.command.ReadTopic": (topics.read_topic, "keyload.result.TopicPage"),
+    "keyload.command.InspectTopic": (topics.inspect_topic, "keyload.TopicView"),
 }
 
 
@@ -95,11 +122,13 @@ def fingerprint(command: Record, value: bytes) -> bytes:
     its maps in key order: the common case needs no re-encoding.
     """
     kind, body = command["body"]
-    maps = MAP_FIELDS.get(kind, ())
-    if REGISTRY.is_current(COMMAND, value) and all(_in_key_order(body[name]) for name in maps):
+    paths = MAP_FIELDS.get(kind, ())
+    if REGISTRY.is_current(COMMAND, value) and all(_in_key_order(m) for path in paths for m in _maps_at(body, path)):
         encoded = value[HEADER_BYTES:]
     else:
-        canonical_body = dict(body, **{name: dict(sorted(body[name].items())) for name in maps})
+        canonical_body = body
+        for path in paths:
+            canonical_body = _sorting_maps(canonical_body, path)
         encoded = REGISTRY.encode_body(COMMAND, dict(command, body=(kind, canonical_body)))
     tail = sum(len(encoded_optional_long(command[field])) for field in INFORMATIONAL_TAIL)
     return hashlib.sha256(encoded[: len(encoded) - tail]).digest()
@@ -107,6 +136,23 @@ def fingerprint(command: Record, value: bytes) -> bytes:
 
 def _in_key_order(mapping: dict[str, Any]) -> bool:
     return all(a < b for a, b in itertools.pairwise(mapping))
+
+
+def _maps_at(value: Any, path: MapPath) -> Iterator[dict[str, Any]]:
+    if not path:
+        yield value
+        return
+    for item in value if path[0] == ITEMS else (value[path[0]],):
+        yield from _maps_at(item, path[1:])
+
+
+def _sorting_maps(value: Any, path: MapPath) -> Any:
+    """A copy of `value` whose maps at `path` are in key order."""
+    if not path:
+        return dict(sorted(value.items()))
+    if path[0] == ITEMS:
+        return [_sorting_maps(item, path[1:]) for item in value]
+    return dict(value, **{path[0]: _sorting_maps(value[path[0]], path[1:])})
 
 
 def apply_record(

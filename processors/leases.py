@@ -19,14 +19,7 @@ from .context import Context
 from .errors import Corruption, ErrorCode, Rejected
 from .key_rotation import TOKEN, active_key
 from .lifecycle import end_attempt, enter, is_key_head, leave
-from .state import QUEUE_RECORD, Record, load_message, load_queue, load_queue_by_id, save_queue
-
-
-def _bounded(name: str, value: int | None, default: int, minimum: int, maximum: int) -> int:
-    chosen = default if value is None else value
-    if not minimum <= chosen <= maximum:
-        raise Rejected(ErrorCode.VALIDATION, f"{name} must be between {minimum} and {maximum}")
-    return chosen
+from .state import QUEUE_RECORD, Record, bounded, load_message, load_queue, load_queue_by_id, save_queue
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,18 +32,18 @@ class ReceiveLimits:
 def receive_limits(policy: Record, body: Record) -> ReceiveLimits:
     """A Receive's limits, defaulted from and bounded by the queue's policy."""
     return ReceiveLimits(
-        _bounded(
+        bounded(
             "max_messages", body["max_messages"], policy["receive_max_messages"], 1, policy["receive_max_messages"]
         ),
-        _bounded("max_bytes", body["max_bytes"], policy["receive_max_bytes"], 1, policy["receive_max_bytes"]),
-        _bounded("lease_ms", body["lease_ms"], policy["lease_ms"], limits.MIN_LEASE_MS, policy["max_lease_ms"]),
+        bounded("max_bytes", body["max_bytes"], policy["receive_max_bytes"], 1, policy["receive_max_bytes"]),
+        bounded("lease_ms", body["lease_ms"], policy["lease_ms"], limits.MIN_LEASE_MS, policy["max_lease_ms"]),
     )
 
 
 def receive(stage: Staged, body: Record, ctx: Context) -> Record | None:
     record = load_queue(stage, ctx.domain, body["queue"])
     wanted = receive_limits(record["view"]["policy"], body)
-    wait_ms = _bounded("wait_ms", body["wait_ms"], 0, 0, limits.MAX_WAIT_MS)
+    wait_ms = bounded("wait_ms", body["wait_ms"], 0, 0, limits.MAX_WAIT_MS)
     deliveries, budget_hit = claim(stage, record, ctx, ctx.principal, wanted)
     if not deliveries and wait_ms > 0:
         waiters.wait(stage, record, ctx, wanted.max_messages, wanted.max_bytes, wanted.lease_ms, ctx.now_ms + wait_ms)
@@ -197,7 +190,7 @@ def _lease_result(message_id: str, meta: Record) -> Record:
 def renew(stage: Staged, body: Record, ctx: Context) -> Record:
     record, message_id, meta = check_lease(stage, ctx, body["token"])
     policy = record["view"]["policy"]
-    lease_ms = _bounded("lease_ms", body["lease_ms"], policy["lease_ms"], limits.MIN_LEASE_MS, policy["max_lease_ms"])
+    lease_ms = bounded("lease_ms", body["lease_ms"], policy["lease_ms"], limits.MIN_LEASE_MS, policy["max_lease_ms"])
     owner = meta["lease_owner"]
     leave(stage, record, message_id, meta)
     enter(

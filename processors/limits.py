@@ -25,10 +25,24 @@ MAX_DEAD_LETTER_PAGE = 100  # messages per ListDeadLetters page
 MAX_WAIT_MS = 20_000  # longest long-poll Receive
 MAX_WAITERS_PER_QUEUE = 1_000  # waiting long-poll receives a queue holds at once
 MAX_WAITERS_SERVED = 64  # waiters one record may serve
+MAX_TOPIC_NAME_CHARS = 80
+MAX_EVENT_ID_CHARS = 128
+MAX_EVENT_TYPE_CHARS = 128
+MAX_PUBLISH_EVENTS = 100  # events per Publish
+MAX_PUBLISH_BODY_BYTES = 1024 * 1024  # the bodies of one Publish together (each also ≤ MAX_INLINE_BODY_BYTES)
+DEFAULT_READ_EVENTS = 100
+MAX_READ_EVENTS = 1_000
+DEFAULT_READ_BYTES = 1024 * 1024
+# A page is an outcome, and an outcome is one log record (≤ 4 MiB): 2 MiB of charged
+# bytes, plus one oversized first event and the per-event framing, stays well inside.
+MAX_READ_BYTES = 2 * 1024 * 1024
+READ_EXAMINATION_BUDGET = 256  # event rows one ReadTopic looks at
 
-# Identifiers: printable ASCII without spaces (command and message ids); stricter
-# names for domains, queues and header names so they read well in URLs and CLIs.
+# Identifiers: printable ASCII without spaces (command, message and event ids, event
+# types); stricter names for domains, queues, topics and header names so they read
+# well in URLs and CLIs.
 ID_PATTERN = re.compile(r"[\x21-\x7e]+")
 DOMAIN_PATTERN = re.compile(r"[a-z0-9][a-z0-9._-]*")
 QUEUE_NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
 HEADER_NAME_PATTERN = re.compile(r"[A-Za-z0-9_.-]+")
+TOPIC_NAME_PATTERN = QUEUE_NAME_PATTERN

@@ -1,4 +1,4 @@
-"""Queue policy: defaults, bounds and cross-field rules (DESIGN.md §5)."""
+"""Queue and topic policies: defaults, bounds and cross-field rules (DESIGN.md §5, §6)."""
 
 from __future__ import annotations
 
@@ -43,12 +43,15 @@ ENUM_FIELDS: dict[str, tuple[str, ...]] = {
     "ordering": ("competing", "strict_per_key"),
     "parked_head": ("continue", "block"),
 }
+TOPIC_INTEGER_FIELDS: dict[str, Bound] = {
+    "max_retained_events": Bound(1_000_000, 1, 100_000_000),
+    "max_retained_bytes": Bound(GIB, 1, 1024 * GIB),
+}
 
 
-def resolve_policy(spec: dict[str, Any]) -> dict[str, Any]:
-    """A complete, validated QueuePolicy from a QueuePolicySpec (nulls take defaults)."""
+def _resolve_integers(spec: dict[str, Any], bounds: dict[str, Bound]) -> dict[str, Any]:
     policy: dict[str, Any] = {}
-    for name, bound in INTEGER_FIELDS.items():
+    for name, bound in bounds.items():
         value = spec.get(name)
         value = bound.default if value is None else value
         if not bound.minimum <= value <= bound.maximum:
@@ -57,6 +60,12 @@ def resolve_policy(spec: dict[str, Any]) -> dict[str, Any]:
                 f"policy.{name} must be between {bound.minimum} and {bound.maximum}",
             )
         policy[name] = value
+    return policy
+
+
+def resolve_policy(spec: dict[str, Any]) -> dict[str, Any]:
+    """A complete, validated QueuePolicy from a QueuePolicySpec (nulls take defaults)."""
+    policy = _resolve_integers(spec, INTEGER_FIELDS)
     for name, choices in ENUM_FIELDS.items():
         value = spec.get(name)
         value = choices[0] if value is None else value
@@ -78,3 +87,13 @@ def resolve_policy(spec: dict[str, Any]) -> dict[str, Any]:
 def default_spec() -> dict[str, Any]:
     """A QueuePolicySpec asking for every default."""
     return {name: None for name in (*INTEGER_FIELDS, *ENUM_FIELDS, *SUBLIMIT_FIELDS)}
+
+
+def resolve_topic_policy(spec: dict[str, Any]) -> dict[str, Any]:
+    """A complete, validated TopicPolicy from a TopicPolicySpec (nulls take defaults)."""
+    return _resolve_integers(spec, TOPIC_INTEGER_FIELDS)
+
+
+def default_topic_spec() -> dict[str, Any]:
+    """A TopicPolicySpec asking for every default."""
+    return dict.fromkeys(TOPIC_INTEGER_FIELDS)

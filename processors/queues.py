@@ -15,11 +15,14 @@ from .state import (
     QUEUE_RECORD,
     Record,
     adjust,
+    allocate_incarnation,
+    check_headers,
     check_message_id,
     check_name,
     load_message,
     load_queue,
     save_queue,
+    view,
 )
 
 ORDERING_FIELDS = ("ordering", "parked_head")
@@ -40,32 +43,13 @@ _ZERO_COUNTERS = {
 }
 
 
-def _check_headers(headers: dict[str, str]) -> int:
-    if len(headers) > limits.MAX_HEADERS:
-        raise Rejected(ErrorCode.VALIDATION, f"at most {limits.MAX_HEADERS} headers")
-    size = 0
-    for name, value in headers.items():
-        check_name("header name", name, limits.MAX_HEADER_NAME_CHARS, limits.HEADER_NAME_PATTERN)
-        size += len(name.encode("utf-8")) + len(value.encode("utf-8"))
-    if size > limits.MAX_HEADERS_BYTES:
-        raise Rejected(ErrorCode.VALIDATION, f"headers exceed {limits.MAX_HEADERS_BYTES} bytes")
-    return size
-
-
-def view(record: Record) -> Record:
-    result: Record = record["view"]
-    return result
-
-
 def create_queue(stage: Staged, body: Record, ctx: Context) -> Record:
     name = body["queue"]
     check_name("queue name", name, limits.MAX_QUEUE_NAME_CHARS, limits.QUEUE_NAME_PATTERN)
     policy = resolve_policy(body["policy"])
     if stage.get(keys.queue(ctx.domain, name)) is not None:
         raise Rejected(ErrorCode.CONFLICT, "queue already exists")
-    raw_next = stage.get(keys.NEXT_QUEUE_ID)
-    queue_id = 1 if raw_next is None else keys.read_u64(raw_next)
-    stage.put(keys.NEXT_QUEUE_ID, keys.u64(queue_id + 1))
+    queue_id = allocate_incarnation(stage)
     stage.put(keys.queue_key(queue_id), keys.queue(ctx.domain, name))
     record: Record = {
         "view": {
@@ -122,7 +106,7 @@ def enqueue(stage: Staged, body: Record, ctx: Context) -> Record:
     payload: bytes = body["body"]
     if len(payload) > limits.MAX_INLINE_BODY_BYTES:
         raise Rejected(ErrorCode.VALIDATION, f"body exceeds {limits.MAX_INLINE_BODY_BYTES} bytes")
-    _check_headers(body["headers"])
+    check_headers(body["headers"])
     ordering_key = body["ordering_key"]
     if ordering_key is not None:
         check_name("ordering key", ordering_key, limits.MAX_ORDERING_KEY_CHARS, limits.ID_PATTERN)

@@ -38,8 +38,43 @@ def check_name(kind: str, value: str, max_chars: int, pattern: Any) -> None:
         )
 
 
+def bounded(name: str, value: int | None, default: int, minimum: int, maximum: int) -> int:
+    """A command's optional limit: `default` when null, else checked against its bounds."""
+    chosen = default if value is None else value
+    if not minimum <= chosen <= maximum:
+        raise Rejected(ErrorCode.VALIDATION, f"{name} must be between {minimum} and {maximum}")
+    return chosen
+
+
 def check_message_id(message_id: str) -> None:
     check_name("message id", message_id, limits.MAX_MESSAGE_ID_CHARS, limits.ID_PATTERN)
+
+
+def check_headers(headers: dict[str, str]) -> int:
+    """Validate message or event headers; their size (names and values, UTF-8) in bytes."""
+    if len(headers) > limits.MAX_HEADERS:
+        raise Rejected(ErrorCode.VALIDATION, f"at most {limits.MAX_HEADERS} headers")
+    size = 0
+    for name, value in headers.items():
+        check_name("header name", name, limits.MAX_HEADER_NAME_CHARS, limits.HEADER_NAME_PATTERN)
+        size += len(name.encode("utf-8")) + len(value.encode("utf-8"))
+    if size > limits.MAX_HEADERS_BYTES:
+        raise Rejected(ErrorCode.VALIDATION, f"headers exceed {limits.MAX_HEADERS_BYTES} bytes")
+    return size
+
+
+def allocate_incarnation(stage: Staged) -> int:
+    """A new queue or topic id. One allocator for both: tokens name resources by id, so ids never collide."""
+    raw_next = stage.get(keys.NEXT_QUEUE_ID)
+    incarnation = 1 if raw_next is None else keys.read_u64(raw_next)
+    stage.put(keys.NEXT_QUEUE_ID, keys.u64(incarnation + 1))
+    return incarnation
+
+
+def view(record: Record) -> Record:
+    """The client-visible part of a stored queue or topic record."""
+    result: Record = record["view"]
+    return result
 
 
 def load_queue(stage: Staged, domain: str, name: str) -> Record:

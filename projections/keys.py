@@ -31,10 +31,13 @@ TIMER = b"t"  # t | queue id u64 | due ms u64 | kind u8 | enqueue sequence u64 -
 DUE_QUEUE = b"w"  # w | due ms u64 | queue id u64                -> empty (earliest timer of a queue)
 OUTCOME = b"o"  # o | domain (u8-prefixed) | command id         -> fingerprint(32) | Outcome
 POISON = b"p"  # p | offset u64                                 -> PoisonEntry
+TOPIC = b"s"  # s | domain (u8-prefixed) | topic name           -> TopicRecord
+EVENT = b"e"  # e | topic id u64 | position u64                 -> EventRecord (body inline)
+EVENT_ID = b"x"  # x | topic id u64 | event id (u16-prefixed)    -> position u64 | SHA-256 content digest (32)
 
 APPLIED_OFFSET = META + b"applied_offset"  # u64 offset of the last applied record
 LAST_TIME = META + b"last_time"  # u64 evaluation time of the last applied record
-NEXT_QUEUE_ID = META + b"next_queue_id"  # u64 queue incarnation allocator
+NEXT_QUEUE_ID = META + b"next_queue_id"  # u64 incarnation allocator of queues and topics (one space: never collide)
 NEXT_DUE = META + b"next_due"  # u64 due time of the partition's earliest timer (absent: none)
 
 # Timer kinds, in the order they fire when due at the same instant.
@@ -44,6 +47,9 @@ TIMER_NOT_BEFORE = 2
 TIMER_WAITER = 3  # a long-poll Receive's deadline; the timer's sequence is the waiter's
 
 TIMER_KEY_BYTES = 1 + 8 + 8 + 1 + 8
+EVENT_KEY_BYTES = 1 + 8 + 8
+SHA256_BYTES = 32
+EVENT_ID_VALUE_BYTES = 8 + SHA256_BYTES
 
 
 def u64(value: int) -> bytes:
@@ -150,3 +156,33 @@ def outcome(domain: str, command_id: str) -> bytes:
 
 def poison(offset: int) -> bytes:
     return POISON + U64.pack(offset)
+
+
+def topic(domain: str, name: str) -> bytes:
+    return TOPIC + _domain(domain) + name.encode("utf-8")
+
+
+def event(topic_id: int, position: int) -> bytes:
+    return EVENT + U64.pack(topic_id) + U64.pack(position)
+
+
+def event_position(key: bytes) -> int:
+    """The position of an event key."""
+    assert len(key) == EVENT_KEY_BYTES and key[:1] == EVENT
+    return read_u64(key, 9)
+
+
+def event_id(topic_id: int, identifier: str) -> bytes:
+    encoded = identifier.encode("utf-8")
+    return EVENT_ID + U64.pack(topic_id) + U16.pack(len(encoded)) + encoded
+
+
+def event_id_value(position: int, digest: bytes) -> bytes:
+    assert len(digest) == SHA256_BYTES
+    return U64.pack(position) + digest
+
+
+def parse_event_id_value(value: bytes) -> tuple[int, bytes]:
+    """(position, content digest) of an event-id index row."""
+    assert len(value) == EVENT_ID_VALUE_BYTES
+    return read_u64(value), value[8:]

@@ -13,7 +13,7 @@ from typing import Any
 from keyload.datadir import DataDir
 from keyload.log.base import partition_for
 from keyload.log.codec import REGISTRY
-from keyload.processors.policy import default_spec
+from keyload.processors.policy import default_spec, default_topic_spec
 from keyload.projections import keys
 from keyload.projections.store import Store
 from keyload.results import Outcome
@@ -26,6 +26,10 @@ INSPECT_QUEUE = "keyload.command.InspectQueue"
 INSPECT_MESSAGE = "keyload.command.InspectMessage"
 TICK = "keyload.command.Tick"
 CHECKPOINT = "keyload.command.Checkpoint"
+CREATE_TOPIC = "keyload.command.CreateTopic"
+PUBLISH = "keyload.command.Publish"
+READ_TOPIC = "keyload.command.ReadTopic"
+INSPECT_TOPIC = "keyload.command.InspectTopic"
 
 
 def command(
@@ -65,6 +69,24 @@ def enqueue_body(queue: str, message_id: str, body: bytes = b"x", **fields: Any)
     }
     record.update(fields)
     return record
+
+
+def create_topic_body(topic: str, **policy: Any) -> dict[str, Any]:
+    return {"topic": topic, "policy": {**default_topic_spec(), **policy}}
+
+
+def event(event_id: str, body: bytes = b"x", event_type: str = "t", **headers: str) -> dict[str, Any]:
+    return {"event_id": event_id, "type": event_type, "headers": headers, "body": body}
+
+
+def publish_body(topic: str, *events: dict[str, Any]) -> dict[str, Any]:
+    return {"topic": topic, "events": list(events)}
+
+
+def read_body(
+    topic: str, from_position: int = 1, max_events: int | None = None, max_bytes: int | None = None
+) -> dict[str, Any]:
+    return {"topic": topic, "from_position": from_position, "max_events": max_events, "max_bytes": max_bytes}
 
 
 class Embedded:
