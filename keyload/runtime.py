@@ -21,7 +21,9 @@ from keyload.catalog import CatalogEntry, CatalogError
 from keyload.checkpoints import CheckpointError, Checkpoints
 from keyload.log.base import CommandLog, LogRecord, partition_for
 from keyload.log.codec import REGISTRY
+from keyload.log.file_log import DEFAULT_CONFIG
 from keyload.object_store import ObjectStoreError
+from keyload.processors import limits
 from keyload.processors.apply import CHECKPOINT_KIND, apply_record
 from keyload.processors.errors import Corruption
 from keyload.processors.key_rotation import MissingKey
@@ -33,6 +35,8 @@ DEFAULT_TICK_INTERVAL_MS = 1_000
 IDLE_POLL_MIN_S = 0.001  # first wait after the log runs dry
 IDLE_POLL_MAX_S = 0.020  # the wait doubles while idle, up to this (worst added latency without a doorbell)
 MAX_TICKER_DOMAIN_PROBES = 1_000_000
+# Processors refuse results over MAX_OUTCOME_BYTES so that every outcome can be published.
+assert DEFAULT_CONFIG.max_record_bytes >= limits.MAX_OUTCOME_BYTES, "an outcome must fit one log record"
 
 
 class RecordSource(Protocol):

@@ -238,17 +238,26 @@ def _apply_command(
         authorize(ctx, kind)
         handler, result_type = COMMANDS[kind]
         result = handler(child, body, ctx)
+        encoded = None
         if result is not None:
             outcome["result"] = (result_type, result)
+            encoded = REGISTRY.encode(OUTCOME, outcome)
+            if len(encoded) > limits.MAX_OUTCOME_BYTES:
+                # Publishing it would fail on every replay and wedge the partition.
+                raise Rejected(
+                    ErrorCode.BUDGET_EXCEEDED,
+                    f"the result takes {len(encoded)} bytes, over the {limits.MAX_OUTCOME_BYTES}-byte outcome limit",
+                )
         child.merge_into(stage)
     except Rejected as rejection:
         reject(outcome, rejection)
+        encoded = None
     else:
         leases.serve_waiters(stage, ctx, child.written(keys.QUEUE))
     if ctx.outbox.deferred:
         stage.put(keys.outcome(domain, command_id), print_)
         return None, kind, True
-    encoded = REGISTRY.encode(OUTCOME, outcome)
+    encoded = encoded or REGISTRY.encode(OUTCOME, outcome)
     if kind not in UNSTORED_KINDS:
         stage.put(keys.outcome(domain, command_id), print_ + encoded)
     return encoded, kind, outcome["status"] == "committed"

@@ -21,6 +21,7 @@ from .state import (
     dead_letter_limits,
     load_message,
     load_queue,
+    result_item_bytes,
     save_queue,
 )
 
@@ -101,6 +102,7 @@ def list_dead_letters(stage: Staged, body: Record, ctx: Context) -> Record:
     messages: list[Record] = []
     last = None
     more = False
+    result_bytes = 0
     for key, value in stage.scan(start, end):
         if len(messages) == limit:
             more = True  # there is at least one more after this page
@@ -109,6 +111,11 @@ def list_dead_letters(stage: Staged, body: Record, ctx: Context) -> Record:
         meta = load_message(stage, queue_id, message_id)
         if meta is None or meta["state"] != "dead_lettered":
             raise Corruption("the dead-letter index names a message that is not dead-lettered")
+        body_bytes = meta["body_bytes"] if body["include_body"] else 0
+        result_bytes += result_item_bytes(body_bytes, meta["headers"], message_id, meta["ordering_key"])
+        if messages and result_bytes > limits.RESULT_BYTES_BUDGET:
+            more = True  # the page would not fit one outcome: the rest comes on the next page
+            break
         payload = stage.get(keys.body(queue_id, message_id)) if body["include_body"] else None
         messages.append({"queue": record["view"]["queue"], "message_id": message_id, "meta": meta, "body": payload})
         last = keys.read_u64(key, 9)

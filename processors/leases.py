@@ -19,7 +19,16 @@ from .context import Context
 from .errors import Corruption, ErrorCode, Rejected
 from .key_rotation import TOKEN, active_key
 from .lifecycle import end_attempt, enter, is_key_head, leave
-from .state import QUEUE_RECORD, Record, bounded, load_message, load_queue, load_queue_by_id, save_queue
+from .state import (
+    QUEUE_RECORD,
+    Record,
+    bounded,
+    load_message,
+    load_queue,
+    load_queue_by_id,
+    result_item_bytes,
+    save_queue,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,7 +72,7 @@ def claim(
     room = min(wanted.max_messages, policy["max_in_flight"] - counters["leased"])
     queue_id = queue["incarnation"]
     claims: list[tuple[str, Record]] = []
-    size = examined = 0
+    size = examined = result_bytes = 0
     budget_hit = False
     # The ready floor: no ready row lies below it, so the scan never walks the
     # tombstones of rows claimed earlier. It moves to the first row left behind.
@@ -85,10 +94,14 @@ def claim(
         if not is_key_head(stage, queue, meta):
             floor = meta["ready_sequence"] if floor is None else floor
             continue  # an older message of its ordering key is unresolved: it waits
-        if claims and size + meta["body_bytes"] > wanted.max_bytes:
+        item = result_item_bytes(meta["body_bytes"], meta["headers"], message_id, meta["ordering_key"])
+        if claims and (
+            size + meta["body_bytes"] > wanted.max_bytes or result_bytes + item > limits.RESULT_BYTES_BUDGET
+        ):
             floor = meta["ready_sequence"] if floor is None else floor
             break  # the first claim is always made, so one large message never wedges a queue
         size += meta["body_bytes"]
+        result_bytes += item
         claims.append((message_id, meta))
     record["ready_floor"] = record["next_ready_sequence"] if floor is None else floor
     if not claims:

@@ -18,6 +18,13 @@ MAX_SCHEDULE_AHEAD_MS = 365 * 24 * 3600 * 1000
 TICK_EXAMINATION_BUDGET = 256  # timers examined before one record
 RECEIVE_EXAMINATION_BUDGET = 256  # ready rows one Receive looks at (held keys are skipped)
 MAX_DETAIL_CHARS = 512  # an outcome's error detail is cut to this
+# An outcome is one log record, and both logs take records up to 4 MiB: a larger
+# result is refused (BudgetExceeded) rather than left to fail its publication.
+MAX_OUTCOME_BYTES = 4 * 1024 * 1024
+# Receives and dead-letter pages stop adding items past this many result bytes
+# (the first item always goes), so they stay inside MAX_OUTCOME_BYTES.
+RESULT_BYTES_BUDGET = 3 * 1024 * 1024
+RESULT_ITEM_OVERHEAD_BYTES = 2048  # per item beyond body, headers and ids: token (≤ 1024), counters, encoding
 MAX_KEY_ID_CHARS = 64
 MIN_LEASE_MS = 100
 MAX_ACK_BATCH = 100  # tokens per AckBatch

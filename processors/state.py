@@ -46,6 +46,13 @@ def bounded(name: str, value: int | None, default: int, minimum: int, maximum: i
     return chosen
 
 
+def result_item_bytes(body_bytes: int, headers: dict[str, str], *names: str | None) -> int:
+    """What one delivered message adds to an outcome, at most (see limits.RESULT_BYTES_BUDGET)."""
+    named = sum(len(name.encode("utf-8")) for name in names if name is not None)
+    header_bytes = sum(len(k.encode("utf-8")) + len(v.encode("utf-8")) for k, v in headers.items())
+    return body_bytes + header_bytes + named + limits.RESULT_ITEM_OVERHEAD_BYTES
+
+
 def check_message_id(message_id: str) -> None:
     check_name("message id", message_id, limits.MAX_MESSAGE_ID_CHARS, limits.ID_PATTERN)
 

@@ -872,3 +872,57 @@ def test_list_dead_letters_validates_its_page(embedded: Embedded, after: int | N
     refused(embedded, LIST_DEAD_LETTERS, body, "Validation")
     assert embedded.processors[embedded.partition(D)].halt is None
     assert _page(embedded, None, 10) == ([("m1", 1)], None)
+
+
+# -- results that would not fit one outcome ----------------------------------------------
+
+BIG = limits.MAX_INLINE_BODY_BYTES
+
+
+def test_a_receive_stops_before_its_outcome_would_outgrow_a_log_record(embedded: Embedded) -> None:
+    # The policy allows 20 messages and 64 MiB a receive; 20 bodies of 256 KiB are 5 MiB, past
+    # the 4 MiB outcome limit. The receive delivers what fits and the rest comes next time.
+    policy = {"receive_max_messages": 20, "receive_max_bytes": 64 * 1024 * 1024, "max_in_flight": 20}
+    committed(embedded, CREATE_QUEUE, create_queue_body("jobs", **policy))
+    for i in range(20):
+        enqueue(embedded, f"m{i}", bytes([i]) * BIG, headers={"h": "v" * 1000})
+    first = receive(embedded, max_messages=20)
+    item = BIG + len("h") + 1000 + len("m10") + limits.RESULT_ITEM_OVERHEAD_BYTES
+    assert len(first) == limits.RESULT_BYTES_BUDGET // item < 20
+    second = receive(embedded, max_messages=20)
+    assert [d.message_id for d in first + second] == [f"m{i}" for i in range(20)]
+    assert all(len(record.value) <= limits.MAX_OUTCOME_BYTES for record in embedded.outcomes.read(0, 0, 10_000))
+
+
+def test_a_dead_letter_page_with_bodies_ends_before_the_outcome_limit(embedded: Embedded) -> None:
+    committed(embedded, CREATE_QUEUE, create_queue_body("jobs", max_attempts=1))
+    for i in range(16):
+        _dead_letter(embedded, f"m{i}", bytes([i]) * BIG)
+    seen: list[str] = []
+    after = None
+    while True:
+        body = {"queue": "jobs", "after_sequence": after, "limit": 100, "include_body": True}
+        page = committed(embedded, LIST_DEAD_LETTERS, body)
+        assert isinstance(page, DeadLetterPage) and 1 <= len(page.messages) < 16
+        assert all(m.body == bytes([int(m.message_id[1:])]) * BIG for m in page.messages)
+        seen += [m.message_id for m in page.messages]
+        if page.next_after_sequence is None:
+            break
+        after = page.next_after_sequence
+    assert seen == [f"m{i}" for i in range(16)]
+
+
+def test_a_result_over_the_outcome_limit_is_refused_and_changes_nothing(
+    embedded: Embedded, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    committed(embedded, CREATE_QUEUE, create_queue_body("jobs"))
+    enqueue(embedded, "m0", b"x" * 5_000)
+    monkeypatch.setattr(limits, "MAX_OUTCOME_BYTES", 4_096)
+    body = {"queue": "jobs", "max_messages": None, "max_bytes": None, "lease_ms": None}
+    outcome = submit_as(embedded, RECEIVE, body, command_id="too-big")
+    assert (outcome.status, outcome.error_code) == ("rejected", "BudgetExceeded")
+    assert "over the 4096-byte outcome limit" in (outcome.detail or "")
+    # The refused receive claimed nothing: the message is still ready, the queue as before.
+    assert counters(embedded).ready == 1 and counters(embedded).leased == 0
+    monkeypatch.undo()
+    assert [d.message_id for d in receive(embedded)] == ["m0"]
