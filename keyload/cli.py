@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import asdict, fields, is_dataclass
 from pathlib import Path
 from threading import Event
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 from keyload import keyring
 from keyload.catalog import CatalogError
@@ -33,11 +33,18 @@ from keyload.kafka_runtime import DEFAULT_SESSION_TIMEOUT_MS, KafkaService
 from keyload.keyring import KeyringError
 from keyload.log.base import LogError, partition_for
 from keyload.log.codec import CodecError
-from keyload.processors.policy import ENUM_FIELDS, INTEGER_FIELDS, SUBLIMIT_FIELDS, TOPIC_INTEGER_FIELDS
+from keyload.processors.policy import (
+    ENUM_FIELDS,
+    GROUP_ENUM_FIELDS,
+    GROUP_INTEGER_FIELDS,
+    INTEGER_FIELDS,
+    SUBLIMIT_FIELDS,
+    TOPIC_INTEGER_FIELDS,
+)
 from keyload.projections.store import Store, StoreError
 from keyload.recovery import RecoveryError, drill, replay
 from keyload.results import Event as TopicEvent
-from keyload.results import QueuePolicy, TopicPolicy
+from keyload.results import GroupPolicy, QueuePolicy, TopicPolicy
 from keyload.runtime import DEFAULT_TICK_INTERVAL_MS, PartitionProcessor, Ticker, run_until
 
 from .client import DEFAULT_TIMEOUT_S, Client
@@ -267,6 +274,136 @@ def cmd_read(args: argparse.Namespace) -> int:
             args.domain, args.topic, args.from_position, max_events=args.max_events, max_bytes=args.max_bytes
         )
         _print_json(page)
+    return 0
+
+
+def cmd_topic_purge(args: argparse.Namespace) -> int:
+    with _client(args) as client:
+        view = client.purge_topic(
+            args.domain,
+            args.topic,
+            args.through,
+            expected_generation=args.expected_generation,
+            command_id=args.command_id,
+        )
+        _print_json(view)
+    return 0
+
+
+# -- subscription groups ----------------------------------------------------------------------
+
+
+def _group_position(text: str) -> Literal["beginning", "end"] | int:
+    if text in ("beginning", "end"):
+        return "beginning" if text == "beginning" else "end"
+    if not text.isdigit():
+        raise argparse.ArgumentTypeError(f'expected "beginning", "end" or a position, got {text!r}')
+    return int(text)
+
+
+def _group_policy(args: argparse.Namespace) -> GroupPolicy | None:
+    """The policy options given, or None when none is (configure then keeps the group's policy)."""
+    policy = _policy(args, GroupPolicy, (*GROUP_INTEGER_FIELDS, *GROUP_ENUM_FIELDS))
+    return None if policy == GroupPolicy() else policy
+
+
+def cmd_group_create(args: argparse.Namespace) -> int:
+    with _client(args) as client:
+        view = client.create_group(
+            args.domain,
+            args.topic,
+            args.group,
+            event_types=args.event_type,
+            headers=_headers(args.header),
+            start=args.start,
+            policy=_group_policy(args),
+            command_id=args.command_id,
+        )
+        _print_json(view)
+    return 0
+
+
+def cmd_group_configure(args: argparse.Namespace) -> int:
+    given_filter = bool(args.event_type or args.header)
+    with _client(args) as client:
+        view = client.configure_group(
+            args.domain,
+            args.topic,
+            args.group,
+            expected_generation=args.expected_generation,
+            event_types=args.event_type if given_filter else None,
+            headers=_headers(args.header) if given_filter else None,
+            policy=_group_policy(args),
+            command_id=args.command_id,
+        )
+        _print_json(view)
+    return 0
+
+
+def cmd_group_seek(args: argparse.Namespace) -> int:
+    with _client(args) as client:
+        view = client.seek_group(
+            args.domain,
+            args.topic,
+            args.group,
+            args.to,
+            expected_generation=args.expected_generation,
+            command_id=args.command_id,
+        )
+        _print_json(view)
+    return 0
+
+
+def cmd_group_simple(args: argparse.Namespace) -> int:
+    """status, pause, resume: name the group, print its view."""
+    with _client(args) as client:
+        act = {"status": client.group_status, "pause": client.pause_group, "resume": client.resume_group}[args.action]
+        _print_json(act(args.domain, args.topic, args.group, command_id=args.command_id))
+    return 0
+
+
+def cmd_group_receive(args: argparse.Namespace) -> int:
+    with _client(args) as client:
+        result = client.group_receive(
+            args.domain,
+            args.topic,
+            args.group,
+            max_events=args.max_events,
+            max_bytes=args.max_bytes,
+            lease_ms=args.lease_ms,
+            command_id=args.command_id,
+        )
+        _print_json(result)
+    return 0
+
+
+def cmd_group_ack(args: argparse.Namespace) -> int:
+    with _client(args) as client:
+        if len(args.token) == 1:
+            _print_json(
+                client.group_ack(args.domain, args.topic, args.group, args.token[0], command_id=args.command_id)
+            )
+            return 0
+        result = client.group_ack_batch(args.domain, args.topic, args.group, args.token, command_id=args.command_id)
+        _print_json(result)
+        return 0 if all(r.status == "committed" for r in result.results) else EXIT_FAILED
+
+
+def cmd_group_nack(args: argparse.Namespace) -> int:
+    with _client(args) as client:
+        result = client.group_nack(
+            args.domain, args.topic, args.group, args.token, delay_ms=args.delay_ms, command_id=args.command_id
+        )
+        _print_json(result)
+    return 0
+
+
+def cmd_group_renew(args: argparse.Namespace) -> int:
+    with _client(args) as client:
+        result = client.group_renew(
+            args.domain, args.topic, args.group, args.token, lease_ms=args.lease_ms, command_id=args.command_id
+        )
+        _print_json(result)
     return 0
 
 
@@ -500,6 +637,59 @@ def _positive(text: str) -> int:
     return int(text)
 
 
+def _add_group_parsers(sub: Any, common: argparse.ArgumentParser, command: argparse.ArgumentParser) -> None:
+    group = sub.add_parser("group", help="subscription groups of a topic").add_subparsers(dest="action", required=True)
+
+    def named(action: str, text: str) -> argparse.ArgumentParser:
+        parser: argparse.ArgumentParser = group.add_parser(action, parents=[common, command], help=text)
+        parser.add_argument("--domain", required=True)
+        parser.add_argument("--topic", required=True)
+        parser.add_argument("group")
+        return parser
+
+    def definition(parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("--event-type", action="append", default=[], help="deliver only these types (repeat)")
+        parser.add_argument("--header", action="append", default=[], metavar="NAME=VALUE", help="required header")
+        _add_integer_options(parser, GROUP_INTEGER_FIELDS)
+        for name, choices in GROUP_ENUM_FIELDS.items():
+            parser.add_argument(f"--{name.replace('_', '-')}", dest=name, choices=choices)
+
+    create = named("create", "create a group")
+    definition(create)
+    create.add_argument("--start", type=_group_position, default="beginning", help="beginning, end or a position")
+    create.set_defaults(func=cmd_group_create)
+    configure = named("configure", "change a paused group's filter (replaced whole) or policy")
+    definition(configure)
+    configure.add_argument("--expected-generation", type=int, required=True)
+    configure.set_defaults(func=cmd_group_configure)
+    seek = named("seek", "make a position the next delivered; leaves the group paused")
+    seek.add_argument("--to", type=_group_position, required=True, help="beginning, end or a position")
+    seek.add_argument("--expected-generation", type=int)
+    seek.set_defaults(func=cmd_group_seek)
+    for action, text in (
+        ("status", "checkpoint, issued, outstanding, parked and lag"),
+        ("pause", "stop deliveries"),
+        ("resume", "resume deliveries"),
+    ):
+        named(action, text).set_defaults(func=cmd_group_simple)
+    receive = named("receive", "lease the next matching events")
+    receive.add_argument("--max-events", type=_positive)
+    receive.add_argument("--max-bytes", type=_positive)
+    receive.add_argument("--lease-ms", type=_positive)
+    receive.set_defaults(func=cmd_group_receive)
+    ack = named("ack", "complete deliveries (several tokens: one batch)")
+    ack.add_argument("token", nargs="+")
+    ack.set_defaults(func=cmd_group_ack)
+    nack = named("nack", "give a delivery back for retry")
+    nack.add_argument("token")
+    nack.add_argument("--delay-ms", type=int)
+    nack.set_defaults(func=cmd_group_nack)
+    renew = named("renew", "extend a delivery's lease")
+    renew.add_argument("token")
+    renew.add_argument("--lease-ms", type=_positive)
+    renew.set_defaults(func=cmd_group_renew)
+
+
 def build_parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument(
@@ -566,6 +756,14 @@ def build_parser() -> argparse.ArgumentParser:
     topic_inspect.add_argument("--domain", required=True)
     topic_inspect.add_argument("topic")
     topic_inspect.set_defaults(func=cmd_topic_inspect)
+
+    topic_purge = topic.add_parser("purge", parents=[common, command], help="delete retained events up to a position")
+    topic_purge.add_argument("--domain", required=True)
+    topic_purge.add_argument("topic")
+    topic_purge.add_argument("--through", type=int, required=True, help="last position deleted")
+    topic_purge.add_argument("--expected-generation", type=int, required=True, help="the topic's current generation")
+    topic_purge.set_defaults(func=cmd_topic_purge)
+    _add_group_parsers(sub, common, command)
 
     publish = sub.add_parser("publish", parents=[common, command], help="publish one event to a topic")
     publish.add_argument("--domain", required=True)

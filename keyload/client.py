@@ -6,7 +6,7 @@ import os
 import threading
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, TypeVar
 
@@ -17,15 +17,22 @@ from keyload.log.codec import REGISTRY
 from keyload.processors import limits
 from keyload.runtime import domain_for_partition
 
-from .consumer import DEFAULT_CONCURRENCY, DEFAULT_LEASE_MS, DEFAULT_WAIT_MS, ConsumeStats, Handler, consume
+from .consumer import DEFAULT_CONCURRENCY, DEFAULT_LEASE_MS, DEFAULT_WAIT_MS, ConsumeStats, consume, subscribe
 from .errors import CommandRejected, KeyloadError, OutcomeTimeout, rejection
 from .results import (
     AckBatchResult,
     ActiveKeys,
     CheckpointResult,
     DeadLetterPage,
+    Delivery,
     EnqueueResult,
     Event,
+    GroupAckBatchResult,
+    GroupDelivery,
+    GroupLeaseResult,
+    GroupPolicy,
+    GroupReceiveResult,
+    GroupView,
     LeaseResult,
     MessageView,
     Outcome,
@@ -66,6 +73,15 @@ class LaneOutcome:
     status: Literal["committed", "rejected", "unknown", "not_attempted"]
     result: ReceiveResult | None
     error: CommandRejected | None
+
+
+def _group_start(start: Literal["beginning", "end"] | int) -> tuple[str, int | None]:
+    """The (GroupStart, position) pair of a start or seek target."""
+    if isinstance(start, int):
+        return "position", start
+    if start not in ("beginning", "end"):
+        raise ValueError('a group start is "beginning", "end" or a position')
+    return start, None
 
 
 def check_command_id(command_id: str) -> None:
@@ -348,7 +364,7 @@ class Client:
         self,
         domain: str,
         queue: str,
-        handler: Handler,
+        handler: Callable[[Delivery], None],
         *,
         concurrency: int = DEFAULT_CONCURRENCY,
         lease_ms: int = DEFAULT_LEASE_MS,
@@ -366,6 +382,32 @@ class Client:
             concurrency=concurrency,
             lease_ms=lease_ms,
             wait_ms=wait_ms,
+            stop=stop,
+            nack_delay_ms=nack_delay_ms,
+        )
+
+    def subscribe(
+        self,
+        domain: str,
+        topic: str,
+        group: str,
+        handler: Callable[[GroupDelivery], None],
+        *,
+        concurrency: int = DEFAULT_CONCURRENCY,
+        lease_ms: int = DEFAULT_LEASE_MS,
+        stop: threading.Event | None = None,
+        nack_delay_ms: int | None = None,
+    ) -> ConsumeStats:
+        """Run `handler` on every delivery of a subscription group until `stop` is set: ack on
+        return, nack on exception, renewing leases while handlers run (see keyload/consumer.py)."""
+        return subscribe(
+            self,
+            domain,
+            topic,
+            group,
+            handler,
+            concurrency=concurrency,
+            lease_ms=lease_ms,
             stop=stop,
             nack_delay_ms=nack_delay_ms,
         )
@@ -507,6 +549,159 @@ class Client:
     def inspect_topic(self, domain: str, topic: str, *, command_id: str | None = None) -> TopicView:
         outcome = self.submit(domain, "keyload.command.InspectTopic", {"topic": topic}, command_id)
         return self._result(outcome, TopicView)
+
+    def purge_topic(
+        self, domain: str, topic: str, through: int, *, expected_generation: int, command_id: str | None = None
+    ) -> TopicView:
+        """Delete the retained events first_available..through. Refused (`ResourceExhaustedError`) past
+        the tail or past any group's checkpoint or lowest pinning parked position; a stale
+        `expected_generation` is `RevisionConflictError`. Event ids stay known: re-publishing one is refused."""
+        body = {"topic": topic, "through": through, "expected_generation": expected_generation}
+        return self._result(self.submit(domain, "keyload.command.PurgeTopic", body, command_id), TopicView)
+
+    # -- subscription groups ----------------------------------------------------------------
+
+    def create_group(
+        self,
+        domain: str,
+        topic: str,
+        group: str,
+        *,
+        event_types: list[str] | None = None,
+        headers: dict[str, str] | None = None,
+        start: Literal["beginning", "end"] | int = "beginning",
+        policy: GroupPolicy | None = None,
+        command_id: str | None = None,
+    ) -> GroupView:
+        """A group delivering the topic's matching events from `start`: "beginning" (first_available),
+        "end" (only events published from now on), or a position (first_available..tail + 1)."""
+        to, position = _group_start(start)
+        body = {
+            "topic": topic,
+            "group": group,
+            "filter": {"event_types": event_types or [], "headers": headers or {}},
+            "start": to,
+            "position": position,
+            "policy": (policy or GroupPolicy()).to_record(),
+        }
+        return self._result(self.submit(domain, "keyload.command.CreateGroup", body, command_id), GroupView)
+
+    def group_receive(
+        self,
+        domain: str,
+        topic: str,
+        group: str,
+        *,
+        max_events: int | None = None,
+        max_bytes: int | None = None,
+        lease_ms: int | None = None,
+        command_id: str | None = None,
+    ) -> GroupReceiveResult:
+        """Lease due redeliveries, then the next matching positions; an empty result is normal."""
+        body = {"topic": topic, "group": group, "max_events": max_events, "max_bytes": max_bytes, "lease_ms": lease_ms}
+        outcome = self.submit(domain, "keyload.command.GroupReceive", body, command_id)
+        return self._result(outcome, GroupReceiveResult)
+
+    def group_ack(
+        self, domain: str, topic: str, group: str, token: str, *, command_id: str | None = None
+    ) -> GroupLeaseResult:
+        body = {"topic": topic, "group": group, "token": token}
+        return self._result(self.submit(domain, "keyload.command.GroupAck", body, command_id), GroupLeaseResult)
+
+    def group_ack_batch(
+        self, domain: str, topic: str, group: str, tokens: list[str], *, command_id: str | None = None
+    ) -> GroupAckBatchResult:
+        """Ack 1..100 deliveries in one command; each token's result is reported separately."""
+        body = {"topic": topic, "group": group, "tokens": tokens}
+        outcome = self.submit(domain, "keyload.command.GroupAckBatch", body, command_id)
+        return self._result(outcome, GroupAckBatchResult)
+
+    def group_nack(
+        self,
+        domain: str,
+        topic: str,
+        group: str,
+        token: str,
+        *,
+        delay_ms: int | None = None,
+        command_id: str | None = None,
+    ) -> GroupLeaseResult:
+        """Give a delivery back: retried after `delay_ms` (default: the group's backoff) or parked."""
+        body = {"topic": topic, "group": group, "token": token, "delay_ms": delay_ms}
+        return self._result(self.submit(domain, "keyload.command.GroupNack", body, command_id), GroupLeaseResult)
+
+    def group_renew(
+        self,
+        domain: str,
+        topic: str,
+        group: str,
+        token: str,
+        *,
+        lease_ms: int | None = None,
+        command_id: str | None = None,
+    ) -> GroupLeaseResult:
+        body = {"topic": topic, "group": group, "token": token, "lease_ms": lease_ms}
+        return self._result(self.submit(domain, "keyload.command.GroupRenew", body, command_id), GroupLeaseResult)
+
+    def group_status(self, domain: str, topic: str, group: str, *, command_id: str | None = None) -> GroupView:
+        return self._group_command("keyload.command.GroupStatus", domain, topic, group, command_id)
+
+    def seek_group(
+        self,
+        domain: str,
+        topic: str,
+        group: str,
+        to: Literal["beginning", "end"] | int,
+        *,
+        expected_generation: int | None = None,
+        command_id: str | None = None,
+    ) -> GroupView:
+        """Move the group so that `to` is the next position delivered; outstanding deliveries are dropped
+        (their tokens become invalid) and the group stays paused until `resume_group`."""
+        where, position = _group_start(to)
+        body = {
+            "topic": topic,
+            "group": group,
+            "to": where,
+            "position": position,
+            "expected_generation": expected_generation,
+        }
+        return self._result(self.submit(domain, "keyload.command.SeekGroup", body, command_id), GroupView)
+
+    def configure_group(
+        self,
+        domain: str,
+        topic: str,
+        group: str,
+        *,
+        expected_generation: int,
+        event_types: list[str] | None = None,
+        headers: dict[str, str] | None = None,
+        policy: GroupPolicy | None = None,
+        command_id: str | None = None,
+    ) -> GroupView:
+        """Change a paused group's filter and/or policy. Giving `event_types` or `headers` replaces the
+        whole filter (the other one empty); a `policy` replaces the whole policy (None fields take
+        defaults); what is not given stays. Positions after the checkpoint are evaluated again."""
+        no_filter = event_types is None and headers is None
+        body = {
+            "topic": topic,
+            "group": group,
+            "expected_generation": expected_generation,
+            "filter": None if no_filter else {"event_types": event_types or [], "headers": headers or {}},
+            "policy": None if policy is None else policy.to_record(),
+        }
+        return self._result(self.submit(domain, "keyload.command.ConfigureGroup", body, command_id), GroupView)
+
+    def pause_group(self, domain: str, topic: str, group: str, *, command_id: str | None = None) -> GroupView:
+        """Stop deliveries (receives are refused with `DispatchPausedError`); leases in hand stay valid."""
+        return self._group_command("keyload.command.PauseGroup", domain, topic, group, command_id)
+
+    def resume_group(self, domain: str, topic: str, group: str, *, command_id: str | None = None) -> GroupView:
+        return self._group_command("keyload.command.ResumeGroup", domain, topic, group, command_id)
+
+    def _group_command(self, kind: str, domain: str, topic: str, group: str, command_id: str | None) -> GroupView:
+        return self._result(self.submit(domain, kind, {"topic": topic, "group": group}, command_id), GroupView)
 
     # -- operations -----------------------------------------------------------------------
 

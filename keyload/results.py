@@ -302,6 +302,144 @@ class TopicPage:
         return cls(**dict(record, events=[_build(TopicEvent, e) for e in record["events"]]))
 
 
+@dataclass(frozen=True, slots=True)
+class GroupPolicy:
+    """A subscription group's policy. Every field has a documented default (docs/ARCHITECTURE.md)."""
+
+    max_window: int | None = None
+    lease_ms: int | None = None
+    max_lease_ms: int | None = None
+    max_attempts: int | None = None
+    retry_base_ms: int | None = None
+    retry_max_ms: int | None = None
+    retry_factor: int | None = None
+    retry_jitter: Literal["none", "full"] | None = None
+
+    def to_record(self) -> Record:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+@dataclass(frozen=True, slots=True)
+class GroupView:
+    """A subscription group: every position up to `checkpoint` is acked, filtered or parked.
+
+    `issued` is the highest position claimed or filtered; `outstanding` counts
+    deliveries not yet resolved (leased or waiting for a retry); `gaps` counts
+    positions above the checkpoint already resolved; `parked` lists the lowest
+    parked positions (at most 100) of `parked_count`; `lag` = tail - checkpoint.
+    """
+
+    domain: str
+    topic: str
+    group: str
+    incarnation: int
+    created_at_ms: int
+    event_types: list[str]
+    headers: dict[str, str]
+    policy: GroupPolicy
+    generation: int
+    paused: bool
+    checkpoint: int
+    issued: int
+    outstanding: int
+    parked: list[int]
+    parked_count: int
+    gaps: int
+    tail: int
+    lag: int
+    delivered_total: int
+    acked_total: int
+    filtered_total: int
+    parked_total: int
+
+    @classmethod
+    def from_record(cls, record: Record) -> GroupView:
+        state = record["state"]
+        return cls(
+            domain=state["domain"],
+            topic=state["topic"],
+            group=state["group"],
+            incarnation=state["incarnation"],
+            created_at_ms=state["created_at_ms"],
+            event_types=state["filter"]["event_types"],
+            headers=state["filter"]["headers"],
+            policy=_build(GroupPolicy, state["policy"]),
+            generation=state["generation"],
+            paused=state["paused"],
+            checkpoint=state["checkpoint"],
+            issued=state["issued"],
+            outstanding=state["outstanding"],
+            parked=record["parked"],
+            parked_count=state["parked_count"],
+            gaps=record["gaps"],
+            tail=record["tail"],
+            lag=record["lag"],
+            delivered_total=state["delivered_total"],
+            acked_total=state["acked_total"],
+            filtered_total=state["filtered_total"],
+            parked_total=state["parked_total"],
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class GroupDelivery:
+    """One leased position of a group. Present `token` to renew, ack or nack it."""
+
+    position: int
+    event_id: str
+    type: str
+    headers: dict[str, str]
+    body: bytes
+    published_at_ms: int
+    token: str
+    attempts: int
+    lease_until_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class GroupReceiveResult:
+    """Deliveries in position order (due redeliveries first). `window_full`: new positions wait for
+    acks; `budget_exhausted`: the receive stopped at a budget, so receive again."""
+
+    deliveries: list[GroupDelivery]
+    window_full: bool
+    budget_exhausted: bool
+
+    @classmethod
+    def from_record(cls, record: Record) -> GroupReceiveResult:
+        deliveries = [_build(GroupDelivery, d) for d in record["deliveries"]]
+        return cls(deliveries, record["window_full"], record["budget_exhausted"])
+
+
+@dataclass(frozen=True, slots=True)
+class GroupLeaseResult:
+    """A position after renew (leased), ack (acked) or nack (retrying or parked), and the group's checkpoint."""
+
+    position: int
+    state: Literal["leased", "retrying", "acked", "parked"]
+    checkpoint: int
+    lease_until_ms: int | None
+    not_before_ms: int | None
+    retry_delay_ms: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class GroupTokenResult:
+    status: Literal["committed", "rejected"]
+    error_code: str | None
+    position: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class GroupAckBatchResult:
+    results: list[GroupTokenResult]
+    checkpoint: int
+
+    @classmethod
+    def from_record(cls, record: Record) -> GroupAckBatchResult:
+        return cls([_build(GroupTokenResult, r) for r in record["results"]], record["checkpoint"])
+
+
 Result = (
     QueueView
     | EnqueueResult
@@ -316,6 +454,10 @@ Result = (
     | TopicView
     | PublishResult
     | TopicPage
+    | GroupView
+    | GroupReceiveResult
+    | GroupLeaseResult
+    | GroupAckBatchResult
 )
 
 _RESULTS: dict[str, Any] = {
@@ -332,6 +474,10 @@ _RESULTS: dict[str, Any] = {
     "keyload.TopicView": TopicView.from_record,
     "keyload.result.PublishResult": PublishResult.from_record,
     "keyload.result.TopicPage": TopicPage.from_record,
+    "keyload.GroupView": GroupView.from_record,
+    "keyload.result.GroupReceiveResult": GroupReceiveResult.from_record,
+    "keyload.result.GroupLeaseResult": lambda r: _build(GroupLeaseResult, r),
+    "keyload.result.GroupAckBatchResult": GroupAckBatchResult.from_record,
 }
 
 

@@ -29,6 +29,8 @@ TOP_LEVEL = (
     "keyload.Waiter",
     "keyload.TopicRecord",
     "keyload.EventRecord",
+    "keyload.GroupRecord",
+    "keyload.PositionMeta",
 )
 
 Record = dict[str, Any]

@@ -19,7 +19,7 @@ from keyload.log.codec import HEADER_BYTES, REGISTRY, CodecError, encoded_option
 from keyload.projections import keys
 from keyload.projections.store import Staged
 
-from . import dead_letters, key_rotation, leases, lifecycle, limits, queues, topics
+from . import dead_letters, group_leases, groups, key_rotation, leases, limits, queues, timers, topics
 from .access import authorize
 from .context import Context
 from .errors import ErrorCode, Rejected
@@ -35,17 +35,23 @@ INFORMATIONAL_TAIL = ("reply_to", "client_time_ms")
 assert tuple(f["name"] for f in REGISTRY.schema(COMMAND)["fields"][-2:]) == INFORMATIONAL_TAIL
 
 
-# Where a map sits in a command body: field names, ITEMS stepping into every item of an array.
+# Where a map sits in a command body: field names, ITEMS stepping into every item of an array,
+# PRESENT into the value of an optional (["null", X]) field when it is not null.
 MapPath = tuple[str, ...]
 ITEMS = "[]"
+PRESENT = "?"
 
 
 def _map_paths(schema: Any, named: dict[str, Any], path: MapPath = ()) -> list[MapPath]:
-    """Every map inside `schema` (a parsed schema), following records and arrays."""
+    """Every map inside `schema` (a parsed schema), following records, arrays and optional values."""
     if isinstance(schema, str) and schema in named:
         return _map_paths(named[schema], named, path)
+    if isinstance(schema, list):
+        branches = [s for s in schema if s != "null"]
+        found = [p for branch in branches for p in _map_paths(branch, named, (*path, PRESENT))]
+        assert not found or len(branches) == 1, "map inside a union of several types"
+        return found
     if not isinstance(schema, dict):
-        assert not isinstance(schema, list) or not any(_map_paths(s, named) for s in schema), "map inside a union"
         return []
     if schema["type"] == "map":
         return [path]
@@ -99,6 +105,18 @@ COMMANDS: dict[str, tuple[Handler, str]] = {
     "keyload.command.Publish": (topics.publish, "keyload.result.PublishResult"),
     "keyload.command.ReadTopic": (topics.read_topic, "keyload.result.TopicPage"),
     "keyload.command.InspectTopic": (topics.inspect_topic, "keyload.TopicView"),
+    "keyload.command.CreateGroup": (groups.create_group, "keyload.GroupView"),
+    "keyload.command.GroupReceive": (group_leases.group_receive, "keyload.result.GroupReceiveResult"),
+    "keyload.command.GroupAck": (group_leases.group_ack, "keyload.result.GroupLeaseResult"),
+    "keyload.command.GroupAckBatch": (group_leases.group_ack_batch, "keyload.result.GroupAckBatchResult"),
+    "keyload.command.GroupNack": (group_leases.group_nack, "keyload.result.GroupLeaseResult"),
+    "keyload.command.GroupRenew": (group_leases.group_renew, "keyload.result.GroupLeaseResult"),
+    "keyload.command.GroupStatus": (groups.group_status, "keyload.GroupView"),
+    "keyload.command.SeekGroup": (groups.seek_group, "keyload.GroupView"),
+    "keyload.command.ConfigureGroup": (groups.configure_group, "keyload.GroupView"),
+    "keyload.command.PauseGroup": (groups.pause_group, "keyload.GroupView"),
+    "keyload.command.ResumeGroup": (groups.resume_group, "keyload.GroupView"),
+    "keyload.command.PurgeTopic": (groups.purge_topic, "keyload.TopicView"),
 }
 
 
@@ -142,6 +160,10 @@ def _maps_at(value: Any, path: MapPath) -> Iterator[dict[str, Any]]:
     if not path:
         yield value
         return
+    if path[0] == PRESENT:
+        if value is not None:
+            yield from _maps_at(value, path[1:])
+        return
     for item in value if path[0] == ITEMS else (value[path[0]],):
         yield from _maps_at(item, path[1:])
 
@@ -150,6 +172,8 @@ def _sorting_maps(value: Any, path: MapPath) -> Any:
     """A copy of `value` whose maps at `path` are in key order."""
     if not path:
         return dict(sorted(value.items()))
+    if path[0] == PRESENT:
+        return None if value is None else _sorting_maps(value, path[1:])
     if path[0] == ITEMS:
         return [_sorting_maps(item, path[1:]) for item in value]
     return dict(value, **{path[0]: _sorting_maps(value[path[0]], path[1:])})
@@ -190,10 +214,10 @@ def apply_record(
 
 
 def _advance_time(stage: Staged, ctx: Context) -> Record:
-    timers = Staged(stage)
-    fired = lifecycle.fire_due(timers, ctx)
-    timers.merge_into(stage)
-    leases.serve_waiters(stage, ctx, timers.written(keys.QUEUE))
+    moved = Staged(stage)
+    fired = timers.fire_due(moved, ctx)
+    moved.merge_into(stage)
+    leases.serve_waiters(stage, ctx, moved.written(keys.QUEUE))
     return fired
 
 

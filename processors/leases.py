@@ -9,6 +9,7 @@ lease version and state (StaleLease), deadline (LeaseExpired).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from keyload.projections import keys
@@ -221,20 +222,31 @@ def ack(stage: Staged, body: Record, ctx: Context) -> Record:
     return _lease_result(message_id, meta)
 
 
-def ack_batch(stage: Staged, body: Record, ctx: Context) -> Record:
-    """Ack each token on its own: one refusal does not undo the others."""
-    if not 1 <= len(body["tokens"]) <= limits.MAX_ACK_BATCH:
+def settle_each(stage: Staged, batch: list[str], settle: Callable[[Staged, str], Record]) -> list[Record | ErrorCode]:
+    """Settle 1..MAX_ACK_BATCH tokens, each in its own child stage: one refusal does not undo the
+    others. Per token, its result or its refusal's code."""
+    if not 1 <= len(batch) <= limits.MAX_ACK_BATCH:
         raise Rejected(ErrorCode.VALIDATION, f"tokens must hold 1..{limits.MAX_ACK_BATCH} tokens")
-    results = []
-    for token in body["tokens"]:
+    settled: list[Record | ErrorCode] = []
+    for token in batch:
         child = Staged(stage)
         try:
-            acked = ack(child, {"token": token}, ctx)
+            settled.append(settle(child, token))
         except Rejected as refusal:
-            results.append({"status": "rejected", "error_code": str(refusal.code), "message_id": None})
+            settled.append(refusal.code)
             continue
         child.merge_into(stage)
-        results.append({"status": "committed", "error_code": None, "message_id": acked["message_id"]})
+    return settled
+
+
+def ack_batch(stage: Staged, body: Record, ctx: Context) -> Record:
+    """Ack each token on its own: one refusal does not undo the others."""
+    results = [
+        {"status": "committed", "error_code": None, "message_id": settled["message_id"]}
+        if isinstance(settled, dict)
+        else {"status": "rejected", "error_code": str(settled), "message_id": None}
+        for settled in settle_each(stage, body["tokens"], lambda child, token: ack(child, {"token": token}, ctx))
+    ]
     return {"results": results}
 
 

@@ -14,7 +14,7 @@ import hmac
 from keyload.projections import keys
 from keyload.projections.store import Staged
 
-from . import limits, waiters
+from . import waiters
 from .context import Context
 from .errors import Corruption
 from .key_rotation import JITTER, active_key
@@ -26,13 +26,10 @@ from .state import (
     add_timer_row,
     adjust,
     dead_letter_limits,
+    due_timers,
     load_message,
-    load_queue_by_id,
-    next_due_ms,
     remove_index_row,
     save_message,
-    save_queue,
-    timers_from_floor,
 )
 
 
@@ -208,34 +205,37 @@ def expired(meta: Record, now_ms: int) -> bool:
 # -- retries and dead letters ------------------------------------------------------------
 
 
-def retry_delay_ms(policy: Record, meta: Record, jitter_key: bytes, command_id: str, queue: Record) -> int:
+def retry_delay_ms(policy: Record, attempts: int, jitter_key: bytes, material: tuple[str, ...]) -> int:
     """Backoff before the next attempt: min(base · factor^(attempts-1), max), optionally full jitter.
 
-    Full jitter is deterministic: 1 + (HMAC-SHA256 over the triggering command id,
-    queue, message, generation, attempts and state version, first 8 bytes
-    big-endian) mod cap, so a replay chooses the same delay.
+    Full jitter is deterministic: 1 + (HMAC-SHA256 over `material` — the triggering
+    command id and what names the attempt — first 8 bytes big-endian) mod cap, so a
+    replay chooses the same delay. Queues and subscription groups share it.
     """
     cap = policy["retry_base_ms"]
-    for _ in range(meta["attempts"] - 1):
+    for _ in range(attempts - 1):
         if cap >= policy["retry_max_ms"]:
             break
         cap *= policy["retry_factor"]
     cap = min(cap, policy["retry_max_ms"])
     if policy["retry_jitter"] == "none" or cap == 0:
         return int(cap)
-    material = "\x00".join(
-        (
-            command_id,
-            queue["domain"],
-            queue["queue"],
-            str(meta["enqueue_sequence"]),
-            str(meta["delivery_generation"]),
-            str(meta["attempts"]),
-            str(meta["state_version"]),
-        )
-    ).encode("utf-8")
-    digest = hmac.new(jitter_key, material, hashlib.sha256).digest()
+    digest = hmac.new(jitter_key, "\x00".join(material).encode("utf-8"), hashlib.sha256).digest()
     return 1 + int.from_bytes(digest[:8], "big") % int(cap)
+
+
+def _jitter_material(command_id: str, queue: Record, meta: Record) -> tuple[str, ...]:
+    """What a message's jitter draws on: command id, domain, queue, enqueue sequence, generation,
+    attempts, state version."""
+    return (
+        command_id,
+        queue["domain"],
+        queue["queue"],
+        str(meta["enqueue_sequence"]),
+        str(meta["delivery_generation"]),
+        str(meta["attempts"]),
+        str(meta["state_version"]),
+    )
 
 
 def dead_letter(stage: Staged, record: Record, message_id: str, meta: Record, now_ms: int) -> None:
@@ -270,7 +270,8 @@ def end_attempt(
     else:
         if delay_ms is None:
             _, jitter_key = active_key(stage, ctx.keyring, JITTER)
-            delay_ms = retry_delay_ms(queue["policy"], meta, jitter_key, ctx.command_id, queue)
+            material = _jitter_material(ctx.command_id, queue, meta)
+            delay_ms = retry_delay_ms(queue["policy"], meta["attempts"], jitter_key, material)
         meta["last_retry_delay_ms"] = delay_ms
         enter(stage, record, message_id, meta, "scheduled", ctx.now_ms, not_before_ms=ctx.now_ms + delay_ms)
 
@@ -278,45 +279,10 @@ def end_attempt(
 # -- timers ------------------------------------------------------------------------------
 
 
-def fire_due(stage: Staged, ctx: Context) -> Record:
-    """Fire due timers across the partition's queues, earliest first, within one budget.
-
-    Runs before every record is applied, so log time reaching a timer's due time is
-    what fires it; a Tick command is just a record that does nothing else.
-    `ctx.command_id` names the record for deterministic retry jitter.
-    """
-    budget = limits.TICK_EXAMINATION_BUDGET
-    examined = transitions = 0
-    while examined < budget:
-        next_due = next_due_ms(stage)
-        if next_due is None or next_due > ctx.now_ms:
-            break
-        first = stage.first(keys.due_queue(next_due, 0), keys.prefix_end(keys.DUE_QUEUE))
-        if first is None or keys.parse_due_queue(first[0])[0] != next_due:
-            raise Corruption("the partition's next due time disagrees with its due index")
-        due_ms, queue_id = keys.parse_due_queue(first[0])
-        record = load_queue_by_id(stage, queue_id)
-        if record is None:
-            raise Corruption(f"due index names missing queue {queue_id}")
-        if record["next_timer_ms"] != due_ms:
-            raise Corruption(f"due index of queue {queue_id} disagrees with its record")
-        seen, moved = _fire_queue_timers(stage, record, ctx, budget - examined)
-        if seen == 0:
-            raise Corruption(f"due index of queue {queue_id} names no due timer")
-        examined += seen
-        transitions += moved
-        save_queue(stage, record)
-    return {"transitions": transitions, "budget_exhausted": examined >= budget, "next_due_ms": next_due_ms(stage)}
-
-
-def _fire_queue_timers(stage: Staged, record: Record, ctx: Context, budget: int) -> tuple[int, int]:
+def fire_queue_timers(stage: Staged, record: Record, ctx: Context, budget: int) -> tuple[int, int]:
     """Fire one queue's due timers, examining at most `budget`; returns (examined, transitions)."""
     queue_id = record["view"]["incarnation"]
-    due: list[tuple[bytes, bytes]] = []
-    for key, value in timers_from_floor(stage, record):
-        if len(due) == budget or keys.parse_timer(key)[0] > ctx.now_ms:
-            break
-        due.append((key, value))
+    due = due_timers(stage, record, ctx.now_ms, budget)
     transitions = 0
     for key, value in due:
         if stage.get(key) != value:

@@ -44,6 +44,20 @@ DEFAULT_READ_BYTES = 1024 * 1024
 # bytes, plus one oversized first event and the per-event framing, stays well inside.
 MAX_READ_BYTES = 2 * 1024 * 1024
 READ_EXAMINATION_BUDGET = 256  # event rows one ReadTopic looks at
+MAX_GROUP_NAME_CHARS = 80
+MAX_GROUPS_PER_TOPIC = 64  # a purge checks every group of its topic
+MAX_FILTER_EVENT_TYPES = 64  # event types one group filter lists
+DEFAULT_GROUP_RECEIVE_EVENTS = 10
+MAX_GROUP_RECEIVE_EVENTS = 1_000
+DEFAULT_GROUP_RECEIVE_BYTES = 1024 * 1024
+MAX_GROUP_RECEIVE_BYTES = MAX_READ_BYTES  # charged bytes, like a read page
+GROUP_RECEIVE_EXAMINATION_BUDGET = 256  # due positions and event rows one GroupReceive looks at
+# issued - checkpoint at most: acked positions above a stuck one leave tombstones that
+# checkpoint moves and seeks walk, so the distance a group runs ahead stays bounded.
+MAX_GROUP_SPAN = 100_000
+MAX_STATUS_PARKED = 100  # parked positions a GroupView lists
+MAX_PURGE_EVENTS = 10_000  # events one PurgeTopic deletes: larger purges go in steps
+MAX_REPOSITION_PARKED = 10_000  # parked positions above its target a seek or configure may drop
 
 # Identifiers: printable ASCII without spaces (command, message and event ids, event
 # types); stricter names for domains, queues, topics and header names so they read
@@ -53,3 +67,4 @@ DOMAIN_PATTERN = re.compile(r"[a-z0-9][a-z0-9._-]*")
 QUEUE_NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
 HEADER_NAME_PATTERN = re.compile(r"[A-Za-z0-9_.-]+")
 TOPIC_NAME_PATTERN = QUEUE_NAME_PATTERN
+GROUP_NAME_PATTERN = QUEUE_NAME_PATTERN

@@ -1,4 +1,4 @@
-"""Queue and topic policies: defaults, bounds and cross-field rules (DESIGN.md §5, §6)."""
+"""Queue, topic and subscription group policies: defaults, bounds and cross-field rules (DESIGN.md §5, §6)."""
 
 from __future__ import annotations
 
@@ -43,6 +43,15 @@ ENUM_FIELDS: dict[str, tuple[str, ...]] = {
     "ordering": ("competing", "strict_per_key"),
     "parked_head": ("continue", "block"),
 }
+GROUP_INTEGER_FIELDS: dict[str, Bound] = {
+    "max_window": Bound(1_000, 1, 10_000),
+    # Leases and retries work as a queue's do, with the same defaults and bounds.
+    **{
+        name: INTEGER_FIELDS[name]
+        for name in ("lease_ms", "max_lease_ms", "max_attempts", "retry_base_ms", "retry_max_ms", "retry_factor")
+    },
+}
+GROUP_ENUM_FIELDS = {"retry_jitter": ENUM_FIELDS["retry_jitter"]}
 TOPIC_INTEGER_FIELDS: dict[str, Bound] = {
     "max_retained_events": Bound(1_000_000, 1, 100_000_000),
     "max_retained_bytes": Bound(GIB, 1, 1024 * GIB),
@@ -63,25 +72,47 @@ def _resolve_integers(spec: dict[str, Any], bounds: dict[str, Bound]) -> dict[st
     return policy
 
 
-def resolve_policy(spec: dict[str, Any]) -> dict[str, Any]:
-    """A complete, validated QueuePolicy from a QueuePolicySpec (nulls take defaults)."""
-    policy = _resolve_integers(spec, INTEGER_FIELDS)
-    for name, choices in ENUM_FIELDS.items():
+def _resolve_enums(spec: dict[str, Any], policy: dict[str, Any], enums: dict[str, tuple[str, ...]]) -> None:
+    for name, choices in enums.items():
         value = spec.get(name)
         value = choices[0] if value is None else value
         if value not in choices:
             raise Rejected(ErrorCode.VALIDATION, f"policy.{name} must be one of {', '.join(choices)}")
         policy[name] = value
+
+
+def _check_lease_and_retry(policy: dict[str, Any]) -> None:
+    """Cross-field rules shared by queue and group policies."""
+    if policy["lease_ms"] > policy["max_lease_ms"]:
+        raise Rejected(ErrorCode.VALIDATION, "policy.lease_ms must not exceed policy.max_lease_ms")
+    if policy["retry_base_ms"] > policy["retry_max_ms"]:
+        raise Rejected(ErrorCode.VALIDATION, "policy.retry_base_ms must not exceed policy.retry_max_ms")
+
+
+def resolve_policy(spec: dict[str, Any]) -> dict[str, Any]:
+    """A complete, validated QueuePolicy from a QueuePolicySpec (nulls take defaults)."""
+    policy = _resolve_integers(spec, INTEGER_FIELDS)
+    _resolve_enums(spec, policy, ENUM_FIELDS)
     for name, grant in SUBLIMIT_FIELDS.items():
         value = spec.get(name)
         if value is not None and not 0 <= value <= policy[grant]:
             raise Rejected(ErrorCode.VALIDATION, f"policy.{name} must be between 0 and {grant}")
         policy[name] = value
-    if policy["lease_ms"] > policy["max_lease_ms"]:
-        raise Rejected(ErrorCode.VALIDATION, "policy.lease_ms must not exceed policy.max_lease_ms")
-    if policy["retry_base_ms"] > policy["retry_max_ms"]:
-        raise Rejected(ErrorCode.VALIDATION, "policy.retry_base_ms must not exceed policy.retry_max_ms")
+    _check_lease_and_retry(policy)
     return policy
+
+
+def resolve_group_policy(spec: dict[str, Any]) -> dict[str, Any]:
+    """A complete, validated GroupPolicy from a GroupPolicySpec (nulls take defaults)."""
+    policy = _resolve_integers(spec, GROUP_INTEGER_FIELDS)
+    _resolve_enums(spec, policy, GROUP_ENUM_FIELDS)
+    _check_lease_and_retry(policy)
+    return policy
+
+
+def default_group_spec() -> dict[str, Any]:
+    """A GroupPolicySpec asking for every default."""
+    return dict.fromkeys((*GROUP_INTEGER_FIELDS, *GROUP_ENUM_FIELDS))
 
 
 def default_spec() -> dict[str, Any]:

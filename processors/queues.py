@@ -50,7 +50,7 @@ def create_queue(stage: Staged, body: Record, ctx: Context) -> Record:
     if stage.get(keys.queue(ctx.domain, name)) is not None:
         raise Rejected(ErrorCode.CONFLICT, "queue already exists")
     queue_id = allocate_incarnation(stage)
-    stage.put(keys.queue_key(queue_id), keys.queue(ctx.domain, name))
+    stage.put(keys.resource_key(queue_id), keys.queue(ctx.domain, name))
     record: Record = {
         "view": {
             "domain": ctx.domain,

@@ -93,13 +93,16 @@ def load_queue(stage: Staged, domain: str, name: str) -> Record:
 
 
 def load_queue_by_id(stage: Staged, queue_id: int) -> Record | None:
-    queue_key = stage.get(keys.queue_key(queue_id))
-    return None if queue_key is None else stage.get_record(queue_key, QUEUE_RECORD)
+    """The queue with this incarnation; None when there is none (the id may name a topic or a group)."""
+    queue_key = stage.get(keys.resource_key(queue_id))
+    if queue_key is None or queue_key[:1] != keys.QUEUE:
+        return None
+    return stage.get_record(queue_key, QUEUE_RECORD)
 
 
 def save_queue(stage: Staged, record: Record) -> None:
     """Store the queue record, first bringing its entry in the due index up to date."""
-    _refresh_due(stage, record)
+    refresh_due(stage, record)
     queue = record["view"]
     stage.put_record(keys.queue(queue["domain"], queue["queue"]), QUEUE_RECORD, record)
 
@@ -131,8 +134,13 @@ def remove_index_row(stage: Staged, key: bytes, message_id: str) -> None:
     stage.delete(key)
 
 
+# Timers are shared by queues and subscription groups: a record with timers keeps
+# `view.incarnation`, `timer_floor` and `next_timer_ms`, and the functions below keep
+# its timer rows, its due-index entry and the partition's next due time consistent.
+
+
 def add_timer_row(stage: Staged, record: Record, due_ms: int, kind: int, sequence: int, value: str) -> None:
-    """Add a timer, keeping the queue's timer floor at or below every timer's due time."""
+    """Add a timer, keeping the record's timer floor at or below every timer's due time."""
     key = keys.timer(record["view"]["incarnation"], due_ms, kind, sequence)
     add_index_row(stage, key, value)
     position = key[len(keys.timer_prefix(0)) :]
@@ -154,8 +162,18 @@ def timers_from_floor(stage: Staged, record: Record) -> Iterator[tuple[bytes, by
     return stage.scan(prefix + floor, keys.prefix_end(prefix))
 
 
-def _refresh_due(stage: Staged, record: Record) -> None:
-    """Keep the queue's due-index entry at its earliest timer, and the partition's next due time."""
+def due_timers(stage: Staged, record: Record, now_ms: int, budget: int) -> list[tuple[bytes, bytes]]:
+    """The record's timers due by `now_ms`, earliest first, at most `budget` of them."""
+    due: list[tuple[bytes, bytes]] = []
+    for key, value in timers_from_floor(stage, record):
+        if len(due) == budget or keys.parse_timer(key)[0] > now_ms:
+            break
+        due.append((key, value))
+    return due
+
+
+def refresh_due(stage: Staged, record: Record) -> None:
+    """Keep the record's due-index entry at its earliest timer, and the partition's next due time."""
     queue_id = record["view"]["incarnation"]
     first = next(timers_from_floor(stage, record), None)
     earliest = None if first is None else keys.parse_timer(first[0])[0]

@@ -58,7 +58,7 @@ def load_topic(stage: Staged, domain: str, name: str) -> Record:
     return record
 
 
-def _save_topic(stage: Staged, record: Record) -> None:
+def save_topic(stage: Staged, record: Record) -> None:
     topic = record["view"]
     stage.put_record(keys.topic(topic["domain"], topic["topic"]), TOPIC_RECORD, record)
 
@@ -84,7 +84,7 @@ def create_topic(stage: Staged, body: Record, ctx: Context) -> Record:
             "published_total": 0,
         }
     }
-    _save_topic(stage, record)
+    save_topic(stage, record)
     return view(record)
 
 
@@ -175,7 +175,7 @@ def publish(stage: Staged, body: Record, ctx: Context) -> Record:
         adjust(topic, "retained_bytes", charge)
         adjust(topic, "published_total", 1)
         published.append({"event_id": event["event_id"], "position": position})
-    _save_topic(stage, record)
+    save_topic(stage, record)
     return {
         "topic": topic["topic"],
         "events": published,

@@ -18,7 +18,7 @@ U16 = struct.Struct(">H")
 # Family tags.
 META = b"\x00"  # partition metadata (applied offset, last time, allocators)
 QUEUE = b"q"  # q | domain (u8-prefixed) | queue name          -> QueueRecord
-QUEUE_KEY = b"i"  # i | queue id u64                            -> the queue's QUEUE key
+RESOURCE_KEY = b"i"  # i | queue or group id u64                -> the resource's QUEUE or GROUP key
 MESSAGE = b"m"  # m | queue id u64 | message id                 -> MessageMeta
 BODY = b"b"  # b | queue id u64 | message id                    -> raw body bytes
 READY = b"r"  # r | queue id u64 | ready sequence u64           -> message id
@@ -27,23 +27,27 @@ PENDING_DEAD_LETTER = b"n"  # n | queue id u64 | enqueue sequence u64 -> message
 WAITER = b"a"  # a | queue id u64 | waiter sequence u64          -> Waiter (a waiting long-poll Receive)
 ORDERING = b"k"  # k | queue id u64 | ordering key (u16-prefixed) | enqueue sequence u64 -> message id
 KEY_HEAD = b"h"  # h | queue id u64 | ordering key (u16-prefixed)  -> u64 lowest enqueue sequence in `k`
-TIMER = b"t"  # t | queue id u64 | due ms u64 | kind u8 | enqueue sequence u64 -> message id
-DUE_QUEUE = b"w"  # w | due ms u64 | queue id u64                -> empty (earliest timer of a queue)
+TIMER = b"t"  # t | queue or group id u64 | due ms u64 | kind u8 | sequence u64 -> message id or position
+DUE_QUEUE = b"w"  # w | due ms u64 | queue or group id u64       -> empty (earliest timer of a queue or group)
 OUTCOME = b"o"  # o | domain (u8-prefixed) | command id         -> fingerprint(32) | Outcome
 POISON = b"p"  # p | offset u64                                 -> PoisonEntry
 TOPIC = b"s"  # s | domain (u8-prefixed) | topic name           -> TopicRecord
 EVENT = b"e"  # e | topic id u64 | position u64                 -> EventRecord (body inline)
 EVENT_ID = b"x"  # x | topic id u64 | event id (u16-prefixed)    -> position u64 | SHA-256 content digest (32)
+GROUP = b"g"  # g | topic id u64 | group name                   -> GroupRecord
+POSITION = b"c"  # c | group id u64 | position u64               -> PositionMeta (outstanding: leased, retrying, due)
+DUE_POSITION = b"v"  # v | group id u64 | position u64           -> empty (an outstanding position whose retry is due)
+PARKED = b"y"  # y | group id u64 | position u64                 -> PositionMeta (parked)
 
 APPLIED_OFFSET = META + b"applied_offset"  # u64 offset of the last applied record
 LAST_TIME = META + b"last_time"  # u64 evaluation time of the last applied record
-NEXT_QUEUE_ID = META + b"next_queue_id"  # u64 incarnation allocator of queues and topics (one space: never collide)
+NEXT_QUEUE_ID = META + b"next_queue_id"  # u64 incarnation allocator of queues, topics, groups (one space)
 NEXT_DUE = META + b"next_due"  # u64 due time of the partition's earliest timer (absent: none)
 
 # Timer kinds, in the order they fire when due at the same instant.
 TIMER_EXPIRY = 0
 TIMER_LEASE = 1
-TIMER_NOT_BEFORE = 2
+TIMER_NOT_BEFORE = 2  # for a group: a position's retry coming due
 TIMER_WAITER = 3  # a long-poll Receive's deadline; the timer's sequence is the waiter's
 
 TIMER_KEY_BYTES = 1 + 8 + 8 + 1 + 8
@@ -78,8 +82,8 @@ def queue(domain: str, name: str) -> bytes:
     return QUEUE + _domain(domain) + name.encode("utf-8")
 
 
-def queue_key(queue_id: int) -> bytes:
-    return QUEUE_KEY + U64.pack(queue_id)
+def resource_key(incarnation: int) -> bytes:
+    return RESOURCE_KEY + U64.pack(incarnation)
 
 
 def message(queue_id: int, message_id: str) -> bytes:
@@ -142,6 +146,7 @@ def parse_timer(key: bytes) -> tuple[int, int, int]:
 
 
 def due_queue(due_ms: int, queue_id: int) -> bytes:
+    """The due-index entry of a queue or a group (they share the incarnation space)."""
     return DUE_QUEUE + U64.pack(due_ms) + U64.pack(queue_id)
 
 
@@ -186,3 +191,35 @@ def parse_event_id_value(value: bytes) -> tuple[int, bytes]:
     """(position, content digest) of an event-id index row."""
     assert len(value) == EVENT_ID_VALUE_BYTES
     return read_u64(value), value[8:]
+
+
+def group(topic_id: int, name: str) -> bytes:
+    return GROUP + U64.pack(topic_id) + name.encode("utf-8")
+
+
+def group_prefix(topic_id: int) -> bytes:
+    return GROUP + U64.pack(topic_id)
+
+
+def position(group_id: int, at: int) -> bytes:
+    return POSITION + U64.pack(group_id) + U64.pack(at)
+
+
+def due_position(group_id: int, at: int) -> bytes:
+    return DUE_POSITION + U64.pack(group_id) + U64.pack(at)
+
+
+def parked(group_id: int, at: int) -> bytes:
+    return PARKED + U64.pack(group_id) + U64.pack(at)
+
+
+def group_row_end(row: bytes) -> bytes:
+    """The end of the family of a group's position rows (`c`, `v`, `y`) that `row` belongs to."""
+    assert len(row) == 17 and row[:1] in (POSITION, DUE_POSITION, PARKED)
+    return prefix_end(row[:9])
+
+
+def row_position(key: bytes) -> int:
+    """The position of a `c`, `v` or `y` row."""
+    assert len(key) == 17 and key[:1] in (POSITION, DUE_POSITION, PARKED)
+    return read_u64(key, 9)

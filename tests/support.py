@@ -13,7 +13,7 @@ from typing import Any
 from keyload.datadir import DataDir
 from keyload.log.base import partition_for
 from keyload.log.codec import REGISTRY
-from keyload.processors.policy import default_spec, default_topic_spec
+from keyload.processors.policy import default_group_spec, default_spec, default_topic_spec
 from keyload.projections import keys
 from keyload.projections.store import Store
 from keyload.results import Outcome
@@ -30,6 +30,18 @@ CREATE_TOPIC = "keyload.command.CreateTopic"
 PUBLISH = "keyload.command.Publish"
 READ_TOPIC = "keyload.command.ReadTopic"
 INSPECT_TOPIC = "keyload.command.InspectTopic"
+PURGE_TOPIC = "keyload.command.PurgeTopic"
+CREATE_GROUP = "keyload.command.CreateGroup"
+GROUP_RECEIVE = "keyload.command.GroupReceive"
+GROUP_ACK = "keyload.command.GroupAck"
+GROUP_ACK_BATCH = "keyload.command.GroupAckBatch"
+GROUP_NACK = "keyload.command.GroupNack"
+GROUP_RENEW = "keyload.command.GroupRenew"
+GROUP_STATUS = "keyload.command.GroupStatus"
+SEEK_GROUP = "keyload.command.SeekGroup"
+CONFIGURE_GROUP = "keyload.command.ConfigureGroup"
+PAUSE_GROUP = "keyload.command.PauseGroup"
+RESUME_GROUP = "keyload.command.ResumeGroup"
 
 
 def command(
@@ -87,6 +99,32 @@ def read_body(
     topic: str, from_position: int = 1, max_events: int | None = None, max_bytes: int | None = None
 ) -> dict[str, Any]:
     return {"topic": topic, "from_position": from_position, "max_events": max_events, "max_bytes": max_bytes}
+
+
+def create_group_body(
+    topic: str,
+    group: str,
+    *,
+    event_types: list[str] | None = None,
+    headers: dict[str, str] | None = None,
+    start: str = "beginning",
+    position: int | None = None,
+    **policy: Any,
+) -> dict[str, Any]:
+    return {
+        "topic": topic,
+        "group": group,
+        "filter": {"event_types": event_types or [], "headers": headers or {}},
+        "start": start,
+        "position": position,
+        "policy": {**default_group_spec(), **policy},
+    }
+
+
+def group_receive_body(
+    topic: str, group: str, max_events: int | None = None, max_bytes: int | None = None, lease_ms: int | None = None
+) -> dict[str, Any]:
+    return {"topic": topic, "group": group, "max_events": max_events, "max_bytes": max_bytes, "lease_ms": lease_ms}
 
 
 class Embedded:

@@ -1,0 +1,55 @@
+"""Firing due timers before every record: log time reaching a timer's due time is what fires it.
+
+Queues and subscription groups keep timers the same way (processors/state.py):
+rows under their incarnation and one due-index entry each at their earliest. The
+due index names an incarnation; the resource key it maps to says which kind of
+resource to hand the firing to.
+"""
+
+from __future__ import annotations
+
+from keyload.projections import keys
+from keyload.projections.store import Staged
+
+from . import group_leases, limits
+from .context import Context
+from .errors import Corruption
+from .groups import GROUP_RECORD, save_group
+from .lifecycle import fire_queue_timers
+from .state import QUEUE_RECORD, Record, next_due_ms, save_queue
+
+
+def fire_due(stage: Staged, ctx: Context) -> Record:
+    """Fire due timers across the partition's queues and groups, earliest first, within one budget.
+
+    A Tick command is just a record that does nothing else. `ctx.command_id` names
+    the record for deterministic retry jitter.
+    """
+    budget = limits.TICK_EXAMINATION_BUDGET
+    examined = transitions = 0
+    while examined < budget:
+        next_due = next_due_ms(stage)
+        if next_due is None or next_due > ctx.now_ms:
+            break
+        first = stage.first(keys.due_queue(next_due, 0), keys.prefix_end(keys.DUE_QUEUE))
+        if first is None or keys.parse_due_queue(first[0])[0] != next_due:
+            raise Corruption("the partition's next due time disagrees with its due index")
+        due_ms, incarnation = keys.parse_due_queue(first[0])
+        resource_key = stage.get(keys.resource_key(incarnation))
+        kind = None if resource_key is None else resource_key[:1]
+        if kind not in (keys.QUEUE, keys.GROUP):
+            raise Corruption(f"due index names {incarnation}, which is neither a queue nor a group")
+        assert resource_key is not None
+        record = stage.get_record(resource_key, QUEUE_RECORD if kind == keys.QUEUE else GROUP_RECORD)
+        if record is None:
+            raise Corruption(f"due index names missing resource {incarnation}")
+        if record["next_timer_ms"] != due_ms:
+            raise Corruption(f"due index of resource {incarnation} disagrees with its record")
+        fire = fire_queue_timers if kind == keys.QUEUE else group_leases.fire_group_timers
+        seen, moved = fire(stage, record, ctx, budget - examined)
+        if seen == 0:
+            raise Corruption(f"due index of resource {incarnation} names no due timer")
+        examined += seen
+        transitions += moved
+        (save_queue if kind == keys.QUEUE else save_group)(stage, record)
+    return {"transitions": transitions, "budget_exhausted": examined >= budget, "next_due_ms": next_due_ms(stage)}
