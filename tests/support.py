@@ -199,6 +199,23 @@ class Embedded:
         self.outcomes.close()
 
 
+def submit_unhalted(embedded: Embedded, domain: str, kind: str, body: dict[str, Any]) -> Outcome:
+    """Embedded.submit, asserting that no partition halted on the way."""
+    outcome = embedded.submit(domain, kind, body)
+    halted = [p.halt for p in embedded.processors if p.halt is not None]
+    assert not halted, halted
+    return outcome
+
+
+def expect(outcome: Outcome, code: str | None) -> Any:
+    """A committed outcome's result (`code` None), or check it was rejected with `code`."""
+    if code is None:
+        assert outcome.status == "committed", outcome
+        return outcome.result
+    assert (outcome.status, outcome.error_code) == ("rejected", code), outcome
+    return None
+
+
 def close_after_replay_check(embedded: Embedded, directory: Path) -> None:
     """End a model run: partition 0 replayed from offset 0 must reach the live digest; then clean up."""
     import shutil

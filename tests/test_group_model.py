@@ -11,7 +11,6 @@ one group that moved the other would fail.
 from __future__ import annotations
 
 import tempfile
-import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -20,7 +19,6 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from keyload.log.codec import REGISTRY
 from keyload.results import GroupLeaseResult, GroupReceiveResult, GroupView, Outcome, TopicView
 
 from .support import (
@@ -38,12 +36,13 @@ from .support import (
     TICK,
     Embedded,
     close_after_replay_check,
-    command,
     create_group_body,
     create_topic_body,
     event,
+    expect,
     group_receive_body,
     publish_body,
+    submit_unhalted,
 )
 
 D = "acme"
@@ -188,23 +187,7 @@ class GroupMachine(RuleBasedStateMachine):
     def submit(self, kind: str, body: dict[str, Any]) -> Outcome:
         """Append and apply one command; the model fires its due timers at the same log time."""
         self.model.fire_due(self.embedded.now_ms)
-        command_id = str(uuid.uuid4())
-        cursor = self.embedded.outcomes.end_offset(0)
-        self.embedded.append(D, command(D, kind, body, command_id, reply_to=0))
-        self.embedded.run()
-        assert self.embedded.processors[0].halt is None, self.embedded.processors[0].halt
-        for record in self.embedded.outcomes.read(0, cursor, 100):
-            decoded = REGISTRY.decode("keyload.Outcome", record.value)
-            if decoded["command_id"] == command_id:
-                return Outcome.from_record(decoded)
-        raise AssertionError("no outcome")
-
-    def expect(self, outcome: Outcome, code: str | None) -> Any:
-        if code is None:
-            assert outcome.status == "committed", outcome
-            return outcome.result
-        assert (outcome.status, outcome.error_code) == ("rejected", code), outcome
-        return None
+        return submit_unhalted(self.embedded, D, kind, body)
 
     # -- rules ----------------------------------------------------------------------------
 
@@ -212,7 +195,7 @@ class GroupMachine(RuleBasedStateMachine):
     def publish(self, types: list[str]) -> None:
         start = self.model.tail + 1
         events = [event(f"e-{start + i}", b"x", t) for i, t in enumerate(types)]
-        self.expect(self.submit(PUBLISH, publish_body(T, *events)), None)
+        expect(self.submit(PUBLISH, publish_body(T, *events)), None)
         self.model.types.extend(types)
 
     @rule(name=st.sampled_from(sorted(GROUPS)), max_events=st.integers(1, 4))
@@ -220,9 +203,9 @@ class GroupMachine(RuleBasedStateMachine):
         expected = self.model.receive(name, max_events, self.embedded.now_ms)
         outcome = self.submit(GROUP_RECEIVE, group_receive_body(T, name, max_events=max_events))
         if expected is None:
-            self.expect(outcome, "DispatchPaused")
+            expect(outcome, "DispatchPaused")
             return
-        result = self.expect(outcome, None)
+        result = expect(outcome, None)
         assert isinstance(result, GroupReceiveResult)
         assert [(d.position, d.attempts) for d in result.deliveries] == expected
         generation = self.model.groups[name].generation
@@ -239,7 +222,7 @@ class GroupMachine(RuleBasedStateMachine):
         code = self.model.check_token(token, self.embedded.now_ms)
         body = {"topic": T, "group": token.group, "token": token.text}
         outcome = self.submit(GROUP_NACK, {**body, "delay_ms": delay}) if nack else self.submit(GROUP_ACK, body)
-        result = self.expect(outcome, code)
+        result = expect(outcome, code)
         if code is not None:
             return
         group = self.model.groups[token.group]
@@ -255,7 +238,7 @@ class GroupMachine(RuleBasedStateMachine):
     def advance(self, ms: int) -> None:
         """Log time moves: leases run out into retries or parking, retries come due."""
         self.embedded.now_ms += ms
-        self.expect(self.submit(TICK, {}), None)
+        expect(self.submit(TICK, {}), None)
 
     @rule(
         name=st.sampled_from(sorted(GROUPS)),
@@ -267,20 +250,20 @@ class GroupMachine(RuleBasedStateMachine):
         body = {"topic": T, "group": name, "to": to, "position": at if to == "position" else None}
         outcome = self.submit(SEEK_GROUP, {**body, "expected_generation": None})
         if to == "position" and at < model.first_available:
-            self.expect(outcome, "HistoryUnavailable")
+            expect(outcome, "HistoryUnavailable")
             return
         if to == "position" and at > model.tail + 1:
-            self.expect(outcome, "Validation")
+            expect(outcome, "Validation")
             return
         target = {"beginning": model.first_available - 1, "end": model.tail}.get(to, at - 1)
-        self.expect(outcome, None)
+        expect(outcome, None)
         group = model.groups[name]
         group.reposition(target)
         group.pin_floor = target
 
     @rule(name=st.sampled_from(sorted(GROUPS)), paused=st.booleans())
     def pause_or_resume(self, name: str, paused: bool) -> None:
-        result = self.expect(self.submit(PAUSE_GROUP if paused else RESUME_GROUP, {"topic": T, "group": name}), None)
+        result = expect(self.submit(PAUSE_GROUP if paused else RESUME_GROUP, {"topic": T, "group": name}), None)
         self.model.groups[name].paused = paused
         assert isinstance(result, GroupView) and result.paused == paused
 
@@ -298,7 +281,7 @@ class GroupMachine(RuleBasedStateMachine):
             code = "ResourceExhausted"
         else:
             code = None
-        result = self.expect(outcome, code)
+        result = expect(outcome, code)
         if code is None:
             assert isinstance(result, TopicView)
             model.first_available, model.generation = through + 1, model.generation + 1
@@ -311,7 +294,7 @@ class GroupMachine(RuleBasedStateMachine):
     @invariant()
     def groups_match_the_model(self) -> None:
         for name, group in self.model.groups.items():
-            view = self.expect(self.submit(GROUP_STATUS, {"topic": T, "group": name}), None)
+            view = expect(self.submit(GROUP_STATUS, {"topic": T, "group": name}), None)
             assert isinstance(view, GroupView)
             got = (view.checkpoint, view.issued, view.outstanding, view.generation, view.paused)
             assert got == (group.checkpoint, group.issued, len(group.outstanding), group.generation, group.paused)

@@ -8,7 +8,6 @@ It does not import the processors.
 from __future__ import annotations
 
 import tempfile
-import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -27,9 +26,10 @@ from .support import (
     TICK,
     Embedded,
     close_after_replay_check,
-    command,
     create_queue_body,
     enqueue_body,
+    expect,
+    submit_unhalted,
 )
 
 D = "acme"
@@ -222,23 +222,7 @@ class LeaseMachine(RuleBasedStateMachine):
     def submit(self, kind: str, body: dict[str, Any]) -> Outcome:
         """Append and apply one command; the model fires its due timers at the same log time."""
         self.model.fire_due(self.embedded.now_ms)
-        command_id = str(uuid.uuid4())
-        cursor = self.embedded.outcomes.end_offset(0)
-        self.embedded.append(D, command(D, kind, body, command_id, reply_to=0))
-        self.embedded.run()
-        assert self.embedded.processors[0].halt is None, self.embedded.processors[0].halt
-        for record in self.embedded.outcomes.read(0, cursor, 100):
-            decoded = REGISTRY.decode("keyload.Outcome", record.value)
-            if decoded["command_id"] == command_id:
-                return Outcome.from_record(decoded)
-        raise AssertionError("no outcome")
-
-    def expect(self, outcome: Outcome, code: str | None) -> Any:
-        if code is None:
-            assert outcome.status == "committed", outcome
-            return outcome.result
-        assert (outcome.status, outcome.error_code) == ("rejected", code), outcome
-        return None
+        return submit_unhalted(self.embedded, D, kind, body)
 
     def record(self, name: str, key: bytes) -> dict[str, Any] | None:
         raw = self.embedded.store(D).get(key)
@@ -282,7 +266,7 @@ class LeaseMachine(RuleBasedStateMachine):
         live = self.model.live()
         fits = len(live) + 1 <= self.policy["max_stored_messages"]
         fits = fits and sum(len(m.body) for m in live) + size <= self.policy["max_stored_bytes"]
-        if not self.expect(outcome, None if fits else "ResourceExhausted"):
+        if not expect(outcome, None if fits else "ResourceExhausted"):
             return
         message = Message(body, self.model.next_sequence, expires_at)
         self.model.next_sequence += 1
@@ -295,7 +279,7 @@ class LeaseMachine(RuleBasedStateMachine):
     @rule(index=st.integers(0, 100))
     def enqueue_a_used_id(self, index: int) -> None:
         message_id = self.pick(index)
-        self.expect(self.submit(ENQUEUE, enqueue_body("jobs", message_id)), "Conflict")
+        expect(self.submit(ENQUEUE, enqueue_body("jobs", message_id)), "Conflict")
 
     @rule(
         max_messages=st.none() | st.integers(1, 3),
@@ -304,7 +288,7 @@ class LeaseMachine(RuleBasedStateMachine):
     )
     def receive(self, max_messages: int | None, max_bytes: int | None, lease_ms: int | None) -> None:
         body = {"queue": "jobs", "max_messages": max_messages, "max_bytes": max_bytes, "lease_ms": lease_ms}
-        result = self.expect(self.submit("keyload.command.Receive", body), None)
+        result = expect(self.submit("keyload.command.Receive", body), None)
         assert isinstance(result, ReceiveResult)
         now = self.embedded.now_ms
         in_flight_room = self.policy["max_in_flight"] - self.model.count("leased")
@@ -353,7 +337,7 @@ class LeaseMachine(RuleBasedStateMachine):
         token = self.tokens[index % len(self.tokens)]
         self.model.fire_due(self.embedded.now_ms)
         refusal = self.model.lease_check(token)
-        result = self.expect(self.submit("keyload.command.Renew", {"token": token.text, "lease_ms": lease_ms}), refusal)
+        result = expect(self.submit("keyload.command.Renew", {"token": token.text, "lease_ms": lease_ms}), refusal)
         if refusal is None:
             message = self.model.messages[token.message_id]
             message.lease_until = self.embedded.now_ms + (lease_ms or self.policy["lease_ms"])
@@ -366,7 +350,7 @@ class LeaseMachine(RuleBasedStateMachine):
         token = self.tokens[index % len(self.tokens)]
         self.model.fire_due(self.embedded.now_ms)
         refusal = self.model.lease_check(token)
-        result = self.expect(self.submit("keyload.command.Ack", {"token": token.text}), refusal)
+        result = expect(self.submit("keyload.command.Ack", {"token": token.text}), refusal)
         if refusal is None:
             self.model.enter(self.model.messages[token.message_id], "acked")
             assert result == LeaseResult(token.message_id, "acked", None, None, None)
@@ -376,7 +360,7 @@ class LeaseMachine(RuleBasedStateMachine):
     def ack_batch(self, indexes: list[int], garbage: bool) -> None:
         chosen = [self.tokens[i % len(self.tokens)] for i in indexes]
         texts = [t.text for t in chosen] + (["v1.garbage"] if garbage else [])
-        result = self.expect(self.submit("keyload.command.AckBatch", {"tokens": texts}), None)
+        result = expect(self.submit("keyload.command.AckBatch", {"tokens": texts}), None)
         assert isinstance(result, AckBatchResult)
         expected: list[tuple[str, str | None, str | None]] = []
         for token in chosen:
@@ -397,7 +381,7 @@ class LeaseMachine(RuleBasedStateMachine):
         self.model.fire_due(self.embedded.now_ms)
         refusal = self.model.lease_check(token)
         outcome = self.submit("keyload.command.Nack", {"token": token.text, "delay_ms": delay})
-        result = self.expect(outcome, refusal)
+        result = expect(outcome, refusal)
         if refusal is None:
             message = self.model.messages[token.message_id]
             self.model.end_attempt(message, self.embedded.now_ms, delay)
@@ -411,7 +395,7 @@ class LeaseMachine(RuleBasedStateMachine):
 
     @rule()
     def tick(self) -> None:
-        self.expect(self.submit(TICK, {}), None)
+        expect(self.submit(TICK, {}), None)
 
     @precondition(lambda self: bool(self.model.messages))
     @rule(index=st.integers(0, 100), stale=st.booleans(), anyone=st.booleans())
@@ -421,7 +405,7 @@ class LeaseMachine(RuleBasedStateMachine):
         message = self.model.messages[message_id]
         self.model.fire_due(self.embedded.now_ms)
         code = self.operator_check(message, body)
-        self.expect(self.submit("keyload.command.Cancel", body), code)
+        expect(self.submit("keyload.command.Cancel", body), code)
         if code is None:
             self.model.enter(message, "cancelled")
 
@@ -438,7 +422,7 @@ class LeaseMachine(RuleBasedStateMachine):
             code = "Conflict"
         if code is None and message.expires_at is not None and message.expires_at <= now:
             code = "Conflict"
-        self.expect(self.submit("keyload.command.Redrive", body), code)
+        expect(self.submit("keyload.command.Redrive", body), code)
         if code is None:
             message.attempts = 0
             message.generation += 1
@@ -456,7 +440,7 @@ class LeaseMachine(RuleBasedStateMachine):
             code = "Conflict"
         if code is None and not self.model.dead_letter_fits(message):
             code = "ResourceExhausted"
-        self.expect(self.submit("keyload.command.ParkPending", body), code)
+        expect(self.submit("keyload.command.ParkPending", body), code)
         if code is None:
             self.model.enter(message, "dead_lettered")
 
