@@ -13,14 +13,8 @@ fsync policy) while a PartitionProcessor applies it with the outcome stream on:
     read the tokens from the GroupReceive outcomes on the outcome stream
     append the GroupAcks / GroupAckBatches           → step                                 [timed]
 
-Only the step() loops are timed (thread CPU and wall). Command encoding, appends and
-their fsyncs, outcome reading and every check are the harness's and are not. Then, as
-in bench.cycle:
-
-(b) replay: recovery.replay() of the cycle's log into an empty directory (digest must equal (a)'s).
-(c) raw writes: the exact WriteBatches (a) committed, rebuilt as Store.commit builds them,
-            written with rocksdict alone into a fresh Rdict with the Store's options.
-(d) raw read + decode: FileLog.read() of the same records in (a)'s groups, REGISTRY.decode of each.
+Only the step() loops are timed, as in bench.cycle, whose docstring describes the
+references measured after them: (b) replay, (c) raw writes, (d) raw read + decode.
 
 Every rate is events per second: an event's share of its publish, receive and ack.
 bench/README.md explains the columns and ratios.

@@ -12,16 +12,18 @@ from __future__ import annotations
 
 import json
 import os
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Producer, TopicPartition
+
+from keyload.log.base import LogError
+from keyload.log.kafka_log import KafkaLog, KafkaSettings, producer_config, reader_config
 from keyload.projections.store import Manifest
 
 CATALOG_READ_TIMEOUT_S = 30.0
-CATALOG_RETRY_S = 0.1
 
 
 class CatalogError(Exception):
@@ -119,16 +121,15 @@ class KafkaCatalog:
     entries per partition, so that stays small.
     """
 
-    def __init__(self, bootstrap_config: dict[str, str], topic: str) -> None:
-        self._config = dict(bootstrap_config)
-        self.topic = topic
-        self._producer: Any = None
+    def __init__(self, settings: KafkaSettings) -> None:
+        self.settings = settings
+        self.topic = settings.catalog_topic
+        self._log = KafkaLog(settings, self.topic, 1)  # its watermarks ride out leader moves
+        self._producer: Producer | None = None
 
     def _produce(self, key: str, value: str | None) -> None:
-        from confluent_kafka import Producer
-
         if self._producer is None:
-            self._producer = Producer({**self._config, "enable.idempotence": True, "acks": "all"})
+            self._producer = Producer(producer_config(self.settings))
         errors: list[str] = []
 
         def report(error: Any, _message: Any) -> None:
@@ -150,30 +151,15 @@ class KafkaCatalog:
         self._produce(entry_key(partition, offset), None)
 
     def _fold(self) -> Iterator[tuple[str, bytes | None]]:
-        from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, TopicPartition
-
-        consumer = Consumer(
-            {
-                **self._config,
-                "group.id": f"{self.topic}.reader",
-                "enable.auto.commit": False,
-                "enable.partition.eof": True,
-            }
-        )
+        """(key, value) of every catalog record, oldest first (KafkaLog's records carry no keys)."""
         try:
-            deadline = time.monotonic() + CATALOG_READ_TIMEOUT_S
-            while True:
-                try:
-                    _low, high = consumer.get_watermark_offsets(
-                        TopicPartition(self.topic, 0), timeout=CATALOG_READ_TIMEOUT_S
-                    )
-                    break
-                except KafkaException as exc:  # a new topic's leader may not be elected yet
-                    if exc.args[0].fatal() or time.monotonic() > deadline:
-                        raise CatalogError(f"catalog topic {self.topic}: {exc}") from exc
-                    time.sleep(CATALOG_RETRY_S)
-            if high <= 0:
-                return
+            high = self._log.end_offset(0)
+        except LogError as exc:
+            raise CatalogError(str(exc)) from exc
+        if high <= 0:
+            return
+        consumer = Consumer({**reader_config(self.settings), "enable.partition.eof": True})
+        try:
             consumer.assign([TopicPartition(self.topic, 0, OFFSET_BEGINNING)])
             position = -1
             while position < high - 1:
@@ -204,3 +190,4 @@ class KafkaCatalog:
         if self._producer is not None:
             self._producer.flush(CATALOG_READ_TIMEOUT_S)
             self._producer = None
+        self._log.close()

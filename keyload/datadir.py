@@ -177,10 +177,7 @@ class DataDir:
 
     def catalog(self) -> CheckpointCatalog:
         if self.kafka is not None:
-            settings = self.kafka_settings()
-            return KafkaCatalog(
-                {"bootstrap.servers": settings.bootstrap, **settings.client_config}, settings.catalog_topic
-            )
+            return KafkaCatalog(self.kafka_settings())
         return FileCatalog(self.root / "catalog")
 
     def checkpoints(self, policy: CheckpointPolicy | None = None) -> Checkpoints:

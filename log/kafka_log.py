@@ -469,34 +469,14 @@ class KafkaLog(ClosedOnExit):
 
     def _writer(self) -> Producer:
         if self._producer is None:
-            self._producer = Producer(
-                {
-                    **_client_config(self._settings),
-                    "enable.idempotence": True,
-                    "acks": "all",
-                    "linger.ms": LINGER_MS,
-                    "message.max.bytes": MAX_MESSAGE_BYTES,
-                    "message.timeout.ms": DELIVERY_TIMEOUT_MS,
-                    "allow.auto.create.topics": False,  # topics come from ensure_topics, configured
-                }
-            )
+            self._producer = Producer(producer_config(self._settings))
         return self._producer
 
     # -- reading -----------------------------------------------------------------------
 
     def _reader(self) -> Consumer:
         if self._consumer is None:
-            self._consumer = Consumer(
-                {
-                    **_client_config(self._settings),
-                    "group.id": f"{self._settings.topic_prefix}.reader",  # required, never joined or committed to
-                    "enable.auto.commit": False,
-                    "enable.auto.offset.store": False,
-                    "auto.offset.reset": "error",  # a truncated offset is an error, not a silent jump
-                    "fetch.wait.max.ms": FETCH_WAIT_MS,
-                    "allow.auto.create.topics": False,
-                }
-            )
+            self._consumer = Consumer(reader_config(self._settings))
         return self._consumer
 
     def _position(self, consumer: Consumer, partition: int, from_offset: int) -> _Assigned:
@@ -642,6 +622,32 @@ class KafkaLog(ClosedOnExit):
 
 def _client_config(settings: KafkaSettings) -> dict[str, Any]:
     return {"bootstrap.servers": settings.bootstrap, **settings.client_config}
+
+
+def producer_config(settings: KafkaSettings) -> dict[str, Any]:
+    """Every keyload producer's settings: idempotent, acknowledged by all in-sync replicas."""
+    return {
+        **_client_config(settings),
+        "enable.idempotence": True,
+        "acks": "all",
+        "linger.ms": LINGER_MS,
+        "message.max.bytes": MAX_MESSAGE_BYTES,
+        "message.timeout.ms": DELIVERY_TIMEOUT_MS,
+        "allow.auto.create.topics": False,  # topics come from ensure_topics, configured
+    }
+
+
+def reader_config(settings: KafkaSettings) -> dict[str, Any]:
+    """A group-less reader's settings (a group id is required, never joined or committed to)."""
+    return {
+        **_client_config(settings),
+        "group.id": f"{settings.topic_prefix}.reader",
+        "enable.auto.commit": False,
+        "enable.auto.offset.store": False,
+        "auto.offset.reset": "error",  # a truncated offset is an error, not a silent jump
+        "fetch.wait.max.ms": FETCH_WAIT_MS,
+        "allow.auto.create.topics": False,
+    }
 
 
 def _left(deadline: float) -> float:

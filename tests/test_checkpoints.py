@@ -66,7 +66,7 @@ def catalog(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Checkpoi
     bootstrap: str = request.getfixturevalue("kafka_bootstrap")
     settings = KafkaSettings(bootstrap, topic_prefix=f"cat-{uuid.uuid4().hex[:8]}")
     ensure_topics(settings)
-    kafka = KafkaCatalog({"bootstrap.servers": bootstrap}, settings.catalog_topic)
+    kafka = KafkaCatalog(settings)
     yield kafka
     kafka.close()
 
