@@ -9,7 +9,8 @@ beyond the retained count are retired: first out of the catalog (so the recovery
 floor moves up), then their objects deleted.
 
 Restore: the entry's files fetched into a scratch folder and verified against the
-manifest (size and SHA-256 of each file) before the projection is used.
+manifest (size and SHA-256 of each file) before the projection is used. Opening it
+writable migrates a checkpoint taken by an older processor (projections/migration.py).
 """
 
 from __future__ import annotations

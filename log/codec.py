@@ -7,6 +7,7 @@ The fingerprint names the writer schema; a value written under any version in
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 from dataclasses import dataclass
@@ -31,6 +32,9 @@ TOP_LEVEL = (
     "keyload.EventRecord",
     "keyload.GroupRecord",
     "keyload.PositionMeta",
+    "keyload.DocumentRecord",
+    "keyload.InboxEntry",
+    "keyload.InboxRecord",
 )
 
 Record = dict[str, Any]
@@ -47,6 +51,15 @@ class UnknownSchema(CodecError):
 @dataclass(frozen=True, slots=True)
 class _Writer:
     name: str
+    schema: Any  # parsed writer schema
+
+
+@dataclass(frozen=True, slots=True)
+class Released:
+    """One frozen version of a top-level type from `schemas/history/`, parsed once."""
+
+    version: int
+    header: bytes  # MAGIC + the version's fingerprint: how a value written under it starts
     schema: Any  # parsed writer schema
 
 
@@ -82,18 +95,33 @@ class SchemaRegistry:
         self._current: dict[str, Any] = {}
         self._current_header: dict[str, bytes] = {}
         self._writers: dict[bytes, _Writer] = {}
+        self._released: dict[str, tuple[Released, ...]] = {}
         for name in TOP_LEVEL:
             current = parse_schema(expanded_current(name))
             self._current[name] = current
             fp = _fingerprint(current)
             self._current_header[name] = MAGIC + fp
             self._writers[fp] = _Writer(name, current)
-            for _, old in history(name):
+            released = []
+            for version, old in history(name):
                 parsed = parse_schema(old)
-                self._writers.setdefault(_fingerprint(parsed), _Writer(name, parsed))
+                old_fp = _fingerprint(parsed)
+                self._writers.setdefault(old_fp, _Writer(name, parsed))
+                released.append(Released(version, MAGIC + old_fp, parsed))
+            self._released[name] = tuple(released)
+        # A digest of every top-level type's current fingerprint: a projection marked with another
+        # one may hold values written under older versions (projections/migration.py).
+        marker = hashlib.sha256()
+        for name in TOP_LEVEL:
+            marker.update(name.encode("ascii") + b"\x00" + self._current_header[name])
+        self.schema_set = marker.digest()
 
     def schema(self, name: str) -> Any:
         return self._current[name]
+
+    def released(self, name: str) -> tuple[Released, ...]:
+        """Every released version of `name`, oldest first (the current one too, once frozen)."""
+        return self._released[name]
 
     def encode(self, name: str, record: Record) -> bytes:
         out = io.BytesIO()
@@ -105,6 +133,20 @@ class SchemaRegistry:
         """The Avro binary body alone, without the single-object header."""
         out = io.BytesIO()
         schemaless_writer(out, self._current[name], record)
+        return out.getvalue()
+
+    def encode_body_under(self, schema: Any, record: Record) -> bytes:
+        """The Avro binary body of `record` under another (released) parsed schema.
+
+        CodecError when that schema cannot write it (a union branch or enum symbol it
+        lacks). Fields it lacks are dropped silently: compare a decoded round trip to
+        know whether the encoding is lossless.
+        """
+        out = io.BytesIO()
+        try:
+            schemaless_writer(out, schema, record)
+        except Exception as exc:  # fastavro raises ValueError, TypeError, ... on values a schema cannot hold
+            raise CodecError(f"not representable under that schema: {type(exc).__name__}: {exc}") from exc
         return out.getvalue()
 
     def is_current(self, name: str, data: bytes) -> bool:

@@ -11,6 +11,7 @@ is a contract: changing it needs a migration and a test over old projections.
 from __future__ import annotations
 
 import struct
+from dataclasses import dataclass
 
 U64 = struct.Struct(">Q")
 U16 = struct.Struct(">H")
@@ -38,11 +39,20 @@ GROUP = b"g"  # g | topic id u64 | group name                   -> GroupRecord
 POSITION = b"c"  # c | group id u64 | position u64               -> PositionMeta (outstanding: leased, retrying, due)
 DUE_POSITION = b"v"  # v | group id u64 | position u64           -> empty (an outstanding position whose retry is due)
 PARKED = b"y"  # y | group id u64 | position u64                 -> PositionMeta (parked)
+DOCUMENT = b"f"  # f | domain (u8-prefixed) | document key       -> DocumentRecord (a deleted one: its tombstone)
+# j | queue or group id u64 | delivery generation u64 | execution generation u64 | handler scope (u8-prefixed)
+#   | message id (a group's: its position in decimal)              -> InboxEntry (CompleteProcessing)
+INBOX_ENTRY = b"j"
+# l | domain (u8-prefixed) | source domain (u8-prefixed) | source queue (u8-prefixed) | delivery generation u64
+#   | execution generation u64 | handler scope (u8-prefixed) | message id -> InboxEntry (CommitInbox)
+TARGET_INBOX_ENTRY = b"l"
+INBOX = b"z"  # z | domain (u8-prefixed)                           -> InboxRecord (the target inbox's policy and use)
 
 APPLIED_OFFSET = META + b"applied_offset"  # u64 offset of the last applied record
 LAST_TIME = META + b"last_time"  # u64 evaluation time of the last applied record
 NEXT_QUEUE_ID = META + b"next_queue_id"  # u64 incarnation allocator of queues, topics, groups (one space)
 NEXT_DUE = META + b"next_due"  # u64 due time of the partition's earliest timer (absent: none)
+SCHEMA_SET = META + b"schema_set"  # SHA-256 naming the schemas the values are written under (migration.py)
 
 # Timer kinds, in the order they fire when due at the same instant.
 TIMER_EXPIRY = 0
@@ -54,6 +64,53 @@ TIMER_KEY_BYTES = 1 + 8 + 8 + 1 + 8
 EVENT_KEY_BYTES = 1 + 8 + 8
 SHA256_BYTES = 32
 EVENT_ID_VALUE_BYTES = 8 + SHA256_BYTES
+
+
+@dataclass(frozen=True, slots=True)
+class RecordValue:
+    """Values holding a single-object encoded `name` record after `skip` raw bytes.
+
+    A value of only the `skip` bytes holds no record (the outcome row of a long-poll receive still waiting).
+    """
+
+    name: str
+    skip: int = 0
+
+
+# What every family's values hold: a record (re-encoded when the schemas change, see
+# migration.py) or None for raw bytes. Every family tag must be classified here.
+FAMILY_VALUES: dict[bytes, RecordValue | None] = {
+    META: None,
+    QUEUE: RecordValue("keyload.QueueRecord"),
+    RESOURCE_KEY: None,
+    MESSAGE: RecordValue("keyload.MessageMeta"),
+    BODY: None,
+    READY: None,
+    DEAD_LETTER: None,
+    PENDING_DEAD_LETTER: None,
+    WAITER: RecordValue("keyload.Waiter"),
+    ORDERING: None,
+    KEY_HEAD: None,
+    TIMER: None,
+    DUE_QUEUE: None,
+    OUTCOME: RecordValue("keyload.Outcome", skip=SHA256_BYTES),  # the command's SHA-256 fingerprint first
+    POISON: RecordValue("keyload.PoisonEntry"),
+    TOPIC: RecordValue("keyload.TopicRecord"),
+    EVENT: RecordValue("keyload.EventRecord"),
+    EVENT_ID: None,
+    GROUP: RecordValue("keyload.GroupRecord"),
+    POSITION: RecordValue("keyload.PositionMeta"),
+    DUE_POSITION: None,
+    PARKED: RecordValue("keyload.PositionMeta"),
+    DOCUMENT: RecordValue("keyload.DocumentRecord"),
+    INBOX_ENTRY: RecordValue("keyload.InboxEntry"),
+    TARGET_INBOX_ENTRY: RecordValue("keyload.InboxEntry"),
+    INBOX: RecordValue("keyload.InboxRecord"),
+}
+# The family tags are this module's one-byte constants: a new one fails here until it is classified.
+_TAGS = [value for name, value in globals().items() if name.isupper() and isinstance(value, bytes) and len(value) == 1]
+assert len(set(_TAGS)) == len(_TAGS), "two families share a tag"
+assert set(_TAGS) == set(FAMILY_VALUES), "classify every family's values in FAMILY_VALUES"
 
 
 def u64(value: int) -> bytes:
@@ -73,8 +130,13 @@ def prefix_end(prefix: bytes) -> bytes:
 
 
 def _domain(domain: str) -> bytes:
-    encoded = domain.encode("utf-8")
-    assert len(encoded) < 256, "domains are at most 64 characters"
+    return _short(domain)
+
+
+def _short(name: str) -> bytes:
+    """A name (domain, queue, handler scope: all under 256 bytes) u8-length-prefixed."""
+    encoded = name.encode("utf-8")
+    assert len(encoded) < 256, "u8-prefixed names are under 256 bytes"
     return bytes([len(encoded)]) + encoded
 
 
@@ -223,3 +285,50 @@ def row_position(key: bytes) -> int:
     """The position of a `c`, `v` or `y` row."""
     assert len(key) == 17 and key[:1] in (POSITION, DUE_POSITION, PARKED)
     return read_u64(key, 9)
+
+
+def document(domain: str, key: str) -> bytes:
+    """A document's row; with a key prefix, where the domain's documents under it start."""
+    return DOCUMENT + _domain(domain) + key.encode("utf-8")
+
+
+def document_key(row: bytes) -> str:
+    return row[2 + row[1] :].decode("utf-8")
+
+
+def inbox_entry(
+    resource_id: int, delivery_generation: int, execution_generation: int, scope: str, message_id: str
+) -> bytes:
+    return (
+        INBOX_ENTRY
+        + U64.pack(resource_id)
+        + U64.pack(delivery_generation)
+        + U64.pack(execution_generation)
+        + _short(scope)
+        + message_id.encode("utf-8")
+    )
+
+
+def target_inbox_entry(
+    domain: str,
+    source_domain: str,
+    source_queue: str,
+    delivery_generation: int,
+    execution_generation: int,
+    scope: str,
+    message_id: str,
+) -> bytes:
+    return (
+        TARGET_INBOX_ENTRY
+        + _domain(domain)
+        + _domain(source_domain)
+        + _short(source_queue)
+        + U64.pack(delivery_generation)
+        + U64.pack(execution_generation)
+        + _short(scope)
+        + message_id.encode("utf-8")
+    )
+
+
+def inbox_config(domain: str) -> bytes:
+    return INBOX + _domain(domain)

@@ -14,9 +14,10 @@ from typing import Any, Protocol
 
 from rocksdict import AccessType, Checkpoint, Options, Rdict, WriteBatch, WriteOptions
 
-from keyload.log.codec import REGISTRY
+from keyload.log.codec import REGISTRY, CodecError
 
 from . import keys
+from .migration import migrate
 
 NO_OFFSET = -1
 MANIFEST = "manifest.json"
@@ -213,7 +214,11 @@ class Manifest:
 
 
 class Store:
-    """One partition's projection in its own RocksDB directory."""
+    """One partition's projection in its own RocksDB directory.
+
+    Opened writable, it is first migrated to the current schemas (`migration.py`), so
+    its bytes match a replay by this processor; read-only, it is read as it is.
+    """
 
     def __init__(self, path: str | os.PathLike[str], *, read_only: bool = False, sync: bool = False) -> None:
         self.path = Path(path)
@@ -229,6 +234,12 @@ class Store:
             raise StoreError(f"cannot open projection at {self.path}: {exc}") from exc
         self._write_options = WriteOptions()
         self._write_options.sync = sync
+        if not read_only:
+            try:
+                migrate(self._db, self._write_options)
+            except CodecError as exc:
+                self._db.close()
+                raise StoreError(f"cannot migrate projection at {self.path}: {exc}") from exc
 
     def get(self, key: bytes) -> bytes | None:
         value: bytes | None = self._db.get(key)

@@ -9,6 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from keyload.log.codec import REGISTRY
 from keyload.projections import keys
 from keyload.projections.store import Staged, Store, StoreError, verify_checkpoint
 
@@ -26,7 +27,13 @@ def test_staged_scans_match_a_dictionary_model(
     with tempfile.TemporaryDirectory() as directory:
         store = Store(Path(directory) / "db")
         store.commit(dict(base), 0, 0)
-        model = {**base, keys.APPLIED_OFFSET: keys.u64(0), keys.LAST_TIME: keys.u64(0)}
+        # A writable store is marked with the schema set it is written under (migration.py).
+        model = {
+            **base,
+            keys.APPLIED_OFFSET: keys.u64(0),
+            keys.LAST_TIME: keys.u64(0),
+            keys.SCHEMA_SET: REGISTRY.schema_set,
+        }
         parent = Staged(store)
         child = Staged(parent)
         for stage, ops in ((parent, parent_ops), (child, child_ops)):
@@ -93,8 +100,6 @@ def test_checkpoint_manifest_verifies_files(tmp_path: Path) -> None:
 
 
 def test_staged_records_are_copied_into_a_child_and_dropped_with_it(tmp_path: Path) -> None:
-    from keyload.log.codec import REGISTRY
-
     name = "keyload.PoisonEntry"
     entry = {"offset": 1, "timestamp_ms": 2, "length": 3, "sha256": b"\x00" * 32, "reason": "r"}
     store = Store(tmp_path / "db")
