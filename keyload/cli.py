@@ -271,7 +271,12 @@ def cmd_publish(args: argparse.Namespace) -> int:
 def cmd_read(args: argparse.Namespace) -> int:
     with _client(args) as client:
         page = client.read_topic(
-            args.domain, args.topic, args.from_position, max_events=args.max_events, max_bytes=args.max_bytes
+            args.domain,
+            args.topic,
+            args.from_position,
+            cursor=args.cursor,
+            max_events=args.max_events,
+            max_bytes=args.max_bytes,
         )
         _print_json(page)
     return 0
@@ -371,6 +376,7 @@ def cmd_group_receive(args: argparse.Namespace) -> int:
             max_events=args.max_events,
             max_bytes=args.max_bytes,
             lease_ms=args.lease_ms,
+            wait_ms=args.wait_ms,
             command_id=args.command_id,
         )
         _print_json(result)
@@ -637,6 +643,70 @@ def _positive(text: str) -> int:
     return int(text)
 
 
+# -- documents and inboxes ------------------------------------------------------------------
+
+
+def cmd_doc(args: argparse.Namespace) -> int:
+    with _client(args) as client:
+        if args.action == "put":
+            result: Any = client.put_document(
+                args.domain, args.key, _body(args), expected_revision=args.expected_revision, command_id=args.command_id
+            )
+        elif args.action == "delete":
+            result = client.delete_document(
+                args.domain, args.key, expected_revision=args.expected_revision, command_id=args.command_id
+            )
+        elif args.action == "get":
+            result = client.get_document(args.domain, args.key)
+        else:
+            result = client.list_documents(
+                args.domain, args.prefix, after=args.after, max_documents=args.max_documents, max_bytes=args.max_bytes
+            )
+        _print_json(result)
+    return 0
+
+
+def cmd_inbox_configure(args: argparse.Namespace) -> int:
+    with _client(args) as client:
+        view = client.configure_inbox(
+            args.domain, max_receipts=args.max_receipts, max_bytes=args.max_bytes, command_id=args.command_id
+        )
+        _print_json(view)
+    return 0
+
+
+def _add_document_parsers(sub: Any, common: argparse.ArgumentParser, command: argparse.ArgumentParser) -> None:
+    doc = sub.add_parser("doc", help="documents: key → value with a revision").add_subparsers(
+        dest="action", required=True
+    )
+    put = doc.add_parser("put", parents=[common, command], help="write a document")
+    put.add_argument("--body")
+    put.add_argument("--body-file")
+    delete = doc.add_parser("delete", parents=[common, command], help="delete a document")
+    for parser in (put, delete):
+        parser.add_argument(
+            "--expected-revision", type=int, help="write only at this revision (0: only if absent); default: any"
+        )
+    get = doc.add_parser("get", parents=[common], help="show a document")
+    for parser in (put, delete, get):
+        parser.add_argument("--domain", required=True)
+        parser.add_argument("key")
+    listing = doc.add_parser("list", parents=[common], help="list documents by key prefix, in key order")
+    listing.add_argument("--domain", required=True)
+    listing.add_argument("prefix", nargs="?", default="")
+    listing.add_argument("--after", help="read on: the page's next_after")
+    listing.add_argument("--max-documents", type=_positive)
+    listing.add_argument("--max-bytes", type=_positive)
+    for parser in (put, delete, get, listing):
+        parser.set_defaults(func=cmd_doc)
+    inbox = sub.add_parser("inbox", help="a domain's target inbox").add_subparsers(dest="action", required=True)
+    configure = inbox.add_parser("configure", parents=[common, command], help="accept CommitInbox within a policy")
+    configure.add_argument("--domain", required=True)
+    configure.add_argument("--max-receipts", type=_positive, required=True)
+    configure.add_argument("--max-bytes", type=_positive, required=True)
+    configure.set_defaults(func=cmd_inbox_configure)
+
+
 def _add_group_parsers(sub: Any, common: argparse.ArgumentParser, command: argparse.ArgumentParser) -> None:
     group = sub.add_parser("group", help="subscription groups of a topic").add_subparsers(dest="action", required=True)
 
@@ -676,6 +746,7 @@ def _add_group_parsers(sub: Any, common: argparse.ArgumentParser, command: argpa
     receive.add_argument("--max-events", type=_positive)
     receive.add_argument("--max-bytes", type=_positive)
     receive.add_argument("--lease-ms", type=_positive)
+    receive.add_argument("--wait-ms", type=int, help="long poll: wait up to this long (≤ 20000) for an event")
     receive.set_defaults(func=cmd_group_receive)
     ack = named("ack", "complete deliveries (several tokens: one batch)")
     ack.add_argument("token", nargs="+")
@@ -764,6 +835,7 @@ def build_parser() -> argparse.ArgumentParser:
     topic_purge.add_argument("--expected-generation", type=int, required=True, help="the topic's current generation")
     topic_purge.set_defaults(func=cmd_topic_purge)
     _add_group_parsers(sub, common, command)
+    _add_document_parsers(sub, common, command)
 
     publish = sub.add_parser("publish", parents=[common, command], help="publish one event to a topic")
     publish.add_argument("--domain", required=True)
@@ -777,7 +849,9 @@ def build_parser() -> argparse.ArgumentParser:
     read = sub.add_parser("read", parents=[common], help="read a page of a topic's events in position order")
     read.add_argument("--domain", required=True)
     read.add_argument("--topic", required=True)
-    read.add_argument("--from", dest="from_position", type=int, default=1, help="first position (default 1)")
+    start = read.add_mutually_exclusive_group()
+    start.add_argument("--from", dest="from_position", type=int, help="first position (default 1)")
+    start.add_argument("--cursor", help="read on where a page ended: its next_cursor")
     read.add_argument("--max-events", type=_positive)
     read.add_argument("--max-bytes", type=_positive)
     read.set_defaults(func=cmd_read)

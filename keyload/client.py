@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import os
-import threading
 import time
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal, TypeVar, Unpack
 
 from keyload.datadir import DataDir
 from keyload.doorbell import Doorbell
@@ -17,14 +16,18 @@ from keyload.log.codec import REGISTRY
 from keyload.processors import limits
 from keyload.runtime import domain_for_partition
 
-from .consumer import DEFAULT_CONCURRENCY, DEFAULT_LEASE_MS, DEFAULT_WAIT_MS, ConsumeStats, consume, subscribe
+from .consumer import DEFAULT_WAIT_MS, ConsumeStats, Handled, WorkOptions, consume, subscribe
 from .errors import CommandRejected, KeyloadError, OutcomeTimeout, rejection
 from .results import (
     AckBatchResult,
     ActiveKeys,
+    BatchResult,
     CheckpointResult,
     DeadLetterPage,
     Delivery,
+    Document,
+    DocumentPage,
+    DocumentResult,
     EnqueueResult,
     Event,
     GroupAckBatchResult,
@@ -33,9 +36,13 @@ from .results import (
     GroupPolicy,
     GroupReceiveResult,
     GroupView,
+    InboxSource,
+    InboxView,
     LeaseResult,
     MessageView,
+    Mutation,
     Outcome,
+    ProcessingResult,
     PublishResult,
     QueuePolicy,
     QueueView,
@@ -43,6 +50,7 @@ from .results import (
     TopicPage,
     TopicPolicy,
     TopicView,
+    mutation_record,
 )
 
 DEFAULT_TIMEOUT_S = 10.0
@@ -174,7 +182,10 @@ class Client:
         deadline = time.monotonic() + timeout_s
         pause = OUTCOME_POLL_MIN_S
         needle = command_id.encode()
-        while time.monotonic() < deadline:
+        while True:
+            # Checked before the read: the last read starts after the deadline, so a process
+            # paused past it still finds an outcome that arrived meanwhile.
+            expired = time.monotonic() >= deadline
             records = self._outcomes.read(self.reply_partition, self._cursor, OUTCOME_READ_BATCH)
             for record in records:
                 self._cursor = record.offset + 1
@@ -183,10 +194,12 @@ class Client:
                 decoded = REGISTRY.decode("keyload.Outcome", record.value)
                 if decoded["command_id"] == command_id and decoded["domain"] == domain:
                     return Outcome.from_record(decoded)
-            if not records:
-                time.sleep(pause)
-                pause = min(pause * 2, OUTCOME_POLL_MAX_S)
-        raise OutcomeTimeout(command_id, timeout_s)
+            if records:
+                continue
+            if expired:
+                raise OutcomeTimeout(command_id, timeout_s)
+            time.sleep(pause)
+            pause = min(pause * 2, OUTCOME_POLL_MAX_S)
 
     def _result(self, outcome: Outcome, kind: type[T]) -> T:
         if outcome.status != "committed":
@@ -364,53 +377,29 @@ class Client:
         self,
         domain: str,
         queue: str,
-        handler: Callable[[Delivery], None],
+        handler: Callable[[Delivery], Handled],
         *,
-        concurrency: int = DEFAULT_CONCURRENCY,
-        lease_ms: int = DEFAULT_LEASE_MS,
         wait_ms: int = DEFAULT_WAIT_MS,
-        stop: threading.Event | None = None,
-        nack_delay_ms: int | None = None,
+        **options: Unpack[WorkOptions],
     ) -> ConsumeStats:
         """Run `handler` on every delivery until `stop` is set: ack on return, nack on exception,
-        renewing leases while handlers run (see keyload/consumer.py)."""
-        return consume(
-            self,
-            domain,
-            queue,
-            handler,
-            concurrency=concurrency,
-            lease_ms=lease_ms,
-            wait_ms=wait_ms,
-            stop=stop,
-            nack_delay_ms=nack_delay_ms,
-        )
+        renewing leases while handlers run, long-polling while idle; `options` are
+        keyload.consumer.WorkOptions. With `exactly_once`, the handler returns its effects and
+        they commit with the ack (see keyload/consumer.py)."""
+        return consume(self, domain, queue, handler, wait_ms=wait_ms, **options)
 
     def subscribe(
         self,
         domain: str,
         topic: str,
         group: str,
-        handler: Callable[[GroupDelivery], None],
+        handler: Callable[[GroupDelivery], Handled],
         *,
-        concurrency: int = DEFAULT_CONCURRENCY,
-        lease_ms: int = DEFAULT_LEASE_MS,
-        stop: threading.Event | None = None,
-        nack_delay_ms: int | None = None,
+        wait_ms: int = DEFAULT_WAIT_MS,
+        **options: Unpack[WorkOptions],
     ) -> ConsumeStats:
-        """Run `handler` on every delivery of a subscription group until `stop` is set: ack on
-        return, nack on exception, renewing leases while handlers run (see keyload/consumer.py)."""
-        return subscribe(
-            self,
-            domain,
-            topic,
-            group,
-            handler,
-            concurrency=concurrency,
-            lease_ms=lease_ms,
-            stop=stop,
-            nack_delay_ms=nack_delay_ms,
-        )
+        """`consume` for a subscription group's deliveries."""
+        return subscribe(self, domain, topic, group, handler, wait_ms=wait_ms, **options)
 
     # -- dead letters -----------------------------------------------------------------------
 
@@ -536,14 +525,24 @@ class Client:
         self,
         domain: str,
         topic: str,
-        from_position: int = 1,
+        from_position: int | None = None,
         *,
+        cursor: str | None = None,
         max_events: int | None = None,
         max_bytes: int | None = None,
         command_id: str | None = None,
     ) -> TopicPage:
-        """A page of events from `from_position`; continue from the page's `next_position`."""
-        body = {"topic": topic, "from_position": from_position, "max_events": max_events, "max_bytes": max_bytes}
+        """A page of events from `from_position` (default 1), or from `cursor`: a page's
+        `next_cursor`, to read on where it ended."""
+        if from_position is None and cursor is None:
+            from_position = 1
+        body = {
+            "topic": topic,
+            "from_position": from_position,
+            "cursor": cursor,
+            "max_events": max_events,
+            "max_bytes": max_bytes,
+        }
         return self._result(self.submit(domain, "keyload.command.ReadTopic", body, command_id), TopicPage)
 
     def inspect_topic(self, domain: str, topic: str, *, command_id: str | None = None) -> TopicView:
@@ -595,11 +594,26 @@ class Client:
         max_events: int | None = None,
         max_bytes: int | None = None,
         lease_ms: int | None = None,
+        wait_ms: int | None = None,
         command_id: str | None = None,
     ) -> GroupReceiveResult:
-        """Lease due redeliveries, then the next matching positions; an empty result is normal."""
-        body = {"topic": topic, "group": group, "max_events": max_events, "max_bytes": max_bytes, "lease_ms": lease_ms}
-        outcome = self.submit(domain, "keyload.command.GroupReceive", body, command_id)
+        """Lease due redeliveries, then the next matching positions; an empty result is normal.
+
+        With `wait_ms` (≤ 20 s) and nothing to deliver, the receive waits in the log (one
+        command, however long the wait) for a publish, an ack that opens the window, a
+        retry coming due or a resume of the paused group; the client waits that long
+        plus its own timeout.
+        """
+        body = {
+            "topic": topic,
+            "group": group,
+            "max_events": max_events,
+            "max_bytes": max_bytes,
+            "lease_ms": lease_ms,
+            "wait_ms": wait_ms,
+        }
+        timeout = self.timeout_s + (wait_ms or 0) / 1000
+        outcome = self.submit(domain, "keyload.command.GroupReceive", body, command_id, timeout)
         return self._result(outcome, GroupReceiveResult)
 
     def group_ack(
@@ -702,6 +716,109 @@ class Client:
 
     def _group_command(self, kind: str, domain: str, topic: str, group: str, command_id: str | None) -> GroupView:
         return self._result(self.submit(domain, kind, {"topic": topic, "group": group}, command_id), GroupView)
+
+    # -- documents, batches and inboxes ----------------------------------------------------
+
+    def put_document(
+        self,
+        domain: str,
+        key: str,
+        value: bytes,
+        *,
+        expected_revision: int | None = None,
+        command_id: str | None = None,
+    ) -> DocumentResult:
+        """Write a document. `expected_revision`: None writes whatever is there, 0 only if absent,
+        n only at revision n (else `RevisionConflictError`)."""
+        body = {"key": key, "value": value, "expected_revision": expected_revision}
+        return self._result(self.submit(domain, "keyload.command.PutDocument", body, command_id), DocumentResult)
+
+    def delete_document(
+        self, domain: str, key: str, *, expected_revision: int | None = None, command_id: str | None = None
+    ) -> DocumentResult:
+        body = {"key": key, "expected_revision": expected_revision}
+        return self._result(self.submit(domain, "keyload.command.DeleteDocument", body, command_id), DocumentResult)
+
+    def get_document(self, domain: str, key: str, *, command_id: str | None = None) -> Document:
+        """The live document (`NotFoundError` when absent or deleted)."""
+        return self._result(self.submit(domain, "keyload.command.GetDocument", {"key": key}, command_id), Document)
+
+    def list_documents(
+        self,
+        domain: str,
+        prefix: str = "",
+        *,
+        after: str | None = None,
+        max_documents: int | None = None,
+        max_bytes: int | None = None,
+        command_id: str | None = None,
+    ) -> DocumentPage:
+        """Live documents whose key starts with `prefix`, in key order; read on with `after=page.next_after`."""
+        body = {"prefix": prefix, "after": after, "max_documents": max_documents, "max_bytes": max_bytes}
+        return self._result(self.submit(domain, "keyload.command.ListDocuments", body, command_id), DocumentPage)
+
+    def batch(self, domain: str, mutations: Sequence[Mutation], *, command_id: str | None = None) -> BatchResult:
+        """Apply `mutations` in order, all or nothing; a refusal names the failing one (`failed_index`)."""
+        body = {"mutations": [mutation_record(m) for m in mutations]}
+        return self._result(self.submit(domain, "keyload.command.Batch", body, command_id), BatchResult)
+
+    def complete_processing(
+        self,
+        domain: str,
+        token: str,
+        effects: Sequence[Mutation],
+        *,
+        handler_scope: str,
+        execution_generation: int = 0,
+        topic: str | None = None,
+        group: str | None = None,
+        command_id: str | None = None,
+    ) -> ProcessingResult:
+        """Apply a delivery's effects, record its inbox entry and ack it, atomically. A repeat of the
+        same delivery, scope and execution generation returns the first receipt (`already_processed`);
+        other effects are `ConflictError`. Pass `topic` and `group` for a subscription group's delivery."""
+        body = {
+            "token": token,
+            "handler_scope": handler_scope,
+            "execution_generation": execution_generation,
+            "effects": [mutation_record(m) for m in effects],
+            "topic": topic,
+            "group": group,
+        }
+        outcome = self.submit(domain, "keyload.command.CompleteProcessing", body, command_id)
+        return self._result(outcome, ProcessingResult)
+
+    def configure_inbox(
+        self, domain: str, *, max_receipts: int, max_bytes: int, command_id: str | None = None
+    ) -> InboxView:
+        """Give the domain a target inbox (or change its policy) so it accepts CommitInbox."""
+        body = {"max_receipts": max_receipts, "max_bytes": max_bytes}
+        return self._result(self.submit(domain, "keyload.command.ConfigureInbox", body, command_id), InboxView)
+
+    def commit_inbox(
+        self,
+        domain: str,
+        source: InboxSource,
+        effects: Sequence[Mutation],
+        *,
+        handler_scope: str,
+        execution_generation: int = 0,
+        command_id: str | None = None,
+    ) -> ProcessingResult:
+        """Apply effects in `domain` once per source delivery, handler scope and execution generation;
+        the source's ack is a separate command."""
+        body = {
+            "source": {
+                "domain": source.domain,
+                "queue": source.queue,
+                "message_id": source.message_id,
+                "delivery_generation": source.delivery_generation,
+            },
+            "handler_scope": handler_scope,
+            "execution_generation": execution_generation,
+            "effects": [mutation_record(m) for m in effects],
+        }
+        return self._result(self.submit(domain, "keyload.command.CommitInbox", body, command_id), ProcessingResult)
 
     # -- operations -----------------------------------------------------------------------
 

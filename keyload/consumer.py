@@ -8,9 +8,23 @@ parked). Setting `stop` stops receiving, lets running handlers finish, settles
 them, and returns (a long-poll receive in progress finishes first: at most
 `wait_ms`).
 
-While idle, a queue consumer long-polls (one Receive per `wait_ms`). Group
-receives do not wait in the log yet, so an idle subscriber polls, its pause
-doubling from IDLE_POLL_MIN_S to IDLE_POLL_MAX_S: one Receive a second at most.
+While idle, a consumer long-polls: one receive command per `wait_ms`, waiting in
+the log (a subscriber of a paused group waits there for the resume).
+
+Exactly-once mode (`exactly_once=ExactlyOnce(handler_scope)`): the handler
+returns its effects (document writes, enqueues, publishes: keyload.results
+mutations) instead of performing them, and the helper commits them with the ack
+in one CompleteProcessing. A crash anywhere leaves either everything or nothing:
+a completion that did not land leaves the lease to run out and the delivery comes
+again (the handler runs again); one that did acked the delivery with its effects.
+A completion of a delivery that was already completed — by a holder whose lease
+ran out while it was paused, after another consumer completed the redelivery — is
+recognised (`already_processed`, counted in the stats) and applies nothing twice.
+Effects must be a function of the delivery (ids derived from it, never random),
+or such a repeat is a Conflict. A completion refused for another reason (a
+document revision conflict, a full queue) is nacked and retried per the policy.
+An outcome that does not come in time raises OutcomeTimeout, as for every other
+command; restarting the consumer is safe.
 """
 
 from __future__ import annotations
@@ -20,12 +34,12 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from threading import Event
-from typing import TYPE_CHECKING, Generic, Protocol, TypeVar
+from typing import TYPE_CHECKING, Generic, Protocol, TypedDict, TypeVar, Unpack
 
 from keyload.processors.limits import MAX_ACK_BATCH
 
 from .errors import CommandRejected, KeyloadError
-from .results import Delivery, GroupDelivery
+from .results import Delivery, GroupDelivery, Mutation
 
 if TYPE_CHECKING:
     from .client import Client
@@ -35,8 +49,6 @@ DEFAULT_LEASE_MS = 30_000
 RENEW_FRACTION = 3  # renew when a third of the lease is left
 DEFAULT_WAIT_MS = 5_000  # long poll while idle: one receive command per wait, not a flood
 SETTLE_POLL_S = 0.05  # how often running handlers are checked for completion and renewal
-IDLE_POLL_MIN_S = 0.05  # an idle subscriber's first pause between receives ...
-IDLE_POLL_MAX_S = 1.0  # ... doubling up to this
 LOST_LEASE_CODES = frozenset({"StaleLease", "LeaseExpired", "TokenInvalidated"})
 
 
@@ -65,12 +77,13 @@ class ConsumeStats:
     acked: int = 0
     nacked: int = 0
     lost_leases: int = 0  # renew/ack/nack found the lease gone: the delivery will come again
+    already_processed: int = 0  # exactly-once mode: completions the log had already applied (counted in acked)
 
 
 class Source(Protocol[D_co]):
-    """Where deliveries come from and go back to: a queue or a subscription group."""
+    """Where deliveries come from and go back to: a queue or a subscription group.
 
-    waits_in_log: bool  # whether receive(wait=True) long-polls in the log
+    `receive(wait=True)` long-polls in the log for up to the source's `wait_ms`."""
 
     def receive(self, max_items: int, lease_ms: int, wait: bool) -> Sequence[D_co]: ...
 
@@ -80,6 +93,10 @@ class Source(Protocol[D_co]):
 
     def renew(self, token: str, lease_ms: int) -> None: ...
 
+    def complete(self, token: str, effects: Sequence[Mutation], scope: str, execution_generation: int) -> bool:
+        """CompleteProcessing of one delivery; whether the effects were already processed."""
+        ...
+
 
 @dataclass
 class QueueSource:
@@ -87,7 +104,6 @@ class QueueSource:
     domain: str
     queue: str
     wait_ms: int
-    waits_in_log: bool = True
 
     def receive(self, max_items: int, lease_ms: int, wait: bool) -> Sequence[Delivery]:
         wait_ms = self.wait_ms if wait else None
@@ -104,6 +120,11 @@ class QueueSource:
     def renew(self, token: str, lease_ms: int) -> None:
         self.client.renew(self.domain, token, lease_ms=lease_ms)
 
+    def complete(self, token: str, effects: Sequence[Mutation], scope: str, execution_generation: int) -> bool:
+        return self.client.complete_processing(
+            self.domain, token, effects, handler_scope=scope, execution_generation=execution_generation
+        ).already_processed
+
 
 @dataclass
 class GroupSource:
@@ -111,11 +132,12 @@ class GroupSource:
     domain: str
     topic: str
     group: str
-    waits_in_log: bool = False
+    wait_ms: int
 
     def receive(self, max_items: int, lease_ms: int, wait: bool) -> Sequence[GroupDelivery]:
+        wait_ms = self.wait_ms if wait else None
         return self.client.group_receive(
-            self.domain, self.topic, self.group, max_events=max_items, lease_ms=lease_ms
+            self.domain, self.topic, self.group, max_events=max_items, lease_ms=lease_ms, wait_ms=wait_ms
         ).deliveries
 
     def ack_batch(self, tokens: list[str]) -> Sequence[Settled]:
@@ -127,6 +149,17 @@ class GroupSource:
     def renew(self, token: str, lease_ms: int) -> None:
         self.client.group_renew(self.domain, self.topic, self.group, token, lease_ms=lease_ms)
 
+    def complete(self, token: str, effects: Sequence[Mutation], scope: str, execution_generation: int) -> bool:
+        return self.client.complete_processing(
+            self.domain,
+            token,
+            effects,
+            handler_scope=scope,
+            execution_generation=execution_generation,
+            topic=self.topic,
+            group=self.group,
+        ).already_processed
+
 
 @dataclass
 class _Running(Generic[D]):
@@ -134,26 +167,64 @@ class _Running(Generic[D]):
     renew_at: float
 
 
+@dataclass(frozen=True)
+class ExactlyOnce:
+    """Exactly-once mode: the handler's returned effects are committed with the ack (module docstring)."""
+
+    handler_scope: str
+    execution_generation: int = 0
+
+
+Handled = Sequence[Mutation] | None  # what a handler returns: its effects in exactly-once mode, else nothing
+
+
 def work(
     source: Source[D],
-    handler: Callable[[D], None],
+    handler: Callable[[D], Handled],
     *,
     concurrency: int = DEFAULT_CONCURRENCY,
     lease_ms: int = DEFAULT_LEASE_MS,
     stop: Event | None = None,
     nack_delay_ms: int | None = None,
+    exactly_once: ExactlyOnce | None = None,
 ) -> ConsumeStats:
     """Process deliveries of `source` until `stop` is set; see the module docstring."""
     if not 1 <= concurrency <= MAX_ACK_BATCH:
         raise ValueError(f"concurrency must be 1..{MAX_ACK_BATCH} (one AckBatch settles a round)")
     stop = stop or Event()
     stats = ConsumeStats()
-    running: dict[Future[None], _Running[D]] = {}
+    running: dict[Future[Handled], _Running[D]] = {}
     renew_every = lease_ms / 1000 / RENEW_FRACTION
-    idle_pause = IDLE_POLL_MIN_S
 
-    def settle(finished: list[tuple[Future[None], _Running[D]]]) -> None:
-        """Ack the handlers that returned in one batch; nack the ones that raised."""
+    def nack(token: str) -> None:
+        try:
+            source.nack(token, nack_delay_ms)
+            stats.nacked += 1
+        except CommandRejected as refusal:
+            if refusal.code not in LOST_LEASE_CODES:
+                raise
+            stats.lost_leases += 1
+
+    def complete(token: str, effects: Handled, mode: ExactlyOnce) -> None:
+        try:
+            if source.complete(token, effects or (), mode.handler_scope, mode.execution_generation):
+                stats.already_processed += 1
+            stats.acked += 1
+        except CommandRejected as refusal:
+            if refusal.code in LOST_LEASE_CODES:
+                stats.lost_leases += 1
+            else:
+                nack(token)  # the effects were refused (nothing applied): retry per the policy
+
+    def settle(finished: list[tuple[Future[Handled], _Running[D]]]) -> None:
+        """Ack the handlers that returned in one batch (or complete each, exactly once); nack the ones that raised."""
+        if exactly_once is not None:
+            for future, entry in finished:
+                if future.exception() is None:
+                    complete(entry.delivery.token, future.result(), exactly_once)
+                else:
+                    nack(entry.delivery.token)
+            return
         succeeded = [entry.delivery.token for future, entry in finished if future.exception() is None]
         if succeeded:
             for result in source.ack_batch(succeeded):
@@ -164,15 +235,8 @@ def work(
                 else:
                     raise KeyloadError(f"ack refused: {result.error_code}")
         for future, entry in finished:
-            if future.exception() is None:
-                continue
-            try:
-                source.nack(entry.delivery.token, nack_delay_ms)
-                stats.nacked += 1
-            except CommandRejected as refusal:
-                if refusal.code not in LOST_LEASE_CODES:
-                    raise
-                stats.lost_leases += 1
+            if future.exception() is not None:
+                nack(entry.delivery.token)
 
     def renew_due() -> None:
         now = time.monotonic()
@@ -196,11 +260,6 @@ def work(
                 for delivery in deliveries:
                     running[pool.submit(handler, delivery)] = _Running(delivery, time.monotonic() + renew_every)
                 stats.received += len(deliveries)
-                if deliveries or running or source.waits_in_log:
-                    idle_pause = IDLE_POLL_MIN_S
-                else:
-                    stop.wait(idle_pause)
-                    idle_pause = min(idle_pause * 2, IDLE_POLL_MAX_S)
             if running:
                 done, _ = wait(list(running), timeout=SETTLE_POLL_S, return_when=FIRST_COMPLETED)
                 if done:
@@ -209,21 +268,29 @@ def work(
     return stats
 
 
+class WorkOptions(TypedDict, total=False):
+    """How the helper works, each with a default: `concurrency` (DEFAULT_CONCURRENCY handlers at
+    once), `lease_ms` (DEFAULT_LEASE_MS), `stop` (set it to stop), `nack_delay_ms` (None: the
+    policy's backoff), `exactly_once` (None: ack on return)."""
+
+    concurrency: int
+    lease_ms: int
+    stop: Event | None
+    nack_delay_ms: int | None
+    exactly_once: ExactlyOnce | None
+
+
 def consume(
     client: Client,
     domain: str,
     queue: str,
-    handler: Callable[[Delivery], None],
+    handler: Callable[[Delivery], Handled],
     *,
-    concurrency: int = DEFAULT_CONCURRENCY,
-    lease_ms: int = DEFAULT_LEASE_MS,
     wait_ms: int = DEFAULT_WAIT_MS,
-    stop: Event | None = None,
-    nack_delay_ms: int | None = None,
+    **options: Unpack[WorkOptions],
 ) -> ConsumeStats:
     """Process deliveries of a queue until `stop` is set."""
-    source = QueueSource(client, domain, queue, wait_ms)
-    return work(source, handler, concurrency=concurrency, lease_ms=lease_ms, stop=stop, nack_delay_ms=nack_delay_ms)
+    return work(QueueSource(client, domain, queue, wait_ms), handler, **options)
 
 
 def subscribe(
@@ -231,13 +298,10 @@ def subscribe(
     domain: str,
     topic: str,
     group: str,
-    handler: Callable[[GroupDelivery], None],
+    handler: Callable[[GroupDelivery], Handled],
     *,
-    concurrency: int = DEFAULT_CONCURRENCY,
-    lease_ms: int = DEFAULT_LEASE_MS,
-    stop: Event | None = None,
-    nack_delay_ms: int | None = None,
+    wait_ms: int = DEFAULT_WAIT_MS,
+    **options: Unpack[WorkOptions],
 ) -> ConsumeStats:
     """Process deliveries of a subscription group until `stop` is set."""
-    source = GroupSource(client, domain, topic, group)
-    return work(source, handler, concurrency=concurrency, lease_ms=lease_ms, stop=stop, nack_delay_ms=nack_delay_ms)
+    return work(GroupSource(client, domain, topic, group, wait_ms), handler, **options)

@@ -30,6 +30,11 @@ class CommandRejected(KeyloadError):
         super().__init__(f"{outcome.error_code}: {outcome.detail}")
         self.outcome = outcome
 
+    @property
+    def failed_index(self) -> int | None:
+        """A rejected batch or processing: the index of the mutation that failed."""
+        return self.outcome.failed_index
+
 
 class ValidationError(CommandRejected):
     code = "Validation"

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
-from typing import Any, Literal, Self
+from typing import Any, ClassVar, Literal, Self
 
 Record = dict[str, Any]
 
@@ -289,13 +289,15 @@ class TopicEvent:
 
 @dataclass(frozen=True, slots=True)
 class TopicPage:
-    """Events in position order; read on from `next_position` (tail + 1: nothing more yet)."""
+    """Events in position order; read on from `next_cursor` (or `next_position`: tail + 1 when
+    nothing more is there yet)."""
 
     events: list[TopicEvent]
     next_position: int
     first_available: int
     tail: int
     budget_exhausted: bool
+    next_cursor: str
 
     @classmethod
     def from_record(cls, record: Record) -> TopicPage:
@@ -440,6 +442,169 @@ class GroupAckBatchResult:
         return cls([_build(GroupTokenResult, r) for r in record["results"]], record["checkpoint"])
 
 
+# -- documents, batches and inboxes ----------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class PutDocument:
+    """A batch mutation or processing effect: write a document. `expected_revision`: None writes
+    whatever is there, 0 only if the document is absent, n only at revision n."""
+
+    KIND: ClassVar[str] = "keyload.command.PutDocument"
+    key: str
+    value: bytes
+    expected_revision: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class DeleteDocument:
+    """A batch mutation or processing effect: delete a document (at `expected_revision`, if given)."""
+
+    KIND: ClassVar[str] = "keyload.command.DeleteDocument"
+    key: str
+    expected_revision: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class EnqueueMessage:
+    """A batch mutation or processing effect: enqueue a message. The id is required: an effect
+    must be the same every time its handler runs, or a re-run is a Conflict."""
+
+    KIND: ClassVar[str] = "keyload.command.Enqueue"
+    queue: str
+    message_id: str
+    body: bytes
+    headers: dict[str, str] = field(default_factory=dict)
+    ordering_key: str | None = None
+    not_before_ms: int | None = None
+    expires_at_ms: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class PublishEvents:
+    """A batch mutation or processing effect: publish events to a topic."""
+
+    KIND: ClassVar[str] = "keyload.command.Publish"
+    topic: str
+    events: list[Event]
+
+
+@dataclass(frozen=True, slots=True)
+class _MessageOperation:
+    queue: str
+    message_id: str
+    expected_state_version: int
+    expected_delivery_generation: int
+
+
+@dataclass(frozen=True, slots=True)
+class CancelMessage(_MessageOperation):
+    KIND: ClassVar[str] = "keyload.command.Cancel"
+
+
+@dataclass(frozen=True, slots=True)
+class RedriveMessage(_MessageOperation):
+    KIND: ClassVar[str] = "keyload.command.Redrive"
+
+
+@dataclass(frozen=True, slots=True)
+class ParkPendingMessage(_MessageOperation):
+    KIND: ClassVar[str] = "keyload.command.ParkPending"
+
+
+Mutation = (
+    PutDocument | DeleteDocument | EnqueueMessage | PublishEvents | CancelMessage | RedriveMessage | ParkPendingMessage
+)
+
+
+def mutation_record(mutation: Mutation) -> Record:
+    """A BatchMutation record (in the command's own domain)."""
+    if isinstance(mutation, PublishEvents):
+        body = {"topic": mutation.topic, "events": [e.to_record() for e in mutation.events]}
+    else:
+        body = {f.name: getattr(mutation, f.name) for f in fields(mutation)}
+    return {"domain": None, "mutation": (mutation.KIND, body)}
+
+
+@dataclass(frozen=True, slots=True)
+class DocumentResult:
+    """What a put wrote (`revision`) or a delete removed (`deleted`, the revision it had)."""
+
+    key: str
+    revision: int
+    deleted: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Document:
+    key: str
+    value: bytes
+    revision: int
+    updated_at_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class DocumentPage:
+    """Documents in key order; read on with `after=next_after` (None: no more)."""
+
+    documents: list[Document]
+    next_after: str | None
+    budget_exhausted: bool
+
+    @classmethod
+    def from_record(cls, record: Record) -> DocumentPage:
+        return cls([_build(Document, d) for d in record["documents"]], record["next_after"], record["budget_exhausted"])
+
+
+MutationResult = DocumentResult | EnqueueResult | PublishResult | MessageView
+
+
+@dataclass(frozen=True, slots=True)
+class BatchResult:
+    """One result per mutation, in order."""
+
+    results: list[MutationResult]
+
+    @classmethod
+    def from_record(cls, record: Record) -> BatchResult:
+        return cls([_RESULTS[kind](value) for kind, value in record["results"]])
+
+
+@dataclass(frozen=True, slots=True)
+class ProcessingResult:
+    """The receipt of a processing: this command's, or, when `already_processed`, that of the
+    command that first applied these effects (`command_id`, `offset`, its `results`)."""
+
+    already_processed: bool
+    command_id: str
+    offset: int
+    completed_at_ms: int
+    results: BatchResult
+
+    @classmethod
+    def from_record(cls, record: Record) -> ProcessingResult:
+        return cls(**dict(record, results=BatchResult.from_record(record["results"])))
+
+
+@dataclass(frozen=True, slots=True)
+class InboxSource:
+    """The delivery a CommitInbox applies effects for: the source queue's message and delivery generation."""
+
+    domain: str
+    queue: str
+    message_id: str
+    delivery_generation: int
+
+
+@dataclass(frozen=True, slots=True)
+class InboxView:
+    domain: str
+    max_receipts: int
+    max_bytes: int
+    receipts: int
+    bytes: int
+
+
 Result = (
     QueueView
     | EnqueueResult
@@ -458,6 +623,12 @@ Result = (
     | GroupReceiveResult
     | GroupLeaseResult
     | GroupAckBatchResult
+    | DocumentResult
+    | Document
+    | DocumentPage
+    | BatchResult
+    | ProcessingResult
+    | InboxView
 )
 
 _RESULTS: dict[str, Any] = {
@@ -478,6 +649,12 @@ _RESULTS: dict[str, Any] = {
     "keyload.result.GroupReceiveResult": GroupReceiveResult.from_record,
     "keyload.result.GroupLeaseResult": lambda r: _build(GroupLeaseResult, r),
     "keyload.result.GroupAckBatchResult": GroupAckBatchResult.from_record,
+    "keyload.result.DocumentResult": lambda r: _build(DocumentResult, r),
+    "keyload.result.Document": lambda r: _build(Document, r),
+    "keyload.result.DocumentPage": DocumentPage.from_record,
+    "keyload.result.BatchResult": BatchResult.from_record,
+    "keyload.result.ProcessingResult": ProcessingResult.from_record,
+    "keyload.result.InboxView": lambda r: _build(InboxView, r),
 }
 
 
@@ -494,6 +671,7 @@ class Outcome:
     error_code: str | None
     detail: str
     result: Result | None
+    failed_index: int | None = None  # a rejected batch or processing: the mutation that failed
 
     @classmethod
     def from_record(cls, record: Record) -> Outcome:
@@ -509,4 +687,5 @@ class Outcome:
             error_code=record["error_code"],
             detail=record["detail"],
             result=typed,
+            failed_index=record["failed_index"],
         )

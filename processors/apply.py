@@ -10,16 +10,30 @@ from __future__ import annotations
 
 import hashlib
 import itertools
+import json
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from keyload.log.base import partition_for
-from keyload.log.codec import HEADER_BYTES, REGISTRY, CodecError, encoded_optional_long
+from keyload.log.codec import HEADER_BYTES, REGISTRY, CodecError, encoded_optional_long, expanded_current, history
 from keyload.projections import keys
 from keyload.projections.store import Staged
 
-from . import dead_letters, group_leases, groups, key_rotation, leases, limits, queues, timers, topics
+from . import (
+    batch,
+    dead_letters,
+    documents,
+    group_leases,
+    groups,
+    inbox,
+    key_rotation,
+    leases,
+    limits,
+    queues,
+    timers,
+    topics,
+)
 from .access import authorize
 from .context import Context
 from .errors import ErrorCode, Rejected
@@ -32,14 +46,30 @@ COMMAND = "keyload.Command"
 POISON = "keyload.PoisonEntry"
 FINGERPRINT_BYTES = 32
 INFORMATIONAL_TAIL = ("reply_to", "client_time_ms")
-assert tuple(f["name"] for f in REGISTRY.schema(COMMAND)["fields"][-2:]) == INFORMATIONAL_TAIL
+OPTIONAL_VARINTS = (["null", "int"], ["null", "long"])  # encoded alike: how long the tail is
+
+
+def _ends_in_informational_tail(schema: Any) -> bool:
+    tail = schema["fields"][-len(INFORMATIONAL_TAIL) :]
+    names = tuple(f["name"] for f in tail)
+    return names == INFORMATIONAL_TAIL and all(f["type"] in OPTIONAL_VARINTS for f in tail)
+
+
+# Every version's fingerprint leaves out the same tail, measured the same way.
+assert all(
+    _ends_in_informational_tail(schema)
+    for schema in (REGISTRY.schema(COMMAND), *(released.schema for released in REGISTRY.released(COMMAND)))
+)
 
 
 # Where a map sits in a command body: field names, ITEMS stepping into every item of an array,
-# PRESENT into the value of an optional (["null", X]) field when it is not null.
+# PRESENT into the value of an optional (["null", X]) field when it is not null, BRANCH + a
+# record's full name into the value of a union of several records when it is that branch
+# (decoded as a (name, value) pair: a Batch's mutations).
 MapPath = tuple[str, ...]
 ITEMS = "[]"
 PRESENT = "?"
+BRANCH = "|"
 
 
 def _map_paths(schema: Any, named: dict[str, Any], path: MapPath = ()) -> list[MapPath]:
@@ -48,8 +78,14 @@ def _map_paths(schema: Any, named: dict[str, Any], path: MapPath = ()) -> list[M
         return _map_paths(named[schema], named, path)
     if isinstance(schema, list):
         branches = [s for s in schema if s != "null"]
-        found = [p for branch in branches for p in _map_paths(branch, named, (*path, PRESENT))]
-        assert not found or len(branches) == 1, "map inside a union of several types"
+        if len(branches) == 1:
+            return _map_paths(branches[0], named, (*path, PRESENT))
+        found = []
+        for branch in branches:
+            name = branch if isinstance(branch, str) else branch.get("name")
+            paths = _map_paths(branch, named, (*path, BRANCH + str(name)))
+            assert not paths or name in named, "map inside a union branch that is not a named record"
+            found += paths
         return found
     if not isinstance(schema, dict):
         return []
@@ -83,10 +119,11 @@ TICK_KIND = "keyload.command.Tick"
 UNSTORED_KINDS = frozenset({TICK_KIND, CHECKPOINT_KIND})
 
 # Each command kind: its handler and the Outcome result branch it returns.
+# The mutations a batch may hold are commands of their own too (processors/batch.py).
 COMMANDS: dict[str, tuple[Handler, str]] = {
+    **batch.MUTATIONS,
     "keyload.command.CreateQueue": (queues.create_queue, "keyload.QueueView"),
     "keyload.command.ConfigureQueue": (queues.configure_queue, "keyload.QueueView"),
-    "keyload.command.Enqueue": (queues.enqueue, "keyload.result.EnqueueResult"),
     "keyload.command.InspectQueue": (queues.inspect_queue, "keyload.QueueView"),
     "keyload.command.InspectMessage": (queues.inspect_message, "keyload.MessageView"),
     TICK_KIND: (lambda stage, body, ctx: ctx.fired, "keyload.result.TickResult"),
@@ -96,13 +133,9 @@ COMMANDS: dict[str, tuple[Handler, str]] = {
     "keyload.command.Ack": (leases.ack, "keyload.result.LeaseResult"),
     "keyload.command.AckBatch": (leases.ack_batch, "keyload.result.AckBatchResult"),
     "keyload.command.Nack": (leases.nack, "keyload.result.LeaseResult"),
-    "keyload.command.Redrive": (dead_letters.redrive, "keyload.MessageView"),
-    "keyload.command.Cancel": (dead_letters.cancel, "keyload.MessageView"),
-    "keyload.command.ParkPending": (dead_letters.park_pending, "keyload.MessageView"),
     "keyload.command.ListDeadLetters": (dead_letters.list_dead_letters, "keyload.result.DeadLetterPage"),
     "keyload.command.RotateKeys": (key_rotation.rotate_keys, "keyload.result.ActiveKeys"),
     "keyload.command.CreateTopic": (topics.create_topic, "keyload.TopicView"),
-    "keyload.command.Publish": (topics.publish, "keyload.result.PublishResult"),
     "keyload.command.ReadTopic": (topics.read_topic, "keyload.result.TopicPage"),
     "keyload.command.InspectTopic": (topics.inspect_topic, "keyload.TopicView"),
     "keyload.command.CreateGroup": (groups.create_group, "keyload.GroupView"),
@@ -117,6 +150,12 @@ COMMANDS: dict[str, tuple[Handler, str]] = {
     "keyload.command.PauseGroup": (groups.pause_group, "keyload.GroupView"),
     "keyload.command.ResumeGroup": (groups.resume_group, "keyload.GroupView"),
     "keyload.command.PurgeTopic": (groups.purge_topic, "keyload.TopicView"),
+    "keyload.command.GetDocument": (documents.get_document, "keyload.result.Document"),
+    "keyload.command.ListDocuments": (documents.list_documents, "keyload.result.DocumentPage"),
+    "keyload.command.Batch": (batch.batch, "keyload.result.BatchResult"),
+    "keyload.command.CompleteProcessing": (inbox.complete_processing, "keyload.result.ProcessingResult"),
+    "keyload.command.ConfigureInbox": (inbox.configure_inbox, "keyload.result.InboxView"),
+    "keyload.command.CommitInbox": (inbox.commit_inbox, "keyload.result.ProcessingResult"),
 }
 
 
@@ -131,23 +170,103 @@ class Applied:
 
 
 def fingerprint(command: Record, value: bytes) -> bytes:
-    """SHA-256 over the command's canonical bytes: its Avro encoding under the current
-    schema, maps in key order, up to the informational tail (reply-to, client time)
-    that retries may change.
+    """SHA-256 over the command's canonical bytes, up to the informational tail (reply-to,
+    client time) that retries may change: its Avro encoding, maps in key order, under the
+    oldest released Command version that represents it losslessly.
 
-    The tail fields are the envelope's last ones, so the canonical bytes are a prefix
-    of the record as written whenever it was written under the current schema with
-    its maps in key order: the common case needs no re-encoding.
+    The oldest, so that a command keeps its fingerprint across upgrades: a processor
+    stores the fingerprint with the outcome, and neither a retry after an upgrade nor a
+    replay by the new processor may see another one. For a kind whose record never
+    changed every version encodes alike, so the current one is used; and the canonical
+    bytes are then a prefix of the record as written whenever it was written under the
+    current schema with its maps in key order: the common case needs no re-encoding.
     """
     kind, body = command["body"]
+    if kind in CHANGED_KINDS:
+        return _prefix_digest(command, _oldest_lossless_encoding(_canonical(command)))
     paths = MAP_FIELDS.get(kind, ())
     if REGISTRY.is_current(COMMAND, value) and all(_in_key_order(m) for path in paths for m in _maps_at(body, path)):
         encoded = value[HEADER_BYTES:]
     else:
-        canonical_body = body
-        for path in paths:
-            canonical_body = _sorting_maps(canonical_body, path)
-        encoded = REGISTRY.encode_body(COMMAND, dict(command, body=(kind, canonical_body)))
+        encoded = REGISTRY.encode_body(COMMAND, _canonical(command))
+    return _prefix_digest(command, encoded)
+
+
+def _oldest_lossless_encoding(canonical: Record) -> bytes:
+    """The command's body under the oldest released version that writes it and reads it back
+    unchanged; a command setting a field older versions lack gets a newer (or the current) one."""
+    for released in REGISTRY.released(COMMAND):
+        try:
+            encoded = REGISTRY.encode_body_under(released.schema, canonical)
+            if REGISTRY.decode(COMMAND, released.header + encoded) == canonical:
+                return encoded
+        except CodecError:
+            continue  # a kind, union branch or enum symbol that version lacks
+    return REGISTRY.encode_body(COMMAND, canonical)
+
+
+NAMING_KEYS = frozenset({"name", "namespace", "aliases", "symbols", "default"})  # strings that are not type references
+
+
+def _branch_shapes(schema: Any) -> dict[str, str]:
+    """Per command kind of an (expanded, unparsed) Command schema, its body record with every
+    named type it references written out, docs left out: equal shapes encode alike."""
+    named: dict[str, Any] = {}
+
+    def collect(node: Any, namespace: str) -> None:
+        if isinstance(node, list):
+            for item in node:
+                collect(item, namespace)
+        elif isinstance(node, dict):
+            if node.get("type") in ("record", "enum", "fixed"):
+                space = node.get("namespace", namespace)
+                named[node["name"] if "." in node["name"] else f"{space}.{node['name']}"] = node
+                namespace = space
+            for value in node.values():
+                collect(value, namespace)
+
+    def expand(node: Any) -> Any:
+        if isinstance(node, str):
+            return expand(named[node]) if node in named else node
+        if isinstance(node, list):
+            return [expand(item) for item in node]
+        if isinstance(node, dict):
+            return {key: value if key in NAMING_KEYS else expand(value) for key, value in node.items() if key != "doc"}
+        return node
+
+    collect(schema, "")
+    [body] = [f for f in schema["fields"] if f["name"] == "body"]
+    shapes = {}
+    for branch in body["type"]:
+        name = branch if isinstance(branch, str) else branch["name"]
+        full = name if "." in name else f"{branch['namespace']}.{name}"
+        shapes[full] = json.dumps(expand(branch), sort_keys=True)
+    return shapes
+
+
+def _changed_kinds() -> frozenset[str]:
+    """Command kinds whose record differs between two released versions (or the current one)."""
+    shapes: dict[str, set[str]] = {}
+    for schema in (*(old for _, old in history(COMMAND)), expanded_current(COMMAND)):
+        for kind, shape in _branch_shapes(schema).items():
+            shapes.setdefault(kind, set()).add(shape)
+    return frozenset(kind for kind, seen in shapes.items() if len(seen) > 1)
+
+
+# ReadTopic and GroupReceive since Command v4: these fingerprint under their oldest lossless version.
+CHANGED_KINDS = _changed_kinds()
+
+
+def _canonical(command: Record) -> Record:
+    """The command with every map in key order."""
+    kind, body = command["body"]
+    for path in MAP_FIELDS.get(kind, ()):
+        body = _sorting_maps(body, path)
+    return dict(command, body=(kind, body))
+
+
+def _prefix_digest(command: Record, encoded: bytes) -> bytes:
+    """SHA-256 over an encoding of `command` (under any Command version) up to the informational tail."""
     tail = sum(len(encoded_optional_long(command[field])) for field in INFORMATIONAL_TAIL)
     return hashlib.sha256(encoded[: len(encoded) - tail]).digest()
 
@@ -164,6 +283,10 @@ def _maps_at(value: Any, path: MapPath) -> Iterator[dict[str, Any]]:
         if value is not None:
             yield from _maps_at(value, path[1:])
         return
+    if path[0].startswith(BRANCH):
+        if value[0] == path[0][1:]:
+            yield from _maps_at(value[1], path[1:])
+        return
     for item in value if path[0] == ITEMS else (value[path[0]],):
         yield from _maps_at(item, path[1:])
 
@@ -174,6 +297,8 @@ def _sorting_maps(value: Any, path: MapPath) -> Any:
         return dict(sorted(value.items()))
     if path[0] == PRESENT:
         return None if value is None else _sorting_maps(value, path[1:])
+    if path[0].startswith(BRANCH):
+        return (value[0], _sorting_maps(value[1], path[1:])) if value[0] == path[0][1:] else value
     if path[0] == ITEMS:
         return [_sorting_maps(item, path[1:]) for item in value]
     return dict(value, **{path[0]: _sorting_maps(value[path[0]], path[1:])})
@@ -192,7 +317,7 @@ def apply_record(
 
     Every record first lets log time advance: timers due by `now_ms` fire (within
     the tick budget) whatever the record turns out to be. After the record, queues
-    it changed serve their waiting long-poll receives.
+    and groups it changed serve their waiting long-poll receives.
     """
     try:
         command: Record | None = REGISTRY.decode(COMMAND, value)
@@ -217,8 +342,14 @@ def _advance_time(stage: Staged, ctx: Context) -> Record:
     moved = Staged(stage)
     fired = timers.fire_due(moved, ctx)
     moved.merge_into(stage)
-    leases.serve_waiters(stage, ctx, moved.written(keys.QUEUE))
+    _serve_waiters(stage, ctx, moved)
     return fired
+
+
+def _serve_waiters(stage: Staged, ctx: Context, changed: Staged) -> None:
+    """Long-poll receives waiting on what `changed` wrote get their deliveries now."""
+    leases.serve_waiters(stage, ctx, changed.written(keys.QUEUE))
+    group_leases.serve_waiters(stage, ctx, changed.written(keys.TOPIC), changed.written(keys.GROUP))
 
 
 def _apply_command(
@@ -277,7 +408,7 @@ def _apply_command(
         reject(outcome, rejection)
         encoded = None
     else:
-        leases.serve_waiters(stage, ctx, child.written(keys.QUEUE))
+        _serve_waiters(stage, ctx, child)
     if ctx.outbox.deferred:
         stage.put(keys.outcome(domain, command_id), print_)
         return None, kind, True

@@ -10,14 +10,17 @@ max_attempts, parks the position, which resolves it for the checkpoint.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from keyload.log.codec import REGISTRY
 from keyload.projections import keys
 from keyload.projections.store import Staged
 
-from . import limits, tokens
+from . import limits, tokens, waiters
 from .context import Context
 from .errors import Corruption, ErrorCode, Rejected
 from .groups import (
+    GROUP_RECORD,
     enter,
     leave,
     load_group,
@@ -31,7 +34,9 @@ from .key_rotation import JITTER, TOKEN, active_key
 from .leases import settle_each
 from .lifecycle import retry_delay_ms
 from .state import Record, adjust, bounded, due_timers, result_item_bytes
-from .topics import EVENT_RECORD
+from .topics import EVENT_RECORD, TOPIC_RECORD, load_topic
+
+GROUP_RECEIVE_RESULT = "keyload.result.GroupReceiveResult"
 
 
 def _load_event(stage: Staged, topic_id: int, position: int) -> Record:
@@ -64,26 +69,57 @@ class _Claims:
         return True
 
 
-def group_receive(stage: Staged, body: Record, ctx: Context) -> Record:
-    """Due redeliveries first, in position order; then new positions from issued + 1.
+@dataclass(frozen=True, slots=True)
+class _Wanted:
+    """A receive's limits, bounded; a waiter keeps them (its max_messages holds max_events)."""
 
-    New matching positions are claimed and non-matching ones resolved as filtered,
-    until max_events, max_bytes, the result budget, a full window (or MAX_GROUP_SPAN
-    ahead of the checkpoint: `window_full`), the tail, or
-    GROUP_RECEIVE_EXAMINATION_BUDGET rows (`budget_exhausted`).
+    max_events: int
+    max_bytes: int
+    lease_ms: int
+
+
+def group_receive(stage: Staged, body: Record, ctx: Context) -> Record | None:
+    """Claim what the group can deliver now (see `_claim`); with nothing claimed and `wait_ms`,
+    wait for it as a long poll (processors/waiters.py) instead of answering empty.
+
+    A paused group refuses a receive (DispatchPaused), unless it waits: then it
+    waits for the resume like for an event.
     """
     topic, record = load_group(stage, ctx.domain, body["topic"], body["group"])
     group = record["view"]
-    if group["paused"]:
-        raise Rejected(ErrorCode.DISPATCH_PAUSED, "the group is paused")
     policy = group["policy"]
-    claims = _Claims(
+    wanted = _Wanted(
         bounded(
             "max_events", body["max_events"], limits.DEFAULT_GROUP_RECEIVE_EVENTS, 1, limits.MAX_GROUP_RECEIVE_EVENTS
         ),
         bounded("max_bytes", body["max_bytes"], limits.DEFAULT_GROUP_RECEIVE_BYTES, 1, limits.MAX_GROUP_RECEIVE_BYTES),
+        bounded("lease_ms", body["lease_ms"], policy["lease_ms"], limits.MIN_LEASE_MS, policy["max_lease_ms"]),
     )
-    lease_ms = bounded("lease_ms", body["lease_ms"], policy["lease_ms"], limits.MIN_LEASE_MS, policy["max_lease_ms"])
+    wait_ms = bounded("wait_ms", body["wait_ms"], 0, 0, limits.MAX_WAIT_MS)
+    if group["paused"] and wait_ms == 0:
+        raise Rejected(ErrorCode.DISPATCH_PAUSED, "the group is paused")
+    empty: Record = {"deliveries": [], "window_full": False, "budget_exhausted": False}
+    result = empty if group["paused"] else _claim(stage, topic, record, ctx, ctx.principal, wanted)
+    if not result["deliveries"] and not result["budget_exhausted"] and wait_ms > 0:
+        waiters.wait(stage, record, ctx, wanted.max_events, wanted.max_bytes, wanted.lease_ms, ctx.now_ms + wait_ms)
+        save_group(stage, record)
+        return None
+    save_group(stage, record)
+    result["budget_exhausted"] = result["budget_exhausted"] or bool(ctx.fired.get("budget_exhausted", False))
+    return result
+
+
+def _claim(stage: Staged, topic: Record, record: Record, ctx: Context, principal: str, wanted: _Wanted) -> Record:
+    """Lease due redeliveries first, in position order; then new positions from issued + 1.
+
+    New matching positions are claimed and non-matching ones resolved as filtered,
+    until max_events, max_bytes, the result budget, a full window (or MAX_GROUP_SPAN
+    ahead of the checkpoint: `window_full`), the tail, or
+    GROUP_RECEIVE_EXAMINATION_BUDGET rows (`budget_exhausted`). A GroupReceiveResult.
+    """
+    group = record["view"]
+    policy = group["policy"]
+    claims = _Claims(wanted.max_events, wanted.max_bytes)
     group_id, topic_id = group["incarnation"], topic["incarnation"]
     examined = 0
     stopped = window_full = budget_hit = False
@@ -124,24 +160,61 @@ def group_receive(stage: Staged, body: Record, ctx: Context) -> Record:
             break
         group["issued"] = position
         adjust(group, "outstanding", 1)
-    deliveries = _lease(stage, record, ctx, claims.taken, redeliveries, lease_ms)
-    save_group(stage, record)
-    return {
-        "deliveries": deliveries,
-        "window_full": window_full,
-        "budget_exhausted": budget_hit or bool(ctx.fired.get("budget_exhausted", False)),
-    }
+    deliveries = _lease(stage, record, ctx, principal, claims.taken, redeliveries, wanted.lease_ms)
+    return {"deliveries": deliveries, "window_full": window_full, "budget_exhausted": budget_hit}
+
+
+def _deliverable(topic: Record, group: Record) -> bool:
+    """Whether a receive could claim something now: a due redelivery, or a new position within the window."""
+    window_open = group["outstanding"] < group["policy"]["max_window"] and (
+        group["issued"] - group["checkpoint"] < limits.MAX_GROUP_SPAN
+    )
+    return not group["paused"] and (group["redeliverable"] > 0 or (window_open and group["issued"] < topic["tail"]))
+
+
+def serve_waiters(stage: Staged, ctx: Context, topic_keys: list[bytes], group_keys: list[bytes]) -> None:
+    """Serve waiting GroupReceives of the groups a record changed, and of every group of a topic
+    it changed (a publish), oldest waiter first, at most MAX_WAITERS_SERVED in all."""
+    candidates = set(group_keys)
+    for topic_key in topic_keys:
+        topic = stage.get_record(topic_key, TOPIC_RECORD)
+        if topic is not None:
+            prefix = keys.group_prefix(topic["view"]["incarnation"])
+            candidates.update(key for key, _ in stage.scan(prefix, keys.prefix_end(prefix)))
+    served = 0
+    for group_key in sorted(candidates):
+        record = stage.get_record(group_key, GROUP_RECORD)
+        if record is None or record["waiting_receives"] == 0:
+            continue
+        group = record["view"]
+        topic = load_topic(stage, group["domain"], group["topic"])["view"]
+        changed = False
+        while record["waiting_receives"] > 0 and served < limits.MAX_WAITERS_SERVED and _deliverable(topic, group):
+            oldest = waiters.oldest(stage, record, 1)
+            if not oldest:
+                raise Corruption(f"group {group['incarnation']} counts waiting receives it has no row for")
+            [(sequence, waiter)] = oldest
+            wanted = _Wanted(waiter["max_messages"], waiter["max_bytes"], waiter["lease_ms"])
+            result = _claim(stage, topic, record, ctx, waiter["principal"], wanted)
+            changed = True
+            if not result["deliveries"]:
+                break
+            waiters.complete(stage, record, ctx, sequence, waiter, (GROUP_RECEIVE_RESULT, result))
+            served += 1
+        if changed:
+            save_group(stage, record)
 
 
 def _lease(
     stage: Staged,
     record: Record,
     ctx: Context,
+    principal: str,
     taken: list[tuple[int, Record]],
     redeliveries: set[int],
     lease_ms: int,
 ) -> list[Record]:
-    """Lease the claimed positions to the command's principal and sign their tokens."""
+    """Lease the claimed positions to `principal` and sign their tokens."""
     if not taken:
         return []
     group = record["view"]
@@ -168,7 +241,7 @@ def _lease(
             }
         meta["attempts"] += 1
         meta["lease_version"] += 1
-        enter(stage, record, position, meta, "leased", until_ms=lease_until, lease_owner=ctx.principal)
+        enter(stage, record, position, meta, "leased", until_ms=lease_until, lease_owner=principal)
         adjust(group, "delivered_total", 1)
         token = tokens.issue(
             {key_id: key},
@@ -177,7 +250,7 @@ def _lease(
             queue=token_scope(group),
             incarnation=group_id,
             message_id=str(position),
-            principal=ctx.principal,
+            principal=principal,
             delivery_generation=group["generation"],
             lease_version=meta["lease_version"],
         )
@@ -197,16 +270,14 @@ def _lease(
     return deliveries
 
 
-def check_group_lease(stage: Staged, ctx: Context, body: Record) -> tuple[Record, int, Record]:
-    """(group record, position, position meta) of the live lease a token names, or the refusal.
-
-    Order: not a token of this group, or of an older generation (a seek or
-    configure happened) → TokenInvalidated; another principal → PermissionDenied;
-    lease no longer current → StaleLease; deadline reached → LeaseExpired.
-    """
-    _, record = load_group(stage, ctx.domain, body["topic"], body["group"])
+def verified_group_token(
+    stage: Staged, ctx: Context, topic: str, group_name: str, token_text: str
+) -> tuple[Record, tokens.Token]:
+    """(group record, token) of a token the group signed in its current generation for the
+    command's principal, or the refusal."""
+    _, record = load_group(stage, ctx.domain, topic, group_name)
     group = record["view"]
-    token = tokens.parse(body["token"])
+    token = tokens.parse(token_text)
     if token.incarnation != group["incarnation"]:
         raise Rejected(ErrorCode.TOKEN_INVALIDATED, "delivery token is not valid")
     tokens.verify_signature(ctx.keyring, token, group["domain"], token_scope(group))
@@ -214,8 +285,28 @@ def check_group_lease(stage: Staged, ctx: Context, body: Record) -> tuple[Record
         raise Rejected(ErrorCode.TOKEN_INVALIDATED, "delivery token is not valid")
     if token.principal != ctx.principal:
         raise Rejected(ErrorCode.PERMISSION_DENIED, "the delivery was issued to another principal")
+    return record, token
+
+
+def check_group_lease(stage: Staged, ctx: Context, body: Record) -> tuple[Record, int, Record]:
+    """(group record, position, position meta) of the live lease a token names, or the refusal.
+
+    Order: not a token of this group, or of an older generation (a seek or
+    configure happened) → TokenInvalidated; another principal → PermissionDenied;
+    lease no longer current → StaleLease; deadline reached → LeaseExpired.
+    """
+    _, token = verified_group_token(stage, ctx, body["topic"], body["group"], body["token"])
+    return live_group_lease(stage, ctx, body["topic"], body["group"], token)
+
+
+def live_group_lease(
+    stage: Staged, ctx: Context, topic: str, group_name: str, token: tokens.Token
+) -> tuple[Record, int, Record]:
+    """(group record, position, position meta) of the live lease a verified token names, read
+    afresh; else StaleLease or LeaseExpired."""
+    _, record = load_group(stage, ctx.domain, topic, group_name)
     position = int(token.message_id)
-    meta = load_position(stage, group["incarnation"], position)
+    meta = load_position(stage, record["view"]["incarnation"], position)
     if meta is None or meta["state"] != "leased" or meta["lease_version"] != token.lease_version:
         raise Rejected(ErrorCode.STALE_LEASE, "the lease this token names is no longer current")
     if meta["lease_until_ms"] <= ctx.now_ms:
@@ -247,7 +338,13 @@ def group_renew(stage: Staged, body: Record, ctx: Context) -> Record:
 
 
 def group_ack(stage: Staged, body: Record, ctx: Context) -> Record:
-    record, position, meta = check_group_lease(stage, ctx, body)
+    _, token = verified_group_token(stage, ctx, body["topic"], body["group"], body["token"])
+    return group_ack_lease(stage, ctx, body["topic"], body["group"], token)
+
+
+def group_ack_lease(stage: Staged, ctx: Context, topic: str, group_name: str, token: tokens.Token) -> Record:
+    """Ack the live lease a verified token of the group names."""
+    record, position, meta = live_group_lease(stage, ctx, topic, group_name, token)
     resolve(stage, record, position, meta, "acked", ctx.now_ms)
     save_group(stage, record)
     return _lease_result(record, position, meta)
@@ -311,12 +408,19 @@ def fire_group_timers(stage: Staged, record: Record, ctx: Context, budget: int) 
     """Fire one group's due timers, examining at most `budget`; returns (examined, transitions).
 
     A lease timer ends the attempt like a nack; a retry timer makes the position due,
-    so the next receive delivers it before any new position.
+    so the next receive delivers it before any new position; a waiter's deadline
+    completes its GroupReceive empty.
     """
-    group_id = record["view"]["incarnation"]
+    group = record["view"]
+    group_id = group["incarnation"]
     due = due_timers(stage, record, ctx.now_ms, budget)
     for key, value in due:
         _, kind, position = keys.parse_timer(key)
+        if kind == keys.TIMER_WAITER:
+            window_full = group["outstanding"] >= group["policy"]["max_window"]
+            empty = {"deliveries": [], "window_full": window_full, "budget_exhausted": False}
+            waiters.expire(stage, record, ctx, position, (GROUP_RECEIVE_RESULT, empty))
+            continue
         meta = load_position(stage, group_id, position)
         if meta is None or value != str(position).encode("utf-8"):
             raise Corruption(f"timer {key.hex()} names a position that is not outstanding")

@@ -293,6 +293,9 @@ def create_group(stage: Staged, body: Record, ctx: Context) -> Record:
         },
         "next_timer_ms": None,
         "timer_floor": None,
+        "waiting_receives": 0,
+        "next_waiter_sequence": 1,
+        "waiter_floor": 1,
     }
     save_group(stage, record)
     return group_view(stage, topic, record)

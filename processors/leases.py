@@ -19,7 +19,7 @@ from . import limits, tokens, waiters
 from .context import Context
 from .errors import Corruption, ErrorCode, Rejected
 from .key_rotation import TOKEN, active_key
-from .lifecycle import end_attempt, enter, is_key_head, leave
+from .lifecycle import end_attempt, enter, is_key_head, leave, receive_result
 from .state import (
     QUEUE_RECORD,
     Record,
@@ -57,7 +57,6 @@ def receive(stage: Staged, body: Record, ctx: Context) -> Record | None:
     deliveries, budget_hit = claim(stage, record, ctx, ctx.principal, wanted)
     if not deliveries and wait_ms > 0:
         waiters.wait(stage, record, ctx, wanted.max_messages, wanted.max_bytes, wanted.lease_ms, ctx.now_ms + wait_ms)
-        ctx.outbox.deferred = True
         save_queue(stage, record)
         return None
     save_queue(stage, record)
@@ -160,15 +159,15 @@ def serve_waiters(stage: Staged, ctx: Context, queue_keys: list[bytes]) -> None:
             deliveries, _ = claim(stage, record, ctx, waiter["principal"], wanted)
             if not deliveries:
                 break
-            waiters.complete(stage, record, ctx, sequence, waiter, deliveries)
+            waiters.complete(stage, record, ctx, sequence, waiter, receive_result(deliveries))
             served += 1
             changed = True
         if changed:
             save_queue(stage, record)
 
 
-def check_lease(stage: Staged, ctx: Context, token_text: str) -> tuple[Record, str, Record]:
-    """(queue record, message id, metadata) of the live lease a token names, or the specific refusal."""
+def verified_token(stage: Staged, ctx: Context, token_text: str) -> tuple[Record, tokens.Token]:
+    """(queue record, token) of a token this queue signed for the command's principal, or the refusal."""
     token = tokens.parse(token_text)
     record = load_queue_by_id(stage, token.incarnation)
     if record is None or record["view"]["domain"] != ctx.domain:
@@ -177,6 +176,21 @@ def check_lease(stage: Staged, ctx: Context, token_text: str) -> tuple[Record, s
     tokens.verify_signature(ctx.keyring, token, queue["domain"], queue["queue"])
     if token.principal != ctx.principal:
         raise Rejected(ErrorCode.PERMISSION_DENIED, "the delivery was issued to another principal")
+    return record, token
+
+
+def check_lease(stage: Staged, ctx: Context, token_text: str) -> tuple[Record, str, Record]:
+    """(queue record, message id, metadata) of the live lease a token names, or the specific refusal."""
+    _, token = verified_token(stage, ctx, token_text)
+    record, meta = live_lease(stage, ctx, token)
+    return record, token.message_id, meta
+
+
+def live_lease(stage: Staged, ctx: Context, token: tokens.Token) -> tuple[Record, Record]:
+    """(queue record, metadata) of the live lease a verified token names, read afresh; else
+    StaleLease or LeaseExpired."""
+    record = load_queue_by_id(stage, token.incarnation)
+    assert record is not None, "a verified token names a queue"
     meta = load_message(stage, token.incarnation, token.message_id)
     if meta is None:
         raise Rejected(ErrorCode.TOKEN_INVALIDATED, "delivery token is not valid")
@@ -188,7 +202,7 @@ def check_lease(stage: Staged, ctx: Context, token_text: str) -> tuple[Record, s
         raise Rejected(ErrorCode.STALE_LEASE, "the lease this token names is no longer current")
     if meta["lease_until_ms"] <= ctx.now_ms:
         raise Rejected(ErrorCode.LEASE_EXPIRED, "the lease has expired")
-    return record, token.message_id, meta
+    return record, meta
 
 
 def _lease_result(message_id: str, meta: Record) -> Record:
@@ -215,7 +229,14 @@ def renew(stage: Staged, body: Record, ctx: Context) -> Record:
 
 
 def ack(stage: Staged, body: Record, ctx: Context) -> Record:
-    record, message_id, meta = check_lease(stage, ctx, body["token"])
+    _, token = verified_token(stage, ctx, body["token"])
+    return ack_lease(stage, ctx, token)
+
+
+def ack_lease(stage: Staged, ctx: Context, token: tokens.Token) -> Record:
+    """Ack the live lease a verified token names."""
+    record, meta = live_lease(stage, ctx, token)
+    message_id = token.message_id
     leave(stage, record, message_id, meta)
     enter(stage, record, message_id, meta, "acked", ctx.now_ms)
     save_queue(stage, record)

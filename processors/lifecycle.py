@@ -279,6 +279,11 @@ def end_attempt(
 # -- timers ------------------------------------------------------------------------------
 
 
+def receive_result(deliveries: list[Record]) -> tuple[str, Record]:
+    """What a waiting Receive completes with: its deliveries (none at its deadline)."""
+    return "keyload.result.ReceiveResult", {"deliveries": deliveries, "budget_exhausted": False}
+
+
 def fire_queue_timers(stage: Staged, record: Record, ctx: Context, budget: int) -> tuple[int, int]:
     """Fire one queue's due timers, examining at most `budget`; returns (examined, transitions)."""
     queue_id = record["view"]["incarnation"]
@@ -289,7 +294,7 @@ def fire_queue_timers(stage: Staged, record: Record, ctx: Context, budget: int) 
             continue  # an earlier transition in this batch already moved the message off this timer
         _, kind, sequence = keys.parse_timer(key)
         if kind == keys.TIMER_WAITER:
-            waiters.expire(stage, record, ctx, sequence)
+            waiters.expire(stage, record, ctx, sequence, receive_result([]))
             transitions += 1
             continue
         message_id = value.decode("utf-8")

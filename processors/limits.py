@@ -30,7 +30,7 @@ MIN_LEASE_MS = 100
 MAX_ACK_BATCH = 100  # tokens per AckBatch
 MAX_DEAD_LETTER_PAGE = 100  # messages per ListDeadLetters page
 MAX_WAIT_MS = 20_000  # longest long-poll Receive
-MAX_WAITERS_PER_QUEUE = 1_000  # waiting long-poll receives a queue holds at once
+MAX_WAITERS_PER_RESOURCE = 1_000  # waiting long-poll receives a queue or a group holds at once
 MAX_WAITERS_SERVED = 64  # waiters one record may serve
 MAX_TOPIC_NAME_CHARS = 80
 MAX_EVENT_ID_CHARS = 128
@@ -58,6 +58,17 @@ MAX_GROUP_SPAN = 100_000
 MAX_STATUS_PARKED = 100  # parked positions a GroupView lists
 MAX_PURGE_EVENTS = 10_000  # events one PurgeTopic deletes: larger purges go in steps
 MAX_REPOSITION_PARKED = 10_000  # parked positions above its target a seek or configure may drop
+MAX_DOCUMENT_KEY_CHARS = 512  # printable ASCII without spaces, like ids: "order/42" reads well
+MAX_DOCUMENT_BYTES = MAX_INLINE_BODY_BYTES  # a document's value
+DEFAULT_LIST_DOCUMENTS = 100
+MAX_LIST_DOCUMENTS = 1_000
+DEFAULT_LIST_BYTES = 1024 * 1024
+MAX_LIST_BYTES = MAX_READ_BYTES  # values of one page, the first always included: inside MAX_OUTCOME_BYTES
+LIST_EXAMINATION_BUDGET = 256  # document rows (tombstones too) one ListDocuments looks at
+MAX_BATCH_MUTATIONS = 100  # mutations per Batch, effects per CompleteProcessing or CommitInbox
+MAX_HANDLER_SCOPE_CHARS = 128
+MAX_INBOX_RECEIPTS = 10_000_000  # the largest max_receipts a target inbox may be configured with
+MAX_INBOX_BYTES = 1024 * 1024 * 1024  # the largest max_bytes
 
 # Identifiers: printable ASCII without spaces (command, message and event ids, event
 # types); stricter names for domains, queues, topics and header names so they read

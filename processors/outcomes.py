@@ -35,9 +35,16 @@ def new_outcome(command_id: str, domain: str, partition: int, offset: int, now_m
         "error_code": None,
         "detail": "",
         "result": None,
+        "failed_index": None,
     }
 
 
 def reject(outcome: Record, rejection: Rejected) -> None:
     detail = rejection.detail[: limits.MAX_DETAIL_CHARS]
-    outcome.update(status="rejected", error_code=str(rejection.code), detail=detail, result=None)
+    outcome.update(
+        status="rejected",
+        error_code=str(rejection.code),
+        detail=detail,
+        result=None,
+        failed_index=rejection.failed_index,
+    )

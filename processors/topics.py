@@ -19,6 +19,7 @@ from keyload.projections.store import Staged
 
 from . import limits
 from .context import Context
+from .cursors import cursor, cursor_position
 from .errors import Corruption, ErrorCode, Rejected
 from .policy import resolve_topic_policy
 from .state import Record, adjust, allocate_incarnation, bounded, check_headers, check_name, view
@@ -185,7 +186,7 @@ def publish(stage: Staged, body: Record, ctx: Context) -> Record:
 
 
 def read_topic(stage: Staged, body: Record, ctx: Context) -> Record:
-    """A page of events from `from_position` in position order.
+    """A page of events from `from_position` (or where `cursor` points) in position order.
 
     The page ends at `max_events`, at `max_bytes` of charged bytes (the first
     event is always returned, so one large event never wedges a reader), at the
@@ -194,7 +195,10 @@ def read_topic(stage: Staged, body: Record, ctx: Context) -> Record:
     topic = view(load_topic(stage, ctx.domain, body["topic"]))
     max_events = bounded("max_events", body["max_events"], limits.DEFAULT_READ_EVENTS, 1, limits.MAX_READ_EVENTS)
     max_bytes = bounded("max_bytes", body["max_bytes"], limits.DEFAULT_READ_BYTES, 1, limits.MAX_READ_BYTES)
-    start, first, tail = body["from_position"], topic["first_available"], topic["tail"]
+    if (body["from_position"] is None) == (body["cursor"] is None):
+        raise Rejected(ErrorCode.VALIDATION, "a read starts from a position or from a cursor: exactly one of them")
+    start = body["from_position"] if body["cursor"] is None else cursor_position(body["cursor"])
+    first, tail = topic["first_available"], topic["tail"]
     if start < 0:
         raise Rejected(ErrorCode.VALIDATION, "from_position must not be negative")
     if start < first:
@@ -229,6 +233,7 @@ def read_topic(stage: Staged, body: Record, ctx: Context) -> Record:
         "first_available": first,
         "tail": tail,
         "budget_exhausted": budget_hit,
+        "next_cursor": cursor(start + len(events)),
     }
 
 

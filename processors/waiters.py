@@ -1,10 +1,15 @@
-"""Long-poll receives: a Receive that finds nothing ready waits as a logged waiter.
+"""Long-poll receives: a Receive (of a queue or a subscription group) that finds nothing
+to deliver waits as a logged waiter.
 
-A waiter is served by the first later record that leaves its queue with a
-deliverable message (the claims are made for the waiter's principal, and the
+A waiter is served by the first later record that leaves its queue or group with
+something deliverable (the claims are made for the waiter's principal, and the
 outcome is published under the waiting Receive's command id), or completed empty
 when log time passes its deadline. Either way the Receive's stored outcome
 becomes that final outcome, so a retry of the same command id returns it.
+
+Queues and groups keep waiters alike: rows `a | incarnation | sequence`, a deadline
+timer of kind TIMER_WAITER, and `waiting_receives`, `next_waiter_sequence` and
+`waiter_floor` on their record; the result a waiter completes with is theirs.
 """
 
 from __future__ import annotations
@@ -25,10 +30,9 @@ WAITER = "keyload.Waiter"
 def wait(
     stage: Staged, record: Record, ctx: Context, max_messages: int, max_bytes: int, lease_ms: int, deadline_ms: int
 ) -> None:
-    if record["waiting_receives"] >= limits.MAX_WAITERS_PER_QUEUE:
-        raise Rejected(
-            ErrorCode.RESOURCE_EXHAUSTED, f"the queue already holds {limits.MAX_WAITERS_PER_QUEUE} waiting receives"
-        )
+    """Record the command as waiting until `deadline_ms`; its outcome is deferred."""
+    if record["waiting_receives"] >= limits.MAX_WAITERS_PER_RESOURCE:
+        raise Rejected(ErrorCode.RESOURCE_EXHAUSTED, f"{limits.MAX_WAITERS_PER_RESOURCE} receives are already waiting")
     queue_id = record["view"]["incarnation"]
     sequence = record["next_waiter_sequence"]
     record["next_waiter_sequence"] = sequence + 1
@@ -47,10 +51,11 @@ def wait(
     }
     stage.put_record(keys.waiter(queue_id, sequence), WAITER, waiter)
     add_timer_row(stage, record, deadline_ms, keys.TIMER_WAITER, sequence, "")
+    ctx.outbox.deferred = True
 
 
 def oldest(stage: Staged, record: Record, count: int) -> list[tuple[int, Record]]:
-    """Up to `count` waiters of the queue, oldest first, as (sequence, waiter)."""
+    """Up to `count` waiters of the queue or group, oldest first, as (sequence, waiter)."""
     found: list[tuple[int, Record]] = []
     queue_id = record["view"]["incarnation"]
     start = keys.waiter(queue_id, record["waiter_floor"])
@@ -67,12 +72,12 @@ def oldest(stage: Staged, record: Record, count: int) -> list[tuple[int, Record]
 
 
 def complete(
-    stage: Staged, record: Record, ctx: Context, sequence: int, waiter: Record, deliveries: list[Record]
+    stage: Staged, record: Record, ctx: Context, sequence: int, waiter: Record, result: tuple[str, Record]
 ) -> None:
-    """Finish a waiting Receive with `deliveries` (empty at its deadline) and publish its outcome."""
+    """Finish a waiting Receive with `result` (its Outcome branch and value) and publish its outcome."""
     queue_id = record["view"]["incarnation"]
     outcome = new_outcome(waiter["command_id"], waiter["domain"], ctx.partition, waiter["offset"], ctx.now_ms)
-    outcome["result"] = ("keyload.result.ReceiveResult", {"deliveries": deliveries, "budget_exhausted": False})
+    outcome["result"] = result
     encoded = REGISTRY.encode(OUTCOME, outcome)
     stage.put(keys.outcome(waiter["domain"], waiter["command_id"]), waiter["fingerprint"] + encoded)
     ctx.outbox.published.append((waiter["reply_to"], encoded))
@@ -83,9 +88,9 @@ def complete(
         raise Corruption("waiting receive count would become negative")
 
 
-def expire(stage: Staged, record: Record, ctx: Context, sequence: int) -> None:
-    """The waiter's deadline timer fired: it completes with no deliveries."""
+def expire(stage: Staged, record: Record, ctx: Context, sequence: int, empty: tuple[str, Record]) -> None:
+    """The waiter's deadline timer fired: it completes with `empty`, a result without deliveries."""
     waiter = stage.get_record(keys.waiter(record["view"]["incarnation"], sequence), WAITER)
     if waiter is None:
         raise Corruption("a waiter deadline names a missing waiter")
-    complete(stage, record, ctx, sequence, waiter, [])
+    complete(stage, record, ctx, sequence, waiter, empty)

@@ -1,0 +1,95 @@
+"""Atomic batches: an ordered list of mutations applied all or nothing (DESIGN.md §4).
+
+Each mutation is an existing command body handled by that command's own handler,
+so a document put, an enqueue or a publish inside a batch behaves exactly as on
+its own. They run in order on the command's stage: a later mutation sees the
+earlier ones, and a refusal anywhere drops the stage, so nothing applies. The
+refusal names the failing mutation (`failed_index`) and keeps its code.
+
+Processing commands (processors/inbox.py) apply their effects the same way and
+tell apart a repeat from a different use of an inbox key by `effects_digest`.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+from collections.abc import Callable
+from typing import Any
+
+from keyload.projections.store import Staged
+
+from . import dead_letters, documents, limits, queues, topics
+from .context import Context
+from .errors import ErrorCode, Rejected
+from .state import Record
+
+Handler = Callable[[Staged, Record, Context], Record]
+
+# Each mutation kind: its handler and the result branch it returns (the same as the command's).
+MUTATIONS: dict[str, tuple[Handler, str]] = {
+    "keyload.command.PutDocument": (documents.put_document, "keyload.result.DocumentResult"),
+    "keyload.command.DeleteDocument": (documents.delete_document, "keyload.result.DocumentResult"),
+    "keyload.command.Enqueue": (queues.enqueue, "keyload.result.EnqueueResult"),
+    "keyload.command.Publish": (topics.publish, "keyload.result.PublishResult"),
+    "keyload.command.Cancel": (dead_letters.cancel, "keyload.MessageView"),
+    "keyload.command.Redrive": (dead_letters.redrive, "keyload.MessageView"),
+    "keyload.command.ParkPending": (dead_letters.park_pending, "keyload.MessageView"),
+}
+
+
+def check_domains(mutations: list[Record], ctx: Context, at_least: int = 1) -> None:
+    """Refuse, before any effect, a list that is too short (a Batch needs a mutation; a processing
+    may have no effects), too long, or names another domain."""
+    if not at_least <= len(mutations) <= limits.MAX_BATCH_MUTATIONS:
+        raise Rejected(ErrorCode.VALIDATION, f"{at_least}..{limits.MAX_BATCH_MUTATIONS} mutations are allowed")
+    for index, mutation in enumerate(mutations):
+        if mutation["domain"] not in (None, ctx.domain):
+            raise Rejected(
+                ErrorCode.VALIDATION,
+                f"mutation {index} names another domain: everything a command touches is in its own domain",
+                index,
+            )
+
+
+def apply_mutations(stage: Staged, mutations: list[Record], ctx: Context) -> Record:
+    """Apply every mutation in order (checked by `check_domains`); a BatchResult, or the first
+    refusal with its index."""
+    results = []
+    for index, mutation in enumerate(mutations):
+        kind, body = mutation["mutation"]
+        handler, result_type = MUTATIONS[kind]
+        try:
+            result = handler(stage, body, ctx)
+        except Rejected as refusal:
+            raise Rejected(refusal.code, f"mutation {index}: {refusal.detail}", index) from None
+        results.append((result_type, result))
+    return {"results": results}
+
+
+def batch(stage: Staged, body: Record, ctx: Context) -> Record:
+    check_domains(body["mutations"], ctx)
+    return apply_mutations(stage, body["mutations"], ctx)
+
+
+def effects_digest(mutations: list[Record]) -> bytes:
+    """SHA-256 over the effects' canonical JSON: keys sorted, null fields and the (checked)
+    domain left out, bytes as {"b64": …}, union values as [branch, value]. Leaving nulls
+    out keeps the digest of old effects when a later schema adds an optional field."""
+    canonical = [_canonical(mutation["mutation"]) for mutation in mutations]
+    text = json.dumps(canonical, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+    return hashlib.sha256(text.encode("ascii")).digest()
+
+
+def _canonical(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {name: _canonical(item) for name, item in value.items() if item is not None}
+    if isinstance(value, tuple):
+        return [value[0], _canonical(value[1])]
+    if isinstance(value, list):
+        return [_canonical(item) for item in value]
+    if isinstance(value, bytes):
+        return {"b64": base64.b64encode(value).decode("ascii")}
+    assert value is None or isinstance(value, (str, int, bool)), type(value)
+    return value
