@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import hashlib
 import signal
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -42,6 +44,18 @@ SEEK_GROUP = "keyload.command.SeekGroup"
 CONFIGURE_GROUP = "keyload.command.ConfigureGroup"
 PAUSE_GROUP = "keyload.command.PauseGroup"
 RESUME_GROUP = "keyload.command.ResumeGroup"
+RECEIVE = "keyload.command.Receive"
+NACK = "keyload.command.Nack"
+CANCEL = "keyload.command.Cancel"
+REDRIVE = "keyload.command.Redrive"
+PUT_DOCUMENT = "keyload.command.PutDocument"
+DELETE_DOCUMENT = "keyload.command.DeleteDocument"
+GET_DOCUMENT = "keyload.command.GetDocument"
+LIST_DOCUMENTS = "keyload.command.ListDocuments"
+BATCH = "keyload.command.Batch"
+COMPLETE_PROCESSING = "keyload.command.CompleteProcessing"
+CONFIGURE_INBOX = "keyload.command.ConfigureInbox"
+COMMIT_INBOX = "keyload.command.CommitInbox"
 
 
 def command(
@@ -70,7 +84,7 @@ def create_queue_body(queue: str, **policy: Any) -> dict[str, Any]:
 
 
 def enqueue_body(queue: str, message_id: str, body: bytes = b"x", **fields: Any) -> dict[str, Any]:
-    record = {
+    record: dict[str, Any] = {
         "queue": queue,
         "message_id": message_id,
         "body": body,
@@ -96,9 +110,19 @@ def publish_body(topic: str, *events: dict[str, Any]) -> dict[str, Any]:
 
 
 def read_body(
-    topic: str, from_position: int = 1, max_events: int | None = None, max_bytes: int | None = None
+    topic: str,
+    from_position: int | None = 1,
+    max_events: int | None = None,
+    max_bytes: int | None = None,
+    cursor: str | None = None,
 ) -> dict[str, Any]:
-    return {"topic": topic, "from_position": from_position, "max_events": max_events, "max_bytes": max_bytes}
+    return {
+        "topic": topic,
+        "from_position": from_position,
+        "max_events": max_events,
+        "max_bytes": max_bytes,
+        "cursor": cursor,
+    }
 
 
 def create_group_body(
@@ -122,9 +146,58 @@ def create_group_body(
 
 
 def group_receive_body(
-    topic: str, group: str, max_events: int | None = None, max_bytes: int | None = None, lease_ms: int | None = None
+    topic: str,
+    group: str,
+    max_events: int | None = None,
+    max_bytes: int | None = None,
+    lease_ms: int | None = None,
+    wait_ms: int | None = None,
 ) -> dict[str, Any]:
-    return {"topic": topic, "group": group, "max_events": max_events, "max_bytes": max_bytes, "lease_ms": lease_ms}
+    return {
+        "topic": topic,
+        "group": group,
+        "max_events": max_events,
+        "max_bytes": max_bytes,
+        "lease_ms": lease_ms,
+        "wait_ms": wait_ms,
+    }
+
+
+def receive_body(queue: str, max_messages: int | None = None, lease_ms: int | None = None) -> dict[str, Any]:
+    return {"queue": queue, "max_messages": max_messages, "max_bytes": None, "lease_ms": lease_ms, "wait_ms": None}
+
+
+def put_document_body(key: str, value: bytes = b"v", expected_revision: int | None = None) -> dict[str, Any]:
+    return {"key": key, "value": value, "expected_revision": expected_revision}
+
+
+def delete_document_body(key: str, expected_revision: int | None = None) -> dict[str, Any]:
+    return {"key": key, "expected_revision": expected_revision}
+
+
+def list_documents_body(
+    prefix: str = "", after: str | None = None, max_documents: int | None = None, max_bytes: int | None = None
+) -> dict[str, Any]:
+    return {"prefix": prefix, "after": after, "max_documents": max_documents, "max_bytes": max_bytes}
+
+
+def mutation(kind: str, body: dict[str, Any], domain: str | None = None) -> dict[str, Any]:
+    """A BatchMutation (a Batch's mutation, a processing's effect); `domain` None: the command's own."""
+    return {"domain": domain, "mutation": (kind, body)}
+
+
+def batch_body(*mutations: dict[str, Any]) -> dict[str, Any]:
+    return {"mutations": list(mutations)}
+
+
+def message_fence(queue: str, message_id: str, state_version: int, delivery_generation: int) -> dict[str, Any]:
+    """The body of Cancel, Redrive or ParkPending: the message as the operator last saw it."""
+    return {
+        "queue": queue,
+        "message_id": message_id,
+        "expected_state_version": state_version,
+        "expected_delivery_generation": delivery_generation,
+    }
 
 
 class Embedded:
@@ -168,11 +241,13 @@ class Embedded:
         while sum(p.step() for p in self.processors):
             pass
 
-    def submit(self, domain: str, kind: str, body: dict[str, Any], command_id: str | None = None) -> Outcome:
+    def submit(
+        self, domain: str, kind: str, body: dict[str, Any], command_id: str | None = None, principal: str = "tester"
+    ) -> Outcome:
         """Append, apply, and return the outcome as published to reply partition 0."""
         command_id = command_id or str(uuid.uuid4())
         cursor = self.outcomes.end_offset(0)
-        self.append(domain, command(domain, kind, body, command_id, reply_to=0))
+        self.append(domain, command(domain, kind, body, command_id, principal=principal, reply_to=0))
         self.run()
         for record in self.outcomes.read(0, cursor, 1_000):
             decoded = REGISTRY.decode("keyload.Outcome", record.value)
@@ -192,6 +267,16 @@ class Embedded:
     def digest_of(self, partition: int) -> str:
         return self.stores[partition].digest()
 
+    def state_digest(self, domain: str) -> str:
+        """SHA-256 over the domain's partition projection but what every command moves — the applied
+        offset, the last time and the stored outcomes: unchanged by a command that has no effect."""
+        moved = {keys.APPLIED_OFFSET, keys.LAST_TIME}
+        digest = hashlib.sha256()
+        for key, value in self.store(domain).scan(b"", b"\xff"):
+            if key not in moved and key[:1] != keys.OUTCOME:
+                digest.update(len(key).to_bytes(4, "big") + key + len(value).to_bytes(4, "big") + value)
+        return digest.hexdigest()
+
     def close(self) -> None:
         for store in self.stores:
             store.close()
@@ -199,9 +284,11 @@ class Embedded:
         self.outcomes.close()
 
 
-def submit_unhalted(embedded: Embedded, domain: str, kind: str, body: dict[str, Any]) -> Outcome:
+def submit_unhalted(
+    embedded: Embedded, domain: str, kind: str, body: dict[str, Any], command_id: str | None = None
+) -> Outcome:
     """Embedded.submit, asserting that no partition halted on the way."""
-    outcome = embedded.submit(domain, kind, body)
+    outcome = embedded.submit(domain, kind, body, command_id)
     halted = [p.halt for p in embedded.processors if p.halt is not None]
     assert not halted, halted
     return outcome
@@ -228,6 +315,16 @@ def close_after_replay_check(embedded: Embedded, directory: Path) -> None:
     finally:
         embedded.close()
         shutil.rmtree(directory, ignore_errors=True)
+
+
+def assert_replay_equals_live(embedded: Embedded, domain: str, scratch: Path) -> None:
+    """The domain's partition rebuilt from offset 0 reaches the live projection's offset and digest."""
+    from keyload.recovery import replay
+
+    partition = embedded.partition(domain)
+    replayed = replay(embedded.data, partition, scratch / f"replay-{partition}", progress=False)
+    live = embedded.stores[partition]
+    assert (replayed.applied_offset, replayed.digest) == (live.applied_offset, live.digest())
 
 
 def assert_live_equals_replay(data: DataDir, scratch: Path) -> None:
@@ -277,6 +374,7 @@ def start_service(data: Path, *args: str) -> subprocess.Popen[bytes]:
     assert process.stdout is not None
     line = process.stdout.readline().decode()
     assert line.startswith("keyload: serving"), line
+    threading.Thread(target=process.stdout.read, daemon=True).start()  # drained: a full pipe would block it
     return process
 
 

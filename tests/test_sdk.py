@@ -6,17 +6,20 @@ from __future__ import annotations
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Unpack
 
 import pytest
 
 from keyload import Client
 from keyload.client import Lane
+from keyload.consumer import ConsumeStats, ExactlyOnce, Handled, WorkOptions
 from keyload.datadir import DataDir, KafkaConfig
 from keyload.errors import OutcomeTimeout
 from keyload.log.base import partition_for
-from keyload.results import Delivery, QueuePolicy
+from keyload.log.codec import REGISTRY
+from keyload.results import Delivery, EnqueueMessage, Event, GroupDelivery, Mutation, PutDocument, QueuePolicy
 
 from .support import start_service, stop_service
 
@@ -90,6 +93,31 @@ def test_a_lane_without_an_outcome_is_unknown(tmp_path: Path) -> None:
         client.close()
 
 
+def consume_until_settled(
+    client: Client, queue: str, handler: Callable[[Delivery], Handled], settled: int, **options: Unpack[WorkOptions]
+) -> ConsumeStats:
+    """Run the consumer helper (its own Client, a thread) until `settled` messages of `queue` are
+    acked or dead-lettered (at most 60 s), then stop it; its stats."""
+    stop = options["stop"] = threading.Event()
+    consumer = Client(client.data.root)
+    results: list[ConsumeStats] = []
+    thread = threading.Thread(
+        target=lambda: results.append(consumer.consume("shop", queue, handler, wait_ms=500, **options))
+    )
+    thread.start()
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        counters = client.inspect_queue("shop", queue).counters
+        if counters.acked_total + counters.dead_lettered == settled:
+            break
+        time.sleep(0.1)
+    stop.set()
+    thread.join(30)
+    consumer.close()
+    [stats] = results
+    return stats
+
+
 def test_consumer_helper_acks_nacks_and_renews(client: Client) -> None:
     client.create_queue("shop", "jobs", QueuePolicy(max_attempts=2, retry_base_ms=10, retry_max_ms=10, lease_ms=1_000))
     for i in range(40):
@@ -106,27 +134,64 @@ def test_consumer_helper_acks_nacks_and_renews(client: Client) -> None:
             raise RuntimeError("handler failure")
 
     client.enqueue("shop", "jobs", b"slow", message_id="slow")
-    stop = threading.Event()
-    consumer = Client(client.data.root)
-    results = []
-    thread = threading.Thread(
-        target=lambda: results.append(
-            consumer.consume("shop", "jobs", handler, concurrency=4, lease_ms=1_000, wait_ms=500, stop=stop)
-        )
-    )
-    thread.start()
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        counters = client.inspect_queue("shop", "jobs").counters
-        if counters.acked_total + counters.dead_lettered == 41:
-            break
-        time.sleep(0.1)
-    stop.set()
-    thread.join(30)
-    consumer.close()
-    [stats] = results
+    stats = consume_until_settled(client, "jobs", handler, 41, concurrency=4, lease_ms=1_000)
     counters = client.inspect_queue("shop", "jobs").counters
     assert (counters.acked_total, counters.dead_lettered) == (37, 4)  # m3, m13, m23, m33 fail twice
     assert seen["slow"] == 1 and stats.lost_leases == 0  # renewed, never redelivered
     assert all(seen[f"m{i}"] == (2 if i % 10 == 3 else 1) for i in range(40))
     assert (stats.acked, stats.nacked) == (37, 8)
+
+
+def test_an_idle_subscriber_waits_in_the_log_and_a_publish_wakes_it(client: Client, tmp_path: Path) -> None:
+    client.create_topic("shop", "events")
+    client.create_group("shop", "events", "g")
+    log = client.data.command_log()
+    partition = partition_for("shop", client.data.partitions)
+    before = log.end_offset(partition)
+    received: list[tuple[str, float]] = []
+    stop = threading.Event()
+
+    def handle(delivery: GroupDelivery) -> None:
+        received.append((delivery.event_id, time.monotonic()))
+        stop.set()
+
+    subscriber = threading.Thread(
+        target=lambda: Client(tmp_path / "data").subscribe("shop", "events", "g", handle, wait_ms=1_000, stop=stop)
+    )
+    subscriber.start()
+    time.sleep(3.5)
+    publisher = Client(tmp_path / "data")
+    published_at = time.monotonic()
+    publisher.publish("shop", "events", [Event("e1", "t", b"hi")])
+    subscriber.join(timeout=30)
+    publisher.close()
+    assert not subscriber.is_alive()
+    [(event_id, at)] = received
+    assert event_id == "e1" and at - published_at < 1.0  # served by the publish, not by a poll
+    kinds = [REGISTRY.decode("keyload.Command", r.value)["body"][0] for r in log.read(partition, before, 10_000)]
+    receives = kinds.count("keyload.command.GroupReceive")
+    assert 3 <= receives <= 5  # one receive per second of idling (plus the one the publish served)
+
+
+def test_exactly_once_consumer_commits_effects_with_the_ack(client: Client) -> None:
+    client.create_queue("shop", "orders", QueuePolicy(max_attempts=3, retry_base_ms=10, retry_max_ms=10))
+    client.create_queue("shop", "shipments")
+    client.put_document("shop", "order/o7", b"taken", expected_revision=0)  # o7's effect will conflict
+    for i in range(20):
+        client.enqueue("shop", "orders", f"order {i}".encode(), message_id=f"o{i}")
+
+    def handle(delivery: Delivery) -> list[Mutation]:
+        order = delivery.message_id
+        return [
+            PutDocument(f"order/{order}", delivery.body, expected_revision=0),
+            EnqueueMessage("shipments", f"ship-{order}", delivery.body),
+        ]
+
+    stats = consume_until_settled(client, "orders", handle, 20, exactly_once=ExactlyOnce("order-service"))
+    orders = client.inspect_queue("shop", "orders").counters
+    assert (orders.acked_total, orders.dead_lettered) == (19, 1)  # o7: RevisionConflict on every attempt
+    assert (stats.acked, stats.nacked, stats.already_processed) == (19, 3, 0)
+    assert client.inspect_queue("shop", "shipments").counters.stored_messages == 19
+    page = client.list_documents("shop", "order/", max_documents=100)
+    assert len(page.documents) == 20 and client.get_document("shop", "order/o7").value == b"taken"
+    assert {d.revision for d in page.documents} == {1}
