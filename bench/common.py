@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import cProfile
+import enum
 import importlib.metadata
 import itertools
 import json
@@ -171,12 +172,21 @@ class Unit:
     short: str  # "msg", in column headings
 
 
+class Settle(enum.Enum):
+    """How a cycle settles the deliveries of its receives."""
+
+    ACK = "ack"  # one Ack (GroupAck) per token
+    ACK_BATCH = "ack-batch"  # one AckBatch (GroupAckBatch) per receive, of its tokens
+    COMPLETE = "complete"  # one CompleteProcessing per token, without effects: inbox entry + ack
+    COMPLETE_DOC = "complete-doc"  # one CompleteProcessing per token with one PutDocument effect
+
+
 @dataclass(frozen=True)
 class Cycle:
     key: str
     label: str
     receive_max: int  # items one receive asks for
-    ack_batch: bool  # one batch ack per receive rather than one ack per token
+    settle: Settle
 
 
 class RecordingStore(Store):
@@ -508,7 +518,8 @@ def cycles_json(results: list[CycleResult], unit: Unit) -> dict[str, Any]:
         r.cycle.key: {
             "label": r.cycle.label,
             f"receive_max_{unit.many}": r.cycle.receive_max,
-            "ack_batch": r.cycle.ack_batch,
+            "ack_batch": r.cycle.settle is Settle.ACK_BATCH,
+            "settle": r.cycle.settle.value,
             "records": r.records,
             "groups": r.groups,
             "apply": timing(r.apply, r.count),
@@ -532,10 +543,11 @@ def cycles_json(results: list[CycleResult], unit: Unit) -> dict[str, Any]:
 def cycles_table(results: list[CycleResult], unit: Unit, kind_headings: dict[str, str]) -> list[str]:
     """The two blocks of a cycle benchmark's table: (a) per cycle, then (b) to (d) and the ratios."""
     width = max(LABEL_WIDTH, *(len(r.cycle.label) for r in results))
+    kind_widths = {kind: max(7, len(heading)) for kind, heading in kind_headings.items()}
     per_s, per_cpu_s = f"{unit.short}/s", f"{unit.short}/cpu-s"
     lines = [
         f"{'(a) cycle':<{width}} {'records':>7} {'groups':>6} {'wall s':>7} {per_s:>7} {'cpu s':>7} {per_cpu_s:>9}"
-        + "".join(f" {heading:>7}" for heading in kind_headings.values())
+        + "".join(f" {heading:>{kind_widths[kind]}}" for kind, heading in kind_headings.items())
         + f" {'µs first→last 10%':>18}",
     ]
     for r in results:
@@ -543,7 +555,7 @@ def cycles_table(results: list[CycleResult], unit: Unit, kind_headings: dict[str
         lines.append(
             f"{r.cycle.label:<{width}} {r.records:>7} {r.groups:>6} {r.apply.seconds:>7.2f}"
             f" {r.apply.rate(r.count):>7,.0f} {r.apply.cpu_seconds:>7.2f} {r.apply.cpu_rate(r.count):>9,.0f}"
-            + "".join(f" {per[kind]:>7.0f}" for kind in kind_headings)
+            + "".join(f" {per[kind]:>{kind_widths[kind]}.0f}" for kind in kind_headings)
             + f" {f'{r.trend[0]:,.0f} → {r.trend[1]:,.0f}':>18}"
         )
     lines += [

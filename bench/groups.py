@@ -38,6 +38,7 @@ from .common import (
     Defaults,
     Driver,
     Record,
+    Settle,
     Unit,
     chosen_cycles,
     cycle_parser,
@@ -64,9 +65,9 @@ EVENTS = Unit("event", "events", "ev")
 KIND_HEADINGS = {"publish": "pub µs", "receive": "recv µs", "ack": "ack µs"}
 
 CYCLES = (
-    Cycle("1", "receive 1, GroupAck each", 1, False),
-    Cycle("100", "receive 100, GroupAckBatch", 100, True),
-    Cycle("100-ack", "receive 100, GroupAck each", 100, False),
+    Cycle("1", "receive 1, GroupAck each", 1, Settle.ACK),
+    Cycle("100", "receive 100, GroupAckBatch", 100, Settle.ACK_BATCH),
+    Cycle("100-ack", "receive 100, GroupAck each", 100, Settle.ACK),
 )
 
 
@@ -162,7 +163,7 @@ class GroupDriver(Driver):
         del delivered
 
         acks: list[tuple[str, Record]]
-        if self.cycle.ack_batch:
+        if self.cycle.settle is Settle.ACK_BATCH:
             acks = [
                 (
                     GROUP_ACK_BATCH,
@@ -179,7 +180,7 @@ class GroupDriver(Driver):
         checkpoint = 0
         for outcome in self.submit("ack", acks):
             result = outcome["result"][1]
-            if self.cycle.ack_batch:
+            if self.cycle.settle is Settle.ACK_BATCH:
                 refused = [item for item in result["results"] if item["status"] != "committed"]
                 if refused:
                     raise BenchError(f"GroupAckBatch refused {len(refused)} tokens: {refused[0]['error_code']}")
