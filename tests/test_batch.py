@@ -100,7 +100,7 @@ def run_batch(embedded: Embedded, *mutations: dict[str, Any], command_id: str | 
     return submit_unhalted(embedded, D, BATCH, batch_body(*mutations), command_id)
 
 
-def refused(outcome: Outcome, code: str, failed_index: int | None) -> None:
+def refused(outcome: Outcome, code: str, failed_index: int | None = None) -> None:
     expect(outcome, code)
     assert outcome.failed_index == failed_index, outcome
     if failed_index is not None:

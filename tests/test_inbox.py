@@ -22,7 +22,6 @@ from keyload.results import (
     GroupReceiveResult,
     GroupView,
     InboxView,
-    MessageView,
     Outcome,
     ProcessingResult,
     PublishResult,
@@ -39,13 +38,11 @@ from .support import (
     CREATE_GROUP,
     CREATE_QUEUE,
     CREATE_TOPIC,
-    DELETE_DOCUMENT,
     ENQUEUE,
     GET_DOCUMENT,
     GROUP_RECEIVE,
     GROUP_RENEW,
     GROUP_STATUS,
-    INSPECT_MESSAGE,
     INSPECT_QUEUE,
     INSPECT_TOPIC,
     PUBLISH,
@@ -59,7 +56,6 @@ from .support import (
     create_group_body,
     create_queue_body,
     create_topic_body,
-    delete_document_body,
     enqueue_body,
     event,
     expect,
@@ -70,22 +66,11 @@ from .support import (
     receive_body,
     submit_unhalted,
 )
+from .test_batch import delete, message, observed, ok, put, refused
 from .test_leases import fill_due_timers
 
 D = "acme"
 SCOPE = "billing"
-
-
-def ok(embedded: Embedded, kind: str, body: dict[str, Any], domain: str = D) -> Any:
-    return expect(submit_unhalted(embedded, domain, kind, body), None)
-
-
-def put(key: str, value: bytes = b"v", expected: int | None = None, domain: str | None = None) -> dict[str, Any]:
-    return mutation(PUT_DOCUMENT, put_document_body(key, value, expected), domain)
-
-
-def delete(key: str, expected: int | None = None) -> dict[str, Any]:
-    return mutation(DELETE_DOCUMENT, delete_document_body(key, expected))
 
 
 def enqueue(message_id: str, queue: str = "jobs") -> dict[str, Any]:
@@ -135,20 +120,9 @@ def receipt(outcome: Outcome) -> ProcessingResult:
     return result
 
 
-def refused(outcome: Outcome, code: str, failed_index: int | None = None) -> None:
-    expect(outcome, code)
-    assert outcome.failed_index == failed_index, outcome
-
-
 def document(embedded: Embedded, key: str) -> tuple[bytes, int] | None:
     outcome = submit_unhalted(embedded, D, GET_DOCUMENT, {"key": key})
     return (outcome.result.value, outcome.result.revision) if isinstance(outcome.result, Document) else None
-
-
-def message(embedded: Embedded, message_id: str) -> MessageView:
-    view = ok(embedded, INSPECT_MESSAGE, {"queue": "jobs", "message_id": message_id, "include_body": False})
-    assert isinstance(view, MessageView)
-    return view
 
 
 def counters(embedded: Embedded) -> QueueCounters:
@@ -171,16 +145,6 @@ def deliver(embedded: Embedded, message_id: str) -> Delivery:
     [delivery] = received.deliveries
     assert delivery.message_id == message_id
     return delivery
-
-
-def observed(embedded: Embedded) -> tuple[Any, ...]:
-    """Documents a, b and c, the queue's counters, the topic's tail and the partition's state."""
-    return (
-        [document(embedded, key) for key in ("a", "b", "c")],
-        counters(embedded),
-        tail(embedded),
-        embedded.state_digest(D),
-    )
 
 
 def forged(token: str) -> str:
