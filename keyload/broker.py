@@ -7,23 +7,22 @@ From a shell: `python -m keyload.broker start DIR` (prints the bootstrap) and `p
 
 from __future__ import annotations
 
-import argparse
 import base64
-import contextlib
 import fcntl
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import sys
 import time
 import uuid
 from pathlib import Path
-from types import TracebackType
+from typing import IO
 
 from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient
+
+from keyload.dev_server import LOG_TAIL_CHARS, DevServer, DevServerError, cli, free_port
 
 # The newest Kafka on Maven Central (4.0.0..4.4.0 served); its broker bytecode targets Java 17 (class file 61).
 KAFKA_VERSION = "4.4.0"
@@ -31,7 +30,6 @@ KAFKA_VERSION = "4.4.0"
 LOG4J_VERSION = "2.25.3"
 DEPENDENCY_PLUGIN = "org.apache.maven.plugins:maven-dependency-plugin:3.8.1"
 HEAP = "-Xmx512m"
-LOG_TAIL_CHARS = 4000
 
 # Internal topics that fit one node, and no hidden waits or implicit topics in tests; tests/kafka.py gives a Docker
 # broker the same settings, and docker/docker-compose.yml repeats them.
@@ -79,7 +77,7 @@ rootLogger.appenderRef.out.ref = out
 """
 
 
-class BrokerError(RuntimeError):
+class BrokerError(DevServerError):
     """The broker could not be fetched, started or stopped; the message says why."""
 
 
@@ -113,7 +111,9 @@ def kafka_classpath(cache: Path | None = None) -> list[Path]:
         command += [f"-DoutputDirectory={lib}", "-DincludeScope=runtime"]
         done = subprocess.run(command, capture_output=True, text=True)
         if done.returncode != 0:
-            raise BrokerError(f"mvn could not fetch Kafka {KAFKA_VERSION}:\n{_tail(done.stdout + done.stderr)}")
+            raise BrokerError(
+                f"mvn could not fetch Kafka {KAFKA_VERSION}:\n{(done.stdout + done.stderr)[-LOG_TAIL_CHARS:]}"
+            )
         jars = sorted(lib.glob("*.jar"))
         tmp = manifest.with_suffix(".tmp")
         tmp.write_text("".join(f"{jar.name}\n" for jar in jars))
@@ -145,49 +145,32 @@ def native_broker_available() -> str | None:
     return None
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
-
-
-def _tail(text: str) -> str:
-    return text[-LOG_TAIL_CHARS:]
-
-
-class NativeBroker:
+class NativeBroker(DevServer):
     """One KRaft broker+controller whose ports, data and logs live in `workdir`, so a restart keeps its address."""
 
+    NAME = "broker"
+    ERROR = BrokerError
+    START_TIMEOUT_S = 90.0
+    STOP_TIMEOUT_S = 60.0  # a clean shutdown, so a restart needs no log recovery
+
     def __init__(self, workdir: Path, port: int | None = None) -> None:
-        self.workdir = workdir.resolve()
-        self.workdir.mkdir(parents=True, exist_ok=True)
-        self.log_path = self.workdir / "broker.log"
-        self.pid_path = self.workdir / "broker.pid"
+        super().__init__(workdir)
         ports_path = self.workdir / "ports"
         saved = [int(p) for p in ports_path.read_text().split()] if ports_path.exists() else []
         self.port = port or (saved[0] if saved else free_port())
         self.controller_port = saved[1] if saved else free_port()
         ports_path.write_text(f"{self.port} {self.controller_port}\n")
-        self._proc: subprocess.Popen[bytes] | None = None
 
     @property
     def bootstrap(self) -> str:
         return f"127.0.0.1:{self.port}"
 
-    def start(self, timeout_s: float = 90) -> None:
-        """Format storage on first start, launch the JVM, and return once the broker answers metadata requests."""
-        running = self._pid()
-        if running is not None:
-            raise BrokerError(f"a broker (pid {running}) already runs in {self.workdir}; stop it first")
+    @property
+    def address(self) -> str:
+        return self.bootstrap
+
+    def _launch(self, log: IO[bytes]) -> subprocess.Popen[bytes]:
+        """Format storage on first start and launch the JVM."""
         java = java_executable()
         if java is None:
             raise BrokerError("java is not on PATH (Kafka 4.x needs Java 17+)")
@@ -196,35 +179,28 @@ class NativeBroker:
         config.write_text(self._server_properties())
         (self.workdir / "log4j2.properties").write_text(_LOG4J2)
         jvm = [java, f"-Dlog4j2.configurationFile={self.workdir / 'log4j2.properties'}", "-cp", classpath]
-        with open(self.log_path, "ab") as log:
-            if not (self.workdir / "data" / "meta.properties").exists():
-                cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
-                fmt = [*jvm[:2], "-Xmx256m", *jvm[2:], "kafka.tools.StorageTool", "format"]
-                done = subprocess.run([*fmt, "-t", cluster_id, "-c", str(config)], stdout=log, stderr=log)
-                if done.returncode != 0:
-                    raise BrokerError(f"formatting Kafka storage failed:\n{self.log_tail()}")
-            self._proc = subprocess.Popen(
-                [*jvm[:2], HEAP, *jvm[2:], "kafka.Kafka", str(config)],
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=log,
-                start_new_session=True,  # a Ctrl-C in the parent's terminal must not skip the clean shutdown
-            )
-        self.pid_path.write_text(f"{self._proc.pid}\n")
-        try:
-            self._wait_ready(timeout_s)
-        except BaseException:
-            self.kill()
-            raise
+        if not (self.workdir / "data" / "meta.properties").exists():
+            cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
+            fmt = [*jvm[:2], "-Xmx256m", *jvm[2:], "kafka.tools.StorageTool", "format"]
+            done = subprocess.run([*fmt, "-t", cluster_id, "-c", str(config)], stdout=log, stderr=log)
+            if done.returncode != 0:
+                raise BrokerError(f"formatting Kafka storage failed:\n{self.log_tail()}")
+        return subprocess.Popen(
+            [*jvm[:2], HEAP, *jvm[2:], "kafka.Kafka", str(config)],
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=log,
+            start_new_session=True,
+        )
 
     def _wait_ready(self, timeout_s: float) -> None:
-        assert self._proc is not None
         meta = (self.workdir / "data" / "meta.properties").read_text()
         cluster_id = next(line.split("=", 1)[1] for line in meta.splitlines() if line.startswith("cluster.id="))
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
-            if self._proc.poll() is not None:
-                raise BrokerError(f"Kafka exited with code {self._proc.returncode} while starting:\n{self.log_tail()}")
+            exited = self.exited_while_starting()
+            if exited is not None:
+                raise exited
             try:  # a plain connect first: librdkafka logs every refused connection to stderr
                 socket.create_connection(("127.0.0.1", self.port), timeout=1).close()
                 metadata = AdminClient({"bootstrap.servers": self.bootstrap}).list_topics(timeout=5)
@@ -235,62 +211,8 @@ class NativeBroker:
             time.sleep(0.2)
         raise BrokerError(f"Kafka did not answer on {self.bootstrap} within {timeout_s:g}s:\n{self.log_tail()}")
 
-    def stop(self, timeout_s: float = 60) -> None:
-        """SIGTERM for a clean shutdown (so a restart needs no log recovery), SIGKILL if it takes too long."""
-        pid = self._pid()
-        if pid is None:
-            return
-        self._signal(pid, signal.SIGTERM)
-        if not self._wait_exit(pid, timeout_s):
-            self._signal(pid, signal.SIGKILL)
-            self._wait_exit(pid, 10)
-        self._forget()
-
-    def kill(self) -> None:
-        """SIGKILL, like a machine crash: the next start recovers from the data on disk."""
-        pid = self._pid()
-        if pid is None:
-            return
-        self._signal(pid, signal.SIGKILL)
-        self._wait_exit(pid, 10)
-        self._forget()
-
-    def log_tail(self) -> str:
-        return _tail(self.log_path.read_text(errors="replace")) if self.log_path.exists() else ""
-
-    def _pid(self) -> int | None:
-        """The JVM this object started, or else the live one recorded in the workdir (another process's `start`)."""
-        if self._proc is not None:
-            return self._proc.pid if self._proc.poll() is None else None
-        if not self.pid_path.exists():
-            return None
-        pid = int(self.pid_path.read_text())
-        # A stale file's pid may belong to an unrelated process by now: only a JVM running our config counts.
-        args = subprocess.run(["ps", "-p", str(pid), "-o", "args="], capture_output=True, text=True).stdout
-        return pid if str(self.workdir / "server.properties") in args else None
-
-    @staticmethod
-    def _signal(pid: int, sig: signal.Signals) -> None:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(pid, sig)  # the JVM leads its own process group
-
-    def _wait_exit(self, pid: int, timeout_s: float) -> bool:
-        if self._proc is not None:
-            try:
-                self._proc.wait(timeout_s)
-                return True
-            except subprocess.TimeoutExpired:
-                return False
-        deadline = time.monotonic() + timeout_s
-        while _alive(pid):
-            if time.monotonic() > deadline:
-                return False
-            time.sleep(0.1)
-        return True
-
-    def _forget(self) -> None:
-        self._proc = None
-        self.pid_path.unlink(missing_ok=True)
+    def _owns(self, args: str) -> bool:
+        return str(self.workdir / "server.properties") in args  # a JVM running our config
 
     def _server_properties(self) -> str:
         settings = {
@@ -307,36 +229,9 @@ class NativeBroker:
         }
         return "".join(f"{key}={value}\n" for key, value in settings.items())
 
-    def __enter__(self) -> NativeBroker:
-        self.start()
-        return self
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.stop()
-
 
 def main(argv: list[str] | None = None) -> int:
-    """`start DIR` leaves the broker running in the background and prints its bootstrap; `stop DIR` ends it."""
-    parser = argparse.ArgumentParser(prog="python -m keyload.broker", description=__doc__)
-    parser.add_argument("action", choices=["start", "stop"])
-    parser.add_argument("dir", type=Path)
-    parser.add_argument("--port", type=int, help="PLAINTEXT port (default: the one used before, else a free one)")
-    parser.add_argument("--timeout", type=float, default=90.0, help="seconds to wait (default 90)")
-    args = parser.parse_args(argv)
-    broker = NativeBroker(args.dir, args.port)
-    try:
-        if args.action == "start":
-            broker.start(args.timeout)
-            (broker.workdir / "bootstrap").write_text(f"{broker.bootstrap}\n")
-            print(broker.bootstrap)
-        else:
-            broker.stop(args.timeout)
-    except BrokerError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
-    return 0
+    return cli(NativeBroker, argv, "python -m keyload.broker", __doc__)
 
 
 if __name__ == "__main__":

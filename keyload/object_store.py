@@ -10,10 +10,16 @@ object.
 ROOT/<key>~/<version>    one file per object version; version = creation time in ns
                          (20 digits), "." 8 random hex digits, "-", SHA-256 of the
                          bytes (the etag): never reused, so a stale delete is harmless
+
+`S3ObjectStore` keeps the same contract in an S3 bucket with versioning enabled:
+the version is S3's version id, a create is a conditional PUT (`If-None-Match: *`),
+and the SHA-256 travels as object metadata so HEAD reports it without reading the
+bytes.
 """
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import hashlib
 import os
@@ -24,7 +30,10 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from mypy_boto3_s3 import S3Client
 
 MAX_KEY_CHARS = 512
 KEY_PATTERN = re.compile(r"[A-Za-z0-9._-]+(/[A-Za-z0-9._-]+)*")
@@ -168,4 +177,201 @@ class FileObjectStore:
         for key in sorted(key for key in found if key.startswith(prefix)):
             newest = self.head(key)
             if newest is not None:
+                yield newest
+
+
+# S3: the SHA-256 (hex) of an object's bytes, set by put_if_absent and read back by HEAD.
+SHA256_METADATA = "sha256"
+PUT_ATTEMPTS = 5  # a conditional PUT racing another writer or a delete is retried this often
+_MISSING_CODES = {"404", "NoSuchKey", "NoSuchVersion", "NotFound"}
+
+
+def _code(exc: Exception) -> str:
+    response: Any = getattr(exc, "response", None) or {}
+    return str(response.get("Error", {}).get("Code", ""))
+
+
+def _status(exc: Exception) -> int:
+    response: Any = getattr(exc, "response", None) or {}
+    return int(response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0))
+
+
+class S3ObjectStore:
+    """The object-store contract in an S3 bucket (AWS, MinIO, moto, ...) with versioning enabled.
+
+    A missing bucket is created with versioning on; an existing bucket whose versioning
+    is not enabled is refused, since a delete could then remove bytes another version
+    still names. `put_if_absent` is a conditional create (`If-None-Match: *`): exactly
+    one writer's version becomes the object, a racing writer gets 412 and compares
+    SHA-256s (same bytes: idempotent, other bytes: `ObjectConflict`). `delete` removes
+    exactly the named version id (a HEAD of that version first tells whether it was
+    there, since S3 answers a delete of a missing version with success as well).
+    Keys live under `prefix` (empty, or a valid key: objects go to `prefix/key`).
+    `client_options` go to `boto3.client("s3", ...)` (credentials, config, ...), or pass
+    a ready `client`.
+    """
+
+    def __init__(
+        self,
+        bucket: str,
+        prefix: str = "",
+        *,
+        endpoint_url: str | None = None,
+        region_name: str | None = None,
+        client: S3Client | None = None,
+        create_bucket: bool = True,
+        **client_options: Any,
+    ) -> None:
+        self.bucket = bucket
+        self.prefix = check_key(prefix.rstrip("/")) + "/" if prefix else ""
+        if client is None:
+            import boto3
+
+            client = boto3.client("s3", endpoint_url=endpoint_url, region_name=region_name, **client_options)
+        self.client = client
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        self._client_error = ClientError
+        self._errors: tuple[type[Exception], ...] = (BotoCoreError, ClientError)
+        self._ensure_bucket(create_bucket)
+
+    def _failure(self, what: str, exc: Exception) -> ObjectStoreError:
+        return ObjectStoreError(f"S3 bucket {self.bucket}: {what} failed: {exc}")
+
+    def _ensure_bucket(self, create: bool) -> None:
+        try:
+            try:
+                self.client.head_bucket(Bucket=self.bucket)
+            except self._client_error as exc:
+                if _code(exc) not in {"404", "NoSuchBucket", "NotFound"} or not create:
+                    raise
+                self._create_bucket()
+            status = self.client.get_bucket_versioning(Bucket=self.bucket).get("Status")
+        except self._errors as exc:
+            raise self._failure("opening the bucket", exc) from exc
+        if status != "Enabled":
+            raise ObjectStoreError(
+                f"S3 bucket {self.bucket} has versioning {(status or 'off').lower()}; the object store needs "
+                "versioning enabled (immutable versions, version-aware deletes)"
+            )
+
+    def _create_bucket(self) -> None:
+        region = self.client.meta.region_name
+        try:
+            if region and region != "us-east-1":
+                self.client.create_bucket(
+                    Bucket=self.bucket,
+                    CreateBucketConfiguration={"LocationConstraint": region},  # type: ignore[typeddict-item]
+                )
+            else:
+                self.client.create_bucket(Bucket=self.bucket)
+        except self._client_error as exc:
+            if _code(exc) != "BucketAlreadyOwnedByYou":  # another process created it first
+                raise
+        self.client.put_bucket_versioning(Bucket=self.bucket, VersioningConfiguration={"Status": "Enabled"})
+
+    def _name(self, key: str) -> str:
+        return self.prefix + check_key(key)
+
+    def _head(self, key: str, version: str | None) -> ObjectVersion | None:
+        name = self._name(key)
+        try:
+            if version is None:
+                answer = self.client.head_object(Bucket=self.bucket, Key=name)
+            else:
+                answer = self.client.head_object(Bucket=self.bucket, Key=name, VersionId=version)
+        except self._client_error as exc:
+            # A version id S3 cannot parse is a 400: no such version either way.
+            if _code(exc) in _MISSING_CODES or _status(exc) == 404 or (version is not None and _status(exc) == 400):
+                return None
+            raise self._failure(f"HEAD {key}", exc) from exc
+        except self._errors as exc:
+            raise self._failure(f"HEAD {key}", exc) from exc
+        if answer.get("DeleteMarker"):
+            return None
+        etag = answer.get("Metadata", {}).get(SHA256_METADATA)
+        if not etag:
+            raise ObjectStoreError(f"S3 object {self._name(key)} has no {SHA256_METADATA} metadata (not ours)")
+        return ObjectVersion(key, answer["VersionId"], etag, answer["ContentLength"])
+
+    def head(self, key: str) -> ObjectVersion | None:
+        return self._head(key, None)
+
+    def put_if_absent(self, key: str, source: Path) -> ObjectVersion:
+        name = self._name(key)
+        digest = hashlib.sha256()
+        with source.open("rb") as file:
+            while chunk := file.read(COPY_CHUNK_BYTES):
+                digest.update(chunk)
+        etag = digest.hexdigest()
+        checksum = base64.b64encode(digest.digest()).decode()
+        for _ in range(PUT_ATTEMPTS):
+            existing = self.head(key)
+            if existing is not None:
+                if existing.etag != etag:
+                    raise ObjectConflict(f"object {key} exists with other content")
+                return existing
+            try:
+                with source.open("rb") as body:
+                    answer = self.client.put_object(
+                        Bucket=self.bucket,
+                        Key=name,
+                        Body=body,
+                        IfNoneMatch="*",
+                        ChecksumSHA256=checksum,  # S3 verifies the bytes it received
+                        Metadata={SHA256_METADATA: etag},
+                    )
+            except self._client_error as exc:
+                # 412: another writer's version exists; 409: a concurrent conditional write is in flight.
+                if _status(exc) in (409, 412):
+                    time.sleep(0.05)
+                    continue
+                raise self._failure(f"PUT {key}", exc) from exc
+            except self._errors as exc:
+                raise self._failure(f"PUT {key}", exc) from exc
+            return ObjectVersion(key, answer["VersionId"], etag, source.stat().st_size)
+        raise ObjectStoreError(f"object {key}: conditional create kept racing other writers or deletes")
+
+    def get(self, key: str, into: Path, version: str | None = None) -> ObjectVersion:
+        described = self._head(key, version)
+        if described is None:
+            raise ObjectStoreError(
+                f"object {key} does not exist" if version is None else f"object {key} has no version {version}"
+            )
+        into.parent.mkdir(parents=True, exist_ok=True)
+        digest = hashlib.sha256()
+        try:
+            answer = self.client.get_object(Bucket=self.bucket, Key=self._name(key), VersionId=described.version)
+            with into.open("wb") as out:
+                for chunk in answer["Body"].iter_chunks(COPY_CHUNK_BYTES):
+                    digest.update(chunk)
+                    out.write(chunk)
+        except self._errors as exc:
+            raise self._failure(f"GET {key}", exc) from exc
+        if digest.hexdigest() != described.etag:
+            raise ObjectStoreError(f"object {key} version {described.version}: bytes do not match their SHA-256")
+        return described
+
+    def delete(self, key: str, version: str) -> bool:
+        if self._head(key, version) is None:
+            return False
+        try:
+            self.client.delete_object(Bucket=self.bucket, Key=self._name(key), VersionId=version)
+        except self._errors as exc:
+            raise self._failure(f"DELETE {key} version {version}", exc) from exc
+        return True
+
+    def list(self, prefix: str) -> Iterator[ObjectVersion]:
+        keys: list[str] = []
+        try:
+            pages = self.client.get_paginator("list_objects_v2").paginate(
+                Bucket=self.bucket, Prefix=self.prefix + prefix
+            )
+            for page in pages:
+                keys.extend(item["Key"][len(self.prefix) :] for item in page.get("Contents", []))
+        except self._errors as exc:
+            raise self._failure(f"LIST {prefix}", exc) from exc
+        for key in sorted(keys):
+            newest = self.head(key)
+            if newest is not None:  # deleted since the listing
                 yield newest

@@ -6,8 +6,11 @@ from pathlib import Path
 import pytest
 
 from keyload.broker import NativeBroker, native_broker_available
+from keyload.s3_server import S3ServerError
 
 from .kafka import BrokerUnavailable, kafka_broker, unavailable
+from .s3 import S3Endpoint, s3_server
+from .s3 import unavailable as s3_unavailable
 from .support import Embedded
 
 
@@ -36,3 +39,13 @@ def native_broker(tmp_path: Path) -> Iterator[NativeBroker]:
         unavailable(problem)
     with NativeBroker(tmp_path / "kafka") as broker:
         yield broker
+
+
+@pytest.fixture(scope="session")
+def s3_endpoint(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Endpoint]:
+    """KEYLOAD_S3_ENDPOINT, else one moto server process for the whole session."""
+    try:
+        with s3_server(tmp_path_factory.mktemp("s3")) as endpoint:
+            yield endpoint
+    except S3ServerError as e:
+        s3_unavailable(str(e))

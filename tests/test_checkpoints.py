@@ -1,8 +1,7 @@
-"""The object store, the checkpoint catalog (files and a compacted Kafka topic), and checkpoints through them."""
+"""The checkpoint catalog (files and a compacted Kafka topic), and checkpoints through them."""
 
 from __future__ import annotations
 
-import hashlib
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -12,46 +11,12 @@ import pytest
 from keyload.catalog import CatalogEntry, CheckpointCatalog, FileCatalog, KafkaCatalog, recovery_floor
 from keyload.checkpoints import CheckpointError, CheckpointPolicy, Checkpoints
 from keyload.log.kafka_log import KafkaSettings, ensure_topics
-from keyload.object_store import FileObjectStore, ObjectConflict, ObjectStoreError
 from keyload.projections.store import Manifest, ManifestFile, Store
 from keyload.runtime import PartitionProcessor
 
 from .support import CHECKPOINT, CREATE_QUEUE, ENQUEUE, Embedded, command, create_queue_body, enqueue_body
 
 D = "shop"
-
-
-def write(path: Path, data: bytes) -> Path:
-    path.write_bytes(data)
-    return path
-
-
-def test_object_store_creates_once_and_deletes_exact_versions(tmp_path: Path) -> None:
-    store = FileObjectStore(tmp_path / "objects")
-    first = store.put_if_absent("a/b.sst", write(tmp_path / "one", b"one"))
-    assert (first.etag, first.length) == (hashlib.sha256(b"one").hexdigest(), 3)
-    # The same bytes again are idempotent; other bytes are a conflict and change nothing.
-    assert store.put_if_absent("a/b.sst", write(tmp_path / "same", b"one")) == first
-    with pytest.raises(ObjectConflict):
-        store.put_if_absent("a/b.sst", write(tmp_path / "other", b"two"))
-    assert store.head("a/b.sst") == first
-    # A key may also be a prefix of other keys.
-    nested = store.put_if_absent("a/b.sst/c", write(tmp_path / "c", b"c"))
-    assert [v.key for v in store.list("a/")] == ["a/b.sst", "a/b.sst/c"]
-    assert store.get("a/b.sst", tmp_path / "fetched") == first
-    assert (tmp_path / "fetched").read_bytes() == b"one"
-    # Deletes name a version: a repeated or stale delete never removes a newer object.
-    assert store.delete("a/b.sst", first.version) is True
-    assert store.delete("a/b.sst", first.version) is False
-    assert store.head("a/b.sst") is None
-    recreated = store.put_if_absent("a/b.sst", write(tmp_path / "again", b"one"))
-    assert recreated.version != first.version
-    assert store.delete("a/b.sst", first.version) is False
-    assert store.head("a/b.sst") == recreated
-    assert store.head("a/b.sst/c") == nested
-    for bad in ("", "../x", "a//b", "a/../b", "/a", "a b", "x" * 513):
-        with pytest.raises(ObjectStoreError):
-            store.head(bad)
 
 
 def manifest(partition: int, offset: int) -> Manifest:
