@@ -23,8 +23,13 @@ recognised (`already_processed`, counted in the stats) and applies nothing twice
 Effects must be a function of the delivery (ids derived from it, never random),
 or such a repeat is a Conflict. A completion refused for another reason (a
 document revision conflict, a full queue) is nacked and retried per the policy.
-An outcome that does not come in time raises OutcomeTimeout, as for every other
-command; restarting the consumer is safe.
+
+An outcome that does not come in time (the processor or broker is down longer
+than the client's timeout) does not stop the helper: the command is counted in
+`unknown_outcomes` and tried again next round as a new command. A receive's lost
+deliveries come again when their leases run out; a settle that did apply shows
+as a lost lease, or, exactly once, as already processed; a delivery stays
+unsettled (and `stop` waits for it) until its settle is known.
 """
 
 from __future__ import annotations
@@ -38,7 +43,7 @@ from typing import TYPE_CHECKING, Generic, Protocol, TypedDict, TypeVar, Unpack
 
 from keyload.processors.limits import MAX_ACK_BATCH
 
-from .errors import CommandRejected, KeyloadError
+from .errors import CommandRejected, KeyloadError, OutcomeTimeout
 from .results import Delivery, GroupDelivery, Mutation
 
 if TYPE_CHECKING:
@@ -78,6 +83,7 @@ class ConsumeStats:
     nacked: int = 0
     lost_leases: int = 0  # renew/ack/nack found the lease gone: the delivery will come again
     already_processed: int = 0  # exactly-once mode: completions the log had already applied (counted in acked)
+    unknown_outcomes: int = 0  # commands whose outcome did not come in time (OutcomeTimeout): retried
 
 
 class Source(Protocol[D_co]):
@@ -196,6 +202,15 @@ def work(
     running: dict[Future[Handled], _Running[D]] = {}
     renew_every = lease_ms / 1000 / RENEW_FRACTION
 
+    def known(command: Callable[..., object], *args: object) -> bool:
+        """Run a command; False when its outcome did not come in time (it is tried again later)."""
+        try:
+            command(*args)
+        except OutcomeTimeout:
+            stats.unknown_outcomes += 1
+            return False
+        return True
+
     def nack(token: str) -> None:
         try:
             source.nack(token, nack_delay_ms)
@@ -216,27 +231,38 @@ def work(
             else:
                 nack(token)  # the effects were refused (nothing applied): retry per the policy
 
-    def settle(finished: list[tuple[Future[Handled], _Running[D]]]) -> None:
-        """Ack the handlers that returned in one batch (or complete each, exactly once); nack the ones that raised."""
-        if exactly_once is not None:
-            for future, entry in finished:
-                if future.exception() is None:
-                    complete(entry.delivery.token, future.result(), exactly_once)
-                else:
-                    nack(entry.delivery.token)
-            return
-        succeeded = [entry.delivery.token for future, entry in finished if future.exception() is None]
-        if succeeded:
-            for result in source.ack_batch(succeeded):
-                if result.status == "committed":
-                    stats.acked += 1
-                elif result.error_code in LOST_LEASE_CODES:
-                    stats.lost_leases += 1
-                else:
-                    raise KeyloadError(f"ack refused: {result.error_code}")
-        for future, entry in finished:
-            if future.exception() is not None:
-                nack(entry.delivery.token)
+    def ack_all(tokens: list[str]) -> None:
+        for result in source.ack_batch(tokens):
+            if result.status == "committed":
+                stats.acked += 1
+            elif result.error_code in LOST_LEASE_CODES:
+                stats.lost_leases += 1
+            else:
+                raise KeyloadError(f"ack refused: {result.error_code}")
+
+    def settle(finished: list[Future[Handled]]) -> None:
+        """Ack the handlers that returned in one batch (or complete each, exactly once); nack the
+        ones that raised. What is settled leaves `running`; what met an unknown outcome stays
+        there and is settled again next round (a repeat that did apply shows as a lost lease,
+        or, exactly once, as already processed)."""
+        settled: list[Future[Handled]] = []
+        succeeded = [future for future in finished if future.exception() is None]
+        if exactly_once is None:
+            tokens = [running[future].delivery.token for future in succeeded]
+            if not tokens or known(ack_all, tokens):
+                settled += succeeded
+        else:
+            mode = exactly_once
+            for future in succeeded:
+                token = running[future].delivery.token
+                if known(complete, token, future.result(), mode):
+                    settled.append(future)
+        for future in finished:
+            token = running[future].delivery.token
+            if future.exception() is not None and known(nack, token):
+                settled.append(future)
+        for future in settled:
+            del running[future]
 
     def renew_due() -> None:
         now = time.monotonic()
@@ -246,6 +272,8 @@ def work(
             try:
                 source.renew(entry.delivery.token, lease_ms)
                 entry.renew_at = now + renew_every
+            except OutcomeTimeout:
+                stats.unknown_outcomes += 1  # renewed again next round
             except CommandRejected as refusal:
                 if refusal.code not in LOST_LEASE_CODES:
                     raise
@@ -256,14 +284,18 @@ def work(
             free = concurrency - len(running)
             if free > 0 and not stop.is_set():
                 # Wait in the log only while nothing runs, so running handlers keep being settled and renewed.
-                deliveries = source.receive(free, lease_ms, wait=not running)
+                try:
+                    deliveries = source.receive(free, lease_ms, wait=not running)
+                except OutcomeTimeout:  # what it may have leased comes again when the lease runs out
+                    stats.unknown_outcomes += 1
+                    deliveries = []
                 for delivery in deliveries:
                     running[pool.submit(handler, delivery)] = _Running(delivery, time.monotonic() + renew_every)
                 stats.received += len(deliveries)
             if running:
                 done, _ = wait(list(running), timeout=SETTLE_POLL_S, return_when=FIRST_COMPLETED)
                 if done:
-                    settle([(future, running.pop(future)) for future in done])
+                    settle(list(done))
                 renew_due()
     return stats
 

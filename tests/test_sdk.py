@@ -3,6 +3,9 @@ the consumer helper."""
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
 import threading
 import time
 import uuid
@@ -21,23 +24,29 @@ from keyload.log.base import partition_for
 from keyload.log.codec import REGISTRY
 from keyload.results import Delivery, EnqueueMessage, Event, GroupDelivery, Mutation, PutDocument, QueuePolicy
 
-from .support import start_service, stop_service
+from .support import start_service, stop_service, wait_until
 
 pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(params=["file", "kafka"])
-def client(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Client]:
+def served(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[Client, subprocess.Popen[bytes]]]:
+    """A client of a running `keyload run`, and that service's process."""
     if request.param == "kafka":
         bootstrap: str = request.getfixturevalue("kafka_bootstrap")
         DataDir.create(tmp_path / "data", kafka=KafkaConfig(bootstrap, f"sdk-{uuid.uuid4().hex[:10]}"))
     service = start_service(tmp_path / "data", "--tick-interval-ms", "50")
     sdk = Client(tmp_path / "data")
     try:
-        yield sdk
+        yield sdk, service
     finally:
         sdk.close()
         assert stop_service(service) == 0
+
+
+@pytest.fixture
+def client(served: tuple[Client, subprocess.Popen[bytes]]) -> Client:
+    return served[0]
 
 
 def test_an_idle_long_poll_appends_one_command_and_an_enqueue_completes_it(client: Client, tmp_path: Path) -> None:
@@ -195,3 +204,38 @@ def test_exactly_once_consumer_commits_effects_with_the_ack(client: Client) -> N
     page = client.list_documents("shop", "order/", max_documents=100)
     assert len(page.documents) == 20 and client.get_document("shop", "order/o7").value == b"taken"
     assert {d.revision for d in page.documents} == {1}
+
+
+def test_the_consumer_helper_rides_out_a_processor_pause_longer_than_its_timeout(
+    served: tuple[Client, subprocess.Popen[bytes]],
+) -> None:
+    client, service = served
+    client.create_queue("shop", "jobs", QueuePolicy(lease_ms=60_000))
+    for i in range(30):
+        client.enqueue("shop", "jobs", b"job", message_id=f"m{i}")
+    handled: list[str] = []
+    paused = threading.Event()
+
+    def handler(delivery: Delivery) -> None:
+        handled.append(delivery.message_id)
+        if len(handled) == 10 and not paused.is_set():
+            paused.set()
+            os.kill(service.pid, signal.SIGSTOP)  # the processor stops answering: outcomes time out
+            threading.Timer(3.0, os.kill, (service.pid, signal.SIGCONT)).start()
+
+    stop = threading.Event()
+    consumer = Client(client.data.root, timeout_s=1.0)
+    results: list[ConsumeStats] = []
+    thread = threading.Thread(
+        target=lambda: results.append(consumer.consume("shop", "jobs", handler, wait_ms=500, stop=stop))
+    )
+    thread.start()
+    wait_until(lambda: client.inspect_queue("shop", "jobs").counters.acked_total == 30, 60, "every job acked")
+    stop.set()
+    thread.join(30)
+    consumer.close()
+    [stats] = results
+    counters = client.inspect_queue("shop", "jobs").counters
+    assert (counters.acked_total, counters.stored_messages) == (30, 0)
+    assert stats.unknown_outcomes >= 1 and stats.acked + stats.lost_leases >= 30
+    assert set(handled) == {f"m{i}" for i in range(30)}
