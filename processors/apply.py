@@ -16,7 +16,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from keyload.log.base import partition_for
-from keyload.log.codec import HEADER_BYTES, REGISTRY, CodecError, encoded_optional_long, expanded_current, history
+from keyload.log.codec import (
+    HEADER_BYTES,
+    REGISTRY,
+    CodecError,
+    Released,
+    encoded_optional_long,
+    expanded_current,
+    history,
+)
 from keyload.projections import keys
 from keyload.projections.store import Staged
 
@@ -183,7 +191,7 @@ def fingerprint(command: Record, value: bytes) -> bytes:
     """
     kind, body = command["body"]
     if kind in CHANGED_KINDS:
-        return _prefix_digest(command, _oldest_lossless_encoding(_canonical(command)))
+        return _prefix_digest(command, _oldest_lossless_encoding(_canonical(command), CHANGED_KINDS[kind]))
     paths = MAP_FIELDS.get(kind, ())
     if REGISTRY.is_current(COMMAND, value) and all(_in_key_order(m) for path in paths for m in _maps_at(body, path)):
         encoded = value[HEADER_BYTES:]
@@ -192,10 +200,11 @@ def fingerprint(command: Record, value: bytes) -> bytes:
     return _prefix_digest(command, encoded)
 
 
-def _oldest_lossless_encoding(canonical: Record) -> bytes:
-    """The command's body under the oldest released version that writes it and reads it back
-    unchanged; a command setting a field older versions lack gets a newer (or the current) one."""
-    for released in REGISTRY.released(COMMAND):
+def _oldest_lossless_encoding(canonical: Record, candidates: tuple[Released, ...]) -> bytes:
+    """The command's body under the oldest of `candidates` (its kind's older shapes) that writes it
+    and reads it back unchanged; a command setting a field older versions lack gets a newer (or the
+    current) one."""
+    for released in candidates:
         try:
             encoded = REGISTRY.encode_body_under(released.schema, canonical)
             if REGISTRY.decode(COMMAND, released.header + encoded) == canonical:
@@ -244,13 +253,18 @@ def _branch_shapes(schema: Any) -> dict[str, str]:
     return shapes
 
 
-def _changed_kinds() -> frozenset[str]:
-    """Command kinds whose record differs between two released versions (or the current one)."""
-    shapes: dict[str, set[str]] = {}
-    for schema in (*(old for _, old in history(COMMAND)), expanded_current(COMMAND)):
+def _changed_kinds() -> dict[str, tuple[Released, ...]]:
+    """Command kinds whose record differs between released versions (or the current one), each with
+    the oldest released version of every shape it had before the current one: the only versions
+    worth trying (one lacking the kind cannot write it, and equal shapes encode alike)."""
+    released = {r.version: r for r in REGISTRY.released(COMMAND)}
+    current = _branch_shapes(expanded_current(COMMAND))
+    older: dict[str, dict[str, Released]] = {}  # kind -> shape -> its oldest version
+    for version, schema in history(COMMAND):
         for kind, shape in _branch_shapes(schema).items():
-            shapes.setdefault(kind, set()).add(shape)
-    return frozenset(kind for kind, seen in shapes.items() if len(seen) > 1)
+            if shape != current.get(kind):
+                older.setdefault(kind, {}).setdefault(shape, released[version])
+    return {kind: tuple(shapes.values()) for kind, shapes in older.items()}
 
 
 # ReadTopic and GroupReceive since Command v4: these fingerprint under their oldest lossless version.
