@@ -6,12 +6,18 @@ partition is its published entries; the **recovery floor** is the oldest one's
 offset: the log below it may be truncated, since every restore starts at a
 published checkpoint. Embedded deployments keep the catalog in files; Kafka
 deployments in a compacted topic, keyed by partition and offset.
+
+A restore may **pin** the exact entry it is using (a RecoveryPin, held by a
+session) so that retention cannot retire it and delete its objects meanwhile.
+A pin has no client-clock expiry: it lasts until the holder releases it.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,10 +30,20 @@ from keyload.log.kafka_log import KafkaLog, KafkaSettings, producer_config, read
 from keyload.projections.store import Manifest
 
 CATALOG_READ_TIMEOUT_S = 30.0
+PIN_KEY_PREFIX = "pin/"  # Kafka catalog: pin keys, never taken for entry keys (those start with "p-")
+
+
+MAX_SESSION_CHARS = 128
+# A session spelled like this is used as is in pin file names and keys; any other is hashed.
+_PLAIN_SESSION = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]*")
 
 
 class CatalogError(Exception):
     """The catalog cannot be read or written."""
+
+
+class NotPublished(CatalogError):
+    """A pin names an offset that is not (or no longer) a published checkpoint."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,6 +78,34 @@ def entry_key(partition: int, offset: int) -> str:
     return f"p-{partition:04d}/{offset:020d}"
 
 
+@dataclass(frozen=True, slots=True)
+class RecoveryPin:
+    """A session's claim on one published checkpoint: it is not retired while the pin exists."""
+
+    partition: int
+    offset: int
+    session: str  # who holds it: 1..128 printable ASCII, e.g. "restore-p3-<hostname>-<pid>-<random>"
+
+    def __post_init__(self) -> None:
+        if not 1 <= len(self.session) <= MAX_SESSION_CHARS or not all(" " <= c <= "~" for c in self.session):
+            raise ValueError(f"a pin session is 1..{MAX_SESSION_CHARS} printable ASCII characters")
+
+    @property
+    def key(self) -> str:
+        """`p-NNNN/OFFSET/SESSION`; a session that is no safe file name (`/`, `..`, ...) becomes `~` + its SHA-256."""
+        plain = _PLAIN_SESSION.fullmatch(self.session)
+        name = self.session if plain else "~" + hashlib.sha256(self.session.encode()).hexdigest()
+        return f"{entry_key(self.partition, self.offset)}/{name}"
+
+    def to_json(self) -> str:
+        return json.dumps({"partition": self.partition, "offset": self.offset, "session": self.session})
+
+    @staticmethod
+    def from_json(text: str | bytes) -> RecoveryPin:
+        raw: dict[str, Any] = json.loads(text)
+        return RecoveryPin(int(raw["partition"]), int(raw["offset"]), str(raw["session"]))
+
+
 class CheckpointCatalog(Protocol):
     def publish(self, entry: CatalogEntry) -> None:
         """Make the checkpoint part of the recovery set; durable when it returns."""
@@ -75,6 +119,18 @@ class CheckpointCatalog(Protocol):
         """The partition's recovery set, oldest first."""
         ...
 
+    def pin(self, pin: RecoveryPin) -> None:
+        """Durable when it returns; pinning an offset that is not a published entry is NotPublished (a CatalogError)."""
+        ...
+
+    def release(self, pin: RecoveryPin) -> None:
+        """Idempotent."""
+        ...
+
+    def pins(self, partition: int) -> list[RecoveryPin]:
+        """Oldest offset first."""
+        ...
+
     def close(self) -> None: ...
 
 
@@ -84,8 +140,34 @@ def recovery_floor(catalog: CheckpointCatalog, partition: int) -> int | None:
     return entries[0].offset if entries else None
 
 
+def _keep_if_published(catalog: CheckpointCatalog, pin: RecoveryPin) -> None:
+    """Run after writing `pin`: undo it and raise NotPublished unless its entry is published.
+
+    Checking after the write, not before, closes the race with `Checkpoints.retire_beyond`,
+    which reads the pins again after retiring: either this check sees the entry gone, or
+    the retirer sees the pin and publishes the entry again.
+    """
+    if all(entry.offset != pin.offset for entry in catalog.entries(pin.partition)):
+        catalog.release(pin)
+        raise NotPublished(f"partition {pin.partition} has no published checkpoint at offset {pin.offset}")
+
+
+def _write_atomically(path: Path, text: str) -> None:
+    """Write, fsync, then rename into place: a reader sees the whole file or none."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temporary = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    with temporary.open("w", encoding="utf-8") as file:
+        file.write(text)
+        file.flush()
+        os.fsync(file.fileno())
+    os.replace(temporary, path)
+
+
 class FileCatalog:
-    """The embedded catalog: one JSON file per published checkpoint, written by atomic rename."""
+    """The embedded catalog: one JSON file per published checkpoint, written by atomic rename.
+
+    Pins are files too: `pins/p-NNNN/OFFSET/SESSION`, holding the pin as JSON.
+    """
 
     def __init__(self, root: str | os.PathLike[str]) -> None:
         self.root = Path(root)
@@ -93,15 +175,11 @@ class FileCatalog:
     def _path(self, partition: int, offset: int) -> Path:
         return self.root / (entry_key(partition, offset) + ".json")
 
+    def _pin_path(self, pin: RecoveryPin) -> Path:
+        return self.root / "pins" / pin.key
+
     def publish(self, entry: CatalogEntry) -> None:
-        path = self._path(entry.partition, entry.offset)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        temporary = path.with_suffix(f".tmp-{os.getpid()}")
-        with temporary.open("w", encoding="utf-8") as file:
-            file.write(entry.to_json())
-            file.flush()
-            os.fsync(file.fileno())
-        os.replace(temporary, path)
+        _write_atomically(self._path(entry.partition, entry.offset), entry.to_json())
 
     def retire(self, partition: int, offset: int) -> None:
         self._path(partition, offset).unlink(missing_ok=True)
@@ -110,12 +188,29 @@ class FileCatalog:
         folder = self.root / f"p-{partition:04d}"
         return [CatalogEntry.from_json(path.read_text("utf-8")) for path in sorted(folder.glob("*.json"))]
 
+    def pin(self, pin: RecoveryPin) -> None:
+        try:
+            _write_atomically(self._pin_path(pin), pin.to_json())
+        except OSError as exc:
+            raise CatalogError(f"cannot write pin {pin.key}: {exc}") from exc
+        _keep_if_published(self, pin)
+
+    def release(self, pin: RecoveryPin) -> None:
+        self._pin_path(pin).unlink(missing_ok=True)
+
+    def pins(self, partition: int) -> list[RecoveryPin]:
+        folder = self.root / "pins" / f"p-{partition:04d}"
+        paths = sorted(path for path in folder.glob("*/*") if not path.name.startswith("."))
+        return [RecoveryPin.from_json(path.read_text("utf-8")) for path in paths]
+
     def close(self) -> None:
         pass
 
 
 class KafkaCatalog:
     """The Kafka catalog: a compacted topic, key `p-NNNN/OFFSET`, value the entry (a tombstone retires it).
+
+    Pins share the topic: key `pin/p-NNNN/OFFSET/SESSION`, value the pin (a tombstone releases it).
 
     Reading folds the topic from its beginning to its end; the catalog holds a few
     entries per partition, so that stays small.
@@ -178,13 +273,26 @@ class KafkaCatalog:
         finally:
             consumer.close()
 
-    def entries(self, partition: int) -> list[CatalogEntry]:
+    def _current(self, prefix: str) -> list[bytes]:
+        """The live values of the keys starting with `prefix`, in key order (tombstoned keys left out)."""
         latest: dict[str, bytes | None] = {}
-        wanted = f"p-{partition:04d}/"
         for key, value in self._fold():
-            if key.startswith(wanted):
+            if key.startswith(prefix):
                 latest[key] = value
-        return [CatalogEntry.from_json(value) for key, value in sorted(latest.items()) if value is not None]
+        return [value for _key, value in sorted(latest.items()) if value is not None]
+
+    def entries(self, partition: int) -> list[CatalogEntry]:
+        return [CatalogEntry.from_json(value) for value in self._current(f"p-{partition:04d}/")]
+
+    def pin(self, pin: RecoveryPin) -> None:
+        self._produce(PIN_KEY_PREFIX + pin.key, pin.to_json())
+        _keep_if_published(self, pin)
+
+    def release(self, pin: RecoveryPin) -> None:
+        self._produce(PIN_KEY_PREFIX + pin.key, None)
+
+    def pins(self, partition: int) -> list[RecoveryPin]:
+        return [RecoveryPin.from_json(value) for value in self._current(f"{PIN_KEY_PREFIX}p-{partition:04d}/")]
 
     def close(self) -> None:
         if self._producer is not None:

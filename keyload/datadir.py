@@ -1,7 +1,9 @@
 """A deployment's data directory: which log it uses, and where its local state lives.
 
 DATA/keyload.json                  partition counts (fixed at creation); the Kafka
-                                   settings when the log is Kafka; the object store
+                                   settings when the log is Kafka; the object store:
+                                   "object_store": FOLDER or {"s3": {"bucket", "prefix",
+                                   "endpoint_url", "region_name"}} (default DATA/objects)
 DATA/keyring.json                  key material by id (keyload/keyring.py)
 DATA/log/commands/p-NNNN/          command log (file log segments; embedded only)
 DATA/log/outcomes/p-NNNN/          outcome stream (embedded only)
@@ -12,7 +14,9 @@ DATA/scratch/                      checkpoints being taken or restored
 
 In Kafka mode every processor of a group has a data directory of its own (its
 projections) with the same Kafka settings, a copy of the same keyring, and one
-shared object store.
+shared object store: a folder on shared storage, or an S3 bucket. S3 credentials
+never go into keyload.json: boto3's usual chain (AWS_* environment variables,
+profiles, instance roles) provides them, so a data directory can be copied safely.
 """
 
 from __future__ import annotations
@@ -20,9 +24,9 @@ from __future__ import annotations
 import json
 import os
 import shutil
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeAlias
 
 from keyload import keyring
 from keyload.catalog import CheckpointCatalog, FileCatalog, KafkaCatalog
@@ -30,7 +34,7 @@ from keyload.checkpoints import CheckpointPolicy, Checkpoints
 from keyload.log.base import CommandLog
 from keyload.log.file_log import FileLog, FileLogConfig, FsyncPolicy
 from keyload.log.kafka_log import KafkaLog, KafkaSettings
-from keyload.object_store import FileObjectStore
+from keyload.object_store import FileObjectStore, ObjectStore, S3ObjectStore
 
 DEFAULT_PARTITIONS = 4
 DEFAULT_OUTCOME_PARTITIONS = 8
@@ -54,12 +58,36 @@ class KafkaConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class FileStoreConfig:
+    """The object store is a versioned folder (`FileObjectStore`)."""
+
+    root: Path
+
+
+@dataclass(frozen=True, slots=True)
+class S3StoreConfig:
+    """The object store is an S3 bucket (`S3ObjectStore`), created with versioning on if missing.
+
+    Only where the bucket is: credentials come from boto3's chain, never from keyload.json.
+    `endpoint_url` None is AWS itself; `region_name` None is boto3's default region.
+    """
+
+    bucket: str
+    prefix: str = ""
+    endpoint_url: str | None = None
+    region_name: str | None = None
+
+
+ObjectStoreConfig: TypeAlias = FileStoreConfig | S3StoreConfig
+
+
+@dataclass(frozen=True, slots=True)
 class DataDir:
     root: Path
     partitions: int
     outcome_partitions: int
     kafka: KafkaConfig | None = None
-    object_root: Path | None = None  # None: DATA/objects
+    object_store_config: ObjectStoreConfig | None = None  # None: a folder, DATA/objects
 
     @staticmethod
     def open(root: str | os.PathLike[str]) -> DataDir:
@@ -80,13 +108,12 @@ class DataDir:
             kafka_config = None if kafka is None else KafkaConfig(**kafka)
         except TypeError as exc:
             raise DataDirError(f"{path / CONFIG}: bad kafka settings: {exc}") from None
-        objects = raw.get("object_store")
         return DataDir(
             path,
             _count(raw, "partitions", path),
             _count(raw, "outcome_partitions", path),
             kafka_config,
-            None if objects is None else Path(objects),
+            _object_store_config(raw.get("object_store"), path),
         )
 
     @staticmethod
@@ -95,11 +122,13 @@ class DataDir:
         partitions: int = DEFAULT_PARTITIONS,
         outcome_partitions: int = DEFAULT_OUTCOME_PARTITIONS,
         kafka: KafkaConfig | None = None,
-        object_store: Path | None = None,
+        object_store: ObjectStoreConfig | str | os.PathLike[str] | None = None,
         keyring_from: Path | None = None,
     ) -> DataDir:
         """Open `root`, creating it with the given settings if it is new.
 
+        `object_store` is where checkpoint (and payload) objects go: a config, or a folder
+        path (short for `FileStoreConfig`); None is the folder DATA/objects.
         `keyring_from` copies an existing keyring file (every processor over one log
         needs the same keys); otherwise a new keyring with one random key is made.
         An existing directory must not be asked for other Kafka settings.
@@ -126,8 +155,11 @@ class DataDir:
                 "replication_factor": kafka.replication_factor,
                 "min_insync_replicas": kafka.min_insync_replicas,
             }
-        if object_store is not None:
-            config["object_store"] = str(Path(object_store).resolve())
+        if isinstance(object_store, S3StoreConfig):
+            config["object_store"] = {"s3": asdict(object_store)}
+        elif object_store is not None:
+            folder = object_store.root if isinstance(object_store, FileStoreConfig) else Path(object_store)
+            config["object_store"] = str(folder.resolve())
         temporary = path / (CONFIG + ".tmp")
         temporary.write_text(json.dumps(config, indent=2) + "\n", "utf-8")
         if keyring_from is not None:
@@ -180,9 +212,26 @@ class DataDir:
             return KafkaCatalog(self.kafka_settings())
         return FileCatalog(self.root / "catalog")
 
+    @property
+    def object_root(self) -> Path | None:
+        """The object store's folder (default DATA/objects); None when it is an S3 bucket."""
+        config = self.object_store_config
+        if isinstance(config, S3StoreConfig):
+            return None
+        return self.root / "objects" if config is None else config.root
+
+    def object_store(self) -> ObjectStore:
+        """A new client of the object store. Nothing is cached (a DataDir pickles and forks as plain
+        settings); an S3 store costs two requests to open, so open it once per worker."""
+        config = self.object_store_config
+        if isinstance(config, S3StoreConfig):
+            return S3ObjectStore(
+                config.bucket, config.prefix, endpoint_url=config.endpoint_url, region_name=config.region_name
+            )
+        return FileObjectStore(self.root / "objects" if config is None else config.root)
+
     def checkpoints(self, policy: CheckpointPolicy | None = None) -> Checkpoints:
-        objects = FileObjectStore(self.object_root or self.root / "objects")
-        return Checkpoints(objects, self.catalog(), self.root / "scratch", policy)
+        return Checkpoints(self.object_store(), self.catalog(), self.root / "scratch", policy)
 
     def keyring(self) -> dict[str, bytes]:
         return keyring.load(self.root)
@@ -193,6 +242,27 @@ class DataDir:
     def check_partition(self, partition: int) -> None:
         if not 0 <= partition < self.partitions:
             raise DataDirError(f"partition must be 0..{self.partitions - 1}")
+
+
+def _object_store_config(raw: object, path: Path) -> ObjectStoreConfig | None:
+    if raw is None:
+        return None
+    if isinstance(raw, str):
+        return FileStoreConfig(Path(raw))
+    s3 = raw.get("s3") if isinstance(raw, dict) and len(raw) == 1 else None
+    if isinstance(s3, dict):
+        try:
+            config = S3StoreConfig(**s3)
+        except TypeError as exc:
+            raise DataDirError(f"{path / CONFIG}: bad S3 object store settings: {exc}") from None
+        optional = (config.endpoint_url, config.region_name)
+        if (
+            isinstance(config.bucket, str)
+            and isinstance(config.prefix, str)
+            and all(isinstance(value, str | None) for value in optional)
+        ):
+            return config
+    raise DataDirError(f'{path / CONFIG}: "object_store" must be a folder or {{"s3": {{"bucket": ..., ...}}}}')
 
 
 def _count(raw: dict[str, object], name: str, path: Path) -> int:

@@ -6,7 +6,8 @@ is the projection's own `applied_offset`, never the group's committed offset:
 
 - **Assigned**: open the local projection if it is current (at or past the
   newest published checkpoint); otherwise restore that checkpoint from the
-  object store; then fetch from `applied_offset + 1`.
+  object store, pinned until the restored projection is open; then fetch from
+  `applied_offset + 1`.
 - **Revoked** (or lost): the batch in hand is already committed — rebalance
   callbacks run between batches — so the partition's projection is closed and
   nothing more is applied to it.
@@ -31,7 +32,8 @@ from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, TopicPartition
 
-from keyload.checkpoints import CheckpointError, Checkpoints
+from keyload.catalog import CatalogEntry, NotPublished
+from keyload.checkpoints import CheckpointError, Checkpoints, recovery_session
 from keyload.datadir import DataDir
 from keyload.log.base import LogRecord
 from keyload.log.kafka_log import KafkaLog, KafkaSettings, ensure_topics, record_from_message
@@ -208,11 +210,7 @@ class KafkaService:
     def _open(self, partition: int) -> Owned:
         """The partition's projection: local if current, else the newest published checkpoint."""
         path = self.data.projection(partition)
-        local = _applied_offset(path)
-        latest = self.checkpoints.latest(partition)
-        if latest is not None and local < latest.offset:
-            self._restore(partition, path, latest.offset)
-        store = Store(path)
+        store = self._activate(partition, path)
         feed = PartitionFeed(partition, self.commands.end_offset)
         processor = PartitionProcessor(
             partition,
@@ -232,19 +230,38 @@ class KafkaService:
             processor.halt = Halt(partition, processor.applied_offset + 1, reason)
         return Owned(processor, store, feed)
 
-    def _restore(self, partition: int, path: Path, offset: int) -> None:
+    def _activate(self, partition: int, path: Path) -> Store:
+        """Open the local projection, first restoring the newest checkpoint if that is past it.
+
+        The restore pins its candidate so that no owner's retention deletes its objects
+        meanwhile, and releases the pin once the restored projection is open. A candidate
+        retired before the pin took hold makes it try the then-newest checkpoint.
+        """
+        local = _applied_offset(path)
+        session = recovery_session("restore", partition)
+        while (latest := self.checkpoints.latest(partition)) is not None and local < latest.offset:
+            try:
+                with self.checkpoints.pinned(latest, session):
+                    self._restore(latest, path)
+                    return Store(path)
+            except NotPublished:
+                continue
+        return Store(path)
+
+    def _restore(self, entry: CatalogEntry, path: Path) -> None:
+        """Swap the checkpoint in for the projection at `path`, which stays as it is if that fails."""
         incoming = path.with_name(path.name + ".restoring")
         shutil.rmtree(incoming, ignore_errors=True)
         try:
-            self.checkpoints.restore(self.checkpoints.find(partition, offset), incoming)
+            self.checkpoints.restore(entry, incoming)
         except CheckpointError as exc:
             # The local projection (or an empty one) replays further instead.
-            print(f"keyload: p{partition}: {exc}; replaying without it", file=sys.stderr)
+            print(f"keyload: p{entry.partition}: {exc}; replaying without it", file=sys.stderr)
             shutil.rmtree(incoming, ignore_errors=True)
             return
         shutil.rmtree(path, ignore_errors=True)
         incoming.rename(path)
-        print(f"keyload: p{partition}: restored the checkpoint at offset {offset}", flush=True)
+        print(f"keyload: p{entry.partition}: restored the checkpoint at offset {entry.offset}", flush=True)
 
 
 def _applied_offset(path: Path) -> int:

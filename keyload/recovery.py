@@ -7,7 +7,8 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from keyload.checkpoints import CheckpointError
+from keyload.catalog import NotPublished
+from keyload.checkpoints import CheckpointError, recovery_session
 from keyload.datadir import DataDir
 from keyload.projections.store import Store, StoreError
 from keyload.runtime import PartitionProcessor
@@ -51,8 +52,8 @@ def replay(
 
     From offset 0 the projection starts empty; from offset N > 0 it starts from
     the published checkpoint taken at offset N - 1 (fetched from the object store
-    and verified). No outcome is published and no checkpoint is taken: a replay
-    only rebuilds state.
+    and verified, pinned while that runs). No outcome is published and no
+    checkpoint is taken: a replay only rebuilds state.
     """
     data.check_partition(partition)
     if into.exists() and any(into.iterdir()):
@@ -73,14 +74,7 @@ def replay(
                 f"partition {partition}'s log was truncated before offset {start}: "
                 "replay from a checkpoint at or past it"
             )
-        if from_offset > 0:
-            with data.checkpoints() as checkpoints:
-                try:
-                    checkpoints.restore(checkpoints.find(partition, from_offset - 1), into)
-                except CheckpointError as exc:
-                    have = ", ".join(str(e.offset + 1) for e in checkpoints.entries(partition)) or "none"
-                    raise RecoveryError(f"{exc}; replay can start at 0 or one past a checkpoint ({have})") from None
-        store = Store(into)
+        store = _restored(data, partition, from_offset - 1, into) if from_offset > 0 else Store(into)
         try:
             processor = PartitionProcessor(partition, data.partitions, log, store, keyring=data.keyring())
             total = target - processor.applied_offset
@@ -97,6 +91,23 @@ def replay(
             store.close()
     finally:
         log.close()
+
+
+def _restored(data: DataDir, partition: int, offset: int, into: Path) -> Store:
+    """The published checkpoint at `offset`, restored into `into` and opened.
+
+    It is pinned meanwhile, so that the running service's retention cannot delete
+    its objects halfway through the fetch.
+    """
+    with data.checkpoints() as checkpoints:
+        try:
+            entry = checkpoints.find(partition, offset)
+            with checkpoints.pinned(entry, recovery_session("replay", partition)):
+                checkpoints.restore(entry, into)
+                return Store(into)
+        except (CheckpointError, NotPublished) as exc:
+            have = ", ".join(str(e.offset + 1) for e in checkpoints.entries(partition)) or "none"
+            raise RecoveryError(f"{exc}; replay can start at 0 or one past a checkpoint ({have})") from None
 
 
 def drill(

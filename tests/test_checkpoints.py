@@ -8,7 +8,16 @@ from pathlib import Path
 
 import pytest
 
-from keyload.catalog import CatalogEntry, CheckpointCatalog, FileCatalog, KafkaCatalog, recovery_floor
+from keyload.catalog import (
+    CatalogEntry,
+    CatalogError,
+    CheckpointCatalog,
+    FileCatalog,
+    KafkaCatalog,
+    NotPublished,
+    RecoveryPin,
+    recovery_floor,
+)
 from keyload.checkpoints import CheckpointError, CheckpointPolicy, Checkpoints
 from keyload.log.kafka_log import KafkaSettings, ensure_topics
 from keyload.projections.store import Manifest, ManifestFile, Store
@@ -50,6 +59,33 @@ def test_catalog_recovery_set_and_floor(catalog: CheckpointCatalog) -> None:
     assert [e.offset for e in catalog.entries(1)] == [5]
 
 
+def test_catalog_pins_round_trip(catalog: CheckpointCatalog) -> None:
+    for offset in (10, 20):
+        catalog.publish(CatalogEntry(manifest(0, offset), f"checkpoints/p-0000/{offset}/x/"))
+    catalog.publish(CatalogEntry(manifest(1, 5), "checkpoints/p-0001/5/x/"))
+    odd = RecoveryPin(0, 10, "restore p0 / ../ host:1")  # no safe file name: stored under its hash
+    plain = RecoveryPin(0, 20, "restore-p0-host.example-42-beef")
+    other = RecoveryPin(1, 5, "replay-p1-host-7-cafe")
+    for pin in (plain, odd, other, plain):  # pinning twice is harmless
+        catalog.pin(pin)
+    assert catalog.pins(0) == [odd, plain] and catalog.pins(1) == [other]
+    # Pins are no entries: the recovery set is unchanged.
+    assert [e.offset for e in catalog.entries(0)] == [10, 20] and recovery_floor(catalog, 0) == 10
+    with pytest.raises(NotPublished, match="no published checkpoint at offset 15"):
+        catalog.pin(RecoveryPin(0, 15, "restore-x"))
+    assert issubclass(NotPublished, CatalogError) and catalog.pins(0) == [odd, plain]
+    catalog.release(odd)
+    catalog.release(odd)  # idempotent
+    assert catalog.pins(0) == [plain]
+    with pytest.raises(ValueError, match="printable ASCII"):
+        RecoveryPin(0, 20, "tab\there")
+
+
+def checkpoints_of(embedded: Embedded, tmp_path: Path, policy: CheckpointPolicy) -> Checkpoints:
+    """Checkpoints over the deployment's object store and catalog, with a policy of the test's own."""
+    return Checkpoints(embedded.checkpoints.objects, embedded.checkpoints.catalog, tmp_path / "scratch", policy)
+
+
 def fill(embedded: Embedded, count: int) -> None:
     for n in range(count):
         embedded.append(D, command(D, ENQUEUE, enqueue_body("q", f"m{embedded.now_ms}-{n}")))
@@ -59,9 +95,7 @@ def fill(embedded: Embedded, count: int) -> None:
 
 def test_checkpoints_are_stored_published_restored_and_retired(embedded: Embedded, tmp_path: Path) -> None:
     embedded.append(D, command(D, CREATE_QUEUE, create_queue_body("q")))
-    checkpoints = Checkpoints(
-        embedded.checkpoints.objects, embedded.checkpoints.catalog, tmp_path / "scratch", CheckpointPolicy(retain=2)
-    )
+    checkpoints = checkpoints_of(embedded, tmp_path, CheckpointPolicy(retain=2))
     partition = embedded.partition(D)
     taken = []
     for _ in range(3):
@@ -92,12 +126,7 @@ def test_checkpoints_are_stored_published_restored_and_retired(embedded: Embedde
 
 def test_the_runtime_checkpoints_by_itself_every_n_records(embedded: Embedded, tmp_path: Path) -> None:
     partition = embedded.partition(D)
-    checkpoints = Checkpoints(
-        embedded.checkpoints.objects,
-        embedded.checkpoints.catalog,
-        tmp_path / "scratch",
-        CheckpointPolicy(every_records=5),
-    )
+    checkpoints = checkpoints_of(embedded, tmp_path, CheckpointPolicy(every_records=5))
     processor = PartitionProcessor(
         partition, embedded.data.partitions, embedded.log, embedded.store(D), checkpoints=checkpoints
     )

@@ -10,7 +10,17 @@ import pytest
 
 from keyload.catalog import FileCatalog
 from keyload.checkpoints import CheckpointPolicy, Checkpoints
-from keyload.object_store import FileObjectStore, ObjectConflict, ObjectStore, ObjectStoreError, S3ObjectStore
+from keyload.datadir import DataDir, S3StoreConfig
+from keyload.object_store import (
+    MIN_PART_BYTES,
+    FileObjectStore,
+    ObjectConflict,
+    ObjectCorrupt,
+    ObjectStore,
+    ObjectStoreError,
+    ObjectVersion,
+    S3ObjectStore,
+)
 from keyload.projections.store import Store
 
 from .s3 import S3Endpoint
@@ -29,6 +39,134 @@ def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[ObjectStor
         return
     endpoint: S3Endpoint = request.getfixturevalue("s3_endpoint")
     yield endpoint.fresh_store()
+
+
+BIG_PART = b"\x01" * MIN_PART_BYTES
+
+
+def sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def upload(store: ObjectStore, key: str, *parts: bytes, declared: str | None = None) -> str:
+    """An unfinished upload of `parts`, declaring their SHA-256 unless told otherwise."""
+    upload_id = store.begin_upload(key, declared or sha256(b"".join(parts)))
+    for number, part in enumerate(parts, 1):
+        store.upload_part(key, upload_id, number, part)
+    return upload_id
+
+
+def test_multipart_upload_creates_once_like_put(store: ObjectStore, tmp_path: Path) -> None:
+    data = BIG_PART + b"tail"
+    upload_id = upload(store, "big", b"first try", b"tail", declared=sha256(data))
+    store.upload_part("big", upload_id, 1, BIG_PART)  # uploading a part number again replaces it
+    assert store.uploads("big") == [upload_id]
+    created = store.complete_upload("big", upload_id, 2)
+    assert (created.key, created.etag, created.length) == ("big", sha256(data), len(data))
+    assert store.uploads("big") == [] and store.head("big") == created
+    assert store.get("big", tmp_path / "out") == created and (tmp_path / "out").read_bytes() == data
+    # The same bytes again return the existing version and drop the upload; other bytes conflict.
+    again = upload(store, "big", BIG_PART, b"tail")
+    assert store.complete_upload("big", again, 2) == created
+    other = upload(store, "big", BIG_PART, b"other tail")
+    with pytest.raises(ObjectConflict):
+        store.complete_upload("big", other, 2)
+    assert store.uploads("big") == [] and store.versions("big") == [created]
+    # A put of the same bytes finds the multipart object.
+    assert store.put_if_absent("big", write(tmp_path / "same", data)) == created
+
+
+def test_multipart_upload_refuses_bytes_it_was_not_promised(store: ObjectStore) -> None:
+    upload_id = upload(store, "k", BIG_PART, b"tail", declared=sha256(b"something else"))
+    with pytest.raises(ObjectCorrupt):
+        store.complete_upload("k", upload_id, 2)
+    assert store.head("k") is None and store.versions("k") == [] and store.uploads("k") == []
+
+
+def test_multipart_upload_needs_every_part_and_big_ones(store: ObjectStore) -> None:
+    with pytest.raises(ObjectStoreError, match="SHA-256"):
+        store.begin_upload("k", "not a digest")
+    upload_id = upload(store, "k", b"small", b"tail", declared=sha256(BIG_PART + b"tail"))
+    with pytest.raises(ObjectStoreError, match="smaller than"):
+        store.complete_upload("k", upload_id, 2)
+    with pytest.raises(ObjectStoreError, match="missing"):
+        store.complete_upload("k", upload_id, 3)
+    with pytest.raises(ObjectStoreError, match="part numbers"):
+        store.upload_part("k", upload_id, 0, b"x")
+    # Those failures keep the upload: the writer fixes it and completes.
+    assert store.uploads("k") == [upload_id]
+    store.upload_part("k", upload_id, 1, BIG_PART)
+    assert store.complete_upload("k", upload_id, 2).etag == sha256(BIG_PART + b"tail")
+    with pytest.raises(ObjectStoreError, match="no upload"):
+        store.complete_upload("k", upload_id, 2)
+    with pytest.raises(ObjectStoreError):  # S3 says NoSuchUpload; moto 5 fails with a 500
+        store.upload_part("k", upload_id, 1, b"x")
+
+
+def test_abort_is_idempotent_and_leaves_objects_alone(store: ObjectStore, tmp_path: Path) -> None:
+    written = store.put_if_absent("k", write(tmp_path / "v", b"v"))
+    first = upload(store, "k", b"one")
+    second = upload(store, "k", b"two")
+    nested = upload(store, "k/deeper", b"three")
+    assert set(store.uploads("k")) == {first, second} and store.uploads("k") == store.uploads("k")
+    assert [v.key for v in store.list("")] == ["k"]  # an upload is no object
+    store.abort_upload("k", first)
+    store.abort_upload("k", first)
+    assert store.uploads("k") == [second]
+    # A delete of the last version leaves an upload in progress alone, and the other way round.
+    assert store.delete("k", written.version) is True
+    assert store.uploads("k") == [second]
+    store.abort_upload("k", second)
+    store.abort_upload("k", "no-such-upload")
+    assert store.uploads("k") == [] and store.uploads("k/deeper") == [nested]
+    assert store.head("k") is None and list(store.list("")) == []
+
+
+def write_late(store: ObjectStore, key: str, data: bytes, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """What a writer racing a create can leave: a second version of the key."""
+    if isinstance(store, S3ObjectStore):  # one whose write was not conditional (S3 before conditional writes)
+        store.client.put_object(Bucket=store.bucket, Key=key, Body=data, Metadata={"sha256": sha256(data)})
+        return
+    real_head = store.head
+    stale = iter([None])  # its HEAD ran before the other version was linked
+    monkeypatch.setattr(store, "head", lambda key: next(stale, real_head(key)))
+    store.put_if_absent(key, write(tmp_path / "late", data))
+    monkeypatch.undo()
+
+
+def test_versions_lists_every_version_of_exactly_the_key(
+    store: ObjectStore, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert store.versions("k") == []
+    first = store.put_if_absent("k", write(tmp_path / "one", b"one"))
+    store.put_if_absent("k/nested", write(tmp_path / "nested", b"nested"))
+    store.put_if_absent("k2", write(tmp_path / "k2", b"k2"))
+    assert store.delete("k", first.version)
+    second = store.put_if_absent("k", write(tmp_path / "two", b"two"))
+    assert store.versions("k") == [second]
+    # A late writer's version is listed too, oldest first, so a collector deletes both.
+    write_late(store, "k", b"three", tmp_path, monkeypatch)
+    third = store.head("k")
+    assert third is not None and third.etag == sha256(b"three")
+    assert store.versions("k") == [second, third]
+    assert [store.verify("k", v.version) for v in store.versions("k")] == [second, third]
+
+
+def test_verify_reads_the_bytes(store: ObjectStore, tmp_path: Path) -> None:
+    written = store.put_if_absent("k", write(tmp_path / "v", b"trusted"))
+    assert store.verify("k", written.version) == written
+    store.delete("k", written.version)
+    with pytest.raises(ObjectStoreError, match="no version"):
+        store.verify("k", written.version)
+
+
+def test_verify_catches_damaged_bytes_in_the_folder(tmp_path: Path) -> None:
+    store = FileObjectStore(tmp_path / "objects")
+    written = store.put_if_absent("k", write(tmp_path / "v", b"trusted"))
+    (tmp_path / "objects" / "k~" / written.version).write_bytes(b"tampered")
+    assert store.head("k") == ObjectVersion("k", written.version, written.etag, 8)  # metadata is not the bytes
+    with pytest.raises(ObjectCorrupt):
+        store.verify("k", written.version)
 
 
 def test_creates_once_and_deletes_exact_versions(store: ObjectStore, tmp_path: Path) -> None:
@@ -134,6 +272,42 @@ def test_checkpoints_are_taken_and_restored_through_s3(
         store.close()
 
 
+def test_a_data_directory_keeps_checkpoints_in_s3(
+    s3_endpoint: S3Endpoint, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """keyload.json names the bucket; the credentials come from the environment, as in production."""
+    for name, value in [
+        ("AWS_ACCESS_KEY_ID", "keyload"),
+        ("AWS_SECRET_ACCESS_KEY", "keyload"),
+        ("AWS_DEFAULT_REGION", "us-east-1"),
+    ]:
+        monkeypatch.setenv(name, value)
+    bucket = s3_endpoint.fresh_store().bucket
+    config = S3StoreConfig(bucket, "deployment/one", s3_endpoint.url)
+    DataDir.create(tmp_path / "data", 2, object_store=config)
+    data = DataDir.open(tmp_path / "data")
+    assert (data.object_store_config, data.object_root) == (config, None)
+    embedded = Embedded(tmp_path / "data")  # opens the directory created above
+    try:
+        domain = "shop"
+        embedded.append(domain, command(domain, CREATE_QUEUE, create_queue_body("q")))
+        embedded.append(domain, command(domain, ENQUEUE, enqueue_body("q", "m")))
+        embedded.run()
+        with data.checkpoints() as checkpoints:
+            taken = checkpoints.take(embedded.store(domain), embedded.partition(domain))
+            assert checkpoints.restore(taken, tmp_path / "restored") == taken.manifest
+        objects = data.object_store()
+        assert isinstance(objects, S3ObjectStore) and objects.prefix == "deployment/one/"
+        assert len(list(objects.list(taken.object_prefix))) == len(taken.manifest.files) + 1
+        restored = Store(tmp_path / "restored")
+        try:
+            assert restored.digest() == embedded.digest(domain)
+        finally:
+            restored.close()
+    finally:
+        embedded.close()
+
+
 @pytest.mark.parametrize("racing_bytes", [b"mine", b"theirs"])
 def test_s3_conditional_create_settles_a_race(
     s3_endpoint: S3Endpoint, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, racing_bytes: bytes
@@ -152,3 +326,22 @@ def test_s3_conditional_create_settles_a_race(
             store.put_if_absent("k", source)
     versions = store.client.list_object_versions(Bucket=store.bucket)["Versions"]
     assert [v["VersionId"] for v in versions] == [theirs.version]
+
+
+@pytest.mark.parametrize("racing_bytes", [BIG_PART + b"tail", b"theirs"])
+def test_s3_conditional_complete_settles_a_race(
+    s3_endpoint: S3Endpoint, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, racing_bytes: bytes
+) -> None:
+    """The complete itself is conditional (If-None-Match: *, which moto 5 honours too)."""
+    store = s3_endpoint.fresh_store()
+    upload_id = upload(store, "k", BIG_PART, b"tail")
+    theirs = store.put_if_absent("k", write(tmp_path / "theirs", racing_bytes))
+    real_head = store.head
+    stale = iter([None])  # the HEAD before completing ran before the other writer's PUT landed
+    monkeypatch.setattr(store, "head", lambda key: next(stale, real_head(key)))
+    if racing_bytes == BIG_PART + b"tail":
+        assert store.complete_upload("k", upload_id, 2) == theirs
+    else:
+        with pytest.raises(ObjectConflict):
+            store.complete_upload("k", upload_id, 2)
+    assert store.versions("k") == [theirs] and store.uploads("k") == []
