@@ -9,6 +9,7 @@ import os
 import signal
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterable
@@ -16,6 +17,8 @@ from dataclasses import asdict, fields, is_dataclass
 from pathlib import Path
 from threading import Event
 from typing import Any, Literal, TypeVar
+
+from tqdm import tqdm
 
 from keyload import keyring
 from keyload.catalog import CatalogError
@@ -26,9 +29,18 @@ from keyload.checkpoints import (
     CheckpointError,
     CheckpointPolicy,
 )
-from keyload.datadir import DEFAULT_PARTITIONS, DataDir, DataDirError, KafkaConfig
+from keyload.datadir import (
+    DEFAULT_PARTITIONS,
+    DataDir,
+    DataDirError,
+    FileStoreConfig,
+    KafkaConfig,
+    ObjectStoreConfig,
+    S3StoreConfig,
+)
 from keyload.doorbell import Listener
 from keyload.errors import CommandRejected, KeyloadError
+from keyload.gc import DEFAULT_GC_INTERVAL_S, GcWorker, run_worker
 from keyload.kafka_runtime import DEFAULT_SESSION_TIMEOUT_MS, KafkaService
 from keyload.keyring import KeyringError
 from keyload.log.base import LogError, partition_for
@@ -52,6 +64,8 @@ from .client import DEFAULT_TIMEOUT_S, Client
 DEFAULT_DATA = "keyload-data"
 IDLE_WAIT_MAX_S = 0.1  # with a doorbell, an idle service wakes at once for clients and at least this often
 CHECKPOINT_WAIT_S = 30.0
+MAX_STATUS_PAGES = 100  # retention pages `gc status` reads per partition
+GC_CLIENT_TIMEOUT_S = 2.0  # the in-service GC worker's outcome wait: short, so a stopping service is not held up
 EXIT_FAILED = 1
 EXIT_USAGE = 2
 
@@ -95,6 +109,37 @@ def _stop_on_signals() -> Event:
     return stop
 
 
+def _object_store(args: argparse.Namespace) -> ObjectStoreConfig | None:
+    """`--object-store`: a folder, or s3://BUCKET[/PREFIX] with `--s3-endpoint` / `--s3-region`."""
+    store: str | None = args.object_store
+    if store is None or not store.startswith("s3://"):
+        if args.s3_endpoint is not None or args.s3_region is not None:
+            raise UsageError("--s3-endpoint and --s3-region need --object-store s3://BUCKET[/PREFIX]")
+        return None if store is None else FileStoreConfig(Path(store))
+    bucket, _, prefix = store.removeprefix("s3://").partition("/")
+    if not bucket:
+        raise UsageError("--object-store s3://BUCKET[/PREFIX] needs a bucket")
+    return S3StoreConfig(bucket, prefix.strip("/"), args.s3_endpoint, args.s3_region)
+
+
+class _GcBeside:
+    """The GC worker as a thread of an embedded `keyload run` (its commands go through the log)."""
+
+    def __init__(self, data: DataDir, interval_s: float) -> None:
+        self.client = Client(data.root, principal="keyload-gc", timeout_s=GC_CLIENT_TIMEOUT_S)
+        self.checkpoints = data.checkpoints()
+        self.halt = Event()
+        worker = GcWorker(self.client, self.checkpoints)
+        self.thread = threading.Thread(target=run_worker, args=(worker, self.halt, interval_s), daemon=True)
+        self.thread.start()
+
+    def stop(self) -> None:
+        self.halt.set()
+        self.thread.join(GC_CLIENT_TIMEOUT_S * 4)
+        self.client.close()
+        self.checkpoints.close()
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     kafka = None
     if args.kafka is not None:
@@ -103,7 +148,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         args.data,
         args.partitions,
         kafka=kafka,
-        object_store=args.object_store,
+        object_store=_object_store(args),
         keyring_from=args.keyring_from,
     )
     policy = CheckpointPolicy(args.checkpoint_every, args.checkpoint_interval_s, args.checkpoint_retain)
@@ -138,6 +183,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             listener = Listener(data.root)
         except OSError as exc:
             raise KeyloadError(f"another `keyload run` serves {data.root} ({exc.strerror})") from None
+        collector = _GcBeside(data, args.gc_interval_s) if args.gc_interval_s > 0 else None
         positions = ", ".join(f"p{p.partition}@{p.applied_offset}" for p in processors)
         print(
             f"keyload: serving {data.root} ({data.partitions} partitions; applied {positions})",
@@ -148,6 +194,8 @@ def cmd_run(args: argparse.Namespace) -> int:
                 processors, stop, ticker, idle_exit=args.until_idle, idle=listener.wait, idle_max_s=IDLE_WAIT_MAX_S
             )
         finally:
+            if collector is not None:
+                collector.stop()
             listener.close()
         print("keyload: stopped", flush=True)
         return EXIT_FAILED if halts else 0
@@ -675,6 +723,107 @@ def cmd_inbox_configure(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_payload_schedule(args: argparse.Namespace) -> int:
+    source = Path(args.file)
+    with (
+        _client(args) as client,
+        tqdm(total=source.stat().st_size, unit="B", unit_scale=True, disable=args.quiet) as bar,
+    ):
+
+        def progress(done: int, _total: int) -> None:
+            bar.update(done - bar.n)
+
+        reservation = client.schedule_large(
+            args.domain, args.queue, source, message_id=args.message_id, progress=progress, request_id=args.command_id
+        )
+    _print_json(reservation)
+    return 0
+
+
+def cmd_payload_get(args: argparse.Namespace) -> int:
+    """An operator's read of a message's payload: straight from the object store, no handle."""
+    with _client(args) as client:
+        view = client.inspect_message(args.domain, args.queue, args.message_id)
+        payload = view.meta.payload
+        if payload is None:
+            raise UsageError("the message has no large payload (inspect shows its inline body)")
+        stored = client.data.object_store().get(payload.object_key, Path(args.out), payload.object_version)
+    print(f"wrote {stored.length} bytes of {payload.object_key} version {stored.version} to {args.out}")
+    return 0
+
+
+def cmd_gc_status(args: argparse.Namespace) -> int:
+    """Each partition's recovery floor (logged and in the catalog), tasks and what blocks them."""
+    with _client(args) as client, client.data.checkpoints() as checkpoints:
+        partitions = range(client.data.partitions) if args.partition is None else [args.partition]
+        report = []
+        for partition in partitions:
+            client.data.check_partition(partition)
+            pages, after = [], None
+            for _ in range(MAX_STATUS_PAGES):
+                page = client.list_retention(partition, after_task=after)
+                pages.append(page)
+                after = page.next_after_task
+                if after is None:
+                    break
+            report.append(
+                {
+                    "partition": partition,
+                    "logged_recovery_floor": pages[0].recovery_floor,
+                    "catalog_recovery_floor": checkpoints.floor(partition),
+                    "pins": [asdict(pin) for pin in checkpoints.catalog.pins(partition)],
+                    "retired_identities": pages[0].retired_identities,
+                    "tasks": [
+                        dict(_jsonable(status.task), blocked_by=status.blocked_by)
+                        for page in pages
+                        for status in page.tasks
+                    ],
+                }
+            )
+    _print_json(report)
+    return 0
+
+
+def cmd_gc_run(args: argparse.Namespace) -> int:
+    with _client(args) as client, client.data.checkpoints() as checkpoints:
+        worker = GcWorker(client, checkpoints)
+        if args.once:
+            _print_json(worker.run_once())
+            return 0
+        print(f"keyload gc: collecting {client.data.root} every {args.interval_s:g} s", flush=True)
+        run_worker(worker, _stop_on_signals(), args.interval_s, report=lambda done: _print_json(done))
+    return 0
+
+
+def _add_payload_parsers(sub: Any, common: argparse.ArgumentParser, command: argparse.ArgumentParser) -> None:
+    payload = sub.add_parser("payload", help="large payloads in the object store").add_subparsers(
+        dest="action", required=True
+    )
+    schedule = payload.add_parser(
+        "schedule", parents=[common, command], help="enqueue a file of any size: reserve, upload, attest, commit"
+    )
+    schedule.add_argument("--domain", required=True)
+    schedule.add_argument("--message-id", required=True)
+    schedule.add_argument("--quiet", action="store_true", help="no progress bar")
+    schedule.add_argument("queue")
+    schedule.add_argument("file")
+    schedule.set_defaults(func=cmd_payload_schedule)
+    get = payload.add_parser("get", parents=[common], help="copy a large message's payload into a file")
+    get.add_argument("--domain", required=True)
+    get.add_argument("--out", required=True)
+    get.add_argument("queue")
+    get.add_argument("message_id")
+    get.set_defaults(func=cmd_payload_get)
+    gc = sub.add_parser("gc", help="guarded deletion of payload objects").add_subparsers(dest="action", required=True)
+    status = gc.add_parser("status", parents=[common], help="floors, retention tasks and what blocks each deletion")
+    status.add_argument("--partition", type=int)
+    status.set_defaults(func=cmd_gc_status)
+    run = gc.add_parser("run", parents=[common], help="run the GC worker (`keyload run` runs one itself)")
+    run.add_argument("--once", action="store_true", help="one pass, then exit")
+    run.add_argument("--interval-s", type=float, default=DEFAULT_GC_INTERVAL_S)
+    run.set_defaults(func=cmd_gc_run)
+
+
 def _add_document_parsers(sub: Any, common: argparse.ArgumentParser, command: argparse.ArgumentParser) -> None:
     doc = sub.add_parser("doc", help="documents: key → value with a revision").add_subparsers(
         dest="action", required=True
@@ -789,7 +938,13 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--topic-prefix", default="keyload", help="Kafka topics PREFIX.commands|outcomes|checkpoints")
     run.add_argument("--replication-factor", type=_positive, default=1, help="of new Kafka topics")
     run.add_argument("--min-insync-replicas", type=_positive, default=1, help="of new Kafka topics")
-    run.add_argument("--object-store", type=Path, help="checkpoint object store folder (default DATA/objects)")
+    run.add_argument(
+        "--object-store",
+        metavar="FOLDER|s3://BUCKET[/PREFIX]",
+        help="object store when creating --data (default DATA/objects); S3 credentials: the AWS_* environment",
+    )
+    run.add_argument("--s3-endpoint", metavar="URL", help="S3 endpoint of an s3:// --object-store (default AWS)")
+    run.add_argument("--s3-region", metavar="NAME", help="S3 region of an s3:// --object-store")
     run.add_argument("--keyring-from", type=Path, help="copy this keyring file when creating --data")
     run.add_argument(
         "--session-timeout-ms",
@@ -800,6 +955,12 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--checkpoint-every", type=_positive, default=DEFAULT_CHECKPOINT_EVERY_RECORDS, help="records")
     run.add_argument("--checkpoint-interval-s", type=float, default=DEFAULT_CHECKPOINT_INTERVAL_S)
     run.add_argument("--checkpoint-retain", type=_positive, default=DEFAULT_RETAINED_CHECKPOINTS)
+    run.add_argument(
+        "--gc-interval-s",
+        type=float,
+        default=DEFAULT_GC_INTERVAL_S,
+        help="embedded: run a GC worker pass this often (0: none; run `keyload gc run` instead)",
+    )
     run.set_defaults(func=cmd_run)
 
     queue = sub.add_parser("queue", help="create, configure or inspect queues").add_subparsers(
@@ -836,6 +997,7 @@ def build_parser() -> argparse.ArgumentParser:
     topic_purge.set_defaults(func=cmd_topic_purge)
     _add_group_parsers(sub, common, command)
     _add_document_parsers(sub, common, command)
+    _add_payload_parsers(sub, common, command)
 
     publish = sub.add_parser("publish", parents=[common, command], help="publish one event to a topic")
     publish.add_argument("--domain", required=True)

@@ -3,16 +3,19 @@
 from __future__ import annotations
 
 import os
+import tempfile
 import time
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Literal, TypeVar, Unpack
 
 from keyload.datadir import DataDir
 from keyload.doorbell import Doorbell
 from keyload.log.base import partition_for
 from keyload.log.codec import REGISTRY
+from keyload.payloads import PayloadGateway, Progress, digest_of, staged_source
 from keyload.processors import limits
 from keyload.runtime import domain_for_partition
 
@@ -42,11 +45,14 @@ from .results import (
     MessageView,
     Mutation,
     Outcome,
+    PayloadReservation,
     ProcessingResult,
     PublishResult,
     QueuePolicy,
     QueueView,
     ReceiveResult,
+    RetentionPage,
+    RetentionStatus,
     TopicPage,
     TopicPolicy,
     TopicView,
@@ -122,6 +128,7 @@ class Client:
         # embedded service listens for a doorbell.
         self._doorbell = Doorbell(self.data.root) if self.data.kafka is None else None
         self._cursor: int | None = None  # the next outcome to read of the reply partition
+        self._payloads: PayloadGateway | None = None
         partitions = self.data.outcome_partitions
         self.reply_partition = (
             int.from_bytes(os.urandom(2), "big") % partitions if reply_partition is None else reply_partition
@@ -820,6 +827,123 @@ class Client:
         }
         return self._result(self.submit(domain, "keyload.command.CommitInbox", body, command_id), ProcessingResult)
 
+    # -- large payloads ---------------------------------------------------------------------
+
+    @property
+    def payloads(self) -> PayloadGateway:
+        """The payload gateway over this data directory's object store and keyring."""
+        if self._payloads is None:
+            self._payloads = PayloadGateway(self.data.object_store(), self.data.keyring())
+        return self._payloads
+
+    def prepare_large_schedule(
+        self,
+        domain: str,
+        queue: str,
+        message_id: str,
+        length: int,
+        sha256: bytes,
+        *,
+        upload_window_ms: int | None = None,
+        headers: dict[str, str] | None = None,
+        ordering_key: str | None = None,
+        not_before_ms: int | None = None,
+        expires_at_ms: int | None = None,
+        command_id: str | None = None,
+    ) -> PayloadReservation:
+        """Reserve a large message (identity, object key, length, SHA-256, deadline, quota)."""
+        body = {
+            "queue": queue,
+            "message_id": message_id,
+            "length": length,
+            "sha256": sha256,
+            "upload_window_ms": upload_window_ms,
+            "headers": headers or {},
+            "ordering_key": ordering_key,
+            "not_before_ms": not_before_ms,
+            "expires_at_ms": expires_at_ms,
+        }
+        outcome = self.submit(domain, "keyload.command.PrepareLargeSchedule", body, command_id)
+        return self._result(outcome, PayloadReservation)
+
+    def commit_large_schedule(
+        self, domain: str, reservation_id: int, proof: dict[str, Any], *, command_id: str | None = None
+    ) -> PayloadReservation:
+        """Create the reserved message from an attested object (an equivalent proof again is idempotent)."""
+        body = {"reservation_id": reservation_id, "proof": proof}
+        outcome = self.submit(domain, "keyload.command.CommitLargeSchedule", body, command_id)
+        return self._result(outcome, PayloadReservation)
+
+    def cancel_large_schedule(
+        self, domain: str, reservation_id: int, *, command_id: str | None = None
+    ) -> PayloadReservation:
+        """Abandon an uncommitted reservation; whatever was uploaded is deleted by retention."""
+        body = {"reservation_id": reservation_id}
+        outcome = self.submit(domain, "keyload.command.CancelLargeSchedule", body, command_id)
+        return self._result(outcome, PayloadReservation)
+
+    def inspect_reservation(self, domain: str, reservation_id: int) -> PayloadReservation:
+        body = {"reservation_id": reservation_id}
+        return self._result(self.submit(domain, "keyload.command.InspectReservation", body), PayloadReservation)
+
+    def schedule_large(
+        self,
+        domain: str,
+        queue: str,
+        source: bytes | os.PathLike[str],
+        *,
+        message_id: str,
+        upload_window_ms: int | None = None,
+        headers: dict[str, str] | None = None,
+        ordering_key: str | None = None,
+        not_before_ms: int | None = None,
+        expires_at_ms: int | None = None,
+        progress: Progress | None = None,
+        request_id: str | None = None,
+    ) -> PayloadReservation:
+        """Enqueue a payload of any size up to 5 TiB: reserve, upload, attest, commit.
+
+        `source` is bytes or a file path (streamed: never read into memory whole).
+        `progress(done, total)` is called as bytes go up. Calling again with the same
+        `request_id` after a failure resumes: the reservation is the same command, an
+        upload of the same bytes is idempotent, and so is a commit of an equivalent proof.
+        """
+        request_id = request_id or str(uuid.uuid4())
+        with staged_source(source, self.data.root / "scratch" / "payloads") as path:
+            digest = digest_of(path)
+            receipt = self.prepare_large_schedule(
+                domain,
+                queue,
+                message_id,
+                digest.length,
+                digest.sha256,
+                upload_window_ms=upload_window_ms,
+                headers=headers,
+                ordering_key=ordering_key,
+                not_before_ms=not_before_ms,
+                expires_at_ms=expires_at_ms,
+                command_id=f"{request_id}.prepare",
+            )
+            if receipt.state == "committed":
+                return receipt
+            handle = self.payloads.upload_handle(receipt, partition_for(domain, self.data.partitions))
+            self.payloads.upload(handle, path, progress)
+            proof = self.payloads.attest(handle)
+        # A new command id each time: the proof (its attestation time) differs between attempts.
+        return self.commit_large_schedule(domain, receipt.reservation_id, proof)
+
+    def read_payload(self, delivery: Delivery, into: os.PathLike[str] | None = None) -> bytes | None:
+        """A large delivery's bytes (verified against its SHA-256); with `into`, written to that file."""
+        if delivery.payload is None or delivery.payload.read_handle is None:
+            raise ValueError("the delivery has no large payload: its bytes are in `body`")
+        if into is not None:
+            self.payloads.read(delivery.payload.read_handle, Path(into))
+            return None
+        with tempfile.TemporaryDirectory(dir=self.data.root / "scratch") as folder:
+            target = Path(folder) / "payload"
+            self.payloads.read(delivery.payload.read_handle, target)
+            return target.read_bytes()
+
     # -- operations -----------------------------------------------------------------------
 
     def rotate_keys(
@@ -828,17 +952,46 @@ class Client:
         *,
         token_key_id: str | None = None,
         jitter_key_id: str | None = None,
+        proof_key_id: str | None = None,
         command_id: str | None = None,
     ) -> ActiveKeys:
-        """Make keyring keys active for token signing and retry jitter in one partition."""
+        """Make keyring keys active for token signing, retry jitter and payload proofs in one partition.
+
+        A new proof key starts a new trust-set version: reservations made before keep theirs."""
+        body = {"token_key_id": token_key_id, "jitter_key_id": jitter_key_id, "proof_key_id": proof_key_id}
+        return self._result(self._submit_to(partition, "keyload.command.RotateKeys", body, command_id), ActiveKeys)
+
+    def _submit_to(self, partition: int, kind: str, body: dict[str, Any], command_id: str | None) -> Outcome:
+        """Submit a partition-wide command (under the partition's system domain)."""
         self.data.check_partition(partition)
-        domain = domain_for_partition(partition, self.data.partitions)
-        body = {"token_key_id": token_key_id, "jitter_key_id": jitter_key_id}
-        return self._result(self.submit(domain, "keyload.command.RotateKeys", body, command_id), ActiveKeys)
+        return self.submit(domain_for_partition(partition, self.data.partitions), kind, body, command_id)
+
+    # -- retention (the GC worker's commands, keyload/gc.py) ---------------------------------
+
+    def list_retention(
+        self, partition: int, *, after_task: int | None = None, limit: int | None = None
+    ) -> RetentionPage:
+        """Retention tasks in task order, each with what blocks its deletion now; the recovery floor."""
+        body = {"after_task": after_task, "limit": limit}
+        return self._result(self._submit_to(partition, "keyload.command.ListRetention", body, None), RetentionPage)
+
+    def advance_recovery_floor(self, partition: int, floor_offset: int) -> RetentionPage:
+        """Log the partition's recovery floor (never lowers it); compacts finished tasks below it."""
+        body = {"floor_offset": floor_offset}
+        outcome = self._submit_to(partition, "keyload.command.AdvanceRecoveryFloor", body, None)
+        return self._result(outcome, RetentionPage)
+
+    def begin_delete(self, partition: int, task_id: int) -> RetentionStatus:
+        """Ask to delete a task's object; CommandRejected (Conflict) says what still blocks it."""
+        outcome = self._submit_to(partition, "keyload.command.BeginDelete", {"task_id": task_id}, None)
+        return self._result(outcome, RetentionStatus)
+
+    def delete_confirmed(self, partition: int, task_id: int, deleted_versions: list[str]) -> RetentionStatus:
+        """Report a finished deletion (no version of the object is left); releases its quota."""
+        body = {"task_id": task_id, "deleted_versions": deleted_versions}
+        outcome = self._submit_to(partition, "keyload.command.DeleteConfirmed", body, None)
+        return self._result(outcome, RetentionStatus)
 
     def request_checkpoint(self, partition: int, *, command_id: str | None = None) -> CheckpointResult:
         """Ask the partition's runtime for a checkpoint at this command's offset."""
-        self.data.check_partition(partition)
-        domain = domain_for_partition(partition, self.data.partitions)
-        outcome = self.submit(domain, "keyload.command.Checkpoint", {}, command_id)
-        return self._result(outcome, CheckpointResult)
+        return self._result(self._submit_to(partition, "keyload.command.Checkpoint", {}, command_id), CheckpointResult)

@@ -32,6 +32,7 @@ class QueuePolicy:
     parked_head: Literal["continue", "block"] | None = None
     receive_max_messages: int | None = None
     receive_max_bytes: int | None = None
+    payload_request_horizon_ms: int | None = None
 
     def to_record(self) -> Record:
         return {f.name: getattr(self, f.name) for f in fields(self)}
@@ -56,6 +57,9 @@ class QueueCounters:
     acked_total: int
     expired_total: int
     cancelled_total: int
+    reserved_messages: int
+    reserved_bytes: int
+    payload_object_bytes: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,6 +116,25 @@ class MessageMeta:
     terminal_at_ms: int | None
     last_retry_delay_ms: int | None
     dead_lettered_at_ms: int | None
+    payload: LargePayload | None
+    read_until_ms: int | None
+
+    @classmethod
+    def from_record(cls, record: Record) -> MessageMeta:
+        payload = record["payload"]
+        return _build(cls, dict(record, payload=None if payload is None else _build(LargePayload, payload)))  # type: ignore[no-any-return]
+
+
+@dataclass(frozen=True, slots=True)
+class LargePayload:
+    """Where a large message's bytes are: read them with `Client.read_payload(delivery)`."""
+
+    reservation_id: int
+    object_key: str
+    object_version: str
+    length: int
+    sha256: bytes
+    read_handle: str | None  # in a delivery: valid until its lease ends
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,7 +149,7 @@ class MessageView:
         return cls(
             record["queue"],
             record["message_id"],
-            _build(MessageMeta, record["meta"]),
+            MessageMeta.from_record(record["meta"]),
             record["body"],
         )
 
@@ -156,6 +179,12 @@ class Delivery:
     delivery_generation: int
     lease_until_ms: int
     enqueued_at_ms: int
+    payload: LargePayload | None = None  # a large message: `body` is empty, fetch the bytes with the SDK
+
+    @classmethod
+    def from_record(cls, record: Record) -> Delivery:
+        payload = record["payload"]
+        return _build(cls, dict(record, payload=None if payload is None else _build(LargePayload, payload)))  # type: ignore[no-any-return]
 
 
 @dataclass(frozen=True, slots=True)
@@ -165,7 +194,7 @@ class ReceiveResult:
 
     @classmethod
     def from_record(cls, record: Record) -> ReceiveResult:
-        return cls([_build(Delivery, d) for d in record["deliveries"]], record["budget_exhausted"])
+        return cls([Delivery.from_record(d) for d in record["deliveries"]], record["budget_exhausted"])
 
 
 @dataclass(frozen=True, slots=True)
@@ -209,6 +238,8 @@ class DeadLetterPage:
 class ActiveKeys:
     token_key_id: str
     jitter_key_id: str
+    proof_key_id: str
+    trust_set_version: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -605,6 +636,78 @@ class InboxView:
     bytes: int
 
 
+@dataclass(frozen=True, slots=True)
+class PayloadReservation:
+    """A large message's reservation (the receipt of PrepareLargeSchedule and its successors).
+
+    `state` is as of the command's log time: a reserved one past `upload_deadline_ms` is expired."""
+
+    reservation_id: int
+    domain: str
+    queue: str
+    queue_id: int
+    message_id: str
+    object_key: str
+    length: int
+    sha256: bytes
+    headers: dict[str, str]
+    ordering_key: str | None
+    not_before_ms: int | None
+    expires_at_ms: int | None
+    upload_deadline_ms: int
+    trust_set_version: int
+    trust_key_id: str
+    state: Literal["reserved", "committed", "cancelled", "expired"]
+    reserved_at_ms: int
+    closed_at_ms: int | None
+    object_version: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class RetentionTask:
+    task_id: int
+    kind: Literal["message_payload", "abandoned_reservation"]
+    domain: str
+    queue: str
+    queue_id: int
+    message_id: str
+    reservation_id: int
+    object_key: str
+    object_version: str | None
+    length: int
+    retire_offset: int
+    retired_at_ms: int
+    protect_until_ms: int
+    state: Literal["waiting", "deleting", "confirmed"]
+    delete_offset: int | None
+    confirmed_offset: int | None
+    confirmed_at_ms: int | None
+    deleted_versions: list[str]
+
+
+@dataclass(frozen=True, slots=True)
+class RetentionStatus:
+    task: RetentionTask
+    blocked_by: list[str]  # empty: deletable now
+
+    @classmethod
+    def from_record(cls, record: Record) -> RetentionStatus:
+        return cls(_build(RetentionTask, record["task"]), record["blocked_by"])
+
+
+@dataclass(frozen=True, slots=True)
+class RetentionPage:
+    recovery_floor: int | None
+    tasks: list[RetentionStatus]
+    next_after_task: int | None
+    retired_identities: int
+
+    @classmethod
+    def from_record(cls, record: Record) -> RetentionPage:
+        tasks = [RetentionStatus.from_record(t) for t in record["tasks"]]
+        return cls(record["recovery_floor"], tasks, record["next_after_task"], record["retired_identities"])
+
+
 Result = (
     QueueView
     | EnqueueResult
@@ -629,6 +732,9 @@ Result = (
     | BatchResult
     | ProcessingResult
     | InboxView
+    | PayloadReservation
+    | RetentionStatus
+    | RetentionPage
 )
 
 _RESULTS: dict[str, Any] = {
@@ -655,6 +761,9 @@ _RESULTS: dict[str, Any] = {
     "keyload.result.BatchResult": BatchResult.from_record,
     "keyload.result.ProcessingResult": ProcessingResult.from_record,
     "keyload.result.InboxView": lambda r: _build(InboxView, r),
+    "keyload.PayloadReservation": lambda r: _build(PayloadReservation, r),
+    "keyload.result.RetentionStatus": RetentionStatus.from_record,
+    "keyload.result.RetentionPage": RetentionPage.from_record,
 }
 
 

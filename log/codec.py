@@ -35,6 +35,8 @@ TOP_LEVEL = (
     "keyload.DocumentRecord",
     "keyload.InboxEntry",
     "keyload.InboxRecord",
+    "keyload.PayloadReservation",
+    "keyload.RetentionTask",
 )
 
 Record = dict[str, Any]

@@ -38,7 +38,10 @@ from . import (
     key_rotation,
     leases,
     limits,
+    payloads,
     queues,
+    reservations,
+    retention,
     timers,
     topics,
 )
@@ -46,6 +49,7 @@ from .access import authorize
 from .context import Context
 from .errors import ErrorCode, Rejected
 from .outcomes import OUTCOME, new_outcome, reject
+from .reservations import RESERVATION
 
 Record = dict[str, Any]
 Handler = Callable[[Staged, Record, Context], Record | None]
@@ -124,7 +128,18 @@ CHECKPOINT_KIND = "keyload.command.Checkpoint"
 TICK_KIND = "keyload.command.Tick"
 # Commands that are idempotent by nature: their outcomes are published, not stored,
 # so a ticker running for months does not grow the projection.
-UNSTORED_KINDS = frozenset({TICK_KIND, CHECKPOINT_KIND})
+# The GC worker's commands are too: it polls ListRetention, and a repeat of the others
+# changes nothing.
+UNSTORED_KINDS = frozenset(
+    {
+        TICK_KIND,
+        CHECKPOINT_KIND,
+        "keyload.command.ListRetention",
+        "keyload.command.AdvanceRecoveryFloor",
+        "keyload.command.BeginDelete",
+        "keyload.command.DeleteConfirmed",
+    }
+)
 
 # Each command kind: its handler and the Outcome result branch it returns.
 # The mutations a batch may hold are commands of their own too (processors/batch.py).
@@ -164,6 +179,14 @@ COMMANDS: dict[str, tuple[Handler, str]] = {
     "keyload.command.CompleteProcessing": (inbox.complete_processing, "keyload.result.ProcessingResult"),
     "keyload.command.ConfigureInbox": (inbox.configure_inbox, "keyload.result.InboxView"),
     "keyload.command.CommitInbox": (inbox.commit_inbox, "keyload.result.ProcessingResult"),
+    "keyload.command.PrepareLargeSchedule": (payloads.prepare_large_schedule, RESERVATION),
+    "keyload.command.CommitLargeSchedule": (payloads.commit_large_schedule, RESERVATION),
+    "keyload.command.CancelLargeSchedule": (reservations.cancel_large_schedule, RESERVATION),
+    "keyload.command.InspectReservation": (reservations.inspect_reservation, RESERVATION),
+    "keyload.command.AdvanceRecoveryFloor": (retention.advance_recovery_floor, "keyload.result.RetentionPage"),
+    "keyload.command.ListRetention": (retention.list_retention, "keyload.result.RetentionPage"),
+    "keyload.command.BeginDelete": (retention.begin_delete, "keyload.result.RetentionStatus"),
+    "keyload.command.DeleteConfirmed": (retention.delete_confirmed, "keyload.result.RetentionStatus"),
 }
 
 

@@ -59,7 +59,7 @@ def redrive(stage: Staged, body: Record, ctx: Context) -> Record:
     leave(stage, record, message_id, meta)
     meta["attempts"] = 0
     meta["delivery_generation"] += 1
-    enter(stage, record, message_id, meta, "ready", ctx.now_ms)
+    enter(stage, record, message_id, meta, "ready", ctx)
     add_expiry(stage, record, message_id, meta)
     save_queue(stage, record)
     return _view(record, message_id, meta)
@@ -68,7 +68,7 @@ def redrive(stage: Staged, body: Record, ctx: Context) -> Record:
 def cancel(stage: Staged, body: Record, ctx: Context) -> Record:
     record, message_id, meta = _fenced(stage, body, ctx)
     leave(stage, record, message_id, meta)
-    enter(stage, record, message_id, meta, "cancelled", ctx.now_ms)
+    enter(stage, record, message_id, meta, "cancelled", ctx)
     save_queue(stage, record)
     return _view(record, message_id, meta)
 
@@ -82,7 +82,7 @@ def park_pending(stage: Staged, body: Record, ctx: Context) -> Record:
     if counters["dead_lettered"] + 1 > max_messages or counters["dead_letter_bytes"] + meta["body_bytes"] > max_bytes:
         raise Rejected(ErrorCode.RESOURCE_EXHAUSTED, "the dead-letter sublimit is full")
     leave(stage, record, message_id, meta)
-    enter(stage, record, message_id, meta, "dead_lettered", ctx.now_ms)
+    enter(stage, record, message_id, meta, "dead_lettered", ctx)
     save_queue(stage, record)
     return _view(record, message_id, meta)
 

@@ -19,6 +19,8 @@ from .state import Record
 
 TOKEN = keys.META + b"token_key_id"
 JITTER = keys.META + b"jitter_key_id"
+PROOF = keys.META + b"proof_key_id"  # signs payload commit proofs (processors/proofs.py)
+TRUST_SET_VERSION = keys.META + b"trust_set_version"  # u64, absent: 1; +1 whenever PROOF changes
 DEFAULT_KEY_ID = "k0"  # the key a new data directory's keyring is created with
 
 
@@ -39,8 +41,14 @@ def active_key(stage: Readable, keyring: Mapping[str, bytes], purpose: bytes) ->
     return key_id, key
 
 
+def trust_set(stage: Readable) -> tuple[int, str]:
+    """(version, key id) of the payload-proof trust set: a reservation pins both."""
+    raw = stage.get(TRUST_SET_VERSION)
+    return (1 if raw is None else keys.read_u64(raw)), active_key_id(stage, PROOF)
+
+
 def rotate_keys(stage: Staged, body: Record, ctx: Context) -> Record:
-    for purpose, name in ((TOKEN, "token_key_id"), (JITTER, "jitter_key_id")):
+    for purpose, name in ((TOKEN, "token_key_id"), (JITTER, "jitter_key_id"), (PROOF, "proof_key_id")):
         key_id = body[name]
         if key_id is None:
             continue
@@ -50,5 +58,13 @@ def rotate_keys(stage: Staged, body: Record, ctx: Context) -> Record:
             # Not a rejection: whether a key exists is configuration, and a replay with the
             # key present would decide differently. The runtime reloads the keyring or halts.
             raise MissingKey(f"keyring has no key {key_id!r}")
+        if purpose == PROOF and key_id != active_key_id(stage, PROOF):
+            stage.put(TRUST_SET_VERSION, keys.u64(trust_set(stage)[0] + 1))
         stage.put(purpose, key_id.encode("utf-8"))
-    return {"token_key_id": active_key_id(stage, TOKEN), "jitter_key_id": active_key_id(stage, JITTER)}
+    version, proof_key_id = trust_set(stage)
+    return {
+        "token_key_id": active_key_id(stage, TOKEN),
+        "jitter_key_id": active_key_id(stage, JITTER),
+        "proof_key_id": proof_key_id,
+        "trust_set_version": version,
+    }

@@ -9,13 +9,13 @@ lease version and state (StaleLease), deadline (LeaseExpired).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from keyload.projections import keys
 from keyload.projections.store import Staged
 
-from . import limits, tokens, waiters
+from . import handles, limits, tokens, waiters
 from .context import Context
 from .errors import Corruption, ErrorCode, Rejected
 from .key_rotation import TOKEN, active_key
@@ -94,7 +94,8 @@ def claim(
         if not is_key_head(stage, queue, meta):
             floor = meta["ready_sequence"] if floor is None else floor
             continue  # an older message of its ordering key is unresolved: it waits
-        item = result_item_bytes(meta["body_bytes"], meta["headers"], message_id, meta["ordering_key"])
+        inline = 0 if meta["payload"] is not None else meta["body_bytes"]
+        item = result_item_bytes(inline, meta["headers"], message_id, meta["ordering_key"])
         if claims and (
             size + meta["body_bytes"] > wanted.max_bytes or result_bytes + item > limits.RESULT_BYTES_BUDGET
         ):
@@ -113,7 +114,8 @@ def claim(
         meta["attempts"] += 1
         meta["lease_version"] += 1
         lease_until = ctx.now_ms + wanted.lease_ms
-        enter(stage, record, message_id, meta, "leased", ctx.now_ms, lease_until_ms=lease_until, lease_owner=principal)
+        large = _readable_payload({key_id: key}, key_id, queue["domain"], meta, lease_until)
+        enter(stage, record, message_id, meta, "leased", ctx, lease_until_ms=lease_until, lease_owner=principal)
         payload = stage.get(keys.body(queue_id, message_id))
         if payload is None:
             raise Corruption("a leased message has no body")
@@ -139,9 +141,23 @@ def claim(
                 "delivery_generation": meta["delivery_generation"],
                 "lease_until_ms": lease_until,
                 "enqueued_at_ms": meta["enqueued_at_ms"],
+                "payload": large,
             }
         )
     return deliveries, budget_hit
+
+
+def _readable_payload(
+    keyring: Mapping[str, bytes], key_id: str, domain: str, meta: Record, until_ms: int
+) -> Record | None:
+    """A large message's payload with a read handle valid for this lease (signed with the token
+    key); the message remembers the latest such expiry, so retention keeps the object that long."""
+    payload = meta["payload"]
+    if payload is None:
+        return None
+    handle = handles.ReadHandle(key_id, domain, payload["object_key"], payload["object_version"], until_ms)
+    meta["read_until_ms"] = max(meta["read_until_ms"] or 0, until_ms)
+    return dict(payload, read_handle=handles.issue(keyring, handle))
 
 
 def serve_waiters(stage: Staged, ctx: Context, queue_keys: list[bytes]) -> None:
@@ -221,9 +237,7 @@ def renew(stage: Staged, body: Record, ctx: Context) -> Record:
     lease_ms = bounded("lease_ms", body["lease_ms"], policy["lease_ms"], limits.MIN_LEASE_MS, policy["max_lease_ms"])
     owner = meta["lease_owner"]
     leave(stage, record, message_id, meta)
-    enter(
-        stage, record, message_id, meta, "leased", ctx.now_ms, lease_until_ms=ctx.now_ms + lease_ms, lease_owner=owner
-    )
+    enter(stage, record, message_id, meta, "leased", ctx, lease_until_ms=ctx.now_ms + lease_ms, lease_owner=owner)
     save_queue(stage, record)
     return _lease_result(message_id, meta)
 
@@ -238,7 +252,7 @@ def ack_lease(stage: Staged, ctx: Context, token: tokens.Token) -> Record:
     record, meta = live_lease(stage, ctx, token)
     message_id = token.message_id
     leave(stage, record, message_id, meta)
-    enter(stage, record, message_id, meta, "acked", ctx.now_ms)
+    enter(stage, record, message_id, meta, "acked", ctx)
     save_queue(stage, record)
     return _lease_result(message_id, meta)
 

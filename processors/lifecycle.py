@@ -14,7 +14,7 @@ import hmac
 from keyload.projections import keys
 from keyload.projections.store import Staged
 
-from . import waiters
+from . import reservations, retention, waiters
 from .context import Context
 from .errors import Corruption
 from .key_rotation import JITTER, active_key
@@ -80,7 +80,7 @@ def enter(
     message_id: str,
     meta: Record,
     state: str,
-    now_ms: int,
+    ctx: Context,
     *,
     not_before_ms: int | None = None,
     lease_until_ms: int | None = None,
@@ -117,10 +117,10 @@ def enter(
     if state in LIVE_STATES:
         adjust(counters, state, 1)
     else:
-        _release(stage, record, message_id, meta, now_ms)
+        _release(stage, record, message_id, meta, ctx)
         adjust(counters, TERMINAL_TOTALS[state], 1)
     if state in ("dead_lettered", "pending_dead_letter"):
-        meta["dead_lettered_at_ms"] = now_ms
+        meta["dead_lettered_at_ms"] = ctx.now_ms
         _drop_expiry(stage, queue_id, meta)
     _keep_ordering_row(stage, queue, message_id, meta)
     save_message(stage, queue_id, message_id, meta)
@@ -176,15 +176,20 @@ def is_key_head(stage: Staged, queue: Record, meta: Record) -> bool:
     return keys.read_u64(raw_head) == sequence
 
 
-def _release(stage: Staged, record: Record, message_id: str, meta: Record, now_ms: int) -> None:
-    """A message reaches a terminal state: its body and quota go, its expiry no longer applies."""
+def _release(stage: Staged, record: Record, message_id: str, meta: Record, ctx: Context) -> None:
+    """A message reaches a terminal state: its body and quota go, its expiry no longer applies.
+
+    A large message's object is not deleted here: this command is its retire intent, and
+    the object goes through the guarded retention workflow (processors/retention.py)."""
     queue_id = record["view"]["incarnation"]
     counters = record["view"]["counters"]
     adjust(counters, "stored_messages", -1)
     adjust(counters, "stored_bytes", -meta["body_bytes"])
     stage.delete(keys.body(queue_id, message_id))
     _drop_expiry(stage, queue_id, meta)
-    meta["terminal_at_ms"] = now_ms
+    meta["terminal_at_ms"] = ctx.now_ms
+    if meta["payload"] is not None:
+        retention.retire_payload(stage, record, message_id, meta, ctx)
 
 
 def _drop_expiry(stage: Staged, queue_id: int, meta: Record) -> None:
@@ -238,14 +243,14 @@ def _jitter_material(command_id: str, queue: Record, meta: Record) -> tuple[str,
     )
 
 
-def dead_letter(stage: Staged, record: Record, message_id: str, meta: Record, now_ms: int) -> None:
+def dead_letter(stage: Staged, record: Record, message_id: str, meta: Record, ctx: Context) -> None:
     """Park an exhausted message, or mark it pending when the dead-letter sublimit is full."""
     counters = record["view"]["counters"]
     max_messages, max_bytes = dead_letter_limits(record["view"]["policy"])
     fits = counters["dead_lettered"] + 1 <= max_messages and counters["dead_letter_bytes"] + meta["body_bytes"] <= (
         max_bytes
     )
-    enter(stage, record, message_id, meta, "dead_lettered" if fits else "pending_dead_letter", now_ms)
+    enter(stage, record, message_id, meta, "dead_lettered" if fits else "pending_dead_letter", ctx)
 
 
 def end_attempt(
@@ -264,16 +269,16 @@ def end_attempt(
     leave(stage, record, message_id, meta)
     queue = record["view"]
     if expired(meta, ctx.now_ms):
-        enter(stage, record, message_id, meta, "expired", ctx.now_ms)
+        enter(stage, record, message_id, meta, "expired", ctx)
     elif meta["attempts"] >= queue["policy"]["max_attempts"]:
-        dead_letter(stage, record, message_id, meta, ctx.now_ms)
+        dead_letter(stage, record, message_id, meta, ctx)
     else:
         if delay_ms is None:
             _, jitter_key = active_key(stage, ctx.keyring, JITTER)
             material = _jitter_material(ctx.command_id, queue, meta)
             delay_ms = retry_delay_ms(queue["policy"], meta["attempts"], jitter_key, material)
         meta["last_retry_delay_ms"] = delay_ms
-        enter(stage, record, message_id, meta, "scheduled", ctx.now_ms, not_before_ms=ctx.now_ms + delay_ms)
+        enter(stage, record, message_id, meta, "scheduled", ctx, not_before_ms=ctx.now_ms + delay_ms)
 
 
 # -- timers ------------------------------------------------------------------------------
@@ -297,6 +302,10 @@ def fire_queue_timers(stage: Staged, record: Record, ctx: Context, budget: int) 
             waiters.expire(stage, record, ctx, sequence, receive_result([]))
             transitions += 1
             continue
+        if kind == keys.TIMER_RESERVATION:
+            reservations.expire_reservation(stage, record, ctx, sequence)
+            transitions += 1
+            continue
         message_id = value.decode("utf-8")
         meta = load_message(stage, queue_id, message_id)
         if meta is None:
@@ -307,10 +316,10 @@ def fire_queue_timers(stage: Staged, record: Record, ctx: Context, budget: int) 
             if state not in ("scheduled", "ready", "leased"):
                 raise Corruption(f"expiry timer of a message in state {state}")
             leave(stage, record, message_id, meta)
-            enter(stage, record, message_id, meta, "expired", ctx.now_ms)
+            enter(stage, record, message_id, meta, "expired", ctx)
         elif kind == keys.TIMER_NOT_BEFORE:
             leave(stage, record, message_id, meta)  # removes this timer row
-            enter(stage, record, message_id, meta, "ready", ctx.now_ms)
+            enter(stage, record, message_id, meta, "ready", ctx)
         elif kind == keys.TIMER_LEASE:
             end_attempt(stage, record, message_id, meta, ctx)
         else:

@@ -79,3 +79,14 @@ QUEUE_NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
 HEADER_NAME_PATTERN = re.compile(r"[A-Za-z0-9_.-]+")
 TOPIC_NAME_PATTERN = QUEUE_NAME_PATTERN
 GROUP_NAME_PATTERN = QUEUE_NAME_PATTERN
+
+# Large payloads (processors/payloads.py) and their retention (processors/retention.py).
+MAX_PAYLOAD_BYTES = 5 * 1024**4  # one object: S3's largest
+DEFAULT_UPLOAD_WINDOW_MS = 15 * 60 * 1000  # from PrepareLargeSchedule to its upload deadline
+MIN_UPLOAD_WINDOW_MS = 1_000
+MAX_UPLOAD_WINDOW_MS = 24 * 3600 * 1000
+MAX_OBJECT_VERSION_CHARS = 1024
+DEFAULT_RETENTION_PAGE = 100
+MAX_RETENTION_PAGE = 1_000
+RETENTION_COMPACTION_BUDGET = 256  # task rows one AdvanceRecoveryFloor examines for compaction
+MAX_DELETED_VERSIONS = 100  # versions one DeleteConfirmed may report

@@ -32,6 +32,7 @@ INTEGER_FIELDS: dict[str, Bound] = {
     "retry_factor": Bound(2, 1, 10),
     "receive_max_messages": Bound(10, 1, 1_000),
     "receive_max_bytes": Bound(4 * MIB, 1, 64 * MIB),
+    "payload_request_horizon_ms": Bound(60_000, 0, HOUR_MS),
 }
 # Dead-letter sublimits: null inherits the stored grant, a value may not exceed it.
 SUBLIMIT_FIELDS = {

@@ -40,6 +40,9 @@ _ZERO_COUNTERS = {
     "acked_total": 0,
     "expired_total": 0,
     "cancelled_total": 0,
+    "reserved_messages": 0,
+    "reserved_bytes": 0,
+    "payload_object_bytes": 0,
 }
 
 
@@ -98,14 +101,11 @@ def configure_queue(stage: Staged, body: Record, ctx: Context) -> Record:
     return view(record)
 
 
-def enqueue(stage: Staged, body: Record, ctx: Context) -> Record:
-    record = load_queue(stage, ctx.domain, body["queue"])
-    queue = record["view"]
+def check_new_message(stage: Staged, record: Record, body: Record, ctx: Context) -> None:
+    """What Enqueue and PrepareLargeSchedule check alike: the id is unused (and never retired) in the
+    queue; headers, ordering key and times are valid."""
     message_id = body["message_id"]
     check_message_id(message_id)
-    payload: bytes = body["body"]
-    if len(payload) > limits.MAX_INLINE_BODY_BYTES:
-        raise Rejected(ErrorCode.VALIDATION, f"body exceeds {limits.MAX_INLINE_BODY_BYTES} bytes")
     check_headers(body["headers"])
     ordering_key = body["ordering_key"]
     if ordering_key is not None:
@@ -118,15 +118,44 @@ def enqueue(stage: Staged, body: Record, ctx: Context) -> Record:
             raise Rejected(ErrorCode.VALIDATION, "expires_at_ms is not in the future")
         if not_before is not None and expires_at <= not_before:
             raise Rejected(ErrorCode.VALIDATION, "expires_at_ms must be after not_before_ms")
-    queue_id = queue["incarnation"]
+    queue_id = record["view"]["incarnation"]
     if stage.get(keys.message(queue_id, message_id)) is not None:
         raise Rejected(ErrorCode.CONFLICT, "message id is already used in this queue")
+    if stage.get(keys.identity(queue_id, message_id)) is not None:
+        raise Rejected(ErrorCode.CONFLICT, "message id is reserved or retired in this queue")
+
+
+def check_room(record: Record, messages: int, size: int) -> None:
+    """ResourceExhausted unless the queue's grant holds `messages` more messages of `size` bytes,
+    counting what reservations hold."""
+    queue = record["view"]
     counters, policy = queue["counters"], queue["policy"]
-    if counters["stored_messages"] + 1 > policy["max_stored_messages"]:
+    if counters["stored_messages"] + counters["reserved_messages"] + messages > policy["max_stored_messages"]:
         raise Rejected(ErrorCode.RESOURCE_EXHAUSTED, "queue is at max_stored_messages")
-    if counters["stored_bytes"] + len(payload) > policy["max_stored_bytes"]:
+    if counters["stored_bytes"] + counters["reserved_bytes"] + size > policy["max_stored_bytes"]:
         raise Rejected(ErrorCode.RESOURCE_EXHAUSTED, "queue is at max_stored_bytes")
 
+
+def enqueue(stage: Staged, body: Record, ctx: Context) -> Record:
+    record = load_queue(stage, ctx.domain, body["queue"])
+    check_new_message(stage, record, body, ctx)
+    payload: bytes = body["body"]
+    if len(payload) > limits.MAX_INLINE_BODY_BYTES:
+        raise Rejected(ErrorCode.VALIDATION, f"body exceeds {limits.MAX_INLINE_BODY_BYTES} bytes")
+    check_room(record, 1, len(payload))
+    result = admit(stage, record, body, ctx, payload, None)
+    save_queue(stage, record)
+    return result
+
+
+def admit(stage: Staged, record: Record, body: Record, ctx: Context, inline: bytes, large: Record | None) -> Record:
+    """Store a checked new message: its body (empty for a large one, whose bytes are the `large`
+    payload's object), metadata, quota and first state. Returns the EnqueueResult."""
+    queue = record["view"]
+    queue_id, counters = queue["incarnation"], queue["counters"]
+    message_id = body["message_id"]
+    size = len(inline) if large is None else large["length"]
+    not_before = body["not_before_ms"]
     sequence = record["next_enqueue_sequence"]
     record["next_enqueue_sequence"] = sequence + 1
     meta: Record = {
@@ -140,26 +169,27 @@ def enqueue(stage: Staged, body: Record, ctx: Context) -> Record:
         "parked_sequence": None,
         "enqueued_at_ms": ctx.now_ms,
         "not_before_ms": not_before,
-        "expires_at_ms": expires_at,
+        "expires_at_ms": body["expires_at_ms"],
         "lease_owner": None,
         "lease_until_ms": None,
-        "body_bytes": len(payload),
+        "body_bytes": size,
         "headers": dict(sorted(body["headers"].items())),
-        "ordering_key": ordering_key,
+        "ordering_key": body["ordering_key"],
         "terminal_at_ms": None,
         "last_retry_delay_ms": None,
         "dead_lettered_at_ms": None,
+        "payload": large,
+        "read_until_ms": None,
     }
     adjust(counters, "stored_messages", 1)
-    adjust(counters, "stored_bytes", len(payload))
+    adjust(counters, "stored_bytes", size)
     adjust(counters, "enqueued_total", 1)
-    stage.put(keys.body(queue_id, message_id), payload)
+    stage.put(keys.body(queue_id, message_id), inline)
     if not_before is not None and not_before > ctx.now_ms:
-        enter(stage, record, message_id, meta, "scheduled", ctx.now_ms, not_before_ms=not_before)
+        enter(stage, record, message_id, meta, "scheduled", ctx, not_before_ms=not_before)
     else:
-        enter(stage, record, message_id, meta, "ready", ctx.now_ms)
+        enter(stage, record, message_id, meta, "ready", ctx)
     add_expiry(stage, record, message_id, meta)
-    save_queue(stage, record)
     return {
         "queue": queue["queue"],
         "message_id": message_id,
@@ -180,6 +210,8 @@ def inspect_message(stage: Staged, body: Record, ctx: Context) -> Record:
     check_message_id(body["message_id"])
     meta = load_message(stage, queue_id, body["message_id"])
     if meta is None:
+        if stage.get(keys.identity(queue_id, body["message_id"])) is not None:
+            raise Rejected(ErrorCode.NOT_FOUND, "message is reserved, or its history was reclaimed (the id stays used)")
         raise Rejected(ErrorCode.NOT_FOUND, "message does not exist")
     payload = stage.get(keys.body(queue_id, body["message_id"])) if body["include_body"] else None
     if meta["state"] in LIVE_STATES and payload is None and body["include_body"]:

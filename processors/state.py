@@ -70,12 +70,17 @@ def check_headers(headers: dict[str, str]) -> int:
     return size
 
 
+def allocate(stage: Staged, allocator: bytes) -> int:
+    """The next id of a partition-wide allocator (a meta key holding the next id; ids start at 1)."""
+    raw_next = stage.get(allocator)
+    allocated = 1 if raw_next is None else keys.read_u64(raw_next)
+    stage.put(allocator, keys.u64(allocated + 1))
+    return allocated
+
+
 def allocate_incarnation(stage: Staged) -> int:
     """A new queue or topic id. One allocator for both: tokens name resources by id, so ids never collide."""
-    raw_next = stage.get(keys.NEXT_QUEUE_ID)
-    incarnation = 1 if raw_next is None else keys.read_u64(raw_next)
-    stage.put(keys.NEXT_QUEUE_ID, keys.u64(incarnation + 1))
-    return incarnation
+    return allocate(stage, keys.NEXT_QUEUE_ID)
 
 
 def view(record: Record) -> Record:

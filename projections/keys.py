@@ -47,18 +47,28 @@ INBOX_ENTRY = b"j"
 #   | execution generation u64 | handler scope (u8-prefixed) | message id -> InboxEntry (CommitInbox)
 TARGET_INBOX_ENTRY = b"l"
 INBOX = b"z"  # z | domain (u8-prefixed)                           -> InboxRecord (the target inbox's policy and use)
+RESERVATION = b"R"  # R | reservation id u64                      -> PayloadReservation
+# u | queue id u64 | message id -> u64 reservation id: a large message's identity, from its reservation on;
+#   kept after its history (MessageMeta) is reclaimed, so the id is never used again
+IDENTITY = b"u"
+RETENTION_TASK = b"G"  # G | task id u64                          -> RetentionTask (a guarded object deletion)
 
 APPLIED_OFFSET = META + b"applied_offset"  # u64 offset of the last applied record
 LAST_TIME = META + b"last_time"  # u64 evaluation time of the last applied record
 NEXT_QUEUE_ID = META + b"next_queue_id"  # u64 incarnation allocator of queues, topics, groups (one space)
 NEXT_DUE = META + b"next_due"  # u64 due time of the partition's earliest timer (absent: none)
 SCHEMA_SET = META + b"schema_set"  # SHA-256 naming the schemas the values are written under (migration.py)
+NEXT_RESERVATION_ID = META + b"next_reservation_id"  # u64 allocator of payload reservations
+NEXT_TASK_ID = META + b"next_task_id"  # u64 allocator of retention tasks
+RECOVERY_FLOOR = META + b"recovery_floor"  # u64 floor offset as last logged by AdvanceRecoveryFloor (absent: none)
+RETIRED_IDENTITIES = META + b"retired_identities"  # u64 message ids whose history was reclaimed
 
 # Timer kinds, in the order they fire when due at the same instant.
 TIMER_EXPIRY = 0
 TIMER_LEASE = 1
 TIMER_NOT_BEFORE = 2  # for a group: a position's retry coming due
 TIMER_WAITER = 3  # a long-poll Receive's deadline; the timer's sequence is the waiter's
+TIMER_RESERVATION = 4  # a payload reservation's upload deadline; the timer's sequence is the reservation id
 
 TIMER_KEY_BYTES = 1 + 8 + 8 + 1 + 8
 EVENT_KEY_BYTES = 1 + 8 + 8
@@ -106,6 +116,9 @@ FAMILY_VALUES: dict[bytes, RecordValue | None] = {
     INBOX_ENTRY: RecordValue("keyload.InboxEntry"),
     TARGET_INBOX_ENTRY: RecordValue("keyload.InboxEntry"),
     INBOX: RecordValue("keyload.InboxRecord"),
+    RESERVATION: RecordValue("keyload.PayloadReservation"),
+    IDENTITY: None,
+    RETENTION_TASK: RecordValue("keyload.RetentionTask"),
 }
 # The family tags are this module's one-byte constants: a new one fails here until it is classified.
 _TAGS = [value for name, value in globals().items() if name.isupper() and isinstance(value, bytes) and len(value) == 1]
@@ -332,3 +345,15 @@ def target_inbox_entry(
 
 def inbox_config(domain: str) -> bytes:
     return INBOX + _domain(domain)
+
+
+def reservation(reservation_id: int) -> bytes:
+    return RESERVATION + U64.pack(reservation_id)
+
+
+def identity(queue_id: int, message_id: str) -> bytes:
+    return IDENTITY + U64.pack(queue_id) + message_id.encode("utf-8")
+
+
+def retention_task(task_id: int) -> bytes:
+    return RETENTION_TASK + U64.pack(task_id)

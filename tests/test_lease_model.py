@@ -169,6 +169,10 @@ class Model:
             **{state: self.count(state) for state in LIVE},
             "dead_letter_bytes": sum(len(m.body) for m in live if m.state == "dead_lettered"),
             **self.totals,
+            # this model makes no large-message reservations
+            "reserved_messages": 0,
+            "reserved_bytes": 0,
+            "payload_object_bytes": 0,
         }
 
     def lease_check(self, token: Token) -> str | None:

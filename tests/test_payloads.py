@@ -1,0 +1,273 @@
+"""Large payloads through the embedded processor: reserve, upload, attest, commit, refusals by
+log time and log order, and what never appears in the log."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from keyload import keyring
+from keyload.object_store import ObjectConflict
+from keyload.payloads import PayloadConflict, PayloadError, PayloadGateway
+from keyload.processors import limits, proofs
+from keyload.results import Delivery, PayloadReservation
+
+from .support import (
+    ACK,
+    CREATE_QUEUE,
+    ENQUEUE,
+    INSPECT_MESSAGE,
+    RECEIVE,
+    TICK,
+    Embedded,
+    assert_replay_equals_live,
+    create_queue_body,
+    enqueue_body,
+    expect,
+    receive_body,
+    submit_unhalted,
+)
+
+D = "shop"
+Q = "media"
+PREPARE = "keyload.command.PrepareLargeSchedule"
+COMMIT = "keyload.command.CommitLargeSchedule"
+CANCEL_LARGE = "keyload.command.CancelLargeSchedule"
+INSPECT_RESERVATION = "keyload.command.InspectReservation"
+WINDOW_MS = 60_000
+
+
+@dataclass
+class Large:
+    """The embedded deployment with a payload gateway whose clock is the log's."""
+
+    embedded: Embedded
+    gateway: PayloadGateway
+
+    def prepare(self, message_id: str, data: bytes, code: str | None = None, **fields: Any) -> Any:
+        body = {
+            "queue": Q,
+            "message_id": message_id,
+            "length": len(data),
+            "sha256": hashlib.sha256(data).digest(),
+            "upload_window_ms": WINDOW_MS,
+            "headers": {},
+            "ordering_key": None,
+            "not_before_ms": None,
+            "expires_at_ms": None,
+        }
+        return expect(submit_unhalted(self.embedded, D, PREPARE, body | fields), code)
+
+    def handle(self, receipt: PayloadReservation) -> str:
+        return self.gateway.upload_handle(receipt, self.embedded.partition(D))
+
+    def upload(self, receipt: PayloadReservation, data: bytes, tmp: Path) -> str:
+        handle = self.handle(receipt)
+        source = tmp / f"upload-{receipt.reservation_id}"
+        source.write_bytes(data)
+        self.gateway.upload(handle, source)
+        return handle
+
+    def commit(self, receipt: PayloadReservation, proof: dict[str, Any], code: str | None = None) -> Any:
+        body = {"reservation_id": receipt.reservation_id, "proof": proof}
+        return expect(submit_unhalted(self.embedded, D, COMMIT, body), code)
+
+    def schedule(self, message_id: str, data: bytes, tmp: Path) -> PayloadReservation:
+        receipt = self.prepare(message_id, data)
+        proof = self.gateway.attest(self.upload(receipt, data, tmp))
+        committed: PayloadReservation = self.commit(receipt, proof)
+        return committed
+
+    def receive(self) -> list[Delivery]:
+        deliveries: list[Delivery] = expect(submit_unhalted(self.embedded, D, RECEIVE, receive_body(Q)), None).deliveries
+        return deliveries
+
+    def read(self, delivery: Delivery, tmp: Path) -> bytes:
+        assert delivery.payload is not None and delivery.payload.read_handle is not None
+        target = tmp / f"read-{delivery.message_id}"
+        self.gateway.read(delivery.payload.read_handle, target)
+        return target.read_bytes()
+
+
+@pytest.fixture
+def large(tmp_path: Path) -> Iterator[Large]:
+    embedded = Embedded(tmp_path / "data")
+    keyring.add(embedded.data.root, "k-other")  # a keyring key outside the trust set
+    for processor in embedded.processors:
+        processor.keyring = embedded.data.keyring()
+    gateway = PayloadGateway(embedded.data.object_store(), embedded.data.keyring(), clock=lambda: embedded.now_ms)
+    expect(submit_unhalted(embedded, D, CREATE_QUEUE, create_queue_body(Q)), None)
+    try:
+        yield Large(embedded, gateway)
+    finally:
+        embedded.close()
+
+
+def counters(large: Large) -> Any:
+    return expect(submit_unhalted(large.embedded, D, "keyload.command.InspectQueue", {"queue": Q}), None).counters
+
+
+def test_the_whole_protocol_delivers_exactly_the_uploaded_bytes(large: Large, tmp_path: Path) -> None:
+    data = bytes(range(256)) * 4096 + b"tail"  # 1 MiB and a bit: larger than any inline body
+    receipt = large.prepare("big-1", data, headers={"kind": "video"})
+    assert (receipt.state, receipt.length, receipt.object_key) == ("reserved", len(data), receipt.object_key)
+    assert receipt.object_key.startswith("payloads/p-") and receipt.upload_deadline_ms == large.embedded.now_ms + WINDOW_MS
+    # The reservation holds quota before any byte moves.
+    held = counters(large)
+    assert (held.reserved_messages, held.reserved_bytes, held.payload_object_bytes) == (1, len(data), len(data))
+    proof = large.gateway.attest(large.upload(receipt, data, tmp_path))
+    committed = large.commit(receipt, proof)
+    assert (committed.state, committed.object_version) == ("committed", proof["object_version"])
+    after = counters(large)
+    assert (after.reserved_messages, after.reserved_bytes, after.stored_messages, after.stored_bytes) == (
+        0,
+        0,
+        1,
+        len(data),
+    )
+    [delivery] = large.receive()
+    assert delivery.body == b"" and delivery.headers == {"kind": "video"}
+    assert delivery.payload is not None and delivery.payload.length == len(data)
+    assert large.read(delivery, tmp_path) == data
+    view = expect(
+        submit_unhalted(
+            large.embedded, D, INSPECT_MESSAGE, {"queue": Q, "message_id": "big-1", "include_body": False}
+        ),
+        None,
+    )
+    assert view.meta.payload.object_version == proof["object_version"] and view.meta.payload.read_handle is None
+    # An equivalent proof again (a retried commit under a new command id) is idempotent.
+    again = large.commit(receipt, large.gateway.attest(large.handle(receipt)))
+    assert again.state == "committed" and counters(large).stored_messages == 1
+    assert_replay_equals_live(large.embedded, D, tmp_path / "replay")
+
+
+def test_refused_proofs_have_clear_codes_and_no_effect(large: Large, tmp_path: Path) -> None:
+    data = b"payload bytes" * 1000
+    receipt = large.prepare("big-1", data)
+    proof = large.gateway.attest(large.upload(receipt, data, tmp_path))
+    before = large.embedded.state_digest(D)
+    material = large.embedded.data.keyring()
+
+    def signed(**changes: Any) -> dict[str, Any]:
+        """A proof with these fields, validly signed by the reservation's trust key."""
+        changed = proof | changes
+        return changed | {"signature": proofs.sign(material[changed["key_id"]], changed)}
+
+    forged = proof | {"signature": bytes(64)}
+    tampered = proof | {"length": len(data) + 1}  # the signature covers the length
+    wrong_key = signed(key_id="k-other")
+    unknown_key = proof | {"key_id": "k-missing"}
+    wrong_length = signed(length=len(data) + 1)
+    wrong_digest = signed(sha256=hashlib.sha256(b"other").digest())
+    other_object = signed(object_key="payloads/p-0000/00000000000000000999")
+    for bad, code in [
+        (forged, "TokenInvalidated"),
+        (tampered, "TokenInvalidated"),
+        (wrong_key, "TokenInvalidated"),
+        (unknown_key, "TokenInvalidated"),
+        (wrong_length, "Conflict"),
+        (wrong_digest, "Conflict"),
+        (other_object, "Conflict"),
+    ]:
+        large.commit(receipt, bad, code)
+        assert large.embedded.state_digest(D) == before
+    # The genuine proof still commits; a proof naming another object version then conflicts.
+    large.commit(receipt, proof)
+    large.commit(receipt, signed(object_version="another-version"), "Conflict")
+
+
+def test_a_commit_after_the_deadline_is_refused_even_if_no_scanner_ran(
+    large: Large, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    data = b"late" * 5000
+    receipt = large.prepare("big-1", data)
+    proof = large.gateway.attest(large.upload(receipt, data, tmp_path))
+    monkeypatch.setattr(limits, "TICK_EXAMINATION_BUDGET", 0)  # no timer fires: the scanner never runs
+    large.embedded.now_ms += WINDOW_MS
+    before = large.embedded.state_digest(D)
+    large.commit(receipt, proof, "LeaseExpired")
+    assert large.embedded.state_digest(D) == before
+    inspected = expect(
+        submit_unhalted(large.embedded, D, INSPECT_RESERVATION, {"reservation_id": receipt.reservation_id}), None
+    )
+    assert inspected.state == "expired"  # decided by log time, though the stored record still says reserved
+    monkeypatch.undo()
+    expect(submit_unhalted(large.embedded, D, TICK, {}), None)
+    large.commit(receipt, proof, "LeaseExpired")
+    held = counters(large)
+    # Abandoned: quota stays held until retention confirms the object is gone.
+    assert (held.stored_messages, held.reserved_messages, held.payload_object_bytes) == (0, 1, len(data))
+    # (No replay comparison here: the live run had a patched tick budget, a replay would not.)
+
+
+def test_log_order_decides_cancel_against_commit(large: Large, tmp_path: Path) -> None:
+    data = b"race" * 1000
+    first = large.prepare("cancelled-first", data)
+    proof = large.gateway.attest(large.upload(first, data, tmp_path))
+    expect(submit_unhalted(large.embedded, D, CANCEL_LARGE, {"reservation_id": first.reservation_id}), None)
+    large.commit(first, proof, "Conflict")
+    second = large.prepare("committed-first", data)
+    large.commit(second, large.gateway.attest(large.upload(second, data, tmp_path)))
+    outcome = submit_unhalted(large.embedded, D, CANCEL_LARGE, {"reservation_id": second.reservation_id})
+    expect(outcome, "Conflict")
+    assert [d.message_id for d in large.receive()] == ["committed-first"]
+
+
+def test_uploads_are_immutable_and_the_identity_is_reserved(large: Large, tmp_path: Path) -> None:
+    data = b"exact bytes" * 1000
+    receipt = large.prepare("big-1", data)
+    handle = large.handle(receipt)
+    source = tmp_path / "same"
+    source.write_bytes(data)
+    first = large.gateway.upload(handle, source)
+    assert large.gateway.upload(handle, source) == first  # the same bytes again: idempotent
+    other = tmp_path / "other"
+    other.write_bytes(b"Exact bytes" * 1000)  # same length, other bytes
+    with pytest.raises(PayloadConflict):
+        large.gateway.upload(handle, other)
+    with pytest.raises(ObjectConflict):  # and straight at the store: a conditional create
+        large.gateway.objects.put_if_absent(receipt.object_key, other)
+    assert large.gateway.objects.head(receipt.object_key) == first
+    # Handles are capabilities: a changed one is refused, and so is an expired one.
+    with pytest.raises(PayloadError, match="signature"):
+        large.gateway.upload(handle[:-4] + ("AAAA" if not handle.endswith("AAAA") else "BBBB"), source)
+    # The message id is taken from the reservation on, for enqueues and reservations alike.
+    expect(submit_unhalted(large.embedded, D, ENQUEUE, enqueue_body(Q, "big-1")), "Conflict")
+    large.prepare("big-1", data, "Conflict")
+    large.embedded.now_ms += WINDOW_MS
+    with pytest.raises(PayloadError, match="expired"):
+        large.gateway.upload(handle, source)
+
+
+def test_the_upload_handle_appears_in_no_record_outcome_checkpoint_or_result(large: Large, tmp_path: Path) -> None:
+    data = b"secret-free" * 3000
+    receipt = large.prepare("big-1", data)
+    handle = large.upload(receipt, data, tmp_path)
+    large.commit(receipt, large.gateway.attest(handle))
+    [delivery] = large.receive()
+    expect(submit_unhalted(large.embedded, D, ACK, {"token": delivery.token}), None)
+    expect(submit_unhalted(large.embedded, D, INSPECT_RESERVATION, {"reservation_id": receipt.reservation_id}), None)
+    page = expect(
+        submit_unhalted(large.embedded, D, "keyload.command.ListRetention", {"after_task": None, "limit": None}), None
+    )
+    assert len(page.tasks) == 1
+    expect(submit_unhalted(large.embedded, D, "keyload.command.Checkpoint", {}), None)
+    body, mac = handle[4:].split(".")
+    needles = [handle.encode(), body.encode(), mac.encode()]
+    places = [tmp_path / "data" / "log", tmp_path / "data" / "projections", tmp_path / "data" / "objects"]
+    scanned = 0
+    for place in places:
+        for path in place.rglob("*"):
+            if path.is_file():
+                content = path.read_bytes()
+                scanned += 1
+                assert not any(needle in content for needle in needles), path
+    assert scanned > 10
+    # Checkpoint files are among them: the checkpoint was published under objects/.
+    assert any((tmp_path / "data" / "objects" / "checkpoints").rglob("*"))
