@@ -924,8 +924,11 @@ class Client:
                 expires_at_ms=expires_at_ms,
                 command_id=f"{request_id}.prepare",
             )
-            if receipt.state == "committed":
-                return receipt
+            # A resumed request whose commit already landed: nothing to upload (its receipt, as
+            # stored, still says reserved).
+            current = self.inspect_reservation(domain, receipt.reservation_id)
+            if current.state == "committed":
+                return current
             handle = self.payloads.upload_handle(receipt, partition_for(domain, self.data.partitions))
             self.payloads.upload(handle, path, progress)
             proof = self.payloads.attest(handle)
@@ -939,7 +942,9 @@ class Client:
         if into is not None:
             self.payloads.read(delivery.payload.read_handle, Path(into))
             return None
-        with tempfile.TemporaryDirectory(dir=self.data.root / "scratch") as folder:
+        scratch = self.data.root / "scratch"
+        scratch.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=scratch) as folder:
             target = Path(folder) / "payload"
             self.payloads.read(delivery.payload.read_handle, target)
             return target.read_bytes()

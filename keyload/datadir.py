@@ -8,8 +8,9 @@ DATA/keyring.json                  key material by id (keyload/keyring.py)
 DATA/log/commands/p-NNNN/          command log (file log segments; embedded only)
 DATA/log/outcomes/p-NNNN/          outcome stream (embedded only)
 DATA/projections/p-NNNN/           RocksDB projection of a partition
-DATA/objects/                      the object store (checkpoint files), unless configured elsewhere
+DATA/objects/                      the object store (checkpoints/, payloads/), unless configured elsewhere
 DATA/catalog/p-NNNN/OFFSET.json    published checkpoints (embedded only; Kafka: a compacted topic)
+DATA/catalog/pins/p-NNNN/OFFSET/S  recovery pins held by restores (Kafka: records of the same topic)
 DATA/scratch/                      checkpoints being taken or restored
 
 In Kafka mode every processor of a group has a data directory of its own (its

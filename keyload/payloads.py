@@ -26,11 +26,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-from keyload.object_store import ObjectConflict, ObjectStore, ObjectStoreError, ObjectVersion
+from keyload.object_store import MAX_UPLOAD_PARTS, ObjectConflict, ObjectStore, ObjectStoreError, ObjectVersion
 from keyload.processors import proofs
 from keyload.processors.handles import HandleError, ReadHandle, UploadHandle, issue, open_handle
 
 PART_BYTES = 8 * 1024 * 1024  # multipart part size; objects up to this go in one conditional PUT
+PART_ALIGN_BYTES = 1024 * 1024  # a larger part size (objects over 80 GiB) is a whole number of MiB
 READ_CHUNK_BYTES = 1024 * 1024
 UPLOAD_ATTEMPTS = 5  # tries per part (and per single PUT) when the object store fails
 RETRY_PAUSE_S = 0.2  # first pause between tries; doubles
@@ -78,6 +79,8 @@ class PayloadGateway:
 
     def upload_handle(self, receipt: Any, partition: int) -> str:
         """A handle for the reservation a PrepareLargeSchedule outcome (`receipt`) describes."""
+        if receipt.trust_key_id not in self.keyring:
+            raise PayloadError(f"the keyring has no key {receipt.trust_key_id!r} (the reservation's trust set)")
         handle = UploadHandle(
             key_id=receipt.trust_key_id,
             domain=receipt.domain,
@@ -102,13 +105,13 @@ class PayloadGateway:
         """Store `source` under the handle's object key: one conditional PUT, or a multipart upload
         for more than PART_BYTES. The same bytes again are idempotent; other bytes are PayloadConflict."""
         handle = self._open_upload(handle_text)
-        if self.clock() >= handle.expires_ms:
-            raise PayloadError("the upload handle has expired (the reservation's deadline has passed)")
+        self._check_alive(handle)
         found = digest_of(source)
         if (found.length, found.sha256.hex()) != (handle.length, handle.sha256):
             raise PayloadConflict("the bytes are not the reserved ones (length or SHA-256 differ)")
         try:
             if handle.length <= PART_BYTES:
+                self._check_alive(handle)  # hashing a large file takes a while
                 stored = _retrying(lambda: self.objects.put_if_absent(handle.object_key, source))
             else:
                 stored = self._multipart(handle, source, progress)
@@ -118,20 +121,29 @@ class PayloadGateway:
             progress(handle.length, handle.length)
         return stored
 
+    def _check_alive(self, handle: UploadHandle) -> None:
+        """Checked right before anything is created: an object must never appear under an expired
+        handle, since retention deletes abandoned keys once the deadline and horizon have passed."""
+        if self.clock() >= handle.expires_ms:
+            raise PayloadError("the upload handle has expired (the reservation's deadline has passed)")
+
     def _multipart(self, handle: UploadHandle, source: Path, progress: Progress | None) -> ObjectVersion:
         key = handle.object_key
         existing = self.objects.head(key)
         if existing is not None and existing.etag == handle.sha256:
             return existing  # a retry after a completed upload
+        part_bytes = part_size(handle.length)
+        self._check_alive(handle)
         upload_id = _retrying(lambda: self.objects.begin_upload(key, handle.sha256))
         try:
             parts = 0
             with source.open("rb") as file:
-                while chunk := file.read(PART_BYTES):
+                while chunk := file.read(part_bytes):
                     parts += 1
                     _retrying(functools.partial(self.objects.upload_part, key, upload_id, parts, chunk))
                     if progress is not None:
-                        progress(min(parts * PART_BYTES, handle.length), handle.length)
+                        progress(min(parts * part_bytes, handle.length), handle.length)
+            self._check_alive(handle)
             return _retrying(lambda: self.objects.complete_upload(key, upload_id, parts))
         except BaseException:
             with contextlib.suppress(ObjectStoreError):
@@ -176,6 +188,12 @@ class PayloadGateway:
             return self.objects.get(handle.object_key, into, handle.object_version)
         except ObjectStoreError as exc:
             raise PayloadError(f"payload {handle.object_key} cannot be read: {exc}") from None
+
+
+def part_size(length: int) -> int:
+    """PART_BYTES, or more when that many parts would exceed the store's limit (5 TiB: 525 MiB parts)."""
+    needed = -(-length // MAX_UPLOAD_PARTS)
+    return max(PART_BYTES, -(-needed // PART_ALIGN_BYTES) * PART_ALIGN_BYTES)
 
 
 def _retrying(attempt: Callable[[], T]) -> T:

@@ -12,6 +12,12 @@ def _build(cls: Any, record: Record) -> Any:
     return cls(**{f.name: record[f.name] for f in fields(cls)})
 
 
+def _with_payload(cls: Any, record: Record) -> Any:
+    """A MessageMeta or a Delivery, its optional large payload typed too."""
+    payload = record["payload"]
+    return _build(cls, dict(record, payload=None if payload is None else _build(LargePayload, payload)))
+
+
 @dataclass(frozen=True, slots=True)
 class QueuePolicy:
     """A queue's policy. Every field has a documented default (docs/ARCHITECTURE.md)."""
@@ -121,8 +127,8 @@ class MessageMeta:
 
     @classmethod
     def from_record(cls, record: Record) -> MessageMeta:
-        payload = record["payload"]
-        return _build(cls, dict(record, payload=None if payload is None else _build(LargePayload, payload)))  # type: ignore[no-any-return]
+        built: MessageMeta = _with_payload(cls, record)
+        return built
 
 
 @dataclass(frozen=True, slots=True)
@@ -183,8 +189,8 @@ class Delivery:
 
     @classmethod
     def from_record(cls, record: Record) -> Delivery:
-        payload = record["payload"]
-        return _build(cls, dict(record, payload=None if payload is None else _build(LargePayload, payload)))  # type: ignore[no-any-return]
+        built: Delivery = _with_payload(cls, record)
+        return built
 
 
 @dataclass(frozen=True, slots=True)

@@ -49,7 +49,7 @@ from .access import authorize
 from .context import Context
 from .errors import ErrorCode, Rejected
 from .outcomes import OUTCOME, new_outcome, reject
-from .reservations import RESERVATION
+from .retention import RESERVATION
 
 Record = dict[str, Any]
 Handler = Callable[[Staged, Record, Context], Record | None]

@@ -83,6 +83,8 @@ def open_handle(keyring: Mapping[str, bytes], text: str, kind: type[Handle]) -> 
         raw = json.loads(payload)
         if not isinstance(raw, dict) or set(raw) != {f.name for f in fields(kind)}:
             raise ValueError("fields")
+        if not all(isinstance(raw[f.name], int if f.type == "int" else str) for f in fields(kind)):
+            raise ValueError("field types")
         handle = kind(**raw)
     except (binascii.Error, ValueError, TypeError, UnicodeDecodeError):
         raise HandleError(f"not a {kind.__name__}") from None

@@ -20,9 +20,10 @@ from keyload.projections.store import Staged
 from . import limits, proofs
 from .context import Context
 from .errors import ErrorCode, Rejected
-from .key_rotation import trust_set
+from .key_rotation import MissingKey, trust_set
 from .queues import admit, check_new_message, check_room
-from .reservations import RESERVATION, close, load_reservation, object_key, queue_of, refuse_closed, view
+from .reservations import close, load_reservation, object_key, queue_of, refuse_closed, view
+from .retention import RESERVATION
 from .state import Record, add_timer_row, adjust, allocate, bounded, load_queue, save_queue
 
 
@@ -77,11 +78,15 @@ def prepare_large_schedule(stage: Staged, body: Record, ctx: Context) -> Record:
 
 
 def check_proof(reservation: Record, proof: Record, ctx: Context) -> None:
-    """The proof's signature, trust set and fields against the reservation; no object-store call."""
-    if not proofs.signature_valid(ctx.keyring, proof):
-        raise Rejected(ErrorCode.TOKEN_INVALIDATED, "the proof's signature is not valid")
+    """The proof's trust set, signature and fields against the reservation; no object-store call."""
     if (proof["key_id"], proof["trust_set_version"]) != (reservation["trust_key_id"], reservation["trust_set_version"]):
         raise Rejected(ErrorCode.TOKEN_INVALIDATED, "the proof is not signed by the reservation's trust set")
+    if proof["key_id"] not in ctx.keyring:
+        # Not a refusal: a replay with the key present would decide otherwise. The runtime
+        # reloads the keyring or halts (as for a token key).
+        raise MissingKey(f"keyring has no key {proof['key_id']!r} (a payload trust set's)")
+    if not proofs.signature_valid(ctx.keyring, proof):
+        raise Rejected(ErrorCode.TOKEN_INVALIDATED, "the proof's signature is not valid")
     for name in ("domain", "reservation_id", "object_key"):
         if proof[name] != reservation[name]:
             raise Rejected(ErrorCode.CONFLICT, f"the proof's {name} is not the reservation's")

@@ -15,9 +15,8 @@ from keyload.projections.store import Staged
 from . import retention
 from .context import Context
 from .errors import Corruption, ErrorCode, Rejected
+from .retention import RESERVATION
 from .state import Record, load_queue_by_id, save_queue
-
-RESERVATION = "keyload.PayloadReservation"
 
 
 def object_key(partition: int, reservation_id: int) -> str:
@@ -38,6 +37,8 @@ def view(reservation: Record, now_ms: int) -> Record:
 
 
 def load_reservation(stage: Staged, ctx: Context, reservation_id: int) -> Record:
+    if not 1 <= reservation_id <= keys.MAX_U64_ID:
+        raise Rejected(ErrorCode.NOT_FOUND, "reservation does not exist")
     reservation = stage.get_record(keys.reservation(reservation_id), RESERVATION)
     if reservation is None or reservation["domain"] != ctx.domain:
         raise Rejected(ErrorCode.NOT_FOUND, "reservation does not exist")

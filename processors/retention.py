@@ -29,13 +29,20 @@ from .context import Context
 from .errors import Corruption, ErrorCode, Rejected
 from .state import MESSAGE_META, Record, adjust, allocate, bounded, load_queue_by_id, save_queue
 
+RESERVATION = "keyload.PayloadReservation"
+
 TASK = "keyload.RetentionTask"
 
 
 def retire_payload(stage: Staged, record: Record, message_id: str, meta: Record, ctx: Context) -> None:
-    """A large message became terminal: its object waits for the barrier."""
+    """A large message became terminal: its object waits for the barrier, and for every handle
+    naming it to expire — read handles, and the upload handle (a resumed upload could otherwise
+    create the key again after its deletion)."""
     payload = meta["payload"]
-    read_until = max(ctx.now_ms, meta["read_until_ms"] or 0)
+    reservation = stage.get_record(keys.reservation(payload["reservation_id"]), RESERVATION)
+    if reservation is None:
+        raise Corruption(f"large message {message_id} has no reservation {payload['reservation_id']}")
+    read_until = max(ctx.now_ms, meta["read_until_ms"] or 0, reservation["upload_deadline_ms"])
     queue = record["view"]
     horizon = queue["policy"]["payload_request_horizon_ms"]
     _new_task(stage, ctx, "message_payload", queue, message_id, payload, read_until, horizon)
@@ -104,7 +111,7 @@ def blockers(stage: Readable, task: Record, now_ms: int) -> list[str]:
     if floor is None or floor < task["retire_offset"]:
         found.append("recovery_floor")
     if now_ms < task["protect_until_ms"]:
-        found.append("read_handles" if task["kind"] == "message_payload" else "upload_horizon")
+        found.append("live_handles" if task["kind"] == "message_payload" else "upload_horizon")
     return found
 
 
@@ -113,7 +120,7 @@ def _status(stage: Readable, task: Record, now_ms: int) -> Record:
 
 
 def _load_task(stage: Staged, task_id: int) -> Record:
-    task = stage.get_record(keys.retention_task(task_id), TASK)
+    task = stage.get_record(keys.retention_task(task_id), TASK) if 1 <= task_id <= keys.MAX_U64_ID else None
     if task is None:
         raise Rejected(ErrorCode.NOT_FOUND, "retention task does not exist (or was compacted)")
     return task
@@ -121,7 +128,7 @@ def _load_task(stage: Staged, task_id: int) -> Record:
 
 def list_retention(stage: Staged, body: Record, ctx: Context) -> Record:
     limit = bounded("limit", body["limit"], limits.DEFAULT_RETENTION_PAGE, 1, limits.MAX_RETENTION_PAGE)
-    after = body["after_task"] or 0
+    after = bounded("after_task", body["after_task"], 0, 0, keys.MAX_U64_ID - 1)
     tasks: list[Record] = []
     next_after = None
     for key, _ in stage.scan(keys.retention_task(after + 1), keys.prefix_end(keys.RETENTION_TASK)):

@@ -70,6 +70,7 @@ TIMER_NOT_BEFORE = 2  # for a group: a position's retry coming due
 TIMER_WAITER = 3  # a long-poll Receive's deadline; the timer's sequence is the waiter's
 TIMER_RESERVATION = 4  # a payload reservation's upload deadline; the timer's sequence is the reservation id
 
+MAX_U64_ID = 2**63 - 1  # ids in keys are u64, and Avro longs are signed: ids a command names stay below this
 TIMER_KEY_BYTES = 1 + 8 + 8 + 1 + 8
 EVENT_KEY_BYTES = 1 + 8 + 8
 SHA256_BYTES = 32
