@@ -21,7 +21,7 @@ from typing import Any, Literal, TypeVar
 from tqdm import tqdm
 
 from keyload import keyring
-from keyload.catalog import CatalogError
+from keyload.catalog import CatalogError, RecoveryPin
 from keyload.checkpoints import (
     DEFAULT_CHECKPOINT_EVERY_RECORDS,
     DEFAULT_CHECKPOINT_INTERVAL_S,
@@ -40,7 +40,7 @@ from keyload.datadir import (
 )
 from keyload.doorbell import Listener
 from keyload.errors import CommandRejected, KeyloadError
-from keyload.gc import DEFAULT_GC_INTERVAL_S, GcWorker, run_worker
+from keyload.gc import DEFAULT_GC_INTERVAL_S, GcWorker, LocalRetention, run_worker
 from keyload.kafka_runtime import DEFAULT_SESSION_TIMEOUT_MS, KafkaService
 from keyload.keyring import KeyringError
 from keyload.log.base import LogError, partition_for
@@ -123,19 +123,24 @@ def _object_store(args: argparse.Namespace) -> ObjectStoreConfig | None:
 
 
 class _GcBeside:
-    """The GC worker as a thread of an embedded `keyload run` (its commands go through the log)."""
+    """The GC worker as a thread of an embedded `keyload run`: it reads retention from the live
+    projections and appends only the commands that change something."""
 
-    def __init__(self, data: DataDir, interval_s: float) -> None:
+    def __init__(self, data: DataDir, stores: list[Store], interval_s: float) -> None:
         self.client = Client(data.root, principal="keyload-gc", timeout_s=GC_CLIENT_TIMEOUT_S)
         self.checkpoints = data.checkpoints()
         self.halt = Event()
-        worker = GcWorker(self.client, self.checkpoints)
-        self.thread = threading.Thread(target=run_worker, args=(worker, self.halt, interval_s), daemon=True)
+        self.worker = GcWorker(LocalRetention(self.client, stores), self.checkpoints)
+        self.thread = threading.Thread(target=run_worker, args=(self.worker, self.halt, interval_s), daemon=True)
         self.thread.start()
 
-    def stop(self) -> None:
+    def stop(self, processors: list[PartitionProcessor]) -> None:
+        """End the worker's pass, applying the commands it still appends, so the service stops caught up."""
         self.halt.set()
-        self.thread.join(GC_CLIENT_TIMEOUT_S * 4)
+        while self.thread.is_alive():
+            if not sum(processor.step() for processor in processors):
+                self.thread.join(0.005)
+        self.worker.close()
         self.client.close()
         self.checkpoints.close()
 
@@ -183,7 +188,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             listener = Listener(data.root)
         except OSError as exc:
             raise KeyloadError(f"another `keyload run` serves {data.root} ({exc.strerror})") from None
-        collector = _GcBeside(data, args.gc_interval_s) if args.gc_interval_s > 0 else None
+        collector = _GcBeside(data, stores, args.gc_interval_s) if args.gc_interval_s > 0 else None
         positions = ", ".join(f"p{p.partition}@{p.applied_offset}" for p in processors)
         print(
             f"keyload: serving {data.root} ({data.partitions} partitions; applied {positions})",
@@ -195,7 +200,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             )
         finally:
             if collector is not None:
-                collector.stop()
+                collector.stop(processors)
             listener.close()
         print("keyload: stopped", flush=True)
         return EXIT_FAILED if halts else 0
@@ -785,13 +790,22 @@ def cmd_gc_status(args: argparse.Namespace) -> int:
 
 
 def cmd_gc_run(args: argparse.Namespace) -> int:
-    with _client(args) as client, client.data.checkpoints() as checkpoints:
-        worker = GcWorker(client, checkpoints)
+    with _client(args) as client, client.data.checkpoints() as checkpoints, GcWorker(client, checkpoints) as worker:
         if args.once:
             _print_json(worker.run_once())
             return 0
         print(f"keyload gc: collecting {client.data.root} every {args.interval_s:g} s", flush=True)
         run_worker(worker, _stop_on_signals(), args.interval_s, report=lambda done: _print_json(done))
+    return 0
+
+
+def cmd_gc_release_pin(args: argparse.Namespace) -> int:
+    """Release a recovery pin a restore left behind (a process killed while restoring keeps its pin)."""
+    data = DataDir.open(args.data)
+    data.check_partition(args.partition)
+    with data.checkpoints() as checkpoints:
+        checkpoints.catalog.release(RecoveryPin(args.partition, args.offset, args.session))
+    print(f"released the pin of {args.session} on partition {args.partition}'s checkpoint at offset {args.offset}")
     return 0
 
 
@@ -818,6 +832,11 @@ def _add_payload_parsers(sub: Any, common: argparse.ArgumentParser, command: arg
     status = gc.add_parser("status", parents=[common], help="floors, retention tasks and what blocks each deletion")
     status.add_argument("--partition", type=int)
     status.set_defaults(func=cmd_gc_status)
+    release = gc.add_parser("release-pin", parents=[common], help="release a recovery pin (see `gc status`)")
+    release.add_argument("--partition", type=int, required=True)
+    release.add_argument("--offset", type=int, required=True)
+    release.add_argument("--session", required=True)
+    release.set_defaults(func=cmd_gc_release_pin)
     run = gc.add_parser("run", parents=[common], help="run the GC worker (`keyload run` runs one itself)")
     run.add_argument("--once", action="store_true", help="one pass, then exit")
     run.add_argument("--interval-s", type=float, default=DEFAULT_GC_INTERVAL_S)
