@@ -9,6 +9,7 @@ from keyload.broker import NativeBroker, native_broker_available
 from keyload.s3_server import S3ServerError
 
 from .kafka import BrokerUnavailable, kafka_broker, unavailable
+from .payloads import Large, large_deployment
 from .s3 import S3Endpoint, s3_server
 from .s3 import unavailable as s3_unavailable
 from .support import Embedded
@@ -49,3 +50,10 @@ def s3_endpoint(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Endpoint
             yield endpoint
     except S3ServerError as e:
         s3_unavailable(str(e))
+
+
+@pytest.fixture
+def large(tmp_path: Path) -> Iterator[Large]:
+    """An embedded deployment with a payload gateway and queue `payloads.Q`."""
+    with large_deployment(tmp_path / "data") as deployment:
+        yield deployment

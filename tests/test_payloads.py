@@ -4,119 +4,35 @@ log time and log order, and what never appears in the log."""
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from keyload import keyring
 from keyload.object_store import ObjectConflict
-from keyload.payloads import PayloadConflict, PayloadError, PayloadGateway
+from keyload.payloads import PayloadConflict, PayloadError
 from keyload.processors import limits, proofs
-from keyload.results import Delivery, PayloadReservation
 
+from .payloads import CANCEL_LARGE, COMMIT, INSPECT_RESERVATION, WINDOW_MS, D, Large, Q, counters
 from .support import (
     ACK,
-    CREATE_QUEUE,
     ENQUEUE,
     INSPECT_MESSAGE,
-    RECEIVE,
     TICK,
-    Embedded,
     assert_replay_equals_live,
-    create_queue_body,
     enqueue_body,
     expect,
-    receive_body,
     submit_unhalted,
 )
-
-D = "shop"
-Q = "media"
-PREPARE = "keyload.command.PrepareLargeSchedule"
-COMMIT = "keyload.command.CommitLargeSchedule"
-CANCEL_LARGE = "keyload.command.CancelLargeSchedule"
-INSPECT_RESERVATION = "keyload.command.InspectReservation"
-WINDOW_MS = 60_000
-
-
-@dataclass
-class Large:
-    """The embedded deployment with a payload gateway whose clock is the log's."""
-
-    embedded: Embedded
-    gateway: PayloadGateway
-
-    def prepare(self, message_id: str, data: bytes, code: str | None = None, **fields: Any) -> Any:
-        body = {
-            "queue": Q,
-            "message_id": message_id,
-            "length": len(data),
-            "sha256": hashlib.sha256(data).digest(),
-            "upload_window_ms": WINDOW_MS,
-            "headers": {},
-            "ordering_key": None,
-            "not_before_ms": None,
-            "expires_at_ms": None,
-        }
-        return expect(submit_unhalted(self.embedded, D, PREPARE, body | fields), code)
-
-    def handle(self, receipt: PayloadReservation) -> str:
-        return self.gateway.upload_handle(receipt, self.embedded.partition(D))
-
-    def upload(self, receipt: PayloadReservation, data: bytes, tmp: Path) -> str:
-        handle = self.handle(receipt)
-        source = tmp / f"upload-{receipt.reservation_id}"
-        source.write_bytes(data)
-        self.gateway.upload(handle, source)
-        return handle
-
-    def commit(self, receipt: PayloadReservation, proof: dict[str, Any], code: str | None = None) -> Any:
-        body = {"reservation_id": receipt.reservation_id, "proof": proof}
-        return expect(submit_unhalted(self.embedded, D, COMMIT, body), code)
-
-    def schedule(self, message_id: str, data: bytes, tmp: Path) -> PayloadReservation:
-        receipt = self.prepare(message_id, data)
-        proof = self.gateway.attest(self.upload(receipt, data, tmp))
-        committed: PayloadReservation = self.commit(receipt, proof)
-        return committed
-
-    def receive(self) -> list[Delivery]:
-        deliveries: list[Delivery] = expect(submit_unhalted(self.embedded, D, RECEIVE, receive_body(Q)), None).deliveries
-        return deliveries
-
-    def read(self, delivery: Delivery, tmp: Path) -> bytes:
-        assert delivery.payload is not None and delivery.payload.read_handle is not None
-        target = tmp / f"read-{delivery.message_id}"
-        self.gateway.read(delivery.payload.read_handle, target)
-        return target.read_bytes()
-
-
-@pytest.fixture
-def large(tmp_path: Path) -> Iterator[Large]:
-    embedded = Embedded(tmp_path / "data")
-    keyring.add(embedded.data.root, "k-other")  # a keyring key outside the trust set
-    for processor in embedded.processors:
-        processor.keyring = embedded.data.keyring()
-    gateway = PayloadGateway(embedded.data.object_store(), embedded.data.keyring(), clock=lambda: embedded.now_ms)
-    expect(submit_unhalted(embedded, D, CREATE_QUEUE, create_queue_body(Q)), None)
-    try:
-        yield Large(embedded, gateway)
-    finally:
-        embedded.close()
-
-
-def counters(large: Large) -> Any:
-    return expect(submit_unhalted(large.embedded, D, "keyload.command.InspectQueue", {"queue": Q}), None).counters
 
 
 def test_the_whole_protocol_delivers_exactly_the_uploaded_bytes(large: Large, tmp_path: Path) -> None:
     data = bytes(range(256)) * 4096 + b"tail"  # 1 MiB and a bit: larger than any inline body
     receipt = large.prepare("big-1", data, headers={"kind": "video"})
     assert (receipt.state, receipt.length, receipt.object_key) == ("reserved", len(data), receipt.object_key)
-    assert receipt.object_key.startswith("payloads/p-") and receipt.upload_deadline_ms == large.embedded.now_ms + WINDOW_MS
+    assert (
+        receipt.object_key.startswith("payloads/p-") and receipt.upload_deadline_ms == large.embedded.now_ms + WINDOW_MS
+    )
     # The reservation holds quota before any byte moves.
     held = counters(large)
     assert (held.reserved_messages, held.reserved_bytes, held.payload_object_bytes) == (1, len(data), len(data))
@@ -135,9 +51,7 @@ def test_the_whole_protocol_delivers_exactly_the_uploaded_bytes(large: Large, tm
     assert delivery.payload is not None and delivery.payload.length == len(data)
     assert large.read(delivery, tmp_path) == data
     view = expect(
-        submit_unhalted(
-            large.embedded, D, INSPECT_MESSAGE, {"queue": Q, "message_id": "big-1", "include_body": False}
-        ),
+        submit_unhalted(large.embedded, D, INSPECT_MESSAGE, {"queue": Q, "message_id": "big-1", "include_body": False}),
         None,
     )
     assert view.meta.payload.object_version == proof["object_version"] and view.meta.payload.read_handle is None
@@ -271,3 +185,25 @@ def test_the_upload_handle_appears_in_no_record_outcome_checkpoint_or_result(lar
     assert scanned > 10
     # Checkpoint files are among them: the checkpoint was published under objects/.
     assert any((tmp_path / "data" / "objects" / "checkpoints").rglob("*"))
+
+
+def test_bad_ids_and_malformed_proofs_are_refused_and_never_halt_the_partition(large: Large, tmp_path: Path) -> None:
+    data = b"x" * 1000
+    receipt = large.prepare("big-1", data)
+    proof = large.gateway.attest(large.upload(receipt, data, tmp_path))
+    before = large.embedded.state_digest(D)
+    for reservation_id in (-1, 0, 2**63 - 1, 999):
+        for kind in (COMMIT, CANCEL_LARGE, INSPECT_RESERVATION):
+            body: dict[str, Any] = {"reservation_id": reservation_id}
+            if kind == COMMIT:
+                body["proof"] = proof | {"reservation_id": reservation_id}
+            expect(submit_unhalted(large.embedded, D, kind, body), "NotFound")
+    system = {"after_task": -5, "limit": None}
+    expect(submit_unhalted(large.embedded, D, "keyload.command.ListRetention", system), "Validation")
+    for task_id in (-1, 0, 7):
+        expect(submit_unhalted(large.embedded, D, "keyload.command.BeginDelete", {"task_id": task_id}), "NotFound")
+    large.commit(receipt, proof | {"signature": b"short"}, "TokenInvalidated")
+    large.commit(receipt, proof | {"object_version": ""} | {"signature": b""}, "TokenInvalidated")
+    large.prepare("big-2", data, "Validation", length=-1)
+    large.prepare("big-3", data, "Validation", upload_window_ms=0)
+    assert large.embedded.state_digest(D) == before

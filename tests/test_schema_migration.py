@@ -24,6 +24,7 @@ from keyload.projections.migration import UPCASTS
 from keyload.projections.store import Staged, Store, StoreError
 from keyload.recovery import replay
 
+from .payloads import PREPARE, prepare_body
 from .support import (
     CREATE_GROUP,
     CREATE_QUEUE,
@@ -63,12 +64,22 @@ def released_version(name: str, version: int) -> Released:
 
 def run_workload(embedded: Embedded) -> None:
     """Every family that holds a record gets rows: queues, messages, a waiter, a poison entry,
-    topics, events, a group with outstanding and parked positions, stored and deferred outcomes."""
+    topics, events, a group with outstanding and parked positions, stored and deferred outcomes,
+    documents, inbox entries, a payload reservation and a retention task."""
 
     def ok(kind: str, body: Record) -> Any:
         return expect(submit_unhalted(embedded, D, kind, body), None)
 
     ok(CREATE_QUEUE, create_queue_body("jobs"))
+    reservation = ok(PREPARE, prepare_body("large", b"abc", queue="jobs", upload_window_ms=1_000))
+    # Cancelled: the reservation stays, and a retention task takes on whatever an upload left. Its
+    # deletion is confirmed, so the queue holds no reservation quota any more: a state older
+    # processors could write too.
+    ok("keyload.command.CancelLargeSchedule", {"reservation_id": reservation.reservation_id})
+    embedded.now_ms = reservation.upload_deadline_ms + 60_000
+    ok("keyload.command.AdvanceRecoveryFloor", {"floor_offset": embedded.store(D).applied_offset})
+    ok("keyload.command.BeginDelete", {"task_id": 1})
+    ok("keyload.command.DeleteConfirmed", {"task_id": 1, "deleted_versions": []})
     ok(ENQUEUE, enqueue_body("jobs", "m-1", headers={"a": "1", "b": "2"}))
     ok(ENQUEUE, enqueue_body("jobs", "m-2", not_before_ms=embedded.now_ms + 60_000))
     ok(CREATE_QUEUE, create_queue_body("q"))  # receive_body's queue: a Receive waits on it
@@ -315,9 +326,20 @@ def envelope(kind: str, body: Record) -> Record:
 
 
 def old_processor_fingerprint(value: bytes) -> bytes:
-    """What the processor of the value's own version stored: SHA-256 of its bytes up to the tail."""
+    """What the processor of the value's own version stored: SHA-256, up to the tail, of the command
+    under the oldest version up to its own that writes and reads it back unchanged. (Processors
+    before v4 took the bytes as written; for the commands they knew, that is the same encoding.)"""
+    decoded = REGISTRY.decode(COMMAND, value)
+    versions = list(REGISTRY.released(COMMAND))
+    own = next(i for i, r in enumerate(versions) if r.header == value[:HEADER_BYTES])
+    encoded = value[HEADER_BYTES:]
+    for candidate in versions[: own + 1]:
+        older = encoded_under(candidate, decoded)
+        if older is not None and REGISTRY.decode(COMMAND, older) == decoded:
+            encoded = older[HEADER_BYTES:]
+            break
     tail = sum(len(encoded_optional_long(None)) for _ in INFORMATIONAL_TAIL)
-    return hashlib.sha256(value[HEADER_BYTES:-tail]).digest()
+    return hashlib.sha256(encoded[:-tail]).digest()
 
 
 @pytest.fixture
