@@ -908,6 +908,7 @@ class Client:
         `request_id` after a failure resumes: the reservation is the same command, an
         upload of the same bytes is idempotent, and so is a commit of an equivalent proof.
         """
+        resuming = request_id is not None
         request_id = request_id or str(uuid.uuid4())
         with staged_source(source, self.data.root / "scratch" / "payloads") as path:
             digest = digest_of(path)
@@ -924,11 +925,12 @@ class Client:
                 expires_at_ms=expires_at_ms,
                 command_id=f"{request_id}.prepare",
             )
-            # A resumed request whose commit already landed: nothing to upload (its receipt, as
-            # stored, still says reserved).
-            current = self.inspect_reservation(domain, receipt.reservation_id)
-            if current.state == "committed":
-                return current
+            if resuming:
+                # A resumed request whose commit already landed: nothing to upload (its receipt,
+                # as stored, still says reserved). A new request id cannot have one.
+                current = self.inspect_reservation(domain, receipt.reservation_id)
+                if current.state == "committed":
+                    return current
             handle = self.payloads.upload_handle(receipt, partition_for(domain, self.data.partitions))
             self.payloads.upload(handle, path, progress)
             proof = self.payloads.attest(handle)
