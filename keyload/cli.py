@@ -57,7 +57,8 @@ from keyload.projections.store import Store, StoreError
 from keyload.recovery import RecoveryError, drill, replay
 from keyload.results import Event as TopicEvent
 from keyload.results import GroupPolicy, QueuePolicy, TopicPolicy
-from keyload.runtime import DEFAULT_TICK_INTERVAL_MS, PartitionProcessor, Ticker, run_until
+from keyload.runtime import PartitionProcessor, run_until
+from keyload.ticker import DEFAULT_TICK_INTERVAL_MS, Ticker
 
 from .client import DEFAULT_TIMEOUT_S, Client
 

@@ -17,7 +17,7 @@ from keyload.log.base import partition_for
 from keyload.log.codec import REGISTRY
 from keyload.payloads import PayloadGateway, Progress, digest_of, staged_source
 from keyload.processors import limits
-from keyload.runtime import domain_for_partition
+from keyload.ticker import domain_for_partition
 
 from .consumer import DEFAULT_WAIT_MS, ConsumeStats, Handled, WorkOptions, consume, subscribe
 from .errors import CommandRejected, KeyloadError, OutcomeTimeout, rejection

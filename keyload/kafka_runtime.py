@@ -35,10 +35,12 @@ from confluent_kafka import Consumer, KafkaError, TopicPartition
 from keyload.catalog import CatalogEntry, NotPublished
 from keyload.checkpoints import CheckpointError, Checkpoints, recovery_session
 from keyload.datadir import DataDir
+from keyload.halts import Halt
 from keyload.log.base import LogRecord
 from keyload.log.kafka_log import KafkaLog, KafkaSettings, ensure_topics, record_from_message
 from keyload.projections.store import Store
-from keyload.runtime import MAX_GROUP_RECORDS, Halt, PartitionProcessor, Ticker, report_halts, wall_clock_ms
+from keyload.runtime import MAX_GROUP_RECORDS, PartitionProcessor, report_halts, wall_clock_ms
+from keyload.ticker import Ticker
 
 FETCH_WAIT_S = 0.1  # longest wait for new records before the ticker and checkpoints get a turn
 ADVISORY_COMMIT_INTERVAL_S = 5.0

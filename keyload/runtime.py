@@ -13,14 +13,13 @@ from __future__ import annotations
 import sys
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from threading import Event
 from typing import Protocol, TypeGuard
 
 from keyload.catalog import CatalogEntry, CatalogError
 from keyload.checkpoints import CheckpointError, Checkpoints
-from keyload.log.base import CommandLog, LogRecord, partition_for
-from keyload.log.codec import REGISTRY
+from keyload.halts import Halt
+from keyload.log.base import CommandLog, LogRecord
 from keyload.log.file_log import DEFAULT_CONFIG
 from keyload.object_store import ObjectStoreError
 from keyload.processors import limits
@@ -29,12 +28,11 @@ from keyload.processors.errors import Corruption
 from keyload.processors.key_rotation import MissingKey
 from keyload.processors.state import next_due_ms
 from keyload.projections.store import Staged, Store, StoreError
+from keyload.ticker import Ticker
 
 MAX_GROUP_RECORDS = 512  # records applied per WriteBatch (group commit)
-DEFAULT_TICK_INTERVAL_MS = 1_000
 IDLE_POLL_MIN_S = 0.001  # first wait after the log runs dry
 IDLE_POLL_MAX_S = 0.020  # the wait doubles while idle, up to this (worst added latency without a doorbell)
-MAX_TICKER_DOMAIN_PROBES = 1_000_000
 # Processors refuse results over MAX_OUTCOME_BYTES so that every outcome can be published.
 assert DEFAULT_CONFIG.max_record_bytes >= limits.MAX_OUTCOME_BYTES, "an outcome must fit one log record"
 
@@ -47,13 +45,6 @@ class RecordSource(Protocol):
     def end_offset(self, partition: int) -> int: ...
 
     def sync_through(self, partition: int, offset: int) -> None: ...
-
-
-@dataclass(frozen=True, slots=True)
-class Halt:
-    partition: int
-    offset: int
-    reason: str
 
 
 class PartitionProcessor:
@@ -198,63 +189,6 @@ class PartitionProcessor:
     def next_timer_ms(self) -> int | None:
         """Due time of the earliest pending timer in the projection, if any."""
         return next_due_ms(self.store)
-
-
-def domain_for_partition(partition: int, partitions: int) -> str:
-    """A stable domain name that maps to `partition`, for partition-wide commands (Tick)."""
-    for n in range(MAX_TICKER_DOMAIN_PROBES):
-        candidate = f"keyload-system-{n}"
-        if partition_for(candidate, partitions) == partition:
-            return candidate
-    raise AssertionError("no domain maps to the partition")
-
-
-def tick_command(partition: int, partitions: int, command_id: str) -> bytes:
-    return REGISTRY.encode(
-        "keyload.Command",
-        {
-            "command_id": command_id,
-            "domain": domain_for_partition(partition, partitions),
-            "principal": "keyload-ticker",
-            "body": ("keyload.command.Tick", {}),
-            "reply_to": None,
-            "client_time_ms": None,
-        },
-    )
-
-
-class Ticker:
-    """Appends a Tick to partitions whose earliest timer is due, so time advances without traffic.
-
-    At most one Tick per partition is outstanding: the next one is appended only
-    after the previous one has been applied.
-    """
-
-    def __init__(self, log: CommandLog, interval_ms: int = DEFAULT_TICK_INTERVAL_MS) -> None:
-        assert interval_ms > 0
-        self.log = log
-        self.interval_ms = interval_ms
-        self._outstanding: dict[int, int] = {}
-        self._last_check_ms = 0
-
-    def poll(self, processors: list[PartitionProcessor], now_ms: int) -> int:
-        if now_ms - self._last_check_ms < self.interval_ms:
-            return 0
-        self._last_check_ms = now_ms
-        appended = 0
-        for processor in processors:
-            outstanding = self._outstanding.get(processor.partition)
-            if outstanding is not None and outstanding > processor.applied_offset:
-                continue
-            due = processor.next_timer_ms()
-            if due is None or due > now_ms:
-                continue
-            command_id = f"tick-{processor.partition}-{now_ms}"
-            value = tick_command(processor.partition, processor.partitions, command_id)
-            [position] = self.log.append(processor.partition, [value])
-            self._outstanding[processor.partition] = position.offset
-            appended += 1
-        return appended
 
 
 def wall_clock_ms() -> int:

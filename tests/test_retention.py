@@ -18,7 +18,7 @@ from keyload.object_store import FileObjectStore, ObjectStoreError
 from keyload.projections import keys
 from keyload.projections.store import Store
 from keyload.results import RetentionPage, RetentionStatus
-from keyload.runtime import domain_for_partition
+from keyload.ticker import domain_for_partition
 
 from .payloads import CANCEL_LARGE, D, Large, Q, counters, large_deployment
 from .support import (
