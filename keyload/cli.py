@@ -9,7 +9,6 @@ import os
 import signal
 import sys
 import tempfile
-import threading
 import time
 import uuid
 from collections.abc import Callable, Iterable
@@ -38,10 +37,9 @@ from keyload.datadir import (
     ObjectStoreConfig,
     S3StoreConfig,
 )
-from keyload.doorbell import Listener
 from keyload.errors import CommandRejected, KeyloadError
-from keyload.gc import DEFAULT_GC_INTERVAL_S, GcWorker, LocalRetention, run_worker
-from keyload.kafka_runtime import DEFAULT_SESSION_TIMEOUT_MS, KafkaService
+from keyload.gc import DEFAULT_GC_INTERVAL_S, GcWorker, run_worker
+from keyload.kafka_runtime import DEFAULT_SESSION_TIMEOUT_MS
 from keyload.keyring import KeyringError
 from keyload.log.base import LogError, partition_for
 from keyload.log.codec import CodecError
@@ -57,16 +55,14 @@ from keyload.projections.store import Store, StoreError
 from keyload.recovery import RecoveryError, drill, replay
 from keyload.results import Event as TopicEvent
 from keyload.results import GroupPolicy, QueuePolicy, TopicPolicy
-from keyload.runtime import PartitionProcessor, run_until
-from keyload.ticker import DEFAULT_TICK_INTERVAL_MS, Ticker
+from keyload.service import ServiceSettings, serve
+from keyload.ticker import DEFAULT_TICK_INTERVAL_MS
 
 from .client import DEFAULT_TIMEOUT_S, Client
 
 DEFAULT_DATA = "keyload-data"
-IDLE_WAIT_MAX_S = 0.1  # with a doorbell, an idle service wakes at once for clients and at least this often
 CHECKPOINT_WAIT_S = 30.0
 MAX_STATUS_PAGES = 100  # retention pages `gc status` reads per partition
-GC_CLIENT_TIMEOUT_S = 2.0  # the in-service GC worker's outcome wait: short, so a stopping service is not held up
 EXIT_FAILED = 1
 EXIT_USAGE = 2
 
@@ -123,29 +119,6 @@ def _object_store(args: argparse.Namespace) -> ObjectStoreConfig | None:
     return S3StoreConfig(bucket, prefix.strip("/"), args.s3_endpoint, args.s3_region)
 
 
-class _GcBeside:
-    """The GC worker as a thread of an embedded `keyload run`: it reads retention from the live
-    projections and appends only the commands that change something."""
-
-    def __init__(self, data: DataDir, stores: list[Store], interval_s: float) -> None:
-        self.client = Client(data.root, principal="keyload-gc", timeout_s=GC_CLIENT_TIMEOUT_S)
-        self.checkpoints = data.checkpoints()
-        self.halt = Event()
-        self.worker = GcWorker(LocalRetention(self.client, stores), self.checkpoints)
-        self.thread = threading.Thread(target=run_worker, args=(self.worker, self.halt, interval_s), daemon=True)
-        self.thread.start()
-
-    def stop(self, processors: list[PartitionProcessor]) -> None:
-        """End the worker's pass, applying the commands it still appends, so the service stops caught up."""
-        self.halt.set()
-        while self.thread.is_alive():
-            if not sum(processor.step() for processor in processors):
-                self.thread.join(0.005)
-        self.worker.close()
-        self.client.close()
-        self.checkpoints.close()
-
-
 def cmd_run(args: argparse.Namespace) -> int:
     kafka = None
     if args.kafka is not None:
@@ -157,70 +130,14 @@ def cmd_run(args: argparse.Namespace) -> int:
         object_store=_object_store(args),
         keyring_from=args.keyring_from,
     )
-    policy = CheckpointPolicy(args.checkpoint_every, args.checkpoint_interval_s, args.checkpoint_retain)
-    if data.kafka is not None:
-        return _run_kafka(data, policy, args)
-    log = data.file_command_log()
-    outcomes = data.outcome_log()
-    checkpoints = data.checkpoints(policy)
-    keys = data.keyring()
-    stores: list[Store] = []
-    try:
-        processors = []
-        for partition in range(data.partitions):
-            log.repair(partition)
-            store = Store(data.projection(partition))
-            stores.append(store)
-            processors.append(
-                PartitionProcessor(
-                    partition,
-                    data.partitions,
-                    log,
-                    store,
-                    outcomes,
-                    checkpoints=checkpoints,
-                    keyring=keys,
-                    keyring_loader=data.keyring,
-                )
-            )
-        stop = _stop_on_signals()
-        ticker = Ticker(log, args.tick_interval_ms)
-        try:
-            listener = Listener(data.root)
-        except OSError as exc:
-            raise KeyloadError(f"another `keyload run` serves {data.root} ({exc.strerror})") from None
-        collector = _GcBeside(data, stores, args.gc_interval_s) if args.gc_interval_s > 0 else None
-        positions = ", ".join(f"p{p.partition}@{p.applied_offset}" for p in processors)
-        print(
-            f"keyload: serving {data.root} ({data.partitions} partitions; applied {positions})",
-            flush=True,
-        )
-        try:
-            halts = run_until(
-                processors, stop, ticker, idle_exit=args.until_idle, idle=listener.wait, idle_max_s=IDLE_WAIT_MAX_S
-            )
-        finally:
-            if collector is not None:
-                collector.stop(processors)
-            listener.close()
-        print("keyload: stopped", flush=True)
-        return EXIT_FAILED if halts else 0
-    finally:
-        for store in stores:
-            store.close()
-        log.close()
-        outcomes.close()
-        checkpoints.close()
-
-
-def _run_kafka(data: DataDir, policy: CheckpointPolicy, args: argparse.Namespace) -> int:
-    service = KafkaService(data, data.checkpoints(policy), args.tick_interval_ms, args.session_timeout_ms)
-    stop = _stop_on_signals()
-    print(
-        f"keyload: serving {data.describe_log()} as group {service.group_id} ({data.partitions} partitions)", flush=True
+    settings = ServiceSettings(
+        checkpoints=CheckpointPolicy(args.checkpoint_every, args.checkpoint_interval_s, args.checkpoint_retain),
+        tick_interval_ms=args.tick_interval_ms,
+        gc_interval_s=args.gc_interval_s,
+        session_timeout_ms=args.session_timeout_ms,
+        until_idle=args.until_idle,
     )
-    halts = service.run(stop)
-    print("keyload: stopped", flush=True)
+    halts = serve(data, settings, _stop_on_signals())
     return EXIT_FAILED if halts else 0
 
 

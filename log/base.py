@@ -8,6 +8,18 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import Protocol, Self
 
+# The log times a processor evaluates commands at: milliseconds since the epoch,
+# from just after it (0 and negative are "no time") to 2^43 - 1 (year 2248). A record
+# stamped outside this range is bad input: recorded as poison, never applied, and
+# it does not move log time. Every duration a command may add to log time is far
+# below 2^62, so log time plus any duration fits a u64 key and an Avro long.
+MIN_LOG_TIME_MS = 1
+MAX_LOG_TIME_MS = 2**43 - 1
+
+
+def valid_log_time(timestamp_ms: int) -> bool:
+    return MIN_LOG_TIME_MS <= timestamp_ms <= MAX_LOG_TIME_MS
+
 
 @dataclass(frozen=True, slots=True)
 class LogRecord:
