@@ -8,6 +8,8 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import Protocol, Self
 
+from keyload.errors import KeyloadError
+
 # The log times a processor evaluates commands at: milliseconds since the epoch,
 # from just after it (0 and negative are "no time") to 2^43 - 1 (year 2248). A record
 # stamped outside this range is bad input: recorded as poison, never applied, and
@@ -56,12 +58,19 @@ class ClosedOnExit:
         self.close()
 
 
-class LogError(Exception):
+class LogError(KeyloadError):
     """The log cannot serve the request (I/O failure, integrity failure, bad argument)."""
 
 
 class LogCorruption(LogError):
-    """A record in the middle of a partition fails its checksum: recovery is required."""
+    """A record in the middle of a partition fails its checksum: recovery is required.
+
+    `offset` is the first offset that cannot be read, when the log knows it.
+    """
+
+    def __init__(self, message: str, offset: int | None = None) -> None:
+        super().__init__(message)
+        self.offset = offset
 
 
 def partition_for(domain: str, partitions: int) -> int:

@@ -20,11 +20,18 @@ append holds an exclusive flock on the partition's .lock and writes its frames w
 one write() on an O_APPEND descriptor; readers take no lock. An instance is not
 thread-safe: use one per thread.
 
-Damage: a frame that is incomplete or fails its CRC, and is not followed by a valid
-frame, is a torn tail (a write in progress, or a crashed appender). Readers stop in
-front of it; the next append, or repair(), truncates it. A bad frame followed by a
-valid one, a bad frame in a segment that has a successor, or an offset out of
-sequence is corruption: LogCorruption.
+Damage: frames are found only by walking lengths from the last good frame, never
+by searching the bytes (a payload may hold frame-shaped bytes). A frame that is
+incomplete or fails its CRC is a torn tail (a write in progress, or a crashed
+appender) when walking on from it reaches the end of the file without meeting a
+valid frame. Readers stop in front of it; the next append, or repair(), truncates
+it. A bad frame that the walk finds a valid frame after, a length no appender
+could have written (over max_record_bytes), a bad frame in a segment that has a
+successor, or an offset out of sequence is corruption: LogCorruption, which names
+the partition and offset and stops only that partition.
+
+Files are private to the service: segments and the lock file are created 0600 and
+partition directories 0700.
 """
 
 from __future__ import annotations
@@ -52,7 +59,8 @@ SEGMENT_SUFFIX = ".seg"
 SEGMENT_NAME_DIGITS = 20
 PARTITION_DIR_FORMAT = "p-{:04d}"
 LOCK_FILE_NAME = ".lock"
-FILE_MODE = 0o644
+FILE_MODE = 0o600  # segments hold message bodies: owner only
+DIRECTORY_MODE = 0o700
 READ_CHUNK_BYTES = 1024 * 1024  # how much a scan reads from a segment at a time
 
 
@@ -106,6 +114,7 @@ class _Cursor:
     base: int
     position: int
     next_offset: int
+    previous: tuple[int, int] | None = None  # (segment base, byte position) of the frame of next_offset - 1
 
 
 @dataclass
@@ -116,18 +125,21 @@ class _Partition:
     tail: _Tail | None = None
     cursor: _Cursor | None = None
     last_fsync_ms: int | None = None  # monotonic
+    synced_through: int | None = None  # records through this offset are durable (set by the first read)
 
 
 class _Scanner:
     """Walks one segment's frames from a known-good position, verifying each one."""
 
-    def __init__(self, partition: int, fd: int, position: int, next_offset: int) -> None:
+    def __init__(self, partition: int, fd: int, position: int, next_offset: int, max_record_bytes: int) -> None:
         self.partition = partition
         self.position = position
         self.next_offset = next_offset
         self.last_timestamp_ms: int | None = None
+        self.last_position: int | None = None  # where the last good frame starts
         self.torn = False  # stopped in front of a torn tail rather than at the end of the file
         self._fd = fd
+        self._max_record_bytes = max_record_bytes
         self._buffer = b""
         self._buffer_start = position
 
@@ -141,18 +153,16 @@ class _Scanner:
         while self.position < end:
             frame_end, record = self._frame_at(self.position, end)
             if frame_end is None or record is None:
-                if self._valid_frame_after(self.position + 1, end, self.next_offset + 1):
-                    raise LogCorruption(
-                        f"partition {self.partition}: bad frame at byte {self.position} "
-                        f"(offset {self.next_offset}) followed by valid data"
-                    )
+                self._check_torn(self.position, end)
                 self.torn = True
                 return
             if record.offset != self.next_offset:
                 raise LogCorruption(
                     f"partition {self.partition}: offset {record.offset} at byte "
-                    f"{self.position}, expected {self.next_offset}"
+                    f"{self.position}, expected {self.next_offset}",
+                    offset=self.next_offset,
                 )
+            self.last_position = self.position
             self.position = frame_end
             self.next_offset += 1
             self.last_timestamp_ms = record.timestamp_ms
@@ -162,19 +172,53 @@ class _Scanner:
         for _ in self.records():
             pass
 
-    def _valid_frame_after(self, start: int, end: int, offset: int) -> bool:
-        """Whether a valid frame carrying `offset` starts anywhere in [start, end).
+    def _check_torn(self, position: int, end: int) -> None:
+        """Raise LogCorruption unless the bad frame at `position` is a torn tail.
 
-        A torn write is a prefix of one append, so no valid later frame can follow
-        it; finding one means the bad frame is damage inside the log (a flipped
-        length field, say) and truncating there would drop good records.
+        A torn write is a prefix of one append, so no valid frame follows it.
+        Two kinds of damage are told apart from a tear without ever taking bytes
+        inside a frame (a payload holding a well-formed frame, say) for a frame:
+        - walking frame lengths on from the bad frame meets a valid frame (a
+          flipped byte in a payload, a CRC, an offset or a timestamp);
+        - the bad frame is whole but for its length field: its own CRC verifies
+          over the bytes up to a valid frame of the next offset.
         """
-        needle = STAMP.pack(offset, 0)[:8]
+        walk = position
+        while True:
+            frame_end, record = self._frame_at(walk, end)
+            if frame_end is None:
+                break  # the walk ran into the end of the file
+            if record is not None:
+                raise LogCorruption(
+                    f"partition {self.partition}: bad frame at byte {position} "
+                    f"(offset {self.next_offset}) followed by a valid frame at byte {walk}",
+                    offset=self.next_offset,
+                )
+            walk = frame_end
+        if self._damaged_length(position, end):
+            raise LogCorruption(
+                f"partition {self.partition}: the length field of the frame at byte {position} "
+                f"(offset {self.next_offset}) is damaged; valid frames follow it",
+                offset=self.next_offset,
+            )
+
+    def _damaged_length(self, position: int, end: int) -> bool:
+        """Whether the frame at `position` is intact but for its length field."""
+        header = self._bytes(position, HEADER_BYTES, end)
+        if header is None:
+            return False
+        _, crc, offset, timestamp_ms = HEADER.unpack(header)
+        if offset != self.next_offset:
+            return False
+        stamp = STAMP.pack(offset, timestamp_ms)
+        needle = STAMP.pack(offset + 1, 0)[:8]
+        start = position + HEADER_BYTES
         rest = os.pread(self._fd, end - start, start)
-        found = rest.find(needle)
+        found = rest.find(needle, CRC_START)
         while found != -1:
-            position = start + found - CRC_START
-            if position >= start - 1 and self._frame_at(position, end)[1] is not None:
+            candidate = start + found - CRC_START
+            whole = zlib.crc32(rest[: candidate - start], zlib.crc32(stamp)) == crc
+            if whole and self._frame_at(candidate, end)[1] is not None:
                 return True
             found = rest.find(needle, found + 1)
         return False
@@ -185,6 +229,8 @@ class _Scanner:
         if header is None:
             return None, None
         length, crc, offset, timestamp_ms = HEADER.unpack(header)
+        if length > self._max_record_bytes:
+            return None, None
         frame = self._bytes(position, HEADER_BYTES + length, end)
         if frame is None:
             return None, None
@@ -199,7 +245,7 @@ class _Scanner:
         if position + length > end:
             return None
         start = position - self._buffer_start
-        if start + length > len(self._buffer):
+        if start < 0 or start + length > len(self._buffer):
             size = min(max(length, READ_CHUNK_BYTES), end - position)
             self._buffer = os.pread(self._fd, size, position)
             self._buffer_start = position
@@ -322,17 +368,42 @@ class FileLog(ClosedOnExit):
             return self.start_offset(partition)
 
     def sync_through(self, partition: int, offset: int) -> None:
-        """fsync the segment this instance last read, which holds `offset`.
+        """fsync every segment holding records this instance read through `offset`.
 
-        Earlier segments were fsynced when they were sealed; with the default GROUP
-        policy the appender has already synced, and this costs one cheap syscall.
+        Records before this instance's first read were made durable by whoever
+        committed them; a group may span a segment roll, so each segment from the
+        last synced record's to `offset`'s is synced, and the directory too when a
+        new segment's entry is involved. With the default GROUP policy the
+        appender has already synced, and this costs one cheap syscall a segment.
         """
         state = self._state(partition)
         cursor = state.cursor
-        if cursor is None or not cursor.base <= offset < cursor.next_offset:
-            raise LogError(f"offset {offset} of partition {partition} was not just read by this instance")
+        if cursor is None or state.synced_through is None or offset >= cursor.next_offset:
+            raise LogError(f"offset {offset} of partition {partition} was not read by this instance")
+        if offset <= state.synced_through:
+            return
+        bases = state.segments
+        first = bisect.bisect_right(bases, state.synced_through + 1) - 1
+        last = bisect.bisect_right(bases, offset) - 1
         with self._io_errors():
-            os.fsync(cursor.fd)
+            for base in bases[max(first, 0) : last + 1]:
+                if base == cursor.base:
+                    os.fsync(cursor.fd)
+                else:
+                    self._fsync_segment(state, base)
+            if last > first:
+                _fsync_directory(state.directory)
+        state.synced_through = offset
+
+    def _fsync_segment(self, state: _Partition, base: int) -> None:
+        try:
+            fd = os.open(self._segment_path(state, base), os.O_RDONLY)
+        except FileNotFoundError:
+            return  # truncated meanwhile: its records lie below the recovery floor
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
 
     def repair(self, partition: int) -> int:
         """Truncates a torn tail left by a crashed appender; returns the end offset."""
@@ -436,7 +507,7 @@ class FileLog(ClosedOnExit):
             return None
         fd = os.open(self._segment_path(state, earlier[-1]), os.O_RDONLY)
         try:
-            scanner = _Scanner(partition, fd, 0, earlier[-1])
+            scanner = _Scanner(partition, fd, 0, earlier[-1], self._config.max_record_bytes)
             scanner.scan_to_end()
         finally:
             os.close(fd)
@@ -453,7 +524,7 @@ class FileLog(ClosedOnExit):
             self._drop_tail(state)
             fd = os.open(self._segment_path(state, bases[-1]), os.O_RDWR | os.O_APPEND)
             tail = state.tail = _Tail(fd, bases[-1], 0, bases[-1], None)
-        scanner = _Scanner(partition, tail.fd, tail.size, tail.next_offset)
+        scanner = _Scanner(partition, tail.fd, tail.size, tail.next_offset, self._config.max_record_bytes)
         scanner.scan_to_end()
         if scanner.torn and repair:
             os.ftruncate(tail.fd, scanner.position)
@@ -490,16 +561,28 @@ class FileLog(ClosedOnExit):
     def _make_directory(self, path: str) -> None:
         if os.path.isdir(path):
             return
-        os.makedirs(path, exist_ok=True)
+        os.makedirs(path, mode=DIRECTORY_MODE, exist_ok=True)
         if self._config.fsync is not FsyncPolicy.NONE:
             _fsync_directory(os.path.dirname(path))
 
     # -- reading -----------------------------------------------------------------------
 
     def _cursor_for(self, partition: int, state: _Partition, from_offset: int) -> _Cursor | None:
-        """A cursor at or before `from_offset` in the segment holding it; None: no segments."""
+        """A cursor at or before `from_offset` in the segment holding it; None: no segments.
+
+        Reading again the last record read (a processor checking the identity of
+        the record it applied last) steps back one frame instead of rescanning.
+        """
+        if state.synced_through is None:
+            state.synced_through = from_offset - 1
         cursor = state.cursor
         if cursor is not None and cursor.next_offset == from_offset:
+            return cursor
+        if cursor is not None and cursor.next_offset == from_offset + 1 and cursor.previous is not None:
+            base, position = cursor.previous
+            if base != cursor.base:
+                cursor = self._open_cursor(state, base)
+            cursor.position, cursor.next_offset, cursor.previous = position, from_offset, None
             return cursor
         bases = self._list_segments(state)
         if not bases:
@@ -530,7 +613,7 @@ class FileLog(ClosedOnExit):
             # A segment with a successor is complete: its frames were written before the
             # successor was created, so it cannot hold a write in progress or a torn tail.
             sealed = cursor.base != state.segments[-1]
-            scanner = _Scanner(partition, cursor.fd, cursor.position, cursor.next_offset)
+            scanner = _Scanner(partition, cursor.fd, cursor.position, cursor.next_offset, self._config.max_record_bytes)
             for record in scanner.records():
                 if record.offset >= from_offset:
                     records.append(record)
@@ -538,6 +621,8 @@ class FileLog(ClosedOnExit):
                         break
             cursor.position = scanner.position
             cursor.next_offset = scanner.next_offset
+            if scanner.last_position is not None:
+                cursor.previous = (cursor.base, scanner.last_position)
             if len(records) == max_records:
                 return records
             if not sealed:
@@ -550,7 +635,9 @@ class FileLog(ClosedOnExit):
                     f"partition {partition}: segment {cursor.base} ends at offset "
                     f"{cursor.next_offset} (torn: {scanner.torn}), the next starts at {next_base}"
                 )
+            previous = cursor.previous
             cursor = self._open_cursor(state, next_base)
+            cursor.previous = previous
 
     # -- shared ------------------------------------------------------------------------
 

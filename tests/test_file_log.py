@@ -376,3 +376,86 @@ def test_truncate_before_deletes_whole_segments_below_the_offset(tmp_path: Path)
         assert log.start_offset(0) == 6
         with pytest.raises(LogError, match="truncated"):
             log.read(0, 0, 10)
+
+
+def _frame(offset: int, timestamp_ms: int, value: bytes) -> bytes:
+    crc = zlib.crc32(value, zlib.crc32(struct.pack(">Qq", offset, timestamp_ms)))
+    return struct.pack(">IIQq", len(value), crc, offset, timestamp_ms) + value
+
+
+@pytest.mark.parametrize("cut_after_forged", [0, 1, 17])
+def test_a_forged_frame_inside_a_torn_record_is_not_taken_for_a_frame(tmp_path: Path, cut_after_forged: int) -> None:
+    """A body holding a well-formed frame of the next offset, torn after it: the tear is cut, nothing before lost."""
+    with FileLog(tmp_path, 1) as log:
+        log.append(0, [b"first", b"second"])
+        forged = _frame(3, 1234, b"forged-by-a-client")
+        body = b"head" + forged + b"tail" * 10
+        [appended] = log.append(0, [body])
+    assert appended.offset == 2
+    segment = _segments(tmp_path)[0]
+    end_of_forged = segment.stat().st_size - len(b"tail" * 10)
+    os.truncate(segment, end_of_forged + cut_after_forged)  # the crash tore the record after the forged frame
+    with FileLog(tmp_path, 1) as log:
+        assert [r.value for r in _read_all(log)] == [b"first", b"second"]
+        assert log.repair(0) == 2
+        log.append(0, [b"again"])
+        assert [r.value for r in _read_all(log)] == [b"first", b"second", b"again"]
+
+
+def test_a_forged_frame_in_a_good_record_before_a_torn_tail(tmp_path: Path) -> None:
+    with FileLog(tmp_path, 1) as log:
+        log.append(0, [b"first", b"x" + _frame(2, 1, b"forged") + b"y"])
+        log.append(0, [b"torn-" * 20])
+    segment = _segments(tmp_path)[0]
+    os.truncate(segment, segment.stat().st_size - 7)
+    with FileLog(tmp_path, 1) as log:
+        assert log.repair(0) == 2
+        assert [r.offset for r in _read_all(log)] == [0, 1]
+
+
+def test_sync_through_covers_a_group_that_crossed_a_segment_roll(tmp_path: Path) -> None:
+    """A reader whose group ended in the previous segment (a checkpoint, a halt) can still sync it."""
+    config = FileLogConfig(segment_bytes=100, fsync=FsyncPolicy.NONE)
+    with FileLog(tmp_path, 1, config) as writer:
+        writer.append(0, [b"a" * 40, b"b" * 40, b"c" * 40, b"d" * 40])
+    assert len(_segments(tmp_path)) >= 3
+    with FileLog(tmp_path, 1, config) as reader:
+        records = reader.read(0, 0, 100)
+        assert [r.offset for r in records] == [0, 1, 2, 3]
+        for offset in (0, 1, 2, 3):
+            reader.sync_through(0, offset)
+        with pytest.raises(LogError):
+            reader.sync_through(0, 4)  # not read yet
+
+
+def test_sync_through_after_a_roll_left_an_empty_segment(tmp_path: Path) -> None:
+    """The instant of a roll: the new segment exists, empty, while the reader's records are in the old one."""
+    config = FileLogConfig(segment_bytes=100)
+    with FileLog(tmp_path, 1, config) as writer:
+        writer.append(0, [b"a" * 40, b"b" * 40])
+    empty = tmp_path / "p-0000" / f"{2:020d}.seg"
+    empty.touch()
+    with FileLog(tmp_path, 1, config) as reader:
+        assert [r.offset for r in reader.read(0, 0, 10)] == [0, 1]
+        reader.sync_through(0, 1)
+        assert reader.read(0, 2, 10) == []
+
+
+def test_reading_the_last_record_again_steps_back_one_frame(tmp_path: Path) -> None:
+    config = FileLogConfig(segment_bytes=100)
+    with FileLog(tmp_path, 1, config) as log:
+        log.append(0, [b"a" * 40, b"b" * 40, b"c" * 40])
+        assert [r.offset for r in log.read(0, 0, 2)] == [0, 1]
+        assert [r.value for r in log.read(0, 1, 1)] == [b"b" * 40]
+        assert [r.offset for r in log.read(0, 2, 5)] == [2]
+        assert [r.value for r in log.read(0, 2, 5)] == [b"c" * 40]  # back across the roll
+        assert log.read(0, 3, 5) == []
+
+
+def test_log_files_are_private(tmp_path: Path) -> None:
+    with FileLog(tmp_path / "log", 1) as log:
+        log.append(0, [b"secret"])
+    partition = tmp_path / "log" / "p-0000"
+    assert partition.stat().st_mode & 0o777 == 0o700
+    for path in partition.iterdir():
+        assert path.stat().st_mode & 0o777 == 0o600, path.name
