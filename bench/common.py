@@ -199,8 +199,14 @@ class RecordingStore(Store):
         super().__init__(path)
         self.commits: list[Commit] | None = None
 
-    def commit(self, writes: dict[bytes, bytes | None], applied_offset: int, last_time_ms: int) -> None:
-        super().commit(writes, applied_offset, last_time_ms)
+    def commit(
+        self,
+        writes: dict[bytes, bytes | None],
+        applied_offset: int,
+        last_time_ms: int,
+        applied_record: bytes | None = None,
+    ) -> None:
+        super().commit(writes, applied_offset, last_time_ms, applied_record)
         if self.commits is not None:
             self.commits.append((writes, applied_offset, last_time_ms))
 

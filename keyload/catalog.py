@@ -25,7 +25,9 @@ from typing import Any, Protocol
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Producer, TopicPartition
 
+from keyload.errors import KeyloadError
 from keyload.log.base import LogError
+from keyload.log.file_log import fsync_directory
 from keyload.log.kafka_log import KafkaLog, KafkaSettings, producer_config, reader_config
 from keyload.projections.store import Manifest
 
@@ -38,7 +40,7 @@ MAX_SESSION_CHARS = 128
 _PLAIN_SESSION = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]*")
 
 
-class CatalogError(Exception):
+class CatalogError(KeyloadError):
     """The catalog cannot be read or written."""
 
 
@@ -153,7 +155,8 @@ def _keep_if_published(catalog: CheckpointCatalog, pin: RecoveryPin) -> None:
 
 
 def _write_atomically(path: Path, text: str) -> None:
-    """Write, fsync, then rename into place: a reader sees the whole file or none."""
+    """Write, fsync, rename into place, fsync the directory: a reader sees the whole file or
+    none, and a power cut cannot lose an entry the recovery floor already counts."""
     path.parent.mkdir(parents=True, exist_ok=True)
     temporary = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     with temporary.open("w", encoding="utf-8") as file:
@@ -161,6 +164,14 @@ def _write_atomically(path: Path, text: str) -> None:
         file.flush()
         os.fsync(file.fileno())
     os.replace(temporary, path)
+    fsync_directory(str(path.parent))
+
+
+def _remove_durably(path: Path) -> None:
+    """Unlink and fsync the directory: a retired entry never comes back after a power cut."""
+    path.unlink(missing_ok=True)
+    if path.parent.is_dir():
+        fsync_directory(str(path.parent))
 
 
 class FileCatalog:
@@ -182,7 +193,7 @@ class FileCatalog:
         _write_atomically(self._path(entry.partition, entry.offset), entry.to_json())
 
     def retire(self, partition: int, offset: int) -> None:
-        self._path(partition, offset).unlink(missing_ok=True)
+        _remove_durably(self._path(partition, offset))
 
     def entries(self, partition: int) -> list[CatalogEntry]:
         folder = self.root / f"p-{partition:04d}"
@@ -196,7 +207,7 @@ class FileCatalog:
         _keep_if_published(self, pin)
 
     def release(self, pin: RecoveryPin) -> None:
-        self._pin_path(pin).unlink(missing_ok=True)
+        _remove_durably(self._pin_path(pin))
 
     def pins(self, partition: int) -> list[RecoveryPin]:
         folder = self.root / "pins" / f"p-{partition:04d}"

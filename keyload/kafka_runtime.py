@@ -35,11 +35,11 @@ from confluent_kafka import Consumer, KafkaError, TopicPartition
 from keyload.catalog import CatalogEntry, NotPublished
 from keyload.checkpoints import CheckpointError, Checkpoints, recovery_session
 from keyload.datadir import DataDir
-from keyload.halts import Halt
+from keyload.halts import Halt, record_halt
 from keyload.log.base import LogRecord
 from keyload.log.kafka_log import KafkaLog, KafkaSettings, ensure_topics, record_from_message
 from keyload.projections.store import Store
-from keyload.runtime import MAX_GROUP_RECORDS, PartitionProcessor, report_halts, wall_clock_ms
+from keyload.runtime import MAX_GROUP_RECORDS, PartitionProcessor, Stalls, report_halts
 from keyload.ticker import Ticker
 
 FETCH_WAIT_S = 0.1  # longest wait for new records before the ticker and checkpoints get a turn
@@ -125,6 +125,7 @@ class KafkaService:
     def run(self, stop: Event) -> list[Halt]:
         self._consumer.subscribe([self.topic], on_assign=self._assigned, on_revoke=self._revoked, on_lost=self._revoked)
         reported: set[int] = set()
+        stalls = Stalls()
         halts: list[Halt] = []
         last_commit = time.monotonic()
         try:
@@ -133,10 +134,13 @@ class KafkaService:
                     self._accept(message)
                 processors = [owned.processor for owned in self.owned.values()]
                 for processor in processors:
-                    while processor.step():
+                    while stalls.step(processor):
                         pass
-                report_halts(processors, reported)
-                self.ticker.poll(processors, wall_clock_ms())
+                report_halts(processors, reported, lambda halt: record_halt(self.data.root, halt))
+                stalls.tick(self.ticker, processors)
+                retry = stalls.retry_wait_s()
+                if retry is not None:
+                    stop.wait(retry)
                 if time.monotonic() - last_commit >= ADVISORY_COMMIT_INTERVAL_S:
                     self._commit_advisory(list(self.owned))
                     last_commit = time.monotonic()
@@ -223,6 +227,8 @@ class KafkaService:
             checkpoints=self.checkpoints,
             keyring=self.keyring,
             keyring_loader=self.data.keyring,
+            identity_log=self.commands,
+            verify_on_resume=False,  # the feed cannot read behind itself; the consumer validates leader epochs
         )
         start = self.commands.start_offset(partition)
         if processor.halt is None and processor.applied_offset + 1 < start:

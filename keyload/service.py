@@ -8,8 +8,14 @@ partition stops alone: the others keep serving, and the halt is recorded for
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
+import os
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 from threading import Event
 
 from keyload.checkpoints import CheckpointPolicy
@@ -18,14 +24,20 @@ from keyload.datadir import DataDir
 from keyload.doorbell import Listener
 from keyload.errors import KeyloadError
 from keyload.gc import DEFAULT_GC_INTERVAL_S, GcWorker, LocalRetention, run_worker
-from keyload.halts import Halt
+from keyload.halts import Halt, clear_halt, record_halt
 from keyload.kafka_runtime import DEFAULT_SESSION_TIMEOUT_MS, KafkaService
+from keyload.log.base import LogCorruption
 from keyload.projections.store import Store
 from keyload.runtime import PartitionProcessor, run_until
 from keyload.ticker import DEFAULT_TICK_INTERVAL_MS, Ticker
 
 IDLE_WAIT_MAX_S = 0.1  # with a doorbell, an idle service wakes at once for clients and at least this often
 GC_CLIENT_TIMEOUT_S = 2.0  # the in-service GC worker's outcome wait: short, so a stopping service is not held up
+RUN_LOCK = "run.lock"  # held (flock) by the process serving the directory, which writes its pid into it
+
+
+class AlreadyServed(KeyloadError):
+    """Another `keyload run` serves the data directory."""
 
 
 @dataclass(frozen=True)
@@ -37,6 +49,7 @@ class ServiceSettings:
     gc_interval_s: float = DEFAULT_GC_INTERVAL_S  # 0: no GC worker beside the processors
     session_timeout_ms: int = DEFAULT_SESSION_TIMEOUT_MS  # Kafka mode's consumer-group session
     until_idle: bool = False  # stop once every partition is caught up (tests, batch jobs)
+    fail_fast: bool = False  # exit on a write that fails (a full disk) instead of retrying until it succeeds
 
 
 class _GcBeside:
@@ -64,9 +77,30 @@ class _GcBeside:
 
 def serve(data: DataDir, settings: ServiceSettings, stop: Event) -> list[Halt]:
     """Serve `data` until `stop` is set; returns the partitions that halted."""
-    if data.kafka is not None:
-        return _serve_kafka(data, settings, stop)
-    return _serve_embedded(data, settings, stop)
+    with _serving(data.root):
+        for partition in range(data.partitions):
+            clear_halt(data.root, partition)  # a partition that halts again records it again
+        if data.kafka is not None:
+            return _serve_kafka(data, settings, stop)
+        return _serve_embedded(data, settings, stop)
+
+
+@contextmanager
+def _serving(root: Path) -> Iterator[None]:
+    """Hold the directory's run lock while serving it: one service per data directory."""
+    fd = os.open(root / RUN_LOCK, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        pid = os.pread(fd, 32, 0).decode("ascii", "replace").strip() or "unknown"
+        os.close(fd)
+        raise AlreadyServed(f"{root} is already served by process {pid}") from None
+    try:
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        yield
+    finally:
+        os.close(fd)
 
 
 def _serve_embedded(data: DataDir, settings: ServiceSettings, stop: Event) -> list[Halt]:
@@ -78,7 +112,8 @@ def _serve_embedded(data: DataDir, settings: ServiceSettings, stop: Event) -> li
     try:
         processors = []
         for partition in range(data.partitions):
-            log.repair(partition)
+            with contextlib.suppress(LogCorruption):  # its processor applies what precedes the damage, then halts
+                log.repair(partition)
             store = Store(data.projection(partition))
             stores.append(store)
             processors.append(
@@ -109,6 +144,8 @@ def _serve_embedded(data: DataDir, settings: ServiceSettings, stop: Event) -> li
                 idle_exit=settings.until_idle,
                 idle=listener.wait,
                 idle_max_s=IDLE_WAIT_MAX_S,
+                on_halt=lambda halt: record_halt(data.root, halt),
+                fail_fast=settings.fail_fast,
             )
         finally:
             if collector is not None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import struct
 from collections.abc import Mapping
 from dataclasses import dataclass
 from types import TracebackType
@@ -31,6 +32,17 @@ class LogRecord:
     offset: int
     timestamp_ms: int
     value: bytes
+
+
+def record_identity(record: LogRecord) -> bytes:
+    """SHA-256 over a record's offset, timestamp and bytes: what a projection remembers of the
+    record it applied last, so that a log that lost and rewrote its tail is noticed."""
+    digest = hashlib.sha256(_IDENTITY.pack(record.offset, record.timestamp_ms))
+    digest.update(record.value)
+    return digest.digest()
+
+
+_IDENTITY = struct.Struct(">Qq")
 
 
 @dataclass(frozen=True, slots=True)

@@ -275,7 +275,7 @@ def _monotonic_ms() -> int:
     return time.monotonic_ns() // 1_000_000
 
 
-def _fsync_directory(path: str) -> None:
+def fsync_directory(path: str) -> None:
     """Makes a new directory entry durable (fsync of the file alone does not)."""
     fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
     try:
@@ -392,7 +392,7 @@ class FileLog(ClosedOnExit):
                 else:
                     self._fsync_segment(state, base)
             if last > first:
-                _fsync_directory(state.directory)
+                fsync_directory(state.directory)
         state.synced_through = offset
 
     def _fsync_segment(self, state: _Partition, base: int) -> None:
@@ -496,7 +496,7 @@ class FileLog(ClosedOnExit):
         fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_EXCL, FILE_MODE)
         state.tail = _Tail(fd, base, 0, base, last_timestamp_ms)
         if durable:
-            _fsync_directory(state.directory)
+            fsync_directory(state.directory)
         return state.tail
 
     def _last_timestamp_before(self, partition: int, state: _Partition, base: int) -> int | None:
@@ -563,7 +563,7 @@ class FileLog(ClosedOnExit):
             return
         os.makedirs(path, mode=DIRECTORY_MODE, exist_ok=True)
         if self._config.fsync is not FsyncPolicy.NONE:
-            _fsync_directory(os.path.dirname(path))
+            fsync_directory(os.path.dirname(path))
 
     # -- reading -----------------------------------------------------------------------
 

@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from keyload.log.base import partition_for
+from keyload.log.base import MAX_LOG_TIME_MS, MIN_LOG_TIME_MS, partition_for
 from keyload.log.codec import (
     HEADER_BYTES,
     REGISTRY,
@@ -198,6 +198,7 @@ class Applied:
     published: tuple[tuple[int | None, bytes], ...]
     kind: str | None
     committed: bool
+    poison: str | None = None  # why the record was recorded as poison instead of applied
 
 
 def fingerprint(command: Record, value: bytes) -> bytes:
@@ -369,10 +370,22 @@ def apply_record(
     if command is None:
         assert poison is not None
         _record_poison(stage, value, offset, now_ms, poison)
-        return Applied(tuple(ctx.outbox.published), None, False)
+        return Applied(tuple(ctx.outbox.published), None, False, poison)
     own, kind, committed = _apply_command(stage, command, value, ctx, fired, partitions)
     published = ((command["reply_to"], own),) if own is not None else ()
     return Applied(published + tuple(ctx.outbox.published), kind, committed)
+
+
+def apply_out_of_range(stage: Staged, value: bytes, offset: int, now_ms: int, timestamp_ms: int) -> Applied:
+    """A record whose log time is outside MIN_LOG_TIME_MS..MAX_LOG_TIME_MS: poison, not applied.
+
+    It is evaluated at `now_ms`, the partition's last time: such a time moves
+    nothing (no timer fires, log time stays), and its command id stays unused,
+    so a retry of the command at a good time applies as usual.
+    """
+    reason = f"log time {timestamp_ms} is outside {MIN_LOG_TIME_MS}..{MAX_LOG_TIME_MS}"
+    _record_poison(stage, value, offset, now_ms, reason)
+    return Applied((), None, False, reason)
 
 
 def _advance_time(stage: Staged, ctx: Context) -> Record:

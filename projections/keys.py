@@ -55,6 +55,9 @@ RETENTION_TASK = b"G"  # G | task id u64                          -> RetentionTa
 
 APPLIED_OFFSET = META + b"applied_offset"  # u64 offset of the last applied record
 LAST_TIME = META + b"last_time"  # u64 evaluation time of the last applied record
+# SHA-256 of the last applied record's offset u64 | timestamp i64 | bytes: the log must still hold exactly
+# this record at APPLIED_OFFSET for the projection to resume there (a lost and rewritten tail does not)
+APPLIED_RECORD = META + b"applied_record"
 NEXT_QUEUE_ID = META + b"next_queue_id"  # u64 incarnation allocator of queues, topics, groups (one space)
 NEXT_DUE = META + b"next_due"  # u64 due time of the partition's earliest timer (absent: none)
 SCHEMA_SET = META + b"schema_set"  # SHA-256 naming the schemas the values are written under (migration.py)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import bisect
+import contextlib
 import hashlib
 import json
 import os
@@ -14,6 +15,7 @@ from typing import Any, Protocol
 
 from rocksdict import AccessType, Checkpoint, Options, Rdict, WriteBatch, WriteOptions
 
+from keyload.errors import KeyloadError
 from keyload.log.codec import REGISTRY, CodecError
 
 from . import keys
@@ -25,7 +27,7 @@ CHECKPOINT_DB = "db"
 _LEN = struct.Struct(">I")
 
 
-class StoreError(Exception):
+class StoreError(KeyloadError):
     """The projection cannot be opened or written."""
 
 
@@ -222,24 +224,39 @@ class Store:
 
     def __init__(self, path: str | os.PathLike[str], *, read_only: bool = False, sync: bool = False) -> None:
         self.path = Path(path)
-        options = Options(raw_mode=True)
-        options.create_if_missing(not read_only)
-        try:
-            if read_only:
-                self._db = Rdict(str(self.path), options, access_type=AccessType.read_only())
-            else:
-                self.path.mkdir(parents=True, exist_ok=True)
-                self._db = Rdict(str(self.path), options)
-        except Exception as exc:
-            raise StoreError(f"cannot open projection at {self.path}: {exc}") from exc
+        self._read_only = read_only
         self._write_options = WriteOptions()
         self._write_options.sync = sync
-        if not read_only:
+        self._db = self._open()
+
+    def _open(self) -> Rdict:
+        options = Options(raw_mode=True)
+        options.create_if_missing(not self._read_only)
+        try:
+            if self._read_only:
+                db = Rdict(str(self.path), options, access_type=AccessType.read_only())
+            else:
+                self.path.mkdir(mode=0o700, parents=True, exist_ok=True)
+                db = Rdict(str(self.path), options)
+        except Exception as exc:
+            raise StoreError(f"cannot open projection at {self.path}: {exc}") from exc
+        if not self._read_only:
             try:
-                migrate(self._db, self._write_options)
+                migrate(db, self._write_options)
             except CodecError as exc:
-                self._db.close()
+                db.close()
                 raise StoreError(f"cannot migrate projection at {self.path}: {exc}") from exc
+        return db
+
+    def reopen(self) -> None:
+        """Open the projection again after a failed write.
+
+        RocksDB keeps a write error (a full disk, say) until the database is
+        reopened; what it had committed before the error is all still there.
+        """
+        with contextlib.suppress(Exception):  # closing a database with a write error fails too
+            self._db.close()
+        self._db = self._open()
 
     def get(self, key: bytes) -> bytes | None:
         value: bytes | None = self._db.get(key)
@@ -266,8 +283,24 @@ class Store:
         raw = self.get(keys.LAST_TIME)
         return 0 if raw is None else keys.read_u64(raw)
 
-    def commit(self, writes: dict[bytes, bytes | None], applied_offset: int, last_time_ms: int) -> None:
-        """Apply staged writes and the partition's position in one atomic WriteBatch."""
+    @property
+    def applied_record(self) -> bytes | None:
+        """The identity (`record_identity`) of the last applied record; None before the first,
+        or in a projection written before identities were kept."""
+        value: bytes | None = self.get(keys.APPLIED_RECORD)
+        return value
+
+    def commit(
+        self,
+        writes: dict[bytes, bytes | None],
+        applied_offset: int,
+        last_time_ms: int,
+        applied_record: bytes | None = None,
+    ) -> None:
+        """Apply staged writes and the partition's position in one atomic WriteBatch.
+
+        A failed write (a full disk, say) leaves the projection as it was.
+        """
         assert applied_offset > self.applied_offset, "applied offset must advance"
         batch = WriteBatch(raw_mode=True)
         for key, value in writes.items():
@@ -277,7 +310,21 @@ class Store:
                 batch.put(key, value)
         batch.put(keys.APPLIED_OFFSET, keys.u64(applied_offset))
         batch.put(keys.LAST_TIME, keys.u64(last_time_ms))
-        self._db.write(batch, self._write_options)
+        if applied_record is not None:
+            batch.put(keys.APPLIED_RECORD, applied_record)
+        self._write(batch)
+
+    def record_applied(self, applied_record: bytes) -> None:
+        """Keep the identity of the record already applied last (a projection from before identities)."""
+        batch = WriteBatch(raw_mode=True)
+        batch.put(keys.APPLIED_RECORD, applied_record)
+        self._write(batch)
+
+    def _write(self, batch: WriteBatch) -> None:
+        try:
+            self._db.write(batch, self._write_options)
+        except Exception as exc:  # rocksdict raises plain exceptions carrying RocksDB's status text
+            raise StoreError(f"cannot write projection at {self.path}: {exc}") from exc
 
     def digest(self) -> str:
         """SHA-256 over every key and value in key order, each length-prefixed."""

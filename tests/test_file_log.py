@@ -26,6 +26,7 @@ WORKERS = 3
 RECORDS_PER_WORKER = 300
 MAX_BATCH = 5
 TAIL_TIMEOUT_S = 15.0
+WORKER_START_TIMEOUT_S = 120.0
 
 
 def _segments(directory: Path, partition: int = 0) -> list[Path]:
@@ -301,9 +302,12 @@ def test_bad_arguments(tmp_path: Path) -> None:
         log.read(0, 0, 1)
 
 
-def _append_worker(directory: str, worker: int, start: multiprocessing.synchronize.Event) -> None:
+def _append_worker(
+    directory: str, worker: int, ready: multiprocessing.synchronize.Event, start: multiprocessing.synchronize.Event
+) -> None:
     rng = random.Random(worker)
     with FileLog(directory, 1) as log:
+        ready.set()
         start.wait()
         i = 0
         while i < RECORDS_PER_WORKER:
@@ -315,14 +319,20 @@ def _append_worker(directory: str, worker: int, start: multiprocessing.synchroni
 def test_concurrent_appenders_in_several_processes(tmp_path: Path) -> None:
     context = multiprocessing.get_context("spawn")
     start = context.Event()
-    workers = [context.Process(target=_append_worker, args=(str(tmp_path), worker, start)) for worker in range(WORKERS)]
+    ready = [context.Event() for _ in range(WORKERS)]
+    workers = [
+        context.Process(target=_append_worker, args=(str(tmp_path), worker, ready[worker], start))
+        for worker in range(WORKERS)
+    ]
     for process in workers:
         process.start()
+    for worker_ready in ready:  # a spawned interpreter's start-up is not what this test times
+        assert worker_ready.wait(WORKER_START_TIMEOUT_S)
     total = WORKERS * RECORDS_PER_WORKER
     seen: list[LogRecord] = []
-    deadline = time.monotonic() + TAIL_TIMEOUT_S
     with FileLog(tmp_path, 1) as reader:
         start.set()
+        deadline = time.monotonic() + TAIL_TIMEOUT_S
         while len(seen) < total and time.monotonic() < deadline:
             seen.extend(reader.read(0, len(seen), 37))
         for process in workers:
