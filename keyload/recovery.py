@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -10,11 +12,14 @@ from tqdm import tqdm
 from keyload.catalog import NotPublished
 from keyload.checkpoints import CheckpointError, recovery_session
 from keyload.datadir import DataDir
+from keyload.errors import KeyloadError
+from keyload.halts import clear_halt
 from keyload.projections.store import Store, StoreError
 from keyload.runtime import PartitionProcessor
+from keyload.service import serving
 
 
-class RecoveryError(Exception):
+class RecoveryError(KeyloadError):
     """A replay or drill cannot run as asked (bad offsets, missing checkpoint, busy target)."""
 
 
@@ -77,6 +82,8 @@ def replay(
         store = _restored(data, partition, from_offset - 1, into) if from_offset > 0 else Store(into)
         try:
             processor = PartitionProcessor(partition, data.partitions, log, store, keyring=data.keyring())
+            if processor.halt is not None:  # the log does not hold the record the start state applied last
+                raise RecoveryError(f"replay cannot start at offset {from_offset}: {processor.halt.reason}")
             total = target - processor.applied_offset
             with tqdm(total=total, desc=f"replay p{partition}", unit="cmd", disable=not progress) as bar:
                 while processor.applied_offset < target:
@@ -139,3 +146,65 @@ def drill(
     replayed = replay(data, partition, scratch, start_offset, live_offset, progress)
     start = "offset 0" if from_checkpoint is None else f"checkpoint at offset {from_checkpoint}"
     return DrillReport(partition, live_offset, live_digest, replayed.applied_offset, replayed.digest, start)
+
+
+@dataclass(frozen=True, slots=True)
+class Restored:
+    partition: int
+    start: str  # "offset 0" or "checkpoint at offset N"
+    applied_offset: int
+    digest: str
+    retired: tuple[int, ...]  # offsets of checkpoints the log can no longer reproduce, now retired
+    kept_aside: Path | None  # where the replaced projection was moved
+
+
+def restore(data: DataDir, partition: int, scratch: Path, progress: bool = True) -> Restored:
+    """Rebuild the partition's projection from the newest checkpoint the log still agrees with, then replay.
+
+    The way out of `RecoveryRequired` after the log lost records the projection
+    had applied (a truncated tail, a broker that lost acknowledged records): the
+    newest published checkpoint at or below the log's end whose last applied
+    record the log still holds is restored and the log replayed on it to its end
+    (from offset 0 when none qualifies). Checkpoints past the log's end or
+    disagreeing with it are retired: no replay can reproduce them. The old
+    projection is moved aside, not deleted. Run it while `keyload run` is stopped.
+    """
+    data.check_partition(partition)
+    with serving(data.root):  # refused while `keyload run` serves the directory
+        return _restore(data, partition, scratch, progress)
+
+
+def _restore(data: DataDir, partition: int, scratch: Path, progress: bool) -> Restored:
+    log = data.command_log()
+    try:
+        end = log.end_offset(partition)
+    finally:
+        log.close()
+    with data.checkpoints() as checkpoints:
+        candidates = sorted(checkpoints.entries(partition), key=lambda entry: entry.offset, reverse=True)
+    retired: list[int] = [entry.offset for entry in candidates if entry.offset >= end]
+    rebuilt: Replayed | None = None
+    start = "offset 0"
+    for entry in (entry for entry in candidates if entry.offset < end):
+        attempt = scratch / f"from-{entry.offset}"
+        try:
+            rebuilt = replay(data, partition, attempt, entry.offset + 1, progress=progress)
+        except RecoveryError:
+            retired.append(entry.offset)  # its applied record is not the log's: the log diverged before it
+            continue
+        scratch, start = attempt, f"checkpoint at offset {entry.offset}"
+        break
+    else:
+        scratch = scratch / "from-0"
+        rebuilt = replay(data, partition, scratch, 0, progress=progress)
+    with data.checkpoints() as checkpoints:
+        for offset in retired:
+            checkpoints.catalog.retire(partition, offset)
+    live = data.projection(partition)
+    aside = None
+    if live.exists():
+        aside = live.with_name(f"{live.name}.replaced-{os.getpid()}-{time.time_ns()}")
+        live.rename(aside)
+    scratch.rename(live)
+    clear_halt(data.root, partition)
+    return Restored(partition, start, rebuilt.applied_offset, rebuilt.digest, tuple(sorted(retired)), aside)

@@ -77,7 +77,7 @@ class _GcBeside:
 
 def serve(data: DataDir, settings: ServiceSettings, stop: Event) -> list[Halt]:
     """Serve `data` until `stop` is set; returns the partitions that halted."""
-    with _serving(data.root):
+    with serving(data.root):
         for partition in range(data.partitions):
             clear_halt(data.root, partition)  # a partition that halts again records it again
         if data.kafka is not None:
@@ -86,7 +86,7 @@ def serve(data: DataDir, settings: ServiceSettings, stop: Event) -> list[Halt]:
 
 
 @contextmanager
-def _serving(root: Path) -> Iterator[None]:
+def serving(root: Path) -> Iterator[None]:
     """Hold the directory's run lock while serving it: one service per data directory."""
     fd = os.open(root / RUN_LOCK, os.O_RDWR | os.O_CREAT, 0o600)
     try:

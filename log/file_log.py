@@ -48,7 +48,7 @@ from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 
-from .base import Appended, ClosedOnExit, LogCorruption, LogError, LogRecord
+from .base import Appended, ClosedOnExit, LogCorruption, LogError, LogRecord, valid_log_time
 
 HEADER = struct.Struct(">IIQq")  # payload_length, crc32, offset, timestamp_ms
 HEADER_BYTES = HEADER.size
@@ -436,6 +436,8 @@ class FileLog(ClosedOnExit):
         floor = tail.last_timestamp_ms
         if floor is None:
             floor = self._last_timestamp_before(partition, state, tail.base)
+        if floor is not None and not valid_log_time(floor):
+            floor = None  # an absurd stamp (processors record it as poison) must not hold later ones
         timestamp = self._clock_ms() if floor is None else max(self._clock_ms(), floor)
         always = self._config.fsync is FsyncPolicy.ALWAYS
         appended: list[Appended] = []

@@ -1,0 +1,476 @@
+"""Integrity under faults: no record skipped, one bad partition never stops the others, nothing
+visible before it is durable, bad log times and full disks survived."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import subprocess
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from keyload.client import Client
+from keyload.datadir import DataDir
+from keyload.halts import recorded_halts
+from keyload.log.base import MAX_LOG_TIME_MS, LogRecord, partition_for, record_identity
+from keyload.log.codec import REGISTRY
+from keyload.log.file_log import FileLog, FileLogConfig, FsyncPolicy
+from keyload.projections import keys
+from keyload.projections.store import Store
+from keyload.recovery import drill, restore
+from keyload.runtime import PartitionProcessor
+
+from .support import (
+    CHECKPOINT,
+    CREATE_QUEUE,
+    ENQUEUE,
+    command,
+    create_queue_body,
+    enqueue_body,
+    keyload_command,
+    spread_domains,
+    stop_service,
+    wait_until,
+)
+
+DOMAIN = "shop"
+QUEUE = "orders"
+
+
+class Single:
+    """One partition of a data directory, its command log configured by the test, driven in-process."""
+
+    def __init__(self, root: Path, config: FileLogConfig, clock_ms: list[int] | None = None) -> None:
+        self.root = root
+        self.data = DataDir.create(root, 1)
+        self.config = config
+        self.now = clock_ms
+        self.log = self._log()
+        self.store = Store(self.data.projection(0))
+        self.checkpoints = self.data.checkpoints()
+        self.processor = self._processor()
+
+    def _log(self) -> FileLog:
+        clock = (lambda: self.now[0]) if self.now is not None else None
+        return FileLog(self.root / "log" / "commands", 1, self.config, clock_ms=clock)
+
+    def _processor(self) -> PartitionProcessor:
+        return PartitionProcessor(0, 1, self.log, self.store, checkpoints=self.checkpoints)
+
+    def append(self, *values: bytes) -> list[int]:
+        return [position.offset for position in self.log.append(0, list(values))]
+
+    def run(self) -> None:
+        while self.processor.step():
+            pass
+
+    def restart(self) -> None:
+        self.store.close()
+        self.log.close()
+        self.log = self._log()
+        self.store = Store(self.data.projection(0))
+        self.processor = self._processor()
+
+    def close(self) -> None:
+        self.store.close()
+        self.log.close()
+        self.checkpoints.close()
+
+
+@contextlib.contextmanager
+def single(root: Path, config: FileLogConfig, clock_ms: list[int] | None = None) -> Iterator[Single]:
+    deployment = Single(root, config, clock_ms)
+    try:
+        yield deployment
+    finally:
+        deployment.close()
+
+
+def enqueue(message_id: str) -> bytes:
+    return command(DOMAIN, ENQUEUE, enqueue_body(QUEUE, message_id), command_id=f"enqueue-{message_id}")
+
+
+def create() -> bytes:
+    return command(DOMAIN, CREATE_QUEUE, create_queue_body(QUEUE), command_id="create")
+
+
+def stored_message_ids(store: Store) -> set[str]:
+    found = set()
+    for key, _ in store.scan(keys.MESSAGE, keys.prefix_end(keys.MESSAGE)):
+        found.add(key[1 + 8 :].decode())
+    return found
+
+
+def assert_drills_pass(data: DataDir, scratch: Path, from_checkpoint: int | None = None) -> None:
+    report = drill(data, 0, scratch / f"drill-{from_checkpoint}", from_checkpoint, progress=False)
+    assert report.passed, report
+
+
+# -- a checkpoint or a halt next to a segment roll ------------------------------------------------------
+
+
+def test_a_checkpoint_as_the_last_record_before_a_roll_keeps_serving(tmp_path: Path) -> None:
+    """Every record in a segment of its own: each group crosses rolls, and a Checkpoint ends it early."""
+    with single(tmp_path / "data", FileLogConfig(segment_bytes=1, fsync=FsyncPolicy.NONE)) as node:
+        node.append(create(), enqueue("m1"), enqueue("m2"))
+        checkpoint = command(DOMAIN, CHECKPOINT, {}, command_id="checkpoint-1")
+        [at] = node.append(checkpoint)
+        node.append(enqueue("m3"), enqueue("m4"))
+        node.run()
+        assert node.processor.halt is None
+        assert node.processor.applied_offset == 5
+        assert node.processor.last_checkpoint is not None
+        assert node.processor.last_checkpoint.offset == at
+        assert stored_message_ids(node.store) == {"m1", "m2", "m3", "m4"}
+        node.restart()
+        node.append(enqueue("m5"))
+        node.run()
+        assert node.processor.halt is None and node.processor.applied_offset == 6
+    data = DataDir.open(tmp_path / "data")
+    assert_drills_pass(data, tmp_path)
+    assert_drills_pass(data, tmp_path, from_checkpoint=at)
+
+
+def test_a_halt_just_after_a_roll_commits_what_came_before(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import keyload.runtime as runtime
+
+    real = runtime.apply_record
+
+    def failing_at_offset_3(*args: object, **kwargs: object) -> object:
+        if args[4] == 3:
+            raise RuntimeError("a processor bug")
+        return real(*args, **kwargs)  # type: ignore[arg-type]
+
+    with single(tmp_path / "data", FileLogConfig(segment_bytes=1, fsync=FsyncPolicy.NONE)) as node:
+        node.append(create(), enqueue("m1"), enqueue("m2"), enqueue("m3"))
+        monkeypatch.setattr(runtime, "apply_record", failing_at_offset_3)
+        node.run()
+        assert node.processor.halt is not None
+        assert node.processor.halt.offset == 3
+        assert node.processor.applied_offset == 2  # the records before the halt are committed
+        monkeypatch.setattr(runtime, "apply_record", real)
+        node.restart()
+        node.run()
+        assert node.processor.halt is None and node.processor.applied_offset == 3
+    assert_drills_pass(DataDir.open(tmp_path / "data"), tmp_path)
+
+
+def test_a_roll_racing_the_reader_leaves_an_empty_segment(tmp_path: Path) -> None:
+    """The instant of a roll: the next segment exists, empty, while the group's records are in the last one."""
+    with single(tmp_path / "data", FileLogConfig(segment_bytes=4096, fsync=FsyncPolicy.NONE)) as node:
+        node.append(create(), enqueue("m1"))
+        (tmp_path / "data" / "log" / "commands" / "p-0000" / f"{2:020d}.seg").touch()
+        node.append(command(DOMAIN, CHECKPOINT, {}, command_id="checkpoint-1"))
+        node.run()
+        assert node.processor.halt is None
+        assert node.processor.applied_offset == 2
+
+
+# -- a lost tail followed by new appends ----------------------------------------------------------------
+
+
+def _cut_after(log_dir: Path, records: int) -> None:
+    """Truncate partition 0's only segment after its first `records` frames."""
+    [segment] = sorted((log_dir / "p-0000").glob("*.seg"))
+    data = segment.read_bytes()
+    position = 0
+    for _ in range(records):
+        length = int.from_bytes(data[position : position + 4], "big")
+        position += 24 + length
+    os.truncate(segment, position)
+
+
+def test_a_lost_tail_then_new_appends_halts_instead_of_skipping(tmp_path: Path) -> None:
+    root = tmp_path / "data"
+    with single(root, FileLogConfig(fsync=FsyncPolicy.NONE)) as node:
+        node.append(create(), enqueue("m1"))
+        node.run()
+        checkpoint = node.processor.take_checkpoint()
+        assert checkpoint is not None and checkpoint.offset == 1
+        node.append(enqueue("m2"), enqueue("m3"))
+        node.run()
+        assert node.processor.applied_offset == 3
+        node.store.close()
+        node.log.close()
+        _cut_after(root / "log" / "commands", 2)  # offsets 2 and 3 are lost
+        node.log = node._log()
+        assert node.append(enqueue("m4"), enqueue("m5"), enqueue("m6")) == [2, 3, 4]
+        node.store = Store(node.data.projection(0))
+        node.processor = node._processor()
+        halt = node.processor.halt
+        assert halt is not None
+        assert halt.offset == 3
+        assert halt.reason.startswith("RecoveryRequired")
+        assert "offset 3" in halt.reason
+        node.run()
+        assert node.processor.applied_offset == 3  # nothing was applied past the mismatch
+    data = DataDir.open(root)
+    restored = restore(data, 0, tmp_path / "restore", progress=False)
+    assert restored.start == "checkpoint at offset 1"
+    assert restored.applied_offset == 4
+    with single(root, FileLogConfig(fsync=FsyncPolicy.NONE)) as node:
+        assert node.processor.halt is None
+        assert stored_message_ids(node.store) == {"m1", "m4", "m5", "m6"}
+    assert_drills_pass(data, tmp_path)
+
+
+def test_a_tail_lost_while_running_is_noticed_on_resume(tmp_path: Path) -> None:
+    root = tmp_path / "data"
+    with single(root, FileLogConfig(fsync=FsyncPolicy.NONE)) as node:
+        node.append(create(), enqueue("m1"), enqueue("m2"))
+        node.run()
+        assert node.processor.applied_offset == 2
+        assert node.processor.step() == 0  # caught up
+        other = FileLog(root / "log" / "commands", 1, FileLogConfig(fsync=FsyncPolicy.NONE))
+        _cut_after(root / "log" / "commands", 2)
+        other.append(0, [enqueue("m3"), enqueue("m4")])  # offsets 2 and 3: offset 2 is not what was applied
+        other.close()
+        assert node.processor.step() == 0
+        halt = node.processor.halt
+        assert halt is not None and halt.offset == 2 and halt.reason.startswith("RecoveryRequired")
+        assert stored_message_ids(node.store) == {"m1", "m2"}
+
+
+def test_a_projection_from_before_record_identities_adopts_the_logs(tmp_path: Path) -> None:
+    """Upgrade: a projection without the applied record's identity takes the log's and serves on."""
+    root = tmp_path / "data"
+    with single(root, FileLogConfig(fsync=FsyncPolicy.NONE)) as node:
+        node.append(create(), enqueue("m1"))
+        node.run()
+        node.store.close()
+        raw = Store(node.data.projection(0))
+        raw._db.delete(keys.APPLIED_RECORD)
+        raw.close()
+        node.store = Store(node.data.projection(0))
+        node.processor = node._processor()
+        assert node.processor.halt is None
+        assert node.store.applied_record is not None
+    assert_drills_pass(DataDir.open(root), tmp_path)
+
+
+# -- log times out of range ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("stamp", [2**63 - 1, MAX_LOG_TIME_MS + 1, 10**15])
+def test_an_absurd_log_time_is_poison_and_the_next_command_applies(tmp_path: Path, stamp: int) -> None:
+    clock = [1_000_000]
+    with single(tmp_path / "data", FileLogConfig(fsync=FsyncPolicy.NONE), clock) as node:
+        node.append(create())
+        clock[0] = stamp
+        [bad] = node.append(enqueue("m1"))
+        clock[0] = 1_000_500
+        [good] = node.append(enqueue("m2"))  # the log does not clamp to an absurd stamp
+        assert [r.timestamp_ms for r in node.log.read(0, bad, 2)] == [stamp, 1_000_500]
+        node.run()
+        assert node.processor.halt is None
+        assert node.processor.applied_offset == good
+        assert_poison(node.store, bad, f"log time {stamp} is outside")
+        assert node.store.get(keys.poison(good)) is None
+        assert stored_message_ids(node.store) == {"m2"}
+        assert node.store.last_time_ms == 1_000_500
+        # The poisoned command's id stays unused: a retry at a good time applies.
+        node.append(enqueue("m1"))
+        node.run()
+        assert stored_message_ids(node.store) == {"m1", "m2"}
+    assert_drills_pass(DataDir.open(tmp_path / "data"), tmp_path)
+
+
+@pytest.mark.parametrize("stamp", [0, -1, -(2**63)])
+def test_no_time_at_all_is_poison_and_later_times_apply(tmp_path: Path, stamp: int) -> None:
+    """A partition's first records stamped 0 or negative (no clamp can help them) are poison."""
+    clock = [stamp]
+    with single(tmp_path / "data", FileLogConfig(fsync=FsyncPolicy.NONE), clock) as node:
+        [bad] = node.append(create())
+        clock[0] = 5_000
+        node.append(create())
+        node.append(enqueue("m1"))
+        node.run()
+        assert node.processor.halt is None
+        assert_poison(node.store, bad, f"log time {stamp} is outside")
+        assert stored_message_ids(node.store) == {"m1"}
+        clock[0] = stamp  # later, the log clamps a stamp that goes back: it applies at the last time
+        node.append(enqueue("m2"))
+        node.run()
+        assert stored_message_ids(node.store) == {"m1", "m2"}
+
+
+def assert_poison(store: Store, offset: int, reason: str) -> None:
+    raw = store.get(keys.poison(offset))
+    assert raw is not None
+    assert reason in REGISTRY.decode("keyload.PoisonEntry", raw)["reason"]
+
+
+# -- the service: one partition halted, the others serving; poison in its log --------------------------
+
+
+class Service:
+    """`keyload run` as a subprocess whose output the test reads."""
+
+    def __init__(self, root: Path, *args: str) -> None:
+        self.process = subprocess.Popen(
+            keyload_command("run", "--data", str(root), *args),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        self.lines: list[str] = []
+        assert self.process.stdout is not None
+        while not (line := self.process.stdout.readline()).startswith("keyload: serving"):
+            assert line, "".join(self.lines)  # it exited before serving
+            self.lines.append(line)
+        self.lines.append(line)
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.process.stdout is not None
+        for line in self.process.stdout:
+            self.lines.append(line)
+
+    def output(self) -> str:
+        return "".join(self.lines)
+
+    def stop(self) -> int:
+        code = stop_service(self.process)
+        self._reader.join(5)
+        return code
+
+
+def _segment(root: Path, partition: int) -> Path:
+    [segment] = sorted((root / "log" / "commands" / f"p-{partition:04d}").glob("*.seg"))
+    return segment
+
+
+def test_a_corrupt_partition_halts_alone_and_status_names_it(tmp_path: Path) -> None:
+    root = tmp_path / "data"
+    DataDir.create(root, 2)
+    damaged, healthy = spread_domains(2, 2)
+    service = Service(root)
+    try:
+        with Client(root) as client:
+            for domain in (damaged, healthy):
+                client.create_queue(domain, QUEUE)
+                for n in range(5):
+                    client.enqueue(domain, QUEUE, b"body-%d" % n, message_id=f"m{n}")
+    finally:
+        assert service.stop() == 0
+    partition = partition_for(damaged, 2)
+    segment = _segment(root, partition)
+    raw = bytearray(segment.read_bytes())
+    raw[len(raw) // 2] ^= 0x40  # one flipped byte in the middle of the segment
+    segment.write_bytes(bytes(raw))
+    service = Service(root)
+    try:
+        with Client(root, timeout_s=30) as client:
+            client.enqueue(healthy, QUEUE, b"after", message_id="after")
+            assert client.inspect_queue(healthy, QUEUE).counters.stored_messages == 6
+        wait_until(lambda: partition in recorded_halts(root), what="the halt to be recorded")
+        halt = recorded_halts(root)[partition]
+        assert halt.reason.startswith("Corruption")
+        status = subprocess.run(keyload_command("status", "--data", str(root)), capture_output=True, text=True)
+        assert status.returncode == 0, status.stderr
+        [line] = [line for line in status.stdout.splitlines() if line.strip().startswith(f"p{partition}:")]
+        assert f"halted at offset {halt.offset}" in line.lower()
+    finally:
+        service.stop()
+    assert f"partition {partition} halted at offset {halt.offset}" in service.output()
+
+
+def test_a_second_service_on_the_same_directory_is_refused_by_name(tmp_path: Path) -> None:
+    root = tmp_path / "data"
+    DataDir.create(root, 1)
+    service = Service(root)
+    try:
+        second = subprocess.run(keyload_command("run", "--data", str(root)), capture_output=True, text=True)
+        assert second.returncode != 0
+        assert f"already served by process {service.process.pid}" in second.stderr
+        assert "Traceback" not in second.stderr
+    finally:
+        service.stop()
+
+
+def test_a_garbage_record_from_another_process_is_logged_by_the_service(tmp_path: Path) -> None:
+    root = tmp_path / "data"
+    DataDir.create(root, 1)
+    service = Service(root)
+    try:
+        with FileLog(root / "log" / "commands", 1) as log:
+            [garbage] = log.append(0, [b"\x00not avro at all"])
+        with Client(root) as client:
+            client.create_queue(DOMAIN, QUEUE)  # applied after the garbage: the partition goes on
+        wait_until(lambda: "poison record" in service.output(), what="the poison line")
+    finally:
+        service.stop()
+    [line] = [line for line in service.lines if "poison record" in line]
+    assert f"partition 0: poison record at offset {garbage.offset} (16 bytes)" in line
+
+
+# -- a full disk ---------------------------------------------------------------------------------------
+
+
+def _mount_tmpfs(path: Path, size: str) -> None:
+    path.mkdir(parents=True, exist_ok=True)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size},mode=0700", "tmpfs", str(path)], check=True)
+
+
+def _fill(directory: Path) -> Path:
+    filler = directory / "filler"
+    with filler.open("wb") as f:
+        chunk = b"\0" * 65536
+        with contextlib.suppress(OSError):
+            while True:
+                f.write(chunk)
+                f.flush()
+    return filler
+
+
+def _can_mount() -> bool:
+    return os.geteuid() == 0 and shutil.which("mount") is not None
+
+
+@pytest.mark.slow
+def test_a_full_disk_stalls_the_service_which_resumes_by_itself(tmp_path: Path) -> None:
+    if not _can_mount():
+        if os.environ.get("CI") == "true":
+            pytest.fail("the full-disk test needs root to mount a tmpfs, and CI runs as root")
+        pytest.skip("needs root to mount a small tmpfs (runs in CI)")
+    root = tmp_path / "data"
+    DataDir.create(root, 1)
+    projections = root / "projections"
+    _mount_tmpfs(projections, "32m")  # the projections alone fill up; the command log is elsewhere
+    try:
+        service = Service(root)
+        try:
+            with Client(root, timeout_s=30) as client:
+                client.create_queue(DOMAIN, QUEUE)
+                client.enqueue(DOMAIN, QUEUE, b"before", message_id="before")
+            filler = _fill(projections)
+            with FileLog(root / "log" / "commands", 1) as log:
+                for n in range(200):
+                    log.append(0, [enqueue(f"m{n}")])
+            wait_until(lambda: "cannot commit" in service.output(), timeout_s=60, what="the stall line")
+            assert service.process.poll() is None  # still running
+            filler.unlink()
+            wait_until(lambda: "writes succeed again" in service.output(), timeout_s=60, what="the resume line")
+            with Client(root, timeout_s=30) as client:
+                assert client.inspect_queue(DOMAIN, QUEUE).counters.stored_messages == 201
+        finally:
+            assert service.stop() == 0
+        output = service.output()
+        assert "Traceback" not in output
+        assert sum("cannot commit" in line for line in service.lines) == 1  # one clear line, not one a retry
+        assert_drills_pass(DataDir.open(root), tmp_path)
+    finally:
+        subprocess.run(["umount", "-l", str(projections)], check=False)
+
+
+def test_records_read_are_identified_by_offset_time_and_bytes() -> None:
+    base = LogRecord(0, 5, 1000, b"x")
+    assert record_identity(base) == record_identity(LogRecord(1, 5, 1000, b"x"))  # the partition is not part
+    assert record_identity(base) != record_identity(LogRecord(0, 6, 1000, b"x"))
+    assert record_identity(base) != record_identity(LogRecord(0, 5, 1001, b"x"))
+    assert record_identity(base) != record_identity(LogRecord(0, 5, 1000, b"y"))
