@@ -133,9 +133,9 @@ def _serve_embedded(data: DataDir, settings: ServiceSettings, stop: Event) -> li
             listener = Listener(data.root)
         except OSError as exc:
             raise KeyloadError(f"another `keyload run` serves {data.root} ({exc.strerror})") from None
-        collector = _GcBeside(data, stores, settings.gc_interval_s) if settings.gc_interval_s > 0 else None
         positions = ", ".join(f"p{p.partition}@{p.applied_offset}" for p in processors)
         print(f"keyload: serving {data.root} ({data.partitions} partitions; applied {positions})", flush=True)
+        collector = _GcBeside(data, stores, settings.gc_interval_s) if settings.gc_interval_s > 0 else None
         try:
             halts = run_until(
                 processors,
