@@ -474,3 +474,39 @@ def test_records_read_are_identified_by_offset_time_and_bytes() -> None:
     assert record_identity(base) != record_identity(LogRecord(0, 6, 1000, b"x"))
     assert record_identity(base) != record_identity(LogRecord(0, 5, 1001, b"x"))
     assert record_identity(base) != record_identity(LogRecord(0, 5, 1000, b"y"))
+
+
+# -- the checkpoint catalog survives a power cut ---------------------------------------------------------
+
+
+def test_catalog_publication_and_retirement_fsync_their_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """After the rename (or unlink) the directory entry itself is fsynced, or a power cut can undo it."""
+    from keyload.catalog import CatalogEntry, FileCatalog
+    from keyload.projections.store import Manifest, ManifestFile
+
+    events: list[tuple[str, str]] = []
+    real_fsync, real_replace = os.fsync, os.replace
+
+    def fsync(fd: int) -> None:
+        events.append(("fsync", os.readlink(f"/proc/self/fd/{fd}")))
+        real_fsync(fd)
+
+    def replace(source: str | os.PathLike[str], target: str | os.PathLike[str]) -> None:
+        real_replace(source, target)
+        events.append(("replace", os.fspath(target)))
+
+    catalog = FileCatalog(tmp_path / "catalog")
+    manifest = Manifest(0, 7, 1_000, "test", "d" * 64, (ManifestFile("CURRENT", 16, "0" * 64),))
+    monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setattr(os, "replace", replace)
+    catalog.publish(CatalogEntry(manifest, "checkpoints/p-0000/7/x/"))
+    [(_, published)] = [event for event in events if event[0] == "replace"]
+    directory = os.path.dirname(published)
+    after = events[events.index(("replace", published)) + 1 :]
+    assert ("fsync", directory) in after
+    events.clear()
+    catalog.retire(0, 7)
+    assert ("fsync", directory) in events
+    assert catalog.entries(0) == []
