@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from keyload.catalog import CatalogEntry, CheckpointCatalog, RecoveryPin, recovery_floor
+from keyload.errors import KeyloadError
 from keyload.object_store import ObjectStore, ObjectStoreError, ObjectVersion
 from keyload.projections.store import CHECKPOINT_DB, MANIFEST, Manifest, Store, StoreError, verify_checkpoint
 from keyload.version import __version__
@@ -39,7 +40,7 @@ DEFAULT_CHECKPOINT_EVERY_RECORDS = 100_000  # periodic checkpoint after this man
 DEFAULT_CHECKPOINT_INTERVAL_S = 600.0  # ... or this long after the last one, when anything was applied
 
 
-class CheckpointError(Exception):
+class CheckpointError(KeyloadError):
     """A checkpoint cannot be found, fetched, verified or (below the recovery floor) published."""
 
 

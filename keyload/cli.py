@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import base64
 import json
+import logging
 import os
 import signal
 import sys
@@ -20,18 +21,18 @@ from typing import Any, Literal, TypeVar
 from tqdm import tqdm
 
 from keyload import keyring
-from keyload.catalog import CatalogError, RecoveryPin
+from keyload.catalog import RecoveryPin
 from keyload.checkpoints import (
     DEFAULT_CHECKPOINT_EVERY_RECORDS,
     DEFAULT_CHECKPOINT_INTERVAL_S,
     DEFAULT_RETAINED_CHECKPOINTS,
     CheckpointError,
     CheckpointPolicy,
+    Checkpoints,
 )
 from keyload.datadir import (
     DEFAULT_PARTITIONS,
     DataDir,
-    DataDirError,
     FileStoreConfig,
     KafkaConfig,
     ObjectStoreConfig,
@@ -39,10 +40,9 @@ from keyload.datadir import (
 )
 from keyload.errors import CommandRejected, KeyloadError
 from keyload.gc import DEFAULT_GC_INTERVAL_S, GcWorker, run_worker
+from keyload.halts import Halt, recorded_halts
 from keyload.kafka_runtime import DEFAULT_SESSION_TIMEOUT_MS
-from keyload.keyring import KeyringError
-from keyload.log.base import LogError, partition_for
-from keyload.log.codec import CodecError
+from keyload.log.base import CommandLog, LogCorruption, LogError, partition_for
 from keyload.processors.policy import (
     ENUM_FIELDS,
     GROUP_ENUM_FIELDS,
@@ -51,14 +51,14 @@ from keyload.processors.policy import (
     SUBLIMIT_FIELDS,
     TOPIC_INTEGER_FIELDS,
 )
-from keyload.projections.store import Store, StoreError
-from keyload.recovery import RecoveryError, drill, replay
+from keyload.projections.store import NO_OFFSET, Store, StoreError
+from keyload.recovery import drill, replay, restore
 from keyload.results import Event as TopicEvent
 from keyload.results import GroupPolicy, QueuePolicy, TopicPolicy
 from keyload.service import ServiceSettings, serve
 from keyload.ticker import DEFAULT_TICK_INTERVAL_MS
 
-from .client import DEFAULT_TIMEOUT_S, Client
+from .client import DEFAULT_POISON_LIMIT, DEFAULT_TIMEOUT_S, Client, poison_rows
 
 DEFAULT_DATA = "keyload-data"
 CHECKPOINT_WAIT_S = 30.0
@@ -69,7 +69,7 @@ EXIT_USAGE = 2
 P = TypeVar("P")
 
 
-class UsageError(Exception):
+class UsageError(KeyloadError):
     """Bad command-line input: one line to the user, exit 2."""
 
 
@@ -120,6 +120,7 @@ def _object_store(args: argparse.Namespace) -> ObjectStoreConfig | None:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    logging.basicConfig(level=logging.INFO, format="keyload: %(message)s", stream=sys.stderr)
     kafka = None
     if args.kafka is not None:
         kafka = KafkaConfig(args.kafka, args.topic_prefix, args.replication_factor, args.min_insync_replicas)
@@ -136,6 +137,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         gc_interval_s=args.gc_interval_s,
         session_timeout_ms=args.session_timeout_ms,
         until_idle=args.until_idle,
+        fail_fast=args.fail_fast,
     )
     halts = serve(data, settings, _stop_on_signals())
     return EXIT_FAILED if halts else 0
@@ -545,30 +547,101 @@ def cmd_drill(args: argparse.Namespace) -> int:
     return 0 if report.passed else EXIT_FAILED
 
 
+def cmd_restore(args: argparse.Namespace) -> int:
+    data = DataDir.open(args.data)
+    partition = _partition(args, data)
+    with tempfile.TemporaryDirectory(prefix="keyload-restore-", dir=data.root) as scratch:
+        restored = restore(data, partition, Path(scratch), progress=not args.quiet)
+    print(f"restored partition {restored.partition} from {restored.start}: applied through {restored.applied_offset}")
+    print(f"  digest {restored.digest}")
+    if restored.retired:
+        print(f"  retired checkpoints the log cannot reproduce: {', '.join(map(str, restored.retired))}")
+    if restored.kept_aside is not None:
+        print(f"  the replaced projection is kept at {restored.kept_aside}")
+    return 0
+
+
 def cmd_status(args: argparse.Namespace) -> int:
+    """One line per partition; a partition that cannot be read is reported as such and the others follow."""
     data = DataDir.open(args.data)
     log = data.command_log()
     checkpoints = data.checkpoints()
+    halts = recorded_halts(data.root)
     try:
         print(f"{data.root}: {data.describe_log()}, {data.partitions} partitions, ", end="")
         print(f"{data.outcome_partitions} outcome partitions")
         for partition in range(data.partitions):
-            start, end = log.start_offset(partition), log.end_offset(partition)
-            try:
-                store = Store(data.projection(partition), read_only=True)
-                applied = store.applied_offset
-                store.close()
-            except StoreError:
-                applied = -1
-            published = [e.offset for e in checkpoints.entries(partition)]
-            floor = published[0] if published else None
-            print(
-                f"  p{partition}: log {start}..{end - 1}, applied through {applied}, "
-                f"lag {end - 1 - applied}, checkpoints {published}, recovery floor {floor}"
-            )
+            print(f"  p{partition}: {_partition_status(data, log, checkpoints, partition, halts.get(partition))}")
     finally:
         log.close()
         checkpoints.close()
+    return 0
+
+
+def _partition_status(
+    data: DataDir, log: CommandLog, checkpoints: Checkpoints, partition: int, halt: Halt | None
+) -> str:
+    """`log A..B, applied through N, lag L, checkpoints [...], recovery floor F, poison P`, then any trouble."""
+    trouble = [] if halt is None else [f"HALTED at offset {halt.offset}: {halt.reason}"]
+    end: int | None = None
+    try:
+        start, end = log.start_offset(partition), log.end_offset(partition)
+        span = f"log {start}..{end - 1}" if end > start else "log empty" if start == 0 else f"log empty from {start}"
+    except LogError as exc:
+        span = "log unreadable"
+        trouble.append(f"{'LOG CORRUPT' if isinstance(exc, LogCorruption) else 'LOG UNREADABLE'}: {exc}")
+    applied: int | None = NO_OFFSET
+    poison: int | None = 0
+    if data.projection(partition).is_dir():  # absent until `keyload run` first serves the partition
+        try:
+            store = Store(data.projection(partition), read_only=True)
+        except StoreError as exc:
+            applied = poison = None
+            trouble.append(f"PROJECTION UNREADABLE: {exc}")
+        else:
+            try:
+                applied = store.applied_offset
+                poison = sum(1 for _ in poison_rows(store))
+            finally:
+                store.close()
+    if applied is None:
+        parts = [span, "applied unknown", "lag unknown"]
+    else:
+        parts = [span, "applied nothing" if applied == NO_OFFSET else f"applied through {applied}"]
+        behind = None if end is None else end - 1 - applied
+        parts.append(
+            "lag unknown" if behind is None else f"lag {behind}" if behind >= 0 else f"{-behind} ahead of the log"
+        )
+    try:
+        published = [entry.offset for entry in checkpoints.entries(partition)]
+    except KeyloadError as exc:
+        parts += ["checkpoints unknown", "recovery floor unknown"]
+        trouble.append(f"CATALOG UNREADABLE: {exc}")
+    else:
+        parts.append(f"checkpoints {published}" if published else "no checkpoints")
+        parts.append(f"recovery floor {published[0]}" if published else "recovery floor none")
+    parts.append("poison unknown" if poison is None else f"poison {poison}")
+    return ", ".join(parts + trouble)
+
+
+def cmd_poison_list(args: argparse.Namespace) -> int:
+    """Records no command could be read from, per partition in offset order: JSON like every listing."""
+    with Client(args.data, principal=args.principal, timeout_s=args.timeout) as client:
+        entries = client.poison_entries(args.partition, limit=args.limit)
+    _print_json(
+        [
+            {
+                "partition": entry.partition,
+                "offset": entry.offset,
+                "timestamp_ms": entry.timestamp_ms,
+                "reason": entry.reason,
+                "size": entry.size,
+                "sha256": entry.sha256,
+                "first_bytes_hex": None if entry.first_bytes is None else entry.first_bytes.hex(),
+            }
+            for entry in entries
+        ]
+    )
     return 0
 
 
@@ -871,6 +944,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     run.add_argument("--tick-interval-ms", type=_positive, default=DEFAULT_TICK_INTERVAL_MS)
     run.add_argument("--until-idle", action="store_true", help="exit once every partition is caught up (embedded)")
+    run.add_argument(
+        "--fail-fast",
+        action="store_true",
+        help="exit non-zero when a write fails (a full disk) instead of retrying with back-off until it succeeds",
+    )
     run.add_argument("--kafka", metavar="BOOTSTRAP", help="use Kafka as the log (recorded when creating --data)")
     run.add_argument("--topic-prefix", default="keyload", help="Kafka topics PREFIX.commands|outcomes|checkpoints")
     run.add_argument("--replication-factor", type=_positive, default=1, help="of new Kafka topics")
@@ -1041,6 +1119,12 @@ def build_parser() -> argparse.ArgumentParser:
             cmd_drill,
             "rebuild a partition in scratch space and compare digests with the live projection",
         ),
+        (
+            "restore",
+            cmd_restore,
+            "rebuild a partition's projection from the newest checkpoint the log agrees with, plus replay "
+            "(the way out of RecoveryRequired; `keyload run` must be stopped)",
+        ),
     ):
         op = sub.add_parser(name, parents=[common], help=text)
         op.add_argument("--partition", type=int)
@@ -1055,11 +1139,22 @@ def build_parser() -> argparse.ArgumentParser:
                 "--from-checkpoint",
                 help="'latest' or a checkpoint offset (default: replay from offset 0)",
             )
-        if name in ("replay", "drill"):
+        if name in ("replay", "drill", "restore"):
             op.add_argument("--quiet", action="store_true", help="no progress bar")
 
-    status = sub.add_parser("status", parents=[common], help="log ends, applied offsets, checkpoints")
+    status = sub.add_parser(
+        "status", parents=[common], help="per partition: log range, applied offset, checkpoints, poison, halts"
+    )
     status.set_defaults(func=cmd_status)
+    poison = sub.add_parser("poison", help="records no command could be read from").add_subparsers(
+        dest="action", required=True
+    )
+    poison_list = poison.add_parser(
+        "list", parents=[common], help="poison entries: offset, reason, size, first bytes as hex (JSON)"
+    )
+    poison_list.add_argument("--partition", type=int, help="default: every partition")
+    poison_list.add_argument("--limit", type=_positive, default=DEFAULT_POISON_LIMIT, help="most entries listed")
+    poison_list.set_defaults(func=cmd_poison_list)
 
     log = sub.add_parser("log", help="the command log").add_subparsers(dest="action", required=True)
     truncate = log.add_parser(
@@ -1083,19 +1178,7 @@ def main(argv: list[str] | None = None) -> int:
     except CommandRejected as exc:
         print(f"keyload: rejected: {exc}", file=sys.stderr)
         return EXIT_FAILED
-    except (
-        KeyloadError,
-        DataDirError,
-        KeyringError,
-        RecoveryError,
-        StoreError,
-        CheckpointError,
-        CatalogError,
-        LogError,
-        CodecError,
-        OSError,
-        ValueError,
-    ) as exc:
+    except (KeyloadError, OSError, ValueError) as exc:  # KeyloadError: the root of every keyload error
         print(f"keyload: {exc}", file=sys.stderr)
         return EXIT_FAILED
     except KeyboardInterrupt:

@@ -2,25 +2,32 @@
 
 from __future__ import annotations
 
+import itertools
 import os
+import re
 import tempfile
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, TypeVar, Unpack
 
+from fastavro.validation import validate
+
 from keyload.datadir import DataDir
 from keyload.doorbell import Doorbell
-from keyload.log.base import partition_for
+from keyload.log.base import LogError, partition_for
 from keyload.log.codec import REGISTRY
+from keyload.log.file_log import DEFAULT_CONFIG as FILE_LOG_CONFIG
 from keyload.payloads import PayloadGateway, Progress, digest_of, staged_source
 from keyload.processors import limits
+from keyload.projections import keys
+from keyload.projections.store import Store
 from keyload.ticker import domain_for_partition
 
 from .consumer import DEFAULT_WAIT_MS, ConsumeStats, Handled, WorkOptions, consume, subscribe
-from .errors import CommandRejected, KeyloadError, OutcomeTimeout, rejection
+from .errors import CommandRejected, CommandTooLarge, InvalidCommand, KeyloadError, OutcomeTimeout, rejection
 from .results import (
     AckBatchResult,
     ActiveKeys,
@@ -46,7 +53,9 @@ from .results import (
     Mutation,
     Outcome,
     PayloadReservation,
+    PoisonEntry,
     ProcessingResult,
+    PublishEvents,
     PublishResult,
     QueuePolicy,
     QueueView,
@@ -67,6 +76,73 @@ OUTCOME_READ_BATCH = 256
 
 T = TypeVar("T")
 MAX_LANES = 8
+COMMAND = "keyload.Command"
+# Both logs accept records up to the file log's limit (log/kafka_log.py MAX_RECORD_BYTES).
+MAX_COMMAND_BYTES = FILE_LOG_CONFIG.max_record_bytes
+POISON_PREVIEW_BYTES = 32  # how much of a poison record `poison_entries` returns
+DEFAULT_POISON_LIMIT = 100
+SHOWN_NAME_CHARS = 64  # of a caller's kind or event id quoted back in a client-side message
+_FIELDS_SHOWN = 3
+# A publish's refusal names events by index (a stored detail never echoes client-chosen strings);
+# the client maps them back to the ids it was given.
+_EVENT_INDEXES = re.compile(r"(?P<word>events?) (?P<first>\d+)(?: and (?P<second>\d+))?\b")
+
+
+def _command_kinds() -> frozenset[str]:
+    body = next(f for f in REGISTRY.schema(COMMAND)["fields"] if f["name"] == "body")
+    return frozenset(branch["name"] for branch in body["type"])
+
+
+COMMAND_KINDS = _command_kinds()
+
+
+def _shown(name: str) -> str:
+    """A caller's own name, quoted and cut short for an error message."""
+    return repr(name if len(name) <= SHOWN_NAME_CHARS else name[:SHOWN_NAME_CHARS] + "…")
+
+
+def _mismatched_fields(envelope: dict[str, Any]) -> str:
+    """Which schema fields a command does not match, named by schema path (never by value)."""
+    try:
+        validate(envelope, REGISTRY.schema(COMMAND), raise_errors=True)
+    except Exception as exc:  # fastavro's ValidationError, or anything a value makes it raise
+        found = sorted({str(error.field) for error in getattr(exc, "errors", ()) if getattr(error, "field", None)})
+        if found:
+            more = f" and {len(found) - _FIELDS_SHOWN} more" if len(found) > _FIELDS_SHOWN else ""
+            return f" at {', '.join(found[:_FIELDS_SHOWN])}{more}"
+    return ""
+
+
+def encode_command(envelope: dict[str, Any]) -> bytes:
+    """The command's log record; InvalidCommand (short, nothing echoed but names) when it cannot be one."""
+    kind = envelope["body"][0]
+    if not isinstance(kind, str) or kind not in COMMAND_KINDS:
+        shown = _shown(kind) if isinstance(kind, str) else type(kind).__name__
+        raise InvalidCommand(f"unknown command kind {shown}; nothing was appended")
+    try:
+        value = REGISTRY.encode(COMMAND, envelope)
+    except Exception:  # fastavro raises ValueError, TypeError, ... whose text may hold the schema or the body
+        where = _mismatched_fields(envelope)
+        raise InvalidCommand(f"{kind} does not match its schema{where}; nothing was appended") from None
+    if len(value) > MAX_COMMAND_BYTES:
+        raise CommandTooLarge(
+            f"the command is {len(value)} bytes, over the log's record limit of {MAX_COMMAND_BYTES} bytes; "
+            "nothing was appended"
+        )
+    return value
+
+
+def _naming_events(outcome: Outcome, events: Sequence[Event], prefix: str = "") -> CommandRejected:
+    """The rejection of a publish, its message naming events by the ids the caller gave rather than by
+    their index in the command; `prefix` is where the detail names them (a batch's "mutation N: ")."""
+    detail = outcome.detail
+    match = _EVENT_INDEXES.match(detail, len(prefix)) if detail.startswith(prefix) else None
+    if match is not None:
+        indexes = [int(found) for found in (match["first"], match["second"]) if found is not None]
+        if all(index < len(events) for index in indexes):
+            named = " and ".join(_shown(events[index].event_id) for index in indexes)
+            detail = f"{detail[: match.start()]}{match['word']} {named}{detail[match.end() :]}"
+    return rejection(outcome, f"{outcome.error_code}: {detail}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,14 +170,14 @@ def _group_start(start: Literal["beginning", "end"] | int) -> tuple[str, int | N
     if isinstance(start, int):
         return "position", start
     if start not in ("beginning", "end"):
-        raise ValueError('a group start is "beginning", "end" or a position')
+        raise InvalidCommand('a group start is "beginning", "end" or a position')
     return start, None
 
 
 def check_command_id(command_id: str) -> None:
     """The processor's rule, checked before appending: a bad id would never get an outcome."""
     if not 1 <= len(command_id) <= limits.MAX_COMMAND_ID_CHARS or not limits.ID_PATTERN.fullmatch(command_id):
-        raise ValueError(f"command id must be 1..{limits.MAX_COMMAND_ID_CHARS} printable ASCII characters")
+        raise InvalidCommand(f"command id must be 1..{limits.MAX_COMMAND_ID_CHARS} printable ASCII characters")
 
 
 class Client:
@@ -134,7 +210,8 @@ class Client:
             int.from_bytes(os.urandom(2), "big") % partitions if reply_partition is None else reply_partition
         )
         if not 0 <= self.reply_partition < partitions:
-            raise ValueError(f"reply_partition must be 0..{partitions - 1}")
+            self.close()
+            raise InvalidCommand(f"reply_partition must be 0..{partitions - 1}")
 
     def close(self) -> None:
         self._commands.close()
@@ -158,7 +235,11 @@ class Client:
         command_id: str | None = None,
         timeout_s: float | None = None,
     ) -> Outcome:
-        """Append one command and wait for its outcome (committed or rejected)."""
+        """Append one command and wait for its outcome (committed or rejected).
+
+        A command that cannot be appended as given (unknown `kind`, a `body` that does not match the
+        kind's schema, over the log's record limit, a bad command id) raises `InvalidCommand` and
+        appends nothing."""
         command_id = command_id or str(uuid.uuid4())
         check_command_id(command_id)
         envelope = {
@@ -169,7 +250,7 @@ class Client:
             "reply_to": self.reply_partition,
             "client_time_ms": time.time_ns() // 1_000_000,
         }
-        value = REGISTRY.encode("keyload.Command", envelope)
+        value = encode_command(envelope)
         if self._cursor is None:
             self._cursor = self._outcomes.end_offset(self.reply_partition)
         self._commands.append(partition_for(domain, self.data.partitions), [value])
@@ -329,7 +410,7 @@ class Client:
         not_attempted (the overall timeout ran out before its turn).
         """
         if not 1 <= len(lanes) <= MAX_LANES:
-            raise ValueError(f"receive_across takes 1..{MAX_LANES} lanes")
+            raise InvalidCommand(f"receive_across takes 1..{MAX_LANES} lanes")
         request_id = request_id or str(uuid.uuid4())
         check_command_id(f"{request_id}.{len(lanes) - 1}")
         deadline = time.monotonic() + (self.timeout_s if timeout_s is None else timeout_s)
@@ -523,10 +604,14 @@ class Client:
 
         An event id already in the topic refuses the whole command: with the same
         content `DuplicateEventIdError` (its detail names the original position),
-        with other content `ConflictError`.
+        with other content `ConflictError`. The exception's message names the event by the id
+        given here (`outcome.detail`, as stored, by its index in `events`).
         """
         body = {"topic": topic, "events": [event.to_record() for event in events]}
-        return self._result(self.submit(domain, "keyload.command.Publish", body, command_id), PublishResult)
+        outcome = self.submit(domain, "keyload.command.Publish", body, command_id)
+        if outcome.status != "committed":
+            raise _naming_events(outcome, events)
+        return self._result(outcome, PublishResult)
 
     def read_topic(
         self,
@@ -767,7 +852,13 @@ class Client:
     def batch(self, domain: str, mutations: Sequence[Mutation], *, command_id: str | None = None) -> BatchResult:
         """Apply `mutations` in order, all or nothing; a refusal names the failing one (`failed_index`)."""
         body = {"mutations": [mutation_record(m) for m in mutations]}
-        return self._result(self.submit(domain, "keyload.command.Batch", body, command_id), BatchResult)
+        outcome = self.submit(domain, "keyload.command.Batch", body, command_id)
+        failed = outcome.failed_index
+        if outcome.status != "committed" and failed is not None and failed < len(mutations):
+            refused = mutations[failed]
+            if isinstance(refused, PublishEvents):
+                raise _naming_events(outcome, refused.events, f"mutation {failed}: ")
+        return self._result(outcome, BatchResult)
 
     def complete_processing(
         self,
@@ -940,7 +1031,7 @@ class Client:
     def read_payload(self, delivery: Delivery, into: os.PathLike[str] | None = None) -> bytes | None:
         """A large delivery's bytes (verified against its SHA-256); with `into`, written to that file."""
         if delivery.payload is None or delivery.payload.read_handle is None:
-            raise ValueError("the delivery has no large payload: its bytes are in `body`")
+            raise InvalidCommand("the delivery has no large payload: its bytes are in `body`")
         if into is not None:
             self.payloads.read(delivery.payload.read_handle, Path(into))
             return None
@@ -973,6 +1064,56 @@ class Client:
         self.data.check_partition(partition)
         return self.submit(domain_for_partition(partition, self.data.partitions), kind, body, command_id)
 
+    def poison_entries(self, partition: int | None = None, *, limit: int = DEFAULT_POISON_LIMIT) -> list[PoisonEntry]:
+        """Command-log records no command could be read from (undecodable bytes, an unknown schema, a
+        bad command id), as the processors recorded them: skipped, never retried, never answered.
+
+        In partition then offset order, at most `limit`; every partition, or one. Read straight from
+        this data directory's projections (read-only: `keyload run` may be serving them), so in Kafka
+        mode only the partitions whose projections live here. Each entry carries the record's first
+        bytes while the log still holds it.
+        """
+        if limit < 1:
+            raise InvalidCommand("limit must be >= 1")
+        if partition is not None:
+            self.data.check_partition(partition)
+        entries: list[PoisonEntry] = []
+        for number in range(self.data.partitions) if partition is None else [partition]:
+            path = self.data.projection(number)
+            if len(entries) == limit:
+                break
+            if not path.is_dir():
+                continue  # never served yet: nothing recorded
+            store = Store(path, read_only=True)
+            try:
+                rows = list(itertools.islice(poison_rows(store), limit - len(entries)))
+            finally:
+                store.close()
+            for _, value in rows:
+                record = REGISTRY.decode("keyload.PoisonEntry", value)
+                entries.append(
+                    PoisonEntry(
+                        partition=number,
+                        offset=record["offset"],
+                        timestamp_ms=record["timestamp_ms"],
+                        size=record["length"],
+                        sha256=record["sha256"].hex(),
+                        reason=record["reason"],
+                        first_bytes=self._record_start(number, record["offset"]),
+                    )
+                )
+        return entries
+
+    def _record_start(self, partition: int, offset: int) -> bytes | None:
+        """The first bytes of a command-log record; None once it is truncated away or unreadable."""
+        try:
+            records = self._commands.read(partition, offset, 1)
+        except LogError:
+            return None
+        if not records or records[0].offset != offset:
+            return None
+        return records[0].value[:POISON_PREVIEW_BYTES]
+
     # -- retention (the GC worker's commands, keyload/gc.py) ---------------------------------
 
     def list_retention(
@@ -1002,3 +1143,8 @@ class Client:
     def request_checkpoint(self, partition: int, *, command_id: str | None = None) -> CheckpointResult:
         """Ask the partition's runtime for a checkpoint at this command's offset."""
         return self._result(self._submit_to(partition, "keyload.command.Checkpoint", {}, command_id), CheckpointResult)
+
+
+def poison_rows(store: Store) -> Iterator[tuple[bytes, bytes]]:
+    """A projection's poison entries (key family `p`), in offset order."""
+    return store.scan(keys.POISON, keys.prefix_end(keys.POISON))

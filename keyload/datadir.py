@@ -18,13 +18,15 @@ projections) with the same Kafka settings, a copy of the same keyring, and one
 shared object store: a folder on shared storage, or an S3 bucket. S3 credentials
 never go into keyload.json: boto3's usual chain (AWS_* environment variables,
 profiles, instance roles) provides them, so a data directory can be copied safely.
+
+A data directory keyload creates is mode 0700, and keyload.json and keyring.json
+(a `--keyring-from` copy too) are 0600, written so that no wider mode ever exists.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import shutil
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, TypeAlias
@@ -32,6 +34,7 @@ from typing import Any, TypeAlias
 from keyload import keyring
 from keyload.catalog import CheckpointCatalog, FileCatalog, KafkaCatalog
 from keyload.checkpoints import CheckpointPolicy, Checkpoints
+from keyload.errors import KeyloadError
 from keyload.log.base import CommandLog
 from keyload.log.file_log import FileLog, FileLogConfig, FsyncPolicy
 from keyload.log.kafka_log import KafkaLog, KafkaSettings
@@ -42,9 +45,10 @@ DEFAULT_OUTCOME_PARTITIONS = 8
 MAX_PARTITIONS = 1024
 FORMAT = 1
 CONFIG = "keyload.json"
+DIRECTORY_MODE = 0o700  # a data directory keyload creates: the owner only (its files are 0600)
 
 
-class DataDirError(Exception):
+class DataDirError(KeyloadError):
     """The data directory is missing, unreadable or of another format."""
 
 
@@ -132,6 +136,7 @@ class DataDir:
         path (short for `FileStoreConfig`); None is the folder DATA/objects.
         `keyring_from` copies an existing keyring file (every processor over one log
         needs the same keys); otherwise a new keyring with one random key is made.
+        A directory it makes is mode 0700; keyload.json and keyring.json are 0600.
         An existing directory must not be asked for other Kafka settings.
         """
         path = Path(root)
@@ -143,7 +148,27 @@ class DataDir:
         for count in (partitions, outcome_partitions):
             if not 1 <= count <= MAX_PARTITIONS:
                 raise DataDirError(f"partition counts must be 1..{MAX_PARTITIONS}")
-        path.mkdir(parents=True, exist_ok=True)
+        try:
+            DataDir._create(path, partitions, outcome_partitions, kafka, object_store, keyring_from)
+        except OSError as exc:
+            raise DataDirError(f"cannot create the data directory {path}: {exc.strerror or exc}") from exc
+        return DataDir.open(path)
+
+    @staticmethod
+    def _create(
+        path: Path,
+        partitions: int,
+        outcome_partitions: int,
+        kafka: KafkaConfig | None,
+        object_store: ObjectStoreConfig | str | os.PathLike[str] | None,
+        keyring_from: Path | None,
+    ) -> None:
+        try:
+            path.mkdir(DIRECTORY_MODE, parents=True)
+        except FileExistsError:
+            pass  # a folder the caller made keeps its mode
+        else:
+            os.chmod(path, DIRECTORY_MODE)  # exactly 0700, whatever the umask
         config: dict[str, Any] = {
             "format": FORMAT,
             "partitions": partitions,
@@ -161,14 +186,11 @@ class DataDir:
         elif object_store is not None:
             folder = object_store.root if isinstance(object_store, FileStoreConfig) else Path(object_store)
             config["object_store"] = str(folder.resolve())
-        temporary = path / (CONFIG + ".tmp")
-        temporary.write_text(json.dumps(config, indent=2) + "\n", "utf-8")
         if keyring_from is not None:
-            shutil.copyfile(keyring_from, path / keyring.FILE)
-            keyring.load(path)  # a copied file must be a keyring
+            keyring.copy(keyring_from, path)  # checked to be a keyring first
         keyring.create(path)
-        os.replace(temporary, path / CONFIG)
-        return DataDir.open(path)
+        # Written last: a directory with keyload.json is complete.
+        keyring.write_private(path / CONFIG, (json.dumps(config, indent=2) + "\n").encode("utf-8"))
 
     def describe_log(self) -> str:
         if self.kafka is None:

@@ -1,4 +1,45 @@
-"""Typed exceptions for rejected commands, one per error code."""
+"""Every exception the SDK and the CLI raise derives from `KeyloadError`.
+
+Catch `KeyloadError` to handle anything keyload refuses or cannot do; messages
+are one short line and never echo bodies, tokens or key material. The
+hierarchy (each class lives in the module named; the base classes of
+subsystems other than the SDK are defined there so that those modules stay
+free of SDK imports):
+
+    KeyloadError                          keyload.errors
+    ├── CommandRejected                   the command was applied and rejected (`outcome` is its receipt)
+    │   └── ValidationError, NotFoundError, ConflictError, ... one per error code (`BY_CODE`)
+    ├── OutcomeTimeout                    no outcome in time: resubmit with the same command id
+    ├── InvalidCommand (also ValueError)  refused by the client before appending: nothing was appended
+    │   └── CommandTooLarge               the encoded command is over the log's record limit
+    ├── DataDirError                      keyload.datadir: the data directory is missing or unreadable
+    ├── KeyringError                      keyload.keyring: the keyring file is missing or malformed
+    ├── LogError                          keyload.log.base: the log cannot serve the request
+    │   ├── LogCorruption                 a record inside a partition fails its checksum
+    │   └── TopicMismatch                 keyload.log.kafka_log: Kafka topics not as configured
+    ├── CodecError                        keyload.log.codec: bytes that are not the expected Avro value
+    │   └── UnknownSchema                 an unknown writer schema fingerprint
+    ├── StoreError                        keyload.projections.store: a projection cannot be opened or written
+    ├── CheckpointError                   keyload.checkpoints: a checkpoint cannot be found, fetched or published
+    ├── CatalogError                      keyload.catalog: the checkpoint catalog cannot be read or written
+    │   └── NotPublished                  a pin names an offset that is not a published checkpoint
+    ├── RecoveryError                     keyload.recovery: a replay or drill cannot run as asked
+    ├── ObjectStoreError                  keyload.object_store: the object store cannot serve the request
+    │   └── ObjectConflict, ObjectCorrupt
+    ├── PayloadError                      keyload.payloads: a large payload cannot be uploaded or read
+    │   └── PayloadConflict
+    ├── AlreadyServed                     keyload.service: another `keyload run` serves the data directory
+    ├── Stalled                           keyload.runtime: a partition could not make its group durable
+    └── UsageError                        keyload.cli: bad command-line input (the CLI exits 2)
+
+The CLI prints any of them as one line, `keyload: <message>` on stderr, and exits 1
+(2 for a UsageError).
+
+Not part of it: the processors' internal signals (`keyload.processors`:
+`Rejected`, `Corruption`, `MissingKey`, `HandleError`), which the runtime turns
+into outcomes, halts or one of the errors above, and the development servers'
+`DevServerError` (tests and benchmarks only).
+"""
 
 from __future__ import annotations
 
@@ -9,7 +50,21 @@ if TYPE_CHECKING:
 
 
 class KeyloadError(Exception):
-    """Base of every error the SDK raises."""
+    """The root of every error the SDK and the CLI raise (the module docstring lists them)."""
+
+
+class InvalidCommand(KeyloadError, ValueError):
+    """The client refused the command before appending it: nothing was appended, so nothing was applied.
+
+    An unknown command kind, a body that does not match the kind's schema, a bad command id or
+    argument. Fix the call; a retry of the same call fails the same way. Also a `ValueError`.
+    """
+
+
+class CommandTooLarge(InvalidCommand):
+    """The encoded command is over the log's record limit: nothing was appended.
+
+    Send a large body through the object store (`Client.schedule_large`)."""
 
 
 class OutcomeTimeout(KeyloadError):
@@ -26,8 +81,10 @@ class CommandRejected(KeyloadError):
 
     code = ""
 
-    def __init__(self, outcome: Outcome) -> None:
-        super().__init__(f"{outcome.error_code}: {outcome.detail}")
+    def __init__(self, outcome: Outcome, message: str | None = None) -> None:
+        """`message` replaces the default "code: detail" text (the SDK names a batch's events by
+        their ids there); `outcome.detail` stays as the processor stored it."""
+        super().__init__(message or f"{outcome.error_code}: {outcome.detail}")
         self.outcome = outcome
 
     @property
@@ -113,5 +170,6 @@ BY_CODE: dict[str, type[CommandRejected]] = {
 }
 
 
-def rejection(outcome: Outcome) -> CommandRejected:
-    return BY_CODE.get(outcome.error_code or "", CommandRejected)(outcome)
+def rejection(outcome: Outcome, message: str | None = None) -> CommandRejected:
+    """The typed exception of a rejected outcome (`CommandRejected` itself for an unknown code)."""
+    return BY_CODE.get(outcome.error_code or "", CommandRejected)(outcome, message)

@@ -5,6 +5,7 @@
 Processors reference keys by id only (the active ids are partition state, set by
 the logged RotateKeys command). Keep every key a log still references: a replay
 needs them. Copy this file with the data directory when moving or restoring it.
+The file is written with mode 0600 (`write_private`), copies too (`copy`).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import json
 import os
 from pathlib import Path
 
+from keyload.errors import KeyloadError
 from keyload.processors.key_rotation import DEFAULT_KEY_ID
 from keyload.processors.limits import MAX_KEY_ID_CHARS
 
@@ -22,9 +24,10 @@ FILE = "keyring.json"
 FORMAT = 1
 KEY_BYTES = 32
 MIN_KEY_BYTES = 16
+PRIVATE_MODE = 0o600  # key material and the data directory's files: the owner only
 
 
-class KeyringError(Exception):
+class KeyringError(KeyloadError):
     """The keyring file is missing or malformed."""
 
 
@@ -34,15 +37,43 @@ def create(root: Path) -> None:
         _write(root, {DEFAULT_KEY_ID: base64.b64encode(os.urandom(KEY_BYTES)).decode("ascii")})
 
 
+def copy(source: Path, root: Path) -> None:
+    """Install a copy of the keyring file `source` as `root`'s keyring (mode 0600), once it reads as one."""
+    try:
+        data = source.read_bytes()
+    except OSError as exc:
+        raise KeyringError(f"cannot read {source}: {exc.strerror or exc}") from None
+    _parse(data, source)
+    write_private(root / FILE, data)
+
+
+def write_private(path: Path, data: bytes) -> None:
+    """Replace `path` with `data` atomically, readable by the owner only (0600) from the first byte.
+
+    The bytes go to a temporary created with mode 0600 (a leftover one is removed first: an
+    existing file would keep its mode), are fsynced, and the temporary is renamed over `path`.
+    """
+    temporary = path.with_name(path.name + ".tmp")
+    temporary.unlink(missing_ok=True)
+    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, PRIVATE_MODE)
+    try:
+        with os.fdopen(fd, "wb") as file:
+            file.write(data)
+            file.flush()
+            os.fsync(file.fileno())
+        os.replace(temporary, path)
+    except BaseException:
+        temporary.unlink(missing_ok=True)
+        raise
+    directory = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(directory)
+    finally:
+        os.close(directory)
+
+
 def _write(root: Path, keys: dict[str, str]) -> None:
-    temporary = root / (FILE + ".tmp")
-    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w", encoding="utf-8") as file:
-        json.dump({"format": FORMAT, "keys": keys}, file, indent=2)
-        file.write("\n")
-        file.flush()
-        os.fsync(file.fileno())
-    os.replace(temporary, root / FILE)
+    write_private(root / FILE, (json.dumps({"format": FORMAT, "keys": keys}, indent=2) + "\n").encode("utf-8"))
 
 
 def add(root: Path, key_id: str) -> None:
@@ -59,11 +90,20 @@ def add(root: Path, key_id: str) -> None:
 def load(root: Path) -> dict[str, bytes]:
     path = root / FILE
     try:
-        raw = json.loads(path.read_text("utf-8"))
+        data = path.read_bytes()
     except FileNotFoundError:
         raise KeyringError(f"no keyring at {path}") from None
-    except (OSError, ValueError) as exc:
-        raise KeyringError(f"cannot read {path}: {exc}") from exc
+    except OSError as exc:
+        raise KeyringError(f"cannot read {path}: {exc.strerror or exc}") from None
+    return _parse(data, path)
+
+
+def _parse(data: bytes, path: Path) -> dict[str, bytes]:
+    """The keys of a keyring file's bytes; KeyringError if they are not a keyring (never echoing them)."""
+    try:
+        raw = json.loads(data.decode("utf-8"))
+    except ValueError:
+        raise KeyringError(f"{path} is not a keyring (not JSON)") from None
     if not isinstance(raw, dict) or raw.get("format") != FORMAT or not isinstance(raw.get("keys"), dict):
         raise KeyringError(f"{path} is not a format {FORMAT} keyring")
     keyring = {}

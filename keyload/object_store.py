@@ -47,6 +47,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO, Protocol, TypeVar
 
+from keyload.errors import KeyloadError
+
 if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client
 
@@ -68,7 +70,7 @@ UPLOAD_SHA256 = "sha256"  # in an upload's folder: the declared SHA-256
 UPLOAD_PART_PREFIX = "part-"  # in an upload's folder: part-00001 ...
 
 
-class ObjectStoreError(Exception):
+class ObjectStoreError(KeyloadError):
     """The store cannot serve the request (I/O failure, bad key, missing object)."""
 
 

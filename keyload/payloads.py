@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
+from keyload.errors import KeyloadError
 from keyload.object_store import MAX_UPLOAD_PARTS, ObjectConflict, ObjectStore, ObjectStoreError, ObjectVersion
 from keyload.processors import proofs
 from keyload.processors.handles import HandleError, ReadHandle, UploadHandle, issue, open_handle
@@ -40,7 +41,7 @@ Progress = Callable[[int, int], object]  # (bytes uploaded so far, total)
 T = TypeVar("T")
 
 
-class PayloadError(Exception):
+class PayloadError(KeyloadError):
     """A payload cannot be uploaded, attested or read as asked (bad handle, wrong bytes, missing object)."""
 
 

@@ -774,6 +774,24 @@ _RESULTS: dict[str, Any] = {
 
 
 @dataclass(frozen=True, slots=True)
+class PoisonEntry:
+    """A command-log record no command could be read from: recorded by its partition's processor,
+    skipped, never retried and never answered (there was no command id to answer).
+
+    `size` is the record's length in bytes, `sha256` its SHA-256 (hex), `reason` why it could not be
+    read; `first_bytes` are its first bytes (up to 32) while the log still holds it, else None.
+    """
+
+    partition: int
+    offset: int
+    timestamp_ms: int
+    size: int
+    sha256: str
+    reason: str
+    first_bytes: bytes | None
+
+
+@dataclass(frozen=True, slots=True)
 class Outcome:
     """The durable receipt of one command."""
 

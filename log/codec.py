@@ -17,6 +17,8 @@ from typing import Any
 from fastavro import parse_schema, schemaless_reader, schemaless_writer
 from fastavro.schema import fingerprint, load_schema, to_parsing_canonical_form
 
+from keyload.errors import KeyloadError
+
 MAGIC = b"\xc3\x01"
 HEADER_BYTES = 10
 
@@ -42,7 +44,7 @@ TOP_LEVEL = (
 Record = dict[str, Any]
 
 
-class CodecError(Exception):
+class CodecError(KeyloadError):
     """Bytes that are not a readable single-object encoded value of the expected type."""
 
 

@@ -1,0 +1,199 @@
+"""What an operator sees: `keyload status` per partition (empty, halted, corrupt, poison), `keyload poison
+list` after another process appended garbage to the command log, and the modes of a new data directory."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import stat
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from keyload import Client, keyring
+from keyload.cli import main
+from keyload.halts import Halt, record_halt
+from keyload.log.base import LogCorruption
+from keyload.log.file_log import HEADER_BYTES, FileLog
+from keyload.results import PoisonEntry
+
+from .support import keyload_command
+
+GARBAGE = b"\x00not Avro: what a producer in another language might write by mistake"
+UNKNOWN_SCHEMA = b"\xc3\x01" + bytes(8) + b"\x02body"
+
+
+def keyload_main(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
+    """`keyload ARGS` in this process: exit code, stdout, stderr."""
+    code = main(list(args))
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def run_until_idle(data: Path, *args: str, umask: int | None = None) -> subprocess.CompletedProcess[str]:
+    """`keyload run --until-idle` in its own process (no GC worker: it would append commands of its own)."""
+    result = subprocess.run(
+        keyload_command("run", "--data", str(data), "--until-idle", "--gc-interval-s", "0", *args),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        preexec_fn=None if umask is None else lambda: os.umask(umask),
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    return result
+
+
+def append_raw(data: Path, partitions: int, partition: int, *values: bytes) -> None:
+    """Append records to the command log as another process would: bytes, no client."""
+    log = FileLog(data / "log" / "commands", partitions)
+    try:
+        log.append(partition, list(values))
+    finally:
+        log.close()
+
+
+def test_poison_list_shows_records_another_process_appended(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    data = tmp_path / "data"
+    run_until_idle(data, "--partitions", "2")
+    append_raw(data, 2, 1, GARBAGE, UNKNOWN_SCHEMA)
+    run_until_idle(data)
+
+    code, out, err = keyload_main(capsys, "poison", "list", "--data", str(data))
+    assert (code, err) == (0, "")
+    listed = json.loads(out)
+    assert all(isinstance(entry.pop("timestamp_ms"), int) for entry in listed)
+    assert listed == [
+        {
+            "partition": 1,
+            "offset": 0,
+            "reason": "not an Avro single-object encoded value",
+            "size": len(GARBAGE),
+            "sha256": hashlib.sha256(GARBAGE).hexdigest(),
+            "first_bytes_hex": GARBAGE[:32].hex(),
+        },
+        {
+            "partition": 1,
+            "offset": 1,
+            "reason": "unknown writer schema fingerprint 0000000000000000",
+            "size": len(UNKNOWN_SCHEMA),
+            "sha256": hashlib.sha256(UNKNOWN_SCHEMA).hexdigest(),
+            "first_bytes_hex": UNKNOWN_SCHEMA.hex(),
+        },
+    ]
+    code, out, _ = keyload_main(capsys, "poison", "list", "--data", str(data), "--partition", "1", "--limit", "1")
+    assert code == 0 and [entry["offset"] for entry in json.loads(out)] == [0]
+    code, out, _ = keyload_main(capsys, "poison", "list", "--data", str(data), "--partition", "0")
+    assert (code, json.loads(out)) == (0, [])
+    code, out, err = keyload_main(capsys, "poison", "list", "--data", str(data), "--partition", "2")
+    assert (code, out, err) == (1, "", "keyload: partition must be 0..1\n")
+
+    # The same from the SDK, typed.
+    with Client(data) as client:
+        [first, second] = client.poison_entries()
+        assert client.poison_entries(0) == [] and client.poison_entries(limit=1) == [first]
+    assert first == PoisonEntry(
+        partition=1,
+        offset=0,
+        timestamp_ms=first.timestamp_ms,
+        size=len(GARBAGE),
+        sha256=hashlib.sha256(GARBAGE).hexdigest(),
+        reason="not an Avro single-object encoded value",
+        first_bytes=GARBAGE[:32],
+    )
+    assert (second.offset, second.first_bytes) == (1, UNKNOWN_SCHEMA)
+
+    code, out, _ = keyload_main(capsys, "status", "--data", str(data))
+    assert code == 0
+    assert out.splitlines()[1:] == [
+        "  p0: log empty, applied nothing, lag 0, no checkpoints, recovery floor none, poison 0",
+        "  p1: log 0..1, applied through 1, lag 0, no checkpoints, recovery floor none, poison 2",
+    ]
+
+
+def test_status_names_an_empty_a_halted_and_a_corrupt_partition(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    data = tmp_path / "data"
+    run_until_idle(data, "--partitions", "3")
+    append_raw(data, 3, 1, GARBAGE)
+    append_raw(data, 3, 2, GARBAGE, GARBAGE + b"!")
+    run_until_idle(data)
+    # Partition 1 halts (as `keyload run` records it); partition 2's first frame is damaged afterwards.
+    record_halt(data, Halt(1, 1, "Corruption: queue 7 counter ready would go negative"))
+    [segment] = (data / "log" / "commands" / "p-0002").glob("*.seg")
+    damaged = bytearray(segment.read_bytes())
+    damaged[HEADER_BYTES + 3] ^= 0xFF
+    segment.write_bytes(bytes(damaged))
+    log = FileLog(data / "log" / "commands", 3)
+    with pytest.raises(LogCorruption) as corruption:
+        log.end_offset(2)
+    log.close()
+
+    code, out, err = keyload_main(capsys, "status", "--data", str(data))
+    assert (code, err) == (0, "")
+    assert out.splitlines() == [
+        f"{data}: embedded file log, 3 partitions, 8 outcome partitions",
+        "  p0: log empty, applied nothing, lag 0, no checkpoints, recovery floor none, poison 0",
+        "  p1: log 0..0, applied through 0, lag 0, no checkpoints, recovery floor none, poison 1, "
+        "HALTED at offset 1: Corruption: queue 7 counter ready would go negative",
+        "  p2: log unreadable, applied through 1, lag unknown, no checkpoints, recovery floor none, poison 2, "
+        f"LOG CORRUPT: {corruption.value}",
+    ]
+    partitions = "\n".join(out.splitlines()[1:])
+    assert "None" not in partitions and "-1" not in partitions
+
+
+def test_status_before_any_run_reads_as_nothing_yet(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    data = tmp_path / "data"
+    assert keyload_main(capsys, "poison", "list", "--data", str(data))[0] == 1  # no data directory yet
+    from keyload.datadir import DataDir
+
+    DataDir.create(data, 1)
+    code, out, _ = keyload_main(capsys, "status", "--data", str(data))
+    assert code == 0
+    assert out.splitlines()[1:] == [
+        "  p0: log empty, applied nothing, lag 0, no checkpoints, recovery floor none, poison 0"
+    ]
+    assert keyload_main(capsys, "poison", "list", "--data", str(data)) == (0, "[]\n", "")
+
+
+def mode(path: Path) -> int:
+    return stat.S_IMODE(path.stat().st_mode)
+
+
+def test_a_new_data_directory_and_its_key_material_are_private(tmp_path: Path) -> None:
+    first = tmp_path / "node-a"
+    run_until_idle(first, "--partitions", "1", umask=0)
+    shared = tmp_path / "shared-keyring.json"  # handed around with a world-readable mode
+    shared.write_bytes((first / keyring.FILE).read_bytes())
+    shared.chmod(0o644)
+
+    second = tmp_path / "node-b"
+    run_until_idle(second, "--partitions", "1", "--keyring-from", str(shared), umask=0)
+    for node in (first, second):
+        assert mode(node) == 0o700, node
+        assert mode(node / keyring.FILE) == 0o600, node
+        assert mode(node / "keyload.json") == 0o600, node
+        assert not list(node.glob("*.tmp"))
+    assert keyring.load(second) == keyring.load(first)
+    assert mode(shared) == 0o644  # the source is left as it is
+
+    keyring.add(second, "k1")  # rewriting the keyring keeps it private
+    assert mode(second / keyring.FILE) == 0o600 and "k1" in keyring.load(second)
+
+    # A file that is not a keyring is refused before anything is created.
+    (tmp_path / "not-a-keyring.json").write_text('{"format": 1, "keys": {"k0": "c2hvcnQ="}}')
+    refused = subprocess.run(
+        keyload_command(
+            "run", "--data", str(tmp_path / "node-c"), "--keyring-from", str(tmp_path / "not-a-keyring.json")
+        ),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert refused.returncode == 1 and refused.stderr.count("\n") == 1, refused.stderr
+    assert "shorter than 16 bytes" in refused.stderr and "c2hvcnQ" not in refused.stderr
+    assert not (tmp_path / "node-c" / "keyload.json").exists()
+    assert not (tmp_path / "node-c" / keyring.FILE).exists()
