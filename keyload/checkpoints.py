@@ -89,6 +89,18 @@ class Checkpoints:
     def __exit__(self, *_: object) -> None:
         self.close()
 
+    def clear_abandoned_takes(self) -> int:
+        """Delete the scratch folders of takes a killed service left behind; returns how many.
+
+        They hold hard links to projection files RocksDB has since deleted, so the
+        space stays used until they go. Only the serving process takes
+        checkpoints, so at its start none is in progress.
+        """
+        abandoned = list(self.scratch.glob("take-p*")) if self.scratch.is_dir() else []
+        for folder in abandoned:
+            shutil.rmtree(folder, ignore_errors=True)
+        return len(abandoned)
+
     def take(self, store: Store, partition: int) -> CatalogEntry:
         """Checkpoint the projection at its applied offset, store it, publish it, retire the oldest.
 

@@ -130,6 +130,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         kafka=kafka,
         object_store=_object_store(args),
         keyring_from=args.keyring_from,
+        segment_bytes=args.segment_bytes,
     )
     settings = ServiceSettings(
         checkpoints=CheckpointPolicy(args.checkpoint_every, args.checkpoint_interval_s, args.checkpoint_retain),
@@ -961,6 +962,11 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--s3-endpoint", metavar="URL", help="S3 endpoint of an s3:// --object-store (default AWS)")
     run.add_argument("--s3-region", metavar="NAME", help="S3 region of an s3:// --object-store")
     run.add_argument("--keyring-from", type=Path, help="copy this keyring file when creating --data")
+    run.add_argument(
+        "--segment-bytes",
+        type=_positive,
+        help="the embedded command log's segment size in bytes, fixed when creating --data (default 64 MiB)",
+    )
     run.add_argument(
         "--session-timeout-ms",
         type=_positive,

@@ -36,6 +36,7 @@ from keyload.catalog import CheckpointCatalog, FileCatalog, KafkaCatalog
 from keyload.checkpoints import CheckpointPolicy, Checkpoints
 from keyload.errors import KeyloadError
 from keyload.log.base import CommandLog
+from keyload.log.file_log import DEFAULT_CONFIG as DEFAULT_FILE_LOG
 from keyload.log.file_log import FileLog, FileLogConfig, FsyncPolicy
 from keyload.log.kafka_log import KafkaLog, KafkaSettings
 from keyload.object_store import FileObjectStore, ObjectStore, S3ObjectStore
@@ -43,6 +44,9 @@ from keyload.object_store import FileObjectStore, ObjectStore, S3ObjectStore
 DEFAULT_PARTITIONS = 4
 DEFAULT_OUTCOME_PARTITIONS = 8
 MAX_PARTITIONS = 1024
+DEFAULT_SEGMENT_BYTES = DEFAULT_FILE_LOG.segment_bytes  # 64 MiB
+MIN_SEGMENT_BYTES = 4096  # a segment holds many records (a record still fits a segment of its own)
+MAX_SEGMENT_BYTES = 2**31
 FORMAT = 1
 CONFIG = "keyload.json"
 DIRECTORY_MODE = 0o700  # a data directory keyload creates: the owner only (its files are 0600)
@@ -93,6 +97,8 @@ class DataDir:
     outcome_partitions: int
     kafka: KafkaConfig | None = None
     object_store_config: ObjectStoreConfig | None = None  # None: a folder, DATA/objects
+    # The embedded command log's segment size: every appender of the directory must agree on it.
+    segment_bytes: int = DEFAULT_SEGMENT_BYTES
 
     @staticmethod
     def open(root: str | os.PathLike[str]) -> DataDir:
@@ -119,6 +125,7 @@ class DataDir:
             _count(raw, "outcome_partitions", path),
             kafka_config,
             _object_store_config(raw.get("object_store"), path),
+            _segment_bytes(raw.get("file_log", {}), path),
         )
 
     @staticmethod
@@ -129,8 +136,12 @@ class DataDir:
         kafka: KafkaConfig | None = None,
         object_store: ObjectStoreConfig | str | os.PathLike[str] | None = None,
         keyring_from: Path | None = None,
+        segment_bytes: int | None = None,
     ) -> DataDir:
         """Open `root`, creating it with the given settings if it is new.
+
+        `segment_bytes` is the embedded command log's segment size (default 64 MiB;
+        MIN_SEGMENT_BYTES..MAX_SEGMENT_BYTES), fixed at creation.
 
         `object_store` is where checkpoint (and payload) objects go: a config, or a folder
         path (short for `FileStoreConfig`); None is the folder DATA/objects.
@@ -148,8 +159,10 @@ class DataDir:
         for count in (partitions, outcome_partitions):
             if not 1 <= count <= MAX_PARTITIONS:
                 raise DataDirError(f"partition counts must be 1..{MAX_PARTITIONS}")
+        if segment_bytes is not None and not MIN_SEGMENT_BYTES <= segment_bytes <= MAX_SEGMENT_BYTES:
+            raise DataDirError(f"segment bytes must be {MIN_SEGMENT_BYTES}..{MAX_SEGMENT_BYTES}")
         try:
-            DataDir._create(path, partitions, outcome_partitions, kafka, object_store, keyring_from)
+            DataDir._create(path, partitions, outcome_partitions, kafka, object_store, keyring_from, segment_bytes)
         except OSError as exc:
             raise DataDirError(f"cannot create the data directory {path}: {exc.strerror or exc}") from exc
         return DataDir.open(path)
@@ -162,6 +175,7 @@ class DataDir:
         kafka: KafkaConfig | None,
         object_store: ObjectStoreConfig | str | os.PathLike[str] | None,
         keyring_from: Path | None,
+        segment_bytes: int | None,
     ) -> None:
         try:
             path.mkdir(DIRECTORY_MODE, parents=True)
@@ -181,6 +195,8 @@ class DataDir:
                 "replication_factor": kafka.replication_factor,
                 "min_insync_replicas": kafka.min_insync_replicas,
             }
+        if segment_bytes is not None:
+            config["file_log"] = {"segment_bytes": segment_bytes}
         if isinstance(object_store, S3StoreConfig):
             config["object_store"] = {"s3": asdict(object_store)}
         elif object_store is not None:
@@ -212,7 +228,9 @@ class DataDir:
     def file_command_log(self, config: FileLogConfig | None = None) -> FileLog:
         if self.kafka is not None:
             raise DataDirError(f"{self.root} uses {self.describe_log()}, not the file log")
-        return FileLog(self.root / "log" / "commands", self.partitions, config or FileLogConfig())
+        return FileLog(
+            self.root / "log" / "commands", self.partitions, config or FileLogConfig(segment_bytes=self.segment_bytes)
+        )
 
     def command_log(self) -> CommandLog:
         if self.kafka is not None:
@@ -286,6 +304,13 @@ def _object_store_config(raw: object, path: Path) -> ObjectStoreConfig | None:
         ):
             return config
     raise DataDirError(f'{path / CONFIG}: "object_store" must be a folder or {{"s3": {{"bucket": ..., ...}}}}')
+
+
+def _segment_bytes(raw: object, path: Path) -> int:
+    value = raw.get("segment_bytes", DEFAULT_SEGMENT_BYTES) if isinstance(raw, dict) else None
+    if type(value) is not int or not MIN_SEGMENT_BYTES <= value <= MAX_SEGMENT_BYTES:
+        raise DataDirError(f"{path / CONFIG}: file_log.segment_bytes must be {MIN_SEGMENT_BYTES}..{MAX_SEGMENT_BYTES}")
+    return value
 
 
 def _count(raw: dict[str, object], name: str, path: Path) -> int:

@@ -80,6 +80,8 @@ def serve(data: DataDir, settings: ServiceSettings, stop: Event) -> list[Halt]:
     with serving(data.root):
         for partition in range(data.partitions):
             clear_halt(data.root, partition)  # a partition that halts again records it again
+        with data.checkpoints() as checkpoints:
+            checkpoints.clear_abandoned_takes()
         if data.kafka is not None:
             return _serve_kafka(data, settings, stop)
         return _serve_embedded(data, settings, stop)
