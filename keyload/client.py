@@ -13,8 +13,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, TypeVar, Unpack
 
-from fastavro.validation import validate
-
 from keyload.datadir import DataDir
 from keyload.doorbell import Doorbell
 from keyload.log.base import LogError, partition_for
@@ -103,14 +101,11 @@ def _shown(name: str) -> str:
 
 def _mismatched_fields(envelope: dict[str, Any]) -> str:
     """Which schema fields a command does not match, named by schema path (never by value)."""
-    try:
-        validate(envelope, REGISTRY.schema(COMMAND), raise_errors=True)
-    except Exception as exc:  # fastavro's ValidationError, or anything a value makes it raise
-        found = sorted({str(error.field) for error in getattr(exc, "errors", ()) if getattr(error, "field", None)})
-        if found:
-            more = f" and {len(found) - _FIELDS_SHOWN} more" if len(found) > _FIELDS_SHOWN else ""
-            return f" at {', '.join(found[:_FIELDS_SHOWN])}{more}"
-    return ""
+    found = REGISTRY.mismatched_fields(COMMAND, envelope)
+    if not found:
+        return ""
+    more = f" and {len(found) - _FIELDS_SHOWN} more" if len(found) > _FIELDS_SHOWN else ""
+    return f" at {', '.join(found[:_FIELDS_SHOWN])}{more}"
 
 
 def encode_command(envelope: dict[str, Any]) -> bytes:

@@ -16,6 +16,7 @@ from typing import Any
 
 from fastavro import parse_schema, schemaless_reader, schemaless_writer
 from fastavro.schema import fingerprint, load_schema, to_parsing_canonical_form
+from fastavro.validation import validate
 
 from keyload.errors import KeyloadError
 
@@ -152,6 +153,16 @@ class SchemaRegistry:
         except Exception as exc:  # fastavro raises ValueError, TypeError, ... on values a schema cannot hold
             raise CodecError(f"not representable under that schema: {type(exc).__name__}: {exc}") from exc
         return out.getvalue()
+
+    def mismatched_fields(self, name: str, record: Record) -> list[str]:
+        """The schema paths (never the values) at which `record` does not fit `name`'s schema,
+        sorted; empty when it fits, or when fastavro cannot say where."""
+        try:
+            validate(record, self.schema(name), raise_errors=True)
+        except Exception as exc:  # fastavro's ValidationError, or whatever a value makes it raise
+            found = {str(error.field) for error in getattr(exc, "errors", ()) if getattr(error, "field", None)}
+            return sorted(found)
+        return []
 
     def is_current(self, name: str, data: bytes) -> bool:
         """Whether `data` was written under the current schema of `name`."""

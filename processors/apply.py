@@ -414,7 +414,15 @@ def _apply_command(
         # Without a valid domain there is no key to store the outcome under: it is published only.
         reject(outcome, Rejected(ErrorCode.VALIDATION, DOMAIN_RULE))
         return REGISTRY.encode(OUTCOME, outcome), kind, False
-    print_ = fingerprint(command, value)
+    try:
+        print_ = fingerprint(command, value)
+    except (ValueError, TypeError, OverflowError):
+        # A writer that does not check put a value its schema's type cannot hold (an int past 32
+        # bits): the canonical bytes cannot be written, so there is no fingerprint to store it under.
+        fields = REGISTRY.mismatched_fields(COMMAND, command)
+        where = f": {', '.join(fields[:MAX_FIELDS_NAMED])}" if fields else ""
+        reject(outcome, Rejected(ErrorCode.VALIDATION, OUT_OF_TYPE_RULE + where))
+        return REGISTRY.encode(OUTCOME, outcome), kind, False
 
     stored = None if kind in UNSTORED_KINDS else stage.get(keys.outcome(domain, command_id))
     if stored is not None:
@@ -472,6 +480,8 @@ def _valid_command_id(command_id: str) -> bool:
     return 1 <= len(command_id) <= limits.MAX_COMMAND_ID_CHARS and limits.ID_PATTERN.fullmatch(command_id) is not None
 
 
+OUT_OF_TYPE_RULE = "a field holds a value outside the range of its Avro type (an int is 32 bits)"
+MAX_FIELDS_NAMED = 3  # schema paths an out-of-type rejection names
 DOMAIN_RULE = f"domain must be 1..{limits.MAX_DOMAIN_CHARS} characters matching {limits.DOMAIN_PATTERN.pattern}"
 
 

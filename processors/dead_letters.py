@@ -28,7 +28,11 @@ from .state import (
 DEAD_STATES = ("dead_lettered", "pending_dead_letter")
 
 
-def _fenced(stage: Staged, body: Record, ctx: Context) -> tuple[Record, str, Record]:
+def _fenced(stage: Staged, body: Record, ctx: Context, kind: str) -> tuple[Record, str, Record]:
+    """(queue record, message id, metadata) of the live message a `kind` command (Redrive, Cancel,
+    ParkPending) names, as the operator last saw it."""
+    for fence in ("expected_state_version", "expected_delivery_generation"):
+        limits.check_integer(f"{kind}.{fence}", body[fence])
     record = load_queue(stage, ctx.domain, body["queue"])
     message_id = body["message_id"]
     check_message_id(message_id)
@@ -51,7 +55,7 @@ def _view(record: Record, message_id: str, meta: Record) -> Record:
 
 def redrive(stage: Staged, body: Record, ctx: Context) -> Record:
     """A dead letter goes back to ready with fresh attempts and a new generation (old tokens go stale)."""
-    record, message_id, meta = _fenced(stage, body, ctx)
+    record, message_id, meta = _fenced(stage, body, ctx, "Redrive")
     if meta["state"] not in DEAD_STATES:
         raise Rejected(ErrorCode.CONFLICT, "only dead-lettered or pending messages can be redriven")
     if expired(meta, ctx.now_ms):
@@ -66,7 +70,7 @@ def redrive(stage: Staged, body: Record, ctx: Context) -> Record:
 
 
 def cancel(stage: Staged, body: Record, ctx: Context) -> Record:
-    record, message_id, meta = _fenced(stage, body, ctx)
+    record, message_id, meta = _fenced(stage, body, ctx, "Cancel")
     leave(stage, record, message_id, meta)
     enter(stage, record, message_id, meta, "cancelled", ctx)
     save_queue(stage, record)
@@ -74,7 +78,7 @@ def cancel(stage: Staged, body: Record, ctx: Context) -> Record:
 
 
 def park_pending(stage: Staged, body: Record, ctx: Context) -> Record:
-    record, message_id, meta = _fenced(stage, body, ctx)
+    record, message_id, meta = _fenced(stage, body, ctx, "ParkPending")
     if meta["state"] != "pending_dead_letter":
         raise Rejected(ErrorCode.CONFLICT, "only pending dead letters can be parked")
     counters = record["view"]["counters"]
@@ -94,8 +98,8 @@ def list_dead_letters(stage: Staged, body: Record, ctx: Context) -> Record:
     if not 1 <= limit <= limits.MAX_DEAD_LETTER_PAGE:
         raise Rejected(ErrorCode.VALIDATION, f"limit must be between 1 and {limits.MAX_DEAD_LETTER_PAGE}")
     queue_id = record["view"]["incarnation"]
-    if body["after_sequence"] is not None and body["after_sequence"] < 0:
-        raise Rejected(ErrorCode.VALIDATION, "after_sequence must not be negative")
+    if body["after_sequence"] is not None:
+        limits.check_integer("ListDeadLetters.after_sequence", body["after_sequence"])
     after = body["after_sequence"] or 0
     start = keys.dead_letter(queue_id, after + 1)
     end = keys.prefix_end(keys.DEAD_LETTER + keys.u64(queue_id))

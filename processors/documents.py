@@ -23,12 +23,12 @@ def _check_key(key: str) -> None:
     check_name("document key", key, limits.MAX_DOCUMENT_KEY_CHARS, limits.ID_PATTERN)
 
 
-def _check_expected(stored: Record | None, expected: int | None) -> None:
-    """RevisionConflict unless the document is as the writer expects (see the module docstring)."""
+def _check_expected(stored: Record | None, expected: int | None, kind: str) -> None:
+    """RevisionConflict unless the document is as the writer of a `kind` command (PutDocument,
+    DeleteDocument) expects (see the module docstring)."""
     if expected is None:
         return
-    if expected < 0:
-        raise Rejected(ErrorCode.VALIDATION, "expected_revision must not be negative")
+    limits.check_integer(f"{kind}.expected_revision", expected)
     live = None if stored is None or stored["deleted"] else stored["revision"]
     if expected == 0 and live is not None:
         raise Rejected(ErrorCode.REVISION_CONFLICT, f"the document exists at revision {live}")
@@ -44,7 +44,7 @@ def put_document(stage: Staged, body: Record, ctx: Context) -> Record:
         raise Rejected(ErrorCode.VALIDATION, f"a document value holds at most {limits.MAX_DOCUMENT_BYTES} bytes")
     row = keys.document(ctx.domain, key)
     stored = stage.get_record(row, DOCUMENT_RECORD)
-    _check_expected(stored, body["expected_revision"])
+    _check_expected(stored, body["expected_revision"], "PutDocument")
     revision = 1 if stored is None else stored["revision"] + 1
     document = {"value": body["value"], "revision": revision, "updated_at_ms": ctx.now_ms, "deleted": False}
     stage.put_record(row, DOCUMENT_RECORD, document)
@@ -57,8 +57,8 @@ def delete_document(stage: Staged, body: Record, ctx: Context) -> Record:
     row = keys.document(ctx.domain, key)
     stored = stage.get_record(row, DOCUMENT_RECORD)
     if body["expected_revision"] == 0:
-        raise Rejected(ErrorCode.VALIDATION, "a delete expects a revision of at least 1 (or none)")
-    _check_expected(stored, body["expected_revision"])
+        raise Rejected(ErrorCode.VALIDATION, "a delete's expected_revision must be at least 1 (or none)")
+    _check_expected(stored, body["expected_revision"], "DeleteDocument")
     if stored is None or stored["deleted"]:
         raise Rejected(ErrorCode.NOT_FOUND, "document does not exist")
     tombstone = {"value": b"", "revision": stored["revision"] + 1, "updated_at_ms": ctx.now_ms, "deleted": True}

@@ -226,8 +226,9 @@ def matches(group_filter: Record, event: Record) -> bool:
     return all(headers.get(name) == value for name, value in group_filter["headers"].items())
 
 
-def _target_checkpoint(topic: Record, to: str, position: int | None) -> int:
-    """The checkpoint that makes `to` the next position delivered (first_available..tail + 1)."""
+def _target_checkpoint(topic: Record, to: str, position: int | None, kind: str) -> int:
+    """The checkpoint that makes `to` the next position delivered (first_available..tail + 1) for a
+    `kind` command (CreateGroup, SeekGroup)."""
     first: int = topic["first_available"]
     tail: int = topic["tail"]
     if to != "position":
@@ -236,6 +237,7 @@ def _target_checkpoint(topic: Record, to: str, position: int | None) -> int:
         return first - 1 if to == "beginning" else tail
     if position is None:
         raise Rejected(ErrorCode.VALIDATION, "starting at a position needs the position")
+    limits.check_integer(f"{kind}.position", position)
     if position < first:
         raise Rejected(ErrorCode.HISTORY_UNAVAILABLE, f"position {position} is before first_available {first}")
     if position > tail + 1:
@@ -260,7 +262,7 @@ def create_group(stage: Staged, body: Record, ctx: Context) -> Record:
     check_name("group name", name, limits.MAX_GROUP_NAME_CHARS, limits.GROUP_NAME_PATTERN)
     group_filter = _check_filter(body["filter"])
     policy = resolve_group_policy(body["policy"])
-    checkpoint = _target_checkpoint(topic, body["start"], body["position"])
+    checkpoint = _target_checkpoint(topic, body["start"], body["position"], "CreateGroup")
     topic_id = topic["incarnation"]
     if stage.get(keys.group(topic_id, name)) is not None:
         raise Rejected(ErrorCode.CONFLICT, "group already exists")
@@ -361,8 +363,11 @@ def _reposition(stage: Staged, record: Record, checkpoint: int) -> None:
     assert group["redeliverable"] == 0
 
 
-def _check_generation(group: Record, expected: int | None) -> None:
-    if expected is not None and expected != group["generation"]:
+def _check_generation(group: Record, expected: int | None, kind: str) -> None:
+    if expected is None:
+        return
+    limits.check_integer(f"{kind}.expected_generation", expected)
+    if expected != group["generation"]:
         raise Rejected(ErrorCode.REVISION_CONFLICT, f"the group is at generation {group['generation']}")
 
 
@@ -375,8 +380,8 @@ def seek_group(stage: Staged, body: Record, ctx: Context) -> Record:
     """
     topic, record = load_group(stage, ctx.domain, body["topic"], body["group"])
     group = record["view"]
-    _check_generation(group, body["expected_generation"])
-    checkpoint = _target_checkpoint(topic, body["to"], body["position"])
+    _check_generation(group, body["expected_generation"], "SeekGroup")
+    checkpoint = _target_checkpoint(topic, body["to"], body["position"], "SeekGroup")
     _reposition(stage, record, checkpoint)
     group["pin_floor"] = checkpoint
     save_group(stage, record)
@@ -391,7 +396,7 @@ def configure_group(stage: Staged, body: Record, ctx: Context) -> Record:
     """
     topic, record = load_group(stage, ctx.domain, body["topic"], body["group"])
     group = record["view"]
-    _check_generation(group, body["expected_generation"])
+    _check_generation(group, body["expected_generation"], "ConfigureGroup")
     if not group["paused"]:
         raise Rejected(ErrorCode.CONFLICT, "a group is configured only while paused")
     if body["filter"] is not None:
@@ -423,6 +428,8 @@ def purge_topic(stage: Staged, body: Record, ctx: Context) -> Record:
     expected revision is everywhere else. Event-id rows stay, so a re-published old
     id is still recognised.
     """
+    limits.check_integer("PurgeTopic.through", body["through"])
+    limits.check_integer("PurgeTopic.expected_generation", body["expected_generation"])
     topic_record = load_topic(stage, ctx.domain, body["topic"])
     topic = topic_record["view"]
     through, first = body["through"], topic["first_available"]

@@ -39,10 +39,9 @@ PROCESSING_RESULT = "keyload.result.ProcessingResult"
 FINGERPRINT_BYTES = 32  # an outcome row starts with its command's fingerprint
 
 
-def _check_execution(body: Record) -> None:
+def _check_execution(body: Record, kind: str) -> None:
     check_name("handler scope", body["handler_scope"], limits.MAX_HANDLER_SCOPE_CHARS, limits.ID_PATTERN)
-    if body["execution_generation"] < 0:
-        raise Rejected(ErrorCode.VALIDATION, "execution_generation must not be negative")
+    limits.check_integer(f"{kind}.execution_generation", body["execution_generation"])
 
 
 def _repeat(stage: Staged, ctx: Context, row: bytes, digest: bytes) -> Record | None:
@@ -80,7 +79,7 @@ def _receipt(ctx: Context, results: Record) -> Record:
 def complete_processing(stage: Staged, body: Record, ctx: Context) -> Record:
     """Effects, inbox entry and ack of one delivery of a queue, or of a group when `topic` and
     `group` are given; the lease is checked before and the ack made after the effects."""
-    _check_execution(body)
+    _check_execution(body, "CompleteProcessing")
     effects: list[Record] = body["effects"]
     check_domains(effects, ctx, at_least=0)
     digest = effects_digest(effects)
@@ -120,10 +119,8 @@ def _inbox_view(domain: str, inbox: Record) -> Record:
 
 def configure_inbox(stage: Staged, body: Record, ctx: Context) -> Record:
     """Create or change the domain's target inbox policy; a policy below current use refuses new receipts."""
-    if not 1 <= body["max_receipts"] <= limits.MAX_INBOX_RECEIPTS:
-        raise Rejected(ErrorCode.VALIDATION, f"max_receipts must be 1..{limits.MAX_INBOX_RECEIPTS}")
-    if not 1 <= body["max_bytes"] <= limits.MAX_INBOX_BYTES:
-        raise Rejected(ErrorCode.VALIDATION, f"max_bytes must be 1..{limits.MAX_INBOX_BYTES}")
+    limits.check_integer("ConfigureInbox.max_receipts", body["max_receipts"])
+    limits.check_integer("ConfigureInbox.max_bytes", body["max_bytes"])
     row = keys.inbox_config(ctx.domain)
     inbox = stage.get_record(row, INBOX_RECORD) or {"receipts": 0, "bytes": 0}
     inbox.update(max_receipts=body["max_receipts"], max_bytes=body["max_bytes"])
@@ -137,13 +134,12 @@ def commit_inbox(stage: Staged, body: Record, ctx: Context) -> Record:
     inbox = stage.get_record(config_row, INBOX_RECORD)
     if inbox is None:
         raise Rejected(ErrorCode.UNSUPPORTED_CAPABILITY, "the domain has no inbox: configure one with ConfigureInbox")
-    _check_execution(body)
+    _check_execution(body, "CommitInbox")
     source = body["source"]
     check_name("source domain", source["domain"], limits.MAX_DOMAIN_CHARS, limits.DOMAIN_PATTERN)
     check_name("source queue", source["queue"], limits.MAX_QUEUE_NAME_CHARS, limits.QUEUE_NAME_PATTERN)
     check_message_id(source["message_id"])
-    if source["delivery_generation"] < 0:
-        raise Rejected(ErrorCode.VALIDATION, "delivery_generation must not be negative")
+    limits.check_integer("InboxSource.delivery_generation", source["delivery_generation"])
     effects: list[Record] = body["effects"]
     check_domains(effects, ctx, at_least=0)
     digest = effects_digest(effects)

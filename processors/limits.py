@@ -1,8 +1,17 @@
-"""Named limits of the command surface. docs/ARCHITECTURE.md lists each one."""
+"""Named limits of the command surface. docs/ARCHITECTURE.md lists each one.
+
+The range of every integer field of a command is here too (INTEGER_FIELD_RANGES, at the
+end, with a table of the kinds of range), with the relations between limits asserted.
+"""
 
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
+
+from keyload.log.base import MAX_LOG_TIME_MS, MIN_LOG_TIME_MS
+
+from .errors import ErrorCode, Rejected
 
 MAX_COMMAND_ID_CHARS = 128
 MAX_DOMAIN_CHARS = 64
@@ -90,3 +99,245 @@ DEFAULT_RETENTION_PAGE = 100
 MAX_RETENTION_PAGE = 1_000
 RETENTION_COMPACTION_BUDGET = 256  # task rows one AdvanceRecoveryFloor examines for compaction
 MAX_DELETED_VERSIONS = 100  # versions one DeleteConfirmed may report
+
+# -- integer ranges ------------------------------------------------------------------------
+#
+# Every integer a client puts in a command has a named range, checked before it reaches a
+# key (u64 big-endian) or arithmetic: a value outside it is refused with `code` and a detail
+# naming the field and its range, never an OverflowError that would halt the partition.
+# Ranges a client's integers fall in, by what they are:
+#
+#   what                                   range                                  e.g.
+#   absolute log times, only compared      not_before_ms: ..MAX_LOG_TIME_MS       not_before_ms (≤ now: ready now),
+#     (a timer key holds any long ≥ 0)     expires_at_ms: MIN_LOG_TIME_MS..       expires_at_ms (past the range: never)
+#   durations added to log time            0 or a minimum..a named max,           lease_ms, wait_ms, delay_ms,
+#                                          all ≤ MAX_DURATION_MS                  retry_*_ms, upload_window_ms
+#   counts, sizes and page limits          1 (or 0)..a named max                  max_messages, max_bytes, limit
+#   positions, sequences, offsets, ids,    0 (ids: 1)..MAX_SEQUENCE               from_position, after_sequence,
+#     versions, generations, revisions                                            expected_*, execution_generation
+#   informational or only compared         any Avro long                          client_time_ms, a proof's fields
+#
+# State and policy bound many of them further (a lease ≤ the queue's max_lease_ms, a
+# position ≤ the topic's tail + 1); INTEGER_FIELD_RANGES notes where.
+
+AVRO_INT_MAX = 2**31 - 1
+AVRO_LONG_MIN = -(2**63)
+AVRO_LONG_MAX = 2**63 - 1  # every Avro long ≥ 0 packs as a u64 key
+U64_MAX = 2**64 - 1
+
+SECOND_MS = 1_000
+HOUR_MS = 3600 * SECOND_MS
+DAY_MS = 24 * HOUR_MS
+KIB = 1024
+MIB = 1024 * KIB
+GIB = 1024 * MIB
+TIB = 1024 * GIB
+
+# Durations (ms) a command or a policy adds to log time.
+MAX_LEASE_MS = 12 * HOUR_MS  # a lease (Receive, Renew, policy lease_ms and max_lease_ms) and a nack's delay
+MAX_RETRY_MS = 24 * HOUR_MS  # policy retry_base_ms and retry_max_ms
+MAX_PAYLOAD_REQUEST_HORIZON_MS = HOUR_MS  # policy payload_request_horizon_ms
+MAX_DURATION_MS = MAX_SCHEDULE_AHEAD_MS  # the longest of them all
+assert MIN_LEASE_MS <= MAX_LEASE_MS
+assert MIN_UPLOAD_WINDOW_MS <= DEFAULT_UPLOAD_WINDOW_MS <= MAX_UPLOAD_WINDOW_MS
+assert all(
+    duration <= MAX_DURATION_MS
+    for duration in (
+        MAX_LEASE_MS,
+        MAX_RETRY_MS,
+        MAX_WAIT_MS,
+        MAX_UPLOAD_WINDOW_MS,
+        MAX_PAYLOAD_REQUEST_HORIZON_MS,
+        MAX_SCHEDULE_AHEAD_MS,
+    )
+)
+# The latest time the engine computes: a not-before up to a year past log time, a handle's
+# expiry (a lease or an upload window) plus the request horizon. Every time it stores or
+# keys by stays an Avro long and a u64.
+assert MAX_LOG_TIME_MS + 2 * MAX_DURATION_MS <= AVRO_LONG_MAX
+
+# Counts and sizes of policies (processors/policy.py) and of a command's pages.
+MAX_STORED_MESSAGES = 100_000_000
+MAX_STORED_BYTES = TIB
+MAX_IN_FLIGHT = 120_000
+MAX_ATTEMPTS = 1_000
+MAX_RETRY_FACTOR = 10  # an integer: no floats in state
+MAX_RECEIVE_MESSAGES = 1_000  # policy receive_max_messages, and so a Receive's max_messages
+MAX_RECEIVE_BYTES = 64 * MIB  # policy receive_max_bytes, and so a Receive's max_bytes
+MAX_RETAINED_EVENTS = 100_000_000
+MAX_RETAINED_BYTES = TIB
+MAX_GROUP_WINDOW = 10_000  # group policy max_window
+# The largest backoff before the cap stops it (lifecycle.retry_delay_ms) stays a long; what
+# stored records keep in Avro ints (a policy's max_attempts, retry_factor and
+# receive_max_messages, a message's or position's attempts, a waiter's max_messages) stays an int.
+assert MAX_RETRY_MS * MAX_RETRY_FACTOR <= AVRO_LONG_MAX
+assert max(MAX_ATTEMPTS, MAX_RETRY_FACTOR, MAX_RECEIVE_MESSAGES, MAX_GROUP_RECEIVE_EVENTS) <= AVRO_INT_MAX
+
+# Positions, sequence numbers, log offsets, ids, versions, generations and revisions: the
+# engine allocates each from 0 or 1, by at most MAX_SEQUENCE_STEP per record (a batch of
+# publishes), so none comes near MAX_SEQUENCE in any log's life; a client's value above it
+# names nothing that exists, and a value up to it plus one record's growth still fits an
+# Avro long and a u64 key.
+MAX_SEQUENCE = 2**62 - 1
+MAX_SEQUENCE_STEP = MAX_BATCH_MUTATIONS * MAX_PUBLISH_EVENTS
+assert MAX_SEQUENCE + MAX_SEQUENCE_STEP <= AVRO_LONG_MAX < U64_MAX
+MAX_REPLY_PARTITION = AVRO_INT_MAX  # an envelope's reply_to: an outcome partition (an Avro int)
+
+
+@dataclass(frozen=True, slots=True)
+class IntegerRange:
+    """The range of one integer field of a command, and the code refusing a value outside it.
+
+    `code` None: a value outside is not refused (see `note`). `note`: what bounds the value
+    further (policy, state) or where it goes.
+    """
+
+    minimum: int
+    maximum: int
+    code: ErrorCode | None = ErrorCode.VALIDATION
+    note: str = ""
+
+    def contains(self, value: int) -> bool:
+        return self.minimum <= value <= self.maximum
+
+    def describe(self, field: str) -> str:
+        return f"{field} must be between {self.minimum} and {self.maximum}"
+
+
+SEQUENCE = IntegerRange(0, MAX_SEQUENCE)
+# A time at or before the evaluation time (0 and negative too, as before ranges were named) is "ready now";
+# only compared, never packed into a key, so it keeps every value an Avro long holds up to the log-time range.
+NOT_BEFORE = IntegerRange(AVRO_LONG_MIN, MAX_LOG_TIME_MS, note="≤ evaluation time + MAX_SCHEDULE_AHEAD_MS")
+LEASE = IntegerRange(MIN_LEASE_MS, MAX_LEASE_MS, note="≤ the queue's or group's max_lease_ms")
+DELAY = IntegerRange(0, MAX_LEASE_MS, note="≤ the queue's or group's max_lease_ms")
+WAIT = IntegerRange(0, MAX_WAIT_MS)
+RETRY = IntegerRange(0, MAX_RETRY_MS, note="retry_base_ms ≤ retry_max_ms")
+ATTEMPTS = IntegerRange(1, MAX_ATTEMPTS)
+RETRY_FACTOR = IntegerRange(1, MAX_RETRY_FACTOR)
+RESERVATION_ID = IntegerRange(1, MAX_SEQUENCE, ErrorCode.NOT_FOUND, "an id that names no reservation: NotFound")
+TASK_ID = IntegerRange(1, MAX_SEQUENCE, ErrorCode.NOT_FOUND, "an id that names no task: NotFound")
+REVISION = IntegerRange(0, MAX_SEQUENCE, note="0: absent; else RevisionConflict unless the live revision")
+FENCE = IntegerRange(0, MAX_SEQUENCE, note="RevisionConflict unless the current one")
+
+# Every integer field of keyload.Command (schemas/keyload.Command.avsc), by "Record.field":
+# tests/test_integer_ranges.py walks the schema and fails on a field missing here, and
+# submits each at the extremes of its range and of Avro's.
+INTEGER_FIELD_RANGES: dict[str, IntegerRange] = {
+    # envelope
+    "Command.reply_to": IntegerRange(
+        0, MAX_REPLY_PARTITION, None, "not refused: the outcome is published only to a partition of the outcome log"
+    ),
+    "Command.client_time_ms": IntegerRange(AVRO_LONG_MIN, AVRO_LONG_MAX, None, "informational, never evaluated"),
+    # queue policy (QueuePolicySpec, of CreateQueue and ConfigureQueue)
+    "QueuePolicySpec.max_stored_messages": IntegerRange(1, MAX_STORED_MESSAGES),
+    "QueuePolicySpec.max_stored_bytes": IntegerRange(1, MAX_STORED_BYTES),
+    "QueuePolicySpec.max_in_flight": IntegerRange(1, MAX_IN_FLIGHT),
+    "QueuePolicySpec.max_attempts": ATTEMPTS,
+    "QueuePolicySpec.lease_ms": IntegerRange(MIN_LEASE_MS, MAX_LEASE_MS, note="≤ max_lease_ms"),
+    "QueuePolicySpec.max_lease_ms": IntegerRange(MIN_LEASE_MS, MAX_LEASE_MS),
+    "QueuePolicySpec.retry_base_ms": RETRY,
+    "QueuePolicySpec.retry_max_ms": RETRY,
+    "QueuePolicySpec.retry_factor": RETRY_FACTOR,
+    "QueuePolicySpec.max_dead_letter_messages": IntegerRange(0, MAX_STORED_MESSAGES, note="≤ max_stored_messages"),
+    "QueuePolicySpec.max_dead_letter_bytes": IntegerRange(0, MAX_STORED_BYTES, note="≤ max_stored_bytes"),
+    "QueuePolicySpec.receive_max_messages": IntegerRange(1, MAX_RECEIVE_MESSAGES),
+    "QueuePolicySpec.receive_max_bytes": IntegerRange(1, MAX_RECEIVE_BYTES),
+    "QueuePolicySpec.payload_request_horizon_ms": IntegerRange(0, MAX_PAYLOAD_REQUEST_HORIZON_MS),
+    "ConfigureQueue.expected_policy_version": FENCE,
+    # messages
+    "Enqueue.not_before_ms": NOT_BEFORE,
+    "Enqueue.expires_at_ms": IntegerRange(
+        MIN_LOG_TIME_MS, AVRO_LONG_MAX, note="after the evaluation time and not_before_ms; past MAX_LOG_TIME_MS: never"
+    ),
+    # leases
+    "Receive.max_messages": IntegerRange(1, MAX_RECEIVE_MESSAGES, note="≤ the queue's receive_max_messages"),
+    "Receive.max_bytes": IntegerRange(1, MAX_RECEIVE_BYTES, note="≤ the queue's receive_max_bytes"),
+    "Receive.lease_ms": LEASE,
+    "Receive.wait_ms": WAIT,
+    "Renew.lease_ms": LEASE,
+    "Nack.delay_ms": DELAY,
+    # dead letters
+    "Redrive.expected_state_version": FENCE,
+    "Redrive.expected_delivery_generation": FENCE,
+    "Cancel.expected_state_version": FENCE,
+    "Cancel.expected_delivery_generation": FENCE,
+    "ParkPending.expected_state_version": FENCE,
+    "ParkPending.expected_delivery_generation": FENCE,
+    "ListDeadLetters.after_sequence": SEQUENCE,
+    "ListDeadLetters.limit": IntegerRange(1, MAX_DEAD_LETTER_PAGE),
+    # topics and groups
+    "TopicPolicySpec.max_retained_events": IntegerRange(1, MAX_RETAINED_EVENTS),
+    "TopicPolicySpec.max_retained_bytes": IntegerRange(1, MAX_RETAINED_BYTES),
+    "ReadTopic.from_position": IntegerRange(
+        0, MAX_SEQUENCE, note="≤ tail + 1; below first_available: HistoryUnavailable"
+    ),
+    "ReadTopic.max_events": IntegerRange(1, MAX_READ_EVENTS),
+    "ReadTopic.max_bytes": IntegerRange(1, MAX_READ_BYTES),
+    "CreateGroup.position": IntegerRange(0, MAX_SEQUENCE, note="≤ tail + 1; below first_available: HistoryUnavailable"),
+    "GroupPolicySpec.max_window": IntegerRange(1, MAX_GROUP_WINDOW),
+    "GroupPolicySpec.lease_ms": IntegerRange(MIN_LEASE_MS, MAX_LEASE_MS, note="≤ max_lease_ms"),
+    "GroupPolicySpec.max_lease_ms": IntegerRange(MIN_LEASE_MS, MAX_LEASE_MS),
+    "GroupPolicySpec.max_attempts": ATTEMPTS,
+    "GroupPolicySpec.retry_base_ms": RETRY,
+    "GroupPolicySpec.retry_max_ms": RETRY,
+    "GroupPolicySpec.retry_factor": RETRY_FACTOR,
+    "GroupReceive.max_events": IntegerRange(1, MAX_GROUP_RECEIVE_EVENTS),
+    "GroupReceive.max_bytes": IntegerRange(1, MAX_GROUP_RECEIVE_BYTES),
+    "GroupReceive.lease_ms": LEASE,
+    "GroupReceive.wait_ms": WAIT,
+    "GroupNack.delay_ms": DELAY,
+    "GroupRenew.lease_ms": LEASE,
+    "SeekGroup.position": IntegerRange(0, MAX_SEQUENCE, note="≤ tail + 1; below first_available: HistoryUnavailable"),
+    "SeekGroup.expected_generation": FENCE,
+    "ConfigureGroup.expected_generation": FENCE,
+    "PurgeTopic.through": IntegerRange(
+        0, MAX_SEQUENCE, note="first_available..tail (past it: ResourceExhausted), ≤ MAX_PURGE_EVENTS of them"
+    ),
+    "PurgeTopic.expected_generation": FENCE,
+    # documents
+    "PutDocument.expected_revision": REVISION,
+    "DeleteDocument.expected_revision": IntegerRange(1, MAX_SEQUENCE, note=REVISION.note),
+    "ListDocuments.max_documents": IntegerRange(1, MAX_LIST_DOCUMENTS),
+    "ListDocuments.max_bytes": IntegerRange(1, MAX_LIST_BYTES),
+    # processing and inboxes
+    "CompleteProcessing.execution_generation": SEQUENCE,
+    "ConfigureInbox.max_receipts": IntegerRange(1, MAX_INBOX_RECEIPTS),
+    "ConfigureInbox.max_bytes": IntegerRange(1, MAX_INBOX_BYTES),
+    "InboxSource.delivery_generation": SEQUENCE,
+    "CommitInbox.execution_generation": SEQUENCE,
+    # large payloads and retention
+    "PrepareLargeSchedule.length": IntegerRange(0, MAX_PAYLOAD_BYTES),
+    "PrepareLargeSchedule.upload_window_ms": IntegerRange(MIN_UPLOAD_WINDOW_MS, MAX_UPLOAD_WINDOW_MS),
+    "PrepareLargeSchedule.not_before_ms": NOT_BEFORE,
+    "PrepareLargeSchedule.expires_at_ms": IntegerRange(
+        MIN_LOG_TIME_MS, AVRO_LONG_MAX, note="after the upload deadline and not_before_ms; past MAX_LOG_TIME_MS: never"
+    ),
+    "CancelLargeSchedule.reservation_id": RESERVATION_ID,
+    "CommitLargeSchedule.reservation_id": RESERVATION_ID,
+    "PayloadCommitProof.reservation_id": IntegerRange(
+        AVRO_LONG_MIN, AVRO_LONG_MAX, None, "only compared: Conflict unless the reservation's"
+    ),
+    "PayloadCommitProof.length": IntegerRange(
+        AVRO_LONG_MIN, AVRO_LONG_MAX, None, "only compared: Conflict unless the reserved length"
+    ),
+    "PayloadCommitProof.trust_set_version": IntegerRange(
+        AVRO_LONG_MIN, AVRO_LONG_MAX, None, "only compared: TokenInvalidated unless the reservation's"
+    ),
+    "PayloadCommitProof.attested_at_ms": IntegerRange(
+        AVRO_LONG_MIN, AVRO_LONG_MAX, None, "the attester's clock: signed, never evaluated"
+    ),
+    "InspectReservation.reservation_id": RESERVATION_ID,
+    "AdvanceRecoveryFloor.floor_offset": IntegerRange(0, MAX_SEQUENCE, note="below the command's own offset"),
+    "ListRetention.after_task": SEQUENCE,
+    "ListRetention.limit": IntegerRange(1, MAX_RETENTION_PAGE),
+    "BeginDelete.task_id": TASK_ID,
+    "DeleteConfirmed.task_id": TASK_ID,
+}
+
+
+def check_integer(field: str, value: int) -> None:
+    """Refuse a command's integer outside the range INTEGER_FIELD_RANGES gives `field` ("Record.field")."""
+    rule = INTEGER_FIELD_RANGES[field]
+    if not rule.contains(value):
+        assert rule.code is not None, f"{field} is never refused"
+        raise Rejected(rule.code, rule.describe(field.rsplit(".", 1)[1]))

@@ -29,7 +29,7 @@ from .state import Record, add_timer_row, adjust, allocate, bounded, load_queue,
 
 def prepare_large_schedule(stage: Staged, body: Record, ctx: Context) -> Record:
     record = load_queue(stage, ctx.domain, body["queue"])
-    check_new_message(stage, record, body, ctx)
+    check_new_message(stage, record, body, ctx, "PrepareLargeSchedule")
     length = bounded("length", body["length"], 0, 0, limits.MAX_PAYLOAD_BYTES)
     window = bounded(
         "upload_window_ms",

@@ -5,12 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from . import limits
 from .errors import ErrorCode, Rejected
-
-KIB = 1024
-MIB = 1024 * KIB
-GIB = 1024 * MIB
-HOUR_MS = 3600 * 1000
+from .limits import GIB, HOUR_MS, MIB
 
 
 @dataclass(frozen=True, slots=True)
@@ -21,18 +18,18 @@ class Bound:
 
 
 INTEGER_FIELDS: dict[str, Bound] = {
-    "max_stored_messages": Bound(100_000, 1, 100_000_000),
-    "max_stored_bytes": Bound(256 * MIB, 1, 1024 * GIB),
-    "max_in_flight": Bound(1_000, 1, 120_000),
-    "max_attempts": Bound(5, 1, 1_000),
-    "lease_ms": Bound(30_000, 100, 12 * HOUR_MS),
-    "max_lease_ms": Bound(12 * HOUR_MS, 100, 12 * HOUR_MS),
-    "retry_base_ms": Bound(1_000, 0, 24 * HOUR_MS),
-    "retry_max_ms": Bound(300_000, 0, 24 * HOUR_MS),
-    "retry_factor": Bound(2, 1, 10),
-    "receive_max_messages": Bound(10, 1, 1_000),
-    "receive_max_bytes": Bound(4 * MIB, 1, 64 * MIB),
-    "payload_request_horizon_ms": Bound(60_000, 0, HOUR_MS),
+    "max_stored_messages": Bound(100_000, 1, limits.MAX_STORED_MESSAGES),
+    "max_stored_bytes": Bound(256 * MIB, 1, limits.MAX_STORED_BYTES),
+    "max_in_flight": Bound(1_000, 1, limits.MAX_IN_FLIGHT),
+    "max_attempts": Bound(5, 1, limits.MAX_ATTEMPTS),
+    "lease_ms": Bound(30_000, limits.MIN_LEASE_MS, limits.MAX_LEASE_MS),
+    "max_lease_ms": Bound(12 * HOUR_MS, limits.MIN_LEASE_MS, limits.MAX_LEASE_MS),
+    "retry_base_ms": Bound(1_000, 0, limits.MAX_RETRY_MS),
+    "retry_max_ms": Bound(300_000, 0, limits.MAX_RETRY_MS),
+    "retry_factor": Bound(2, 1, limits.MAX_RETRY_FACTOR),
+    "receive_max_messages": Bound(10, 1, limits.MAX_RECEIVE_MESSAGES),
+    "receive_max_bytes": Bound(4 * MIB, 1, limits.MAX_RECEIVE_BYTES),
+    "payload_request_horizon_ms": Bound(60_000, 0, limits.MAX_PAYLOAD_REQUEST_HORIZON_MS),
 }
 # Dead-letter sublimits: null inherits the stored grant, a value may not exceed it.
 SUBLIMIT_FIELDS = {
@@ -45,7 +42,7 @@ ENUM_FIELDS: dict[str, tuple[str, ...]] = {
     "parked_head": ("continue", "block"),
 }
 GROUP_INTEGER_FIELDS: dict[str, Bound] = {
-    "max_window": Bound(1_000, 1, 10_000),
+    "max_window": Bound(1_000, 1, limits.MAX_GROUP_WINDOW),
     # Leases and retries work as a queue's do, with the same defaults and bounds.
     **{
         name: INTEGER_FIELDS[name]
@@ -54,9 +51,25 @@ GROUP_INTEGER_FIELDS: dict[str, Bound] = {
 }
 GROUP_ENUM_FIELDS = {"retry_jitter": ENUM_FIELDS["retry_jitter"]}
 TOPIC_INTEGER_FIELDS: dict[str, Bound] = {
-    "max_retained_events": Bound(1_000_000, 1, 100_000_000),
-    "max_retained_bytes": Bound(GIB, 1, 1024 * GIB),
+    "max_retained_events": Bound(1_000_000, 1, limits.MAX_RETAINED_EVENTS),
+    "max_retained_bytes": Bound(GIB, 1, limits.MAX_RETAINED_BYTES),
 }
+
+
+def _bounds_are_the_named_ranges() -> bool:
+    """Every bound is its field's range in limits.INTEGER_FIELD_RANGES, and every default lies inside."""
+    specs = (("QueuePolicySpec", INTEGER_FIELDS), ("GroupPolicySpec", GROUP_INTEGER_FIELDS))
+    for record, bounds in (*specs, ("TopicPolicySpec", TOPIC_INTEGER_FIELDS)):
+        for name, bound in bounds.items():
+            named = limits.INTEGER_FIELD_RANGES[f"{record}.{name}"]
+            if (named.minimum, named.maximum) != (bound.minimum, bound.maximum):
+                return False
+            if not bound.minimum <= bound.default <= bound.maximum:
+                return False
+    return True
+
+
+assert _bounds_are_the_named_ranges()
 
 
 def _resolve_integers(spec: dict[str, Any], bounds: dict[str, Bound]) -> dict[str, Any]:

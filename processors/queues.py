@@ -82,11 +82,13 @@ def configure_queue(stage: Staged, body: Record, ctx: Context) -> Record:
     record = load_queue(stage, ctx.domain, body["queue"])
     current = record["view"]
     expected = body["expected_policy_version"]
-    if expected is not None and expected != current["policy_version"]:
-        raise Rejected(
-            ErrorCode.REVISION_CONFLICT,
-            f"policy version is {current['policy_version']}, expected {expected}",
-        )
+    if expected is not None:
+        limits.check_integer("ConfigureQueue.expected_policy_version", expected)
+        if expected != current["policy_version"]:
+            raise Rejected(
+                ErrorCode.REVISION_CONFLICT,
+                f"policy version is {current['policy_version']}, expected {expected}",
+            )
     policy = resolve_policy(body["policy"])
     if current["counters"]["stored_messages"] > 0:
         for name in ORDERING_FIELDS:
@@ -101,21 +103,25 @@ def configure_queue(stage: Staged, body: Record, ctx: Context) -> Record:
     return view(record)
 
 
-def check_new_message(stage: Staged, record: Record, body: Record, ctx: Context) -> None:
-    """What Enqueue and PrepareLargeSchedule check alike: the id is unused (and never retired) in the
-    queue; headers, ordering key and times are valid."""
+def check_new_message(stage: Staged, record: Record, body: Record, ctx: Context, kind: str = "Enqueue") -> None:
+    """What Enqueue and PrepareLargeSchedule (`kind`) check alike: the id is unused (and never retired)
+    in the queue; headers, ordering key and times are valid."""
     message_id = body["message_id"]
     check_message_id(message_id)
     check_headers(body["headers"])
     ordering_key = body["ordering_key"]
     if ordering_key is not None:
         check_name("ordering key", ordering_key, limits.MAX_ORDERING_KEY_CHARS, limits.ID_PATTERN)
+    # Absolute times are log times (MIN_LOG_TIME_MS..MAX_LOG_TIME_MS): one past it would never fire.
     not_before, expires_at = body["not_before_ms"], body["expires_at_ms"]
-    if not_before is not None and not_before > ctx.now_ms + limits.MAX_SCHEDULE_AHEAD_MS:
-        raise Rejected(ErrorCode.VALIDATION, "not_before_ms is more than 365 days ahead")
+    if not_before is not None:
+        if not_before > ctx.now_ms + limits.MAX_SCHEDULE_AHEAD_MS:
+            raise Rejected(ErrorCode.VALIDATION, "not_before_ms is more than 365 days ahead")
+        limits.check_integer(f"{kind}.not_before_ms", not_before)
     if expires_at is not None:
         if expires_at <= ctx.now_ms:
             raise Rejected(ErrorCode.VALIDATION, "expires_at_ms is not in the future")
+        limits.check_integer(f"{kind}.expires_at_ms", expires_at)
         if not_before is not None and expires_at <= not_before:
             raise Rejected(ErrorCode.VALIDATION, "expires_at_ms must be after not_before_ms")
     queue_id = record["view"]["incarnation"]

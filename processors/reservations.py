@@ -12,7 +12,7 @@ from __future__ import annotations
 from keyload.projections import keys
 from keyload.projections.store import Staged
 
-from . import retention
+from . import limits, retention
 from .context import Context
 from .errors import Corruption, ErrorCode, Rejected
 from .retention import RESERVATION
@@ -37,7 +37,8 @@ def view(reservation: Record, now_ms: int) -> Record:
 
 
 def load_reservation(stage: Staged, ctx: Context, reservation_id: int) -> Record:
-    if not 1 <= reservation_id <= keys.MAX_U64_ID:
+    # An id outside its range (limits.RESERVATION_ID) names no reservation: never packed into a key.
+    if not limits.RESERVATION_ID.contains(reservation_id):
         raise Rejected(ErrorCode.NOT_FOUND, "reservation does not exist")
     reservation = stage.get_record(keys.reservation(reservation_id), RESERVATION)
     if reservation is None or reservation["domain"] != ctx.domain:

@@ -120,7 +120,8 @@ def _status(stage: Readable, task: Record, now_ms: int) -> Record:
 
 
 def _load_task(stage: Staged, task_id: int) -> Record:
-    task = stage.get_record(keys.retention_task(task_id), TASK) if 1 <= task_id <= keys.MAX_U64_ID else None
+    # An id outside its range (limits.TASK_ID) names no task: never packed into a key.
+    task = stage.get_record(keys.retention_task(task_id), TASK) if limits.TASK_ID.contains(task_id) else None
     if task is None:
         raise Rejected(ErrorCode.NOT_FOUND, "retention task does not exist (or was compacted)")
     return task
@@ -128,7 +129,7 @@ def _load_task(stage: Staged, task_id: int) -> Record:
 
 def list_retention(stage: Staged, body: Record, ctx: Context) -> Record:
     limit = bounded("limit", body["limit"], limits.DEFAULT_RETENTION_PAGE, 1, limits.MAX_RETENTION_PAGE)
-    after = bounded("after_task", body["after_task"], 0, 0, keys.MAX_U64_ID - 1)
+    after = bounded("after_task", body["after_task"], 0, 0, limits.MAX_SEQUENCE)
     tasks: list[Record] = []
     next_after = None
     for key, _ in stage.scan(keys.retention_task(after + 1), keys.prefix_end(keys.RETENTION_TASK)):
@@ -194,7 +195,8 @@ def delete_confirmed(stage: Staged, body: Record, ctx: Context) -> Record:
 
 def advance_recovery_floor(stage: Staged, body: Record, ctx: Context) -> Record:
     floor: int = body["floor_offset"]
-    if not 0 <= floor < ctx.offset:
+    limits.check_integer("AdvanceRecoveryFloor.floor_offset", floor)
+    if floor >= ctx.offset:
         raise Rejected(ErrorCode.VALIDATION, "floor_offset must be below the command's own offset")
     current = recovery_floor(stage)
     if current is None or floor > current:

@@ -37,11 +37,16 @@ def wait(
     sequence = record["next_waiter_sequence"]
     record["next_waiter_sequence"] = sequence + 1
     record["waiting_receives"] += 1
+    # A reply partition outside 0..MAX_REPLY_PARTITION (an Avro int) is one the runtime never
+    # publishes to, so the waiter keeps none rather than a value its record cannot hold.
+    reply_to = ctx.reply_to
+    if reply_to is not None and not limits.INTEGER_FIELD_RANGES["Command.reply_to"].contains(reply_to):
+        reply_to = None
     waiter = {
         "command_id": ctx.command_id,
         "domain": ctx.domain,
         "principal": ctx.principal,
-        "reply_to": ctx.reply_to,
+        "reply_to": reply_to,
         "offset": ctx.offset,
         "fingerprint": ctx.fingerprint,
         "max_messages": max_messages,

@@ -270,8 +270,8 @@ class Embedded:
 
     def state_digest(self, domain: str) -> str:
         """SHA-256 over the domain's partition projection but what every command moves — the applied
-        offset, the last time and the stored outcomes: unchanged by a command that has no effect."""
-        moved = {keys.APPLIED_OFFSET, keys.LAST_TIME}
+        offset and record, the last time and the stored outcomes: unchanged by a command that has no effect."""
+        moved = {keys.APPLIED_OFFSET, keys.LAST_TIME, keys.APPLIED_RECORD}
         digest = hashlib.sha256()
         for key, value in self.store(domain).scan(b"", b"\xff"):
             if key not in moved and key[:1] != keys.OUTCOME:

@@ -351,8 +351,9 @@ def test_topics_through_the_sdk_and_cli_against_a_running_service(tmp_path: Path
         done = run_keyload(*publish, "--event-id", "o-3", "--body", "three", "--header", "carrier=ups")
         assert done.returncode == 0 and json.loads(done.stdout)["events"] == [{"event_id": "o-3", "position": 3}]
         again = run_keyload(*publish, "--event-id", "o-3", "--body", "three", "--header", "carrier=ups")
-        assert again.returncode == 1 and "rejected: DuplicateEventId: event 0 was already published at position 3" in (
-            again.stderr
+        assert (
+            again.returncode == 1
+            and "rejected: DuplicateEventId: event 'o-3' was already published at position 3" in (again.stderr)
         )
         read = json.loads(run_keyload("read", *topic, "--topic", "orders", "--from", "2", "--max-events", "5").stdout)
         assert [(e["position"], e["body"]) for e in read["events"]] == [(2, "two"), (3, "three")]
