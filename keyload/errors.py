@@ -16,6 +16,7 @@ free of SDK imports):
     ├── KeyringError                      keyload.keyring: the keyring file is missing or malformed
     ├── LogError                          keyload.log.base: the log cannot serve the request
     │   ├── LogCorruption                 a record inside a partition fails its checksum
+    │   ├── LogTruncated                  an offset below the log's start (its records were truncated)
     │   └── TopicMismatch                 keyload.log.kafka_log: Kafka topics not as configured
     ├── CodecError                        keyload.log.codec: bytes that are not the expected Avro value
     │   └── UnknownSchema                 an unknown writer schema fingerprint

@@ -36,7 +36,15 @@ from keyload.catalog import CatalogEntry, CatalogError
 from keyload.checkpoints import CheckpointError, Checkpoints
 from keyload.errors import KeyloadError
 from keyload.halts import Halt
-from keyload.log.base import CommandLog, LogCorruption, LogError, LogRecord, record_identity, valid_log_time
+from keyload.log.base import (
+    CommandLog,
+    LogCorruption,
+    LogError,
+    LogRecord,
+    LogTruncated,
+    record_identity,
+    valid_log_time,
+)
 from keyload.log.file_log import DEFAULT_CONFIG
 from keyload.object_store import ObjectStoreError
 from keyload.processors import limits
@@ -190,6 +198,10 @@ class PartitionProcessor:
             records = self.log.read(self.partition, start, limit + 1 if check else limit)
         except LogCorruption as exc:
             self._halt_on_corruption(exc)
+            return []
+        except LogTruncated as exc:
+            reason = f"RecoveryRequired: {exc}; restore a checkpoint at or past the log's start"
+            self.halt = Halt(self.partition, start, reason)
             return []
         except LogError as exc:
             raise Stalled(self.partition, self._applied + 1, exc) from exc

@@ -85,6 +85,10 @@ class LogCorruption(LogError):
         self.offset = offset
 
 
+class LogTruncated(LogError):
+    """The offset asked for lies below the log's start: the records before it were truncated."""
+
+
 def partition_for(domain: str, partitions: int) -> int:
     """The one domain→partition function; every backend must use it.
 

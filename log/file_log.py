@@ -48,7 +48,7 @@ from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 
-from .base import Appended, ClosedOnExit, LogCorruption, LogError, LogRecord, valid_log_time
+from .base import Appended, ClosedOnExit, LogCorruption, LogError, LogRecord, LogTruncated, valid_log_time
 
 HEADER = struct.Struct(">IIQq")  # payload_length, crc32, offset, timestamp_ms
 HEADER_BYTES = HEADER.size
@@ -590,7 +590,7 @@ class FileLog(ClosedOnExit):
         if not bases:
             return None
         if from_offset < bases[0]:
-            raise LogError(
+            raise LogTruncated(
                 f"offset {from_offset} of partition {partition} is below the log's start offset "
                 f"{bases[0]}: the records before it were truncated"
             )

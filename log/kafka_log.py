@@ -37,7 +37,7 @@ from confluent_kafka.admin import (  # type: ignore[attr-defined]
     TopicMetadata,
 )
 
-from .base import Appended, ClosedOnExit, LogError, LogRecord
+from .base import Appended, ClosedOnExit, LogError, LogRecord, LogTruncated
 from .file_log import DEFAULT_CONFIG
 
 MAX_RECORD_BYTES = DEFAULT_CONFIG.max_record_bytes  # the file log's limit: both backends accept the same records
@@ -568,7 +568,7 @@ class KafkaLog(ClosedOnExit):
     def _out_of_range(self, partition: int, offset: int) -> LogError:
         start = self.start_offset(partition)
         if offset < start:
-            return LogError(
+            return LogTruncated(
                 f"offset {offset} of partition {partition} of {self._topic} is below the log's start offset "
                 f"{start}: the records before it were truncated"
             )

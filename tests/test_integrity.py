@@ -510,3 +510,22 @@ def test_catalog_publication_and_retirement_fsync_their_directory(
     catalog.retire(0, 7)
     assert ("fsync", directory) in events
     assert catalog.entries(0) == []
+
+
+def test_a_projection_behind_a_truncated_log_halts_instead_of_stalling(tmp_path: Path) -> None:
+    """The log was truncated past what the projection applied (no checkpoint restored): RecoveryRequired."""
+    root = tmp_path / "data"
+    config = FileLogConfig(segment_bytes=4096, fsync=FsyncPolicy.NONE)
+    with single(root, config) as node:
+        node.append(create())
+        node.run()
+        node.append(*(enqueue(f"m{n}") for n in range(200)))  # many segments
+        behind = Store(tmp_path / "behind")  # a projection that applied only offset 0
+        node.log.truncate_before(0, 150)
+        start = node.log.start_offset(0)
+        assert start > 1
+        processor = PartitionProcessor(0, 1, node.log, behind)
+        assert processor.step() == 0
+        assert processor.halt is not None and processor.halt.reason.startswith("RecoveryRequired")
+        assert "truncated" in processor.halt.reason
+        behind.close()
