@@ -459,7 +459,8 @@ def run_until(
             continue
         if idle_exit:
             break
-        idle(idle_wait)
+        wait = idle_wait if ticker is None else min(idle_wait, ticker.next_poll_ms(wall_clock_ms()) / 1000)
+        idle(wait)  # never past the ticker's next look: a due timer is not kept waiting by the idle back-off
         idle_wait = min(idle_wait * 2, idle_max_s)
     return [p.halt for p in processors if p.halt is not None]
 
