@@ -25,6 +25,7 @@ free of SDK imports):
     ├── CatalogError                      keyload.catalog: the checkpoint catalog cannot be read or written
     │   └── NotPublished                  a pin names an offset that is not a published checkpoint
     ├── RecoveryError                     keyload.recovery: a replay or drill cannot run as asked
+    │   └── ReplayDiverged                the log does not hold the record the start state applied last
     ├── ObjectStoreError                  keyload.object_store: the object store cannot serve the request
     │   └── ObjectConflict, ObjectCorrupt
     ├── PayloadError                      keyload.payloads: a large payload cannot be uploaded or read

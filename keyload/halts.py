@@ -10,6 +10,7 @@ offset and why; a partition that is served again at start-up has its file remove
 from __future__ import annotations
 
 import json
+import logging
 import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -32,12 +33,16 @@ def _path(root: Path, partition: int) -> Path:
 
 
 def record_halt(root: str | os.PathLike[str], halt: Halt) -> None:
-    """Write the halt's file atomically (a reader never sees half of it)."""
+    """Write the halt's file atomically (a reader never sees half of it). A file that cannot be
+    written (a full disk) is reported, not raised: the halt itself is already in effect."""
     path = _path(Path(root), halt.partition)
-    path.parent.mkdir(mode=0o700, exist_ok=True)
-    temporary = path.with_suffix(".tmp")
-    temporary.write_text(json.dumps(asdict(halt)) + "\n", "utf-8")
-    os.replace(temporary, path)
+    try:
+        path.parent.mkdir(mode=0o700, exist_ok=True)
+        temporary = path.with_suffix(".tmp")
+        temporary.write_text(json.dumps(asdict(halt)) + "\n", "utf-8")
+        os.replace(temporary, path)
+    except OSError as exc:
+        logging.getLogger("keyload.halts").error("cannot record the halt of partition %d: %s", halt.partition, exc)
 
 
 def clear_halt(root: str | os.PathLike[str], partition: int) -> None:

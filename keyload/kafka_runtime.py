@@ -20,6 +20,7 @@ same outcomes and the same state, so an overlap is harmless.
 
 from __future__ import annotations
 
+import itertools
 import shutil
 import sys
 import time
@@ -60,13 +61,12 @@ class PartitionFeed:
         self._records.append(record)
 
     def read(self, partition: int, from_offset: int, max_records: int) -> list[LogRecord]:
+        """The fetched records from `from_offset` on. Records are dropped only once a read starts
+        past them, so a group that could not be committed (a stall, a missing key) is read again."""
         assert partition == self.partition
         while self._records and self._records[0].offset < from_offset:
             self._records.popleft()
-        taken: list[LogRecord] = []
-        while self._records and len(taken) < max_records:
-            taken.append(self._records.popleft())
-        return taken
+        return list(itertools.islice(self._records, max_records))
 
     def end_offset(self, partition: int) -> int:
         return self._end_offset(partition)
@@ -138,9 +138,6 @@ class KafkaService:
                         pass
                 report_halts(processors, reported, lambda halt: record_halt(self.data.root, halt))
                 stalls.tick(self.ticker, processors)
-                retry = stalls.retry_wait_s()
-                if retry is not None:
-                    stop.wait(retry)
                 if time.monotonic() - last_commit >= ADVISORY_COMMIT_INTERVAL_S:
                     self._commit_advisory(list(self.owned))
                     last_commit = time.monotonic()

@@ -23,6 +23,11 @@ class RecoveryError(KeyloadError):
     """A replay or drill cannot run as asked (bad offsets, missing checkpoint, busy target)."""
 
 
+class ReplayDiverged(RecoveryError):
+    """The log does not hold the record the replay's start state applied last: no replay from there
+    can reproduce what the log now says."""
+
+
 @dataclass(frozen=True, slots=True)
 class Replayed:
     partition: int
@@ -83,7 +88,7 @@ def replay(
         try:
             processor = PartitionProcessor(partition, data.partitions, log, store, keyring=data.keyring())
             if processor.halt is not None:  # the log does not hold the record the start state applied last
-                raise RecoveryError(f"replay cannot start at offset {from_offset}: {processor.halt.reason}")
+                raise ReplayDiverged(f"replay cannot start at offset {from_offset}: {processor.halt.reason}")
             total = target - processor.applied_offset
             with tqdm(total=total, desc=f"replay p{partition}", unit="cmd", disable=not progress) as bar:
                 while processor.applied_offset < target:
@@ -189,7 +194,7 @@ def _restore(data: DataDir, partition: int, scratch: Path, progress: bool) -> Re
         attempt = scratch / f"from-{entry.offset}"
         try:
             rebuilt = replay(data, partition, attempt, entry.offset + 1, progress=progress)
-        except RecoveryError:
+        except ReplayDiverged:
             retired.append(entry.offset)  # its applied record is not the log's: the log diverged before it
             continue
         scratch, start = attempt, f"checkpoint at offset {entry.offset}"

@@ -157,7 +157,8 @@ class PartitionProcessor:
         """
         try:
             return self._step(stop_after)
-        except MissingKey:
+        except MissingKey as first:
+            missing = first
             if self.keyring_loader is not None:
                 self.keyring = dict(self.keyring_loader())
                 try:
@@ -200,6 +201,9 @@ class PartitionProcessor:
             self._halt_on_corruption(exc)
             return []
         except LogTruncated as exc:
+            if check:  # truncated through the applied record (up to the floor + 1): nothing left to compare
+                self._verified = True
+                return self._read(limit)
             reason = f"RecoveryRequired: {exc}; restore a checkpoint at or past the log's start"
             self.halt = Halt(self.partition, start, reason)
             return []
@@ -263,9 +267,7 @@ class PartitionProcessor:
         """
         try:
             self.log.sync_through(self.partition, group.applied)
-            if group.published:
-                assert self.outcomes is not None
-                self.outcomes.append_batches(group.published)
+            self._publish(group.published)
             self.store.commit(
                 group.stage.encoded_writes(), group.applied, group.last_time, record_identity(group.last_record)
             )
@@ -288,12 +290,40 @@ class PartitionProcessor:
             )
         return True
 
+    def _publish(self, published: dict[int, list[bytes]]) -> None:
+        """Append the group's outcomes, reply partition by reply partition.
+
+        A corrupt reply partition of the outcome stream (derived data, never
+        fsynced) loses its outcomes and is reported; it does not halt the command
+        partition: every outcome is stored, and a client resubmitting by command id
+        is answered on another reply partition or once the stream is repaired.
+        """
+        if not published:
+            return
+        assert self.outcomes is not None
+        for reply_to, outcomes in published.items():
+            try:
+                self.outcomes.append(reply_to, outcomes)
+            except LogCorruption as exc:
+                log.error(
+                    "partition %d: %d outcomes not published: outcome partition %d is damaged (%s); "
+                    "stop the service and delete log/outcomes/p-%04d (derived data) to repair it",
+                    self.partition,
+                    len(outcomes),
+                    reply_to,
+                    exc,
+                    reply_to,
+                )
+
     def _reopen_store(self) -> None:
+        """Reopen the projection after a failed write; it may hold the failed group after all
+        (RocksDB recovered it from its write-ahead log), so the position is read again."""
         try:
             self.store.reopen()
         except StoreError as exc:
             raise Stalled(self.partition, self._applied + 1, exc) from exc
         self._store_failed = False
+        self._applied, self._last_time = self.store.applied_offset, self.store.last_time_ms
         self._verified = False
 
     def _verify_applied_record(self) -> None:
@@ -306,8 +336,19 @@ class PartitionProcessor:
         except LogCorruption as exc:
             self._halt_on_corruption(exc)
             return
-        except LogError:
-            return  # below the log's start (truncated): there is nothing to compare; reading on will say so
+        except LogTruncated:
+            self._verified = True  # truncated through the applied record: there is nothing to compare
+            return
+        except LogError as exc:  # a log that cannot be read now (Kafka: past its end, or unreachable)
+            try:
+                ended = self._identity_log.end_offset(self.partition) <= self._applied
+            except LogError:
+                ended = False
+            if ended:
+                self._check_identity(None)
+            else:
+                log.warning("partition %d: the applied record could not be checked: %s", self.partition, exc)
+            return
         self._check_identity(records[0] if records else None)
 
     def _check_identity(self, record: LogRecord | None) -> bool:
@@ -379,31 +420,36 @@ def wall_clock_ms() -> int:
 class Stalls:
     """Steps partitions and tracks those waiting for a write to succeed again (a full disk).
 
-    It says so once when a partition stalls and once when it resumes, and
-    gives the back-off to wait between tries; with `fail_fast` the first stall
-    is raised instead (the operator asked the service to exit on it).
+    It says so once when a partition stalls and once when it resumes. A stalled
+    partition is tried again after a back-off of its own (STALL_RETRY_MIN_S,
+    doubling to STALL_RETRY_MAX_S) while the others go on at full speed; with
+    `fail_fast` the first stall is raised instead (the operator asked the
+    service to exit on it).
     """
 
-    def __init__(self, fail_fast: bool = False) -> None:
+    def __init__(self, fail_fast: bool = False, clock: Callable[[], float] = time.monotonic) -> None:
         self.fail_fast = fail_fast
-        self.waiting: set[int] = set()
-        self._retry_s = STALL_RETRY_MIN_S
+        self.waiting: dict[int, tuple[float, float]] = {}  # partition -> (when to try again, back-off)
+        self._clock = clock
 
     def step(self, processor: PartitionProcessor) -> int:
+        partition = processor.partition
+        waiting = self.waiting.get(partition)
+        if waiting is not None and self._clock() < waiting[0]:
+            return 0
         try:
             count = processor.step()
         except Stalled as exc:
             if self.fail_fast:
                 raise
-            if processor.partition not in self.waiting:
+            if waiting is None:
                 log.error("%s; retrying until it succeeds", exc)
-                self.waiting.add(processor.partition)
+            backoff = STALL_RETRY_MIN_S if waiting is None else min(waiting[1] * 2, STALL_RETRY_MAX_S)
+            self.waiting[partition] = (self._clock() + backoff, backoff)
             return 0
-        if processor.partition in self.waiting:
-            self.waiting.discard(processor.partition)
-            log.warning(
-                "partition %d: writes succeed again; applied through %d", processor.partition, processor.applied_offset
-            )
+        if waiting is not None:
+            del self.waiting[partition]
+            log.warning("partition %d: writes succeed again; applied through %d", partition, processor.applied_offset)
         return count
 
     def tick(self, ticker: Ticker, processors: list[PartitionProcessor]) -> int:
@@ -415,14 +461,6 @@ class Stalls:
                 raise
             log.error("ticker: cannot append a Tick: %s; retrying", exc)
             return 0
-
-    def retry_wait_s(self) -> float | None:
-        """How long to wait before trying the stalled partitions again; None: nothing is stalled."""
-        if not self.waiting:
-            self._retry_s = STALL_RETRY_MIN_S
-            return None
-        wait, self._retry_s = self._retry_s, min(self._retry_s * 2, STALL_RETRY_MAX_S)
-        return wait
 
 
 def run_until(
@@ -450,14 +488,10 @@ def run_until(
         applied = sum(stalls.step(processor) for processor in processors)
         report_halts(processors, reported, on_halt)
         ticked = stalls.tick(ticker, processors) if ticker is not None else 0
-        retry = stalls.retry_wait_s()
-        if retry is not None:
-            stop.wait(retry)
-            continue
         if applied or ticked:
             idle_wait = IDLE_POLL_MIN_S
             continue
-        if idle_exit:
+        if idle_exit and not stalls.waiting:
             break
         wait = idle_wait if ticker is None else min(idle_wait, ticker.next_poll_ms(wall_clock_ms()) / 1000)
         idle(wait)  # never past the ticker's next look: a due timer is not kept waiting by the idle back-off

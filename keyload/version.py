@@ -1,3 +1,3 @@
 """The package version, also recorded as the processor version in checkpoint manifests."""
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"

@@ -25,10 +25,12 @@ by searching the bytes (a payload may hold frame-shaped bytes). A frame that is
 incomplete or fails its CRC is a torn tail (a write in progress, or a crashed
 appender) when walking on from it reaches the end of the file without meeting a
 valid frame. Readers stop in front of it; the next append, or repair(), truncates
-it. A bad frame that the walk finds a valid frame after, a length no appender
-could have written (over max_record_bytes), a bad frame in a segment that has a
-successor, or an offset out of sequence is corruption: LogCorruption, which names
-the partition and offset and stops only that partition.
+it. A bad frame that the walk finds a valid frame after, a frame whole but for
+its length field (its CRC verifies up to a valid frame of the next offset), a bad
+frame in a segment that has a successor, or an offset out of sequence is
+corruption: LogCorruption, which names the partition and offset and stops only
+that partition. Damage to the very last frame of the active segment cannot be
+told from a tear and is cut like one.
 
 Files are private to the service: segments and the lock file are created 0600 and
 partition directories 0700.

@@ -16,13 +16,13 @@ import pytest
 from keyload.client import Client
 from keyload.datadir import DataDir
 from keyload.halts import recorded_halts
-from keyload.log.base import MAX_LOG_TIME_MS, LogRecord, partition_for, record_identity
+from keyload.log.base import MAX_LOG_TIME_MS, LogError, LogRecord, partition_for, record_identity
 from keyload.log.codec import REGISTRY
 from keyload.log.file_log import FileLog, FileLogConfig, FsyncPolicy
 from keyload.projections import keys
 from keyload.projections.store import Store
 from keyload.recovery import drill, restore
-from keyload.runtime import PartitionProcessor
+from keyload.runtime import STALL_RETRY_MIN_S, PartitionProcessor, Stalled, Stalls
 
 from .support import (
     CHECKPOINT,
@@ -529,3 +529,91 @@ def test_a_projection_behind_a_truncated_log_halts_instead_of_stalling(tmp_path:
         assert processor.halt is not None and processor.halt.reason.startswith("RecoveryRequired")
         assert "truncated" in processor.halt.reason
         behind.close()
+
+
+# -- stalls: the group is applied again, by itself, while the others go on ------------------------------
+
+
+class FlakyOutcomes:
+    """An outcome stream whose first `failures` appends fail as a full disk would."""
+
+    def __init__(self, inner: FileLog, failures: int) -> None:
+        self.inner = inner
+        self.failures = failures
+        self.partitions = inner.partitions
+
+    def append(self, partition: int, values: list[bytes]) -> object:
+        if self.failures > 0:
+            self.failures -= 1
+            raise LogError("file log I/O failed: [Errno 28] No space left on device")
+        return self.inner.append(partition, values)
+
+
+def test_a_stalled_group_from_the_kafka_feed_is_applied_when_retried(tmp_path: Path) -> None:
+    """Kafka mode's feed keeps the records of a group that could not be committed."""
+    from keyload.kafka_runtime import PartitionFeed
+
+    with single(tmp_path / "data", FileLogConfig(fsync=FsyncPolicy.NONE)) as node:
+        values = [command(DOMAIN, CREATE_QUEUE, create_queue_body(QUEUE), command_id="create", reply_to=0)] + [
+            command(DOMAIN, ENQUEUE, enqueue_body(QUEUE, f"m{n}"), command_id=f"enqueue-m{n}", reply_to=0)
+            for n in range(3)
+        ]
+        node.append(*values)
+        feed = PartitionFeed(0, node.log.end_offset)
+        for record in node.log.read(0, 0, 10):
+            feed.push(record)
+        outcomes = FlakyOutcomes(node.data.outcome_log(), failures=1)  # type: ignore[arg-type]
+        processor = PartitionProcessor(0, 1, feed, node.store, outcomes, verify_on_resume=False)  # type: ignore[arg-type]
+        stalls = Stalls(clock=lambda: 0.0)
+        assert stalls.step(processor) == 0
+        assert 0 in stalls.waiting and processor.applied_offset == -1
+        stalls.waiting[0] = (0.0, STALL_RETRY_MIN_S)  # its back-off is over
+        assert stalls.step(processor) == 4
+        assert not stalls.waiting and processor.halt is None
+        assert stored_message_ids(node.store) == {"m0", "m1", "m2"}
+
+
+def test_a_stalled_partition_waits_alone(tmp_path: Path) -> None:
+    class Stuck:
+        partition, applied_offset = 0, 5
+
+        def step(self) -> int:
+            raise Stalled(0, 6, OSError(28, "No space left on device"))
+
+    class Busy:
+        partition, applied_offset = 1, 0
+
+        def step(self) -> int:
+            return 3
+
+    now = [100.0]
+    stalls = Stalls(clock=lambda: now[0])
+    stuck, busy = Stuck(), Busy()
+    assert stalls.step(stuck) == 0  # type: ignore[arg-type]
+    assert stalls.step(busy) == 3  # type: ignore[arg-type]
+    retry_at, backoff = stalls.waiting[0]
+    assert (retry_at, backoff) == (100.0 + STALL_RETRY_MIN_S, STALL_RETRY_MIN_S)
+    now[0] += STALL_RETRY_MIN_S / 2
+    assert stalls.step(stuck) == 0 and stalls.waiting[0] == (retry_at, backoff)  # not tried yet
+    now[0] = retry_at
+    assert stalls.step(stuck) == 0
+    assert stalls.waiting[0][1] == 2 * STALL_RETRY_MIN_S  # tried, failed, backs off longer
+    with pytest.raises(Stalled):
+        Stalls(fail_fast=True).step(stuck)  # type: ignore[arg-type]
+
+
+def test_a_truncation_through_the_applied_record_is_not_a_lost_tail(tmp_path: Path) -> None:
+    """`keyload log truncate --before floor+1` may delete the very record the projection applied last."""
+    root = tmp_path / "data"
+    with single(root, FileLogConfig(segment_bytes=4096, fsync=FsyncPolicy.NONE)) as node:
+        node.append(create(), *(enqueue(f"m{n}") for n in range(60)))
+        node.run()
+        applied = node.processor.applied_offset
+        (root / "log" / "commands" / "p-0000" / f"{applied + 1:020d}.seg").touch()  # a roll right after it
+        node.append(*(enqueue(f"n{n}") for n in range(60)))
+        assert node.log.truncate_before(0, applied + 1) == applied + 1  # the applied record is gone
+        node.restart()
+        assert node.processor.halt is None
+        node.run()
+        assert node.processor.halt is None
+        assert node.processor.applied_offset == applied + 60
