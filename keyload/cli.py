@@ -120,7 +120,8 @@ def _object_store(args: argparse.Namespace) -> ObjectStoreConfig | None:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    logging.basicConfig(level=logging.INFO, format="keyload: %(message)s", stream=sys.stderr)
+    # keyload's own warnings and errors (halts, poison, stalls); libraries' chatter stays out of the output.
+    logging.basicConfig(level=logging.WARNING, format="keyload: %(message)s", stream=sys.stderr)
     kafka = None
     if args.kafka is not None:
         kafka = KafkaConfig(args.kafka, args.topic_prefix, args.replication_factor, args.min_insync_replicas)
