@@ -38,7 +38,7 @@ def native_broker(tmp_path: Path) -> Iterator[NativeBroker]:
     problem = native_broker_available()
     if problem is not None:
         unavailable(problem)
-    with NativeBroker(tmp_path / "kafka") as broker:
+    with NativeBroker(tmp_path / "kafka", quick_jit=True) as broker:
         yield broker
 
 

@@ -13,7 +13,7 @@ from typing import NoReturn
 
 import pytest
 
-from keyload.broker import SINGLE_NODE_SETTINGS, NativeBroker, native_broker_available
+from keyload.broker import SINGLE_NODE_SETTINGS, NativeBroker, native_broker_available, wait_serving
 
 BOOTSTRAP_ENV = "KEYLOAD_KAFKA_BOOTSTRAP"
 
@@ -51,12 +51,14 @@ def kafka_broker(workdir: Path) -> Iterator[str]:
         for key, value in SINGLE_NODE_SETTINGS.items():  # the image maps KAFKA_A_B to property a.b
             container.with_env("KAFKA_" + key.upper().replace(".", "_"), value)
         with container:
-            yield container.get_bootstrap_server()
+            bootstrap = container.get_bootstrap_server()
+            wait_serving(bootstrap, NativeBroker.START_TIMEOUT_S)  # the container's own wait only reads its log
+            yield bootstrap
         return
     reasons.append(problem)
     problem = native_broker_available()
     if problem is None:
-        with NativeBroker(workdir) as broker:
+        with NativeBroker(workdir, quick_jit=True) as broker:
             yield broker.bootstrap
         return
     reasons.append(problem)

@@ -1,14 +1,22 @@
-"""The test brokers are real Kafka: topics, produce and consume work, and a restarted broker keeps its data."""
+"""The test brokers are real Kafka: topics, produce and consume work, a restarted broker keeps its data and address,
+and a port taken before the broker binds it does not fail the start."""
 
 from __future__ import annotations
 
+import socket
+import threading
 import time
 import uuid
+from pathlib import Path
 
+import pytest
 from confluent_kafka import Consumer, Message, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from keyload.broker import NativeBroker
+from keyload import broker
+from keyload.broker import NativeBroker, native_broker_available
+
+from .kafka import unavailable
 
 
 def create_topic(bootstrap: str) -> str:
@@ -57,3 +65,38 @@ def test_a_restarted_broker_keeps_its_records_and_address(native_broker: NativeB
     assert native_broker.bootstrap == bootstrap
     message = consume_one(bootstrap, topic)
     assert (message.key(), message.value()) == (b"k", b"durable")
+
+
+def test_a_port_taken_before_the_broker_binds_it_is_replaced_at_first_and_waited_for_after(tmp_path: Path) -> None:
+    """A socket bound to the port the way an outgoing connection's is (no SO_REUSEADDR, not listening)."""
+    problem = native_broker_available()
+    if problem is not None:
+        unavailable(problem)
+    native = NativeBroker(tmp_path / "kafka", quick_jit=True)
+    picked = native.port
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", picked))
+        native.start()  # nobody knows its address yet: it takes another port
+    try:
+        assert native.port != picked
+        assert "Address already in use" in native.log_path.read_text()
+        bootstrap = native.bootstrap
+        topic = create_topic(bootstrap)
+        produce(bootstrap, topic, b"k", b"v")
+        native.stop()
+        holder = socket.socket()
+        holder.bind(("127.0.0.1", native.port))
+        threading.Timer(3, holder.close).start()
+        native.start()  # its clients know this address: it waits for the port
+        assert native.bootstrap == bootstrap
+        assert consume_one(bootstrap, topic).value() == b"v"
+    finally:
+        native.stop()
+
+
+def test_a_cluster_id_never_starts_with_a_dash(monkeypatch: pytest.MonkeyPatch) -> None:
+    """kafka-storage format takes "-t -..." for a missing argument: one random id in 64 would fail the start."""
+    draws = iter([uuid.UUID(bytes=b"\xf8" + bytes(15)), uuid.UUID(bytes=b"\x00" * 16)])
+    monkeypatch.setattr(broker.uuid, "uuid4", lambda: next(draws))
+    cluster_id = broker.new_cluster_id()
+    assert cluster_id == "AAAAAAAAAAAAAAAAAAAAAA"  # the second draw: the first would have begun with "-"
