@@ -36,7 +36,7 @@ LOG4J_VERSION = "2.25.3"
 DEPENDENCY_PLUGIN = "org.apache.maven.plugins:maven-dependency-plugin:3.8.1"
 HEAP = "-Xmx512m"
 # C1 only: a broker JVM starts in about half the time on a loaded two-core machine, at some cost to peak throughput, so
-# for the tests' brokers (NativeBroker(quick_jit=True)) and not for the benchmarks'.
+# for brokers that tests stop and start again (NativeBroker(quick_jit=True)), not for long-lived or benchmarked ones.
 QUICK_JIT = "-XX:TieredStopAtLevel=1"
 CDS_QUIET = "-Xlog:cds=off,cds+dynamic=off"  # which classes a class archive leaves out and why: no news for the log
 

@@ -620,8 +620,13 @@ class KafkaLog(ClosedOnExit):
             raise LogError(f"partition {partition} is not in 0..{self._partitions - 1}")
 
 
+# librdkafka writes its log to stderr itself; its informational lines ("Purging 1 unserved events from
+# background queue" when an admin client goes away) are no news for an operator: warnings and errors only.
+LIBRDKAFKA_LOG_LEVEL = 4
+
+
 def _client_config(settings: KafkaSettings) -> dict[str, Any]:
-    return {"bootstrap.servers": settings.bootstrap, **settings.client_config}
+    return {"bootstrap.servers": settings.bootstrap, "log_level": LIBRDKAFKA_LOG_LEVEL, **settings.client_config}
 
 
 def producer_config(settings: KafkaSettings) -> dict[str, Any]:

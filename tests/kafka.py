@@ -58,7 +58,7 @@ def kafka_broker(workdir: Path) -> Iterator[str]:
     reasons.append(problem)
     problem = native_broker_available()
     if problem is None:
-        with NativeBroker(workdir, quick_jit=True) as broker:
+        with NativeBroker(workdir) as broker:  # long-lived: C2 pays off (quick_jit is for brokers that restart)
             yield broker.bootstrap
         return
     reasons.append(problem)

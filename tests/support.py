@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import re
 import signal
 import subprocess
 import sys
@@ -366,15 +367,24 @@ def spread_domains(count: int, partitions: int) -> list[str]:
 
 
 def start_service(data: Path, *args: str) -> subprocess.Popen[bytes]:
-    """Start `keyload run` over `data` and wait until it serves."""
+    """Start `keyload run` over `data` and wait until it serves.
+
+    Its stderr is merged into its stdout, and librdkafka writes log lines of its own there (such as
+    "%6|...|BGQUEUE|...| Purging 1 unserved events from background queue" when an admin client goes away):
+    those may come before the serving line, and are passed over."""
     process = subprocess.Popen(
         keyload_command("run", "--data", str(data), *args),
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
     )
     assert process.stdout is not None
-    line = process.stdout.readline().decode()
-    assert line.startswith("keyload: serving"), line
+    seen: list[str] = []
+    while True:
+        line = process.stdout.readline().decode()
+        seen.append(line)
+        if not re.match(r"%\d\|", line):
+            break
+    assert line.startswith("keyload: serving"), "".join(seen)
     threading.Thread(target=process.stdout.read, daemon=True).start()  # drained: a full pipe would block it
     return process
 
