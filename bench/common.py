@@ -32,13 +32,13 @@ from typing import Any, ClassVar
 
 from rocksdict import Options, Rdict, WriteBatch, WriteOptions
 
-from keyload.datadir import DataDir
 from keyload.log.base import partition_for
 from keyload.log.codec import REGISTRY
+from keyload.operations.recovery import replay
 from keyload.projections import keys
 from keyload.projections.store import Store
-from keyload.recovery import replay
-from keyload.runtime import PartitionProcessor
+from keyload.service.runtime import PartitionProcessor
+from keyload.storage.datadir import DataDir
 
 COMMAND = "keyload.Command"
 OUTCOME = "keyload.Outcome"

@@ -49,16 +49,16 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from keyload.client import Client
-from keyload.datadir import DataDir
-from keyload.doorbell import Doorbell
 from keyload.log.base import CommandLog, partition_for
 from keyload.log.codec import REGISTRY
 from keyload.processors import limits
 from keyload.projections import keys
 from keyload.projections.store import Store, StoreError
-from keyload.results import QueuePolicy
-from keyload.ticker import DEFAULT_TICK_INTERVAL_MS
+from keyload.sdk.client import Client
+from keyload.sdk.results import QueuePolicy
+from keyload.service.doorbell import Doorbell
+from keyload.service.ticker import DEFAULT_TICK_INTERVAL_MS
+from keyload.storage.datadir import DataDir
 
 from .common import COMMAND, DOMAIN, OUTCOME, PRINCIPAL, BenchError, Record, environment
 from .kafka import process_cpu_s

@@ -50,9 +50,8 @@ import confluent_kafka
 from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
+from devtools.broker import HEAP, KAFKA_VERSION, BrokerError, NativeBroker, native_broker_available
 from keyload import Client
-from keyload.broker import HEAP, KAFKA_VERSION, BrokerError, NativeBroker, native_broker_available
-from keyload.datadir import DEFAULT_OUTCOME_PARTITIONS, DEFAULT_PARTITIONS, DataDir, KafkaConfig
 from keyload.errors import KeyloadError
 from keyload.log.base import LogError, partition_for
 from keyload.log.codec import REGISTRY
@@ -69,7 +68,8 @@ from keyload.log.kafka_log import (
 )
 from keyload.processors import limits
 from keyload.processors.policy import INTEGER_FIELDS
-from keyload.results import QueuePolicy
+from keyload.sdk.results import QueuePolicy
+from keyload.storage.datadir import DEFAULT_OUTCOME_PARTITIONS, DEFAULT_PARTITIONS, DataDir, KafkaConfig
 
 from .common import COMMAND, DOMAIN, OUTCOME, PRINCIPAL, QUEUE, SEED, BenchError, environment
 
@@ -645,8 +645,8 @@ def kafka_broker(given: str | None, workdir: Path) -> Iterator[tuple[str, str]]:
         yield (
             broker.bootstrap,
             (
-                f"Kafka {KAFKA_VERSION} (keyload.broker.NativeBroker, started for this run): 1 KRaft broker+controller "
-                f"node at {broker.bootstrap}, heap {HEAP.removeprefix('-Xmx')}"
+                f"Kafka {KAFKA_VERSION} (devtools.broker.NativeBroker, started for this run): 1 KRaft broker+controller"
+                f" node at {broker.bootstrap}, heap {HEAP.removeprefix('-Xmx')}"
             ),
         )
     finally:

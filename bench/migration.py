@@ -21,9 +21,9 @@ import tempfile
 from pathlib import Path
 
 from keyload.log.codec import REGISTRY, Released
+from keyload.operations.recovery import replay
 from keyload.projections import keys
 from keyload.projections.store import Store
-from keyload.recovery import replay
 
 from .common import OUTCOME, Stopwatch, Write, raw_writes
 from .throughput import prepare

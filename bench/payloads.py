@@ -28,17 +28,17 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from keyload.datadir import DataDir
 from keyload.log.base import partition_for
 from keyload.log.codec import REGISTRY
-from keyload.object_store import FileObjectStore
-from keyload.payloads import PayloadGateway
-from keyload.processors import proofs
-from keyload.processors.handles import UploadHandle, open_handle
+from keyload.processors.payloads import proofs
+from keyload.processors.payloads.handles import UploadHandle, open_handle
 from keyload.processors.policy import default_spec
 from keyload.projections.store import Store
-from keyload.results import PayloadReservation
-from keyload.runtime import MAX_GROUP_RECORDS, PartitionProcessor
+from keyload.sdk.payloads import PayloadGateway
+from keyload.sdk.results import PayloadReservation
+from keyload.service.runtime import MAX_GROUP_RECORDS, PartitionProcessor
+from keyload.storage.datadir import DataDir
+from keyload.storage.object_store import FileObjectStore
 
 from .common import DOMAIN, OUTCOME, QUEUE, BenchError, encode_command, environment
 

@@ -33,14 +33,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from keyload.datadir import DataDir
 from keyload.log.base import CommandLog, partition_for
 from keyload.log.codec import REGISTRY
+from keyload.operations.recovery import replay
 from keyload.processors import limits
 from keyload.processors.policy import INTEGER_FIELDS, default_spec
 from keyload.projections.store import Store
-from keyload.recovery import replay
-from keyload.runtime import MAX_GROUP_RECORDS, PartitionProcessor
+from keyload.service.runtime import MAX_GROUP_RECORDS, PartitionProcessor
+from keyload.storage.datadir import DataDir
 
 from .common import (
     DOMAIN,

@@ -37,8 +37,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from keyload import Client
-from keyload.consumer import ExactlyOnce
-from keyload.results import Delivery, EnqueueMessage, Mutation, PutDocument
+from keyload.sdk.consumer import ExactlyOnce
+from keyload.sdk.results import Delivery, EnqueueMessage, Mutation, PutDocument
 
 ORDERS = "orders"
 SHIPMENTS = "shipments"

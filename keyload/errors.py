@@ -12,8 +12,8 @@ free of SDK imports):
     ├── OutcomeTimeout                    no outcome in time: resubmit with the same command id
     ├── InvalidCommand (also ValueError)  refused by the client before appending: nothing was appended
     │   └── CommandTooLarge               the encoded command is over the log's record limit
-    ├── DataDirError                      keyload.datadir: the data directory is missing or unreadable
-    ├── KeyringError                      keyload.keyring: the keyring file is missing or malformed
+    ├── DataDirError                      keyload.storage.datadir: the data directory is missing or unreadable
+    ├── KeyringError                      keyload.storage.keyring: the keyring file is missing or malformed
     ├── LogError                          keyload.log.base: the log cannot serve the request
     │   ├── LogCorruption                 a record inside a partition fails its checksum
     │   ├── LogTruncated                  an offset below the log's start (its records were truncated)
@@ -21,17 +21,17 @@ free of SDK imports):
     ├── CodecError                        keyload.log.codec: bytes that are not the expected Avro value
     │   └── UnknownSchema                 an unknown writer schema fingerprint
     ├── StoreError                        keyload.projections.store: a projection cannot be opened or written
-    ├── CheckpointError                   keyload.checkpoints: a checkpoint cannot be found, fetched or published
-    ├── CatalogError                      keyload.catalog: the checkpoint catalog cannot be read or written
+    ├── CheckpointError                   keyload.operations.checkpoints: a checkpoint cannot be fetched or published
+    ├── CatalogError                      keyload.operations.catalog: the checkpoint catalog cannot be read or written
     │   └── NotPublished                  a pin names an offset that is not a published checkpoint
-    ├── RecoveryError                     keyload.recovery: a replay or drill cannot run as asked
+    ├── RecoveryError                     keyload.operations.recovery: a replay or drill cannot run as asked
     │   └── ReplayDiverged                the log does not hold the record the start state applied last
-    ├── ObjectStoreError                  keyload.object_store: the object store cannot serve the request
+    ├── ObjectStoreError                  keyload.storage.object_store: the object store cannot serve the request
     │   └── ObjectConflict, ObjectCorrupt
-    ├── PayloadError                      keyload.payloads: a large payload cannot be uploaded or read
+    ├── PayloadError                      keyload.sdk.payloads: a large payload cannot be uploaded or read
     │   └── PayloadConflict
-    ├── AlreadyServed                     keyload.service: another `keyload run` serves the data directory
-    ├── Stalled                           keyload.runtime: a partition could not make its group durable
+    ├── AlreadyServed                     keyload.service.embedded: another `keyload run` serves the data directory
+    ├── Stalled                           keyload.service.runtime: a partition could not make its group durable
     └── UsageError                        keyload.cli: bad command-line input (the CLI exits 2)
 
 The CLI prints any of them as one line, `keyload: <message>` on stderr, and exits 1
@@ -48,7 +48,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from .results import Outcome
+    from keyload.sdk.results import Outcome
 
 
 class KeyloadError(Exception):

@@ -6,7 +6,7 @@ everything; the step exists so that adding policy changes no call site.
 
 from __future__ import annotations
 
-from .context import Context
+from keyload.processors.context import Context
 
 
 def authorize(ctx: Context, command_kind: str) -> None:

@@ -25,31 +25,23 @@ from keyload.log.codec import (
     expanded_current,
     history,
 )
+from keyload.processors import batch, key_rotation, limits, timers
+from keyload.processors.access import authorize
+from keyload.processors.context import Context
+from keyload.processors.documents import document as documents
+from keyload.processors.documents import inbox
+from keyload.processors.errors import ErrorCode, Rejected
+from keyload.processors.groups import group as groups
+from keyload.processors.groups import leases as group_leases
+from keyload.processors.outcomes import OUTCOME, new_outcome, reject
+from keyload.processors.payloads import reservations, retention
+from keyload.processors.payloads import schedule as payloads
+from keyload.processors.payloads.retention import RESERVATION
+from keyload.processors.queues import dead_letters, leases
+from keyload.processors.queues import resource as queues
+from keyload.processors.topics import topic as topics
 from keyload.projections import keys
 from keyload.projections.store import Staged
-
-from . import (
-    batch,
-    dead_letters,
-    documents,
-    group_leases,
-    groups,
-    inbox,
-    key_rotation,
-    leases,
-    limits,
-    payloads,
-    queues,
-    reservations,
-    retention,
-    timers,
-    topics,
-)
-from .access import authorize
-from .context import Context
-from .errors import ErrorCode, Rejected
-from .outcomes import OUTCOME, new_outcome, reject
-from .retention import RESERVATION
 
 Record = dict[str, Any]
 Handler = Callable[[Staged, Record, Context], Record | None]

@@ -6,7 +6,7 @@ its own. They run in order on the command's stage: a later mutation sees the
 earlier ones, and a refusal anywhere drops the stage, so nothing applies. The
 refusal names the failing mutation (`failed_index`) and keeps its code.
 
-Processing commands (processors/inbox.py) apply their effects the same way and
+Processing commands (processors/documents/inbox.py) apply their effects the same way and
 tell apart a repeat from a different use of an inbox key by `effects_digest`.
 """
 
@@ -18,12 +18,15 @@ import json
 from collections.abc import Callable
 from typing import Any
 
+from keyload.processors import limits
+from keyload.processors.context import Context
+from keyload.processors.documents import document as documents
+from keyload.processors.errors import ErrorCode, Rejected
+from keyload.processors.queues import dead_letters
+from keyload.processors.queues import resource as queues
+from keyload.processors.queues.state import Record
+from keyload.processors.topics import topic as topics
 from keyload.projections.store import Staged
-
-from . import dead_letters, documents, limits, queues, topics
-from .context import Context
-from .errors import ErrorCode, Rejected
-from .state import Record
 
 Handler = Callable[[Staged, Record, Context], Record]
 

@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from .outcomes import Outbox
+from keyload.processors.outcomes import Outbox
 
 
 @dataclass(frozen=True, slots=True)

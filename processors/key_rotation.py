@@ -9,17 +9,16 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from keyload.processors import limits
+from keyload.processors.context import Context
+from keyload.processors.errors import ErrorCode, Rejected
+from keyload.processors.queues.state import Record
 from keyload.projections import keys
 from keyload.projections.store import Readable, Staged
 
-from . import limits
-from .context import Context
-from .errors import ErrorCode, Rejected
-from .state import Record
-
 TOKEN = keys.META + b"token_key_id"
 JITTER = keys.META + b"jitter_key_id"
-PROOF = keys.META + b"proof_key_id"  # signs payload commit proofs (processors/proofs.py)
+PROOF = keys.META + b"proof_key_id"  # signs payload commit proofs (processors/payloads/proofs.py)
 TRUST_SET_VERSION = keys.META + b"trust_set_version"  # u64, absent: 1; +1 whenever PROOF changes
 DEFAULT_KEY_ID = "k0"  # the key a new data directory's keyring is created with
 

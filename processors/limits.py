@@ -10,8 +10,7 @@ import re
 from dataclasses import dataclass
 
 from keyload.log.base import MAX_LOG_TIME_MS, MIN_LOG_TIME_MS
-
-from .errors import ErrorCode, Rejected
+from keyload.processors.errors import ErrorCode, Rejected
 
 MAX_COMMAND_ID_CHARS = 128
 MAX_DOMAIN_CHARS = 64
@@ -89,7 +88,7 @@ HEADER_NAME_PATTERN = re.compile(r"[A-Za-z0-9_.-]+")
 TOPIC_NAME_PATTERN = QUEUE_NAME_PATTERN
 GROUP_NAME_PATTERN = QUEUE_NAME_PATTERN
 
-# Large payloads (processors/payloads.py) and their retention (processors/retention.py).
+# Large payloads (processors/payloads/schedule.py) and their retention (processors/payloads/retention.py).
 MAX_PAYLOAD_BYTES = 5 * 1024**4  # one object: S3's largest
 DEFAULT_UPLOAD_WINDOW_MS = 15 * 60 * 1000  # from PrepareLargeSchedule to its upload deadline
 MIN_UPLOAD_WINDOW_MS = 1_000

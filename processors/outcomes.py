@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import limits
-from .errors import Rejected
+from keyload.processors import limits
+from keyload.processors.errors import Rejected
 
 Record = dict[str, Any]
 OUTCOME = "keyload.Outcome"

@@ -1,6 +1,6 @@
 """Firing due timers before every record: log time reaching a timer's due time is what fires it.
 
-Queues and subscription groups keep timers the same way (processors/state.py):
+Queues and subscription groups keep timers the same way (processors/queues/state.py):
 rows under their incarnation and one due-index entry each at their earliest. The
 due index names an incarnation; the resource key it maps to says which kind of
 resource to hand the firing to.
@@ -8,15 +8,15 @@ resource to hand the firing to.
 
 from __future__ import annotations
 
+from keyload.processors import limits
+from keyload.processors.context import Context
+from keyload.processors.errors import Corruption
+from keyload.processors.groups import leases as group_leases
+from keyload.processors.groups.group import GROUP_RECORD, save_group
+from keyload.processors.queues.lifecycle import fire_queue_timers
+from keyload.processors.queues.state import QUEUE_RECORD, Record, next_due_ms, save_queue
 from keyload.projections import keys
 from keyload.projections.store import Staged
-
-from . import group_leases, limits
-from .context import Context
-from .errors import Corruption
-from .groups import GROUP_RECORD, save_group
-from .lifecycle import fire_queue_timers
-from .state import QUEUE_RECORD, Record, next_due_ms, save_queue
 
 
 def fire_due(stage: Staged, ctx: Context) -> Record:

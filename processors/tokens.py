@@ -21,7 +21,7 @@ import struct
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from .errors import ErrorCode, Rejected
+from keyload.processors.errors import ErrorCode, Rejected
 
 PREFIX = "v1."
 MAC_BYTES = 32

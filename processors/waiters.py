@@ -15,14 +15,13 @@ timer of kind TIMER_WAITER, and `waiting_receives`, `next_waiter_sequence` and
 from __future__ import annotations
 
 from keyload.log.codec import REGISTRY
+from keyload.processors import limits
+from keyload.processors.context import Context
+from keyload.processors.errors import Corruption, ErrorCode, Rejected
+from keyload.processors.outcomes import OUTCOME, new_outcome
+from keyload.processors.queues.state import Record, add_timer_row, remove_index_row
 from keyload.projections import keys
 from keyload.projections.store import Staged
-
-from . import limits
-from .context import Context
-from .errors import Corruption, ErrorCode, Rejected
-from .outcomes import OUTCOME, new_outcome
-from .state import Record, add_timer_row, remove_index_row
 
 WAITER = "keyload.Waiter"
 

@@ -18,7 +18,7 @@ from typing import Any
 from rocksdict import Rdict, WriteBatch, WriteOptions
 
 from keyload.log.codec import REGISTRY, CodecError
-from keyload.processors.cursors import cursor
+from keyload.processors.topics.cursors import cursor
 
 from . import keys
 

@@ -5,8 +5,8 @@ from pathlib import Path
 
 import pytest
 
-from keyload.broker import NativeBroker, native_broker_available
-from keyload.s3_server import S3ServerError
+from devtools.broker import NativeBroker, native_broker_available
+from devtools.s3_server import S3ServerError
 
 from .kafka import BrokerUnavailable, kafka_broker, unavailable
 from .payloads import Large, large_deployment

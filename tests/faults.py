@@ -10,8 +10,8 @@ write only part of its bytes, or stall until the test releases it:
         log.append(0, values)                # the 2nd fsync of a command segment raises EIO
     first_write = faults.index_of("write", path="log/outcomes")
 
-The modules under test (log/file_log.py, keyload/catalog.py, keyload/checkpoints.py,
-keyload/object_store.py, projections/store.py) call these functions through the `os` module
+The modules under test (log/file_log.py, keyload/operations/catalog.py, keyload/operations/checkpoints.py,
+keyload/storage/object_store.py, projections/store.py) call these functions through the `os` module
 (`os.fsync(fd)`, `os.replace(a, b)`; pathlib's `Path.replace` and `Path.unlink` do too), so
 patching the module's attributes reaches them. Writes through Python file objects
 (`file.write`) and RocksDB's own I/O do not go through `os.write` and are not seen.

@@ -13,7 +13,7 @@ from typing import NoReturn
 
 import pytest
 
-from keyload.broker import SINGLE_NODE_SETTINGS, NativeBroker, native_broker_available, wait_serving
+from devtools.broker import SINGLE_NODE_SETTINGS, NativeBroker, native_broker_available, wait_serving
 
 BOOTSTRAP_ENV = "KEYLOAD_KAFKA_BOOTSTRAP"
 

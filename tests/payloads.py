@@ -9,9 +9,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from keyload import keyring
-from keyload.payloads import PayloadGateway
-from keyload.results import Delivery, PayloadReservation
+from keyload.sdk.payloads import PayloadGateway
+from keyload.sdk.results import Delivery, PayloadReservation
+from keyload.storage import keyring
 
 from .support import CREATE_QUEUE, RECEIVE, Embedded, create_queue_body, expect, receive_body, submit_unhalted
 

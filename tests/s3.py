@@ -15,8 +15,8 @@ from typing import Any, NoReturn
 
 import pytest
 
-from keyload.object_store import S3ObjectStore
-from keyload.s3_server import MotoS3Server, S3ServerError, moto_server_available
+from devtools.s3_server import MotoS3Server, S3ServerError, moto_server_available
+from keyload.storage.object_store import S3ObjectStore
 
 ENDPOINT_ENV = "KEYLOAD_S3_ENDPOINT"
 

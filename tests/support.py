@@ -13,14 +13,14 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from keyload.datadir import DataDir
 from keyload.log.base import partition_for
 from keyload.log.codec import REGISTRY
 from keyload.processors.policy import default_group_spec, default_spec, default_topic_spec
 from keyload.projections import keys
 from keyload.projections.store import Store
-from keyload.results import Outcome
-from keyload.runtime import PartitionProcessor
+from keyload.sdk.results import Outcome
+from keyload.service.runtime import PartitionProcessor
+from keyload.storage.datadir import DataDir
 
 CREATE_QUEUE = "keyload.command.CreateQueue"
 CONFIGURE_QUEUE = "keyload.command.ConfigureQueue"
@@ -309,7 +309,7 @@ def close_after_replay_check(embedded: Embedded, directory: Path) -> None:
     """End a model run: partition 0 replayed from offset 0 must reach the live digest; then clean up."""
     import shutil
 
-    from keyload.recovery import replay
+    from keyload.operations.recovery import replay
 
     try:
         replayed = replay(embedded.data, 0, directory / "replay", progress=False)
@@ -321,7 +321,7 @@ def close_after_replay_check(embedded: Embedded, directory: Path) -> None:
 
 def assert_replay_equals_live(embedded: Embedded, domain: str, scratch: Path) -> None:
     """The domain's partition rebuilt from offset 0 reaches the live projection's offset and digest."""
-    from keyload.recovery import replay
+    from keyload.operations.recovery import replay
 
     partition = embedded.partition(domain)
     replayed = replay(embedded.data, partition, scratch / f"replay-{partition}", progress=False)
@@ -331,7 +331,7 @@ def assert_replay_equals_live(embedded: Embedded, domain: str, scratch: Path) ->
 
 def assert_live_equals_replay(data: DataDir, scratch: Path) -> None:
     """Each partition's live projection equals a clean replay of its log from offset 0, offset and digest."""
-    from keyload.recovery import replay
+    from keyload.operations.recovery import replay
 
     for partition in range(data.partitions):
         live = Store(data.projection(partition), read_only=True)

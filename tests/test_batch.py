@@ -8,12 +8,12 @@ from typing import Any
 
 import pytest
 
-from keyload.client import Client
 from keyload.errors import ConflictError, NotFoundError, RevisionConflictError, ValidationError
 from keyload.log.codec import REGISTRY
 from keyload.processors import limits
 from keyload.processors.apply import FINGERPRINT_BYTES
-from keyload.results import (
+from keyload.sdk.client import Client
+from keyload.sdk.results import (
     BatchResult,
     CancelMessage,
     DeleteDocument,

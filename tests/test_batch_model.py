@@ -2,7 +2,7 @@
 reference model.
 
 The model is plain Python written from the documented behaviour (DESIGN.md §4 and §7,
-processors/documents.py): expected revision null = any, 0 = absent, n = exactly n; a
+processors/documents/document.py): expected revision null = any, 0 = absent, n = exactly n; a
 delete needs a live document and leaves a tombstone one revision up; revisions never
 repeat; a message id is never reused; the queue holds at most MAX_STORED messages. A
 batch applies in order and all or nothing: the first refusal rejects it with its
@@ -26,7 +26,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 from keyload.log.codec import REGISTRY
 from keyload.projections import keys
-from keyload.results import BatchResult, Document, DocumentResult, EnqueueResult, MessageView, Outcome
+from keyload.sdk.results import BatchResult, Document, DocumentResult, EnqueueResult, MessageView, Outcome
 
 from .support import (
     BATCH,

@@ -13,8 +13,8 @@ import pytest
 from confluent_kafka import Consumer, Message, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from keyload import broker
-from keyload.broker import NativeBroker, native_broker_available
+from devtools import broker
+from devtools.broker import NativeBroker, native_broker_available
 
 from .kafka import unavailable
 

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from keyload.catalog import (
+from keyload.log.kafka_log import KafkaSettings, ensure_topics
+from keyload.operations.catalog import (
     CatalogEntry,
     CatalogError,
     CheckpointCatalog,
@@ -18,10 +19,9 @@ from keyload.catalog import (
     RecoveryPin,
     recovery_floor,
 )
-from keyload.checkpoints import CheckpointError, CheckpointPolicy, Checkpoints
-from keyload.log.kafka_log import KafkaSettings, ensure_topics
+from keyload.operations.checkpoints import CheckpointError, CheckpointPolicy, Checkpoints
 from keyload.projections.store import Manifest, ManifestFile, Store
-from keyload.runtime import PartitionProcessor
+from keyload.service.runtime import PartitionProcessor
 
 from .support import CHECKPOINT, CREATE_QUEUE, ENQUEUE, Embedded, command, create_queue_body, enqueue_body
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from keyload.datadir import DataDir
+from keyload.storage.datadir import DataDir
 
 from .support import run_keyload, start_service, stop_service
 

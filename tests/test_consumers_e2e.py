@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 
 from keyload import Client
-from keyload.datadir import DataDir
 from keyload.log.base import partition_for
-from keyload.recovery import drill
-from keyload.results import QueuePolicy
+from keyload.operations.recovery import drill
+from keyload.sdk.results import QueuePolicy
+from keyload.storage.datadir import DataDir
 
 from .support import start_service, stop_service
 

@@ -1,7 +1,7 @@
 """A crash campaign: `keyload run` SIGKILLed 100 times at random moments under live producers and consumers.
 
 Two producer processes enqueue and two consumer processes receive and ack through the SDK
-(`keyload.client.Client` on the data directory) while the test kills the service with SIGKILL
+(`keyload.sdk.client.Client` on the data directory) while the test kills the service with SIGKILL
 at random moments and restarts it, again and again; an operator thread asks for checkpoints
 besides the service's own periodic ones (`--checkpoint-every`), and the command log rolls a
 segment every few dozen records, so kills land in checkpoints, segment rolls, group commits,
@@ -51,14 +51,14 @@ from typing import Any, TypeVar
 
 import pytest
 
-from keyload.client import Client
-from keyload.datadir import DataDir
 from keyload.errors import CommandRejected, OutcomeTimeout
 from keyload.log.base import partition_for
 from keyload.log.codec import REGISTRY
 from keyload.projections import keys
 from keyload.projections.store import Store
-from keyload.results import QueuePolicy, ReceiveResult
+from keyload.sdk.client import Client
+from keyload.sdk.results import QueuePolicy, ReceiveResult
+from keyload.storage.datadir import DataDir
 
 from .support import spread_domains
 

@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from keyload import runtime
-from keyload.recovery import replay
+from keyload.operations.recovery import replay
+from keyload.service import runtime
 
 from .support import (
     CHECKPOINT,
@@ -117,7 +117,7 @@ def test_evaluation_time_never_goes_backwards(embedded: Embedded) -> None:
 
 
 def test_replay_refuses_an_offset_without_a_checkpoint(embedded: Embedded, tmp_path: Path) -> None:
-    from keyload.recovery import RecoveryError
+    from keyload.operations.recovery import RecoveryError
 
     append_workload(embedded, 5)
     embedded.run()

@@ -1,4 +1,4 @@
-"""Documents through the real processor, file log and RocksDB (DESIGN.md §7, processors/documents.py):
+"""Documents through the real processor, file log and RocksDB (DESIGN.md §7, processors/documents/document.py):
 conditional writes, revisions that only grow, tombstones, key rules, listing pages and domains."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import pytest
 from keyload.log.codec import REGISTRY
 from keyload.processors import limits
 from keyload.processors.apply import FINGERPRINT_BYTES
-from keyload.results import Document, DocumentPage, DocumentResult, Outcome
+from keyload.sdk.results import Document, DocumentPage, DocumentResult, Outcome
 
 from .support import (
     DELETE_DOCUMENT,

@@ -15,7 +15,6 @@ import pytest
 import keyload.errors
 from keyload import Client
 from keyload.cli import main
-from keyload.datadir import DataDir, DataDirError
 from keyload.errors import (
     CommandTooLarge,
     DuplicateEventIdError,
@@ -23,10 +22,11 @@ from keyload.errors import (
     KeyloadError,
     ValidationError,
 )
-from keyload.keyring import KeyringError
 from keyload.log.base import LogError
 from keyload.log.file_log import DEFAULT_CONFIG, FileLog
-from keyload.results import Event, PublishEvents
+from keyload.sdk.results import Event, PublishEvents
+from keyload.storage.datadir import DataDir, DataDirError
+from keyload.storage.keyring import KeyringError
 
 from .support import start_service, stop_service
 
@@ -37,23 +37,23 @@ SHORT = 200  # characters: one line a person reads
 USER_FACING = (
     "keyload.errors",
     "keyload.cli",
-    "keyload.client",
-    "keyload.consumer",
-    "keyload.results",
-    "keyload.datadir",
-    "keyload.keyring",
-    "keyload.halts",
-    "keyload.catalog",
-    "keyload.checkpoints",
-    "keyload.recovery",
-    "keyload.object_store",
-    "keyload.payloads",
-    "keyload.gc",
-    "keyload.runtime",
-    "keyload.service",
-    "keyload.kafka_runtime",
-    "keyload.ticker",
-    "keyload.doorbell",
+    "keyload.sdk.client",
+    "keyload.sdk.consumer",
+    "keyload.sdk.results",
+    "keyload.storage.datadir",
+    "keyload.storage.keyring",
+    "keyload.service.halts",
+    "keyload.operations.catalog",
+    "keyload.operations.checkpoints",
+    "keyload.operations.recovery",
+    "keyload.storage.object_store",
+    "keyload.sdk.payloads",
+    "keyload.operations.gc",
+    "keyload.service.runtime",
+    "keyload.service.embedded",
+    "keyload.service.kafka",
+    "keyload.service.ticker",
+    "keyload.service.doorbell",
     "keyload.log.base",
     "keyload.log.codec",
     "keyload.log.file_log",

@@ -38,9 +38,9 @@ from typing import Any
 import pytest
 
 from keyload import Client
-from keyload.datadir import DataDir
 from keyload.log.base import partition_for
-from keyload.results import EnqueueMessage, PutDocument, QueuePolicy, QueueView
+from keyload.sdk.results import EnqueueMessage, PutDocument, QueuePolicy, QueueView
+from keyload.storage.datadir import DataDir
 
 from .support import assert_live_equals_replay, keyload_command, run_keyload
 

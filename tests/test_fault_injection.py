@@ -32,19 +32,19 @@ from typing import Any
 
 import pytest
 
-from keyload.catalog import CatalogError
-from keyload.checkpoints import CheckpointError, CheckpointPolicy, Checkpoints
-from keyload.datadir import DataDir
 from keyload.errors import KeyloadError
 from keyload.log.base import LogError
 from keyload.log.codec import REGISTRY
 from keyload.log.file_log import HEADER_BYTES, FileLog, FileLogConfig, FsyncPolicy, _encode_frame
-from keyload.object_store import ObjectStoreError
+from keyload.operations.catalog import CatalogError
+from keyload.operations.checkpoints import CheckpointError, CheckpointPolicy, Checkpoints
+from keyload.operations.recovery import replay
 from keyload.processors.apply import FINGERPRINT_BYTES
 from keyload.projections import keys
 from keyload.projections.store import Store, StoreError
-from keyload.recovery import replay
-from keyload.runtime import PartitionProcessor
+from keyload.service.runtime import PartitionProcessor
+from keyload.storage.datadir import DataDir
+from keyload.storage.object_store import ObjectStoreError
 
 from .faults import Call, Fault, Faults, Op, inject
 from .support import ACK, CREATE_QUEUE, ENQUEUE, INSPECT_QUEUE, RECEIVE, command, create_queue_body, enqueue_body

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from keyload.log.codec import REGISTRY
-from keyload.recovery import replay
+from keyload.operations.recovery import replay
 
 from .support import (
     CREATE_GROUP,

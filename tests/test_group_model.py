@@ -1,7 +1,7 @@
 """Model-based test of subscription groups: two groups on one topic against a reference model.
 
 The model is plain Python written from the documented behaviour (DESIGN.md §6,
-processors/groups.py): positions are claimed in order, filtered ones resolve, the
+processors/groups/group.py): positions are claimed in order, filtered ones resolve, the
 checkpoint is the highest contiguous resolved position, leases expire into retries
 and parking, seeks reposition and pause, purges are pinned. It does not import the
 processors. Each step checks both groups' status against the model, so a step on
@@ -19,7 +19,7 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from keyload.results import GroupLeaseResult, GroupReceiveResult, GroupView, Outcome, TopicView
+from keyload.sdk.results import GroupLeaseResult, GroupReceiveResult, GroupView, Outcome, TopicView
 
 from .support import (
     CREATE_GROUP,

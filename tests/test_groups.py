@@ -8,11 +8,11 @@ from typing import Any
 
 import pytest
 
-from keyload.client import Client
 from keyload.errors import DispatchPausedError, ResourceExhaustedError
+from keyload.operations.recovery import replay
 from keyload.processors import limits
-from keyload.recovery import replay
-from keyload.results import (
+from keyload.sdk.client import Client
+from keyload.sdk.results import (
     Event,
     GroupAckBatchResult,
     GroupLeaseResult,

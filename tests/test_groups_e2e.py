@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from keyload import Client
-from keyload.results import GroupPolicy
+from keyload.sdk.results import GroupPolicy
 
 from .support import run_keyload, start_service, stop_service, wait_until
 
@@ -31,8 +31,8 @@ DRAIN_TIMEOUT_S = 300.0
 PUBLISHER = """\
 import sys
 
-from keyload.client import Client
-from keyload.results import Event
+from keyload.sdk.client import Client
+from keyload.sdk.results import Event
 
 data, events, batch = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 with Client(data, principal="publisher", timeout_s=60) as client:
@@ -50,7 +50,7 @@ import signal
 import sys
 import threading
 
-from keyload.client import Client
+from keyload.sdk.client import Client
 
 data, group, report = sys.argv[1], sys.argv[2], sys.argv[5]
 flaky_every, poison_every = int(sys.argv[3]), int(sys.argv[4])

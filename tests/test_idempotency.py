@@ -68,7 +68,7 @@ def test_idempotency_holds_across_a_restart(tmp_path: Path) -> None:
 
 def test_client_resubmission_after_a_lost_response(tmp_path: Path) -> None:
     """The SDK path: a response lost in transit is recovered by resubmitting the same id."""
-    from keyload.client import Client
+    from keyload.sdk.client import Client
 
     embedded = Embedded(tmp_path / "data")
     embedded.submit(D, CREATE_QUEUE, create_queue_body("jobs"))

@@ -1,4 +1,4 @@
-"""Inboxes through the real processor, file log and RocksDB (DESIGN.md §7, processors/inbox.py):
+"""Inboxes through the real processor, file log and RocksDB (DESIGN.md §7, processors/documents/inbox.py):
 CompleteProcessing applies a delivery's effects, records its inbox entry and acks it, all or nothing,
 for queues and subscription groups; CommitInbox deduplicates effects on the target's side."""
 
@@ -12,7 +12,7 @@ import pytest
 from keyload.log.codec import REGISTRY
 from keyload.processors import limits
 from keyload.processors.apply import FINGERPRINT_BYTES
-from keyload.results import (
+from keyload.sdk.results import (
     BatchResult,
     Delivery,
     Document,

@@ -34,9 +34,9 @@ from typing import TypeVar
 import pytest
 
 from keyload import Client
-from keyload.datadir import DataDir
 from keyload.errors import ConflictError, LeaseExpiredError, NotFoundError, OutcomeTimeout, StaleLeaseError
-from keyload.results import EnqueueMessage, Mutation, ProcessingResult, PutDocument, QueuePolicy
+from keyload.sdk.results import EnqueueMessage, Mutation, ProcessingResult, PutDocument, QueuePolicy
+from keyload.storage.datadir import DataDir
 
 from .support import assert_live_equals_replay, keyload_command
 

@@ -13,16 +13,16 @@ from pathlib import Path
 
 import pytest
 
-from keyload.client import Client
-from keyload.datadir import DataDir
-from keyload.halts import recorded_halts
 from keyload.log.base import MAX_LOG_TIME_MS, LogError, LogRecord, partition_for, record_identity
 from keyload.log.codec import REGISTRY
 from keyload.log.file_log import FileLog, FileLogConfig, FsyncPolicy
+from keyload.operations.recovery import drill, restore
 from keyload.projections import keys
 from keyload.projections.store import Store
-from keyload.recovery import drill, restore
-from keyload.runtime import STALL_RETRY_MIN_S, PartitionProcessor, Stalled, Stalls
+from keyload.sdk.client import Client
+from keyload.service.halts import recorded_halts
+from keyload.service.runtime import STALL_RETRY_MIN_S, PartitionProcessor, Stalled, Stalls
+from keyload.storage.datadir import DataDir
 
 from .support import (
     CHECKPOINT,
@@ -136,7 +136,7 @@ def test_a_checkpoint_as_the_last_record_before_a_roll_keeps_serving(tmp_path: P
 
 
 def test_a_halt_just_after_a_roll_commits_what_came_before(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import keyload.runtime as runtime
+    import keyload.service.runtime as runtime
 
     real = runtime.apply_record
 
@@ -483,7 +483,7 @@ def test_catalog_publication_and_retirement_fsync_their_directory(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """After the rename (or unlink) the directory entry itself is fsynced, or a power cut can undo it."""
-    from keyload.catalog import CatalogEntry, FileCatalog
+    from keyload.operations.catalog import CatalogEntry, FileCatalog
     from keyload.projections.store import Manifest, ManifestFile
 
     events: list[tuple[str, str]] = []
@@ -551,7 +551,7 @@ class FlakyOutcomes:
 
 def test_a_stalled_group_from_the_kafka_feed_is_applied_when_retried(tmp_path: Path) -> None:
     """Kafka mode's feed keeps the records of a group that could not be committed."""
-    from keyload.kafka_runtime import PartitionFeed
+    from keyload.service.kafka import PartitionFeed
 
     with single(tmp_path / "data", FileLogConfig(fsync=FsyncPolicy.NONE)) as node:
         values = [command(DOMAIN, CREATE_QUEUE, create_queue_body(QUEUE), command_id="create", reply_to=0)] + [

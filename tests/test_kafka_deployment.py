@@ -12,13 +12,13 @@ from pathlib import Path
 import pytest
 
 from keyload import Client
-from keyload.datadir import DataDir, KafkaConfig
-from keyload.keyring import FILE as KEYRING_FILE
 from keyload.log.base import partition_for
 from keyload.log.codec import REGISTRY
 from keyload.log.kafka_log import KafkaLog
 from keyload.projections import keys
 from keyload.projections.store import Store
+from keyload.storage.datadir import DataDir, KafkaConfig
+from keyload.storage.keyring import FILE as KEYRING_FILE
 
 from .support import assert_live_equals_replay, keyload_command, run_keyload, spread_domains, stop_service, wait_until
 
@@ -202,7 +202,7 @@ def test_ownership_moves_to_the_survivor_of_a_kill_9(
 def test_broker_restart_mid_workload_loses_and_duplicates_nothing(
     native_broker: object, prefix: str, domains: list[str], tmp_path: Path
 ) -> None:
-    from keyload.broker import NativeBroker
+    from devtools.broker import NativeBroker
 
     assert isinstance(native_broker, NativeBroker)
     root = tmp_path / "data"

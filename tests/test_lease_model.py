@@ -18,7 +18,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 from keyload.log.codec import REGISTRY
 from keyload.projections import keys
-from keyload.results import AckBatchResult, LeaseResult, Outcome, ReceiveResult
+from keyload.sdk.results import AckBatchResult, LeaseResult, Outcome, ReceiveResult
 
 from .support import (
     CREATE_QUEUE,

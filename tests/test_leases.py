@@ -16,11 +16,11 @@ from typing import Any
 import pytest
 
 from keyload.log.codec import REGISTRY
+from keyload.operations.recovery import replay
 from keyload.processors import limits, tokens
 from keyload.processors.apply import FINGERPRINT_BYTES
 from keyload.projections import keys
-from keyload.recovery import replay
-from keyload.results import (
+from keyload.sdk.results import (
     AckBatchResult,
     DeadLetterPage,
     Delivery,

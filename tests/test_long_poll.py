@@ -5,8 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from keyload.log.codec import REGISTRY
+from keyload.operations.recovery import replay
 from keyload.processors import limits
-from keyload.recovery import replay
 
 from .support import CREATE_QUEUE, ENQUEUE, INSPECT_QUEUE, TICK, Embedded, command, create_queue_body, enqueue_body
 

@@ -8,10 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from keyload.catalog import FileCatalog
-from keyload.checkpoints import CheckpointPolicy, Checkpoints
-from keyload.datadir import DataDir, S3StoreConfig
-from keyload.object_store import (
+from keyload.operations.catalog import FileCatalog
+from keyload.operations.checkpoints import CheckpointPolicy, Checkpoints
+from keyload.projections.store import Store
+from keyload.storage.datadir import DataDir, S3StoreConfig
+from keyload.storage.object_store import (
     MIN_PART_BYTES,
     FileObjectStore,
     ObjectConflict,
@@ -21,7 +22,6 @@ from keyload.object_store import (
     ObjectVersion,
     S3ObjectStore,
 )
-from keyload.projections.store import Store
 
 from .s3 import S3Endpoint
 from .support import CREATE_QUEUE, ENQUEUE, Embedded, command, create_queue_body, enqueue_body

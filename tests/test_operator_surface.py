@@ -12,12 +12,13 @@ from pathlib import Path
 
 import pytest
 
-from keyload import Client, keyring
+from keyload import Client
 from keyload.cli import main
-from keyload.halts import Halt, record_halt
 from keyload.log.base import LogCorruption
 from keyload.log.file_log import HEADER_BYTES, FileLog
-from keyload.results import PoisonEntry
+from keyload.sdk.results import PoisonEntry
+from keyload.service.halts import Halt, record_halt
+from keyload.storage import keyring
 
 from .support import keyload_command
 
@@ -148,7 +149,7 @@ def test_status_names_an_empty_a_halted_and_a_corrupt_partition(
 def test_status_before_any_run_reads_as_nothing_yet(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     data = tmp_path / "data"
     assert keyload_main(capsys, "poison", "list", "--data", str(data))[0] == 1  # no data directory yet
-    from keyload.datadir import DataDir
+    from keyload.storage.datadir import DataDir
 
     DataDir.create(data, 1)
     code, out, _ = keyload_main(capsys, "status", "--data", str(data))

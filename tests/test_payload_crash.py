@@ -34,14 +34,14 @@ from typing import IO, Any, TypeVar
 import pytest
 
 from keyload import Client
-from keyload.datadir import DataDir
 from keyload.errors import CommandRejected, LeaseExpiredError, OutcomeTimeout, StaleLeaseError
 from keyload.log.base import partition_for
 from keyload.log.codec import REGISTRY
-from keyload.payloads import PayloadError
 from keyload.projections import keys
 from keyload.projections.store import Store
-from keyload.results import Delivery, QueuePolicy, RetentionTask
+from keyload.sdk.payloads import PayloadError
+from keyload.sdk.results import Delivery, QueuePolicy, RetentionTask
+from keyload.storage.datadir import DataDir
 
 from .support import assert_live_equals_replay, keyload_command, spread_domains, start_service, stop_service
 

@@ -16,12 +16,12 @@ from pathlib import Path
 import pytest
 
 from keyload import Client
-from keyload.checkpoints import DEFAULT_RETAINED_CHECKPOINTS
-from keyload.datadir import DataDir, KafkaConfig, S3StoreConfig
-from keyload.gc import GcWorker
 from keyload.log.base import partition_for
-from keyload.payloads import PART_BYTES, PayloadConflict
-from keyload.results import Delivery, QueuePolicy
+from keyload.operations.checkpoints import DEFAULT_RETAINED_CHECKPOINTS
+from keyload.operations.gc import GcWorker
+from keyload.sdk.payloads import PART_BYTES, PayloadConflict
+from keyload.sdk.results import Delivery, QueuePolicy
+from keyload.storage.datadir import DataDir, KafkaConfig, S3StoreConfig
 
 from .s3 import S3Endpoint
 from .support import run_keyload, start_service, stop_service, wait_until

@@ -9,9 +9,10 @@ from typing import Any
 
 import pytest
 
-from keyload.object_store import ObjectConflict
-from keyload.payloads import PayloadConflict, PayloadError
-from keyload.processors import limits, proofs
+from keyload.processors import limits
+from keyload.processors.payloads import proofs
+from keyload.sdk.payloads import PayloadConflict, PayloadError
+from keyload.storage.object_store import ObjectConflict
 
 from .payloads import CANCEL_LARGE, COMMIT, INSPECT_RESERVATION, WINDOW_MS, D, Large, Q, counters
 from .support import (

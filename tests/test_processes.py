@@ -17,14 +17,14 @@ from typing import Any
 
 import pytest
 
-from keyload.client import Client
-from keyload.datadir import DataDir, KafkaConfig
 from keyload.log.base import CommandLog, partition_for
 from keyload.log.codec import REGISTRY
 from keyload.log.file_log import FileLog
 from keyload.processors.apply import FINGERPRINT_BYTES, fingerprint
 from keyload.projections import keys
 from keyload.projections.store import Store
+from keyload.sdk.client import Client
+from keyload.storage.datadir import DataDir, KafkaConfig
 
 from .support import (
     CREATE_QUEUE,
@@ -51,7 +51,7 @@ PRODUCER_SCRIPT = """\
 import json
 import sys
 
-from keyload.client import Client
+from keyload.sdk.client import Client
 
 data, reply_partition, name, count, queue, *domains = sys.argv[1:]
 with Client(data, principal=name, reply_partition=int(reply_partition)) as client:

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from keyload.processors import limits
-from keyload.results import EnqueueResult, MessageView, QueueView, TickResult
+from keyload.sdk.results import EnqueueResult, MessageView, QueueView, TickResult
 
 from .support import (
     CONFIGURE_QUEUE,

@@ -9,14 +9,14 @@ from pathlib import Path
 
 import pytest
 
-from keyload.catalog import CatalogEntry, CheckpointCatalog, FileCatalog, RecoveryPin
-from keyload.checkpoints import CheckpointError, CheckpointPolicy, Checkpoints, partition_prefix
-from keyload.datadir import DataDir, KafkaConfig
-from keyload.kafka_runtime import KafkaService
 from keyload.log.kafka_log import ensure_topics
-from keyload.object_store import FileObjectStore, ObjectVersion
+from keyload.operations.catalog import CatalogEntry, CheckpointCatalog, FileCatalog, RecoveryPin
+from keyload.operations.checkpoints import CheckpointError, CheckpointPolicy, Checkpoints, partition_prefix
+from keyload.operations.recovery import replay
 from keyload.projections.store import Store
-from keyload.recovery import replay
+from keyload.service.kafka import KafkaService
+from keyload.storage.datadir import DataDir, KafkaConfig
+from keyload.storage.object_store import FileObjectStore, ObjectVersion
 
 from .support import CREATE_QUEUE, Embedded, command, create_queue_body, wait_until
 from .test_checkpoints import D, checkpoints_of, fill

@@ -10,15 +10,15 @@ from typing import Any
 
 import pytest
 
-from keyload.checkpoints import CheckpointPolicy, Checkpoints
-from keyload.datadir import DataDir
-from keyload.gc import GcPass, GcWorker
 from keyload.log.codec import REGISTRY
-from keyload.object_store import FileObjectStore, ObjectStoreError
+from keyload.operations.checkpoints import CheckpointPolicy, Checkpoints
+from keyload.operations.gc import GcPass, GcWorker
 from keyload.projections import keys
 from keyload.projections.store import Store
-from keyload.results import RetentionPage, RetentionStatus
-from keyload.ticker import domain_for_partition
+from keyload.sdk.results import RetentionPage, RetentionStatus
+from keyload.service.ticker import domain_for_partition
+from keyload.storage.datadir import DataDir
+from keyload.storage.object_store import FileObjectStore, ObjectStoreError
 
 from .payloads import CANCEL_LARGE, D, Large, Q, counters, large_deployment
 from .support import (

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from keyload.log.codec import REGISTRY
 from keyload.projections import keys
-from keyload.ticker import Ticker
+from keyload.service.ticker import Ticker
 
 from .support import (
     CHECKPOINT,

@@ -17,12 +17,12 @@ import pytest
 from rocksdict import AccessType, Options, Rdict
 
 from keyload.log.codec import HEADER_BYTES, REGISTRY, CodecError, Released, encoded_optional_long
+from keyload.operations.recovery import replay
 from keyload.processors.apply import COMMAND, INFORMATIONAL_TAIL, Applied, apply_record
 from keyload.processors.outcomes import OUTCOME, new_outcome
 from keyload.projections import keys
 from keyload.projections.migration import UPCASTS
 from keyload.projections.store import Staged, Store, StoreError
-from keyload.recovery import replay
 
 from .payloads import PREPARE, prepare_body
 from .support import (

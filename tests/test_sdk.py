@@ -17,13 +17,13 @@ from typing import Unpack
 import pytest
 
 from keyload import Client
-from keyload.client import Lane
-from keyload.consumer import ConsumeStats, ExactlyOnce, Handled, WorkOptions
-from keyload.datadir import DataDir, KafkaConfig
 from keyload.errors import OutcomeTimeout
 from keyload.log.base import LogRecord, partition_for
 from keyload.log.codec import REGISTRY
-from keyload.results import Delivery, EnqueueMessage, Event, GroupDelivery, Mutation, PutDocument, QueuePolicy
+from keyload.sdk.client import Lane
+from keyload.sdk.consumer import ConsumeStats, ExactlyOnce, Handled, WorkOptions
+from keyload.sdk.results import Delivery, EnqueueMessage, Event, GroupDelivery, Mutation, PutDocument, QueuePolicy
+from keyload.storage.datadir import DataDir, KafkaConfig
 
 from .support import start_service, stop_service, wait_until
 

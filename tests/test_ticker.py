@@ -12,8 +12,8 @@ from collections.abc import Sequence
 from keyload.log.codec import REGISTRY
 from keyload.processors import limits
 from keyload.projections import keys
-from keyload.runtime import PartitionProcessor
-from keyload.ticker import Ticker, Timed
+from keyload.service.runtime import PartitionProcessor
+from keyload.service.ticker import Ticker, Timed
 
 from .support import (
     CREATE_QUEUE,

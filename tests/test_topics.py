@@ -14,11 +14,11 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from keyload.log.codec import REGISTRY
+from keyload.operations.recovery import replay
 from keyload.processors import limits
 from keyload.processors.apply import fingerprint
 from keyload.projections import keys
-from keyload.recovery import replay
-from keyload.results import PublishedEvent, PublishResult, TopicPage, TopicView
+from keyload.sdk.results import PublishedEvent, PublishResult, TopicPage, TopicView
 
 from .support import (
     CREATE_QUEUE,
@@ -326,7 +326,7 @@ def test_replay_from_offset_zero_reproduces_the_projection(news: Embedded, tmp_p
 def test_topics_through_the_sdk_and_cli_against_a_running_service(tmp_path: Path) -> None:
     from keyload import Client
     from keyload.errors import ConflictError, DuplicateEventIdError
-    from keyload.results import Event, TopicPolicy
+    from keyload.sdk.results import Event, TopicPolicy
 
     data = str(tmp_path / "data")
     service = start_service(tmp_path / "data", "--partitions", "2")

@@ -1,0 +1,244 @@
+"""The GC worker: drives retention tasks through their logged workflow (processors/payloads/retention.py).
+
+One pass, per partition:
+1. Log the recovery floor (AdvanceRecoveryFloor) when the catalog's oldest retained
+   checkpoint is above the floor the partition last logged.
+2. Page through ListRetention. A waiting task with nothing blocking it gets
+   BeginDelete: the processor decides, at log time, whether it may go.
+3. A deleting task's object is deleted by exact version: a retired message's one
+   version; for an abandoned reservation, every unfinished multipart upload and every
+   version found under its key (a late writer may have left any). Then an exact check
+   (`versions`, `uploads`) must find none of them left, and DeleteConfirmed reports
+   what was deleted. A delete whose response is lost is resolved by that check, not
+   by retrying blindly; a version still there waits for the next pass.
+
+4. Sweep objects of checkpoints that were uploaded but never published and lie below
+   the floor (Checkpoints.sweep_orphans).
+
+Every step is idempotent, so a worker killed anywhere just repeats steps on its next
+pass; the processor, not the worker, decides what may be deleted.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from threading import Event
+from typing import Protocol
+
+from keyload.errors import CommandRejected, KeyloadError
+from keyload.operations.catalog import CatalogError, recovery_floor
+from keyload.operations.checkpoints import CheckpointError, Checkpoints
+from keyload.processors.context import Context
+from keyload.processors.payloads import retention
+from keyload.projections.store import Staged, Store
+from keyload.sdk.client import Client
+from keyload.sdk.results import RetentionPage, RetentionStatus, RetentionTask
+from keyload.service.runtime import wall_clock_ms
+from keyload.storage.datadir import DataDir
+from keyload.storage.object_store import ObjectStore, ObjectStoreError
+
+DEFAULT_GC_INTERVAL_S = 10.0
+TIME_BLOCKERS = frozenset({"live_handles", "upload_horizon"})  # lifted by log time alone
+MAX_PAGES_PER_PASS = 100  # ListRetention pages one pass reads per partition
+
+
+@dataclass(slots=True)
+class GcPass:
+    """What one pass did, for logs and tests."""
+
+    floors_logged: int = 0
+    begun: int = 0
+    confirmed: int = 0
+    objects_deleted: int = 0
+    blocked: dict[str, int] = field(default_factory=dict)  # blocker -> tasks it held back
+    unresolved: int = 0  # deletions whose outcome is not known yet: retried next pass
+    quiet: int = 0  # partitions passed over: nothing changed since a pass found nothing to do
+    orphans_deleted: int = 0  # objects of checkpoints uploaded but never published, below the floor
+
+
+class RetentionClient(Protocol):
+    """The commands the worker sends (keyload.Client has them)."""
+
+    @property
+    def data(self) -> DataDir: ...
+
+    def list_retention(
+        self, partition: int, *, after_task: int | None = None, limit: int | None = None
+    ) -> RetentionPage: ...
+
+    def advance_recovery_floor(self, partition: int, floor_offset: int) -> RetentionPage: ...
+
+    def begin_delete(self, partition: int, task_id: int) -> RetentionStatus: ...
+
+    def delete_confirmed(self, partition: int, task_id: int, deleted_versions: list[str]) -> RetentionStatus: ...
+
+
+@dataclass(frozen=True, slots=True)
+class _Quiet:
+    """A partition where the last pass found nothing to do: passed over until its log grows, its
+    catalog floor moves, or a blocker of time lifts (so an idle deployment's log stays idle)."""
+
+    log_end: int
+    floor: int | None
+    wake_ms: int | None  # the earliest protect_until_ms among tasks waiting for time
+
+
+class LocalRetention:
+    """The worker's client inside an embedded `keyload run`: it reads retention from the live
+    projections (a look costs no log record) and sends every change through `client` as a command.
+    Blockers are judged at the later of the projection's last log time and the wall clock: only a
+    proposal, the processor decides at the BeginDelete's own log time."""
+
+    def __init__(self, client: Client, stores: Sequence[Store], clock: Callable[[], int] = wall_clock_ms) -> None:
+        self.client = client
+        self.stores = stores
+        self.clock = clock
+
+    @property
+    def data(self) -> DataDir:
+        return self.client.data
+
+    def list_retention(
+        self, partition: int, *, after_task: int | None = None, limit: int | None = None
+    ) -> RetentionPage:
+        store = self.stores[partition]
+        now_ms = max(store.last_time_ms, self.clock())
+        look = Context(partition, store.applied_offset, now_ms, "gc-look", "", "", {})
+        page = retention.list_retention(Staged(store), {"after_task": after_task, "limit": limit}, look)
+        return RetentionPage.from_record(page)
+
+    def advance_recovery_floor(self, partition: int, floor_offset: int) -> RetentionPage:
+        return self.client.advance_recovery_floor(partition, floor_offset)
+
+    def begin_delete(self, partition: int, task_id: int) -> RetentionStatus:
+        return self.client.begin_delete(partition, task_id)
+
+    def delete_confirmed(self, partition: int, task_id: int, deleted_versions: list[str]) -> RetentionStatus:
+        return self.client.delete_confirmed(partition, task_id, deleted_versions)
+
+
+class GcWorker:
+    """Payload objects and checkpoint orphans of one data directory (`checkpoints` has its object
+    store and catalog)."""
+
+    def __init__(
+        self, client: RetentionClient, checkpoints: Checkpoints, clock: Callable[[], int] = wall_clock_ms
+    ) -> None:
+        self.client = client
+        self.checkpoints = checkpoints
+        self.objects: ObjectStore = checkpoints.objects
+        self.catalog = checkpoints.catalog
+        self.clock = clock
+        self._log = client.data.command_log()
+        self._quiet: dict[int, _Quiet] = {}
+
+    def close(self) -> None:
+        self._log.close()
+
+    def __enter__(self) -> GcWorker:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
+
+    def run_once(self) -> GcPass:
+        done = GcPass()
+        for partition in range(self.client.data.partitions):
+            self._partition(partition, done)
+            done.orphans_deleted += self.checkpoints.sweep_orphans(partition)
+        return done
+
+    def _partition(self, partition: int, done: GcPass) -> None:
+        floor = recovery_floor(self.catalog, partition)
+        quiet = self._quiet.pop(partition, None)
+        if (
+            quiet is not None
+            and (quiet.log_end, quiet.floor) == (self._log.end_offset(partition), floor)
+            and (quiet.wake_ms is None or self.clock() < quiet.wake_ms)
+        ):
+            done.quiet += 1
+            self._quiet[partition] = quiet
+            return
+        page = self.client.list_retention(partition)
+        acted = False
+        if floor is not None and (page.recovery_floor is None or floor > page.recovery_floor):
+            self.client.advance_recovery_floor(partition, floor)
+            done.floors_logged += 1
+            page = self.client.list_retention(partition)
+            acted = True
+        wake: list[int] = []
+        for _ in range(MAX_PAGES_PER_PASS):
+            for status in page.tasks:
+                task = status.task
+                if task.state == "waiting":
+                    if status.blocked_by:
+                        for blocker in status.blocked_by:
+                            done.blocked[blocker] = done.blocked.get(blocker, 0) + 1
+                        if set(status.blocked_by) & TIME_BLOCKERS:
+                            wake.append(task.protect_until_ms)
+                        continue
+                    acted = True
+                    try:
+                        task = self.client.begin_delete(partition, task.task_id).task
+                    except CommandRejected:
+                        continue  # blocked after all (log time decides): next pass
+                    done.begun += 1
+                if task.state == "deleting":
+                    acted = True
+                    self._delete(partition, task, done)
+            if page.next_after_task is None:
+                break
+            page = self.client.list_retention(partition, after_task=page.next_after_task)
+        else:
+            acted = True  # more pages than one pass reads: go on next pass
+        if not acted:
+            self._quiet[partition] = _Quiet(self._log.end_offset(partition), floor, min(wake, default=None))
+
+    def _delete(self, partition: int, task: RetentionTask, done: GcPass) -> None:
+        key = task.object_key
+        try:
+            if task.object_version is not None:
+                doomed = [task.object_version]
+            else:
+                for upload_id in self.objects.uploads(key):
+                    self.objects.abort_upload(key, upload_id)
+                doomed = [version.version for version in self.objects.versions(key)]
+            for version in doomed:
+                with contextlib.suppress(ObjectStoreError):  # a lost response: the check below decides
+                    if self.objects.delete(key, version):
+                        done.objects_deleted += 1
+            left = {version.version for version in self.objects.versions(key)}
+            if task.object_version is not None:
+                settled = task.object_version not in left
+            else:
+                settled = not left and not self.objects.uploads(key)
+        except ObjectStoreError as exc:
+            print(f"gc: task {task.task_id} ({key}): {exc}", file=sys.stderr)
+            done.unresolved += 1
+            return
+        if not settled:
+            done.unresolved += 1  # a late writer, or a delete that did not happen: next pass
+            return
+        self.client.delete_confirmed(partition, task.task_id, sorted(doomed))
+        done.confirmed += 1
+
+
+def run_worker(
+    worker: GcWorker,
+    stop: Event,
+    interval_s: float = DEFAULT_GC_INTERVAL_S,
+    report: Callable[[GcPass], object] | None = None,
+) -> None:
+    """Run passes every `interval_s` until `stop` is set; a failed pass is reported and retried."""
+    while not stop.is_set():
+        try:
+            done = worker.run_once()
+        except (KeyloadError, CatalogError, CheckpointError, ObjectStoreError) as exc:
+            print(f"gc: pass failed, retrying in {interval_s:.0f} s: {exc}", file=sys.stderr)
+        else:
+            if report is not None:
+                report(done)
+        stop.wait(interval_s)

@@ -1,0 +1,1144 @@
+"""The Python SDK: append commands to the embedded log and wait for their outcomes."""
+
+from __future__ import annotations
+
+import itertools
+import os
+import re
+import tempfile
+import time
+import uuid
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal, TypeVar, Unpack
+
+from keyload.errors import CommandRejected, CommandTooLarge, InvalidCommand, KeyloadError, OutcomeTimeout, rejection
+from keyload.log.base import LogError, partition_for
+from keyload.log.codec import REGISTRY
+from keyload.log.file_log import DEFAULT_CONFIG as FILE_LOG_CONFIG
+from keyload.processors import limits
+from keyload.projections import keys
+from keyload.projections.store import Store
+from keyload.sdk.consumer import DEFAULT_WAIT_MS, ConsumeStats, Handled, WorkOptions, consume, subscribe
+from keyload.sdk.payloads import PayloadGateway, Progress, digest_of, staged_source
+from keyload.sdk.results import (
+    AckBatchResult,
+    ActiveKeys,
+    BatchResult,
+    CheckpointResult,
+    DeadLetterPage,
+    Delivery,
+    Document,
+    DocumentPage,
+    DocumentResult,
+    EnqueueResult,
+    Event,
+    GroupAckBatchResult,
+    GroupDelivery,
+    GroupLeaseResult,
+    GroupPolicy,
+    GroupReceiveResult,
+    GroupView,
+    InboxSource,
+    InboxView,
+    LeaseResult,
+    MessageView,
+    Mutation,
+    Outcome,
+    PayloadReservation,
+    PoisonEntry,
+    ProcessingResult,
+    PublishEvents,
+    PublishResult,
+    QueuePolicy,
+    QueueView,
+    ReceiveResult,
+    RetentionPage,
+    RetentionStatus,
+    TopicPage,
+    TopicPolicy,
+    TopicView,
+    mutation_record,
+)
+from keyload.service.doorbell import Doorbell
+from keyload.service.ticker import domain_for_partition
+from keyload.storage.datadir import DataDir
+
+DEFAULT_TIMEOUT_S = 10.0
+DEFAULT_PRINCIPAL = "anonymous"
+OUTCOME_POLL_MIN_S = 0.0005  # first wait for an outcome; doubles while none comes
+OUTCOME_POLL_MAX_S = 0.010
+OUTCOME_READ_BATCH = 256
+
+T = TypeVar("T")
+MAX_LANES = 8
+COMMAND = "keyload.Command"
+# Both logs accept records up to the file log's limit (log/kafka_log.py MAX_RECORD_BYTES).
+MAX_COMMAND_BYTES = FILE_LOG_CONFIG.max_record_bytes
+POISON_PREVIEW_BYTES = 32  # how much of a poison record `poison_entries` returns
+DEFAULT_POISON_LIMIT = 100
+SHOWN_NAME_CHARS = 64  # of a caller's kind or event id quoted back in a client-side message
+_FIELDS_SHOWN = 3
+# A publish's refusal names events by index (a stored detail never echoes client-chosen strings);
+# the client maps them back to the ids it was given.
+_EVENT_INDEXES = re.compile(r"(?P<word>events?) (?P<first>\d+)(?: and (?P<second>\d+))?\b")
+
+
+def _command_kinds() -> frozenset[str]:
+    body = next(f for f in REGISTRY.schema(COMMAND)["fields"] if f["name"] == "body")
+    return frozenset(branch["name"] for branch in body["type"])
+
+
+COMMAND_KINDS = _command_kinds()
+
+
+def _shown(name: str) -> str:
+    """A caller's own name, quoted and cut short for an error message."""
+    return repr(name if len(name) <= SHOWN_NAME_CHARS else name[:SHOWN_NAME_CHARS] + "…")
+
+
+def _mismatched_fields(envelope: dict[str, Any]) -> str:
+    """Which schema fields a command does not match, named by schema path (never by value)."""
+    found = REGISTRY.mismatched_fields(COMMAND, envelope)
+    if not found:
+        return ""
+    more = f" and {len(found) - _FIELDS_SHOWN} more" if len(found) > _FIELDS_SHOWN else ""
+    return f" at {', '.join(found[:_FIELDS_SHOWN])}{more}"
+
+
+def encode_command(envelope: dict[str, Any]) -> bytes:
+    """The command's log record; InvalidCommand (short, nothing echoed but names) when it cannot be one."""
+    kind = envelope["body"][0]
+    if not isinstance(kind, str) or kind not in COMMAND_KINDS:
+        shown = _shown(kind) if isinstance(kind, str) else type(kind).__name__
+        raise InvalidCommand(f"unknown command kind {shown}; nothing was appended")
+    try:
+        value = REGISTRY.encode(COMMAND, envelope)
+    except Exception:  # fastavro raises ValueError, TypeError, ... whose text may hold the schema or the body
+        where = _mismatched_fields(envelope)
+        raise InvalidCommand(f"{kind} does not match its schema{where}; nothing was appended") from None
+    if len(value) > MAX_COMMAND_BYTES:
+        raise CommandTooLarge(
+            f"the command is {len(value)} bytes, over the log's record limit of {MAX_COMMAND_BYTES} bytes; "
+            "nothing was appended"
+        )
+    return value
+
+
+def _naming_events(outcome: Outcome, events: Sequence[Event], prefix: str = "") -> CommandRejected:
+    """The rejection of a publish, its message naming events by the ids the caller gave rather than by
+    their index in the command; `prefix` is where the detail names them (a batch's "mutation N: ")."""
+    detail = outcome.detail
+    match = _EVENT_INDEXES.match(detail, len(prefix)) if detail.startswith(prefix) else None
+    if match is not None:
+        indexes = [int(found) for found in (match["first"], match["second"]) if found is not None]
+        if all(index < len(events) for index in indexes):
+            named = " and ".join(_shown(events[index].event_id) for index in indexes)
+            detail = f"{detail[: match.start()]}{match['word']} {named}{detail[match.end() :]}"
+    return rejection(outcome, f"{outcome.error_code}: {detail}")
+
+
+@dataclass(frozen=True, slots=True)
+class Lane:
+    """One queue of a multi-lane receive."""
+
+    domain: str
+    queue: str
+    max_messages: int | None = None
+    max_bytes: int | None = None
+    lease_ms: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class LaneOutcome:
+    lane: Lane
+    command_id: str
+    status: Literal["committed", "rejected", "unknown", "not_attempted"]
+    result: ReceiveResult | None
+    error: CommandRejected | None
+
+
+def _group_start(start: Literal["beginning", "end"] | int) -> tuple[str, int | None]:
+    """The (GroupStart, position) pair of a start or seek target."""
+    if isinstance(start, int):
+        return "position", start
+    if start not in ("beginning", "end"):
+        raise InvalidCommand('a group start is "beginning", "end" or a position')
+    return start, None
+
+
+def check_command_id(command_id: str) -> None:
+    """The processor's rule, checked before appending: a bad id would never get an outcome."""
+    if not 1 <= len(command_id) <= limits.MAX_COMMAND_ID_CHARS or not limits.ID_PATTERN.fullmatch(command_id):
+        raise InvalidCommand(f"command id must be 1..{limits.MAX_COMMAND_ID_CHARS} printable ASCII characters")
+
+
+class Client:
+    """Submits commands to a keyload data directory served by `keyload run`.
+
+    Every command has a command id (generated unless given). Submitting the same
+    command id again, with the same content, returns the original outcome and
+    applies nothing twice; with different content it is rejected with `Conflict`.
+    """
+
+    def __init__(
+        self,
+        data_dir: str | os.PathLike[str],
+        principal: str = DEFAULT_PRINCIPAL,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+        reply_partition: int | None = None,
+    ) -> None:
+        self.data = DataDir.open(data_dir)
+        self.principal = principal
+        self.timeout_s = timeout_s
+        self._commands = self.data.command_log()
+        self._outcomes = self.data.outcome_log()
+        # Kafka processors block in their fetch and wake on new records; only the
+        # embedded service listens for a doorbell.
+        self._doorbell = Doorbell(self.data.root) if self.data.kafka is None else None
+        self._cursor: int | None = None  # the next outcome to read of the reply partition
+        self._payloads: PayloadGateway | None = None
+        partitions = self.data.outcome_partitions
+        self.reply_partition = (
+            int.from_bytes(os.urandom(2), "big") % partitions if reply_partition is None else reply_partition
+        )
+        if not 0 <= self.reply_partition < partitions:
+            self.close()
+            raise InvalidCommand(f"reply_partition must be 0..{partitions - 1}")
+
+    def close(self) -> None:
+        self._commands.close()
+        self._outcomes.close()
+        if self._doorbell is not None:
+            self._doorbell.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
+
+    # -- the generic path -------------------------------------------------------------
+
+    def submit(
+        self,
+        domain: str,
+        kind: str,
+        body: dict[str, Any],
+        command_id: str | None = None,
+        timeout_s: float | None = None,
+    ) -> Outcome:
+        """Append one command and wait for its outcome (committed or rejected).
+
+        A command that cannot be appended as given (unknown `kind`, a `body` that does not match the
+        kind's schema, over the log's record limit, a bad command id) raises `InvalidCommand` and
+        appends nothing."""
+        command_id = command_id or str(uuid.uuid4())
+        check_command_id(command_id)
+        envelope = {
+            "command_id": command_id,
+            "domain": domain,
+            "principal": self.principal,
+            "body": (kind, body),
+            "reply_to": self.reply_partition,
+            "client_time_ms": time.time_ns() // 1_000_000,
+        }
+        value = encode_command(envelope)
+        if self._cursor is None:
+            self._cursor = self._outcomes.end_offset(self.reply_partition)
+        self._commands.append(partition_for(domain, self.data.partitions), [value])
+        if self._doorbell is not None:
+            self._doorbell.ring()
+        return self._await(command_id, domain, self.timeout_s if timeout_s is None else timeout_s)
+
+    def _await(self, command_id: str, domain: str, timeout_s: float) -> Outcome:
+        """Tail the reply partition for the outcome of (domain, command id).
+
+        The client reads on from where its last wait stopped (at most the
+        partition's end, so nothing after the append is missed), which spares a
+        broker round trip per command; outcomes of other clients sharing the
+        partition are passed over, most without decoding.
+        """
+        assert self._cursor is not None
+        deadline = time.monotonic() + timeout_s
+        pause = OUTCOME_POLL_MIN_S
+        needle = command_id.encode()
+        while True:
+            # Checked before the read: the last read starts after the deadline, so a process
+            # paused past it still finds an outcome that arrived meanwhile.
+            expired = time.monotonic() >= deadline
+            records = self._outcomes.read(self.reply_partition, self._cursor, OUTCOME_READ_BATCH)
+            for record in records:
+                self._cursor = record.offset + 1
+                if needle not in record.value:
+                    continue
+                decoded = REGISTRY.decode("keyload.Outcome", record.value)
+                if decoded["command_id"] == command_id and decoded["domain"] == domain:
+                    return Outcome.from_record(decoded)
+            if records:
+                continue
+            if expired:
+                raise OutcomeTimeout(command_id, timeout_s)
+            time.sleep(pause)
+            pause = min(pause * 2, OUTCOME_POLL_MAX_S)
+
+    def _result(self, outcome: Outcome, kind: type[T]) -> T:
+        if outcome.status != "committed":
+            raise rejection(outcome)
+        if not isinstance(outcome.result, kind):
+            # Only a client bug gets here: the same command id used for two kinds of command.
+            raise KeyloadError(f"command {outcome.command_id!r} produced {type(outcome.result).__name__}")
+        return outcome.result
+
+    # -- queues ---------------------------------------------------------------------------
+
+    def create_queue(
+        self,
+        domain: str,
+        queue: str,
+        policy: QueuePolicy | None = None,
+        *,
+        command_id: str | None = None,
+    ) -> QueueView:
+        body = {"queue": queue, "policy": (policy or QueuePolicy()).to_record()}
+        return self._result(self.submit(domain, "keyload.command.CreateQueue", body, command_id), QueueView)
+
+    def configure_queue(
+        self,
+        domain: str,
+        queue: str,
+        policy: QueuePolicy,
+        *,
+        expected_policy_version: int | None = None,
+        command_id: str | None = None,
+    ) -> QueueView:
+        """Replace the queue's whole policy; fields left None take their defaults."""
+        body = {
+            "queue": queue,
+            "policy": policy.to_record(),
+            "expected_policy_version": expected_policy_version,
+        }
+        return self._result(self.submit(domain, "keyload.command.ConfigureQueue", body, command_id), QueueView)
+
+    def enqueue(
+        self,
+        domain: str,
+        queue: str,
+        body: bytes,
+        *,
+        message_id: str | None = None,
+        headers: dict[str, str] | None = None,
+        ordering_key: str | None = None,
+        not_before_ms: int | None = None,
+        expires_at_ms: int | None = None,
+        command_id: str | None = None,
+    ) -> EnqueueResult:
+        command_id = command_id or str(uuid.uuid4())
+        record = {
+            "queue": queue,
+            "message_id": message_id or command_id,
+            "body": body,
+            "headers": headers or {},
+            "ordering_key": ordering_key,
+            "not_before_ms": not_before_ms,
+            "expires_at_ms": expires_at_ms,
+        }
+        return self._result(self.submit(domain, "keyload.command.Enqueue", record, command_id), EnqueueResult)
+
+    def inspect_queue(self, domain: str, queue: str, *, command_id: str | None = None) -> QueueView:
+        outcome = self.submit(domain, "keyload.command.InspectQueue", {"queue": queue}, command_id)
+        return self._result(outcome, QueueView)
+
+    def inspect_message(
+        self,
+        domain: str,
+        queue: str,
+        message_id: str,
+        *,
+        include_body: bool = False,
+        command_id: str | None = None,
+    ) -> MessageView:
+        body = {"queue": queue, "message_id": message_id, "include_body": include_body}
+        return self._result(self.submit(domain, "keyload.command.InspectMessage", body, command_id), MessageView)
+
+    # -- leases ---------------------------------------------------------------------------
+
+    def receive(
+        self,
+        domain: str,
+        queue: str,
+        *,
+        max_messages: int | None = None,
+        max_bytes: int | None = None,
+        lease_ms: int | None = None,
+        wait_ms: int | None = None,
+        command_id: str | None = None,
+    ) -> ReceiveResult:
+        """Lease up to `max_messages` ready messages; an empty result is normal.
+
+        With `wait_ms` (≤ 20 s) and nothing ready, the receive waits in the log for a
+        message (one command, however long the wait) and returns when one arrives or
+        the wait ends; the client waits that long plus its own timeout.
+        """
+        body = {
+            "queue": queue,
+            "max_messages": max_messages,
+            "max_bytes": max_bytes,
+            "lease_ms": lease_ms,
+            "wait_ms": wait_ms,
+        }
+        timeout = self.timeout_s + (wait_ms or 0) / 1000
+        outcome = self.submit(domain, "keyload.command.Receive", body, command_id, timeout)
+        return self._result(outcome, ReceiveResult)
+
+    def receive_across(
+        self, lanes: list[Lane], *, request_id: str | None = None, timeout_s: float | None = None
+    ) -> list[LaneOutcome]:
+        """Receive from up to 8 queues in order, one independent Receive per lane.
+
+        Lane i's command id is "<request_id>.<i>": calling again with the same
+        request id and unchanged lanes returns the original per-lane receipts.
+        No atomicity across lanes is claimed: each lane is committed, rejected,
+        unknown (no outcome in time: retry with the same request id), or
+        not_attempted (the overall timeout ran out before its turn).
+        """
+        if not 1 <= len(lanes) <= MAX_LANES:
+            raise InvalidCommand(f"receive_across takes 1..{MAX_LANES} lanes")
+        request_id = request_id or str(uuid.uuid4())
+        check_command_id(f"{request_id}.{len(lanes) - 1}")
+        deadline = time.monotonic() + (self.timeout_s if timeout_s is None else timeout_s)
+        outcomes: list[LaneOutcome] = []
+        for index, lane in enumerate(lanes):
+            command_id = f"{request_id}.{index}"
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                outcomes.append(LaneOutcome(lane, command_id, "not_attempted", None, None))
+                continue
+            body = {
+                "queue": lane.queue,
+                "max_messages": lane.max_messages,
+                "max_bytes": lane.max_bytes,
+                "lease_ms": lane.lease_ms,
+                "wait_ms": None,
+            }
+            try:
+                outcome = self.submit(lane.domain, "keyload.command.Receive", body, command_id, remaining)
+            except OutcomeTimeout:
+                outcomes.append(LaneOutcome(lane, command_id, "unknown", None, None))
+                continue
+            if outcome.status == "committed":
+                assert isinstance(outcome.result, ReceiveResult)
+                outcomes.append(LaneOutcome(lane, command_id, "committed", outcome.result, None))
+            else:
+                outcomes.append(LaneOutcome(lane, command_id, "rejected", None, rejection(outcome)))
+        return outcomes
+
+    def renew(
+        self, domain: str, token: str, *, lease_ms: int | None = None, command_id: str | None = None
+    ) -> LeaseResult:
+        body = {"token": token, "lease_ms": lease_ms}
+        return self._result(self.submit(domain, "keyload.command.Renew", body, command_id), LeaseResult)
+
+    def ack(self, domain: str, token: str, *, command_id: str | None = None) -> LeaseResult:
+        return self._result(self.submit(domain, "keyload.command.Ack", {"token": token}, command_id), LeaseResult)
+
+    def ack_batch(self, domain: str, tokens: list[str], *, command_id: str | None = None) -> AckBatchResult:
+        """Ack many deliveries in one command; each token's result is reported separately."""
+        outcome = self.submit(domain, "keyload.command.AckBatch", {"tokens": tokens}, command_id)
+        return self._result(outcome, AckBatchResult)
+
+    def nack(
+        self, domain: str, token: str, *, delay_ms: int | None = None, command_id: str | None = None
+    ) -> LeaseResult:
+        """Give a delivery back: retried after `delay_ms` (default: the queue's backoff) or dead-lettered."""
+        body = {"token": token, "delay_ms": delay_ms}
+        return self._result(self.submit(domain, "keyload.command.Nack", body, command_id), LeaseResult)
+
+    def consume(
+        self,
+        domain: str,
+        queue: str,
+        handler: Callable[[Delivery], Handled],
+        *,
+        wait_ms: int = DEFAULT_WAIT_MS,
+        **options: Unpack[WorkOptions],
+    ) -> ConsumeStats:
+        """Run `handler` on every delivery until `stop` is set: ack on return, nack on exception,
+        renewing leases while handlers run, long-polling while idle; `options` are
+        keyload.sdk.consumer.WorkOptions. With `exactly_once`, the handler returns its effects and
+        they commit with the ack (see keyload/sdk/consumer.py)."""
+        return consume(self, domain, queue, handler, wait_ms=wait_ms, **options)
+
+    def subscribe(
+        self,
+        domain: str,
+        topic: str,
+        group: str,
+        handler: Callable[[GroupDelivery], Handled],
+        *,
+        wait_ms: int = DEFAULT_WAIT_MS,
+        **options: Unpack[WorkOptions],
+    ) -> ConsumeStats:
+        """`consume` for a subscription group's deliveries."""
+        return subscribe(self, domain, topic, group, handler, wait_ms=wait_ms, **options)
+
+    # -- dead letters -----------------------------------------------------------------------
+
+    def list_dead_letters(
+        self,
+        domain: str,
+        queue: str,
+        *,
+        after_sequence: int | None = None,
+        limit: int = 100,
+        include_body: bool = False,
+    ) -> DeadLetterPage:
+        body = {"queue": queue, "after_sequence": after_sequence, "limit": limit, "include_body": include_body}
+        return self._result(self.submit(domain, "keyload.command.ListDeadLetters", body), DeadLetterPage)
+
+    def _operate(
+        self,
+        kind: str,
+        domain: str,
+        queue: str,
+        message_id: str,
+        state_version: int,
+        generation: int,
+        command_id: str | None,
+    ) -> MessageView:
+        body = {
+            "queue": queue,
+            "message_id": message_id,
+            "expected_state_version": state_version,
+            "expected_delivery_generation": generation,
+        }
+        return self._result(self.submit(domain, kind, body, command_id), MessageView)
+
+    def redrive(
+        self,
+        domain: str,
+        queue: str,
+        message_id: str,
+        *,
+        expected_state_version: int,
+        expected_delivery_generation: int,
+        command_id: str | None = None,
+    ) -> MessageView:
+        """Send a dead letter back to ready with fresh attempts; its old tokens go stale."""
+        return self._operate(
+            "keyload.command.Redrive",
+            domain,
+            queue,
+            message_id,
+            expected_state_version,
+            expected_delivery_generation,
+            command_id,
+        )
+
+    def cancel(
+        self,
+        domain: str,
+        queue: str,
+        message_id: str,
+        *,
+        expected_state_version: int,
+        expected_delivery_generation: int,
+        command_id: str | None = None,
+    ) -> MessageView:
+        """Cancel any non-terminal message: its body and quota are released."""
+        return self._operate(
+            "keyload.command.Cancel",
+            domain,
+            queue,
+            message_id,
+            expected_state_version,
+            expected_delivery_generation,
+            command_id,
+        )
+
+    def park_pending(
+        self,
+        domain: str,
+        queue: str,
+        message_id: str,
+        *,
+        expected_state_version: int,
+        expected_delivery_generation: int,
+        command_id: str | None = None,
+    ) -> MessageView:
+        """Move a pending dead letter into the dead-letter index once the sublimit has room."""
+        return self._operate(
+            "keyload.command.ParkPending",
+            domain,
+            queue,
+            message_id,
+            expected_state_version,
+            expected_delivery_generation,
+            command_id,
+        )
+
+    # -- topics ---------------------------------------------------------------------------
+
+    def create_topic(
+        self,
+        domain: str,
+        topic: str,
+        policy: TopicPolicy | None = None,
+        *,
+        command_id: str | None = None,
+    ) -> TopicView:
+        body = {"topic": topic, "policy": (policy or TopicPolicy()).to_record()}
+        return self._result(self.submit(domain, "keyload.command.CreateTopic", body, command_id), TopicView)
+
+    def publish(
+        self, domain: str, topic: str, events: Sequence[Event], *, command_id: str | None = None
+    ) -> PublishResult:
+        """Append 1..100 events at the topic's next positions, all or none.
+
+        An event id already in the topic refuses the whole command: with the same
+        content `DuplicateEventIdError` (its detail names the original position),
+        with other content `ConflictError`. The exception's message names the event by the id
+        given here (`outcome.detail`, as stored, by its index in `events`).
+        """
+        body = {"topic": topic, "events": [event.to_record() for event in events]}
+        outcome = self.submit(domain, "keyload.command.Publish", body, command_id)
+        if outcome.status != "committed":
+            raise _naming_events(outcome, events)
+        return self._result(outcome, PublishResult)
+
+    def read_topic(
+        self,
+        domain: str,
+        topic: str,
+        from_position: int | None = None,
+        *,
+        cursor: str | None = None,
+        max_events: int | None = None,
+        max_bytes: int | None = None,
+        command_id: str | None = None,
+    ) -> TopicPage:
+        """A page of events from `from_position` (default 1), or from `cursor`: a page's
+        `next_cursor`, to read on where it ended."""
+        if from_position is None and cursor is None:
+            from_position = 1
+        body = {
+            "topic": topic,
+            "from_position": from_position,
+            "cursor": cursor,
+            "max_events": max_events,
+            "max_bytes": max_bytes,
+        }
+        return self._result(self.submit(domain, "keyload.command.ReadTopic", body, command_id), TopicPage)
+
+    def inspect_topic(self, domain: str, topic: str, *, command_id: str | None = None) -> TopicView:
+        outcome = self.submit(domain, "keyload.command.InspectTopic", {"topic": topic}, command_id)
+        return self._result(outcome, TopicView)
+
+    def purge_topic(
+        self, domain: str, topic: str, through: int, *, expected_generation: int, command_id: str | None = None
+    ) -> TopicView:
+        """Delete the retained events first_available..through. Refused (`ResourceExhaustedError`) past
+        the tail or past any group's checkpoint or lowest pinning parked position; a stale
+        `expected_generation` is `RevisionConflictError`. Event ids stay known: re-publishing one is refused."""
+        body = {"topic": topic, "through": through, "expected_generation": expected_generation}
+        return self._result(self.submit(domain, "keyload.command.PurgeTopic", body, command_id), TopicView)
+
+    # -- subscription groups ----------------------------------------------------------------
+
+    def create_group(
+        self,
+        domain: str,
+        topic: str,
+        group: str,
+        *,
+        event_types: list[str] | None = None,
+        headers: dict[str, str] | None = None,
+        start: Literal["beginning", "end"] | int = "beginning",
+        policy: GroupPolicy | None = None,
+        command_id: str | None = None,
+    ) -> GroupView:
+        """A group delivering the topic's matching events from `start`: "beginning" (first_available),
+        "end" (only events published from now on), or a position (first_available..tail + 1)."""
+        to, position = _group_start(start)
+        body = {
+            "topic": topic,
+            "group": group,
+            "filter": {"event_types": event_types or [], "headers": headers or {}},
+            "start": to,
+            "position": position,
+            "policy": (policy or GroupPolicy()).to_record(),
+        }
+        return self._result(self.submit(domain, "keyload.command.CreateGroup", body, command_id), GroupView)
+
+    def group_receive(
+        self,
+        domain: str,
+        topic: str,
+        group: str,
+        *,
+        max_events: int | None = None,
+        max_bytes: int | None = None,
+        lease_ms: int | None = None,
+        wait_ms: int | None = None,
+        command_id: str | None = None,
+    ) -> GroupReceiveResult:
+        """Lease due redeliveries, then the next matching positions; an empty result is normal.
+
+        With `wait_ms` (≤ 20 s) and nothing to deliver, the receive waits in the log (one
+        command, however long the wait) for a publish, an ack that opens the window, a
+        retry coming due or a resume of the paused group; the client waits that long
+        plus its own timeout.
+        """
+        body = {
+            "topic": topic,
+            "group": group,
+            "max_events": max_events,
+            "max_bytes": max_bytes,
+            "lease_ms": lease_ms,
+            "wait_ms": wait_ms,
+        }
+        timeout = self.timeout_s + (wait_ms or 0) / 1000
+        outcome = self.submit(domain, "keyload.command.GroupReceive", body, command_id, timeout)
+        return self._result(outcome, GroupReceiveResult)
+
+    def group_ack(
+        self, domain: str, topic: str, group: str, token: str, *, command_id: str | None = None
+    ) -> GroupLeaseResult:
+        body = {"topic": topic, "group": group, "token": token}
+        return self._result(self.submit(domain, "keyload.command.GroupAck", body, command_id), GroupLeaseResult)
+
+    def group_ack_batch(
+        self, domain: str, topic: str, group: str, tokens: list[str], *, command_id: str | None = None
+    ) -> GroupAckBatchResult:
+        """Ack 1..100 deliveries in one command; each token's result is reported separately."""
+        body = {"topic": topic, "group": group, "tokens": tokens}
+        outcome = self.submit(domain, "keyload.command.GroupAckBatch", body, command_id)
+        return self._result(outcome, GroupAckBatchResult)
+
+    def group_nack(
+        self,
+        domain: str,
+        topic: str,
+        group: str,
+        token: str,
+        *,
+        delay_ms: int | None = None,
+        command_id: str | None = None,
+    ) -> GroupLeaseResult:
+        """Give a delivery back: retried after `delay_ms` (default: the group's backoff) or parked."""
+        body = {"topic": topic, "group": group, "token": token, "delay_ms": delay_ms}
+        return self._result(self.submit(domain, "keyload.command.GroupNack", body, command_id), GroupLeaseResult)
+
+    def group_renew(
+        self,
+        domain: str,
+        topic: str,
+        group: str,
+        token: str,
+        *,
+        lease_ms: int | None = None,
+        command_id: str | None = None,
+    ) -> GroupLeaseResult:
+        body = {"topic": topic, "group": group, "token": token, "lease_ms": lease_ms}
+        return self._result(self.submit(domain, "keyload.command.GroupRenew", body, command_id), GroupLeaseResult)
+
+    def group_status(self, domain: str, topic: str, group: str, *, command_id: str | None = None) -> GroupView:
+        return self._group_command("keyload.command.GroupStatus", domain, topic, group, command_id)
+
+    def seek_group(
+        self,
+        domain: str,
+        topic: str,
+        group: str,
+        to: Literal["beginning", "end"] | int,
+        *,
+        expected_generation: int | None = None,
+        command_id: str | None = None,
+    ) -> GroupView:
+        """Move the group so that `to` is the next position delivered; outstanding deliveries are dropped
+        (their tokens become invalid) and the group stays paused until `resume_group`."""
+        where, position = _group_start(to)
+        body = {
+            "topic": topic,
+            "group": group,
+            "to": where,
+            "position": position,
+            "expected_generation": expected_generation,
+        }
+        return self._result(self.submit(domain, "keyload.command.SeekGroup", body, command_id), GroupView)
+
+    def configure_group(
+        self,
+        domain: str,
+        topic: str,
+        group: str,
+        *,
+        expected_generation: int,
+        event_types: list[str] | None = None,
+        headers: dict[str, str] | None = None,
+        policy: GroupPolicy | None = None,
+        command_id: str | None = None,
+    ) -> GroupView:
+        """Change a paused group's filter and/or policy. Giving `event_types` or `headers` replaces the
+        whole filter (the other one empty); a `policy` replaces the whole policy (None fields take
+        defaults); what is not given stays. Positions after the checkpoint are evaluated again."""
+        no_filter = event_types is None and headers is None
+        body = {
+            "topic": topic,
+            "group": group,
+            "expected_generation": expected_generation,
+            "filter": None if no_filter else {"event_types": event_types or [], "headers": headers or {}},
+            "policy": None if policy is None else policy.to_record(),
+        }
+        return self._result(self.submit(domain, "keyload.command.ConfigureGroup", body, command_id), GroupView)
+
+    def pause_group(self, domain: str, topic: str, group: str, *, command_id: str | None = None) -> GroupView:
+        """Stop deliveries (receives are refused with `DispatchPausedError`); leases in hand stay valid."""
+        return self._group_command("keyload.command.PauseGroup", domain, topic, group, command_id)
+
+    def resume_group(self, domain: str, topic: str, group: str, *, command_id: str | None = None) -> GroupView:
+        return self._group_command("keyload.command.ResumeGroup", domain, topic, group, command_id)
+
+    def _group_command(self, kind: str, domain: str, topic: str, group: str, command_id: str | None) -> GroupView:
+        return self._result(self.submit(domain, kind, {"topic": topic, "group": group}, command_id), GroupView)
+
+    # -- documents, batches and inboxes ----------------------------------------------------
+
+    def put_document(
+        self,
+        domain: str,
+        key: str,
+        value: bytes,
+        *,
+        expected_revision: int | None = None,
+        command_id: str | None = None,
+    ) -> DocumentResult:
+        """Write a document. `expected_revision`: None writes whatever is there, 0 only if absent,
+        n only at revision n (else `RevisionConflictError`)."""
+        body = {"key": key, "value": value, "expected_revision": expected_revision}
+        return self._result(self.submit(domain, "keyload.command.PutDocument", body, command_id), DocumentResult)
+
+    def delete_document(
+        self, domain: str, key: str, *, expected_revision: int | None = None, command_id: str | None = None
+    ) -> DocumentResult:
+        body = {"key": key, "expected_revision": expected_revision}
+        return self._result(self.submit(domain, "keyload.command.DeleteDocument", body, command_id), DocumentResult)
+
+    def get_document(self, domain: str, key: str, *, command_id: str | None = None) -> Document:
+        """The live document (`NotFoundError` when absent or deleted)."""
+        return self._result(self.submit(domain, "keyload.command.GetDocument", {"key": key}, command_id), Document)
+
+    def list_documents(
+        self,
+        domain: str,
+        prefix: str = "",
+        *,
+        after: str | None = None,
+        max_documents: int | None = None,
+        max_bytes: int | None = None,
+        command_id: str | None = None,
+    ) -> DocumentPage:
+        """Live documents whose key starts with `prefix`, in key order; read on with `after=page.next_after`."""
+        body = {"prefix": prefix, "after": after, "max_documents": max_documents, "max_bytes": max_bytes}
+        return self._result(self.submit(domain, "keyload.command.ListDocuments", body, command_id), DocumentPage)
+
+    def batch(self, domain: str, mutations: Sequence[Mutation], *, command_id: str | None = None) -> BatchResult:
+        """Apply `mutations` in order, all or nothing; a refusal names the failing one (`failed_index`)."""
+        body = {"mutations": [mutation_record(m) for m in mutations]}
+        outcome = self.submit(domain, "keyload.command.Batch", body, command_id)
+        failed = outcome.failed_index
+        if outcome.status != "committed" and failed is not None and failed < len(mutations):
+            refused = mutations[failed]
+            if isinstance(refused, PublishEvents):
+                raise _naming_events(outcome, refused.events, f"mutation {failed}: ")
+        return self._result(outcome, BatchResult)
+
+    def complete_processing(
+        self,
+        domain: str,
+        token: str,
+        effects: Sequence[Mutation],
+        *,
+        handler_scope: str,
+        execution_generation: int = 0,
+        topic: str | None = None,
+        group: str | None = None,
+        command_id: str | None = None,
+    ) -> ProcessingResult:
+        """Apply a delivery's effects, record its inbox entry and ack it, atomically. A repeat of the
+        same delivery, scope and execution generation returns the first receipt (`already_processed`);
+        other effects are `ConflictError`. Pass `topic` and `group` for a subscription group's delivery."""
+        body = {
+            "token": token,
+            "handler_scope": handler_scope,
+            "execution_generation": execution_generation,
+            "effects": [mutation_record(m) for m in effects],
+            "topic": topic,
+            "group": group,
+        }
+        outcome = self.submit(domain, "keyload.command.CompleteProcessing", body, command_id)
+        return self._result(outcome, ProcessingResult)
+
+    def configure_inbox(
+        self, domain: str, *, max_receipts: int, max_bytes: int, command_id: str | None = None
+    ) -> InboxView:
+        """Give the domain a target inbox (or change its policy) so it accepts CommitInbox."""
+        body = {"max_receipts": max_receipts, "max_bytes": max_bytes}
+        return self._result(self.submit(domain, "keyload.command.ConfigureInbox", body, command_id), InboxView)
+
+    def commit_inbox(
+        self,
+        domain: str,
+        source: InboxSource,
+        effects: Sequence[Mutation],
+        *,
+        handler_scope: str,
+        execution_generation: int = 0,
+        command_id: str | None = None,
+    ) -> ProcessingResult:
+        """Apply effects in `domain` once per source delivery, handler scope and execution generation;
+        the source's ack is a separate command."""
+        body = {
+            "source": {
+                "domain": source.domain,
+                "queue": source.queue,
+                "message_id": source.message_id,
+                "delivery_generation": source.delivery_generation,
+            },
+            "handler_scope": handler_scope,
+            "execution_generation": execution_generation,
+            "effects": [mutation_record(m) for m in effects],
+        }
+        return self._result(self.submit(domain, "keyload.command.CommitInbox", body, command_id), ProcessingResult)
+
+    # -- large payloads ---------------------------------------------------------------------
+
+    @property
+    def payloads(self) -> PayloadGateway:
+        """The payload gateway over this data directory's object store and keyring."""
+        if self._payloads is None:
+            self._payloads = PayloadGateway(self.data.object_store(), self.data.keyring())
+        return self._payloads
+
+    def prepare_large_schedule(
+        self,
+        domain: str,
+        queue: str,
+        message_id: str,
+        length: int,
+        sha256: bytes,
+        *,
+        upload_window_ms: int | None = None,
+        headers: dict[str, str] | None = None,
+        ordering_key: str | None = None,
+        not_before_ms: int | None = None,
+        expires_at_ms: int | None = None,
+        command_id: str | None = None,
+    ) -> PayloadReservation:
+        """Reserve a large message (identity, object key, length, SHA-256, deadline, quota)."""
+        body = {
+            "queue": queue,
+            "message_id": message_id,
+            "length": length,
+            "sha256": sha256,
+            "upload_window_ms": upload_window_ms,
+            "headers": headers or {},
+            "ordering_key": ordering_key,
+            "not_before_ms": not_before_ms,
+            "expires_at_ms": expires_at_ms,
+        }
+        outcome = self.submit(domain, "keyload.command.PrepareLargeSchedule", body, command_id)
+        return self._result(outcome, PayloadReservation)
+
+    def commit_large_schedule(
+        self, domain: str, reservation_id: int, proof: dict[str, Any], *, command_id: str | None = None
+    ) -> PayloadReservation:
+        """Create the reserved message from an attested object (an equivalent proof again is idempotent)."""
+        body = {"reservation_id": reservation_id, "proof": proof}
+        outcome = self.submit(domain, "keyload.command.CommitLargeSchedule", body, command_id)
+        return self._result(outcome, PayloadReservation)
+
+    def cancel_large_schedule(
+        self, domain: str, reservation_id: int, *, command_id: str | None = None
+    ) -> PayloadReservation:
+        """Abandon an uncommitted reservation; whatever was uploaded is deleted by retention."""
+        body = {"reservation_id": reservation_id}
+        outcome = self.submit(domain, "keyload.command.CancelLargeSchedule", body, command_id)
+        return self._result(outcome, PayloadReservation)
+
+    def inspect_reservation(self, domain: str, reservation_id: int) -> PayloadReservation:
+        body = {"reservation_id": reservation_id}
+        return self._result(self.submit(domain, "keyload.command.InspectReservation", body), PayloadReservation)
+
+    def schedule_large(
+        self,
+        domain: str,
+        queue: str,
+        source: bytes | os.PathLike[str],
+        *,
+        message_id: str,
+        upload_window_ms: int | None = None,
+        headers: dict[str, str] | None = None,
+        ordering_key: str | None = None,
+        not_before_ms: int | None = None,
+        expires_at_ms: int | None = None,
+        progress: Progress | None = None,
+        request_id: str | None = None,
+    ) -> PayloadReservation:
+        """Enqueue a payload of any size up to 5 TiB: reserve, upload, attest, commit.
+
+        `source` is bytes or a file path (streamed: never read into memory whole).
+        `progress(done, total)` is called as bytes go up. Calling again with the same
+        `request_id` after a failure resumes: the reservation is the same command, an
+        upload of the same bytes is idempotent, and so is a commit of an equivalent proof.
+        """
+        resuming = request_id is not None
+        request_id = request_id or str(uuid.uuid4())
+        with staged_source(source, self.data.root / "scratch" / "payloads") as path:
+            digest = digest_of(path)
+            receipt = self.prepare_large_schedule(
+                domain,
+                queue,
+                message_id,
+                digest.length,
+                digest.sha256,
+                upload_window_ms=upload_window_ms,
+                headers=headers,
+                ordering_key=ordering_key,
+                not_before_ms=not_before_ms,
+                expires_at_ms=expires_at_ms,
+                command_id=f"{request_id}.prepare",
+            )
+            if resuming:
+                # A resumed request whose commit already landed: nothing to upload (its receipt,
+                # as stored, still says reserved). A new request id cannot have one.
+                current = self.inspect_reservation(domain, receipt.reservation_id)
+                if current.state == "committed":
+                    return current
+            handle = self.payloads.upload_handle(receipt, partition_for(domain, self.data.partitions))
+            self.payloads.upload(handle, path, progress)
+            proof = self.payloads.attest(handle)
+        # A new command id each time: the proof (its attestation time) differs between attempts.
+        return self.commit_large_schedule(domain, receipt.reservation_id, proof)
+
+    def read_payload(self, delivery: Delivery, into: os.PathLike[str] | None = None) -> bytes | None:
+        """A large delivery's bytes (verified against its SHA-256); with `into`, written to that file."""
+        if delivery.payload is None or delivery.payload.read_handle is None:
+            raise InvalidCommand("the delivery has no large payload: its bytes are in `body`")
+        if into is not None:
+            self.payloads.read(delivery.payload.read_handle, Path(into))
+            return None
+        scratch = self.data.root / "scratch"
+        scratch.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=scratch) as folder:
+            target = Path(folder) / "payload"
+            self.payloads.read(delivery.payload.read_handle, target)
+            return target.read_bytes()
+
+    # -- operations -----------------------------------------------------------------------
+
+    def rotate_keys(
+        self,
+        partition: int,
+        *,
+        token_key_id: str | None = None,
+        jitter_key_id: str | None = None,
+        proof_key_id: str | None = None,
+        command_id: str | None = None,
+    ) -> ActiveKeys:
+        """Make keyring keys active for token signing, retry jitter and payload proofs in one partition.
+
+        A new proof key starts a new trust-set version: reservations made before keep theirs."""
+        body = {"token_key_id": token_key_id, "jitter_key_id": jitter_key_id, "proof_key_id": proof_key_id}
+        return self._result(self._submit_to(partition, "keyload.command.RotateKeys", body, command_id), ActiveKeys)
+
+    def _submit_to(self, partition: int, kind: str, body: dict[str, Any], command_id: str | None) -> Outcome:
+        """Submit a partition-wide command (under the partition's system domain)."""
+        self.data.check_partition(partition)
+        return self.submit(domain_for_partition(partition, self.data.partitions), kind, body, command_id)
+
+    def poison_entries(self, partition: int | None = None, *, limit: int = DEFAULT_POISON_LIMIT) -> list[PoisonEntry]:
+        """Command-log records no command could be read from (undecodable bytes, an unknown schema, a
+        bad command id), as the processors recorded them: skipped, never retried, never answered.
+
+        In partition then offset order, at most `limit`; every partition, or one. Read straight from
+        this data directory's projections (read-only: `keyload run` may be serving them), so in Kafka
+        mode only the partitions whose projections live here. Each entry carries the record's first
+        bytes while the log still holds it.
+        """
+        if limit < 1:
+            raise InvalidCommand("limit must be >= 1")
+        if partition is not None:
+            self.data.check_partition(partition)
+        entries: list[PoisonEntry] = []
+        for number in range(self.data.partitions) if partition is None else [partition]:
+            path = self.data.projection(number)
+            if len(entries) == limit:
+                break
+            if not path.is_dir():
+                continue  # never served yet: nothing recorded
+            store = Store(path, read_only=True)
+            try:
+                rows = list(itertools.islice(poison_rows(store), limit - len(entries)))
+            finally:
+                store.close()
+            for _, value in rows:
+                record = REGISTRY.decode("keyload.PoisonEntry", value)
+                entries.append(
+                    PoisonEntry(
+                        partition=number,
+                        offset=record["offset"],
+                        timestamp_ms=record["timestamp_ms"],
+                        size=record["length"],
+                        sha256=record["sha256"].hex(),
+                        reason=record["reason"],
+                        first_bytes=self._record_start(number, record["offset"]),
+                    )
+                )
+        return entries
+
+    def _record_start(self, partition: int, offset: int) -> bytes | None:
+        """The first bytes of a command-log record; None once it is truncated away or unreadable."""
+        try:
+            records = self._commands.read(partition, offset, 1)
+        except LogError:
+            return None
+        if not records or records[0].offset != offset:
+            return None
+        return records[0].value[:POISON_PREVIEW_BYTES]
+
+    # -- retention (the GC worker's commands, keyload/operations/gc.py) ---------------------------------
+
+    def list_retention(
+        self, partition: int, *, after_task: int | None = None, limit: int | None = None
+    ) -> RetentionPage:
+        """Retention tasks in task order, each with what blocks its deletion now; the recovery floor."""
+        body = {"after_task": after_task, "limit": limit}
+        return self._result(self._submit_to(partition, "keyload.command.ListRetention", body, None), RetentionPage)
+
+    def advance_recovery_floor(self, partition: int, floor_offset: int) -> RetentionPage:
+        """Log the partition's recovery floor (never lowers it); compacts finished tasks below it."""
+        body = {"floor_offset": floor_offset}
+        outcome = self._submit_to(partition, "keyload.command.AdvanceRecoveryFloor", body, None)
+        return self._result(outcome, RetentionPage)
+
+    def begin_delete(self, partition: int, task_id: int) -> RetentionStatus:
+        """Ask to delete a task's object; CommandRejected (Conflict) says what still blocks it."""
+        outcome = self._submit_to(partition, "keyload.command.BeginDelete", {"task_id": task_id}, None)
+        return self._result(outcome, RetentionStatus)
+
+    def delete_confirmed(self, partition: int, task_id: int, deleted_versions: list[str]) -> RetentionStatus:
+        """Report a finished deletion (no version of the object is left); releases its quota."""
+        body = {"task_id": task_id, "deleted_versions": deleted_versions}
+        outcome = self._submit_to(partition, "keyload.command.DeleteConfirmed", body, None)
+        return self._result(outcome, RetentionStatus)
+
+    def request_checkpoint(self, partition: int, *, command_id: str | None = None) -> CheckpointResult:
+        """Ask the partition's runtime for a checkpoint at this command's offset."""
+        return self._result(self._submit_to(partition, "keyload.command.Checkpoint", {}, command_id), CheckpointResult)
+
+
+def poison_rows(store: Store) -> Iterator[tuple[bytes, bytes]]:
+    """A projection's poison entries (key family `p`), in offset order."""
+    return store.scan(keys.POISON, keys.prefix_end(keys.POISON))

@@ -1,0 +1,338 @@
+"""The consumer helpers: receive, run a handler per delivery, renew while it runs, ack or nack.
+
+One engine serves a queue (`consume`) and a subscription group (`subscribe`).
+All log traffic happens on the calling thread (a Client is not thread-safe);
+handlers run on a thread pool. A handler that returns acks its delivery, one that
+raises nacks it (retried per the queue's or group's policy, then dead-lettered or
+parked). Setting `stop` stops receiving, lets running handlers finish, settles
+them, and returns (a long-poll receive in progress finishes first: at most
+`wait_ms`).
+
+While idle, a consumer long-polls: one receive command per `wait_ms`, waiting in
+the log (a subscriber of a paused group waits there for the resume).
+
+Exactly-once mode (`exactly_once=ExactlyOnce(handler_scope)`): the handler
+returns its effects (document writes, enqueues, publishes: keyload.sdk.results
+mutations) instead of performing them, and the helper commits them with the ack
+in one CompleteProcessing. A crash anywhere leaves either everything or nothing:
+a completion that did not land leaves the lease to run out and the delivery comes
+again (the handler runs again); one that did acked the delivery with its effects.
+A completion of a delivery that was already completed — by a holder whose lease
+ran out while it was paused, after another consumer completed the redelivery — is
+recognised (`already_processed`, counted in the stats) and applies nothing twice.
+Effects must be a function of the delivery (ids derived from it, never random),
+or such a repeat is a Conflict. A completion refused for another reason (a
+document revision conflict, a full queue) is nacked and retried per the policy.
+
+An outcome that does not come in time (the processor or broker is down longer
+than the client's timeout) does not stop the helper: the command is counted in
+`unknown_outcomes` and tried again next round as a new command. A receive's lost
+deliveries come again when their leases run out; a settle that did apply shows
+as a lost lease, or, exactly once, as already processed; a delivery stays
+unsettled (and `stop` waits for it) until its settle is known.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass
+from threading import Event
+from typing import TYPE_CHECKING, Generic, Protocol, TypedDict, TypeVar, Unpack
+
+from keyload.errors import CommandRejected, KeyloadError, OutcomeTimeout
+from keyload.processors.limits import MAX_ACK_BATCH
+from keyload.sdk.results import Delivery, GroupDelivery, Mutation
+
+if TYPE_CHECKING:
+    from keyload.sdk.client import Client
+
+DEFAULT_CONCURRENCY = 4
+DEFAULT_LEASE_MS = 30_000
+RENEW_FRACTION = 3  # renew when a third of the lease is left
+DEFAULT_WAIT_MS = 5_000  # long poll while idle: one receive command per wait, not a flood
+SETTLE_POLL_S = 0.05  # how often running handlers are checked for completion and renewal
+LOST_LEASE_CODES = frozenset({"StaleLease", "LeaseExpired", "TokenInvalidated"})
+
+
+class Token(Protocol):
+    @property
+    def token(self) -> str: ...
+
+
+class Settled(Protocol):
+    """One token's fate in an ack batch."""
+
+    @property
+    def status(self) -> str: ...
+
+    @property
+    def error_code(self) -> str | None: ...
+
+
+D = TypeVar("D", bound=Token)
+D_co = TypeVar("D_co", bound=Token, covariant=True)
+
+
+@dataclass
+class ConsumeStats:
+    received: int = 0
+    acked: int = 0
+    nacked: int = 0
+    lost_leases: int = 0  # renew/ack/nack found the lease gone: the delivery will come again
+    already_processed: int = 0  # exactly-once mode: completions the log had already applied (counted in acked)
+    unknown_outcomes: int = 0  # commands whose outcome did not come in time (OutcomeTimeout): retried
+
+
+class Source(Protocol[D_co]):
+    """Where deliveries come from and go back to: a queue or a subscription group.
+
+    `receive(wait=True)` long-polls in the log for up to the source's `wait_ms`."""
+
+    def receive(self, max_items: int, lease_ms: int, wait: bool) -> Sequence[D_co]: ...
+
+    def ack_batch(self, tokens: list[str]) -> Sequence[Settled]: ...
+
+    def nack(self, token: str, delay_ms: int | None) -> None: ...
+
+    def renew(self, token: str, lease_ms: int) -> None: ...
+
+    def complete(self, token: str, effects: Sequence[Mutation], scope: str, execution_generation: int) -> bool:
+        """CompleteProcessing of one delivery; whether the effects were already processed."""
+        ...
+
+
+@dataclass
+class QueueSource:
+    client: Client
+    domain: str
+    queue: str
+    wait_ms: int
+
+    def receive(self, max_items: int, lease_ms: int, wait: bool) -> Sequence[Delivery]:
+        wait_ms = self.wait_ms if wait else None
+        return self.client.receive(
+            self.domain, self.queue, max_messages=max_items, lease_ms=lease_ms, wait_ms=wait_ms
+        ).deliveries
+
+    def ack_batch(self, tokens: list[str]) -> Sequence[Settled]:
+        return self.client.ack_batch(self.domain, tokens).results
+
+    def nack(self, token: str, delay_ms: int | None) -> None:
+        self.client.nack(self.domain, token, delay_ms=delay_ms)
+
+    def renew(self, token: str, lease_ms: int) -> None:
+        self.client.renew(self.domain, token, lease_ms=lease_ms)
+
+    def complete(self, token: str, effects: Sequence[Mutation], scope: str, execution_generation: int) -> bool:
+        return self.client.complete_processing(
+            self.domain, token, effects, handler_scope=scope, execution_generation=execution_generation
+        ).already_processed
+
+
+@dataclass
+class GroupSource:
+    client: Client
+    domain: str
+    topic: str
+    group: str
+    wait_ms: int
+
+    def receive(self, max_items: int, lease_ms: int, wait: bool) -> Sequence[GroupDelivery]:
+        wait_ms = self.wait_ms if wait else None
+        return self.client.group_receive(
+            self.domain, self.topic, self.group, max_events=max_items, lease_ms=lease_ms, wait_ms=wait_ms
+        ).deliveries
+
+    def ack_batch(self, tokens: list[str]) -> Sequence[Settled]:
+        return self.client.group_ack_batch(self.domain, self.topic, self.group, tokens).results
+
+    def nack(self, token: str, delay_ms: int | None) -> None:
+        self.client.group_nack(self.domain, self.topic, self.group, token, delay_ms=delay_ms)
+
+    def renew(self, token: str, lease_ms: int) -> None:
+        self.client.group_renew(self.domain, self.topic, self.group, token, lease_ms=lease_ms)
+
+    def complete(self, token: str, effects: Sequence[Mutation], scope: str, execution_generation: int) -> bool:
+        return self.client.complete_processing(
+            self.domain,
+            token,
+            effects,
+            handler_scope=scope,
+            execution_generation=execution_generation,
+            topic=self.topic,
+            group=self.group,
+        ).already_processed
+
+
+@dataclass
+class _Running(Generic[D]):
+    delivery: D
+    renew_at: float
+
+
+@dataclass(frozen=True)
+class ExactlyOnce:
+    """Exactly-once mode: the handler's returned effects are committed with the ack (module docstring)."""
+
+    handler_scope: str
+    execution_generation: int = 0
+
+
+Handled = Sequence[Mutation] | None  # what a handler returns: its effects in exactly-once mode, else nothing
+
+
+def work(
+    source: Source[D],
+    handler: Callable[[D], Handled],
+    *,
+    concurrency: int = DEFAULT_CONCURRENCY,
+    lease_ms: int = DEFAULT_LEASE_MS,
+    stop: Event | None = None,
+    nack_delay_ms: int | None = None,
+    exactly_once: ExactlyOnce | None = None,
+) -> ConsumeStats:
+    """Process deliveries of `source` until `stop` is set; see the module docstring."""
+    if not 1 <= concurrency <= MAX_ACK_BATCH:
+        raise ValueError(f"concurrency must be 1..{MAX_ACK_BATCH} (one AckBatch settles a round)")
+    stop = stop or Event()
+    stats = ConsumeStats()
+    running: dict[Future[Handled], _Running[D]] = {}
+    renew_every = lease_ms / 1000 / RENEW_FRACTION
+
+    def known(command: Callable[..., object], *args: object) -> bool:
+        """Run a command; False when its outcome did not come in time (it is tried again later)."""
+        try:
+            command(*args)
+        except OutcomeTimeout:
+            stats.unknown_outcomes += 1
+            return False
+        return True
+
+    def nack(token: str) -> None:
+        try:
+            source.nack(token, nack_delay_ms)
+            stats.nacked += 1
+        except CommandRejected as refusal:
+            if refusal.code not in LOST_LEASE_CODES:
+                raise
+            stats.lost_leases += 1
+
+    def complete(token: str, effects: Handled, mode: ExactlyOnce) -> None:
+        try:
+            if source.complete(token, effects or (), mode.handler_scope, mode.execution_generation):
+                stats.already_processed += 1
+            stats.acked += 1
+        except CommandRejected as refusal:
+            if refusal.code in LOST_LEASE_CODES:
+                stats.lost_leases += 1
+            else:
+                nack(token)  # the effects were refused (nothing applied): retry per the policy
+
+    def ack_all(tokens: list[str]) -> None:
+        for result in source.ack_batch(tokens):
+            if result.status == "committed":
+                stats.acked += 1
+            elif result.error_code in LOST_LEASE_CODES:
+                stats.lost_leases += 1
+            else:
+                raise KeyloadError(f"ack refused: {result.error_code}")
+
+    def settle(finished: list[Future[Handled]]) -> None:
+        """Ack the handlers that returned in one batch (or complete each, exactly once); nack the
+        ones that raised. What is settled leaves `running`; what met an unknown outcome stays
+        there and is settled again next round (a repeat that did apply shows as a lost lease,
+        or, exactly once, as already processed)."""
+        settled: list[Future[Handled]] = []
+        succeeded = [future for future in finished if future.exception() is None]
+        if exactly_once is None:
+            tokens = [running[future].delivery.token for future in succeeded]
+            if not tokens or known(ack_all, tokens):
+                settled += succeeded
+        else:
+            mode = exactly_once
+            for future in succeeded:
+                token = running[future].delivery.token
+                if known(complete, token, future.result(), mode):
+                    settled.append(future)
+        for future in finished:
+            token = running[future].delivery.token
+            if future.exception() is not None and known(nack, token):
+                settled.append(future)
+        for future in settled:
+            del running[future]
+
+    def renew_due() -> None:
+        now = time.monotonic()
+        for future, entry in list(running.items()):
+            if entry.renew_at > now or future.done():
+                continue
+            try:
+                source.renew(entry.delivery.token, lease_ms)
+                entry.renew_at = now + renew_every
+            except OutcomeTimeout:
+                stats.unknown_outcomes += 1  # renewed again next round
+            except CommandRejected as refusal:
+                if refusal.code not in LOST_LEASE_CODES:
+                    raise
+                entry.renew_at = float("inf")  # the lease is gone; settle will count it
+
+    with ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="keyload-consumer") as pool:
+        while not stop.is_set() or running:
+            free = concurrency - len(running)
+            if free > 0 and not stop.is_set():
+                # Wait in the log only while nothing runs, so running handlers keep being settled and renewed.
+                try:
+                    deliveries = source.receive(free, lease_ms, wait=not running)
+                except OutcomeTimeout:  # what it may have leased comes again when the lease runs out
+                    stats.unknown_outcomes += 1
+                    deliveries = []
+                for delivery in deliveries:
+                    running[pool.submit(handler, delivery)] = _Running(delivery, time.monotonic() + renew_every)
+                stats.received += len(deliveries)
+            if running:
+                done, _ = wait(list(running), timeout=SETTLE_POLL_S, return_when=FIRST_COMPLETED)
+                if done:
+                    settle(list(done))
+                renew_due()
+    return stats
+
+
+class WorkOptions(TypedDict, total=False):
+    """How the helper works, each with a default: `concurrency` (DEFAULT_CONCURRENCY handlers at
+    once), `lease_ms` (DEFAULT_LEASE_MS), `stop` (set it to stop), `nack_delay_ms` (None: the
+    policy's backoff), `exactly_once` (None: ack on return)."""
+
+    concurrency: int
+    lease_ms: int
+    stop: Event | None
+    nack_delay_ms: int | None
+    exactly_once: ExactlyOnce | None
+
+
+def consume(
+    client: Client,
+    domain: str,
+    queue: str,
+    handler: Callable[[Delivery], Handled],
+    *,
+    wait_ms: int = DEFAULT_WAIT_MS,
+    **options: Unpack[WorkOptions],
+) -> ConsumeStats:
+    """Process deliveries of a queue until `stop` is set."""
+    return work(QueueSource(client, domain, queue, wait_ms), handler, **options)
+
+
+def subscribe(
+    client: Client,
+    domain: str,
+    topic: str,
+    group: str,
+    handler: Callable[[GroupDelivery], Handled],
+    *,
+    wait_ms: int = DEFAULT_WAIT_MS,
+    **options: Unpack[WorkOptions],
+) -> ConsumeStats:
+    """Process deliveries of a subscription group until `stop` is set."""
+    return work(GroupSource(client, domain, topic, group, wait_ms), handler, **options)

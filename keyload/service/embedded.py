@@ -1,0 +1,175 @@
+"""The service `keyload run` starts: processors, ticker, doorbell and GC worker over one data directory.
+
+Embedded mode serves every partition of the file log from this process; Kafka
+mode joins the consumer group (`kafka_runtime.py`). Either way a halted
+partition stops alone: the others keep serving, and the halt is recorded for
+`keyload status` (`halts.py`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from threading import Event
+
+from keyload.errors import KeyloadError
+from keyload.log.base import LogCorruption
+from keyload.operations.checkpoints import CheckpointPolicy
+from keyload.operations.gc import DEFAULT_GC_INTERVAL_S, GcWorker, LocalRetention, run_worker
+from keyload.projections.store import Store
+from keyload.sdk.client import Client
+from keyload.service.doorbell import Listener
+from keyload.service.halts import Halt, clear_halt, record_halt
+from keyload.service.kafka import DEFAULT_SESSION_TIMEOUT_MS, KafkaService
+from keyload.service.runtime import PartitionProcessor, run_until
+from keyload.service.ticker import DEFAULT_TICK_INTERVAL_MS, Ticker
+from keyload.storage.datadir import DataDir
+
+IDLE_WAIT_MAX_S = 0.1  # with a doorbell, an idle service wakes at once for clients and at least this often
+GC_CLIENT_TIMEOUT_S = 2.0  # the in-service GC worker's outcome wait: short, so a stopping service is not held up
+RUN_LOCK = "run.lock"  # held (flock) by the process serving the directory, which writes its pid into it
+
+
+class AlreadyServed(KeyloadError):
+    """Another `keyload run` serves the data directory."""
+
+
+@dataclass(frozen=True)
+class ServiceSettings:
+    """How `keyload run` serves a data directory."""
+
+    checkpoints: CheckpointPolicy
+    tick_interval_ms: int = DEFAULT_TICK_INTERVAL_MS
+    gc_interval_s: float = DEFAULT_GC_INTERVAL_S  # 0: no GC worker beside the processors
+    session_timeout_ms: int = DEFAULT_SESSION_TIMEOUT_MS  # Kafka mode's consumer-group session
+    until_idle: bool = False  # stop once every partition is caught up (tests, batch jobs)
+    fail_fast: bool = False  # exit on a write that fails (a full disk) instead of retrying until it succeeds
+
+
+class _GcBeside:
+    """The GC worker as a thread of an embedded `keyload run`: it reads retention from the live
+    projections and appends only the commands that change something."""
+
+    def __init__(self, data: DataDir, stores: list[Store], interval_s: float) -> None:
+        self.client = Client(data.root, principal="keyload-gc", timeout_s=GC_CLIENT_TIMEOUT_S)
+        self.checkpoints = data.checkpoints()
+        self.halt = Event()
+        self.worker = GcWorker(LocalRetention(self.client, stores), self.checkpoints)
+        self.thread = threading.Thread(target=run_worker, args=(self.worker, self.halt, interval_s), daemon=True)
+        self.thread.start()
+
+    def stop(self, processors: list[PartitionProcessor]) -> None:
+        """End the worker's pass, applying the commands it still appends, so the service stops caught up."""
+        self.halt.set()
+        while self.thread.is_alive():
+            if not sum(processor.step() for processor in processors):
+                self.thread.join(0.005)
+        self.worker.close()
+        self.client.close()
+        self.checkpoints.close()
+
+
+def serve(data: DataDir, settings: ServiceSettings, stop: Event) -> list[Halt]:
+    """Serve `data` until `stop` is set; returns the partitions that halted."""
+    with serving(data.root):
+        for partition in range(data.partitions):
+            clear_halt(data.root, partition)  # a partition that halts again records it again
+        with data.checkpoints() as checkpoints:
+            checkpoints.clear_abandoned_takes()
+        if data.kafka is not None:
+            return _serve_kafka(data, settings, stop)
+        return _serve_embedded(data, settings, stop)
+
+
+@contextmanager
+def serving(root: Path) -> Iterator[None]:
+    """Hold the directory's run lock while serving it: one service per data directory."""
+    fd = os.open(root / RUN_LOCK, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        pid = os.pread(fd, 32, 0).decode("ascii", "replace").strip() or "unknown"
+        os.close(fd)
+        raise AlreadyServed(f"{root} is already served by process {pid}") from None
+    try:
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        yield
+    finally:
+        os.close(fd)
+
+
+def _serve_embedded(data: DataDir, settings: ServiceSettings, stop: Event) -> list[Halt]:
+    log = data.file_command_log()
+    outcomes = data.outcome_log()
+    checkpoints = data.checkpoints(settings.checkpoints)
+    keys = data.keyring()
+    stores: list[Store] = []
+    try:
+        processors = []
+        for partition in range(data.partitions):
+            with contextlib.suppress(LogCorruption):  # its processor applies what precedes the damage, then halts
+                log.repair(partition)
+            store = Store(data.projection(partition))
+            stores.append(store)
+            processors.append(
+                PartitionProcessor(
+                    partition,
+                    data.partitions,
+                    log,
+                    store,
+                    outcomes,
+                    checkpoints=checkpoints,
+                    keyring=keys,
+                    keyring_loader=data.keyring,
+                )
+            )
+        ticker = Ticker(log, settings.tick_interval_ms)
+        try:
+            listener = Listener(data.root)
+        except OSError as exc:
+            raise KeyloadError(f"another `keyload run` serves {data.root} ({exc.strerror})") from None
+        positions = ", ".join(f"p{p.partition}@{p.applied_offset}" for p in processors)
+        print(f"keyload: serving {data.root} ({data.partitions} partitions; applied {positions})", flush=True)
+        collector = _GcBeside(data, stores, settings.gc_interval_s) if settings.gc_interval_s > 0 else None
+        try:
+            halts = run_until(
+                processors,
+                stop,
+                ticker,
+                idle_exit=settings.until_idle,
+                idle=listener.wait,
+                idle_max_s=IDLE_WAIT_MAX_S,
+                on_halt=lambda halt: record_halt(data.root, halt),
+                fail_fast=settings.fail_fast,
+            )
+        finally:
+            if collector is not None:
+                collector.stop(processors)
+            listener.close()
+        print("keyload: stopped", flush=True)
+        return halts
+    finally:
+        for store in stores:
+            store.close()
+        log.close()
+        outcomes.close()
+        checkpoints.close()
+
+
+def _serve_kafka(data: DataDir, settings: ServiceSettings, stop: Event) -> list[Halt]:
+    service = KafkaService(
+        data, data.checkpoints(settings.checkpoints), settings.tick_interval_ms, settings.session_timeout_ms
+    )
+    print(
+        f"keyload: serving {data.describe_log()} as group {service.group_id} ({data.partitions} partitions)", flush=True
+    )
+    halts = service.run(stop)
+    print("keyload: stopped", flush=True)
+    return halts

@@ -1,0 +1,512 @@
+"""The processor runtime: the only place where log, projection and outcome stream meet.
+
+Per partition: read from `applied_offset + 1`, evaluate each record at its log
+time clamped to be non-decreasing, apply it with the pure processors, make the
+group's records durable in the log, publish the outcomes, then commit the group's
+writes together with `applied_offset`, `last_time` and the identity of the last
+applied record in one WriteBatch.
+
+Order is what makes it safe:
+- Nothing is published before the records it depends on are durable
+  (`sync_through` first): a consumer is never handed a message that a power cut
+  could take out of the log.
+- Outcomes are published before the commit: a crash in between replays the same
+  records, which recompute the same outcomes, so subscribers may see an outcome
+  twice but never miss one.
+- The projection remembers which record it applied last (offset and a digest of
+  its bytes) and checks the log still holds it when it opens and whenever it
+  resumes after being caught up: a log that lost its tail and took new appends
+  at the same offsets halts the partition instead of skipping a record.
+
+A fault halts at most the partition it touches: corruption in its log or
+projection halts it (`Halt`), a write that cannot be made (a full disk) leaves
+it at a command boundary and is retried (`Stalled`).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from threading import Event
+from typing import Protocol, TypeGuard
+
+from keyload.errors import KeyloadError
+from keyload.log.base import (
+    CommandLog,
+    LogCorruption,
+    LogError,
+    LogRecord,
+    LogTruncated,
+    record_identity,
+    valid_log_time,
+)
+from keyload.log.file_log import DEFAULT_CONFIG
+from keyload.operations.catalog import CatalogEntry, CatalogError
+from keyload.operations.checkpoints import CheckpointError, Checkpoints
+from keyload.processors import limits
+from keyload.processors.apply import CHECKPOINT_KIND, Applied, apply_out_of_range, apply_record
+from keyload.processors.errors import Corruption
+from keyload.processors.key_rotation import MissingKey
+from keyload.processors.queues.state import next_due_ms
+from keyload.projections.store import Staged, Store, StoreError
+from keyload.service.halts import Halt
+from keyload.service.ticker import Ticker
+from keyload.storage.object_store import ObjectStoreError
+
+MAX_GROUP_RECORDS = 512  # records applied per WriteBatch (group commit)
+IDLE_POLL_MIN_S = 0.001  # first wait after the log runs dry
+IDLE_POLL_MAX_S = 0.020  # the wait doubles while idle, up to this (worst added latency without a doorbell)
+STALL_RETRY_MIN_S = 0.1  # first wait after a write failed (a full disk) before trying again
+STALL_RETRY_MAX_S = 5.0  # the wait doubles while the write keeps failing, up to this
+# Processors refuse results over MAX_OUTCOME_BYTES so that every outcome can be published.
+assert DEFAULT_CONFIG.max_record_bytes >= limits.MAX_OUTCOME_BYTES, "an outcome must fit one log record"
+
+log = logging.getLogger("keyload.service.runtime")
+
+
+class RecordSource(Protocol):
+    """What a processor reads: one partition of the command log (whole, or as fetched for it)."""
+
+    def read(self, partition: int, from_offset: int, max_records: int) -> list[LogRecord]: ...
+
+    def end_offset(self, partition: int) -> int: ...
+
+    def sync_through(self, partition: int, offset: int) -> None: ...
+
+
+class Stalled(KeyloadError):
+    """A partition could not make its group durable (a full disk, an I/O error).
+
+    Nothing of the group was committed: the partition stays at a command
+    boundary, and stepping it again retries the same records.
+    """
+
+    def __init__(self, partition: int, offset: int, cause: Exception) -> None:
+        super().__init__(f"partition {partition}: cannot commit through offset {offset}: {cause}")
+        self.partition = partition
+
+
+@dataclass(frozen=True, slots=True)
+class _Group:
+    """What applying one group of records produced, before it is made durable."""
+
+    stage: Staged
+    applied: int
+    last_time: int
+    last_record: LogRecord
+    published: dict[int, list[bytes]]
+    poison: list[tuple[LogRecord, str]]
+    take_checkpoint: bool
+
+
+class PartitionProcessor:
+    """Applies one partition of the command log to its projection."""
+
+    def __init__(
+        self,
+        partition: int,
+        partitions: int,
+        log: RecordSource,
+        store: Store,
+        outcomes: CommandLog | None = None,
+        checkpoints: Checkpoints | None = None,
+        group_records: int = MAX_GROUP_RECORDS,
+        keyring: Mapping[str, bytes] | None = None,
+        keyring_loader: Callable[[], Mapping[str, bytes]] | None = None,
+        identity_log: RecordSource | None = None,
+        verify_on_resume: bool = True,
+    ) -> None:
+        """`identity_log` (default: `log`) is read to check the applied record when the processor
+        opens; `verify_on_resume` checks it again on every resume, which a source that cannot
+        read behind what it handed out (Kafka mode's feed) turns off."""
+        assert 1 <= group_records <= MAX_GROUP_RECORDS
+        self.partition = partition
+        self.partitions = partitions
+        self.log = log
+        self.store = store
+        self.outcomes = outcomes
+        self.checkpoints = checkpoints
+        self.group_records = group_records
+        self.keyring = dict(keyring or {})
+        self.keyring_loader = keyring_loader
+        self.halt: Halt | None = None
+        self.last_checkpoint: CatalogEntry | None = None
+        self._applied = store.applied_offset
+        self._last_time = store.last_time_ms
+        self._checkpointed_offset = self._applied  # periodic checkpoints count from here ...
+        self._checkpointed_at = time.monotonic()  # ... and from now
+        self._identity_log = identity_log or log
+        self._verify_on_resume = verify_on_resume
+        self._verified = False  # the log holds the applied record, as of the last read
+        self._store_failed = False  # a commit failed: reopen the projection before the next one
+        self._verify_applied_record()
+
+    @property
+    def applied_offset(self) -> int:
+        return self._applied
+
+    def step(self, stop_after: int | None = None) -> int:
+        """Apply at most one group of records (none past `stop_after`); returns how many.
+
+        A record that needs a key the keyring lacks makes the runtime reload the
+        keyring (keys are added to the file while running) and apply the group again;
+        if the key is still missing the partition halts with RecoveryRequired.
+        Raises Stalled when the group cannot be made durable; nothing is committed then.
+        """
+        try:
+            return self._step(stop_after)
+        except MissingKey as first:
+            missing = first
+            if self.keyring_loader is not None:
+                self.keyring = dict(self.keyring_loader())
+                try:
+                    return self._step(stop_after)
+                except MissingKey as again:
+                    missing = again
+            self.halt = Halt(self.partition, self._applied + 1, f"RecoveryRequired: {missing}")
+            return 0
+
+    def _step(self, stop_after: int | None) -> int:
+        if self.halt is not None:
+            return 0
+        limit = self.group_records
+        if stop_after is not None:
+            limit = min(limit, stop_after - self._applied)
+            if limit <= 0:
+                return 0
+        if self._store_failed:
+            self._reopen_store()
+        records = self._read(limit)
+        if not records:
+            return 0
+        group = self._apply(records)
+        if group is None:
+            return 0
+        count = group.applied - self._applied
+        if not self._commit(group):
+            return 0
+        if group.take_checkpoint or self._periodic_checkpoint_due():
+            self.take_checkpoint()
+        return count
+
+    def _read(self, limit: int) -> list[LogRecord]:
+        """The next records to apply; on resuming, first the applied record again, to check it."""
+        check = self._verify_on_resume and not self._verified and self._applied >= 0
+        start = self._applied if check else self._applied + 1
+        try:
+            records = self.log.read(self.partition, start, limit + 1 if check else limit)
+        except LogCorruption as exc:
+            self._halt_on_corruption(exc)
+            return []
+        except LogTruncated as exc:
+            if check:  # truncated through the applied record (up to the floor + 1): nothing left to compare
+                self._verified = True
+                return self._read(limit)
+            reason = f"RecoveryRequired: {exc}; restore a checkpoint at or past the log's start"
+            self.halt = Halt(self.partition, start, reason)
+            return []
+        except LogError as exc:
+            raise Stalled(self.partition, self._applied + 1, exc) from exc
+        if check:
+            if not self._check_identity(records[0] if records else None):
+                return []
+            records = records[1:]
+            self._verified = bool(records)  # caught up again: check once more on the next resume
+        elif not records:
+            self._verified = False
+        return records
+
+    def _apply(self, records: list[LogRecord]) -> _Group | None:
+        """Apply the records to a stage over the projection; None when the first one halts."""
+        stage = Staged(self.store)
+        published: dict[int, list[bytes]] = {}
+        poison: list[tuple[LogRecord, str]] = []
+        applied, last_time, take_checkpoint = self._applied, self._last_time, False
+        last_record: LogRecord | None = None
+        for record in records:
+            assert record.offset == applied + 1, "log offsets must be dense"
+            try:
+                result, now_ms = self._apply_one(stage, record, last_time)
+            except Corruption as exc:
+                self.halt = Halt(self.partition, record.offset, f"Corruption: {exc}")
+                break
+            except MissingKey:
+                raise  # nothing of this group is committed yet: step() reloads the keyring
+            except Exception as exc:  # a processor bug: stop this partition, not the service
+                self.halt = Halt(self.partition, record.offset, f"RecoveryRequired: {type(exc).__name__}: {exc}")
+                break
+            applied, last_time, last_record = record.offset, now_ms, record
+            if result.poison is not None:
+                poison.append((record, result.poison))
+            for reply_to, outcome in result.published:
+                if self._publishes_to(reply_to):
+                    published.setdefault(reply_to, []).append(outcome)
+            if result.kind == CHECKPOINT_KIND and result.committed:
+                take_checkpoint = True
+                break  # a checkpoint is taken exactly at its command's offset
+        if last_record is None:
+            return None
+        return _Group(stage, applied, last_time, last_record, published, poison, take_checkpoint)
+
+    def _apply_one(self, stage: Staged, record: LogRecord, last_time: int) -> tuple[Applied, int]:
+        """(what the record did, its evaluation time): its log time clamped, or poison when out of range."""
+        if not valid_log_time(record.timestamp_ms):
+            return apply_out_of_range(stage, record.value, record.offset, last_time, record.timestamp_ms), last_time
+        now_ms = max(record.timestamp_ms, last_time)
+        applied = apply_record(
+            stage, record.value, self.partition, self.partitions, record.offset, now_ms, self.keyring
+        )
+        return applied, now_ms
+
+    def _commit(self, group: _Group) -> bool:
+        """Durable log, then outcomes, then the projection (see the module docstring).
+
+        False: a corrupt log halted the partition instead; nothing was committed.
+        """
+        try:
+            self.log.sync_through(self.partition, group.applied)
+            self._publish(group.published)
+            self.store.commit(
+                group.stage.encoded_writes(), group.applied, group.last_time, record_identity(group.last_record)
+            )
+        except LogCorruption as exc:
+            self._halt_on_corruption(exc)
+            return False
+        except StoreError as exc:
+            self._store_failed = True
+            raise Stalled(self.partition, group.applied, exc) from exc
+        except LogError as exc:
+            raise Stalled(self.partition, group.applied, exc) from exc
+        self._applied, self._last_time = group.applied, group.last_time
+        for record, reason in group.poison:
+            log.warning(
+                "partition %d: poison record at offset %d (%d bytes): %s",
+                self.partition,
+                record.offset,
+                len(record.value),
+                reason,
+            )
+        return True
+
+    def _publish(self, published: dict[int, list[bytes]]) -> None:
+        """Append the group's outcomes, reply partition by reply partition.
+
+        A corrupt reply partition of the outcome stream (derived data, never
+        fsynced) loses its outcomes and is reported; it does not halt the command
+        partition: every outcome is stored, and a client resubmitting by command id
+        is answered on another reply partition or once the stream is repaired.
+        """
+        if not published:
+            return
+        assert self.outcomes is not None
+        for reply_to, outcomes in published.items():
+            try:
+                self.outcomes.append(reply_to, outcomes)
+            except LogCorruption as exc:
+                log.error(
+                    "partition %d: %d outcomes not published: outcome partition %d is damaged (%s); "
+                    "stop the service and delete log/outcomes/p-%04d (derived data) to repair it",
+                    self.partition,
+                    len(outcomes),
+                    reply_to,
+                    exc,
+                    reply_to,
+                )
+
+    def _reopen_store(self) -> None:
+        """Reopen the projection after a failed write; it may hold the failed group after all
+        (RocksDB recovered it from its write-ahead log), so the position is read again."""
+        try:
+            self.store.reopen()
+        except StoreError as exc:
+            raise Stalled(self.partition, self._applied + 1, exc) from exc
+        self._store_failed = False
+        self._applied, self._last_time = self.store.applied_offset, self.store.last_time_ms
+        self._verified = False
+
+    def _verify_applied_record(self) -> None:
+        """Halt unless the log still holds, at the applied offset, the record the projection applied."""
+        if self._applied < 0:
+            self._verified = True
+            return
+        try:
+            records = self._identity_log.read(self.partition, self._applied, 1)
+        except LogCorruption as exc:
+            self._halt_on_corruption(exc)
+            return
+        except LogTruncated:
+            self._verified = True  # truncated through the applied record: there is nothing to compare
+            return
+        except LogError as exc:  # a log that cannot be read now (Kafka: past its end, or unreachable)
+            try:
+                ended = self._identity_log.end_offset(self.partition) <= self._applied
+            except LogError:
+                ended = False
+            if ended:
+                self._check_identity(None)
+            else:
+                log.warning("partition %d: the applied record could not be checked: %s", self.partition, exc)
+            return
+        self._check_identity(records[0] if records else None)
+
+    def _check_identity(self, record: LogRecord | None) -> bool:
+        """Whether `record` (read at the applied offset) is the one applied; halts the partition if not."""
+        if record is None or record.offset != self._applied:
+            reason = (
+                f"RecoveryRequired: the projection applied offset {self._applied} but the log now ends before it "
+                "(its tail was lost); restore a checkpoint at or below the log's end and replay"
+            )
+            self.halt = Halt(self.partition, self._applied, reason)
+            return False
+        identity = record_identity(record)
+        stored = self.store.applied_record
+        if stored is None:
+            self.store.record_applied(identity)  # a projection from before identities were kept
+        elif stored != identity:
+            reason = (
+                f"RecoveryRequired: the record at offset {self._applied} is not the one the projection applied "
+                "(the log lost its tail and took new records at the same offsets); "
+                "restore a checkpoint at or below the log's end and replay"
+            )
+            self.halt = Halt(self.partition, self._applied, reason)
+            return False
+        self._verified = True
+        return True
+
+    def _halt_on_corruption(self, exc: LogCorruption) -> None:
+        offset = exc.offset if exc.offset is not None else self._applied + 1
+        self.halt = Halt(self.partition, offset, f"Corruption: {exc}")
+
+    def _periodic_checkpoint_due(self) -> bool:
+        if self.checkpoints is None or self._applied == self._checkpointed_offset:
+            return False
+        policy = self.checkpoints.policy
+        return (
+            self._applied - self._checkpointed_offset >= policy.every_records
+            or time.monotonic() - self._checkpointed_at >= policy.interval_s
+        )
+
+    def take_checkpoint(self) -> CatalogEntry | None:
+        """Checkpoint and publish the projection at its applied offset.
+
+        A failure (object store or catalog unreachable) is reported and leaves the
+        partition running: the next periodic checkpoint tries again.
+        """
+        if self.checkpoints is None or self._applied < 0:
+            return None
+        self._checkpointed_offset, self._checkpointed_at = self._applied, time.monotonic()
+        try:
+            self.last_checkpoint = self.checkpoints.take(self.store, self.partition)
+        except (CheckpointError, CatalogError, ObjectStoreError, StoreError, OSError) as exc:
+            log.warning("partition %d: checkpoint at offset %d failed: %s", self.partition, self._applied, exc)
+            return None
+        return self.last_checkpoint
+
+    def _publishes_to(self, reply_to: int | None) -> TypeGuard[int]:
+        """Whether an outcome goes to a reply partition (an unknown one is ignored)."""
+        return self.outcomes is not None and reply_to is not None and 0 <= reply_to < self.outcomes.partitions
+
+    def next_timer_ms(self) -> int | None:
+        """Due time of the earliest pending timer in the projection, if any."""
+        return next_due_ms(self.store)
+
+
+def wall_clock_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+class Stalls:
+    """Steps partitions and tracks those waiting for a write to succeed again (a full disk).
+
+    It says so once when a partition stalls and once when it resumes. A stalled
+    partition is tried again after a back-off of its own (STALL_RETRY_MIN_S,
+    doubling to STALL_RETRY_MAX_S) while the others go on at full speed; with
+    `fail_fast` the first stall is raised instead (the operator asked the
+    service to exit on it).
+    """
+
+    def __init__(self, fail_fast: bool = False, clock: Callable[[], float] = time.monotonic) -> None:
+        self.fail_fast = fail_fast
+        self.waiting: dict[int, tuple[float, float]] = {}  # partition -> (when to try again, back-off)
+        self._clock = clock
+
+    def step(self, processor: PartitionProcessor) -> int:
+        partition = processor.partition
+        waiting = self.waiting.get(partition)
+        if waiting is not None and self._clock() < waiting[0]:
+            return 0
+        try:
+            count = processor.step()
+        except Stalled as exc:
+            if self.fail_fast:
+                raise
+            if waiting is None:
+                log.error("%s; retrying until it succeeds", exc)
+            backoff = STALL_RETRY_MIN_S if waiting is None else min(waiting[1] * 2, STALL_RETRY_MAX_S)
+            self.waiting[partition] = (self._clock() + backoff, backoff)
+            return 0
+        if waiting is not None:
+            del self.waiting[partition]
+            log.warning("partition %d: writes succeed again; applied through %d", partition, processor.applied_offset)
+        return count
+
+    def tick(self, ticker: Ticker, processors: list[PartitionProcessor]) -> int:
+        """Let the ticker append; a failed append (a full disk) is retried at the next poll."""
+        try:
+            return ticker.poll(processors, wall_clock_ms())
+        except LogError as exc:
+            if self.fail_fast:
+                raise
+            log.error("ticker: cannot append a Tick: %s; retrying", exc)
+            return 0
+
+
+def run_until(
+    processors: list[PartitionProcessor],
+    stop: Event,
+    ticker: Ticker | None = None,
+    idle_exit: bool = False,
+    idle: Callable[[float], object] | None = None,
+    idle_max_s: float = IDLE_POLL_MAX_S,
+    on_halt: Callable[[Halt], None] | None = None,
+    fail_fast: bool = False,
+) -> list[Halt]:
+    """Round-robin the partitions until `stop` is set (or, with idle_exit, until no work is left).
+
+    When every partition is caught up the loop calls `idle(seconds)` (default: sleep
+    unless stopped), doubling the wait up to `idle_max_s`; a doorbell's wait returns
+    early when an appender rings. A halted partition is reported once (and passed
+    to `on_halt`) while the others go on; a stalled one is retried with back-off.
+    """
+    idle = idle or stop.wait
+    reported: set[int] = set()
+    stalls = Stalls(fail_fast)
+    idle_wait = IDLE_POLL_MIN_S
+    while not stop.is_set():
+        applied = sum(stalls.step(processor) for processor in processors)
+        report_halts(processors, reported, on_halt)
+        ticked = stalls.tick(ticker, processors) if ticker is not None else 0
+        if applied or ticked:
+            idle_wait = IDLE_POLL_MIN_S
+            continue
+        if idle_exit and not stalls.waiting:
+            break
+        wait = idle_wait if ticker is None else min(idle_wait, ticker.next_poll_ms(wall_clock_ms()) / 1000)
+        idle(wait)  # never past the ticker's next look: a due timer is not kept waiting by the idle back-off
+        idle_wait = min(idle_wait * 2, idle_max_s)
+    return [p.halt for p in processors if p.halt is not None]
+
+
+def report_halts(
+    processors: list[PartitionProcessor], reported: set[int], on_halt: Callable[[Halt], None] | None = None
+) -> None:
+    """Say once that a partition halted, and why; the others keep serving."""
+    for processor in processors:
+        halt = processor.halt
+        if halt is not None and halt.partition not in reported:
+            reported.add(halt.partition)
+            log.error("partition %d halted at offset %d: %s", halt.partition, halt.offset, halt.reason)
+            if on_halt is not None:
+                on_halt(halt)

@@ -1,0 +1,1 @@
+"""Storage adapters: the data directory, the keyring, object stores."""

@@ -1,0 +1,1 @@
+"""Documents and inboxes: the database effects of processing, exactly once."""

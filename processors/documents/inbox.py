@@ -1,0 +1,171 @@
+"""Inboxes: exactly-once effects of processing a delivery (DESIGN.md §7).
+
+CompleteProcessing is the consumer's side: one command validates the delivery's
+lease, applies the handler's effects (processors/batch.py), records an inbox entry
+and acks, all or nothing. The entry is keyed by what identifies one execution of
+one handler on one delivery — the queue or group, the message id or position, the
+delivery generation, the handler scope and the execution generation — so a repeat
+(a retried command, or the same effects under a new command id after a crash) is
+recognised: same effects → `already_processed` with the first receipt, other
+effects → Conflict. The entry names the command that applied the effects; that
+command's stored outcome is the receipt.
+
+CommitInbox is the target's side: a domain that receives effects on behalf of a
+delivery in another domain keeps its own entries, keyed by the source reference,
+within a configured policy (ConfigureInbox); the source ack is a separate command.
+
+Entries are kept as long as message tombstones are (forever, until retention).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from functools import partial
+
+from keyload.log.codec import REGISTRY
+from keyload.processors import limits
+from keyload.processors.batch import apply_mutations, check_domains, effects_digest
+from keyload.processors.context import Context
+from keyload.processors.errors import Corruption, ErrorCode, Rejected
+from keyload.processors.groups import leases as group_leases
+from keyload.processors.outcomes import OUTCOME
+from keyload.processors.queues import leases
+from keyload.processors.queues.state import Record, adjust, check_message_id, check_name
+from keyload.projections import keys
+from keyload.projections.store import Staged
+
+INBOX_ENTRY = "keyload.InboxEntry"
+INBOX_RECORD = "keyload.InboxRecord"
+PROCESSING_RESULT = "keyload.result.ProcessingResult"
+FINGERPRINT_BYTES = 32  # an outcome row starts with its command's fingerprint
+
+
+def _check_execution(body: Record, kind: str) -> None:
+    check_name("handler scope", body["handler_scope"], limits.MAX_HANDLER_SCOPE_CHARS, limits.ID_PATTERN)
+    limits.check_integer(f"{kind}.execution_generation", body["execution_generation"])
+
+
+def _repeat(stage: Staged, ctx: Context, row: bytes, digest: bytes) -> Record | None:
+    """The first receipt when `row` holds an entry with these effects; Conflict for other effects;
+    None when the key was never processed."""
+    entry = stage.get_record(row, INBOX_ENTRY)
+    if entry is None:
+        return None
+    if entry["effects_sha256"] != digest:
+        raise Rejected(ErrorCode.CONFLICT, "this delivery was already processed with other effects")
+    stored = stage.get(keys.outcome(ctx.domain, entry["command_id"]))
+    if stored is None:
+        raise Corruption(f"an inbox entry names command {entry['command_id']!r}, which has no stored outcome")
+    kind, first = REGISTRY.decode(OUTCOME, stored[FINGERPRINT_BYTES:])["result"]
+    if kind != PROCESSING_RESULT:
+        raise Corruption(f"an inbox entry names command {entry['command_id']!r}, which did not process effects")
+    return dict(first, already_processed=True)
+
+
+def _entry(ctx: Context, digest: bytes) -> Record:
+    """The inbox entry this command writes: it names the command, whose outcome is the receipt."""
+    return {"command_id": ctx.command_id, "offset": ctx.offset, "completed_at_ms": ctx.now_ms, "effects_sha256": digest}
+
+
+def _receipt(ctx: Context, results: Record) -> Record:
+    return {
+        "already_processed": False,
+        "command_id": ctx.command_id,
+        "offset": ctx.offset,
+        "completed_at_ms": ctx.now_ms,
+        "results": results,
+    }
+
+
+def complete_processing(stage: Staged, body: Record, ctx: Context) -> Record:
+    """Effects, inbox entry and ack of one delivery of a queue, or of a group when `topic` and
+    `group` are given; the lease is checked before and the ack made after the effects."""
+    _check_execution(body, "CompleteProcessing")
+    effects: list[Record] = body["effects"]
+    check_domains(effects, ctx, at_least=0)
+    digest = effects_digest(effects)
+    topic, group = body["topic"], body["group"]
+    if (topic is None) != (group is None):
+        raise Rejected(ErrorCode.VALIDATION, "a group's delivery names both its topic and its group")
+    # The token's signature is verified once; the lease is checked before the effects and
+    # again by the ack after them (they may have touched the delivery's queue or message).
+    if group is None:
+        record, token = leases.verified_token(stage, ctx, body["token"])
+        check_live: Callable[[], object] = partial(leases.live_lease, stage, ctx, token)
+        ack: Callable[[], object] = partial(leases.ack_lease, stage, ctx, token)
+    else:
+        record, token = group_leases.verified_group_token(stage, ctx, topic, group, body["token"])
+        check_live = partial(group_leases.live_group_lease, stage, ctx, topic, group, token)
+        ack = partial(group_leases.group_ack_lease, stage, ctx, topic, group, token)
+    row = keys.inbox_entry(
+        record["view"]["incarnation"],
+        token.delivery_generation,
+        body["execution_generation"],
+        body["handler_scope"],
+        token.message_id,
+    )
+    first = _repeat(stage, ctx, row, digest)
+    if first is not None:
+        return first
+    check_live()
+    results = apply_mutations(stage, effects, ctx)
+    ack()
+    stage.put_record(row, INBOX_ENTRY, _entry(ctx, digest))
+    return _receipt(ctx, results)
+
+
+def _inbox_view(domain: str, inbox: Record) -> Record:
+    return dict(inbox, domain=domain)
+
+
+def configure_inbox(stage: Staged, body: Record, ctx: Context) -> Record:
+    """Create or change the domain's target inbox policy; a policy below current use refuses new receipts."""
+    limits.check_integer("ConfigureInbox.max_receipts", body["max_receipts"])
+    limits.check_integer("ConfigureInbox.max_bytes", body["max_bytes"])
+    row = keys.inbox_config(ctx.domain)
+    inbox = stage.get_record(row, INBOX_RECORD) or {"receipts": 0, "bytes": 0}
+    inbox.update(max_receipts=body["max_receipts"], max_bytes=body["max_bytes"])
+    stage.put_record(row, INBOX_RECORD, inbox)
+    return _inbox_view(ctx.domain, inbox)
+
+
+def commit_inbox(stage: Staged, body: Record, ctx: Context) -> Record:
+    """Apply effects once per source delivery, handler scope and execution generation."""
+    config_row = keys.inbox_config(ctx.domain)
+    inbox = stage.get_record(config_row, INBOX_RECORD)
+    if inbox is None:
+        raise Rejected(ErrorCode.UNSUPPORTED_CAPABILITY, "the domain has no inbox: configure one with ConfigureInbox")
+    _check_execution(body, "CommitInbox")
+    source = body["source"]
+    check_name("source domain", source["domain"], limits.MAX_DOMAIN_CHARS, limits.DOMAIN_PATTERN)
+    check_name("source queue", source["queue"], limits.MAX_QUEUE_NAME_CHARS, limits.QUEUE_NAME_PATTERN)
+    check_message_id(source["message_id"])
+    limits.check_integer("InboxSource.delivery_generation", source["delivery_generation"])
+    effects: list[Record] = body["effects"]
+    check_domains(effects, ctx, at_least=0)
+    digest = effects_digest(effects)
+    row = keys.target_inbox_entry(
+        ctx.domain,
+        source["domain"],
+        source["queue"],
+        source["delivery_generation"],
+        body["execution_generation"],
+        body["handler_scope"],
+        source["message_id"],
+    )
+    first = _repeat(stage, ctx, row, digest)
+    if first is not None:
+        return first
+    entry = _entry(ctx, digest)
+    charge = len(row) + len(REGISTRY.encode(INBOX_ENTRY, entry))
+    if inbox["receipts"] + 1 > inbox["max_receipts"] or inbox["bytes"] + charge > inbox["max_bytes"]:
+        raise Rejected(
+            ErrorCode.RESOURCE_EXHAUSTED,
+            f"the inbox holds {inbox['receipts']} receipts in {inbox['bytes']} bytes: no room for one more",
+        )
+    results = apply_mutations(stage, effects, ctx)
+    stage.put_record(row, INBOX_ENTRY, entry)
+    adjust(inbox, "receipts", 1)
+    adjust(inbox, "bytes", charge)
+    stage.put_record(config_row, INBOX_RECORD, inbox)
+    return _receipt(ctx, results)

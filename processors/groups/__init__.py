@@ -1,0 +1,1 @@
+"""Subscription groups: checkpointed consumers of a topic, their deliveries and timers."""

@@ -1,0 +1,482 @@
+"""Subscription groups: independent, checkpointed consumers of a topic (DESIGN.md §6).
+
+A group's progress is two positions. `checkpoint`: every position at or below it
+is resolved — acked, filtered (the event does not match the group's filter) or
+parked (its attempts ran out). `issued`: the highest position claimed or filtered.
+Between them lie the outstanding deliveries (leased, waiting for a retry, or due
+again), each one row keyed by position, and resolved positions, which need no row:
+the checkpoint is simply one below the lowest outstanding row (or `issued` when
+none is). So an ack of a position in a gap moves nothing, and an ack of the lowest
+one moves the checkpoint across every resolved position above it at once.
+
+Parked positions keep a row of their own, listed by Status, and pin purges until a
+seek releases them (`pin_floor`). This module holds the group's definition, its
+position transitions, seek, configure, pause/resume and PurgeTopic, which groups
+pin; processors/groups/leases.py holds receive, ack, nack, renew and lease timers.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+from keyload.log.codec import REGISTRY
+from keyload.processors import limits
+from keyload.processors.context import Context
+from keyload.processors.errors import Corruption, ErrorCode, Rejected
+from keyload.processors.policy import resolve_group_policy
+from keyload.processors.queues.state import (
+    Record,
+    add_index_row,
+    add_timer_row,
+    adjust,
+    allocate_incarnation,
+    check_headers,
+    check_name,
+    refresh_due,
+    remove_index_row,
+)
+from keyload.processors.topics.topic import EVENT_RECORD, load_topic, save_topic
+from keyload.projections import keys
+from keyload.projections.store import Staged
+
+GROUP_RECORD = "keyload.GroupRecord"
+POSITION_META = "keyload.PositionMeta"
+OUTSTANDING_STATES = ("leased", "retrying", "due")
+
+
+# -- loading and saving -------------------------------------------------------------------
+
+
+def load_group(stage: Staged, domain: str, topic_name: str, group_name: str) -> tuple[Record, Record]:
+    """(topic record, group record) of a named group; its counters are checked against each other."""
+    topic = load_topic(stage, domain, topic_name)["view"]
+    check_name("group name", group_name, limits.MAX_GROUP_NAME_CHARS, limits.GROUP_NAME_PATTERN)
+    record = stage.get_record(keys.group(topic["incarnation"], group_name), GROUP_RECORD)
+    if record is None:
+        raise Rejected(ErrorCode.NOT_FOUND, "group does not exist")
+    _check_consistent(topic, record["view"])
+    return topic, record
+
+
+def _check_consistent(topic: Record, group: Record) -> None:
+    checkpoint, issued, outstanding = group["checkpoint"], group["issued"], group["outstanding"]
+    if not topic["first_available"] - 1 <= checkpoint <= issued <= topic["tail"]:
+        raise Corruption(f"group {group['incarnation']} has checkpoint {checkpoint} and issued {issued}")
+    if not 0 <= group["redeliverable"] <= outstanding <= issued - checkpoint or (outstanding == 0) != (
+        checkpoint == issued
+    ):
+        raise Corruption(f"group {group['incarnation']} counts {outstanding} outstanding positions")
+
+
+def save_group(stage: Staged, record: Record) -> None:
+    """Store the group record, first bringing its entry in the due index up to date."""
+    refresh_due(stage, record)
+    group = record["view"]
+    stage.put_record(keys.group(group["topic_incarnation"], group["group"]), GROUP_RECORD, record)
+
+
+def token_scope(group: Record) -> str:
+    """What a group's delivery tokens are signed for: no queue name contains NUL, so a queue token
+    never verifies as a group's and a group token never as a queue's."""
+    return f"{group['topic']}\x00{group['group']}"
+
+
+def group_view(stage: Staged, topic: Record, record: Record) -> Record:
+    """The GroupView of a group: its state, the lowest parked positions, gaps and lag."""
+    group = record["view"]
+    group_id = group["incarnation"]
+    start = keys.parked(group_id, topic["first_available"])
+    parked: list[int] = []
+    for key, _ in stage.scan(start, keys.group_row_end(start)):
+        if len(parked) == limits.MAX_STATUS_PARKED:
+            break
+        parked.append(keys.row_position(key))
+    return {
+        "state": group,
+        "parked": parked,
+        "gaps": group["issued"] - group["checkpoint"] - group["outstanding"],
+        "tail": topic["tail"],
+        "lag": topic["tail"] - group["checkpoint"],
+    }
+
+
+# -- position transitions ------------------------------------------------------------------
+#
+# An outstanding position is in exactly one state, held by one index row: leased (a
+# lease timer), retrying (a retry timer), due (a `v` row, redelivered first). `leave`
+# and `enter` are the only code that moves one, so rows and counters change together.
+
+
+def load_position(stage: Staged, group_id: int, position: int) -> Record | None:
+    return stage.get_record(keys.position(group_id, position), POSITION_META)
+
+
+def _state_row(group_id: int, position: int, meta: Record) -> bytes:
+    state = meta["state"]
+    if state == "leased":
+        return keys.timer(group_id, meta["lease_until_ms"], keys.TIMER_LEASE, position)
+    if state == "retrying":
+        return keys.timer(group_id, meta["not_before_ms"], keys.TIMER_NOT_BEFORE, position)
+    if state == "due":
+        return keys.due_position(group_id, position)
+    raise Corruption(f"position {position} is outstanding in state {state}")
+
+
+def leave(stage: Staged, record: Record, position: int, meta: Record) -> None:
+    """Take an outstanding position out of its state's index row."""
+    group = record["view"]
+    remove_index_row(stage, _state_row(group["incarnation"], position, meta), str(position))
+    if meta["state"] == "due":
+        adjust(group, "redeliverable", -1)
+    meta["lease_until_ms"] = meta["lease_owner"] = None
+
+
+def enter(
+    stage: Staged,
+    record: Record,
+    position: int,
+    meta: Record,
+    state: str,
+    *,
+    until_ms: int | None = None,
+    lease_owner: str | None = None,
+) -> None:
+    """Put an outstanding position (new, or just out of `leave`) into `state` and save it.
+
+    `until_ms` is the lease deadline (leased) or the retry time (retrying).
+    """
+    group = record["view"]
+    group_id = group["incarnation"]
+    meta["state"] = state
+    if state == "leased":
+        assert until_ms is not None and lease_owner is not None
+        meta["lease_until_ms"], meta["lease_owner"] = until_ms, lease_owner
+        add_timer_row(stage, record, until_ms, keys.TIMER_LEASE, position, str(position))
+    elif state == "retrying":
+        assert until_ms is not None
+        meta["not_before_ms"] = until_ms
+        add_timer_row(stage, record, until_ms, keys.TIMER_NOT_BEFORE, position, str(position))
+    elif state == "due":
+        add_index_row(stage, keys.due_position(group_id, position), str(position))
+        adjust(group, "redeliverable", 1)
+    else:
+        raise AssertionError(f"{state} is not an outstanding state")
+    stage.put_record(keys.position(group_id, position), POSITION_META, meta)
+
+
+def resolve(stage: Staged, record: Record, position: int, meta: Record, state: str, now_ms: int) -> None:
+    """An outstanding position is acked or parked: its row goes, and the checkpoint moves over
+    every resolved position above it when it was the lowest outstanding one."""
+    group = record["view"]
+    group_id = group["incarnation"]
+    leave(stage, record, position, meta)
+    stage.delete(keys.position(group_id, position))
+    adjust(group, "outstanding", -1)
+    meta["state"] = state
+    if state == "parked":
+        meta["parked_at_ms"] = now_ms
+        stage.put_record(keys.parked(group_id, position), POSITION_META, meta)
+        adjust(group, "parked_count", 1)
+        adjust(group, "parked_total", 1)
+    else:
+        assert state == "acked"
+        adjust(group, "acked_total", 1)
+    if position == group["checkpoint"] + 1:
+        advance_checkpoint(stage, group)
+
+
+def advance_checkpoint(stage: Staged, group: Record) -> None:
+    """Checkpoint = one below the lowest outstanding position, or `issued` when none is outstanding.
+
+    Acked positions above the old checkpoint leave tombstones that this seek steps
+    over once; MAX_GROUP_SPAN bounds how many there can be.
+    """
+    if group["outstanding"] == 0:
+        group["checkpoint"] = group["issued"]
+        return
+    start = keys.position(group["incarnation"], group["checkpoint"] + 1)
+    lowest = stage.first(start, keys.group_row_end(start))
+    if lowest is None or keys.row_position(lowest[0]) > group["issued"]:
+        raise Corruption(f"group {group['incarnation']} counts outstanding positions it has no row for")
+    group["checkpoint"] = keys.row_position(lowest[0]) - 1
+
+
+# -- definition ----------------------------------------------------------------------------
+
+
+def _check_filter(spec: Record) -> Record:
+    """A validated filter, event types in order: an event matches when its type is listed (or
+    none are) and every header named carries exactly the value given."""
+    event_types: list[str] = spec["event_types"]
+    if len(event_types) > limits.MAX_FILTER_EVENT_TYPES:
+        raise Rejected(ErrorCode.VALIDATION, f"a filter lists at most {limits.MAX_FILTER_EVENT_TYPES} event types")
+    for event_type in event_types:
+        check_name("event type", event_type, limits.MAX_EVENT_TYPE_CHARS, limits.ID_PATTERN)
+    if len(set(event_types)) != len(event_types):
+        raise Rejected(ErrorCode.VALIDATION, "a filter lists an event type twice")
+    check_headers(spec["headers"])
+    return {"event_types": sorted(event_types), "headers": dict(sorted(spec["headers"].items()))}
+
+
+def matches(group_filter: Record, event: Record) -> bool:
+    if group_filter["event_types"] and event["type"] not in group_filter["event_types"]:
+        return False
+    headers = event["headers"]
+    return all(headers.get(name) == value for name, value in group_filter["headers"].items())
+
+
+def _target_checkpoint(topic: Record, to: str, position: int | None, kind: str) -> int:
+    """The checkpoint that makes `to` the next position delivered (first_available..tail + 1) for a
+    `kind` command (CreateGroup, SeekGroup)."""
+    first: int = topic["first_available"]
+    tail: int = topic["tail"]
+    if to != "position":
+        if position is not None:
+            raise Rejected(ErrorCode.VALIDATION, f"a position is given only when starting at a position, not {to}")
+        return first - 1 if to == "beginning" else tail
+    if position is None:
+        raise Rejected(ErrorCode.VALIDATION, "starting at a position needs the position")
+    limits.check_integer(f"{kind}.position", position)
+    if position < first:
+        raise Rejected(ErrorCode.HISTORY_UNAVAILABLE, f"position {position} is before first_available {first}")
+    if position > tail + 1:
+        raise Rejected(ErrorCode.VALIDATION, f"position is past the tail + 1 ({tail + 1})")
+    return position - 1
+
+
+def _groups_of(stage: Staged, topic_id: int) -> list[tuple[bytes, Record]]:
+    """Every group of a topic (at most MAX_GROUPS_PER_TOPIC)."""
+    prefix = keys.group_prefix(topic_id)
+    found: list[tuple[bytes, Record]] = []
+    for key, value in stage.scan(prefix, keys.prefix_end(prefix)):
+        if len(found) == limits.MAX_GROUPS_PER_TOPIC:
+            raise Corruption(f"topic {topic_id} has more than {limits.MAX_GROUPS_PER_TOPIC} groups")
+        found.append((key, REGISTRY.decode(GROUP_RECORD, value)))
+    return found
+
+
+def create_group(stage: Staged, body: Record, ctx: Context) -> Record:
+    topic = load_topic(stage, ctx.domain, body["topic"])["view"]
+    name = body["group"]
+    check_name("group name", name, limits.MAX_GROUP_NAME_CHARS, limits.GROUP_NAME_PATTERN)
+    group_filter = _check_filter(body["filter"])
+    policy = resolve_group_policy(body["policy"])
+    checkpoint = _target_checkpoint(topic, body["start"], body["position"], "CreateGroup")
+    topic_id = topic["incarnation"]
+    if stage.get(keys.group(topic_id, name)) is not None:
+        raise Rejected(ErrorCode.CONFLICT, "group already exists")
+    if len(_groups_of(stage, topic_id)) == limits.MAX_GROUPS_PER_TOPIC:
+        raise Rejected(ErrorCode.RESOURCE_EXHAUSTED, f"a topic has at most {limits.MAX_GROUPS_PER_TOPIC} groups")
+    group_id = allocate_incarnation(stage)
+    stage.put(keys.resource_key(group_id), keys.group(topic_id, name))
+    record: Record = {
+        "view": {
+            "domain": ctx.domain,
+            "topic": topic["topic"],
+            "topic_incarnation": topic_id,
+            "group": name,
+            "incarnation": group_id,
+            "created_at_ms": ctx.now_ms,
+            "filter": group_filter,
+            "policy": policy,
+            "generation": 1,
+            "paused": False,
+            "checkpoint": checkpoint,
+            "issued": checkpoint,
+            "outstanding": 0,
+            "redeliverable": 0,
+            "parked_count": 0,
+            "pin_floor": checkpoint,
+            "delivered_total": 0,
+            "acked_total": 0,
+            "filtered_total": 0,
+            "parked_total": 0,
+        },
+        "next_timer_ms": None,
+        "timer_floor": None,
+        "waiting_receives": 0,
+        "next_waiter_sequence": 1,
+        "waiter_floor": 1,
+    }
+    save_group(stage, record)
+    return group_view(stage, topic, record)
+
+
+def group_status(stage: Staged, body: Record, ctx: Context) -> Record:
+    topic, record = load_group(stage, ctx.domain, body["topic"], body["group"])
+    return group_view(stage, topic, record)
+
+
+def _set_paused(stage: Staged, body: Record, ctx: Context, paused: bool) -> Record:
+    """Pause or resume; doing it again changes nothing (idempotent by state)."""
+    topic, record = load_group(stage, ctx.domain, body["topic"], body["group"])
+    if record["view"]["paused"] != paused:
+        record["view"]["paused"] = paused
+        save_group(stage, record)
+    return group_view(stage, topic, record)
+
+
+def pause_group(stage: Staged, body: Record, ctx: Context) -> Record:
+    """Receives are refused (DispatchPaused); leases already given out can still be settled."""
+    return _set_paused(stage, body, ctx, True)
+
+
+def resume_group(stage: Staged, body: Record, ctx: Context) -> Record:
+    return _set_paused(stage, body, ctx, False)
+
+
+# -- seek and configure --------------------------------------------------------------------
+
+
+def _reposition(stage: Staged, record: Record, checkpoint: int) -> None:
+    """Restart the group after `checkpoint`, paused, in a new generation (older tokens are invalid).
+
+    Outstanding deliveries and their timers go; parked positions above the new
+    checkpoint go too (they will be evaluated again), those at or below it stay listed.
+    """
+    group = record["view"]
+    group_id = group["incarnation"]
+    start = keys.position(group_id, group["checkpoint"] + 1)
+    dropped = 0
+    for key, value in stage.scan(start, keys.group_row_end(start)):
+        if dropped == group["outstanding"]:
+            raise Corruption(f"group {group_id} has more position rows than outstanding positions")
+        position = keys.row_position(key)
+        leave(stage, record, position, REGISTRY.decode(POSITION_META, value))
+        stage.delete(key)
+        dropped += 1
+    if dropped != group["outstanding"]:
+        raise Corruption(f"group {group_id} counts {group['outstanding']} outstanding positions, has {dropped}")
+    start = keys.parked(group_id, checkpoint + 1)
+    above = list(itertools.islice(stage.scan(start, keys.group_row_end(start)), limits.MAX_REPOSITION_PARKED + 1))
+    if len(above) > limits.MAX_REPOSITION_PARKED:
+        raise Rejected(
+            ErrorCode.RESOURCE_EXHAUSTED,
+            f"more than {limits.MAX_REPOSITION_PARKED} parked positions lie after the target",
+        )
+    for key, _ in above:
+        stage.delete(key)
+    adjust(group, "parked_count", -len(above))
+    group.update(checkpoint=checkpoint, issued=checkpoint, outstanding=0, paused=True)
+    group["generation"] += 1
+    assert group["redeliverable"] == 0
+
+
+def _check_generation(group: Record, expected: int | None, kind: str) -> None:
+    if expected is None:
+        return
+    limits.check_integer(f"{kind}.expected_generation", expected)
+    if expected != group["generation"]:
+        raise Rejected(ErrorCode.REVISION_CONFLICT, f"the group is at generation {group['generation']}")
+
+
+def seek_group(stage: Staged, body: Record, ctx: Context) -> Record:
+    """Make `to` the next position delivered; the group stays paused until resumed.
+
+    A seek is the operator saying where the group stands: parked positions at or
+    below the new checkpoint stop pinning purges (they stay listed until a purge
+    passes them); those above it are delivered again.
+    """
+    topic, record = load_group(stage, ctx.domain, body["topic"], body["group"])
+    group = record["view"]
+    _check_generation(group, body["expected_generation"], "SeekGroup")
+    checkpoint = _target_checkpoint(topic, body["to"], body["position"], "SeekGroup")
+    _reposition(stage, record, checkpoint)
+    group["pin_floor"] = checkpoint
+    save_group(stage, record)
+    return group_view(stage, topic, record)
+
+
+def configure_group(stage: Staged, body: Record, ctx: Context) -> Record:
+    """Replace a paused group's filter and/or policy (null: unchanged), fenced by its generation.
+
+    Nothing retained is skipped: every position after the checkpoint is evaluated
+    again under the new definition once the group is resumed.
+    """
+    topic, record = load_group(stage, ctx.domain, body["topic"], body["group"])
+    group = record["view"]
+    _check_generation(group, body["expected_generation"], "ConfigureGroup")
+    if not group["paused"]:
+        raise Rejected(ErrorCode.CONFLICT, "a group is configured only while paused")
+    if body["filter"] is not None:
+        group["filter"] = _check_filter(body["filter"])
+    if body["policy"] is not None:
+        group["policy"] = resolve_group_policy(body["policy"])
+    _reposition(stage, record, group["checkpoint"])
+    save_group(stage, record)
+    return group_view(stage, topic, record)
+
+
+# -- purge ---------------------------------------------------------------------------------
+
+
+def _purge_limit(stage: Staged, topic: Record, group: Record) -> int:
+    """The highest position a purge may delete for this group: its checkpoint, and below its
+    lowest parked position that still pins (above pin_floor)."""
+    start = keys.parked(group["incarnation"], max(group["pin_floor"] + 1, topic["first_available"]))
+    lowest = stage.first(start, keys.group_row_end(start))
+    checkpoint: int = group["checkpoint"]
+    return checkpoint if lowest is None else min(checkpoint, keys.row_position(lowest[0]) - 1)
+
+
+def purge_topic(stage: Staged, body: Record, ctx: Context) -> Record:
+    """Delete the retained events first_available..through and release their bytes.
+
+    Refused (ResourceExhausted) past the tail or past any group's purge limit,
+    paused groups included; a stale generation is RevisionConflict, as a stale
+    expected revision is everywhere else. Event-id rows stay, so a re-published old
+    id is still recognised.
+    """
+    limits.check_integer("PurgeTopic.through", body["through"])
+    limits.check_integer("PurgeTopic.expected_generation", body["expected_generation"])
+    topic_record = load_topic(stage, ctx.domain, body["topic"])
+    topic = topic_record["view"]
+    through, first = body["through"], topic["first_available"]
+    if body["expected_generation"] != topic["generation"]:
+        raise Rejected(ErrorCode.REVISION_CONFLICT, f"the topic is at generation {topic['generation']}")
+    if through < first:
+        raise Rejected(ErrorCode.VALIDATION, f"through must be at least first_available ({first})")
+    if through > topic["tail"]:
+        raise Rejected(ErrorCode.RESOURCE_EXHAUSTED, f"through is past the tail ({topic['tail']})")
+    if through - first + 1 > limits.MAX_PURGE_EVENTS:
+        raise Rejected(
+            ErrorCode.VALIDATION, f"a purge deletes at most {limits.MAX_PURGE_EVENTS} events: purge in steps"
+        )
+    groups = _groups_of(stage, topic["incarnation"])
+    for _, record in groups:
+        limit = _purge_limit(stage, topic, record["view"])
+        if through > limit:
+            raise Rejected(ErrorCode.RESOURCE_EXHAUSTED, f"a group has not completed position {limit + 1}")
+    topic_id = topic["incarnation"]
+    rows = stage.scan(keys.event(topic_id, first), keys.event(topic_id, through + 1))
+    for expected, (key, value) in enumerate(rows, start=first):
+        if keys.event_position(key) != expected:
+            raise Corruption(f"topic {topic_id} has no event at retained position {expected}")
+        adjust(topic, "retained_bytes", -REGISTRY.decode(EVENT_RECORD, value)["charged_bytes"])
+        adjust(topic, "retained_events", -1)
+        stage.delete(key)
+    topic["first_available"] = through + 1
+    if topic["retained_events"] != topic["tail"] - through:
+        raise Corruption(f"topic {topic_id} has no event at some retained position up to {through}")
+    for _, record in groups:
+        if _drop_parked_through(stage, record, first, through):
+            save_group(stage, record)
+    topic["generation"] += 1
+    save_topic(stage, topic_record)
+    view: Record = topic
+    return view
+
+
+def _drop_parked_through(stage: Staged, record: Record, first: int, through: int) -> int:
+    """Released parked rows a purge passes go with their events (pinning ones cannot be passed);
+    how many went."""
+    group = record["view"]
+    start = keys.parked(group["incarnation"], first)
+    dropped = 0
+    for key, _ in stage.scan(start, keys.parked(group["incarnation"], through + 1)):
+        if keys.row_position(key) > group["pin_floor"]:
+            raise Corruption(f"a purge passed a pinning parked position of group {group['incarnation']}")
+        stage.delete(key)
+        adjust(group, "parked_count", -1)
+        dropped += 1
+    return dropped

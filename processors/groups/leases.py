@@ -1,0 +1,433 @@
+"""Deliveries of subscription groups: receive, renew, ack, nack, and their lease and retry timers.
+
+The queue's machinery, applied to positions: a claim takes attempts+1 and
+lease_version+1 under a lease timer and a delivery token (processors/tokens.py,
+scoped to the group, naming the position as its message id and the group's
+generation as its delivery generation); a failed attempt (nack or lease expiry)
+retries after the queue's backoff (`lifecycle.retry_delay_ms`) or, at
+max_attempts, parks the position, which resolves it for the checkpoint.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from keyload.log.codec import REGISTRY
+from keyload.processors import limits, tokens, waiters
+from keyload.processors.context import Context
+from keyload.processors.errors import Corruption, ErrorCode, Rejected
+from keyload.processors.groups.group import (
+    GROUP_RECORD,
+    enter,
+    leave,
+    load_group,
+    load_position,
+    matches,
+    resolve,
+    save_group,
+    token_scope,
+)
+from keyload.processors.key_rotation import JITTER, TOKEN, active_key
+from keyload.processors.queues.leases import settle_each
+from keyload.processors.queues.lifecycle import retry_delay_ms
+from keyload.processors.queues.state import Record, adjust, bounded, due_timers, result_item_bytes
+from keyload.processors.topics.topic import EVENT_RECORD, TOPIC_RECORD, load_topic
+from keyload.projections import keys
+from keyload.projections.store import Staged
+
+GROUP_RECEIVE_RESULT = "keyload.result.GroupReceiveResult"
+
+
+def _load_event(stage: Staged, topic_id: int, position: int) -> Record:
+    raw = stage.get(keys.event(topic_id, position))
+    if raw is None:
+        raise Corruption(f"topic {topic_id} has no event at retained position {position}")
+    return REGISTRY.decode(EVENT_RECORD, raw)
+
+
+class _Claims:
+    """What one receive has taken so far, against its count, byte and result budgets."""
+
+    def __init__(self, max_events: int, max_bytes: int) -> None:
+        self.max_events, self.max_bytes = max_events, max_bytes
+        self.taken: list[tuple[int, Record]] = []
+        self.size = self.result_bytes = 0
+
+    def full(self) -> bool:
+        return len(self.taken) == self.max_events
+
+    def take(self, position: int, event: Record) -> bool:
+        """Take the event unless it would pass max_bytes or the result budget (the first always goes)."""
+        item = result_item_bytes(len(event["body"]), event["headers"], event["event_id"], event["type"])
+        over = self.size + event["charged_bytes"] > self.max_bytes
+        if self.taken and (over or self.result_bytes + item > limits.RESULT_BYTES_BUDGET):
+            return False
+        self.size += event["charged_bytes"]
+        self.result_bytes += item
+        self.taken.append((position, event))
+        return True
+
+
+@dataclass(frozen=True, slots=True)
+class _Wanted:
+    """A receive's limits, bounded; a waiter keeps them (its max_messages holds max_events)."""
+
+    max_events: int
+    max_bytes: int
+    lease_ms: int
+
+
+def group_receive(stage: Staged, body: Record, ctx: Context) -> Record | None:
+    """Claim what the group can deliver now (see `_claim`); with nothing claimed and `wait_ms`,
+    wait for it as a long poll (processors/waiters.py) instead of answering empty.
+
+    A paused group refuses a receive (DispatchPaused), unless it waits: then it
+    waits for the resume like for an event.
+    """
+    topic, record = load_group(stage, ctx.domain, body["topic"], body["group"])
+    group = record["view"]
+    policy = group["policy"]
+    wanted = _Wanted(
+        bounded(
+            "max_events", body["max_events"], limits.DEFAULT_GROUP_RECEIVE_EVENTS, 1, limits.MAX_GROUP_RECEIVE_EVENTS
+        ),
+        bounded("max_bytes", body["max_bytes"], limits.DEFAULT_GROUP_RECEIVE_BYTES, 1, limits.MAX_GROUP_RECEIVE_BYTES),
+        bounded("lease_ms", body["lease_ms"], policy["lease_ms"], limits.MIN_LEASE_MS, policy["max_lease_ms"]),
+    )
+    wait_ms = bounded("wait_ms", body["wait_ms"], 0, 0, limits.MAX_WAIT_MS)
+    if group["paused"] and wait_ms == 0:
+        raise Rejected(ErrorCode.DISPATCH_PAUSED, "the group is paused")
+    empty: Record = {"deliveries": [], "window_full": False, "budget_exhausted": False}
+    result = empty if group["paused"] else _claim(stage, topic, record, ctx, ctx.principal, wanted)
+    if not result["deliveries"] and not result["budget_exhausted"] and wait_ms > 0:
+        waiters.wait(stage, record, ctx, wanted.max_events, wanted.max_bytes, wanted.lease_ms, ctx.now_ms + wait_ms)
+        save_group(stage, record)
+        return None
+    save_group(stage, record)
+    result["budget_exhausted"] = result["budget_exhausted"] or bool(ctx.fired.get("budget_exhausted", False))
+    return result
+
+
+def _claim(stage: Staged, topic: Record, record: Record, ctx: Context, principal: str, wanted: _Wanted) -> Record:
+    """Lease due redeliveries first, in position order; then new positions from issued + 1.
+
+    New matching positions are claimed and non-matching ones resolved as filtered,
+    until max_events, max_bytes, the result budget, a full window (or MAX_GROUP_SPAN
+    ahead of the checkpoint: `window_full`), the tail, or
+    GROUP_RECEIVE_EXAMINATION_BUDGET rows (`budget_exhausted`). A GroupReceiveResult.
+    """
+    group = record["view"]
+    policy = group["policy"]
+    claims = _Claims(wanted.max_events, wanted.max_bytes)
+    group_id, topic_id = group["incarnation"], topic["incarnation"]
+    examined = 0
+    stopped = window_full = budget_hit = False
+    redeliveries: set[int] = set()
+    if group["redeliverable"]:
+        start = keys.due_position(group_id, group["checkpoint"] + 1)
+        for key, _ in stage.scan(start, keys.group_row_end(start)):
+            if claims.full():
+                break
+            if examined == limits.GROUP_RECEIVE_EXAMINATION_BUDGET:
+                stopped = budget_hit = True
+                break
+            examined += 1
+            position = keys.row_position(key)
+            if not claims.take(position, _load_event(stage, topic_id, position)):
+                stopped = True
+                break
+            redeliveries.add(position)
+    while not stopped and not claims.full() and group["issued"] < topic["tail"]:
+        if group["outstanding"] >= policy["max_window"] or group["issued"] - group["checkpoint"] >= (
+            limits.MAX_GROUP_SPAN
+        ):
+            window_full = True
+            break
+        if examined == limits.GROUP_RECEIVE_EXAMINATION_BUDGET:
+            budget_hit = True
+            break
+        examined += 1
+        position = group["issued"] + 1
+        event = _load_event(stage, topic_id, position)
+        if not matches(group["filter"], event):
+            group["issued"] = position
+            adjust(group, "filtered_total", 1)
+            if group["outstanding"] == 0:
+                group["checkpoint"] = position
+            continue
+        if not claims.take(position, event):
+            break
+        group["issued"] = position
+        adjust(group, "outstanding", 1)
+    deliveries = _lease(stage, record, ctx, principal, claims.taken, redeliveries, wanted.lease_ms)
+    return {"deliveries": deliveries, "window_full": window_full, "budget_exhausted": budget_hit}
+
+
+def _deliverable(topic: Record, group: Record) -> bool:
+    """Whether a receive could claim something now: a due redelivery, or a new position within the window."""
+    window_open = group["outstanding"] < group["policy"]["max_window"] and (
+        group["issued"] - group["checkpoint"] < limits.MAX_GROUP_SPAN
+    )
+    return not group["paused"] and (group["redeliverable"] > 0 or (window_open and group["issued"] < topic["tail"]))
+
+
+def serve_waiters(stage: Staged, ctx: Context, topic_keys: list[bytes], group_keys: list[bytes]) -> None:
+    """Serve waiting GroupReceives of the groups a record changed, and of every group of a topic
+    it changed (a publish), oldest waiter first, at most MAX_WAITERS_SERVED in all."""
+    candidates = set(group_keys)
+    for topic_key in topic_keys:
+        topic = stage.get_record(topic_key, TOPIC_RECORD)
+        if topic is not None:
+            prefix = keys.group_prefix(topic["view"]["incarnation"])
+            candidates.update(key for key, _ in stage.scan(prefix, keys.prefix_end(prefix)))
+    served = 0
+    for group_key in sorted(candidates):
+        record = stage.get_record(group_key, GROUP_RECORD)
+        if record is None or record["waiting_receives"] == 0:
+            continue
+        group = record["view"]
+        topic = load_topic(stage, group["domain"], group["topic"])["view"]
+        changed = False
+        while record["waiting_receives"] > 0 and served < limits.MAX_WAITERS_SERVED and _deliverable(topic, group):
+            oldest = waiters.oldest(stage, record, 1)
+            if not oldest:
+                raise Corruption(f"group {group['incarnation']} counts waiting receives it has no row for")
+            [(sequence, waiter)] = oldest
+            wanted = _Wanted(waiter["max_messages"], waiter["max_bytes"], waiter["lease_ms"])
+            result = _claim(stage, topic, record, ctx, waiter["principal"], wanted)
+            changed = True
+            if not result["deliveries"]:
+                break
+            waiters.complete(stage, record, ctx, sequence, waiter, (GROUP_RECEIVE_RESULT, result))
+            served += 1
+        if changed:
+            save_group(stage, record)
+
+
+def _lease(
+    stage: Staged,
+    record: Record,
+    ctx: Context,
+    principal: str,
+    taken: list[tuple[int, Record]],
+    redeliveries: set[int],
+    lease_ms: int,
+) -> list[Record]:
+    """Lease the claimed positions to `principal` and sign their tokens."""
+    if not taken:
+        return []
+    group = record["view"]
+    group_id = group["incarnation"]
+    key_id, key = active_key(stage, ctx.keyring, TOKEN)
+    lease_until = ctx.now_ms + lease_ms
+    deliveries = []
+    for position, event in taken:
+        if position in redeliveries:
+            meta = load_position(stage, group_id, position)
+            if meta is None:
+                raise Corruption(f"group {group_id} redelivers position {position}, which has no row")
+            leave(stage, record, position, meta)
+        else:
+            meta = {
+                "state": "leased",
+                "attempts": 0,
+                "lease_version": 0,
+                "lease_owner": None,
+                "lease_until_ms": None,
+                "not_before_ms": None,
+                "last_retry_delay_ms": None,
+                "parked_at_ms": None,
+            }
+        meta["attempts"] += 1
+        meta["lease_version"] += 1
+        enter(stage, record, position, meta, "leased", until_ms=lease_until, lease_owner=principal)
+        adjust(group, "delivered_total", 1)
+        token = tokens.issue(
+            {key_id: key},
+            key_id,
+            domain=group["domain"],
+            queue=token_scope(group),
+            incarnation=group_id,
+            message_id=str(position),
+            principal=principal,
+            delivery_generation=group["generation"],
+            lease_version=meta["lease_version"],
+        )
+        deliveries.append(
+            {
+                "position": position,
+                "event_id": event["event_id"],
+                "type": event["type"],
+                "headers": event["headers"],
+                "body": event["body"],
+                "published_at_ms": event["published_at_ms"],
+                "token": token,
+                "attempts": meta["attempts"],
+                "lease_until_ms": lease_until,
+            }
+        )
+    return deliveries
+
+
+def verified_group_token(
+    stage: Staged, ctx: Context, topic: str, group_name: str, token_text: str
+) -> tuple[Record, tokens.Token]:
+    """(group record, token) of a token the group signed in its current generation for the
+    command's principal, or the refusal."""
+    _, record = load_group(stage, ctx.domain, topic, group_name)
+    group = record["view"]
+    token = tokens.parse(token_text)
+    if token.incarnation != group["incarnation"]:
+        raise Rejected(ErrorCode.TOKEN_INVALIDATED, "delivery token is not valid")
+    tokens.verify_signature(ctx.keyring, token, group["domain"], token_scope(group))
+    if token.delivery_generation != group["generation"]:
+        raise Rejected(ErrorCode.TOKEN_INVALIDATED, "delivery token is not valid")
+    if token.principal != ctx.principal:
+        raise Rejected(ErrorCode.PERMISSION_DENIED, "the delivery was issued to another principal")
+    return record, token
+
+
+def check_group_lease(stage: Staged, ctx: Context, body: Record) -> tuple[Record, int, Record]:
+    """(group record, position, position meta) of the live lease a token names, or the refusal.
+
+    Order: not a token of this group, or of an older generation (a seek or
+    configure happened) → TokenInvalidated; another principal → PermissionDenied;
+    lease no longer current → StaleLease; deadline reached → LeaseExpired.
+    """
+    _, token = verified_group_token(stage, ctx, body["topic"], body["group"], body["token"])
+    return live_group_lease(stage, ctx, body["topic"], body["group"], token)
+
+
+def live_group_lease(
+    stage: Staged, ctx: Context, topic: str, group_name: str, token: tokens.Token
+) -> tuple[Record, int, Record]:
+    """(group record, position, position meta) of the live lease a verified token names, read
+    afresh; else StaleLease or LeaseExpired."""
+    _, record = load_group(stage, ctx.domain, topic, group_name)
+    position = int(token.message_id)
+    meta = load_position(stage, record["view"]["incarnation"], position)
+    if meta is None or meta["state"] != "leased" or meta["lease_version"] != token.lease_version:
+        raise Rejected(ErrorCode.STALE_LEASE, "the lease this token names is no longer current")
+    if meta["lease_until_ms"] <= ctx.now_ms:
+        raise Rejected(ErrorCode.LEASE_EXPIRED, "the lease has expired")
+    return record, position, meta
+
+
+def _lease_result(record: Record, position: int, meta: Record) -> Record:
+    retrying = meta["state"] == "retrying"
+    return {
+        "position": position,
+        "state": meta["state"],
+        "checkpoint": record["view"]["checkpoint"],
+        "lease_until_ms": meta["lease_until_ms"],
+        "not_before_ms": meta["not_before_ms"] if retrying else None,
+        "retry_delay_ms": meta["last_retry_delay_ms"] if retrying else None,
+    }
+
+
+def group_renew(stage: Staged, body: Record, ctx: Context) -> Record:
+    record, position, meta = check_group_lease(stage, ctx, body)
+    policy = record["view"]["policy"]
+    lease_ms = bounded("lease_ms", body["lease_ms"], policy["lease_ms"], limits.MIN_LEASE_MS, policy["max_lease_ms"])
+    owner = meta["lease_owner"]
+    leave(stage, record, position, meta)
+    enter(stage, record, position, meta, "leased", until_ms=ctx.now_ms + lease_ms, lease_owner=owner)
+    save_group(stage, record)
+    return _lease_result(record, position, meta)
+
+
+def group_ack(stage: Staged, body: Record, ctx: Context) -> Record:
+    _, token = verified_group_token(stage, ctx, body["topic"], body["group"], body["token"])
+    return group_ack_lease(stage, ctx, body["topic"], body["group"], token)
+
+
+def group_ack_lease(stage: Staged, ctx: Context, topic: str, group_name: str, token: tokens.Token) -> Record:
+    """Ack the live lease a verified token of the group names."""
+    record, position, meta = live_group_lease(stage, ctx, topic, group_name, token)
+    resolve(stage, record, position, meta, "acked", ctx.now_ms)
+    save_group(stage, record)
+    return _lease_result(record, position, meta)
+
+
+def group_ack_batch(stage: Staged, body: Record, ctx: Context) -> Record:
+    """Ack each token on its own: one refusal does not undo the others."""
+    load_group(stage, ctx.domain, body["topic"], body["group"])  # NotFound refuses the whole batch
+
+    def ack_one(child: Staged, token: str) -> Record:
+        return group_ack(child, {"topic": body["topic"], "group": body["group"], "token": token}, ctx)
+
+    results = [
+        {"status": "committed", "error_code": None, "position": settled["position"]}
+        if isinstance(settled, dict)
+        else {"status": "rejected", "error_code": str(settled), "position": None}
+        for settled in settle_each(stage, body["tokens"], ack_one)
+    ]
+    _, record = load_group(stage, ctx.domain, body["topic"], body["group"])
+    return {"results": results, "checkpoint": record["view"]["checkpoint"]}
+
+
+def group_nack(stage: Staged, body: Record, ctx: Context) -> Record:
+    record, position, meta = check_group_lease(stage, ctx, body)
+    delay = body["delay_ms"]
+    if delay is not None and not 0 <= delay <= record["view"]["policy"]["max_lease_ms"]:
+        raise Rejected(ErrorCode.VALIDATION, "delay_ms must be between 0 and the group's max_lease_ms")
+    _end_attempt(stage, record, position, meta, ctx, delay)
+    save_group(stage, record)
+    return _lease_result(record, position, meta)
+
+
+def _end_attempt(
+    stage: Staged, record: Record, position: int, meta: Record, ctx: Context, delay_ms: int | None = None
+) -> None:
+    """A leased attempt failed (nack or lease expiry): park at max_attempts, else retry after
+    `delay_ms` (a nack's own) or the backoff."""
+    group = record["view"]
+    policy = group["policy"]
+    if meta["attempts"] >= policy["max_attempts"]:
+        resolve(stage, record, position, meta, "parked", ctx.now_ms)
+        return
+    leave(stage, record, position, meta)
+    if delay_ms is None:
+        _, jitter_key = active_key(stage, ctx.keyring, JITTER)
+        material = (
+            ctx.command_id,
+            group["domain"],
+            token_scope(group),
+            str(position),
+            str(group["generation"]),
+            str(meta["attempts"]),
+            str(meta["lease_version"]),
+        )
+        delay_ms = retry_delay_ms(policy, meta["attempts"], jitter_key, material)
+    meta["last_retry_delay_ms"] = delay_ms
+    enter(stage, record, position, meta, "retrying", until_ms=ctx.now_ms + delay_ms)
+
+
+def fire_group_timers(stage: Staged, record: Record, ctx: Context, budget: int) -> tuple[int, int]:
+    """Fire one group's due timers, examining at most `budget`; returns (examined, transitions).
+
+    A lease timer ends the attempt like a nack; a retry timer makes the position due,
+    so the next receive delivers it before any new position; a waiter's deadline
+    completes its GroupReceive empty.
+    """
+    group = record["view"]
+    group_id = group["incarnation"]
+    due = due_timers(stage, record, ctx.now_ms, budget)
+    for key, value in due:
+        _, kind, position = keys.parse_timer(key)
+        if kind == keys.TIMER_WAITER:
+            window_full = group["outstanding"] >= group["policy"]["max_window"]
+            empty = {"deliveries": [], "window_full": window_full, "budget_exhausted": False}
+            waiters.expire(stage, record, ctx, position, (GROUP_RECEIVE_RESULT, empty))
+            continue
+        meta = load_position(stage, group_id, position)
+        if meta is None or value != str(position).encode("utf-8"):
+            raise Corruption(f"timer {key.hex()} names a position that is not outstanding")
+        if kind == keys.TIMER_LEASE:
+            _end_attempt(stage, record, position, meta, ctx)
+        elif kind == keys.TIMER_NOT_BEFORE:
+            leave(stage, record, position, meta)
+            enter(stage, record, position, meta, "due")
+        else:
+            raise Corruption(f"timer {key.hex()} has kind {kind}, which groups do not use")
+    return len(due), len(due)

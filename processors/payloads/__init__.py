@@ -1,0 +1,1 @@
+"""Large payloads: reservations, commit proofs, handles, and guarded deletion (retention)."""

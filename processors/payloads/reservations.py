@@ -1,0 +1,106 @@
+"""A payload reservation's state and how it ends: committed, cancelled, or expired by log time.
+
+The deadline is decided by log time alone: a reservation still `reserved` at an
+evaluation time at or past its deadline is expired, whether or not its deadline timer
+has fired yet. The timer only writes that decision down and hands the reservation to
+retention (an abandoned reservation's object, if an upload left one, is deleted there).
+Whichever comes first in the log among commit, cancel and the deadline wins.
+"""
+
+from __future__ import annotations
+
+from keyload.processors import limits
+from keyload.processors.context import Context
+from keyload.processors.errors import Corruption, ErrorCode, Rejected
+from keyload.processors.payloads import retention
+from keyload.processors.payloads.retention import RESERVATION
+from keyload.processors.queues.state import Record, load_queue_by_id, save_queue
+from keyload.projections import keys
+from keyload.projections.store import Staged
+
+
+def object_key(partition: int, reservation_id: int) -> str:
+    """The service-chosen key of a reservation's object: no caller input, never reused."""
+    return f"payloads/p-{partition:04d}/{reservation_id:020d}"
+
+
+def effective_state(reservation: Record, now_ms: int) -> str:
+    """The state at `now_ms`: a reserved one whose deadline has passed is expired, timer or not."""
+    state: str = reservation["state"]
+    if state == "reserved" and now_ms >= reservation["upload_deadline_ms"]:
+        return "expired"
+    return state
+
+
+def view(reservation: Record, now_ms: int) -> Record:
+    return dict(reservation, state=effective_state(reservation, now_ms))
+
+
+def load_reservation(stage: Staged, ctx: Context, reservation_id: int) -> Record:
+    # An id outside its range (limits.RESERVATION_ID) names no reservation: never packed into a key.
+    if not limits.RESERVATION_ID.contains(reservation_id):
+        raise Rejected(ErrorCode.NOT_FOUND, "reservation does not exist")
+    reservation = stage.get_record(keys.reservation(reservation_id), RESERVATION)
+    if reservation is None or reservation["domain"] != ctx.domain:
+        raise Rejected(ErrorCode.NOT_FOUND, "reservation does not exist")
+    return reservation
+
+
+def queue_of(stage: Staged, reservation: Record) -> Record:
+    record = load_queue_by_id(stage, reservation["queue_id"])
+    if record is None:
+        raise Corruption(f"reservation {reservation['reservation_id']} names a missing queue")
+    return record
+
+
+def refuse_closed(reservation: Record, now_ms: int) -> None:
+    """Refuse a change to a reservation that is no longer open (the log decided first)."""
+    state = effective_state(reservation, now_ms)
+    if state == "expired":
+        raise Rejected(ErrorCode.LEASE_EXPIRED, "the reservation's upload deadline has passed")
+    if state == "cancelled":
+        raise Rejected(ErrorCode.CONFLICT, "the reservation was cancelled")
+    if state == "committed":
+        raise Rejected(ErrorCode.CONFLICT, "the reservation is already committed")
+
+
+def close(stage: Staged, record: Record, reservation: Record, state: str, ctx: Context) -> None:
+    """End an open reservation: drop its deadline timer and record how it ended."""
+    queue_id = record["view"]["incarnation"]
+    timer = keys.timer(
+        queue_id, reservation["upload_deadline_ms"], keys.TIMER_RESERVATION, reservation["reservation_id"]
+    )
+    if stage.get(timer) is None:
+        raise Corruption(f"open reservation {reservation['reservation_id']} has no deadline timer")
+    stage.delete(timer)
+    reservation["state"] = state
+    reservation["closed_at_ms"] = ctx.now_ms
+
+
+def cancel_large_schedule(stage: Staged, body: Record, ctx: Context) -> Record:
+    reservation = load_reservation(stage, ctx, body["reservation_id"])
+    if reservation["state"] == "cancelled":
+        return view(reservation, ctx.now_ms)
+    refuse_closed(reservation, ctx.now_ms)
+    record = queue_of(stage, reservation)
+    _abandon(stage, record, reservation, "cancelled", ctx)
+    save_queue(stage, record)
+    return view(reservation, ctx.now_ms)
+
+
+def _abandon(stage: Staged, record: Record, reservation: Record, state: str, ctx: Context) -> None:
+    close(stage, record, reservation, state, ctx)
+    stage.put_record(keys.reservation(reservation["reservation_id"]), RESERVATION, reservation)
+    retention.abandon_reservation(stage, record, reservation, ctx)
+
+
+def expire_reservation(stage: Staged, record: Record, ctx: Context, reservation_id: int) -> None:
+    """The deadline timer: write down the expiry log time already decided."""
+    reservation = stage.get_record(keys.reservation(reservation_id), RESERVATION)
+    if reservation is None or reservation["state"] != "reserved":
+        raise Corruption(f"deadline timer of reservation {reservation_id}, which is not open")
+    _abandon(stage, record, reservation, "expired", ctx)
+
+
+def inspect_reservation(stage: Staged, body: Record, ctx: Context) -> Record:
+    return view(load_reservation(stage, ctx, body["reservation_id"]), ctx.now_ms)

@@ -1,0 +1,240 @@
+"""Guarded deletion of payload objects: a logged workflow tied to the recovery floor (DESIGN.md §8).
+
+1. Retire intent: the command that makes a large message terminal (ack, cancel,
+   expiry), or abandons a reservation (cancel, deadline), writes a retention task in
+   the same batch; its offset is the task's `retire_offset`. The object and its quota
+   (`payload_object_bytes`, and an abandoned reservation's `reserved_*`) stay.
+2. Safety barrier, decided at evaluation time: the logged recovery floor
+   (AdvanceRecoveryFloor, appended by the GC worker from the checkpoint catalog) must
+   have reached `retire_offset`, so every checkpoint a recovery may start from already
+   has the message terminal; and log time must be past `protect_until_ms` (the last
+   read handle's expiry, or an abandoned reservation's upload deadline, plus
+   the queue policy's payload_request_horizon_ms for requests still in flight). A retired message is
+   terminal, so no delivery, dead letter or redrive can need its object any more.
+3. BeginDelete moves a task with no blockers to `deleting`; only then may a worker
+   delete (version-aware), resolve a lost response by exact HEAD, and send
+   DeleteConfirmed, which releases the quota.
+4. Once the floor reaches the confirmation's offset, AdvanceRecoveryFloor compacts
+   the task: task, reservation and the message's history go; the message id keeps its
+   identity row, so it is never used again.
+"""
+
+from __future__ import annotations
+
+from keyload.processors import limits
+from keyload.processors.context import Context
+from keyload.processors.errors import Corruption, ErrorCode, Rejected
+from keyload.processors.queues.state import (
+    MESSAGE_META,
+    Record,
+    adjust,
+    allocate,
+    bounded,
+    load_queue_by_id,
+    save_queue,
+)
+from keyload.projections import keys
+from keyload.projections.store import Readable, Staged
+
+RESERVATION = "keyload.PayloadReservation"
+
+TASK = "keyload.RetentionTask"
+
+
+def retire_payload(stage: Staged, record: Record, message_id: str, meta: Record, ctx: Context) -> None:
+    """A large message became terminal: its object waits for the barrier, and for every handle
+    naming it to expire — read handles, and the upload handle (a resumed upload could otherwise
+    create the key again after its deletion)."""
+    payload = meta["payload"]
+    reservation = stage.get_record(keys.reservation(payload["reservation_id"]), RESERVATION)
+    if reservation is None:
+        raise Corruption(f"large message {message_id} has no reservation {payload['reservation_id']}")
+    read_until = max(ctx.now_ms, meta["read_until_ms"] or 0, reservation["upload_deadline_ms"])
+    queue = record["view"]
+    horizon = queue["policy"]["payload_request_horizon_ms"]
+    _new_task(stage, ctx, "message_payload", queue, message_id, payload, read_until, horizon)
+
+
+def abandon_reservation(stage: Staged, record: Record, reservation: Record, ctx: Context) -> None:
+    """A reservation ended uncommitted: whatever an upload left must go, once no upload can land."""
+    queue = record["view"]
+    payload = {
+        "reservation_id": reservation["reservation_id"],
+        "object_key": reservation["object_key"],
+        "object_version": None,
+        "length": reservation["length"],
+    }
+    uploads_until = max(ctx.now_ms, reservation["upload_deadline_ms"])
+    horizon = queue["policy"]["payload_request_horizon_ms"]
+    _new_task(stage, ctx, "abandoned_reservation", queue, reservation["message_id"], payload, uploads_until, horizon)
+
+
+def _new_task(
+    stage: Staged,
+    ctx: Context,
+    kind: str,
+    queue: Record,
+    message_id: str,
+    payload: Record,
+    handles_until_ms: int,
+    horizon_ms: int,
+) -> None:
+    task_id = allocate(stage, keys.NEXT_TASK_ID)
+    task: Record = {
+        "task_id": task_id,
+        "kind": kind,
+        "domain": queue["domain"],
+        "queue": queue["queue"],
+        "queue_id": queue["incarnation"],
+        "message_id": message_id,
+        "reservation_id": payload["reservation_id"],
+        "object_key": payload["object_key"],
+        "object_version": payload["object_version"],
+        "length": payload["length"],
+        "retire_offset": ctx.offset,
+        "retired_at_ms": ctx.now_ms,
+        # A request made with a handle may still reach the object store a while after it expires.
+        "protect_until_ms": handles_until_ms + horizon_ms,
+        "state": "waiting",
+        "delete_offset": None,
+        "confirmed_offset": None,
+        "confirmed_at_ms": None,
+        "deleted_versions": [],
+    }
+    stage.put_record(keys.retention_task(task_id), TASK, task)
+
+
+def recovery_floor(stage: Readable) -> int | None:
+    raw = stage.get(keys.RECOVERY_FLOOR)
+    return None if raw is None else keys.read_u64(raw)
+
+
+def blockers(stage: Readable, task: Record, now_ms: int) -> list[str]:
+    """What keeps a waiting task's object from deletion at `now_ms` (empty: nothing)."""
+    if task["state"] != "waiting":
+        return []
+    found = []
+    floor = recovery_floor(stage)
+    if floor is None or floor < task["retire_offset"]:
+        found.append("recovery_floor")
+    if now_ms < task["protect_until_ms"]:
+        found.append("live_handles" if task["kind"] == "message_payload" else "upload_horizon")
+    return found
+
+
+def _status(stage: Readable, task: Record, now_ms: int) -> Record:
+    return {"task": task, "blocked_by": blockers(stage, task, now_ms)}
+
+
+def _load_task(stage: Staged, task_id: int) -> Record:
+    # An id outside its range (limits.TASK_ID) names no task: never packed into a key.
+    task = stage.get_record(keys.retention_task(task_id), TASK) if limits.TASK_ID.contains(task_id) else None
+    if task is None:
+        raise Rejected(ErrorCode.NOT_FOUND, "retention task does not exist (or was compacted)")
+    return task
+
+
+def list_retention(stage: Staged, body: Record, ctx: Context) -> Record:
+    limit = bounded("limit", body["limit"], limits.DEFAULT_RETENTION_PAGE, 1, limits.MAX_RETENTION_PAGE)
+    after = bounded("after_task", body["after_task"], 0, 0, limits.MAX_SEQUENCE)
+    tasks: list[Record] = []
+    next_after = None
+    for key, _ in stage.scan(keys.retention_task(after + 1), keys.prefix_end(keys.RETENTION_TASK)):
+        if len(tasks) == limit:
+            next_after = tasks[-1]["task"]["task_id"]
+            break
+        task = stage.get_record(key, TASK)
+        assert task is not None
+        tasks.append(_status(stage, task, ctx.now_ms))
+    return _page(stage, tasks, next_after)
+
+
+def _page(stage: Readable, tasks: list[Record], next_after: int | None) -> Record:
+    retired = stage.get(keys.RETIRED_IDENTITIES)
+    return {
+        "recovery_floor": recovery_floor(stage),
+        "tasks": tasks,
+        "next_after_task": next_after,
+        "retired_identities": 0 if retired is None else keys.read_u64(retired),
+    }
+
+
+def begin_delete(stage: Staged, body: Record, ctx: Context) -> Record:
+    task = _load_task(stage, body["task_id"])
+    if task["state"] == "waiting":
+        blocked = blockers(stage, task, ctx.now_ms)
+        if blocked:
+            raise Rejected(ErrorCode.CONFLICT, f"deletion is blocked by: {', '.join(blocked)}")
+        task["state"] = "deleting"
+        task["delete_offset"] = ctx.offset
+        stage.put_record(keys.retention_task(task["task_id"]), TASK, task)
+    return _status(stage, task, ctx.now_ms)  # deleting or confirmed already: a worker's retry
+
+
+def delete_confirmed(stage: Staged, body: Record, ctx: Context) -> Record:
+    task = _load_task(stage, body["task_id"])
+    versions: list[str] = body["deleted_versions"]
+    if len(versions) > limits.MAX_DELETED_VERSIONS or any(
+        not 1 <= len(v) <= limits.MAX_OBJECT_VERSION_CHARS for v in versions
+    ):
+        raise Rejected(
+            ErrorCode.VALIDATION,
+            f"deleted_versions holds at most {limits.MAX_DELETED_VERSIONS} versions of "
+            f"1..{limits.MAX_OBJECT_VERSION_CHARS} characters",
+        )
+    if task["state"] == "waiting":
+        raise Rejected(ErrorCode.CONFLICT, "the task's deletion has not begun (BeginDelete first)")
+    if task["state"] == "deleting":
+        record = load_queue_by_id(stage, task["queue_id"])
+        if record is None:
+            raise Corruption(f"retention task {task['task_id']} names a missing queue")
+        counters = record["view"]["counters"]
+        adjust(counters, "payload_object_bytes", -task["length"])
+        if task["kind"] == "abandoned_reservation":
+            adjust(counters, "reserved_messages", -1)
+            adjust(counters, "reserved_bytes", -task["length"])
+        save_queue(stage, record)
+        task.update(state="confirmed", confirmed_offset=ctx.offset, confirmed_at_ms=ctx.now_ms)
+        task["deleted_versions"] = sorted(versions)
+        stage.put_record(keys.retention_task(task["task_id"]), TASK, task)
+    return _status(stage, task, ctx.now_ms)
+
+
+def advance_recovery_floor(stage: Staged, body: Record, ctx: Context) -> Record:
+    floor: int = body["floor_offset"]
+    limits.check_integer("AdvanceRecoveryFloor.floor_offset", floor)
+    if floor >= ctx.offset:
+        raise Rejected(ErrorCode.VALIDATION, "floor_offset must be below the command's own offset")
+    current = recovery_floor(stage)
+    if current is None or floor > current:
+        stage.put(keys.RECOVERY_FLOOR, keys.u64(floor))
+        _compact(stage, floor)
+    return _page(stage, [], None)
+
+
+def _compact(stage: Staged, floor: int) -> None:
+    """Drop confirmed tasks the floor has passed, with their reservation and message history."""
+    retired = 0
+    examined = 0
+    for key, _ in stage.scan(keys.RETENTION_TASK, keys.prefix_end(keys.RETENTION_TASK)):
+        if examined == limits.RETENTION_COMPACTION_BUDGET:
+            break
+        examined += 1
+        task = stage.get_record(key, TASK)
+        assert task is not None
+        if task["state"] != "confirmed" or task["confirmed_offset"] > floor:
+            continue
+        stage.delete(key)
+        stage.delete(keys.reservation(task["reservation_id"]))
+        if task["kind"] == "message_payload":
+            message = keys.message(task["queue_id"], task["message_id"])
+            meta = stage.get_record(message, MESSAGE_META)
+            if meta is None or meta["terminal_at_ms"] is None:
+                raise Corruption(f"retention task {task['task_id']} names a message that is not terminal")
+            stage.delete(message)
+        if stage.get(keys.identity(task["queue_id"], task["message_id"])) is None:
+            raise Corruption(f"retention task {task['task_id']} names a message id without its identity row")
+        retired += 1
+    if retired:
+        previous = stage.get(keys.RETIRED_IDENTITIES)
+        stage.put(keys.RETIRED_IDENTITIES, keys.u64(retired + (0 if previous is None else keys.read_u64(previous))))

@@ -1,0 +1,1 @@
+"""Work queues: resources, leases (receive, renew, ack, nack), message lifecycle, dead letters, state."""

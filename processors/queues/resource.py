@@ -1,0 +1,224 @@
+"""Queue resources: create, configure, enqueue, inspect."""
+
+from __future__ import annotations
+
+from keyload.processors import limits
+from keyload.processors.context import Context
+from keyload.processors.errors import Corruption, ErrorCode, Rejected
+from keyload.processors.policy import resolve_policy
+from keyload.processors.queues.lifecycle import add_expiry, enter
+from keyload.processors.queues.state import (
+    LIVE_STATES,
+    QUEUE_RECORD,
+    Record,
+    adjust,
+    allocate_incarnation,
+    check_headers,
+    check_message_id,
+    check_name,
+    load_message,
+    load_queue,
+    save_queue,
+    view,
+)
+from keyload.projections import keys
+from keyload.projections.store import Staged
+
+ORDERING_FIELDS = ("ordering", "parked_head")
+
+_ZERO_COUNTERS = {
+    "stored_messages": 0,
+    "stored_bytes": 0,
+    "scheduled": 0,
+    "ready": 0,
+    "leased": 0,
+    "dead_lettered": 0,
+    "pending_dead_letter": 0,
+    "dead_letter_bytes": 0,
+    "enqueued_total": 0,
+    "acked_total": 0,
+    "expired_total": 0,
+    "cancelled_total": 0,
+    "reserved_messages": 0,
+    "reserved_bytes": 0,
+    "payload_object_bytes": 0,
+}
+
+
+def create_queue(stage: Staged, body: Record, ctx: Context) -> Record:
+    name = body["queue"]
+    check_name("queue name", name, limits.MAX_QUEUE_NAME_CHARS, limits.QUEUE_NAME_PATTERN)
+    policy = resolve_policy(body["policy"])
+    if stage.get(keys.queue(ctx.domain, name)) is not None:
+        raise Rejected(ErrorCode.CONFLICT, "queue already exists")
+    queue_id = allocate_incarnation(stage)
+    stage.put(keys.resource_key(queue_id), keys.queue(ctx.domain, name))
+    record: Record = {
+        "view": {
+            "domain": ctx.domain,
+            "queue": name,
+            "incarnation": queue_id,
+            "created_at_ms": ctx.now_ms,
+            "policy_version": 1,
+            "policy": policy,
+            "counters": dict(_ZERO_COUNTERS),
+        },
+        "next_enqueue_sequence": 1,
+        "next_ready_sequence": 1,
+        "next_parked_sequence": 1,
+        "next_timer_ms": None,
+        "waiting_receives": 0,
+        "next_waiter_sequence": 1,
+        "ready_floor": 1,
+        "timer_floor": None,
+        "waiter_floor": 1,
+    }
+    stage.put_record(keys.queue(ctx.domain, name), QUEUE_RECORD, record)
+    return view(record)
+
+
+def configure_queue(stage: Staged, body: Record, ctx: Context) -> Record:
+    record = load_queue(stage, ctx.domain, body["queue"])
+    current = record["view"]
+    expected = body["expected_policy_version"]
+    if expected is not None:
+        limits.check_integer("ConfigureQueue.expected_policy_version", expected)
+        if expected != current["policy_version"]:
+            raise Rejected(
+                ErrorCode.REVISION_CONFLICT,
+                f"policy version is {current['policy_version']}, expected {expected}",
+            )
+    policy = resolve_policy(body["policy"])
+    if current["counters"]["stored_messages"] > 0:
+        for name in ORDERING_FIELDS:
+            if policy[name] != current["policy"][name]:
+                raise Rejected(
+                    ErrorCode.CONFLICT,
+                    f"policy.{name} cannot change while the queue holds messages",
+                )
+    current["policy"] = policy
+    current["policy_version"] += 1
+    save_queue(stage, record)
+    return view(record)
+
+
+def check_new_message(stage: Staged, record: Record, body: Record, ctx: Context, kind: str = "Enqueue") -> None:
+    """What Enqueue and PrepareLargeSchedule (`kind`) check alike: the id is unused (and never retired)
+    in the queue; headers, ordering key and times are valid."""
+    message_id = body["message_id"]
+    check_message_id(message_id)
+    check_headers(body["headers"])
+    ordering_key = body["ordering_key"]
+    if ordering_key is not None:
+        check_name("ordering key", ordering_key, limits.MAX_ORDERING_KEY_CHARS, limits.ID_PATTERN)
+    # Absolute times are log times (MIN_LOG_TIME_MS..MAX_LOG_TIME_MS): one past it would never fire.
+    not_before, expires_at = body["not_before_ms"], body["expires_at_ms"]
+    if not_before is not None:
+        if not_before > ctx.now_ms + limits.MAX_SCHEDULE_AHEAD_MS:
+            raise Rejected(ErrorCode.VALIDATION, "not_before_ms is more than 365 days ahead")
+        limits.check_integer(f"{kind}.not_before_ms", not_before)
+    if expires_at is not None:
+        if expires_at <= ctx.now_ms:
+            raise Rejected(ErrorCode.VALIDATION, "expires_at_ms is not in the future")
+        limits.check_integer(f"{kind}.expires_at_ms", expires_at)
+        if not_before is not None and expires_at <= not_before:
+            raise Rejected(ErrorCode.VALIDATION, "expires_at_ms must be after not_before_ms")
+    queue_id = record["view"]["incarnation"]
+    if stage.get(keys.message(queue_id, message_id)) is not None:
+        raise Rejected(ErrorCode.CONFLICT, "message id is already used in this queue")
+    if stage.get(keys.identity(queue_id, message_id)) is not None:
+        raise Rejected(ErrorCode.CONFLICT, "message id is reserved or retired in this queue")
+
+
+def check_room(record: Record, messages: int, size: int) -> None:
+    """ResourceExhausted unless the queue's grant holds `messages` more messages of `size` bytes,
+    counting what reservations hold."""
+    queue = record["view"]
+    counters, policy = queue["counters"], queue["policy"]
+    if counters["stored_messages"] + counters["reserved_messages"] + messages > policy["max_stored_messages"]:
+        raise Rejected(ErrorCode.RESOURCE_EXHAUSTED, "queue is at max_stored_messages")
+    if counters["stored_bytes"] + counters["reserved_bytes"] + size > policy["max_stored_bytes"]:
+        raise Rejected(ErrorCode.RESOURCE_EXHAUSTED, "queue is at max_stored_bytes")
+
+
+def enqueue(stage: Staged, body: Record, ctx: Context) -> Record:
+    record = load_queue(stage, ctx.domain, body["queue"])
+    check_new_message(stage, record, body, ctx)
+    payload: bytes = body["body"]
+    if len(payload) > limits.MAX_INLINE_BODY_BYTES:
+        raise Rejected(ErrorCode.VALIDATION, f"body exceeds {limits.MAX_INLINE_BODY_BYTES} bytes")
+    check_room(record, 1, len(payload))
+    result = admit(stage, record, body, ctx, payload, None)
+    save_queue(stage, record)
+    return result
+
+
+def admit(stage: Staged, record: Record, body: Record, ctx: Context, inline: bytes, large: Record | None) -> Record:
+    """Store a checked new message: its body (empty for a large one, whose bytes are the `large`
+    payload's object), metadata, quota and first state. Returns the EnqueueResult."""
+    queue = record["view"]
+    queue_id, counters = queue["incarnation"], queue["counters"]
+    message_id = body["message_id"]
+    size = len(inline) if large is None else large["length"]
+    not_before = body["not_before_ms"]
+    sequence = record["next_enqueue_sequence"]
+    record["next_enqueue_sequence"] = sequence + 1
+    meta: Record = {
+        "state": "new",  # replaced by its first state on `enter`
+        "state_version": 0,
+        "attempts": 0,
+        "lease_version": 0,
+        "delivery_generation": 1,
+        "enqueue_sequence": sequence,
+        "ready_sequence": None,
+        "parked_sequence": None,
+        "enqueued_at_ms": ctx.now_ms,
+        "not_before_ms": not_before,
+        "expires_at_ms": body["expires_at_ms"],
+        "lease_owner": None,
+        "lease_until_ms": None,
+        "body_bytes": size,
+        "headers": dict(sorted(body["headers"].items())),
+        "ordering_key": body["ordering_key"],
+        "terminal_at_ms": None,
+        "last_retry_delay_ms": None,
+        "dead_lettered_at_ms": None,
+        "payload": large,
+        "read_until_ms": None,
+    }
+    adjust(counters, "stored_messages", 1)
+    adjust(counters, "stored_bytes", size)
+    adjust(counters, "enqueued_total", 1)
+    stage.put(keys.body(queue_id, message_id), inline)
+    if not_before is not None and not_before > ctx.now_ms:
+        enter(stage, record, message_id, meta, "scheduled", ctx, not_before_ms=not_before)
+    else:
+        enter(stage, record, message_id, meta, "ready", ctx)
+    add_expiry(stage, record, message_id, meta)
+    return {
+        "queue": queue["queue"],
+        "message_id": message_id,
+        "state": meta["state"],
+        "enqueue_sequence": sequence,
+        "stored_messages": counters["stored_messages"],
+        "stored_bytes": counters["stored_bytes"],
+    }
+
+
+def inspect_queue(stage: Staged, body: Record, ctx: Context) -> Record:
+    return view(load_queue(stage, ctx.domain, body["queue"]))
+
+
+def inspect_message(stage: Staged, body: Record, ctx: Context) -> Record:
+    record = load_queue(stage, ctx.domain, body["queue"])
+    queue_id = record["view"]["incarnation"]
+    check_message_id(body["message_id"])
+    meta = load_message(stage, queue_id, body["message_id"])
+    if meta is None:
+        if stage.get(keys.identity(queue_id, body["message_id"])) is not None:
+            raise Rejected(ErrorCode.NOT_FOUND, "message is reserved, or its history was reclaimed (the id stays used)")
+        raise Rejected(ErrorCode.NOT_FOUND, "message does not exist")
+    payload = stage.get(keys.body(queue_id, body["message_id"])) if body["include_body"] else None
+    if meta["state"] in LIVE_STATES and payload is None and body["include_body"]:
+        raise Corruption(f"live message {meta['enqueue_sequence']} of queue {queue_id} has no body")
+    return {"queue": body["queue"], "message_id": body["message_id"], "meta": meta, "body": payload}

@@ -1,0 +1,1 @@
+"""Topics: retained events at dense positions, read in pages with opaque cursors."""

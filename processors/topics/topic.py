@@ -1,0 +1,255 @@
+"""Topics: retained events at dense positions 1..tail, deduplicated by event id, read in bounded pages.
+
+A topic record holds the policy, the retained range first_available..tail and
+authoritative counters. Each event is one immutable row keyed by (topic id,
+position) with its body inline. A separate event-id index maps (topic id, event
+id) to the event's position and a digest of its content: a repeat is told apart
+from a conflicting reuse without reading the event, and dedup can outlive the
+events once purging removes them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import struct
+
+from keyload.log.codec import REGISTRY
+from keyload.processors import limits
+from keyload.processors.context import Context
+from keyload.processors.errors import Corruption, ErrorCode, Rejected
+from keyload.processors.policy import resolve_topic_policy
+from keyload.processors.queues.state import (
+    Record,
+    adjust,
+    allocate_incarnation,
+    bounded,
+    check_headers,
+    check_name,
+    view,
+)
+from keyload.processors.topics.cursors import cursor, cursor_position
+from keyload.projections import keys
+from keyload.projections.store import Staged
+
+TOPIC_RECORD = "keyload.TopicRecord"
+EVENT_RECORD = "keyload.EventRecord"
+
+_U32 = struct.Struct(">I")
+
+
+def content_digest(event_type: str, headers: dict[str, str], body: bytes) -> bytes:
+    """SHA-256 over an event's content: its type, its header count and headers in name order,
+    and its body; every string and the body u32-length-prefixed, so no two contents share bytes."""
+    digest = hashlib.sha256()
+
+    def part(data: bytes) -> None:
+        digest.update(_U32.pack(len(data)))
+        digest.update(data)
+
+    part(event_type.encode("utf-8"))
+    digest.update(_U32.pack(len(headers)))
+    for name in sorted(headers):
+        part(name.encode("utf-8"))
+        part(headers[name].encode("utf-8"))
+    part(body)
+    return digest.digest()
+
+
+def load_topic(stage: Staged, domain: str, name: str) -> Record:
+    check_name("topic name", name, limits.MAX_TOPIC_NAME_CHARS, limits.TOPIC_NAME_PATTERN)
+    record = stage.get_record(keys.topic(domain, name), TOPIC_RECORD)
+    if record is None:
+        raise Rejected(ErrorCode.NOT_FOUND, "topic does not exist")
+    topic = record["view"]
+    if topic["retained_events"] != topic["tail"] - topic["first_available"] + 1:
+        raise Corruption(f"topic {topic['incarnation']} counts {topic['retained_events']} retained events")
+    return record
+
+
+def save_topic(stage: Staged, record: Record) -> None:
+    topic = record["view"]
+    stage.put_record(keys.topic(topic["domain"], topic["topic"]), TOPIC_RECORD, record)
+
+
+def create_topic(stage: Staged, body: Record, ctx: Context) -> Record:
+    name = body["topic"]
+    check_name("topic name", name, limits.MAX_TOPIC_NAME_CHARS, limits.TOPIC_NAME_PATTERN)
+    policy = resolve_topic_policy(body["policy"])
+    if stage.get(keys.topic(ctx.domain, name)) is not None:
+        raise Rejected(ErrorCode.CONFLICT, "topic already exists")
+    record: Record = {
+        "view": {
+            "domain": ctx.domain,
+            "topic": name,
+            "incarnation": allocate_incarnation(stage),
+            "created_at_ms": ctx.now_ms,
+            "policy": policy,
+            "first_available": 1,
+            "tail": 0,
+            "generation": 1,
+            "retained_events": 0,
+            "retained_bytes": 0,
+            "published_total": 0,
+        }
+    }
+    save_topic(stage, record)
+    return view(record)
+
+
+def inspect_topic(stage: Staged, body: Record, ctx: Context) -> Record:
+    return view(load_topic(stage, ctx.domain, body["topic"]))
+
+
+def _check_event(index: int, event: Record) -> int:
+    """Validate one event of a Publish; its charge against retained_bytes (body, type, headers)."""
+    try:
+        check_name("event id", event["event_id"], limits.MAX_EVENT_ID_CHARS, limits.ID_PATTERN)
+        check_name("event type", event["type"], limits.MAX_EVENT_TYPE_CHARS, limits.ID_PATTERN)
+        header_bytes = check_headers(event["headers"])
+        if len(event["body"]) > limits.MAX_INLINE_BODY_BYTES:
+            raise Rejected(ErrorCode.VALIDATION, f"body exceeds {limits.MAX_INLINE_BODY_BYTES} bytes")
+    except Rejected as rejection:
+        raise Rejected(rejection.code, f"event {index}: {rejection.detail}") from None
+    return len(event["body"]) + len(event["type"].encode("utf-8")) + header_bytes
+
+
+def _check_events(events: list[Record]) -> list[int]:
+    """Validate a Publish's events as a whole; each event's charge."""
+    if not 1 <= len(events) <= limits.MAX_PUBLISH_EVENTS:
+        raise Rejected(ErrorCode.VALIDATION, f"a publish carries 1..{limits.MAX_PUBLISH_EVENTS} events")
+    charges = [_check_event(index, event) for index, event in enumerate(events)]
+    if sum(len(event["body"]) for event in events) > limits.MAX_PUBLISH_BODY_BYTES:
+        raise Rejected(ErrorCode.VALIDATION, f"the bodies together exceed {limits.MAX_PUBLISH_BODY_BYTES} bytes")
+    first_of: dict[str, int] = {}
+    for index, event in enumerate(events):
+        first = first_of.setdefault(event["event_id"], index)
+        if first != index:
+            raise Rejected(ErrorCode.VALIDATION, f"events {first} and {index} have the same event id")
+    return charges
+
+
+def _check_unpublished(stage: Staged, topic_id: int, events: list[Record], digests: list[bytes]) -> None:
+    """Refuse the whole command when any event id was published before.
+
+    Other content under a used id is a Conflict, reported before any duplicate:
+    a DuplicateEventId answer tells the publisher its event is safely in, which
+    must never hide a conflicting one. Details name indexes and positions only.
+    """
+    duplicate: tuple[int, int] | None = None
+    for index, (event, digest) in enumerate(zip(events, digests, strict=True)):
+        row = stage.get(keys.event_id(topic_id, event["event_id"]))
+        if row is None:
+            continue
+        position, original = keys.parse_event_id_value(row)
+        if original != digest:
+            detail = f"event {index}: its id was published at position {position} with other content"
+            raise Rejected(ErrorCode.CONFLICT, detail)
+        duplicate = duplicate or (index, position)
+    if duplicate is not None:
+        index, position = duplicate
+        raise Rejected(ErrorCode.DUPLICATE_EVENT_ID, f"event {index} was already published at position {position}")
+
+
+def publish(stage: Staged, body: Record, ctx: Context) -> Record:
+    """Append every event at the next positions, or none of them."""
+    record = load_topic(stage, ctx.domain, body["topic"])
+    topic = record["view"]
+    events: list[Record] = body["events"]
+    charges = _check_events(events)
+    topic_id = topic["incarnation"]
+    digests = [content_digest(event["type"], event["headers"], event["body"]) for event in events]
+    _check_unpublished(stage, topic_id, events, digests)
+    policy = topic["policy"]
+    if topic["retained_events"] + len(events) > policy["max_retained_events"]:
+        raise Rejected(ErrorCode.RESOURCE_EXHAUSTED, "the topic would exceed max_retained_events")
+    if topic["retained_bytes"] + sum(charges) > policy["max_retained_bytes"]:
+        raise Rejected(ErrorCode.RESOURCE_EXHAUSTED, "the topic would exceed max_retained_bytes")
+
+    published: list[Record] = []
+    for event, charge, digest in zip(events, charges, digests, strict=True):
+        position = topic["tail"] + 1
+        stored = {
+            "event_id": event["event_id"],
+            "type": event["type"],
+            "headers": dict(sorted(event["headers"].items())),
+            "body": event["body"],
+            "published_at_ms": ctx.now_ms,
+            "charged_bytes": charge,
+        }
+        stage.put_record(keys.event(topic_id, position), EVENT_RECORD, stored)
+        stage.put(keys.event_id(topic_id, event["event_id"]), keys.event_id_value(position, digest))
+        topic["tail"] = position
+        adjust(topic, "retained_events", 1)
+        adjust(topic, "retained_bytes", charge)
+        adjust(topic, "published_total", 1)
+        published.append({"event_id": event["event_id"], "position": position})
+    save_topic(stage, record)
+    return {
+        "topic": topic["topic"],
+        "events": published,
+        "retained_events": topic["retained_events"],
+        "retained_bytes": topic["retained_bytes"],
+    }
+
+
+def read_topic(stage: Staged, body: Record, ctx: Context) -> Record:
+    """A page of events from `from_position` (or where `cursor` points) in position order.
+
+    The page ends at `max_events`, at `max_bytes` of charged bytes (the first
+    event is always returned, so one large event never wedges a reader), at the
+    tail, or after READ_EXAMINATION_BUDGET rows (`budget_exhausted`).
+    """
+    topic = view(load_topic(stage, ctx.domain, body["topic"]))
+    max_events = bounded("max_events", body["max_events"], limits.DEFAULT_READ_EVENTS, 1, limits.MAX_READ_EVENTS)
+    max_bytes = bounded("max_bytes", body["max_bytes"], limits.DEFAULT_READ_BYTES, 1, limits.MAX_READ_BYTES)
+    if (body["from_position"] is None) == (body["cursor"] is None):
+        raise Rejected(ErrorCode.VALIDATION, "a read starts from a position or from a cursor: exactly one of them")
+    start = body["from_position"] if body["cursor"] is None else cursor_position(body["cursor"])
+    first, tail = topic["first_available"], topic["tail"]
+    if start < 0:
+        raise Rejected(ErrorCode.VALIDATION, "from_position must not be negative")
+    if start < first:
+        raise Rejected(ErrorCode.HISTORY_UNAVAILABLE, f"position {start} is before first_available {first}")
+    if start > tail + 1:
+        raise Rejected(ErrorCode.VALIDATION, f"from_position is past the tail + 1 ({tail + 1})")
+    topic_id = topic["incarnation"]
+    events: list[Record] = []
+    size = 0
+    budget_hit = False
+    rows = stage.scan(keys.event(topic_id, start), keys.event(topic_id, tail + 1))
+    for examined, (key, value) in enumerate(rows):
+        if len(events) == max_events:
+            break
+        if examined == limits.READ_EXAMINATION_BUDGET:
+            budget_hit = True
+            break
+        position = start + examined
+        if keys.event_position(key) != position:
+            raise Corruption(f"topic {topic_id} has no event at retained position {position}")
+        event = REGISTRY.decode(EVENT_RECORD, value)
+        if events and size + event["charged_bytes"] > max_bytes:
+            break
+        size += event["charged_bytes"]
+        events.append(_page_event(position, event))
+    else:
+        if start + len(events) != tail + 1:
+            raise Corruption(f"topic {topic_id} has no event at retained position {start + len(events)}")
+    return {
+        "events": events,
+        "next_position": start + len(events),
+        "first_available": first,
+        "tail": tail,
+        "budget_exhausted": budget_hit,
+        "next_cursor": cursor(start + len(events)),
+    }
+
+
+def _page_event(position: int, event: Record) -> Record:
+    return {
+        "position": position,
+        "event_id": event["event_id"],
+        "type": event["type"],
+        "headers": event["headers"],
+        "body": event["body"],
+        "published_at_ms": event["published_at_ms"],
+    }
