@@ -32,8 +32,8 @@ import hashlib
 import sys
 from typing import Any
 
+from keyload import limits
 from keyload.log.codec import REGISTRY
-from keyload.processors import limits
 from keyload.processors.policy import INTEGER_FIELDS, default_spec
 from keyload.projections import keys
 

@@ -49,9 +49,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from keyload import limits
 from keyload.log.base import CommandLog, partition_for
 from keyload.log.codec import REGISTRY
-from keyload.processors import limits
 from keyload.projections import keys
 from keyload.projections.store import Store, StoreError
 from keyload.sdk.client import Client

@@ -25,8 +25,8 @@ from __future__ import annotations
 import sys
 from typing import Any
 
+from keyload import limits
 from keyload.log.codec import REGISTRY
-from keyload.processors import limits
 from keyload.processors.policy import GROUP_INTEGER_FIELDS, TOPIC_INTEGER_FIELDS, default_group_spec
 from keyload.projections import keys
 

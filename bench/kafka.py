@@ -51,7 +51,7 @@ from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
 from devtools.broker import HEAP, KAFKA_VERSION, BrokerError, NativeBroker, native_broker_available
-from keyload import Client
+from keyload import Client, limits
 from keyload.errors import KeyloadError
 from keyload.log.base import LogError, partition_for
 from keyload.log.codec import REGISTRY
@@ -66,7 +66,6 @@ from keyload.log.kafka_log import (
     KafkaSettings,
     ensure_topics,
 )
-from keyload.processors import limits
 from keyload.processors.policy import INTEGER_FIELDS
 from keyload.sdk.results import QueuePolicy
 from keyload.storage.datadir import DEFAULT_OUTCOME_PARTITIONS, DEFAULT_PARTITIONS, DataDir, KafkaConfig

@@ -33,10 +33,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from keyload import limits
 from keyload.log.base import CommandLog, partition_for
 from keyload.log.codec import REGISTRY
 from keyload.operations.recovery import replay
-from keyload.processors import limits
 from keyload.processors.policy import INTEGER_FIELDS, default_spec
 from keyload.projections.store import Store
 from keyload.service.runtime import MAX_GROUP_RECORDS, PartitionProcessor

@@ -45,10 +45,32 @@ into outcomes, halts or one of the errors above, and the development servers'
 
 from __future__ import annotations
 
+from enum import StrEnum
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from keyload.sdk.results import Outcome
+
+
+class ErrorCode(StrEnum):
+    """The error codes of refused commands: a closed set and a contract (keyload.ErrorCode.avsc)."""
+
+    VALIDATION = "Validation"
+    NOT_FOUND = "NotFound"
+    CONFLICT = "Conflict"
+    REVISION_CONFLICT = "RevisionConflict"
+    PERMISSION_DENIED = "PermissionDenied"
+    RESOURCE_EXHAUSTED = "ResourceExhausted"
+    STALE_LEASE = "StaleLease"
+    LEASE_EXPIRED = "LeaseExpired"
+    TOKEN_INVALIDATED = "TokenInvalidated"
+    DISPATCH_PAUSED = "DispatchPaused"
+    HISTORY_UNAVAILABLE = "HistoryUnavailable"
+    DUPLICATE_EVENT_ID = "DuplicateEventId"
+    BUDGET_EXCEEDED = "BudgetExceeded"
+    UNSUPPORTED_CAPABILITY = "UnsupportedCapability"
+    CORRUPTION = "Corruption"
+    RECOVERY_REQUIRED = "RecoveryRequired"
 
 
 class KeyloadError(Exception):

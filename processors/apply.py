@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from keyload import limits
 from keyload.log.base import MAX_LOG_TIME_MS, MIN_LOG_TIME_MS, partition_for
 from keyload.log.codec import (
     HEADER_BYTES,
@@ -25,7 +26,7 @@ from keyload.log.codec import (
     expanded_current,
     history,
 )
-from keyload.processors import batch, key_rotation, limits, timers
+from keyload.processors import batch, key_rotation, timers
 from keyload.processors.access import authorize
 from keyload.processors.context import Context
 from keyload.processors.documents import document as documents

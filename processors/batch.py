@@ -18,7 +18,7 @@ import json
 from collections.abc import Callable
 from typing import Any
 
-from keyload.processors import limits
+from keyload import limits
 from keyload.processors.context import Context
 from keyload.processors.documents import document as documents
 from keyload.processors.errors import ErrorCode, Rejected

@@ -1,27 +1,10 @@
-"""Error codes (a closed set and a contract) and the exceptions processors raise."""
+"""The exceptions processors raise; the error codes they carry are `keyload.errors.ErrorCode`."""
 
 from __future__ import annotations
 
-from enum import StrEnum
+from keyload.errors import ErrorCode
 
-
-class ErrorCode(StrEnum):
-    VALIDATION = "Validation"
-    NOT_FOUND = "NotFound"
-    CONFLICT = "Conflict"
-    REVISION_CONFLICT = "RevisionConflict"
-    PERMISSION_DENIED = "PermissionDenied"
-    RESOURCE_EXHAUSTED = "ResourceExhausted"
-    STALE_LEASE = "StaleLease"
-    LEASE_EXPIRED = "LeaseExpired"
-    TOKEN_INVALIDATED = "TokenInvalidated"
-    DISPATCH_PAUSED = "DispatchPaused"
-    HISTORY_UNAVAILABLE = "HistoryUnavailable"
-    DUPLICATE_EVENT_ID = "DuplicateEventId"
-    BUDGET_EXCEEDED = "BudgetExceeded"
-    UNSUPPORTED_CAPABILITY = "UnsupportedCapability"
-    CORRUPTION = "Corruption"
-    RECOVERY_REQUIRED = "RecoveryRequired"
+__all__ = ["ErrorCode", "Rejected"]
 
 
 class Rejected(Exception):

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from keyload.processors import limits
+from keyload import limits
 from keyload.processors.errors import Rejected
 
 Record = dict[str, Any]

@@ -5,9 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from keyload.processors import limits
+from keyload import limits
+from keyload.limits import GIB, HOUR_MS, MIB
 from keyload.processors.errors import ErrorCode, Rejected
-from keyload.processors.limits import GIB, HOUR_MS, MIB
 
 
 @dataclass(frozen=True, slots=True)

@@ -8,7 +8,7 @@ resource to hand the firing to.
 
 from __future__ import annotations
 
-from keyload.processors import limits
+from keyload import limits
 from keyload.processors.context import Context
 from keyload.processors.errors import Corruption
 from keyload.processors.groups import leases as group_leases

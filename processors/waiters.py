@@ -14,8 +14,8 @@ timer of kind TIMER_WAITER, and `waiting_receives`, `next_waiter_sequence` and
 
 from __future__ import annotations
 
+from keyload import limits
 from keyload.log.codec import REGISTRY
-from keyload.processors import limits
 from keyload.processors.context import Context
 from keyload.processors.errors import Corruption, ErrorCode, Rejected
 from keyload.processors.outcomes import OUTCOME, new_outcome

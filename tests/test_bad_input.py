@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from keyload import limits
 from keyload.log.codec import REGISTRY
-from keyload.processors import limits
 from keyload.projections import keys
 
 from .support import CREATE_QUEUE, ENQUEUE, INSPECT_QUEUE, Embedded, command, create_queue_body, enqueue_body

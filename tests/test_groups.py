@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
+from keyload import limits
 from keyload.errors import DispatchPausedError, ResourceExhaustedError
 from keyload.operations.recovery import replay
-from keyload.processors import limits
 from keyload.sdk.client import Client
 from keyload.sdk.results import (
     Event,

@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
+from keyload import limits
 from keyload.log.codec import REGISTRY
-from keyload.processors import limits
 from keyload.processors.apply import FINGERPRINT_BYTES
 from keyload.sdk.results import (
     BatchResult,

@@ -32,9 +32,9 @@ from fastavro import parse_schema, schemaless_writer
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from keyload import limits
 from keyload.log.base import MAX_LOG_TIME_MS, MIN_LOG_TIME_MS
 from keyload.log.codec import HEADER_BYTES, REGISTRY, expanded_current
-from keyload.processors import limits
 from keyload.processors.apply import CHANGED_KINDS, UNSTORED_KINDS
 from keyload.processors.errors import ErrorCode
 from keyload.processors.payloads import proofs

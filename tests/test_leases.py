@@ -15,9 +15,10 @@ from typing import Any
 
 import pytest
 
+from keyload import limits
 from keyload.log.codec import REGISTRY
 from keyload.operations.recovery import replay
-from keyload.processors import limits, tokens
+from keyload.processors import tokens
 from keyload.processors.apply import FINGERPRINT_BYTES
 from keyload.projections import keys
 from keyload.sdk.results import (

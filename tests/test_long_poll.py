@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from keyload import limits
 from keyload.log.codec import REGISTRY
 from keyload.operations.recovery import replay
-from keyload.processors import limits
 
 from .support import CREATE_QUEUE, ENQUEUE, INSPECT_QUEUE, TICK, Embedded, command, create_queue_body, enqueue_body
 

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from keyload.processors import limits
+from keyload import limits
 from keyload.sdk.results import LeaseResult, ReceiveResult
 
 from .support import CREATE_QUEUE, ENQUEUE, INSPECT_MESSAGE, Embedded, create_queue_body, enqueue_body

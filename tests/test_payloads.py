@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from keyload.processors import limits
+from keyload import limits
 from keyload.processors.payloads import proofs
 from keyload.sdk.payloads import PayloadConflict, PayloadError
 from keyload.storage.object_store import ObjectConflict

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from keyload.processors import limits
+from keyload import limits
 from keyload.sdk.results import EnqueueResult, MessageView, QueueView, TickResult
 
 from .support import (

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from keyload import limits
 from keyload.log.codec import REGISTRY
-from keyload.processors import limits
 from keyload.projections import keys
 from keyload.service.runtime import PartitionProcessor
 from keyload.service.ticker import Ticker, Timed

@@ -13,9 +13,9 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
+from keyload import limits
 from keyload.log.codec import REGISTRY
 from keyload.operations.recovery import replay
-from keyload.processors import limits
 from keyload.processors.apply import fingerprint
 from keyload.projections import keys
 from keyload.sdk.results import PublishedEvent, PublishResult, TopicPage, TopicView

@@ -13,11 +13,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, TypeVar, Unpack
 
+from keyload import limits
 from keyload.errors import CommandRejected, CommandTooLarge, InvalidCommand, KeyloadError, OutcomeTimeout, rejection
 from keyload.log.base import LogError, partition_for
 from keyload.log.codec import REGISTRY
 from keyload.log.file_log import DEFAULT_CONFIG as FILE_LOG_CONFIG
-from keyload.processors import limits
 from keyload.projections import keys
 from keyload.projections.store import Store
 from keyload.sdk.consumer import DEFAULT_WAIT_MS, ConsumeStats, Handled, WorkOptions, consume, subscribe

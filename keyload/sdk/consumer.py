@@ -42,7 +42,7 @@ from threading import Event
 from typing import TYPE_CHECKING, Generic, Protocol, TypedDict, TypeVar, Unpack
 
 from keyload.errors import CommandRejected, KeyloadError, OutcomeTimeout
-from keyload.processors.limits import MAX_ACK_BATCH
+from keyload.limits import MAX_ACK_BATCH
 from keyload.sdk.results import Delivery, GroupDelivery, Mutation
 
 if TYPE_CHECKING:

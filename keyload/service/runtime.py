@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from threading import Event
 from typing import Protocol, TypeGuard
 
+from keyload import limits
 from keyload.errors import KeyloadError
 from keyload.log.base import (
     CommandLog,
@@ -45,7 +46,6 @@ from keyload.log.base import (
 from keyload.log.file_log import DEFAULT_CONFIG
 from keyload.operations.catalog import CatalogEntry, CatalogError
 from keyload.operations.checkpoints import CheckpointError, Checkpoints
-from keyload.processors import limits
 from keyload.processors.apply import CHECKPOINT_KIND, Applied, apply_out_of_range, apply_record
 from keyload.processors.errors import Corruption
 from keyload.processors.key_rotation import MissingKey

@@ -17,8 +17,8 @@ import os
 from pathlib import Path
 
 from keyload.errors import KeyloadError
+from keyload.limits import MAX_KEY_ID_CHARS
 from keyload.processors.key_rotation import DEFAULT_KEY_ID
-from keyload.processors.limits import MAX_KEY_ID_CHARS
 
 FILE = "keyring.json"
 FORMAT = 1

@@ -8,7 +8,8 @@ re-created document is refused rather than overwriting the new one.
 
 from __future__ import annotations
 
-from keyload.processors import limits
+from keyload import limits
+from keyload.processors import validation
 from keyload.processors.context import Context
 from keyload.processors.errors import ErrorCode, Rejected
 from keyload.processors.queues.state import Record, bounded, check_name
@@ -27,7 +28,7 @@ def _check_expected(stored: Record | None, expected: int | None, kind: str) -> N
     DeleteDocument) expects (see the module docstring)."""
     if expected is None:
         return
-    limits.check_integer(f"{kind}.expected_revision", expected)
+    validation.check_integer(f"{kind}.expected_revision", expected)
     live = None if stored is None or stored["deleted"] else stored["revision"]
     if expected == 0 and live is not None:
         raise Rejected(ErrorCode.REVISION_CONFLICT, f"the document exists at revision {live}")

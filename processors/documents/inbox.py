@@ -22,8 +22,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from functools import partial
 
+from keyload import limits
 from keyload.log.codec import REGISTRY
-from keyload.processors import limits
+from keyload.processors import validation
 from keyload.processors.batch import apply_mutations, check_domains, effects_digest
 from keyload.processors.context import Context
 from keyload.processors.errors import Corruption, ErrorCode, Rejected
@@ -42,7 +43,7 @@ FINGERPRINT_BYTES = 32  # an outcome row starts with its command's fingerprint
 
 def _check_execution(body: Record, kind: str) -> None:
     check_name("handler scope", body["handler_scope"], limits.MAX_HANDLER_SCOPE_CHARS, limits.ID_PATTERN)
-    limits.check_integer(f"{kind}.execution_generation", body["execution_generation"])
+    validation.check_integer(f"{kind}.execution_generation", body["execution_generation"])
 
 
 def _repeat(stage: Staged, ctx: Context, row: bytes, digest: bytes) -> Record | None:
@@ -120,8 +121,8 @@ def _inbox_view(domain: str, inbox: Record) -> Record:
 
 def configure_inbox(stage: Staged, body: Record, ctx: Context) -> Record:
     """Create or change the domain's target inbox policy; a policy below current use refuses new receipts."""
-    limits.check_integer("ConfigureInbox.max_receipts", body["max_receipts"])
-    limits.check_integer("ConfigureInbox.max_bytes", body["max_bytes"])
+    validation.check_integer("ConfigureInbox.max_receipts", body["max_receipts"])
+    validation.check_integer("ConfigureInbox.max_bytes", body["max_bytes"])
     row = keys.inbox_config(ctx.domain)
     inbox = stage.get_record(row, INBOX_RECORD) or {"receipts": 0, "bytes": 0}
     inbox.update(max_receipts=body["max_receipts"], max_bytes=body["max_bytes"])
@@ -140,7 +141,7 @@ def commit_inbox(stage: Staged, body: Record, ctx: Context) -> Record:
     check_name("source domain", source["domain"], limits.MAX_DOMAIN_CHARS, limits.DOMAIN_PATTERN)
     check_name("source queue", source["queue"], limits.MAX_QUEUE_NAME_CHARS, limits.QUEUE_NAME_PATTERN)
     check_message_id(source["message_id"])
-    limits.check_integer("InboxSource.delivery_generation", source["delivery_generation"])
+    validation.check_integer("InboxSource.delivery_generation", source["delivery_generation"])
     effects: list[Record] = body["effects"]
     check_domains(effects, ctx, at_least=0)
     digest = effects_digest(effects)

@@ -19,8 +19,9 @@ from __future__ import annotations
 
 import itertools
 
+from keyload import limits
 from keyload.log.codec import REGISTRY
-from keyload.processors import limits
+from keyload.processors import validation
 from keyload.processors.context import Context
 from keyload.processors.errors import Corruption, ErrorCode, Rejected
 from keyload.processors.policy import resolve_group_policy
@@ -236,7 +237,7 @@ def _target_checkpoint(topic: Record, to: str, position: int | None, kind: str) 
         return first - 1 if to == "beginning" else tail
     if position is None:
         raise Rejected(ErrorCode.VALIDATION, "starting at a position needs the position")
-    limits.check_integer(f"{kind}.position", position)
+    validation.check_integer(f"{kind}.position", position)
     if position < first:
         raise Rejected(ErrorCode.HISTORY_UNAVAILABLE, f"position {position} is before first_available {first}")
     if position > tail + 1:
@@ -365,7 +366,7 @@ def _reposition(stage: Staged, record: Record, checkpoint: int) -> None:
 def _check_generation(group: Record, expected: int | None, kind: str) -> None:
     if expected is None:
         return
-    limits.check_integer(f"{kind}.expected_generation", expected)
+    validation.check_integer(f"{kind}.expected_generation", expected)
     if expected != group["generation"]:
         raise Rejected(ErrorCode.REVISION_CONFLICT, f"the group is at generation {group['generation']}")
 
@@ -427,8 +428,8 @@ def purge_topic(stage: Staged, body: Record, ctx: Context) -> Record:
     expected revision is everywhere else. Event-id rows stay, so a re-published old
     id is still recognised.
     """
-    limits.check_integer("PurgeTopic.through", body["through"])
-    limits.check_integer("PurgeTopic.expected_generation", body["expected_generation"])
+    validation.check_integer("PurgeTopic.through", body["through"])
+    validation.check_integer("PurgeTopic.expected_generation", body["expected_generation"])
     topic_record = load_topic(stage, ctx.domain, body["topic"])
     topic = topic_record["view"]
     through, first = body["through"], topic["first_available"]

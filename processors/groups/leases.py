@@ -12,8 +12,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from keyload import limits
 from keyload.log.codec import REGISTRY
-from keyload.processors import limits, tokens, waiters
+from keyload.processors import tokens, waiters
 from keyload.processors.context import Context
 from keyload.processors.errors import Corruption, ErrorCode, Rejected
 from keyload.processors.groups.group import (

@@ -9,7 +9,7 @@ Whichever comes first in the log among commit, cancel and the deadline wins.
 
 from __future__ import annotations
 
-from keyload.processors import limits
+from keyload import limits
 from keyload.processors.context import Context
 from keyload.processors.errors import Corruption, ErrorCode, Rejected
 from keyload.processors.payloads import retention

@@ -21,7 +21,8 @@
 
 from __future__ import annotations
 
-from keyload.processors import limits
+from keyload import limits
+from keyload.processors import validation
 from keyload.processors.context import Context
 from keyload.processors.errors import Corruption, ErrorCode, Rejected
 from keyload.processors.queues.state import (
@@ -202,7 +203,7 @@ def delete_confirmed(stage: Staged, body: Record, ctx: Context) -> Record:
 
 def advance_recovery_floor(stage: Staged, body: Record, ctx: Context) -> Record:
     floor: int = body["floor_offset"]
-    limits.check_integer("AdvanceRecoveryFloor.floor_offset", floor)
+    validation.check_integer("AdvanceRecoveryFloor.floor_offset", floor)
     if floor >= ctx.offset:
         raise Rejected(ErrorCode.VALIDATION, "floor_offset must be below the command's own offset")
     current = recovery_floor(stage)

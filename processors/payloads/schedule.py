@@ -14,7 +14,7 @@ How a reservation ends otherwise (cancel, deadline) is processors/payloads/reser
 
 from __future__ import annotations
 
-from keyload.processors import limits
+from keyload import limits
 from keyload.processors.context import Context
 from keyload.processors.errors import ErrorCode, Rejected
 from keyload.processors.key_rotation import MissingKey, trust_set

@@ -7,7 +7,8 @@ message that moved meanwhile. Terminal states never come back.
 
 from __future__ import annotations
 
-from keyload.processors import limits
+from keyload import limits
+from keyload.processors import validation
 from keyload.processors.context import Context
 from keyload.processors.errors import Corruption, ErrorCode, Rejected
 from keyload.processors.queues.lifecycle import add_expiry, enter, expired, leave
@@ -31,7 +32,7 @@ def _fenced(stage: Staged, body: Record, ctx: Context, kind: str) -> tuple[Recor
     """(queue record, message id, metadata) of the live message a `kind` command (Redrive, Cancel,
     ParkPending) names, as the operator last saw it."""
     for fence in ("expected_state_version", "expected_delivery_generation"):
-        limits.check_integer(f"{kind}.{fence}", body[fence])
+        validation.check_integer(f"{kind}.{fence}", body[fence])
     record = load_queue(stage, ctx.domain, body["queue"])
     message_id = body["message_id"]
     check_message_id(message_id)
@@ -98,7 +99,7 @@ def list_dead_letters(stage: Staged, body: Record, ctx: Context) -> Record:
         raise Rejected(ErrorCode.VALIDATION, f"limit must be between 1 and {limits.MAX_DEAD_LETTER_PAGE}")
     queue_id = record["view"]["incarnation"]
     if body["after_sequence"] is not None:
-        limits.check_integer("ListDeadLetters.after_sequence", body["after_sequence"])
+        validation.check_integer("ListDeadLetters.after_sequence", body["after_sequence"])
     after = body["after_sequence"] or 0
     start = keys.dead_letter(queue_id, after + 1)
     end = keys.prefix_end(keys.DEAD_LETTER + keys.u64(queue_id))

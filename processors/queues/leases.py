@@ -12,7 +12,8 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from keyload.processors import limits, tokens, waiters
+from keyload import limits
+from keyload.processors import tokens, waiters
 from keyload.processors.context import Context
 from keyload.processors.errors import Corruption, ErrorCode, Rejected
 from keyload.processors.key_rotation import TOKEN, active_key

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from keyload.processors import limits
+from keyload import limits
+from keyload.processors import validation
 from keyload.processors.context import Context
 from keyload.processors.errors import Corruption, ErrorCode, Rejected
 from keyload.processors.policy import resolve_policy
@@ -82,7 +83,7 @@ def configure_queue(stage: Staged, body: Record, ctx: Context) -> Record:
     current = record["view"]
     expected = body["expected_policy_version"]
     if expected is not None:
-        limits.check_integer("ConfigureQueue.expected_policy_version", expected)
+        validation.check_integer("ConfigureQueue.expected_policy_version", expected)
         if expected != current["policy_version"]:
             raise Rejected(
                 ErrorCode.REVISION_CONFLICT,
@@ -116,11 +117,11 @@ def check_new_message(stage: Staged, record: Record, body: Record, ctx: Context,
     if not_before is not None:
         if not_before > ctx.now_ms + limits.MAX_SCHEDULE_AHEAD_MS:
             raise Rejected(ErrorCode.VALIDATION, "not_before_ms is more than 365 days ahead")
-        limits.check_integer(f"{kind}.not_before_ms", not_before)
+        validation.check_integer(f"{kind}.not_before_ms", not_before)
     if expires_at is not None:
         if expires_at <= ctx.now_ms:
             raise Rejected(ErrorCode.VALIDATION, "expires_at_ms is not in the future")
-        limits.check_integer(f"{kind}.expires_at_ms", expires_at)
+        validation.check_integer(f"{kind}.expires_at_ms", expires_at)
         if not_before is not None and expires_at <= not_before:
             raise Rejected(ErrorCode.VALIDATION, "expires_at_ms must be after not_before_ms")
     queue_id = record["view"]["incarnation"]

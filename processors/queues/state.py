@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-from keyload.processors import limits
+from keyload import limits
 from keyload.processors.errors import Corruption, ErrorCode, Rejected
 from keyload.projections import keys
 from keyload.projections.store import Readable, Staged

@@ -13,8 +13,8 @@ from __future__ import annotations
 import hashlib
 import struct
 
+from keyload import limits
 from keyload.log.codec import REGISTRY
-from keyload.processors import limits
 from keyload.processors.context import Context
 from keyload.processors.errors import Corruption, ErrorCode, Rejected
 from keyload.processors.policy import resolve_topic_policy

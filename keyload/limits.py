@@ -9,8 +9,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from keyload.errors import ErrorCode
 from keyload.log.base import MAX_LOG_TIME_MS, MIN_LOG_TIME_MS
-from keyload.processors.errors import ErrorCode, Rejected
 
 MAX_COMMAND_ID_CHARS = 128
 MAX_DOMAIN_CHARS = 64
@@ -332,11 +332,3 @@ INTEGER_FIELD_RANGES: dict[str, IntegerRange] = {
     "BeginDelete.task_id": TASK_ID,
     "DeleteConfirmed.task_id": TASK_ID,
 }
-
-
-def check_integer(field: str, value: int) -> None:
-    """Refuse a command's integer outside the range INTEGER_FIELD_RANGES gives `field` ("Record.field")."""
-    rule = INTEGER_FIELD_RANGES[field]
-    if not rule.contains(value):
-        assert rule.code is not None, f"{field} is never refused"
-        raise Rejected(rule.code, rule.describe(field.rsplit(".", 1)[1]))
