@@ -18,8 +18,11 @@ processor when it is imported.
 
 from __future__ import annotations
 
+import importlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
+from typing import Any
 
 COMMAND_NAMESPACE = "keyload.command"
 
@@ -67,6 +70,15 @@ class CommandKind:
     @property
     def branch(self) -> str:
         return f"{COMMAND_NAMESPACE}.{self.name}"
+
+    def resolve(self, package: str = "keyload.processors") -> Callable[..., Any]:
+        """The handler function, imported (only now) from `<package>.<module>`."""
+        module, function = self.handler.split(":")
+        found = getattr(importlib.import_module(f"{package}.{module}"), function)
+        if not callable(found):
+            raise TypeError(f"{self.name}'s handler {self.handler} is not a function")
+        handler: Callable[..., Any] = found
+        return handler
 
 
 def _kind(
@@ -153,5 +165,6 @@ COMMANDS: tuple[CommandKind, ...] = (
 )  # fmt: skip
 
 BY_BRANCH: dict[str, CommandKind] = {kind.branch: kind for kind in COMMANDS}
+BY_NAME: dict[str, CommandKind] = {kind.name: kind for kind in COMMANDS}
 assert len(BY_BRANCH) == len(COMMANDS), "a command kind is declared twice"
 assert all(kind.capability is not None or kind.name == "Batch" for kind in COMMANDS)

@@ -16,29 +16,21 @@ import base64
 import hashlib
 import json
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 from keyload import limits
+from keyload.commands import COMMANDS
 from keyload.processors.context import Context
-from keyload.processors.documents import document as documents
 from keyload.processors.errors import ErrorCode, Rejected
-from keyload.processors.queues import dead_letters
-from keyload.processors.queues import resource as queues
 from keyload.processors.queues.state import Record
-from keyload.processors.topics import topic as topics
 from keyload.projections.store import Staged
 
 Handler = Callable[[Staged, Record, Context], Record]
 
-# Each mutation kind: its handler and the result branch it returns (the same as the command's).
+# Each mutation kind (a batchable row of the command table): its handler and the result branch it
+# returns (the same as the command's).
 MUTATIONS: dict[str, tuple[Handler, str]] = {
-    "keyload.command.PutDocument": (documents.put_document, "keyload.result.DocumentResult"),
-    "keyload.command.DeleteDocument": (documents.delete_document, "keyload.result.DocumentResult"),
-    "keyload.command.Enqueue": (queues.enqueue, "keyload.result.EnqueueResult"),
-    "keyload.command.Publish": (topics.publish, "keyload.result.PublishResult"),
-    "keyload.command.Cancel": (dead_letters.cancel, "keyload.MessageView"),
-    "keyload.command.Redrive": (dead_letters.redrive, "keyload.MessageView"),
-    "keyload.command.ParkPending": (dead_letters.park_pending, "keyload.MessageView"),
+    kind.branch: (cast(Handler, kind.resolve()), kind.result) for kind in COMMANDS if kind.batchable
 }
 
 

@@ -53,3 +53,13 @@ def fire_due(stage: Staged, ctx: Context) -> Record:
         transitions += moved
         (save_queue if kind == keys.QUEUE else save_group)(stage, record)
     return {"transitions": transitions, "budget_exhausted": examined >= budget, "next_due_ms": next_due_ms(stage)}
+
+
+def tick(stage: Staged, body: Record, ctx: Context) -> Record:
+    """A Tick does nothing but let log time advance: its result is what fired before it."""
+    return ctx.fired
+
+
+def checkpoint(stage: Staged, body: Record, ctx: Context) -> Record:
+    """A Checkpoint asks the runtime for a checkpoint at its own offset (keyload/service/runtime.py)."""
+    return {"offset": ctx.offset}

@@ -35,8 +35,9 @@ from hypothesis import strategies as st
 from keyload import limits
 from keyload.log.base import MAX_LOG_TIME_MS, MIN_LOG_TIME_MS
 from keyload.log.codec import HEADER_BYTES, REGISTRY, expanded_current
-from keyload.processors.apply import CHANGED_KINDS, UNSTORED_KINDS
+from keyload.processors.apply import UNSTORED_KINDS
 from keyload.processors.errors import ErrorCode
+from keyload.processors.fingerprints import CHANGED_KINDS
 from keyload.processors.payloads import proofs
 from keyload.processors.policy import default_group_spec, default_spec, default_topic_spec
 from keyload.projections import keys

@@ -18,7 +18,8 @@ from rocksdict import AccessType, Options, Rdict
 
 from keyload.log.codec import HEADER_BYTES, REGISTRY, CodecError, Released, encoded_optional_long
 from keyload.operations.recovery import replay
-from keyload.processors.apply import COMMAND, INFORMATIONAL_TAIL, Applied, apply_record
+from keyload.processors.apply import Applied, apply_record
+from keyload.processors.fingerprints import COMMAND, INFORMATIONAL_TAIL
 from keyload.processors.outcomes import OUTCOME, new_outcome
 from keyload.projections import keys
 from keyload.projections.migration import UPCASTS

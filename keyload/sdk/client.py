@@ -8,21 +8,21 @@ import re
 import tempfile
 import time
 import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, TypeVar, Unpack
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, TypeVar, Unpack
 
 from keyload import limits
+from keyload.commands import BY_NAME, CommandKind
 from keyload.errors import CommandRejected, CommandTooLarge, InvalidCommand, KeyloadError, OutcomeTimeout, rejection
 from keyload.log.base import LogError, partition_for
 from keyload.log.codec import REGISTRY
 from keyload.log.file_log import DEFAULT_CONFIG as FILE_LOG_CONFIG
 from keyload.projections import keys
-from keyload.projections.store import Store
 from keyload.sdk.consumer import DEFAULT_WAIT_MS, ConsumeStats, Handled, WorkOptions, consume, subscribe
-from keyload.sdk.payloads import PayloadGateway, Progress, digest_of, staged_source
 from keyload.sdk.results import (
+    RESULT_TYPES,
     AckBatchResult,
     ActiveKeys,
     BatchResult,
@@ -49,11 +49,11 @@ from keyload.sdk.results import (
     PayloadReservation,
     PoisonEntry,
     ProcessingResult,
-    PublishEvents,
     PublishResult,
     QueuePolicy,
     QueueView,
     ReceiveResult,
+    Result,
     RetentionPage,
     RetentionStatus,
     TopicPage,
@@ -64,6 +64,12 @@ from keyload.sdk.results import (
 from keyload.service.doorbell import Doorbell
 from keyload.service.ticker import domain_for_partition
 from keyload.storage.datadir import DataDir
+
+# The SDK does not load the engine: RocksDB (read by `poison_entries`) and the payload gateway (which
+# signs with the processors' proofs and handles) are imported where they are used.
+if TYPE_CHECKING:
+    from keyload.projections.store import Store
+    from keyload.sdk.payloads import PayloadGateway, Progress
 
 DEFAULT_TIMEOUT_S = 10.0
 DEFAULT_PRINCIPAL = "anonymous"
@@ -126,7 +132,7 @@ def encode_command(envelope: dict[str, Any]) -> bytes:
     return value
 
 
-def _naming_events(outcome: Outcome, events: Sequence[Event], prefix: str = "") -> CommandRejected:
+def _naming_events(outcome: Outcome, events: Sequence[dict[str, Any]], prefix: str = "") -> CommandRejected:
     """The rejection of a publish, its message naming events by the ids the caller gave rather than by
     their index in the command; `prefix` is where the detail names them (a batch's "mutation N: ")."""
     detail = outcome.detail
@@ -134,9 +140,22 @@ def _naming_events(outcome: Outcome, events: Sequence[Event], prefix: str = "") 
     if match is not None:
         indexes = [int(found) for found in (match["first"], match["second"]) if found is not None]
         if all(index < len(events) for index in indexes):
-            named = " and ".join(_shown(events[index].event_id) for index in indexes)
+            named = " and ".join(_shown(events[index]["event_id"]) for index in indexes)
             detail = f"{detail[: match.start()]}{match['word']} {named}{detail[match.end() :]}"
     return rejection(outcome, f"{outcome.error_code}: {detail}")
+
+
+def _refusal(kind: CommandKind, body: dict[str, Any], outcome: Outcome) -> CommandRejected:
+    """The error of a refused command; a publish's (a batch's publish mutation's too) names events by
+    the ids the caller gave rather than by their index in the command."""
+    if kind.name == "Publish":
+        return _naming_events(outcome, body["events"])
+    failed = outcome.failed_index
+    if kind.name == "Batch" and failed is not None and failed < len(body["mutations"]):
+        branch, mutation = body["mutations"][failed]["mutation"]
+        if branch == BY_NAME["Publish"].branch:
+            return _naming_events(outcome, mutation["events"], f"mutation {failed}: ")
+    return rejection(outcome)
 
 
 @dataclass(frozen=True, slots=True)
@@ -181,6 +200,10 @@ class Client:
     command id again, with the same content, returns the original outcome and
     applies nothing twice; with different content it is rejected with `Conflict`.
     """
+
+    # The command table by row name and the result classes it is typed by (keyload/commands.py).
+    commands: ClassVar[Mapping[str, CommandKind]] = BY_NAME
+    result_types: ClassVar[Mapping[str, type[Any]]] = RESULT_TYPES
 
     def __init__(
         self,
@@ -283,6 +306,39 @@ class Client:
             time.sleep(pause)
             pause = min(pause * 2, OUTCOME_POLL_MAX_S)
 
+    def send(
+        self,
+        name: str,
+        domain: str,
+        body: dict[str, Any],
+        command_id: str | None = None,
+        timeout_s: float | None = None,
+    ) -> Result:
+        """Submit a command of the table row `name` (keyload/commands.py: "CreateQueue", ...) and return
+        its typed result; `CommandRejected` when it is refused. Every typed method below goes through here."""
+        kind = self.commands.get(name)
+        if kind is None:
+            raise InvalidCommand(f"unknown command {_shown(name)}; nothing was appended")
+        outcome = self.submit(domain, kind.branch, body, command_id, timeout_s)
+        if outcome.status != "committed":
+            raise _refusal(kind, body, outcome)
+        typed: Result = self._result(outcome, self.result_types[kind.result])
+        return typed
+
+    def _send(
+        self,
+        result: type[T],
+        name: str,
+        domain: str,
+        body: dict[str, Any],
+        command_id: str | None = None,
+        timeout_s: float | None = None,
+    ) -> T:
+        """`send`, typed: `result` is the class the table row's result record is read as (checked)."""
+        typed = self.send(name, domain, body, command_id, timeout_s)
+        assert isinstance(typed, result), (name, result)
+        return typed
+
     def _result(self, outcome: Outcome, kind: type[T]) -> T:
         if outcome.status != "committed":
             raise rejection(outcome)
@@ -302,7 +358,7 @@ class Client:
         command_id: str | None = None,
     ) -> QueueView:
         body = {"queue": queue, "policy": (policy or QueuePolicy()).to_record()}
-        return self._result(self.submit(domain, "keyload.command.CreateQueue", body, command_id), QueueView)
+        return self._send(QueueView, "CreateQueue", domain, body, command_id)
 
     def configure_queue(
         self,
@@ -319,7 +375,7 @@ class Client:
             "policy": policy.to_record(),
             "expected_policy_version": expected_policy_version,
         }
-        return self._result(self.submit(domain, "keyload.command.ConfigureQueue", body, command_id), QueueView)
+        return self._send(QueueView, "ConfigureQueue", domain, body, command_id)
 
     def enqueue(
         self,
@@ -344,11 +400,10 @@ class Client:
             "not_before_ms": not_before_ms,
             "expires_at_ms": expires_at_ms,
         }
-        return self._result(self.submit(domain, "keyload.command.Enqueue", record, command_id), EnqueueResult)
+        return self._send(EnqueueResult, "Enqueue", domain, record, command_id)
 
     def inspect_queue(self, domain: str, queue: str, *, command_id: str | None = None) -> QueueView:
-        outcome = self.submit(domain, "keyload.command.InspectQueue", {"queue": queue}, command_id)
-        return self._result(outcome, QueueView)
+        return self._send(QueueView, "InspectQueue", domain, {"queue": queue}, command_id)
 
     def inspect_message(
         self,
@@ -360,7 +415,7 @@ class Client:
         command_id: str | None = None,
     ) -> MessageView:
         body = {"queue": queue, "message_id": message_id, "include_body": include_body}
-        return self._result(self.submit(domain, "keyload.command.InspectMessage", body, command_id), MessageView)
+        return self._send(MessageView, "InspectMessage", domain, body, command_id)
 
     # -- leases ---------------------------------------------------------------------------
 
@@ -389,8 +444,7 @@ class Client:
             "wait_ms": wait_ms,
         }
         timeout = self.timeout_s + (wait_ms or 0) / 1000
-        outcome = self.submit(domain, "keyload.command.Receive", body, command_id, timeout)
-        return self._result(outcome, ReceiveResult)
+        return self._send(ReceiveResult, "Receive", domain, body, command_id, timeout)
 
     def receive_across(
         self, lanes: list[Lane], *, request_id: str | None = None, timeout_s: float | None = None
@@ -423,7 +477,7 @@ class Client:
                 "wait_ms": None,
             }
             try:
-                outcome = self.submit(lane.domain, "keyload.command.Receive", body, command_id, remaining)
+                outcome = self.submit(lane.domain, self.commands["Receive"].branch, body, command_id, remaining)
             except OutcomeTimeout:
                 outcomes.append(LaneOutcome(lane, command_id, "unknown", None, None))
                 continue
@@ -438,22 +492,21 @@ class Client:
         self, domain: str, token: str, *, lease_ms: int | None = None, command_id: str | None = None
     ) -> LeaseResult:
         body = {"token": token, "lease_ms": lease_ms}
-        return self._result(self.submit(domain, "keyload.command.Renew", body, command_id), LeaseResult)
+        return self._send(LeaseResult, "Renew", domain, body, command_id)
 
     def ack(self, domain: str, token: str, *, command_id: str | None = None) -> LeaseResult:
-        return self._result(self.submit(domain, "keyload.command.Ack", {"token": token}, command_id), LeaseResult)
+        return self._send(LeaseResult, "Ack", domain, {"token": token}, command_id)
 
     def ack_batch(self, domain: str, tokens: list[str], *, command_id: str | None = None) -> AckBatchResult:
         """Ack many deliveries in one command; each token's result is reported separately."""
-        outcome = self.submit(domain, "keyload.command.AckBatch", {"tokens": tokens}, command_id)
-        return self._result(outcome, AckBatchResult)
+        return self._send(AckBatchResult, "AckBatch", domain, {"tokens": tokens}, command_id)
 
     def nack(
         self, domain: str, token: str, *, delay_ms: int | None = None, command_id: str | None = None
     ) -> LeaseResult:
         """Give a delivery back: retried after `delay_ms` (default: the queue's backoff) or dead-lettered."""
         body = {"token": token, "delay_ms": delay_ms}
-        return self._result(self.submit(domain, "keyload.command.Nack", body, command_id), LeaseResult)
+        return self._send(LeaseResult, "Nack", domain, body, command_id)
 
     def consume(
         self,
@@ -495,7 +548,7 @@ class Client:
         include_body: bool = False,
     ) -> DeadLetterPage:
         body = {"queue": queue, "after_sequence": after_sequence, "limit": limit, "include_body": include_body}
-        return self._result(self.submit(domain, "keyload.command.ListDeadLetters", body), DeadLetterPage)
+        return self._send(DeadLetterPage, "ListDeadLetters", domain, body)
 
     def _operate(
         self,
@@ -513,7 +566,7 @@ class Client:
             "expected_state_version": state_version,
             "expected_delivery_generation": generation,
         }
-        return self._result(self.submit(domain, kind, body, command_id), MessageView)
+        return self._send(MessageView, kind, domain, body, command_id)
 
     def redrive(
         self,
@@ -527,7 +580,7 @@ class Client:
     ) -> MessageView:
         """Send a dead letter back to ready with fresh attempts; its old tokens go stale."""
         return self._operate(
-            "keyload.command.Redrive",
+            "Redrive",
             domain,
             queue,
             message_id,
@@ -548,7 +601,7 @@ class Client:
     ) -> MessageView:
         """Cancel any non-terminal message: its body and quota are released."""
         return self._operate(
-            "keyload.command.Cancel",
+            "Cancel",
             domain,
             queue,
             message_id,
@@ -569,7 +622,7 @@ class Client:
     ) -> MessageView:
         """Move a pending dead letter into the dead-letter index once the sublimit has room."""
         return self._operate(
-            "keyload.command.ParkPending",
+            "ParkPending",
             domain,
             queue,
             message_id,
@@ -589,7 +642,7 @@ class Client:
         command_id: str | None = None,
     ) -> TopicView:
         body = {"topic": topic, "policy": (policy or TopicPolicy()).to_record()}
-        return self._result(self.submit(domain, "keyload.command.CreateTopic", body, command_id), TopicView)
+        return self._send(TopicView, "CreateTopic", domain, body, command_id)
 
     def publish(
         self, domain: str, topic: str, events: Sequence[Event], *, command_id: str | None = None
@@ -602,10 +655,7 @@ class Client:
         given here (`outcome.detail`, as stored, by its index in `events`).
         """
         body = {"topic": topic, "events": [event.to_record() for event in events]}
-        outcome = self.submit(domain, "keyload.command.Publish", body, command_id)
-        if outcome.status != "committed":
-            raise _naming_events(outcome, events)
-        return self._result(outcome, PublishResult)
+        return self._send(PublishResult, "Publish", domain, body, command_id)
 
     def read_topic(
         self,
@@ -629,11 +679,10 @@ class Client:
             "max_events": max_events,
             "max_bytes": max_bytes,
         }
-        return self._result(self.submit(domain, "keyload.command.ReadTopic", body, command_id), TopicPage)
+        return self._send(TopicPage, "ReadTopic", domain, body, command_id)
 
     def inspect_topic(self, domain: str, topic: str, *, command_id: str | None = None) -> TopicView:
-        outcome = self.submit(domain, "keyload.command.InspectTopic", {"topic": topic}, command_id)
-        return self._result(outcome, TopicView)
+        return self._send(TopicView, "InspectTopic", domain, {"topic": topic}, command_id)
 
     def purge_topic(
         self, domain: str, topic: str, through: int, *, expected_generation: int, command_id: str | None = None
@@ -642,7 +691,7 @@ class Client:
         the tail or past any group's checkpoint or lowest pinning parked position; a stale
         `expected_generation` is `RevisionConflictError`. Event ids stay known: re-publishing one is refused."""
         body = {"topic": topic, "through": through, "expected_generation": expected_generation}
-        return self._result(self.submit(domain, "keyload.command.PurgeTopic", body, command_id), TopicView)
+        return self._send(TopicView, "PurgeTopic", domain, body, command_id)
 
     # -- subscription groups ----------------------------------------------------------------
 
@@ -669,7 +718,7 @@ class Client:
             "position": position,
             "policy": (policy or GroupPolicy()).to_record(),
         }
-        return self._result(self.submit(domain, "keyload.command.CreateGroup", body, command_id), GroupView)
+        return self._send(GroupView, "CreateGroup", domain, body, command_id)
 
     def group_receive(
         self,
@@ -699,22 +748,20 @@ class Client:
             "wait_ms": wait_ms,
         }
         timeout = self.timeout_s + (wait_ms or 0) / 1000
-        outcome = self.submit(domain, "keyload.command.GroupReceive", body, command_id, timeout)
-        return self._result(outcome, GroupReceiveResult)
+        return self._send(GroupReceiveResult, "GroupReceive", domain, body, command_id, timeout)
 
     def group_ack(
         self, domain: str, topic: str, group: str, token: str, *, command_id: str | None = None
     ) -> GroupLeaseResult:
         body = {"topic": topic, "group": group, "token": token}
-        return self._result(self.submit(domain, "keyload.command.GroupAck", body, command_id), GroupLeaseResult)
+        return self._send(GroupLeaseResult, "GroupAck", domain, body, command_id)
 
     def group_ack_batch(
         self, domain: str, topic: str, group: str, tokens: list[str], *, command_id: str | None = None
     ) -> GroupAckBatchResult:
         """Ack 1..100 deliveries in one command; each token's result is reported separately."""
         body = {"topic": topic, "group": group, "tokens": tokens}
-        outcome = self.submit(domain, "keyload.command.GroupAckBatch", body, command_id)
-        return self._result(outcome, GroupAckBatchResult)
+        return self._send(GroupAckBatchResult, "GroupAckBatch", domain, body, command_id)
 
     def group_nack(
         self,
@@ -728,7 +775,7 @@ class Client:
     ) -> GroupLeaseResult:
         """Give a delivery back: retried after `delay_ms` (default: the group's backoff) or parked."""
         body = {"topic": topic, "group": group, "token": token, "delay_ms": delay_ms}
-        return self._result(self.submit(domain, "keyload.command.GroupNack", body, command_id), GroupLeaseResult)
+        return self._send(GroupLeaseResult, "GroupNack", domain, body, command_id)
 
     def group_renew(
         self,
@@ -741,10 +788,10 @@ class Client:
         command_id: str | None = None,
     ) -> GroupLeaseResult:
         body = {"topic": topic, "group": group, "token": token, "lease_ms": lease_ms}
-        return self._result(self.submit(domain, "keyload.command.GroupRenew", body, command_id), GroupLeaseResult)
+        return self._send(GroupLeaseResult, "GroupRenew", domain, body, command_id)
 
     def group_status(self, domain: str, topic: str, group: str, *, command_id: str | None = None) -> GroupView:
-        return self._group_command("keyload.command.GroupStatus", domain, topic, group, command_id)
+        return self._group_command("GroupStatus", domain, topic, group, command_id)
 
     def seek_group(
         self,
@@ -766,7 +813,7 @@ class Client:
             "position": position,
             "expected_generation": expected_generation,
         }
-        return self._result(self.submit(domain, "keyload.command.SeekGroup", body, command_id), GroupView)
+        return self._send(GroupView, "SeekGroup", domain, body, command_id)
 
     def configure_group(
         self,
@@ -791,17 +838,17 @@ class Client:
             "filter": None if no_filter else {"event_types": event_types or [], "headers": headers or {}},
             "policy": None if policy is None else policy.to_record(),
         }
-        return self._result(self.submit(domain, "keyload.command.ConfigureGroup", body, command_id), GroupView)
+        return self._send(GroupView, "ConfigureGroup", domain, body, command_id)
 
     def pause_group(self, domain: str, topic: str, group: str, *, command_id: str | None = None) -> GroupView:
         """Stop deliveries (receives are refused with `DispatchPausedError`); leases in hand stay valid."""
-        return self._group_command("keyload.command.PauseGroup", domain, topic, group, command_id)
+        return self._group_command("PauseGroup", domain, topic, group, command_id)
 
     def resume_group(self, domain: str, topic: str, group: str, *, command_id: str | None = None) -> GroupView:
-        return self._group_command("keyload.command.ResumeGroup", domain, topic, group, command_id)
+        return self._group_command("ResumeGroup", domain, topic, group, command_id)
 
     def _group_command(self, kind: str, domain: str, topic: str, group: str, command_id: str | None) -> GroupView:
-        return self._result(self.submit(domain, kind, {"topic": topic, "group": group}, command_id), GroupView)
+        return self._send(GroupView, kind, domain, {"topic": topic, "group": group}, command_id)
 
     # -- documents, batches and inboxes ----------------------------------------------------
 
@@ -817,17 +864,17 @@ class Client:
         """Write a document. `expected_revision`: None writes whatever is there, 0 only if absent,
         n only at revision n (else `RevisionConflictError`)."""
         body = {"key": key, "value": value, "expected_revision": expected_revision}
-        return self._result(self.submit(domain, "keyload.command.PutDocument", body, command_id), DocumentResult)
+        return self._send(DocumentResult, "PutDocument", domain, body, command_id)
 
     def delete_document(
         self, domain: str, key: str, *, expected_revision: int | None = None, command_id: str | None = None
     ) -> DocumentResult:
         body = {"key": key, "expected_revision": expected_revision}
-        return self._result(self.submit(domain, "keyload.command.DeleteDocument", body, command_id), DocumentResult)
+        return self._send(DocumentResult, "DeleteDocument", domain, body, command_id)
 
     def get_document(self, domain: str, key: str, *, command_id: str | None = None) -> Document:
         """The live document (`NotFoundError` when absent or deleted)."""
-        return self._result(self.submit(domain, "keyload.command.GetDocument", {"key": key}, command_id), Document)
+        return self._send(Document, "GetDocument", domain, {"key": key}, command_id)
 
     def list_documents(
         self,
@@ -841,18 +888,12 @@ class Client:
     ) -> DocumentPage:
         """Live documents whose key starts with `prefix`, in key order; read on with `after=page.next_after`."""
         body = {"prefix": prefix, "after": after, "max_documents": max_documents, "max_bytes": max_bytes}
-        return self._result(self.submit(domain, "keyload.command.ListDocuments", body, command_id), DocumentPage)
+        return self._send(DocumentPage, "ListDocuments", domain, body, command_id)
 
     def batch(self, domain: str, mutations: Sequence[Mutation], *, command_id: str | None = None) -> BatchResult:
         """Apply `mutations` in order, all or nothing; a refusal names the failing one (`failed_index`)."""
         body = {"mutations": [mutation_record(m) for m in mutations]}
-        outcome = self.submit(domain, "keyload.command.Batch", body, command_id)
-        failed = outcome.failed_index
-        if outcome.status != "committed" and failed is not None and failed < len(mutations):
-            refused = mutations[failed]
-            if isinstance(refused, PublishEvents):
-                raise _naming_events(outcome, refused.events, f"mutation {failed}: ")
-        return self._result(outcome, BatchResult)
+        return self._send(BatchResult, "Batch", domain, body, command_id)
 
     def complete_processing(
         self,
@@ -877,15 +918,14 @@ class Client:
             "topic": topic,
             "group": group,
         }
-        outcome = self.submit(domain, "keyload.command.CompleteProcessing", body, command_id)
-        return self._result(outcome, ProcessingResult)
+        return self._send(ProcessingResult, "CompleteProcessing", domain, body, command_id)
 
     def configure_inbox(
         self, domain: str, *, max_receipts: int, max_bytes: int, command_id: str | None = None
     ) -> InboxView:
         """Give the domain a target inbox (or change its policy) so it accepts CommitInbox."""
         body = {"max_receipts": max_receipts, "max_bytes": max_bytes}
-        return self._result(self.submit(domain, "keyload.command.ConfigureInbox", body, command_id), InboxView)
+        return self._send(InboxView, "ConfigureInbox", domain, body, command_id)
 
     def commit_inbox(
         self,
@@ -910,7 +950,7 @@ class Client:
             "execution_generation": execution_generation,
             "effects": [mutation_record(m) for m in effects],
         }
-        return self._result(self.submit(domain, "keyload.command.CommitInbox", body, command_id), ProcessingResult)
+        return self._send(ProcessingResult, "CommitInbox", domain, body, command_id)
 
     # -- large payloads ---------------------------------------------------------------------
 
@@ -918,6 +958,8 @@ class Client:
     def payloads(self) -> PayloadGateway:
         """The payload gateway over this data directory's object store and keyring."""
         if self._payloads is None:
+            from keyload.sdk.payloads import PayloadGateway  # lazily: see the imports
+
             self._payloads = PayloadGateway(self.data.object_store(), self.data.keyring())
         return self._payloads
 
@@ -948,28 +990,25 @@ class Client:
             "not_before_ms": not_before_ms,
             "expires_at_ms": expires_at_ms,
         }
-        outcome = self.submit(domain, "keyload.command.PrepareLargeSchedule", body, command_id)
-        return self._result(outcome, PayloadReservation)
+        return self._send(PayloadReservation, "PrepareLargeSchedule", domain, body, command_id)
 
     def commit_large_schedule(
         self, domain: str, reservation_id: int, proof: dict[str, Any], *, command_id: str | None = None
     ) -> PayloadReservation:
         """Create the reserved message from an attested object (an equivalent proof again is idempotent)."""
         body = {"reservation_id": reservation_id, "proof": proof}
-        outcome = self.submit(domain, "keyload.command.CommitLargeSchedule", body, command_id)
-        return self._result(outcome, PayloadReservation)
+        return self._send(PayloadReservation, "CommitLargeSchedule", domain, body, command_id)
 
     def cancel_large_schedule(
         self, domain: str, reservation_id: int, *, command_id: str | None = None
     ) -> PayloadReservation:
         """Abandon an uncommitted reservation; whatever was uploaded is deleted by retention."""
         body = {"reservation_id": reservation_id}
-        outcome = self.submit(domain, "keyload.command.CancelLargeSchedule", body, command_id)
-        return self._result(outcome, PayloadReservation)
+        return self._send(PayloadReservation, "CancelLargeSchedule", domain, body, command_id)
 
     def inspect_reservation(self, domain: str, reservation_id: int) -> PayloadReservation:
         body = {"reservation_id": reservation_id}
-        return self._result(self.submit(domain, "keyload.command.InspectReservation", body), PayloadReservation)
+        return self._send(PayloadReservation, "InspectReservation", domain, body)
 
     def schedule_large(
         self,
@@ -993,6 +1032,8 @@ class Client:
         `request_id` after a failure resumes: the reservation is the same command, an
         upload of the same bytes is idempotent, and so is a commit of an equivalent proof.
         """
+        from keyload.sdk.payloads import digest_of, staged_source  # lazily: see the imports
+
         resuming = request_id is not None
         request_id = request_id or str(uuid.uuid4())
         with staged_source(source, self.data.root / "scratch" / "payloads") as path:
@@ -1051,12 +1092,18 @@ class Client:
 
         A new proof key starts a new trust-set version: reservations made before keep theirs."""
         body = {"token_key_id": token_key_id, "jitter_key_id": jitter_key_id, "proof_key_id": proof_key_id}
-        return self._result(self._submit_to(partition, "keyload.command.RotateKeys", body, command_id), ActiveKeys)
+        return self._send_to(ActiveKeys, "RotateKeys", partition, body, command_id)
 
-    def _submit_to(self, partition: int, kind: str, body: dict[str, Any], command_id: str | None) -> Outcome:
-        """Submit a partition-wide command (under the partition's system domain)."""
+    def _send_to(
+        self, result: type[T], name: str, partition: int, body: dict[str, Any], command_id: str | None = None
+    ) -> T:
+        """`_send` of a partition-wide command."""
+        return self._send(result, name, self.partition_domain(partition), body, command_id)
+
+    def partition_domain(self, partition: int) -> str:
+        """The system domain partition-wide commands (`send` of Checkpoint, ListRetention, ...) are sent under."""
         self.data.check_partition(partition)
-        return self.submit(domain_for_partition(partition, self.data.partitions), kind, body, command_id)
+        return domain_for_partition(partition, self.data.partitions)
 
     def poison_entries(self, partition: int | None = None, *, limit: int = DEFAULT_POISON_LIMIT) -> list[PoisonEntry]:
         """Command-log records no command could be read from (undecodable bytes, an unknown schema, a
@@ -1067,6 +1114,8 @@ class Client:
         mode only the partitions whose projections live here. Each entry carries the record's first
         bytes while the log still holds it.
         """
+        from keyload.projections.store import Store  # lazily: see the imports
+
         if limit < 1:
             raise InvalidCommand("limit must be >= 1")
         if partition is not None:
@@ -1115,28 +1164,25 @@ class Client:
     ) -> RetentionPage:
         """Retention tasks in task order, each with what blocks its deletion now; the recovery floor."""
         body = {"after_task": after_task, "limit": limit}
-        return self._result(self._submit_to(partition, "keyload.command.ListRetention", body, None), RetentionPage)
+        return self._send_to(RetentionPage, "ListRetention", partition, body, None)
 
     def advance_recovery_floor(self, partition: int, floor_offset: int) -> RetentionPage:
         """Log the partition's recovery floor (never lowers it); compacts finished tasks below it."""
         body = {"floor_offset": floor_offset}
-        outcome = self._submit_to(partition, "keyload.command.AdvanceRecoveryFloor", body, None)
-        return self._result(outcome, RetentionPage)
+        return self._send_to(RetentionPage, "AdvanceRecoveryFloor", partition, body, None)
 
     def begin_delete(self, partition: int, task_id: int) -> RetentionStatus:
         """Ask to delete a task's object; CommandRejected (Conflict) says what still blocks it."""
-        outcome = self._submit_to(partition, "keyload.command.BeginDelete", {"task_id": task_id}, None)
-        return self._result(outcome, RetentionStatus)
+        return self._send_to(RetentionStatus, "BeginDelete", partition, {"task_id": task_id}, None)
 
     def delete_confirmed(self, partition: int, task_id: int, deleted_versions: list[str]) -> RetentionStatus:
         """Report a finished deletion (no version of the object is left); releases its quota."""
         body = {"task_id": task_id, "deleted_versions": deleted_versions}
-        outcome = self._submit_to(partition, "keyload.command.DeleteConfirmed", body, None)
-        return self._result(outcome, RetentionStatus)
+        return self._send_to(RetentionStatus, "DeleteConfirmed", partition, body, None)
 
     def request_checkpoint(self, partition: int, *, command_id: str | None = None) -> CheckpointResult:
         """Ask the partition's runtime for a checkpoint at this command's offset."""
-        return self._result(self._submit_to(partition, "keyload.command.Checkpoint", {}, command_id), CheckpointResult)
+        return self._send_to(CheckpointResult, "Checkpoint", partition, {}, command_id)
 
 
 def poison_rows(store: Store) -> Iterator[tuple[bytes, bytes]]:

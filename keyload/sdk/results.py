@@ -2,10 +2,38 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, fields
+from enum import StrEnum
 from typing import Any, ClassVar, Literal, Self
 
+from keyload.commands import COMMANDS, CommandKind
+from keyload.errors import ErrorCode
+
 Record = dict[str, Any]
+
+
+class MessageState(StrEnum):
+    """keyload.MessageState: where a queue's message stands."""
+
+    SCHEDULED = "scheduled"
+    READY = "ready"
+    LEASED = "leased"
+    ACKED = "acked"
+    DEAD_LETTERED = "dead_lettered"
+    PENDING_DEAD_LETTER = "pending_dead_letter"
+    CANCELLED = "cancelled"
+    EXPIRED = "expired"
+
+
+class PositionState(StrEnum):
+    """keyload.PositionState: where one delivered position of a group stands."""
+
+    LEASED = "leased"
+    RETRYING = "retrying"
+    DUE = "due"
+    ACKED = "acked"
+    PARKED = "parked"
 
 
 def _build(cls: Any, record: Record) -> Any:
@@ -16,6 +44,10 @@ def _with_payload(cls: Any, record: Record) -> Any:
     """A MessageMeta or a Delivery, its optional large payload typed too."""
     payload = record["payload"]
     return _build(cls, dict(record, payload=None if payload is None else _build(LargePayload, payload)))
+
+
+def _with_state(cls: Any, record: Record, states: type[StrEnum]) -> Any:
+    return _build(cls, dict(record, state=states(record["state"])))
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,15 +127,20 @@ class QueueView:
 class EnqueueResult:
     queue: str
     message_id: str
-    state: str
+    state: MessageState
     enqueue_sequence: int
     stored_messages: int
     stored_bytes: int
 
+    @classmethod
+    def from_record(cls, record: Record) -> EnqueueResult:
+        built: EnqueueResult = _with_state(cls, record, MessageState)
+        return built
+
 
 @dataclass(frozen=True, slots=True)
 class MessageMeta:
-    state: str
+    state: MessageState
     state_version: int
     attempts: int
     lease_version: int
@@ -127,7 +164,7 @@ class MessageMeta:
 
     @classmethod
     def from_record(cls, record: Record) -> MessageMeta:
-        built: MessageMeta = _with_payload(cls, record)
+        built: MessageMeta = _with_payload(cls, dict(record, state=MessageState(record["state"])))
         return built
 
 
@@ -208,17 +245,37 @@ class LeaseResult:
     """A delivery's state after renew (leased), ack (acked) or nack (scheduled, dead-lettered, expired)."""
 
     message_id: str
-    state: str
+    state: MessageState
     lease_until_ms: int | None
     not_before_ms: int | None
     retry_delay_ms: int | None
 
+    @classmethod
+    def from_record(cls, record: Record) -> LeaseResult:
+        built: LeaseResult = _with_state(cls, record, MessageState)
+        return built
+
 
 @dataclass(frozen=True, slots=True)
-class TokenResult:
+class _Settled:
+    """One token's result in an ack batch, queue or group alike."""
+
     status: Literal["committed", "rejected"]
-    error_code: str | None
+    error_code: ErrorCode | None
+
+
+@dataclass(frozen=True, slots=True)
+class TokenResult(_Settled):
     message_id: str | None
+
+
+def _settled(cls: type[_Settled], record: Record) -> list[Any]:
+    """An ack batch's per-token results."""
+    return [_build(cls, dict(r, error_code=_error_code(r["error_code"]))) for r in record["results"]]
+
+
+def _error_code(code: str | None) -> ErrorCode | None:
+    return None if code is None else ErrorCode(code)
 
 
 @dataclass(frozen=True, slots=True)
@@ -227,7 +284,7 @@ class AckBatchResult:
 
     @classmethod
     def from_record(cls, record: Record) -> AckBatchResult:
-        return cls([_build(TokenResult, r) for r in record["results"]])
+        return cls(_settled(TokenResult, record))
 
 
 @dataclass(frozen=True, slots=True)
@@ -455,17 +512,20 @@ class GroupLeaseResult:
     """A position after renew (leased), ack (acked) or nack (retrying or parked), and the group's checkpoint."""
 
     position: int
-    state: Literal["leased", "retrying", "acked", "parked"]
+    state: PositionState
     checkpoint: int
     lease_until_ms: int | None
     not_before_ms: int | None
     retry_delay_ms: int | None
 
+    @classmethod
+    def from_record(cls, record: Record) -> GroupLeaseResult:
+        built: GroupLeaseResult = _with_state(cls, record, PositionState)
+        return built
+
 
 @dataclass(frozen=True, slots=True)
-class GroupTokenResult:
-    status: Literal["committed", "rejected"]
-    error_code: str | None
+class GroupTokenResult(_Settled):
     position: int | None
 
 
@@ -476,7 +536,7 @@ class GroupAckBatchResult:
 
     @classmethod
     def from_record(cls, record: Record) -> GroupAckBatchResult:
-        return cls([_build(GroupTokenResult, r) for r in record["results"]], record["checkpoint"])
+        return cls(_settled(GroupTokenResult, record), record["checkpoint"])
 
 
 # -- documents, batches and inboxes ----------------------------------------------------------
@@ -604,7 +664,7 @@ class BatchResult:
 
     @classmethod
     def from_record(cls, record: Record) -> BatchResult:
-        return cls([_RESULTS[kind](value) for kind, value in record["results"]])
+        return cls([decode_result(kind, value) for kind, value in record["results"]])
 
 
 @dataclass(frozen=True, slots=True)
@@ -743,34 +803,62 @@ Result = (
     | RetentionPage
 )
 
-_RESULTS: dict[str, Any] = {
-    "keyload.QueueView": QueueView.from_record,
-    "keyload.MessageView": MessageView.from_record,
-    "keyload.result.EnqueueResult": lambda r: _build(EnqueueResult, r),
-    "keyload.result.TickResult": lambda r: _build(TickResult, r),
-    "keyload.result.CheckpointResult": lambda r: _build(CheckpointResult, r),
-    "keyload.result.ReceiveResult": ReceiveResult.from_record,
-    "keyload.result.LeaseResult": lambda r: _build(LeaseResult, r),
-    "keyload.result.AckBatchResult": AckBatchResult.from_record,
-    "keyload.result.DeadLetterPage": DeadLetterPage.from_record,
-    "keyload.result.ActiveKeys": lambda r: _build(ActiveKeys, r),
-    "keyload.TopicView": TopicView.from_record,
-    "keyload.result.PublishResult": PublishResult.from_record,
-    "keyload.result.TopicPage": TopicPage.from_record,
-    "keyload.GroupView": GroupView.from_record,
-    "keyload.result.GroupReceiveResult": GroupReceiveResult.from_record,
-    "keyload.result.GroupLeaseResult": lambda r: _build(GroupLeaseResult, r),
-    "keyload.result.GroupAckBatchResult": GroupAckBatchResult.from_record,
-    "keyload.result.DocumentResult": lambda r: _build(DocumentResult, r),
-    "keyload.result.Document": lambda r: _build(Document, r),
-    "keyload.result.DocumentPage": DocumentPage.from_record,
-    "keyload.result.BatchResult": BatchResult.from_record,
-    "keyload.result.ProcessingResult": ProcessingResult.from_record,
-    "keyload.result.InboxView": lambda r: _build(InboxView, r),
-    "keyload.PayloadReservation": lambda r: _build(PayloadReservation, r),
-    "keyload.result.RetentionStatus": RetentionStatus.from_record,
-    "keyload.result.RetentionPage": RetentionPage.from_record,
+# Each result record of the command table (keyload/commands.py), and so every branch of the Outcome's
+# result union, as the class the SDK returns it as; a BatchResult's mutation results are among them.
+RESULT_TYPES: dict[str, type[Any]] = {
+    "keyload.QueueView": QueueView,
+    "keyload.MessageView": MessageView,
+    "keyload.result.EnqueueResult": EnqueueResult,
+    "keyload.result.TickResult": TickResult,
+    "keyload.result.CheckpointResult": CheckpointResult,
+    "keyload.result.ReceiveResult": ReceiveResult,
+    "keyload.result.LeaseResult": LeaseResult,
+    "keyload.result.AckBatchResult": AckBatchResult,
+    "keyload.result.DeadLetterPage": DeadLetterPage,
+    "keyload.result.ActiveKeys": ActiveKeys,
+    "keyload.TopicView": TopicView,
+    "keyload.result.PublishResult": PublishResult,
+    "keyload.result.TopicPage": TopicPage,
+    "keyload.GroupView": GroupView,
+    "keyload.result.GroupReceiveResult": GroupReceiveResult,
+    "keyload.result.GroupLeaseResult": GroupLeaseResult,
+    "keyload.result.GroupAckBatchResult": GroupAckBatchResult,
+    "keyload.result.DocumentResult": DocumentResult,
+    "keyload.result.Document": Document,
+    "keyload.result.DocumentPage": DocumentPage,
+    "keyload.result.BatchResult": BatchResult,
+    "keyload.result.ProcessingResult": ProcessingResult,
+    "keyload.result.InboxView": InboxView,
+    "keyload.PayloadReservation": PayloadReservation,
+    "keyload.result.RetentionStatus": RetentionStatus,
+    "keyload.result.RetentionPage": RetentionPage,
 }
+
+Decoder = Callable[[Record], Any]
+
+
+def decoder(cls: type[Any]) -> Decoder:
+    """How a result class is read from its record: its `from_record`, or field by field."""
+    from_record: Decoder | None = getattr(cls, "from_record", None)
+    return from_record if from_record is not None else lambda record: _build(cls, record)
+
+
+def decoders(table: Iterable[CommandKind], types: Mapping[str, type[Any]]) -> dict[str, Decoder]:
+    """The decoder of every result record `table` names, from `types`: exactly those (KeyError on
+    a record without a class; ValueError on a class no row returns)."""
+    named = {kind.result for kind in table}
+    unused = set(types) - named
+    if unused:
+        raise ValueError(f"result classes no command returns: {sorted(unused)}")
+    return {name: decoder(types[name]) for name in sorted(named)}
+
+
+_RESULTS = decoders(COMMANDS, RESULT_TYPES)
+
+
+def decode_result(name: str, record: Record, results: Mapping[str, Decoder] = _RESULTS) -> Any:
+    """The typed result of an Outcome's result branch `name`."""
+    return results[name](record)
 
 
 @dataclass(frozen=True, slots=True)
@@ -801,7 +889,7 @@ class Outcome:
     offset: int
     eval_time_ms: int
     status: Literal["committed", "rejected"]
-    error_code: str | None
+    error_code: ErrorCode | None
     detail: str
     result: Result | None
     failed_index: int | None = None  # a rejected batch or processing: the mutation that failed
@@ -809,7 +897,7 @@ class Outcome:
     @classmethod
     def from_record(cls, record: Record) -> Outcome:
         result = record["result"]
-        typed = None if result is None else _RESULTS[result[0]](result[1])
+        typed = None if result is None else decode_result(result[0], result[1])
         return cls(
             command_id=record["command_id"],
             domain=record["domain"],
@@ -817,7 +905,7 @@ class Outcome:
             offset=record["offset"],
             eval_time_ms=record["eval_time_ms"],
             status=record["status"],
-            error_code=record["error_code"],
+            error_code=_error_code(record["error_code"]),
             detail=record["detail"],
             result=typed,
             failed_index=record["failed_index"],

@@ -29,17 +29,20 @@ import json
 import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, TypeAlias
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 from keyload.errors import KeyloadError
 from keyload.log.base import CommandLog
 from keyload.log.file_log import DEFAULT_CONFIG as DEFAULT_FILE_LOG
 from keyload.log.file_log import FileLog, FileLogConfig, FsyncPolicy
-from keyload.log.kafka_log import KafkaLog, KafkaSettings
-from keyload.operations.catalog import CheckpointCatalog, FileCatalog, KafkaCatalog
-from keyload.operations.checkpoints import CheckpointPolicy, Checkpoints
-from keyload.storage import keyring
 from keyload.storage.object_store import FileObjectStore, ObjectStore, S3ObjectStore
+
+# Kafka, the checkpoint machinery and the keyring (which names the processors' default key) are
+# imported where they are used: the SDK opens a data directory without loading them.
+if TYPE_CHECKING:
+    from keyload.log.kafka_log import KafkaSettings
+    from keyload.operations.catalog import CheckpointCatalog
+    from keyload.operations.checkpoints import CheckpointPolicy, Checkpoints
 
 DEFAULT_PARTITIONS = 4
 DEFAULT_OUTCOME_PARTITIONS = 8
@@ -202,6 +205,8 @@ class DataDir:
         elif object_store is not None:
             folder = object_store.root if isinstance(object_store, FileStoreConfig) else Path(object_store)
             config["object_store"] = str(folder.resolve())
+        from keyload.storage import keyring  # lazily: see the imports
+
         if keyring_from is not None:
             keyring.copy(keyring_from, path)  # checked to be a keyring first
         keyring.create(path)
@@ -214,6 +219,8 @@ class DataDir:
         return f"Kafka at {self.kafka.bootstrap}, topics {self.kafka.topic_prefix}.*"
 
     def kafka_settings(self) -> KafkaSettings:
+        from keyload.log.kafka_log import KafkaSettings  # lazily: see the imports
+
         if self.kafka is None:
             raise DataDirError(f"{self.root} uses the embedded file log, not Kafka")
         return KafkaSettings(
@@ -234,11 +241,15 @@ class DataDir:
 
     def command_log(self) -> CommandLog:
         if self.kafka is not None:
+            from keyload.log.kafka_log import KafkaLog  # lazily: see the imports
+
             return KafkaLog.commands(self.kafka_settings())
         return self.file_command_log()
 
     def outcome_log(self) -> CommandLog:
         if self.kafka is not None:
+            from keyload.log.kafka_log import KafkaLog  # lazily: see the imports
+
             return KafkaLog.outcomes(self.kafka_settings())
         # Outcomes are derived data: replaying the command log reproduces every
         # one of them, so the stream is not fsynced.
@@ -249,6 +260,8 @@ class DataDir:
         )
 
     def catalog(self) -> CheckpointCatalog:
+        from keyload.operations.catalog import FileCatalog, KafkaCatalog  # lazily: see the imports
+
         if self.kafka is not None:
             return KafkaCatalog(self.kafka_settings())
         return FileCatalog(self.root / "catalog")
@@ -272,9 +285,13 @@ class DataDir:
         return FileObjectStore(self.root / "objects" if config is None else config.root)
 
     def checkpoints(self, policy: CheckpointPolicy | None = None) -> Checkpoints:
+        from keyload.operations.checkpoints import Checkpoints  # lazily: see the imports
+
         return Checkpoints(self.object_store(), self.catalog(), self.root / "scratch", policy)
 
     def keyring(self) -> dict[str, bytes]:
+        from keyload.storage import keyring  # lazily: see the imports
+
         return keyring.load(self.root)
 
     def projection(self, partition: int) -> Path:

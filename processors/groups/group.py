@@ -11,8 +11,9 @@ one moves the checkpoint across every resolved position above it at once.
 
 Parked positions keep a row of their own, listed by Status, and pin purges until a
 seek releases them (`pin_floor`). This module holds the group's definition, its
-position transitions, seek, configure, pause/resume and PurgeTopic, which groups
-pin; processors/groups/leases.py holds receive, ack, nack, renew and lease timers.
+position transitions, seek, configure and pause/resume; processors/groups/leases.py
+holds receive, ack, nack, renew and lease timers. PurgeTopic, which groups pin, is in
+processors/topics/topic.py.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ from keyload.processors.queues.state import (
     refresh_due,
     remove_index_row,
 )
-from keyload.processors.topics.topic import EVENT_RECORD, load_topic, save_topic
+from keyload.processors.topics.topic import load_topic
 from keyload.projections import keys
 from keyload.projections.store import Staged
 
@@ -245,7 +246,7 @@ def _target_checkpoint(topic: Record, to: str, position: int | None, kind: str) 
     return position - 1
 
 
-def _groups_of(stage: Staged, topic_id: int) -> list[tuple[bytes, Record]]:
+def groups_of(stage: Staged, topic_id: int) -> list[tuple[bytes, Record]]:
     """Every group of a topic (at most MAX_GROUPS_PER_TOPIC)."""
     prefix = keys.group_prefix(topic_id)
     found: list[tuple[bytes, Record]] = []
@@ -266,7 +267,7 @@ def create_group(stage: Staged, body: Record, ctx: Context) -> Record:
     topic_id = topic["incarnation"]
     if stage.get(keys.group(topic_id, name)) is not None:
         raise Rejected(ErrorCode.CONFLICT, "group already exists")
-    if len(_groups_of(stage, topic_id)) == limits.MAX_GROUPS_PER_TOPIC:
+    if len(groups_of(stage, topic_id)) == limits.MAX_GROUPS_PER_TOPIC:
         raise Rejected(ErrorCode.RESOURCE_EXHAUSTED, f"a topic has at most {limits.MAX_GROUPS_PER_TOPIC} groups")
     group_id = allocate_incarnation(stage)
     stage.put(keys.resource_key(group_id), keys.group(topic_id, name))
@@ -406,78 +407,3 @@ def configure_group(stage: Staged, body: Record, ctx: Context) -> Record:
     _reposition(stage, record, group["checkpoint"])
     save_group(stage, record)
     return group_view(stage, topic, record)
-
-
-# -- purge ---------------------------------------------------------------------------------
-
-
-def _purge_limit(stage: Staged, topic: Record, group: Record) -> int:
-    """The highest position a purge may delete for this group: its checkpoint, and below its
-    lowest parked position that still pins (above pin_floor)."""
-    start = keys.parked(group["incarnation"], max(group["pin_floor"] + 1, topic["first_available"]))
-    lowest = stage.first(start, keys.group_row_end(start))
-    checkpoint: int = group["checkpoint"]
-    return checkpoint if lowest is None else min(checkpoint, keys.row_position(lowest[0]) - 1)
-
-
-def purge_topic(stage: Staged, body: Record, ctx: Context) -> Record:
-    """Delete the retained events first_available..through and release their bytes.
-
-    Refused (ResourceExhausted) past the tail or past any group's purge limit,
-    paused groups included; a stale generation is RevisionConflict, as a stale
-    expected revision is everywhere else. Event-id rows stay, so a re-published old
-    id is still recognised.
-    """
-    validation.check_integer("PurgeTopic.through", body["through"])
-    validation.check_integer("PurgeTopic.expected_generation", body["expected_generation"])
-    topic_record = load_topic(stage, ctx.domain, body["topic"])
-    topic = topic_record["view"]
-    through, first = body["through"], topic["first_available"]
-    if body["expected_generation"] != topic["generation"]:
-        raise Rejected(ErrorCode.REVISION_CONFLICT, f"the topic is at generation {topic['generation']}")
-    if through < first:
-        raise Rejected(ErrorCode.VALIDATION, f"through must be at least first_available ({first})")
-    if through > topic["tail"]:
-        raise Rejected(ErrorCode.RESOURCE_EXHAUSTED, f"through is past the tail ({topic['tail']})")
-    if through - first + 1 > limits.MAX_PURGE_EVENTS:
-        raise Rejected(
-            ErrorCode.VALIDATION, f"a purge deletes at most {limits.MAX_PURGE_EVENTS} events: purge in steps"
-        )
-    groups = _groups_of(stage, topic["incarnation"])
-    for _, record in groups:
-        limit = _purge_limit(stage, topic, record["view"])
-        if through > limit:
-            raise Rejected(ErrorCode.RESOURCE_EXHAUSTED, f"a group has not completed position {limit + 1}")
-    topic_id = topic["incarnation"]
-    rows = stage.scan(keys.event(topic_id, first), keys.event(topic_id, through + 1))
-    for expected, (key, value) in enumerate(rows, start=first):
-        if keys.event_position(key) != expected:
-            raise Corruption(f"topic {topic_id} has no event at retained position {expected}")
-        adjust(topic, "retained_bytes", -REGISTRY.decode(EVENT_RECORD, value)["charged_bytes"])
-        adjust(topic, "retained_events", -1)
-        stage.delete(key)
-    topic["first_available"] = through + 1
-    if topic["retained_events"] != topic["tail"] - through:
-        raise Corruption(f"topic {topic_id} has no event at some retained position up to {through}")
-    for _, record in groups:
-        if _drop_parked_through(stage, record, first, through):
-            save_group(stage, record)
-    topic["generation"] += 1
-    save_topic(stage, topic_record)
-    view: Record = topic
-    return view
-
-
-def _drop_parked_through(stage: Staged, record: Record, first: int, through: int) -> int:
-    """Released parked rows a purge passes go with their events (pinning ones cannot be passed);
-    how many went."""
-    group = record["view"]
-    start = keys.parked(group["incarnation"], first)
-    dropped = 0
-    for key, _ in stage.scan(start, keys.parked(group["incarnation"], through + 1)):
-        if keys.row_position(key) > group["pin_floor"]:
-            raise Corruption(f"a purge passed a pinning parked position of group {group['incarnation']}")
-        stage.delete(key)
-        adjust(group, "parked_count", -1)
-        dropped += 1
-    return dropped

@@ -15,6 +15,7 @@ import struct
 
 from keyload import limits
 from keyload.log.codec import REGISTRY
+from keyload.processors import validation
 from keyload.processors.context import Context
 from keyload.processors.errors import Corruption, ErrorCode, Rejected
 from keyload.processors.policy import resolve_topic_policy
@@ -253,3 +254,81 @@ def _page_event(position: int, event: Record) -> Record:
         "body": event["body"],
         "published_at_ms": event["published_at_ms"],
     }
+
+
+# -- purge ---------------------------------------------------------------------------------
+
+
+def _purge_limit(stage: Staged, topic: Record, group: Record) -> int:
+    """The highest position a purge may delete for this group: its checkpoint, and below its
+    lowest parked position that still pins (above pin_floor)."""
+    start = keys.parked(group["incarnation"], max(group["pin_floor"] + 1, topic["first_available"]))
+    lowest = stage.first(start, keys.group_row_end(start))
+    checkpoint: int = group["checkpoint"]
+    return checkpoint if lowest is None else min(checkpoint, keys.row_position(lowest[0]) - 1)
+
+
+def purge_topic(stage: Staged, body: Record, ctx: Context) -> Record:
+    """Delete the retained events first_available..through and release their bytes.
+
+    Refused (ResourceExhausted) past the tail or past any group's purge limit,
+    paused groups included; a stale generation is RevisionConflict, as a stale
+    expected revision is everywhere else. Event-id rows stay, so a re-published old
+    id is still recognised.
+    """
+    # Imported here: groups pin purges, and processors/groups/group.py imports this module.
+    from keyload.processors.groups import group as groups
+
+    validation.check_integer("PurgeTopic.through", body["through"])
+    validation.check_integer("PurgeTopic.expected_generation", body["expected_generation"])
+    topic_record = load_topic(stage, ctx.domain, body["topic"])
+    topic = topic_record["view"]
+    through, first = body["through"], topic["first_available"]
+    if body["expected_generation"] != topic["generation"]:
+        raise Rejected(ErrorCode.REVISION_CONFLICT, f"the topic is at generation {topic['generation']}")
+    if through < first:
+        raise Rejected(ErrorCode.VALIDATION, f"through must be at least first_available ({first})")
+    if through > topic["tail"]:
+        raise Rejected(ErrorCode.RESOURCE_EXHAUSTED, f"through is past the tail ({topic['tail']})")
+    if through - first + 1 > limits.MAX_PURGE_EVENTS:
+        raise Rejected(
+            ErrorCode.VALIDATION, f"a purge deletes at most {limits.MAX_PURGE_EVENTS} events: purge in steps"
+        )
+    pinning = groups.groups_of(stage, topic["incarnation"])
+    for _, record in pinning:
+        limit = _purge_limit(stage, topic, record["view"])
+        if through > limit:
+            raise Rejected(ErrorCode.RESOURCE_EXHAUSTED, f"a group has not completed position {limit + 1}")
+    topic_id = topic["incarnation"]
+    rows = stage.scan(keys.event(topic_id, first), keys.event(topic_id, through + 1))
+    for expected, (key, value) in enumerate(rows, start=first):
+        if keys.event_position(key) != expected:
+            raise Corruption(f"topic {topic_id} has no event at retained position {expected}")
+        adjust(topic, "retained_bytes", -REGISTRY.decode(EVENT_RECORD, value)["charged_bytes"])
+        adjust(topic, "retained_events", -1)
+        stage.delete(key)
+    topic["first_available"] = through + 1
+    if topic["retained_events"] != topic["tail"] - through:
+        raise Corruption(f"topic {topic_id} has no event at some retained position up to {through}")
+    for _, record in pinning:
+        if _drop_parked_through(stage, record, first, through):
+            groups.save_group(stage, record)
+    topic["generation"] += 1
+    save_topic(stage, topic_record)
+    view: Record = topic
+    return view
+
+
+def _drop_parked_through(stage: Staged, record: Record, first: int, through: int) -> int:
+    """Released parked rows a purge passes go with their events (pinning ones cannot be passed);
+    how many went."""
+    group = record["view"]
+    start = keys.parked(group["incarnation"], first)
+    dropped = 0
+    for key, _ in stage.scan(start, keys.parked(group["incarnation"], through + 1)):
+        if keys.row_position(key) > group["pin_floor"]:
+            raise Corruption(f"a purge passed a pinning parked position of group {group['incarnation']}")
+        stage.delete(key)
+        adjust(group, "parked_count", -1)
+        dropped += 1
+    return dropped
