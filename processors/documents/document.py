@@ -14,22 +14,21 @@ from keyload.processors.context import Context
 from keyload.processors.errors import ErrorCode, Rejected
 from keyload.processors.queues.state import Record, bounded, check_name
 from keyload.projections import keys
+from keyload.projections.records import DocumentRecord, load, save
 from keyload.projections.store import Staged
-
-DOCUMENT_RECORD = "keyload.DocumentRecord"
 
 
 def _check_key(key: str) -> None:
     check_name("document key", key, limits.MAX_DOCUMENT_KEY_CHARS, limits.ID_PATTERN)
 
 
-def _check_expected(stored: Record | None, expected: int | None, kind: str) -> None:
+def _check_expected(stored: DocumentRecord | None, expected: int | None, kind: str) -> None:
     """RevisionConflict unless the document is as the writer of a `kind` command (PutDocument,
     DeleteDocument) expects (see the module docstring)."""
     if expected is None:
         return
     validation.check_integer(f"{kind}.expected_revision", expected)
-    live = None if stored is None or stored["deleted"] else stored["revision"]
+    live = None if stored is None or stored.deleted else stored.revision
     if expected == 0 and live is not None:
         raise Rejected(ErrorCode.REVISION_CONFLICT, f"the document exists at revision {live}")
     if expected > 0 and live != expected:
@@ -43,11 +42,10 @@ def put_document(stage: Staged, body: Record, ctx: Context) -> Record:
     if len(body["value"]) > limits.MAX_DOCUMENT_BYTES:
         raise Rejected(ErrorCode.VALIDATION, f"a document value holds at most {limits.MAX_DOCUMENT_BYTES} bytes")
     row = keys.document(ctx.domain, key)
-    stored = stage.get_record(row, DOCUMENT_RECORD)
+    stored = load(stage, row, DocumentRecord)
     _check_expected(stored, body["expected_revision"], "PutDocument")
-    revision = 1 if stored is None else stored["revision"] + 1
-    document = {"value": body["value"], "revision": revision, "updated_at_ms": ctx.now_ms, "deleted": False}
-    stage.put_record(row, DOCUMENT_RECORD, document)
+    revision = 1 if stored is None else stored.revision + 1
+    save(stage, row, DocumentRecord(value=body["value"], revision=revision, updated_at_ms=ctx.now_ms, deleted=False))
     return {"key": key, "revision": revision, "deleted": False}
 
 
@@ -55,31 +53,25 @@ def delete_document(stage: Staged, body: Record, ctx: Context) -> Record:
     key = body["key"]
     _check_key(key)
     row = keys.document(ctx.domain, key)
-    stored = stage.get_record(row, DOCUMENT_RECORD)
+    stored = load(stage, row, DocumentRecord)
     if body["expected_revision"] == 0:
         raise Rejected(ErrorCode.VALIDATION, "a delete's expected_revision must be at least 1 (or none)")
     _check_expected(stored, body["expected_revision"], "DeleteDocument")
-    if stored is None or stored["deleted"]:
+    if stored is None or stored.deleted:
         raise Rejected(ErrorCode.NOT_FOUND, "document does not exist")
-    tombstone = {"value": b"", "revision": stored["revision"] + 1, "updated_at_ms": ctx.now_ms, "deleted": True}
-    stage.put_record(row, DOCUMENT_RECORD, tombstone)
-    return {"key": key, "revision": stored["revision"], "deleted": True}
+    save(stage, row, DocumentRecord(value=b"", revision=stored.revision + 1, updated_at_ms=ctx.now_ms, deleted=True))
+    return {"key": key, "revision": stored.revision, "deleted": True}
 
 
-def _view(key: str, document: Record) -> Record:
-    return {
-        "key": key,
-        "value": document["value"],
-        "revision": document["revision"],
-        "updated_at_ms": document["updated_at_ms"],
-    }
+def _view(key: str, document: DocumentRecord) -> Record:
+    return {"key": key, "value": document.value, "revision": document.revision, "updated_at_ms": document.updated_at_ms}
 
 
 def get_document(stage: Staged, body: Record, ctx: Context) -> Record:
     key = body["key"]
     _check_key(key)
-    stored = stage.get_record(keys.document(ctx.domain, key), DOCUMENT_RECORD)
-    if stored is None or stored["deleted"]:
+    stored = load(stage, keys.document(ctx.domain, key), DocumentRecord)
+    if stored is None or stored.deleted:
         raise Rejected(ErrorCode.NOT_FOUND, "document does not exist")
     return _view(key, stored)
 
@@ -112,15 +104,15 @@ def list_documents(stage: Staged, body: Record, ctx: Context) -> Record:
         if examined == limits.LIST_EXAMINATION_BUDGET:
             budget_hit = True
             break
-        stored = stage.get_record(row, DOCUMENT_RECORD)
+        stored = load(stage, row, DocumentRecord)
         assert stored is not None
-        if stored["deleted"]:
+        if stored.deleted:
             last = keys.document_key(row)
             continue
-        if len(documents) == max_documents or (documents and size + len(stored["value"]) > max_bytes):
+        if len(documents) == max_documents or (documents and size + len(stored.value) > max_bytes):
             full = True
             break
         last = keys.document_key(row)
-        size += len(stored["value"])
+        size += len(stored.value)
         documents.append(_view(last, stored))
     return {"documents": documents, "next_after": last if budget_hit or full else None, "budget_exhausted": budget_hit}

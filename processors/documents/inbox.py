@@ -22,6 +22,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from functools import partial
 
+from msgspec.structs import replace
+
 from keyload import limits
 from keyload.log.codec import REGISTRY
 from keyload.processors import validation
@@ -31,12 +33,11 @@ from keyload.processors.errors import Corruption, ErrorCode, Rejected
 from keyload.processors.groups import leases as group_leases
 from keyload.processors.outcomes import OUTCOME
 from keyload.processors.queues import leases
-from keyload.processors.queues.state import Record, adjust, check_message_id, check_name
+from keyload.processors.queues.state import Record, check_message_id, check_name
 from keyload.projections import keys
+from keyload.projections.records import GroupRecord, InboxEntry, InboxRecord, QueueRecord, load, save
 from keyload.projections.store import Staged
 
-INBOX_ENTRY = "keyload.InboxEntry"
-INBOX_RECORD = "keyload.InboxRecord"
 PROCESSING_RESULT = "keyload.result.ProcessingResult"
 FINGERPRINT_BYTES = 32  # an outcome row starts with its command's fingerprint
 
@@ -49,23 +50,24 @@ def _check_execution(body: Record, kind: str) -> None:
 def _repeat(stage: Staged, ctx: Context, row: bytes, digest: bytes) -> Record | None:
     """The first receipt when `row` holds an entry with these effects; Conflict for other effects;
     None when the key was never processed."""
-    entry = stage.get_record(row, INBOX_ENTRY)
+    entry = load(stage, row, InboxEntry)
     if entry is None:
         return None
-    if entry["effects_sha256"] != digest:
+    if entry.effects_sha256 != digest:
         raise Rejected(ErrorCode.CONFLICT, "this delivery was already processed with other effects")
-    stored = stage.get(keys.outcome(ctx.domain, entry["command_id"]))
+    stored = stage.get(keys.outcome(ctx.domain, entry.command_id))
     if stored is None:
-        raise Corruption(f"an inbox entry names command {entry['command_id']!r}, which has no stored outcome")
+        raise Corruption(f"an inbox entry names command {entry.command_id!r}, which has no stored outcome")
+    # The outcome and its result are not typed records yet (projections/records.py).
     kind, first = REGISTRY.decode(OUTCOME, stored[FINGERPRINT_BYTES:])["result"]
     if kind != PROCESSING_RESULT:
-        raise Corruption(f"an inbox entry names command {entry['command_id']!r}, which did not process effects")
+        raise Corruption(f"an inbox entry names command {entry.command_id!r}, which did not process effects")
     return dict(first, already_processed=True)
 
 
-def _entry(ctx: Context, digest: bytes) -> Record:
+def _entry(ctx: Context, digest: bytes) -> InboxEntry:
     """The inbox entry this command writes: it names the command, whose outcome is the receipt."""
-    return {"command_id": ctx.command_id, "offset": ctx.offset, "completed_at_ms": ctx.now_ms, "effects_sha256": digest}
+    return InboxEntry(command_id=ctx.command_id, offset=ctx.offset, completed_at_ms=ctx.now_ms, effects_sha256=digest)
 
 
 def _receipt(ctx: Context, results: Record) -> Record:
@@ -91,15 +93,17 @@ def complete_processing(stage: Staged, body: Record, ctx: Context) -> Record:
     # The token's signature is verified once; the lease is checked before the effects and
     # again by the ack after them (they may have touched the delivery's queue or message).
     if group is None:
-        record, token = leases.verified_token(stage, ctx, body["token"])
+        queue, token = leases.verified_token(stage, ctx, body["token"])
+        incarnation = QueueRecord.from_avro(queue).view.incarnation
         check_live: Callable[[], object] = partial(leases.live_lease, stage, ctx, token)
         ack: Callable[[], object] = partial(leases.ack_lease, stage, ctx, token)
     else:
-        record, token = group_leases.verified_group_token(stage, ctx, topic, group, body["token"])
+        subscription, token = group_leases.verified_group_token(stage, ctx, topic, group, body["token"])
+        incarnation = GroupRecord.from_avro(subscription).view.incarnation
         check_live = partial(group_leases.live_group_lease, stage, ctx, topic, group, token)
         ack = partial(group_leases.group_ack_lease, stage, ctx, topic, group, token)
     row = keys.inbox_entry(
-        record["view"]["incarnation"],
+        incarnation,
         token.delivery_generation,
         body["execution_generation"],
         body["handler_scope"],
@@ -111,12 +115,19 @@ def complete_processing(stage: Staged, body: Record, ctx: Context) -> Record:
     check_live()
     results = apply_mutations(stage, effects, ctx)
     ack()
-    stage.put_record(row, INBOX_ENTRY, _entry(ctx, digest))
+    save(stage, row, _entry(ctx, digest))
     return _receipt(ctx, results)
 
 
-def _inbox_view(domain: str, inbox: Record) -> Record:
-    return dict(inbox, domain=domain)
+def _inbox_view(domain: str, inbox: InboxRecord) -> Record:
+    return dict(inbox.to_avro(), domain=domain)
+
+
+def _adjusted(counter: str, value: int, delta: int) -> int:
+    """An authoritative counter changed by `delta`; going negative means the projection is corrupt."""
+    if value + delta < 0:
+        raise Corruption(f"counter {counter} would become {value + delta}")
+    return value + delta
 
 
 def configure_inbox(stage: Staged, body: Record, ctx: Context) -> Record:
@@ -124,16 +135,17 @@ def configure_inbox(stage: Staged, body: Record, ctx: Context) -> Record:
     validation.check_integer("ConfigureInbox.max_receipts", body["max_receipts"])
     validation.check_integer("ConfigureInbox.max_bytes", body["max_bytes"])
     row = keys.inbox_config(ctx.domain)
-    inbox = stage.get_record(row, INBOX_RECORD) or {"receipts": 0, "bytes": 0}
-    inbox.update(max_receipts=body["max_receipts"], max_bytes=body["max_bytes"])
-    stage.put_record(row, INBOX_RECORD, inbox)
+    stored = load(stage, row, InboxRecord)
+    receipts, used = (0, 0) if stored is None else (stored.receipts, stored.bytes)
+    inbox = InboxRecord(max_receipts=body["max_receipts"], max_bytes=body["max_bytes"], receipts=receipts, bytes=used)
+    save(stage, row, inbox)
     return _inbox_view(ctx.domain, inbox)
 
 
 def commit_inbox(stage: Staged, body: Record, ctx: Context) -> Record:
     """Apply effects once per source delivery, handler scope and execution generation."""
     config_row = keys.inbox_config(ctx.domain)
-    inbox = stage.get_record(config_row, INBOX_RECORD)
+    inbox = load(stage, config_row, InboxRecord)
     if inbox is None:
         raise Rejected(ErrorCode.UNSUPPORTED_CAPABILITY, "the domain has no inbox: configure one with ConfigureInbox")
     _check_execution(body, "CommitInbox")
@@ -158,15 +170,15 @@ def commit_inbox(stage: Staged, body: Record, ctx: Context) -> Record:
     if first is not None:
         return first
     entry = _entry(ctx, digest)
-    charge = len(row) + len(REGISTRY.encode(INBOX_ENTRY, entry))
-    if inbox["receipts"] + 1 > inbox["max_receipts"] or inbox["bytes"] + charge > inbox["max_bytes"]:
+    charge = len(row) + len(entry.encode())
+    if inbox.receipts + 1 > inbox.max_receipts or inbox.bytes + charge > inbox.max_bytes:
         raise Rejected(
             ErrorCode.RESOURCE_EXHAUSTED,
-            f"the inbox holds {inbox['receipts']} receipts in {inbox['bytes']} bytes: no room for one more",
+            f"the inbox holds {inbox.receipts} receipts in {inbox.bytes} bytes: no room for one more",
         )
     results = apply_mutations(stage, effects, ctx)
-    stage.put_record(row, INBOX_ENTRY, entry)
-    adjust(inbox, "receipts", 1)
-    adjust(inbox, "bytes", charge)
-    stage.put_record(config_row, INBOX_RECORD, inbox)
+    save(stage, row, entry)
+    receipts = _adjusted("receipts", inbox.receipts, 1)
+    used = _adjusted("bytes", inbox.bytes, charge)
+    save(stage, config_row, replace(inbox, receipts=receipts, bytes=used))
     return _receipt(ctx, results)
