@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 from pathlib import Path
 
@@ -149,21 +148,3 @@ def test_queue_work_from_the_command_line(tmp_path: Path) -> None:
         assert json.loads(relet.stdout)["deliveries"][0]["token"] != tokens["b"]
     finally:
         assert stop_service(service) == 0
-
-
-@pytest.mark.slow
-def test_readme_main_command_on_a_fresh_virtualenv(tmp_path: Path) -> None:
-    """What a new user runs first: it must create its own virtualenv and end with passing drills."""
-    env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "PYTHONPATH", "KEYLOAD_DATA")}
-    env["KEYLOAD_VENV"] = str(tmp_path / "fresh-venv")
-    env["KEYLOAD_DATA"] = str(tmp_path / "demo-data")
-    result = subprocess.run(
-        [str(ROOT / "scripts" / "demo")], capture_output=True, text=True, env=env, timeout=600, cwd=tmp_path
-    )
-    assert result.returncode == 0, result.stdout + result.stderr
-    out = result.stdout
-    assert (tmp_path / "fresh-venv" / "bin" / "keyload").exists()
-    assert "enqueued order-3" in out
-    assert '"stored_messages": 3' in out
-    assert out.count(": PASS") == 2 and "FAIL" not in out
-    assert "Traceback" not in result.stderr
