@@ -9,31 +9,9 @@ from typing import Any, ClassVar, Literal, Self
 
 from keyload.commands import COMMANDS, CommandKind
 from keyload.errors import ErrorCode
+from keyload.projections.records import MessageState, PositionState  # the schema enums, declared once
 
 Record = dict[str, Any]
-
-
-class MessageState(StrEnum):
-    """keyload.MessageState: where a queue's message stands."""
-
-    SCHEDULED = "scheduled"
-    READY = "ready"
-    LEASED = "leased"
-    ACKED = "acked"
-    DEAD_LETTERED = "dead_lettered"
-    PENDING_DEAD_LETTER = "pending_dead_letter"
-    CANCELLED = "cancelled"
-    EXPIRED = "expired"
-
-
-class PositionState(StrEnum):
-    """keyload.PositionState: where one delivered position of a group stands."""
-
-    LEASED = "leased"
-    RETRYING = "retrying"
-    DUE = "due"
-    ACKED = "acked"
-    PARKED = "parked"
 
 
 def _build(cls: Any, record: Record) -> Any:
