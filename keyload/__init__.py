@@ -7,6 +7,7 @@ reachable for operators and tests but not promised to stay where it is.
 """
 
 from keyload.errors import CommandRejected, ErrorCode, KeyloadError, OutcomeTimeout
+from keyload.projections.records import MessageState, PositionState
 from keyload.sdk.client import Client
 from keyload.sdk.consumer import ConsumeStats, ExactlyOnce
 from keyload.sdk.results import (
@@ -18,10 +19,8 @@ from keyload.sdk.results import (
     Event,
     GroupDelivery,
     GroupPolicy,
-    MessageState,
     Mutation,
     ParkPendingMessage,
-    PositionState,
     PublishEvents,
     PutDocument,
     QueuePolicy,
