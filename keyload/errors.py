@@ -30,12 +30,16 @@ free of SDK imports):
     │   └── ObjectConflict, ObjectCorrupt
     ├── PayloadError                      keyload.sdk.payloads: a large payload cannot be uploaded or read
     │   └── PayloadConflict
+    ├── EnvironmentFault (also OSError)   an OSError met on the way, translated by `map_exceptions`
+    ├── BrokerError                       a Kafka client exception, translated by `map_exceptions`
     ├── AlreadyServed                     keyload.service.embedded: another `keyload run` serves the data directory
     ├── Stalled                           keyload.service.runtime: a partition could not make its group durable
     └── UsageError                        keyload.cli: bad command-line input (the CLI exits 2)
 
-The CLI prints any of them as one line, `keyload: <message>` on stderr, and exits 1
-(2 for a UsageError).
+The CLI runs every command inside `map_exceptions()` (below: OSError, JSON decoding errors,
+ValueError and Kafka client exceptions become errors of this tree), prints any of them as one
+line, `keyload: <message>` on stderr, and exits with the code of its class in one table
+(keyload/cli/main.py: 2 for a UsageError, 1 for everything else; 130 on Ctrl-C).
 
 Not part of it: the processors' internal signals (`keyload.processors`:
 `Rejected`, `Corruption`, `MissingKey`, `HandleError`), which the runtime turns
@@ -45,6 +49,9 @@ into outcomes, halts or one of the errors above, and the development servers'
 
 from __future__ import annotations
 
+import json
+from collections.abc import Iterator
+from contextlib import contextmanager
 from enum import StrEnum
 from typing import TYPE_CHECKING
 
@@ -197,3 +204,54 @@ BY_CODE: dict[str, type[CommandRejected]] = {
 def rejection(outcome: Outcome, message: str | None = None) -> CommandRejected:
     """The typed exception of a rejected outcome (`CommandRejected` itself for an unknown code)."""
     return BY_CODE.get(outcome.error_code or "", CommandRejected)(outcome, message)
+
+
+# -- translating foreign exceptions ------------------------------------------------------------
+
+FOREIGN_KAFKA_MODULES = ("confluent_kafka", "cimpl")  # KafkaException's module, matched by name
+
+
+class EnvironmentFault(KeyloadError, OSError):
+    """The operating system refused what keyload asked of it (a missing or unreadable file or
+    directory, no permission, a full disk). Also an `OSError`, with its `errno` and `filename`."""
+
+
+class BrokerError(KeyloadError):
+    """Kafka (confluent_kafka) failed a request keyload made of it."""
+
+
+def _oserror_message(exc: OSError) -> str:
+    reason = exc.strerror or str(exc) or type(exc).__name__
+    return f"{reason}: {exc.filename}" if exc.filename is not None else reason
+
+
+@contextmanager
+def map_exceptions() -> Iterator[None]:
+    """Translate the foreign exceptions the SDK and the CLI can meet into the `KeyloadError` tree.
+
+    KeyloadError passes as it is. Otherwise:
+
+        OSError (PermissionError, FileNotFoundError, a full disk, ...)  → EnvironmentFault
+        json.JSONDecodeError (a config or keyring file that is not JSON) → KeyloadError (where, and why)
+        ValueError (a malformed argument or body)                        → InvalidCommand
+        confluent_kafka.KafkaException (matched by module, never imported) → BrokerError
+
+    The original exception is chained (`__cause__`) for a debugger; the message is one line.
+    KeyboardInterrupt and SystemExit are not touched.
+    """
+    try:
+        yield
+    except KeyloadError:
+        raise
+    except json.JSONDecodeError as exc:
+        raise KeyloadError(f"not valid JSON at line {exc.lineno} column {exc.colno}: {exc.msg}") from exc
+    except OSError as exc:
+        fault = EnvironmentFault(exc.errno, _oserror_message(exc))
+        fault.filename = exc.filename
+        raise fault from exc
+    except ValueError as exc:
+        raise InvalidCommand(str(exc).splitlines()[0] if str(exc) else type(exc).__name__) from exc
+    except Exception as exc:
+        if type(exc).__module__.split(".")[0] in FOREIGN_KAFKA_MODULES:
+            raise BrokerError(f"kafka: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}") from exc
+        raise

@@ -1,0 +1,171 @@
+"""The `keyload` command line: one grammar, `keyload <noun> <verb>`, for every family.
+
+Commands of the command table (keyload/commands.py) are derived from it
+(keyload/cli/commands.py): `queue create|configure|inspect|enqueue|receive`,
+`message inspect|redrive|cancel|park`, `lease ack|ack-batch|nack|renew`, `dlq list`,
+`topic create|inspect|publish|read|purge`, `group ...`, `doc ...`, `inbox configure`,
+`keys rotate`. The old top-level verbs stay as aliases of the same parsers: `enqueue`,
+`receive` (queue ...), `ack`, `nack`, `renew` (lease ...), `publish`, `read` (topic ...),
+`redrive`, `cancel`, `park` (message ...), `stats` (queue inspect, as text) and `inspect`
+(queue inspect, or message inspect with --message). Operational commands are hand-written
+(keyload/cli/operations.py): `run`, `checkpoint`, `replay`, `drill`, `restore`, `status`,
+`poison list`, `log truncate`, `keys add`, `payload schedule|get`, `gc status|run|release-pin`.
+
+Output: `--json` prints the full result as JSON, `--output text` a readable summary; the default
+is text on a terminal, JSON into a pipe (keyload/cli/output.py). Logging: `--log-level`,
+`--log-format text|json` (keyload/logs.py), on stderr.
+
+Errors: every command runs inside `keyload.errors.map_exceptions()`; whatever it raises is then
+a `KeyloadError`, printed as one line, `keyload: <message>` on stderr (`keyload: rejected:
+<code>: <detail>` for a rejected command), and the process exits with the code of the first
+class in EXIT_CODES it is an instance of:
+
+    0    success
+    1    any KeyloadError (a rejected command, a timeout, a bad data directory, a failed drill, ...);
+         also `lease ack`/`group ack` of several tokens when one was not committed
+    2    UsageError and argparse's own usage errors (bad command-line input)
+    130  interrupted (Ctrl-C)
+
+`keyload --help` and `keyload <noun> <verb> --help` import none of the engine: handlers import
+what they need when they run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from typing import TYPE_CHECKING
+
+from keyload.cli import commands, operations
+from keyload.cli.output import UsageError
+from keyload.errors import CommandRejected, KeyloadError, map_exceptions
+
+if TYPE_CHECKING:
+    from keyload.sdk.client import Client
+
+EXIT_FAILED = 1
+EXIT_USAGE = 2
+EXIT_INTERRUPTED = 130
+EXIT_CODES: tuple[tuple[type[KeyloadError], int], ...] = (
+    (UsageError, EXIT_USAGE),
+    (KeyloadError, EXIT_FAILED),
+)
+
+log = logging.getLogger("keyload.cli")
+
+
+def client_of(args: argparse.Namespace) -> Client:
+    from keyload.sdk.client import Client
+
+    return Client(args.data, principal=args.principal, timeout_s=args.timeout)
+
+
+def exit_code(exc: KeyloadError) -> int:
+    return next(code for cls, code in EXIT_CODES if isinstance(exc, cls))
+
+
+def _common() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument(
+        "--data",
+        default=operations.env_data(),
+        metavar="DIR",
+        help="data directory (default: $KEYLOAD_DATA or ./keyload-data)",
+    )
+    common.add_argument("--principal", default="anonymous", help="who the commands are from (default anonymous)")
+    common.add_argument(
+        "--timeout",
+        type=float,
+        default=operations.DEFAULTS["timeout"],
+        metavar="SECONDS",
+        help="seconds to wait for an outcome (default 10)",
+    )
+    output = common.add_mutually_exclusive_group()
+    output.add_argument(
+        "--json",
+        dest="output",
+        action="store_const",
+        const="json",
+        default="auto",
+        help="machine output: the full result as JSON",
+    )
+    output.add_argument(
+        "--output",
+        choices=("auto", "json", "text"),
+        default="auto",
+        help="json, text (a readable summary) or auto: text on a terminal, JSON into a pipe (default auto)",
+    )
+    common.add_argument(
+        "--log-level",
+        default="warning",
+        choices=("debug", "info", "warning", "error"),
+        help="keyload's log records on stderr at this level and above (default warning)",
+    )
+    common.add_argument(
+        "--log-format",
+        default="text",
+        choices=("text", "json"),
+        help="log lines as `keyload: message` text or one JSON object per line (default text)",
+    )
+    command = argparse.ArgumentParser(add_help=False)
+    command.add_argument(
+        "--command-id", help="stable id for retries: the same id returns the first outcome (default: a new UUID)"
+    )
+    return common, command
+
+
+def build_parser() -> argparse.ArgumentParser:
+    common, command = _common()
+    parser = argparse.ArgumentParser(
+        prog="keyload",
+        description="keyload: durable messaging on an event-sourced log. Grammar: keyload NOUN VERB [options].",
+        epilog="Aliases: enqueue, receive, inspect, stats (queue); ack, nack, renew (lease); publish, read (topic); "
+        "redrive, cancel, park (message).",
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    parents = [common, command]
+
+    nouns: dict[str, argparse._SubParsersAction[argparse.ArgumentParser]] = {}
+    by_cli = {}
+    for kind in commands.table_rows():
+        assert kind.cli is not None
+        noun, verb = kind.cli
+        if noun not in nouns:
+            nouns[noun] = sub.add_parser(noun, help=commands.NOUN_HELP.get(noun)).add_subparsers(
+                dest="action", required=True, metavar="VERB"
+            )
+        commands.add_row_parser(nouns[noun], verb, kind, parents)
+        by_cli[kind.cli] = kind
+    for alias, target in commands.ALIASES.items():
+        kind = by_cli[target]
+        help_text = f"alias of `keyload {' '.join(target)}`: {commands.SHAPES[kind.name].help}"
+        parser_ = commands.add_row_parser(sub, alias, kind, parents, help_text)
+        if alias == "stats":
+            parser_.set_defaults(text_only=True)
+    operations.add_keys_add(nouns["keys"], common)
+    operations.add_parsers(sub, common, command)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    from keyload import logs
+
+    logs.configure(args.log_level, json=args.log_format == "json")
+    try:
+        with map_exceptions():
+            code: int = args.func(args)
+        return code
+    except CommandRejected as exc:
+        log.error("rejected: %s", exc)
+        return exit_code(exc)
+    except KeyloadError as exc:
+        log.error("%s", exc)
+        return exit_code(exc)
+    except KeyboardInterrupt:
+        return EXIT_INTERRUPTED
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,192 @@
+"""The CLI's one grammar: a `keyload <noun> <verb>` for every command-table row with `cli`, options
+derived from the body's Avro record, help on every option, no engine import for `--help`, JSON
+output that parses, and the old top-level verbs as aliases."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from keyload.cli import build_parser, main
+from keyload.cli import commands as cli_commands
+from keyload.cli.operations import DEFAULTS
+from keyload.cli.schema import body_fields
+from keyload.commands import COMMANDS
+
+from .support import run_keyload, start_service, stop_service
+
+ROWS = [kind for kind in COMMANDS if kind.cli is not None]
+
+
+def subparser(parser: argparse.ArgumentParser, *path: str) -> argparse.ArgumentParser:
+    for name in path:
+        action = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+        parser = action.choices[name]
+    return parser
+
+
+@pytest.mark.parametrize("kind", ROWS, ids=[" ".join(kind.cli or ()) for kind in ROWS])
+def test_every_table_row_has_a_noun_verb_command_with_help_on_every_option(
+    kind: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert kind.cli is not None
+    with pytest.raises(SystemExit) as done:
+        main([*kind.cli, "--help"])
+    assert done.value.code == 0
+    assert f"usage: keyload {' '.join(kind.cli)}" in capsys.readouterr().out
+    parser = subparser(build_parser(), *kind.cli)
+    for action in parser._actions:
+        assert action.help, f"{' '.join(kind.cli)}: {action.option_strings or action.dest} has no help"
+    assert parser.get_default("row") == kind.name
+
+
+@pytest.mark.parametrize("kind", ROWS, ids=[" ".join(kind.cli or ()) for kind in ROWS])
+def test_every_body_field_is_an_option_a_positional_or_built(kind: Any) -> None:
+    """Each schema field reaches the command line: by its name, renamed, flattened, or built by the row."""
+    assert kind.cli is not None
+    parser = subparser(build_parser(), *kind.cli)
+    dests = {action.dest for action in parser._actions}
+    shape = cli_commands.SHAPES[kind.name]
+    for field in body_fields(kind.name):
+        covered = (
+            field.name in dests
+            or field.name in shape.hidden
+            or any(dest.startswith(f"{field.name}__") for dest in dests)
+            or (field.kind == "bytes" and {"body", "body_file"} <= dests)
+        )
+        assert covered, f"{' '.join(kind.cli)}: no option for {field.name}"
+
+
+def test_aliases_are_the_noun_verb_commands() -> None:
+    parser = build_parser()
+    for alias, target in cli_commands.ALIASES.items():
+        old, new = subparser(parser, alias), subparser(parser, *target)
+        assert old.get_default("row") == new.get_default("row")
+        assert sorted(a.dest for a in old._actions) == sorted(a.dest for a in new._actions), alias
+
+
+def test_the_cli_states_the_engines_defaults_and_choices() -> None:
+    """The parser states defaults and choices without importing the engine: they must agree with it."""
+    from keyload.operations import checkpoints, gc
+    from keyload.processors.policy import ENUM_FIELDS, GROUP_ENUM_FIELDS
+    from keyload.sdk import client
+    from keyload.service import kafka, ticker
+    from keyload.storage import datadir
+
+    assert DEFAULTS == {
+        "partitions": datadir.DEFAULT_PARTITIONS,
+        "tick_interval_ms": ticker.DEFAULT_TICK_INTERVAL_MS,
+        "session_timeout_ms": kafka.DEFAULT_SESSION_TIMEOUT_MS,
+        "checkpoint_every": checkpoints.DEFAULT_CHECKPOINT_EVERY_RECORDS,
+        "checkpoint_interval_s": checkpoints.DEFAULT_CHECKPOINT_INTERVAL_S,
+        "checkpoint_retain": checkpoints.DEFAULT_RETAINED_CHECKPOINTS,
+        "gc_interval_s": gc.DEFAULT_GC_INTERVAL_S,
+        "timeout": client.DEFAULT_TIMEOUT_S,
+        "poison_limit": client.DEFAULT_POISON_LIMIT,
+    }
+    assert {**ENUM_FIELDS, **GROUP_ENUM_FIELDS} == cli_commands.CHOICES
+
+
+def test_relative_and_absolute_times() -> None:
+    assert cli_commands.epoch_ms("1700000000000") == 1_700_000_000_000
+    before = cli_commands.epoch_ms("+0s")
+    assert 0 <= cli_commands.epoch_ms("+5s") - before - 5000 < 5000
+    with pytest.raises(argparse.ArgumentTypeError):
+        cli_commands.epoch_ms("soon")
+
+
+HELP_PROBE = """
+import sys
+from keyload.cli import main
+try:
+    main(sys.argv[1:])
+except SystemExit:
+    pass
+heavy = sorted(m for m in sys.modules if m.split(".")[0] in ("rocksdict", "confluent_kafka")
+               or m.startswith("keyload.processors"))
+print("HEAVY", heavy)
+"""
+
+
+@pytest.mark.parametrize("argv", [["--help"], ["queue", "enqueue", "--help"], ["group", "create", "--help"]])
+def test_help_imports_no_engine(argv: list[str]) -> None:
+    result = subprocess.run(
+        [sys.executable, "-c", HELP_PROBE, *argv], capture_output=True, text=True, timeout=60, check=True
+    )
+    assert result.stdout.splitlines()[-1] == "HEAVY []", result.stdout[-2000:]
+
+
+def test_bad_input_is_one_line_and_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    data = str(tmp_path / "nothing")
+    assert main(["queue", "enqueue", "--data", data, "--domain", "d", "--queue", "q"]) == 2
+    assert capsys.readouterr().err == "keyload: give exactly one of --body or --body-file\n"
+    code = main(["topic", "publish", "--data", data, "--domain", "d", "--topic", "t", "--body", "x"])
+    assert code == 2 and "give --type" in capsys.readouterr().err
+    assert main(["queue", "inspect", "--data", data, "--domain", "d", "--queue", "q", "--log-format", "json"]) == 1
+    [line] = capsys.readouterr().err.splitlines()
+    record = json.loads(line)
+    assert record["level"] == "error" and "keyload data directory" in record["message"]
+
+
+def cli_json(*args: str) -> Any:
+    result = run_keyload(*args)
+    assert result.returncode == 0, result.stdout + result.stderr
+    return json.loads(result.stdout)
+
+
+@pytest.mark.slow
+def test_noun_verb_commands_against_a_running_service(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    service = start_service(data, "--partitions", "2", "--gc-interval-s", "0")
+    at = ("--data", str(data), "--domain", "shop")
+    try:
+        created = cli_json("queue", "create", *at, "jobs", "--max-attempts", "3", "--json")
+        assert (created["queue"], created["policy"]["max_attempts"]) == ("jobs", 3)
+        enqueued = cli_json(
+            "queue", "enqueue", *at, "--queue", "jobs", "--message-id", "m-1", "--body", "hello",
+            "--header", "kind=demo", "--not-before-ms", "+0s", "--json",
+        )  # fmt: skip
+        assert enqueued["message_id"] == "m-1"
+        received = cli_json("queue", "receive", *at, "--queue", "jobs", "--lease-ms", "60000", "--json")
+        [delivery] = received["deliveries"]
+        assert (delivery["message_id"], delivery["body"], delivery["headers"]) == ("m-1", "hello", {"kind": "demo"})
+        message = cli_json("message", "inspect", *at, "--queue", "jobs", "m-1", "--body", "--json")
+        assert (message["message_id"], message["meta"]["state"], message["body"]) == ("m-1", "leased", "hello")
+        acked = cli_json("lease", "ack", *at, delivery["token"], "--json")
+        assert acked["state"] == "acked"
+        view = cli_json("queue", "inspect", *at, "--queue", "jobs", "--json")
+        counters = view["counters"]
+        assert (counters["enqueued_total"], counters["acked_total"], counters["stored_messages"]) == (1, 1, 0)
+        text = run_keyload("queue", "inspect", *at, "--queue", "jobs", "--output", "text")
+        assert text.returncode == 0 and text.stdout.startswith("shop/jobs (policy version 1)")
+        assert "acked_total" in text.stdout
+        cli_json("topic", "create", *at, "news", "--json")
+        events = json.dumps(
+            [{"event_id": "e-1", "type": "t", "body": "one"}, {"event_id": "e-2", "type": "t", "body": "two"}]
+        )
+        published = cli_json("topic", "publish", *at, "--topic", "news", "--events-json", events, "--json")
+        assert [e["position"] for e in published["events"]] == [1, 2]
+        page = cli_json("topic", "read", *at, "--topic", "news", "--json")
+        assert [e["body"] for e in page["events"]] == ["one", "two"]
+        for readable in (("topic", "read", *at, "--topic", "news"), ("topic", "inspect", *at, "news")):
+            shown = run_keyload(*readable, "--output", "text")
+            assert shown.returncode == 0 and shown.stdout.strip() and not shown.stdout.startswith("{"), shown
+        assert "body" in run_keyload("topic", "read", *at, "--topic", "news", "--output", "text").stdout
+        group = cli_json("group", "create", *at, "--topic", "news", "g", "--start", "2", "--max-window", "4", "--json")
+        assert group["policy"]["max_window"] == 4
+        got = cli_json("group", "receive", *at, "--topic", "news", "g", "--json")
+        assert [d["position"] for d in got["deliveries"]] == [2]
+        doc = cli_json("doc", "put", *at, "k", "--body", "v", "--json")
+        assert doc["revision"] == 1
+        rotated = run_keyload("keys", "rotate", "--data", str(data), "--partition", "0", "--json")
+        assert rotated.returncode == 0 and json.loads(rotated.stdout)[0]["partition"] == 0
+        rejected = run_keyload("lease", "ack", *at, delivery["token"])
+        assert rejected.returncode == 1 and rejected.stderr.startswith("keyload: rejected: StaleLease")
+    finally:
+        assert stop_service(service) == 0
