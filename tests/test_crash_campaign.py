@@ -212,6 +212,7 @@ def zygote(log_path: Path, run_arguments: list[str]) -> None:
     child still running. A closed stdin is quit too.
     """
     from keyload import cli
+    from keyload.service import embedded  # noqa: F401  (the engine too: the CLI imports it lazily)
 
     child: int | None = None
     last_exit: int | None = None  # of the child reaped last
