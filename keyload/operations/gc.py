@@ -22,7 +22,7 @@ pass; the processor, not the worker, decides what may be deleted.
 from __future__ import annotations
 
 import contextlib
-import sys
+import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from threading import Event
@@ -39,6 +39,8 @@ from keyload.sdk.results import RetentionPage, RetentionStatus, RetentionTask
 from keyload.service.runtime import wall_clock_ms
 from keyload.storage.datadir import DataDir
 from keyload.storage.object_store import ObjectStore, ObjectStoreError
+
+log = logging.getLogger("keyload.operations.gc")
 
 DEFAULT_GC_INTERVAL_S = 10.0
 TIME_BLOCKERS = frozenset({"live_handles", "upload_horizon"})  # lifted by log time alone
@@ -216,7 +218,7 @@ class GcWorker:
             else:
                 settled = not left and not self.objects.uploads(key)
         except ObjectStoreError as exc:
-            print(f"gc: task {task.task_id} ({key}): {exc}", file=sys.stderr)
+            log.warning("gc: task %d (%s): %s", task.task_id, key, exc)
             done.unresolved += 1
             return
         if not settled:
@@ -237,7 +239,7 @@ def run_worker(
         try:
             done = worker.run_once()
         except (KeyloadError, CatalogError, CheckpointError, ObjectStoreError) as exc:
-            print(f"gc: pass failed, retrying in {interval_s:.0f} s: {exc}", file=sys.stderr)
+            log.warning("gc: pass failed, retrying in %.0f s: %s", interval_s, exc)
         else:
             if report is not None:
                 report(done)

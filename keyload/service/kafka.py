@@ -21,8 +21,8 @@ same outcomes and the same state, so an overlap is harmless.
 from __future__ import annotations
 
 import itertools
+import logging
 import shutil
-import sys
 import time
 from collections import deque
 from collections.abc import Callable
@@ -42,6 +42,8 @@ from keyload.service.halts import Halt, record_halt
 from keyload.service.runtime import MAX_GROUP_RECORDS, PartitionProcessor, Stalls, report_halts
 from keyload.service.ticker import Ticker
 from keyload.storage.datadir import DataDir
+
+log = logging.getLogger("keyload.service.kafka")
 
 FETCH_WAIT_S = 0.1  # longest wait for new records before the ticker and checkpoints get a turn
 ADVISORY_COMMIT_INTERVAL_S = 5.0
@@ -170,7 +172,7 @@ class KafkaService:
                 reason = "RecoveryRequired: the log was truncated past the projection and no checkpoint covers it"
                 owned.processor.halt = Halt(owned.processor.partition, owned.processor.applied_offset + 1, reason)
                 return
-            print(f"keyload: kafka: {error}", file=sys.stderr)
+            log.warning("kafka: %s", error)
             return
         receiver = self.owned.get(message.partition())
         if receiver is not None:
@@ -208,7 +210,7 @@ class KafkaService:
             try:
                 self._consumer.commit(offsets=offsets, asynchronous=True)
             except Exception as exc:  # advisory only: lag figures may lag
-                print(f"keyload: advisory offset commit failed: {exc}", file=sys.stderr)
+                log.warning("advisory offset commit failed: %s", exc)
 
     def _open(self, partition: int) -> Owned:
         """The partition's projection: local if current, else the newest published checkpoint."""
@@ -261,7 +263,7 @@ class KafkaService:
             self.checkpoints.restore(entry, incoming)
         except CheckpointError as exc:
             # The local projection (or an empty one) replays further instead.
-            print(f"keyload: p{entry.partition}: {exc}; replaying without it", file=sys.stderr)
+            log.warning("p%d: %s; replaying without it", entry.partition, exc)
             shutil.rmtree(incoming, ignore_errors=True)
             return
         shutil.rmtree(path, ignore_errors=True)
