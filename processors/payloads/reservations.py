@@ -9,13 +9,15 @@ Whichever comes first in the log among commit, cancel and the deadline wins.
 
 from __future__ import annotations
 
+from msgspec.structs import replace
+
 from keyload import limits
 from keyload.processors.context import Context
 from keyload.processors.errors import Corruption, ErrorCode, Rejected
 from keyload.processors.payloads import retention
-from keyload.processors.payloads.retention import RESERVATION
 from keyload.processors.queues.state import Record, load_queue_by_id, save_queue
 from keyload.projections import keys
+from keyload.projections.records import PayloadReservation, QueueRecord, QueueView, ReservationState, load, save
 from keyload.projections.store import Staged
 
 
@@ -24,82 +26,87 @@ def object_key(partition: int, reservation_id: int) -> str:
     return f"payloads/p-{partition:04d}/{reservation_id:020d}"
 
 
-def effective_state(reservation: Record, now_ms: int) -> str:
+def effective_state(reservation: PayloadReservation, now_ms: int) -> ReservationState:
     """The state at `now_ms`: a reserved one whose deadline has passed is expired, timer or not."""
-    state: str = reservation["state"]
-    if state == "reserved" and now_ms >= reservation["upload_deadline_ms"]:
-        return "expired"
-    return state
+    if reservation.state == ReservationState.reserved and now_ms >= reservation.upload_deadline_ms:
+        return ReservationState.expired
+    return reservation.state
 
 
-def view(reservation: Record, now_ms: int) -> Record:
-    return dict(reservation, state=effective_state(reservation, now_ms))
+def view(reservation: PayloadReservation, now_ms: int) -> Record:
+    return dict(reservation.to_avro(), state=effective_state(reservation, now_ms).value)
 
 
-def load_reservation(stage: Staged, ctx: Context, reservation_id: int) -> Record:
+def load_reservation(stage: Staged, ctx: Context, reservation_id: int) -> PayloadReservation:
     # An id outside its range (limits.RESERVATION_ID) names no reservation: never packed into a key.
     if not limits.RESERVATION_ID.contains(reservation_id):
         raise Rejected(ErrorCode.NOT_FOUND, "reservation does not exist")
-    reservation = stage.get_record(keys.reservation(reservation_id), RESERVATION)
-    if reservation is None or reservation["domain"] != ctx.domain:
+    reservation = load(stage, keys.reservation(reservation_id), PayloadReservation)
+    if reservation is None or reservation.domain != ctx.domain:
         raise Rejected(ErrorCode.NOT_FOUND, "reservation does not exist")
     return reservation
 
 
-def queue_of(stage: Staged, reservation: Record) -> Record:
-    record = load_queue_by_id(stage, reservation["queue_id"])
+def queue_of(stage: Staged, reservation: PayloadReservation) -> Record:
+    """The reservation's queue record, as processors/queues/* read and write it (a dict)."""
+    record = load_queue_by_id(stage, reservation.queue_id)
     if record is None:
-        raise Corruption(f"reservation {reservation['reservation_id']} names a missing queue")
+        raise Corruption(f"reservation {reservation.reservation_id} names a missing queue")
     return record
 
 
-def refuse_closed(reservation: Record, now_ms: int) -> None:
+def refuse_closed(reservation: PayloadReservation, now_ms: int) -> None:
     """Refuse a change to a reservation that is no longer open (the log decided first)."""
     state = effective_state(reservation, now_ms)
-    if state == "expired":
+    if state == ReservationState.expired:
         raise Rejected(ErrorCode.LEASE_EXPIRED, "the reservation's upload deadline has passed")
-    if state == "cancelled":
+    if state == ReservationState.cancelled:
         raise Rejected(ErrorCode.CONFLICT, "the reservation was cancelled")
-    if state == "committed":
+    if state == ReservationState.committed:
         raise Rejected(ErrorCode.CONFLICT, "the reservation is already committed")
 
 
-def close(stage: Staged, record: Record, reservation: Record, state: str, ctx: Context) -> None:
-    """End an open reservation: drop its deadline timer and record how it ended."""
-    queue_id = record["view"]["incarnation"]
-    timer = keys.timer(
-        queue_id, reservation["upload_deadline_ms"], keys.TIMER_RESERVATION, reservation["reservation_id"]
-    )
+def close(
+    stage: Staged, queue_id: int, reservation: PayloadReservation, state: ReservationState, ctx: Context
+) -> PayloadReservation:
+    """End an open reservation of queue `queue_id`: drop its deadline timer; the reservation as it
+    ended (the caller saves it)."""
+    timer = keys.timer(queue_id, reservation.upload_deadline_ms, keys.TIMER_RESERVATION, reservation.reservation_id)
     if stage.get(timer) is None:
-        raise Corruption(f"open reservation {reservation['reservation_id']} has no deadline timer")
+        raise Corruption(f"open reservation {reservation.reservation_id} has no deadline timer")
     stage.delete(timer)
-    reservation["state"] = state
-    reservation["closed_at_ms"] = ctx.now_ms
+    return replace(reservation, state=state, closed_at_ms=ctx.now_ms)
 
 
 def cancel_large_schedule(stage: Staged, body: Record, ctx: Context) -> Record:
     reservation = load_reservation(stage, ctx, body["reservation_id"])
-    if reservation["state"] == "cancelled":
+    if reservation.state == ReservationState.cancelled:
         return view(reservation, ctx.now_ms)
     refuse_closed(reservation, ctx.now_ms)
     record = queue_of(stage, reservation)
-    _abandon(stage, record, reservation, "cancelled", ctx)
-    save_queue(stage, record)
-    return view(reservation, ctx.now_ms)
+    cancelled = _abandon(stage, QueueRecord.from_avro(record).view, reservation, ReservationState.cancelled, ctx)
+    save_queue(stage, record)  # unchanged but for its due-index entry: the deadline timer is gone
+    return view(cancelled, ctx.now_ms)
 
 
-def _abandon(stage: Staged, record: Record, reservation: Record, state: str, ctx: Context) -> None:
-    close(stage, record, reservation, state, ctx)
-    stage.put_record(keys.reservation(reservation["reservation_id"]), RESERVATION, reservation)
-    retention.abandon_reservation(stage, record, reservation, ctx)
+def _abandon(
+    stage: Staged, queue: QueueView, reservation: PayloadReservation, state: ReservationState, ctx: Context
+) -> PayloadReservation:
+    closed = close(stage, queue.incarnation, reservation, state, ctx)
+    save(stage, keys.reservation(closed.reservation_id), closed)
+    retention.abandon_reservation(stage, queue, closed, ctx)
+    return closed
 
 
 def expire_reservation(stage: Staged, record: Record, ctx: Context, reservation_id: int) -> None:
-    """The deadline timer: write down the expiry log time already decided."""
-    reservation = stage.get_record(keys.reservation(reservation_id), RESERVATION)
-    if reservation is None or reservation["state"] != "reserved":
+    """The deadline timer: write down the expiry log time already decided.
+
+    `record` is the timer's queue record as processors/queues/* hold it (a dict, which
+    the caller saves); it is only read here."""
+    reservation = load(stage, keys.reservation(reservation_id), PayloadReservation)
+    if reservation is None or reservation.state != ReservationState.reserved:
         raise Corruption(f"deadline timer of reservation {reservation_id}, which is not open")
-    _abandon(stage, record, reservation, "expired", ctx)
+    _abandon(stage, QueueRecord.from_avro(record).view, reservation, ReservationState.expired, ctx)
 
 
 def inspect_reservation(stage: Staged, body: Record, ctx: Context) -> Record:

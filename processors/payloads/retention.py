@@ -21,88 +21,123 @@
 
 from __future__ import annotations
 
+from msgspec.structs import replace
+
 from keyload import limits
 from keyload.processors import validation
 from keyload.processors.context import Context
 from keyload.processors.errors import Corruption, ErrorCode, Rejected
-from keyload.processors.queues.state import (
-    MESSAGE_META,
-    Record,
-    adjust,
-    allocate,
-    bounded,
-    load_queue_by_id,
-    save_queue,
-)
+from keyload.processors.queues.state import Record, allocate, bounded, load_queue_by_id, save_queue
 from keyload.projections import keys
+from keyload.projections.records import (
+    MessageMeta,
+    PayloadReservation,
+    QueueCounters,
+    QueueRecord,
+    QueueView,
+    RetentionKind,
+    RetentionState,
+    RetentionTask,
+    load,
+    save,
+)
 from keyload.projections.store import Readable, Staged
 
-RESERVATION = "keyload.PayloadReservation"
 
-TASK = "keyload.RetentionTask"
+def adjusted_counters(counters: QueueCounters, **deltas: int) -> QueueCounters:
+    """`counters` with each named authoritative counter changed by its delta, in the order given;
+    going negative means the projection is corrupt."""
+    changed: dict[str, int] = {}
+    for name, delta in deltas.items():
+        value: int = getattr(counters, name) + delta
+        if value < 0:
+            raise Corruption(f"counter {name} would become {value}")
+        changed[name] = value
+    return replace(counters, **changed)
 
 
 def retire_payload(stage: Staged, record: Record, message_id: str, meta: Record, ctx: Context) -> None:
     """A large message became terminal: its object waits for the barrier, and for every handle
     naming it to expire — read handles, and the upload handle (a resumed upload could otherwise
-    create the key again after its deletion)."""
-    payload = meta["payload"]
-    reservation = stage.get_record(keys.reservation(payload["reservation_id"]), RESERVATION)
+    create the key again after its deletion).
+
+    `record` and `meta` are the queue record and message as processors/queues/* hold them
+    (dicts, which the caller saves); they are only read here."""
+    queue = QueueRecord.from_avro(record).view
+    message = MessageMeta.from_avro(meta)
+    payload = message.payload
+    if payload is None:
+        raise Corruption(f"message {message_id} is retired as a large message but has no payload")
+    reservation = load(stage, keys.reservation(payload.reservation_id), PayloadReservation)
     if reservation is None:
-        raise Corruption(f"large message {message_id} has no reservation {payload['reservation_id']}")
-    read_until = max(ctx.now_ms, meta["read_until_ms"] or 0, reservation["upload_deadline_ms"])
-    queue = record["view"]
-    horizon = queue["policy"]["payload_request_horizon_ms"]
-    _new_task(stage, ctx, "message_payload", queue, message_id, payload, read_until, horizon)
+        raise Corruption(f"large message {message_id} has no reservation {payload.reservation_id}")
+    read_until = max(ctx.now_ms, message.read_until_ms or 0, reservation.upload_deadline_ms)
+    _new_task(
+        stage,
+        ctx,
+        RetentionKind.message_payload,
+        queue,
+        message_id,
+        payload.reservation_id,
+        payload.object_key,
+        payload.object_version,
+        payload.length,
+        read_until,
+    )
 
 
-def abandon_reservation(stage: Staged, record: Record, reservation: Record, ctx: Context) -> None:
+def abandon_reservation(stage: Staged, queue: QueueView, reservation: PayloadReservation, ctx: Context) -> None:
     """A reservation ended uncommitted: whatever an upload left must go, once no upload can land."""
-    queue = record["view"]
-    payload = {
-        "reservation_id": reservation["reservation_id"],
-        "object_key": reservation["object_key"],
-        "object_version": None,
-        "length": reservation["length"],
-    }
-    uploads_until = max(ctx.now_ms, reservation["upload_deadline_ms"])
-    horizon = queue["policy"]["payload_request_horizon_ms"]
-    _new_task(stage, ctx, "abandoned_reservation", queue, reservation["message_id"], payload, uploads_until, horizon)
+    uploads_until = max(ctx.now_ms, reservation.upload_deadline_ms)
+    _new_task(
+        stage,
+        ctx,
+        RetentionKind.abandoned_reservation,
+        queue,
+        reservation.message_id,
+        reservation.reservation_id,
+        reservation.object_key,
+        None,
+        reservation.length,
+        uploads_until,
+    )
 
 
 def _new_task(
     stage: Staged,
     ctx: Context,
-    kind: str,
-    queue: Record,
+    kind: RetentionKind,
+    queue: QueueView,
     message_id: str,
-    payload: Record,
+    reservation_id: int,
+    object_key: str,
+    object_version: str | None,
+    length: int,
     handles_until_ms: int,
-    horizon_ms: int,
 ) -> None:
     task_id = allocate(stage, keys.NEXT_TASK_ID)
-    task: Record = {
-        "task_id": task_id,
-        "kind": kind,
-        "domain": queue["domain"],
-        "queue": queue["queue"],
-        "queue_id": queue["incarnation"],
-        "message_id": message_id,
-        "reservation_id": payload["reservation_id"],
-        "object_key": payload["object_key"],
-        "object_version": payload["object_version"],
-        "length": payload["length"],
-        "retire_offset": ctx.offset,
-        "retired_at_ms": ctx.now_ms,
+    task = RetentionTask(
+        task_id=task_id,
+        kind=kind,
+        domain=queue.domain,
+        queue=queue.queue,
+        queue_id=queue.incarnation,
+        message_id=message_id,
+        reservation_id=reservation_id,
+        object_key=object_key,
+        object_version=object_version,
+        length=length,
+        retire_offset=ctx.offset,
+        retired_at_ms=ctx.now_ms,
         # A request made with a handle may still reach the object store a while after it expires.
-        "protect_until_ms": handles_until_ms + horizon_ms,
-        "state": "waiting",
-        "delete_offset": None,
-        "confirmed_offset": None,
-        "confirmed_at_ms": None,
-        "deleted_versions": [],
-    }
-    stage.put_record(keys.retention_task(task_id), TASK, task)
+        protect_until_ms=handles_until_ms + queue.policy.payload_request_horizon_ms,
+        state=RetentionState.waiting,
+        delete_offset=None,
+        confirmed_offset=None,
+        confirmed_at_ms=None,
+        deleted_versions=[],
+    )
+    save(stage, keys.retention_task(task_id), task)
 
 
 def recovery_floor(stage: Readable) -> int | None:
@@ -110,26 +145,32 @@ def recovery_floor(stage: Readable) -> int | None:
     return None if raw is None else keys.read_u64(raw)
 
 
-def blockers(stage: Readable, task: Record, now_ms: int) -> list[str]:
-    """What keeps a waiting task's object from deletion at `now_ms` (empty: nothing)."""
-    if task["state"] != "waiting":
+def _blockers(
+    stage: Readable, state: str, kind: str, retire_offset: int, protect_until_ms: int, now_ms: int
+) -> list[str]:
+    if state != RetentionState.waiting:
         return []
     found = []
     floor = recovery_floor(stage)
-    if floor is None or floor < task["retire_offset"]:
+    if floor is None or floor < retire_offset:
         found.append("recovery_floor")
-    if now_ms < task["protect_until_ms"]:
-        found.append("live_handles" if task["kind"] == "message_payload" else "upload_horizon")
+    if now_ms < protect_until_ms:
+        found.append("live_handles" if kind == RetentionKind.message_payload else "upload_horizon")
     return found
 
 
-def _status(stage: Readable, task: Record, now_ms: int) -> Record:
-    return {"task": task, "blocked_by": blockers(stage, task, now_ms)}
+def blockers(stage: Readable, task: RetentionTask, now_ms: int) -> list[str]:
+    """What keeps a waiting task's object from deletion at `now_ms` (empty: nothing)."""
+    return _blockers(stage, task.state, task.kind, task.retire_offset, task.protect_until_ms, now_ms)
 
 
-def _load_task(stage: Staged, task_id: int) -> Record:
+def _status(stage: Readable, task: RetentionTask, now_ms: int) -> Record:
+    return {"task": task.to_avro(), "blocked_by": blockers(stage, task, now_ms)}
+
+
+def _load_task(stage: Staged, task_id: int) -> RetentionTask:
     # An id outside its range (limits.TASK_ID) names no task: never packed into a key.
-    task = stage.get_record(keys.retention_task(task_id), TASK) if limits.TASK_ID.contains(task_id) else None
+    task = load(stage, keys.retention_task(task_id), RetentionTask) if limits.TASK_ID.contains(task_id) else None
     if task is None:
         raise Rejected(ErrorCode.NOT_FOUND, "retention task does not exist (or was compacted)")
     return task
@@ -144,9 +185,14 @@ def list_retention(stage: Staged, body: Record, ctx: Context) -> Record:
         if len(tasks) == limit:
             next_after = tasks[-1]["task"]["task_id"]
             break
-        task = stage.get_record(key, TASK)
+        # Up to MAX_RETENTION_PAGE tasks, each returned as the dict it is stored as: a typed round
+        # trip per task (~6 us) would only serve the four fields its blockers read.
+        task = stage.get_record(key, RetentionTask.SCHEMA)
         assert task is not None
-        tasks.append(_status(stage, task, ctx.now_ms))
+        blocked = _blockers(
+            stage, task["state"], task["kind"], task["retire_offset"], task["protect_until_ms"], ctx.now_ms
+        )
+        tasks.append({"task": task, "blocked_by": blocked})
     return _page(stage, tasks, next_after)
 
 
@@ -162,13 +208,12 @@ def _page(stage: Readable, tasks: list[Record], next_after: int | None) -> Recor
 
 def begin_delete(stage: Staged, body: Record, ctx: Context) -> Record:
     task = _load_task(stage, body["task_id"])
-    if task["state"] == "waiting":
+    if task.state == RetentionState.waiting:
         blocked = blockers(stage, task, ctx.now_ms)
         if blocked:
             raise Rejected(ErrorCode.CONFLICT, f"deletion is blocked by: {', '.join(blocked)}")
-        task["state"] = "deleting"
-        task["delete_offset"] = ctx.offset
-        stage.put_record(keys.retention_task(task["task_id"]), TASK, task)
+        task = replace(task, state=RetentionState.deleting, delete_offset=ctx.offset)
+        save(stage, keys.retention_task(task.task_id), task)
     return _status(stage, task, ctx.now_ms)  # deleting or confirmed already: a worker's retry
 
 
@@ -183,21 +228,32 @@ def delete_confirmed(stage: Staged, body: Record, ctx: Context) -> Record:
             f"deleted_versions holds at most {limits.MAX_DELETED_VERSIONS} versions of "
             f"1..{limits.MAX_OBJECT_VERSION_CHARS} characters",
         )
-    if task["state"] == "waiting":
+    if task.state == RetentionState.waiting:
         raise Rejected(ErrorCode.CONFLICT, "the task's deletion has not begun (BeginDelete first)")
-    if task["state"] == "deleting":
-        record = load_queue_by_id(stage, task["queue_id"])
+    if task.state == RetentionState.deleting:
+        # processors/queues/* read and write the queue record as a dict: converted at this boundary.
+        record = load_queue_by_id(stage, task.queue_id)
         if record is None:
-            raise Corruption(f"retention task {task['task_id']} names a missing queue")
-        counters = record["view"]["counters"]
-        adjust(counters, "payload_object_bytes", -task["length"])
-        if task["kind"] == "abandoned_reservation":
-            adjust(counters, "reserved_messages", -1)
-            adjust(counters, "reserved_bytes", -task["length"])
-        save_queue(stage, record)
-        task.update(state="confirmed", confirmed_offset=ctx.offset, confirmed_at_ms=ctx.now_ms)
-        task["deleted_versions"] = sorted(versions)
-        stage.put_record(keys.retention_task(task["task_id"]), TASK, task)
+            raise Corruption(f"retention task {task.task_id} names a missing queue")
+        queue = QueueRecord.from_avro(record)
+        if task.kind == RetentionKind.abandoned_reservation:
+            counters = adjusted_counters(
+                queue.view.counters,
+                payload_object_bytes=-task.length,
+                reserved_messages=-1,
+                reserved_bytes=-task.length,
+            )
+        else:
+            counters = adjusted_counters(queue.view.counters, payload_object_bytes=-task.length)
+        save_queue(stage, replace(queue, view=replace(queue.view, counters=counters)).to_avro())
+        task = replace(
+            task,
+            state=RetentionState.confirmed,
+            confirmed_offset=ctx.offset,
+            confirmed_at_ms=ctx.now_ms,
+            deleted_versions=sorted(versions),
+        )
+        save(stage, keys.retention_task(task.task_id), task)
     return _status(stage, task, ctx.now_ms)
 
 
@@ -214,22 +270,25 @@ def advance_recovery_floor(stage: Staged, body: Record, ctx: Context) -> Record:
 
 
 def _compact(stage: Staged, floor: int) -> None:
-    """Drop confirmed tasks the floor has passed, with their reservation and message history."""
+    """Drop confirmed tasks the floor has passed, with their reservation and message history.
+
+    Tasks and messages are read as dicts here: this examines up to
+    RETENTION_COMPACTION_BUDGET rows per command and reads a few fields of each."""
     retired = 0
     examined = 0
     for key, _ in stage.scan(keys.RETENTION_TASK, keys.prefix_end(keys.RETENTION_TASK)):
         if examined == limits.RETENTION_COMPACTION_BUDGET:
             break
         examined += 1
-        task = stage.get_record(key, TASK)
+        task = stage.get_record(key, RetentionTask.SCHEMA)
         assert task is not None
-        if task["state"] != "confirmed" or task["confirmed_offset"] > floor:
+        if task["state"] != RetentionState.confirmed or task["confirmed_offset"] > floor:
             continue
         stage.delete(key)
         stage.delete(keys.reservation(task["reservation_id"]))
-        if task["kind"] == "message_payload":
+        if task["kind"] == RetentionKind.message_payload:
             message = keys.message(task["queue_id"], task["message_id"])
-            meta = stage.get_record(message, MESSAGE_META)
+            meta = stage.get_record(message, MessageMeta.SCHEMA)
             if meta is None or meta["terminal_at_ms"] is None:
                 raise Corruption(f"retention task {task['task_id']} names a message that is not terminal")
             stage.delete(message)

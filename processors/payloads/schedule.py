@@ -14,20 +14,25 @@ How a reservation ends otherwise (cancel, deadline) is processors/payloads/reser
 
 from __future__ import annotations
 
+from msgspec.structs import replace
+
 from keyload import limits
 from keyload.processors.context import Context
 from keyload.processors.errors import ErrorCode, Rejected
 from keyload.processors.key_rotation import MissingKey, trust_set
 from keyload.processors.payloads import proofs
 from keyload.processors.payloads.reservations import close, load_reservation, object_key, queue_of, refuse_closed, view
-from keyload.processors.payloads.retention import RESERVATION
+from keyload.processors.payloads.retention import adjusted_counters
 from keyload.processors.queues.resource import admit, check_new_message, check_room
-from keyload.processors.queues.state import Record, add_timer_row, adjust, allocate, bounded, load_queue, save_queue
+from keyload.processors.queues.state import Record, add_timer_row, allocate, bounded, load_queue, save_queue
 from keyload.projections import keys
+from keyload.projections.records import LargePayload, PayloadReservation, QueueRecord, ReservationState, save
 from keyload.projections.store import Staged
 
 
 def prepare_large_schedule(stage: Staged, body: Record, ctx: Context) -> Record:
+    # processors/queues/* read and write the queue record as a dict: it is converted once,
+    # after their checks, and handed back to them as a dict with the new counters.
     record = load_queue(stage, ctx.domain, body["queue"])
     check_new_message(stage, record, body, ctx, "PrepareLargeSchedule")
     length = bounded("length", body["length"], 0, 0, limits.MAX_PAYLOAD_BYTES)
@@ -42,44 +47,44 @@ def prepare_large_schedule(stage: Staged, body: Record, ctx: Context) -> Record:
     if body["expires_at_ms"] is not None and body["expires_at_ms"] <= deadline:
         raise Rejected(ErrorCode.VALIDATION, "expires_at_ms must be after the upload deadline")
     check_room(record, 1, length)
-    queue = record["view"]
+    queue = QueueRecord.from_avro(record)
     reservation_id = allocate(stage, keys.NEXT_RESERVATION_ID)
     version, key_id = trust_set(stage)
-    reservation: Record = {
-        "reservation_id": reservation_id,
-        "domain": ctx.domain,
-        "queue": queue["queue"],
-        "queue_id": queue["incarnation"],
-        "message_id": body["message_id"],
-        "object_key": object_key(ctx.partition, reservation_id),
-        "length": length,
-        "sha256": body["sha256"],
-        "headers": dict(sorted(body["headers"].items())),
-        "ordering_key": body["ordering_key"],
-        "not_before_ms": body["not_before_ms"],
-        "expires_at_ms": body["expires_at_ms"],
-        "upload_deadline_ms": deadline,
-        "trust_set_version": version,
-        "trust_key_id": key_id,
-        "state": "reserved",
-        "reserved_at_ms": ctx.now_ms,
-        "closed_at_ms": None,
-        "object_version": None,
-    }
-    counters = queue["counters"]
-    adjust(counters, "reserved_messages", 1)
-    adjust(counters, "reserved_bytes", length)
-    adjust(counters, "payload_object_bytes", length)
-    stage.put(keys.identity(queue["incarnation"], body["message_id"]), keys.u64(reservation_id))
+    reservation = PayloadReservation(
+        reservation_id=reservation_id,
+        domain=ctx.domain,
+        queue=queue.view.queue,
+        queue_id=queue.view.incarnation,
+        message_id=body["message_id"],
+        object_key=object_key(ctx.partition, reservation_id),
+        length=length,
+        sha256=body["sha256"],
+        headers=dict(sorted(body["headers"].items())),
+        ordering_key=body["ordering_key"],
+        not_before_ms=body["not_before_ms"],
+        expires_at_ms=body["expires_at_ms"],
+        upload_deadline_ms=deadline,
+        trust_set_version=version,
+        trust_key_id=key_id,
+        state=ReservationState.reserved,
+        reserved_at_ms=ctx.now_ms,
+        closed_at_ms=None,
+        object_version=None,
+    )
+    counters = adjusted_counters(
+        queue.view.counters, reserved_messages=1, reserved_bytes=length, payload_object_bytes=length
+    )
+    record = replace(queue, view=replace(queue.view, counters=counters)).to_avro()
+    stage.put(keys.identity(queue.view.incarnation, body["message_id"]), keys.u64(reservation_id))
     add_timer_row(stage, record, deadline, keys.TIMER_RESERVATION, reservation_id, body["message_id"])
-    stage.put_record(keys.reservation(reservation_id), RESERVATION, reservation)
+    save(stage, keys.reservation(reservation_id), reservation)
     save_queue(stage, record)
     return view(reservation, ctx.now_ms)
 
 
-def check_proof(reservation: Record, proof: Record, ctx: Context) -> None:
+def check_proof(reservation: PayloadReservation, proof: Record, ctx: Context) -> None:
     """The proof's trust set, signature and fields against the reservation; no object-store call."""
-    if (proof["key_id"], proof["trust_set_version"]) != (reservation["trust_key_id"], reservation["trust_set_version"]):
+    if (proof["key_id"], proof["trust_set_version"]) != (reservation.trust_key_id, reservation.trust_set_version):
         raise Rejected(ErrorCode.TOKEN_INVALIDATED, "the proof is not signed by the reservation's trust set")
     if proof["key_id"] not in ctx.keyring:
         # Not a refusal: a replay with the key present would decide otherwise. The runtime
@@ -87,12 +92,17 @@ def check_proof(reservation: Record, proof: Record, ctx: Context) -> None:
         raise MissingKey(f"keyring has no key {proof['key_id']!r} (a payload trust set's)")
     if not proofs.signature_valid(ctx.keyring, proof):
         raise Rejected(ErrorCode.TOKEN_INVALIDATED, "the proof's signature is not valid")
-    for name in ("domain", "reservation_id", "object_key"):
-        if proof[name] != reservation[name]:
+    pinned = (
+        ("domain", reservation.domain),
+        ("reservation_id", reservation.reservation_id),
+        ("object_key", reservation.object_key),
+    )
+    for name, value in pinned:
+        if proof[name] != value:
             raise Rejected(ErrorCode.CONFLICT, f"the proof's {name} is not the reservation's")
-    if proof["length"] != reservation["length"]:
+    if proof["length"] != reservation.length:
         raise Rejected(ErrorCode.CONFLICT, "the proven object's length is not the reserved length")
-    if proof["sha256"] != reservation["sha256"]:
+    if proof["sha256"] != reservation.sha256:
         raise Rejected(ErrorCode.CONFLICT, "the proven object's SHA-256 is not the reserved one")
     if not 1 <= len(proof["object_version"]) <= limits.MAX_OBJECT_VERSION_CHARS:
         raise Rejected(ErrorCode.VALIDATION, f"object_version must be 1..{limits.MAX_OBJECT_VERSION_CHARS} characters")
@@ -102,27 +112,29 @@ def commit_large_schedule(stage: Staged, body: Record, ctx: Context) -> Record:
     reservation = load_reservation(stage, ctx, body["reservation_id"])
     proof = body["proof"]
     check_proof(reservation, proof, ctx)
-    if reservation["state"] == "committed":
-        if proof["object_version"] != reservation["object_version"]:
+    if reservation.state == ReservationState.committed:
+        if proof["object_version"] != reservation.object_version:
             raise Rejected(ErrorCode.CONFLICT, "the reservation is committed with another object version")
         return view(reservation, ctx.now_ms)  # the first equivalent proof's commit stands
     refuse_closed(reservation, ctx.now_ms)
-    record = queue_of(stage, reservation)
-    length = reservation["length"]
-    counters = record["view"]["counters"]
-    adjust(counters, "reserved_messages", -1)
-    adjust(counters, "reserved_bytes", -length)
-    large = {
-        "reservation_id": reservation["reservation_id"],
-        "object_key": reservation["object_key"],
-        "object_version": proof["object_version"],
-        "length": length,
-        "sha256": reservation["sha256"],
-        "read_handle": None,
-    }
-    admit(stage, record, reservation, ctx, b"", large)
-    close(stage, record, reservation, "committed", ctx)
-    reservation["object_version"] = proof["object_version"]
-    stage.put_record(keys.reservation(reservation["reservation_id"]), RESERVATION, reservation)
+    # processors/queues/* read and write the queue record as a dict (admit updates it in place):
+    # converted once here, and handed to them as a dict with the released reservation quota.
+    queue = QueueRecord.from_avro(queue_of(stage, reservation))
+    length = reservation.length
+    counters = adjusted_counters(queue.view.counters, reserved_messages=-1, reserved_bytes=-length)
+    record = replace(queue, view=replace(queue.view, counters=counters)).to_avro()
+    large = LargePayload(
+        reservation_id=reservation.reservation_id,
+        object_key=reservation.object_key,
+        object_version=proof["object_version"],
+        length=length,
+        sha256=reservation.sha256,
+        read_handle=None,
+    )
+    # admit reads the new message's fields (id, headers, ordering key, times) from a dict body.
+    admit(stage, record, reservation.to_avro(), ctx, b"", large.to_avro())
+    committed = close(stage, queue.view.incarnation, reservation, ReservationState.committed, ctx)
+    committed = replace(committed, object_version=proof["object_version"])
+    save(stage, keys.reservation(committed.reservation_id), committed)
     save_queue(stage, record)
-    return view(reservation, ctx.now_ms)
+    return view(committed, ctx.now_ms)
