@@ -19,6 +19,9 @@ processors/topics/topic.py.
 from __future__ import annotations
 
 import itertools
+from typing import Any
+
+from msgspec.structs import replace
 
 from keyload import limits
 from keyload.log.codec import REGISTRY
@@ -30,7 +33,6 @@ from keyload.processors.queues.state import (
     Record,
     add_index_row,
     add_timer_row,
-    adjust,
     allocate_incarnation,
     check_headers,
     check_name,
@@ -39,6 +41,18 @@ from keyload.processors.queues.state import (
 )
 from keyload.processors.topics.topic import load_topic
 from keyload.projections import keys
+from keyload.projections.records import (
+    GroupFilter,
+    GroupPolicy,
+    GroupRecord,
+    GroupState,
+    PositionMeta,
+    PositionState,
+    TopicRecord,
+    TopicView,
+    load,
+    save,
+)
 from keyload.projections.store import Staged
 
 GROUP_RECORD = "keyload.GroupRecord"
@@ -49,56 +63,112 @@ OUTSTANDING_STATES = ("leased", "retrying", "due")
 # -- loading and saving -------------------------------------------------------------------
 
 
-def load_group(stage: Staged, domain: str, topic_name: str, group_name: str) -> tuple[Record, Record]:
-    """(topic record, group record) of a named group; its counters are checked against each other."""
-    topic = load_topic(stage, domain, topic_name)["view"]
+class Working:
+    """A group record that one command changes.
+
+    `view` is replaced (the records are frozen) as positions move. The timer and
+    waiter fields live in `shared`, in the dict form that the code queues share
+    (processors/queues/state.py timers, processors/waiters.py) reads and updates in
+    place; `record()` puts the two together again.
+    """
+
+    __slots__ = ("shared", "view")
+
+    def __init__(self, record: GroupRecord) -> None:
+        self.view: GroupState = record.view
+        self.shared: Record = {
+            "view": {"incarnation": record.view.incarnation},
+            "next_timer_ms": record.next_timer_ms,
+            "timer_floor": record.timer_floor,
+            "waiting_receives": record.waiting_receives,
+            "next_waiter_sequence": record.next_waiter_sequence,
+            "waiter_floor": record.waiter_floor,
+        }
+
+    def update(self, **changes: Any) -> None:
+        """Replace fields of the group's state."""
+        self.view = replace(self.view, **changes)
+
+    def record(self) -> GroupRecord:
+        shared = self.shared
+        return GroupRecord(
+            view=self.view,
+            next_timer_ms=shared["next_timer_ms"],
+            timer_floor=shared["timer_floor"],
+            waiting_receives=shared["waiting_receives"],
+            next_waiter_sequence=shared["next_waiter_sequence"],
+            waiter_floor=shared["waiter_floor"],
+        )
+
+
+def adjusted(counter: str, value: int, delta: int) -> int:
+    """An authoritative counter changed by `delta`; going negative means the projection is corrupt."""
+    if value + delta < 0:
+        raise Corruption(f"counter {counter} would become {value + delta}")
+    return value + delta
+
+
+def topic_view(stage: Staged, domain: str, topic_name: str) -> TopicView:
+    """The state of a named topic (processors/topics/topic.py `load_topic` still hands out dicts)."""
+    return TopicRecord.from_avro(load_topic(stage, domain, topic_name)).view
+
+
+def load_group(stage: Staged, domain: str, topic_name: str, group_name: str) -> tuple[TopicView, Working]:
+    """(topic state, group) of a named group; its counters are checked against each other."""
+    topic = topic_view(stage, domain, topic_name)
     check_name("group name", group_name, limits.MAX_GROUP_NAME_CHARS, limits.GROUP_NAME_PATTERN)
-    record = stage.get_record(keys.group(topic["incarnation"], group_name), GROUP_RECORD)
+    record = load(stage, keys.group(topic.incarnation, group_name), GroupRecord)
     if record is None:
         raise Rejected(ErrorCode.NOT_FOUND, "group does not exist")
-    _check_consistent(topic, record["view"])
-    return topic, record
+    _check_consistent(topic, record.view)
+    return topic, Working(record)
 
 
-def _check_consistent(topic: Record, group: Record) -> None:
-    checkpoint, issued, outstanding = group["checkpoint"], group["issued"], group["outstanding"]
-    if not topic["first_available"] - 1 <= checkpoint <= issued <= topic["tail"]:
-        raise Corruption(f"group {group['incarnation']} has checkpoint {checkpoint} and issued {issued}")
-    if not 0 <= group["redeliverable"] <= outstanding <= issued - checkpoint or (outstanding == 0) != (
+def _check_consistent(topic: TopicView, group: GroupState) -> None:
+    checkpoint, issued, outstanding = group.checkpoint, group.issued, group.outstanding
+    if not topic.first_available - 1 <= checkpoint <= issued <= topic.tail:
+        raise Corruption(f"group {group.incarnation} has checkpoint {checkpoint} and issued {issued}")
+    if not 0 <= group.redeliverable <= outstanding <= issued - checkpoint or (outstanding == 0) != (
         checkpoint == issued
     ):
-        raise Corruption(f"group {group['incarnation']} counts {outstanding} outstanding positions")
+        raise Corruption(f"group {group.incarnation} counts {outstanding} outstanding positions")
+
+
+def store_group(stage: Staged, work: Working) -> None:
+    """Store the group record, first bringing its entry in the due index up to date."""
+    refresh_due(stage, work.shared)
+    group = work.view
+    save(stage, keys.group(group.topic_incarnation, group.group), work.record())
 
 
 def save_group(stage: Staged, record: Record) -> None:
-    """Store the group record, first bringing its entry in the due index up to date."""
+    """`store_group` of a group record in dict form, as processors/timers.py and PurgeTopic
+    (processors/topics/topic.py) still hold it."""
     refresh_due(stage, record)
     group = record["view"]
     stage.put_record(keys.group(group["topic_incarnation"], group["group"]), GROUP_RECORD, record)
 
 
-def token_scope(group: Record) -> str:
+def token_scope(group: GroupState) -> str:
     """What a group's delivery tokens are signed for: no queue name contains NUL, so a queue token
     never verifies as a group's and a group token never as a queue's."""
-    return f"{group['topic']}\x00{group['group']}"
+    return f"{group.topic}\x00{group.group}"
 
 
-def group_view(stage: Staged, topic: Record, record: Record) -> Record:
+def group_view(stage: Staged, topic: TopicView, group: GroupState) -> Record:
     """The GroupView of a group: its state, the lowest parked positions, gaps and lag."""
-    group = record["view"]
-    group_id = group["incarnation"]
-    start = keys.parked(group_id, topic["first_available"])
+    start = keys.parked(group.incarnation, topic.first_available)
     parked: list[int] = []
     for key, _ in stage.scan(start, keys.group_row_end(start)):
         if len(parked) == limits.MAX_STATUS_PARKED:
             break
         parked.append(keys.row_position(key))
     return {
-        "state": group,
+        "state": group.to_avro(),
         "parked": parked,
-        "gaps": group["issued"] - group["checkpoint"] - group["outstanding"],
-        "tail": topic["tail"],
-        "lag": topic["tail"] - group["checkpoint"],
+        "gaps": group.issued - group.checkpoint - group.outstanding,
+        "tail": topic.tail,
+        "lag": topic.tail - group.checkpoint,
     }
 
 
@@ -109,104 +179,119 @@ def group_view(stage: Staged, topic: Record, record: Record) -> Record:
 # and `enter` are the only code that moves one, so rows and counters change together.
 
 
-def load_position(stage: Staged, group_id: int, position: int) -> Record | None:
-    return stage.get_record(keys.position(group_id, position), POSITION_META)
+def load_position(stage: Staged, group_id: int, position: int) -> PositionMeta | None:
+    return load(stage, keys.position(group_id, position), PositionMeta)
 
 
-def _state_row(group_id: int, position: int, meta: Record) -> bytes:
-    state = meta["state"]
-    if state == "leased":
-        return keys.timer(group_id, meta["lease_until_ms"], keys.TIMER_LEASE, position)
-    if state == "retrying":
-        return keys.timer(group_id, meta["not_before_ms"], keys.TIMER_NOT_BEFORE, position)
-    if state == "due":
+def _state_row(
+    group_id: int, position: int, state: str, lease_until_ms: int | None, not_before_ms: int | None
+) -> bytes:
+    if state == PositionState.leased:
+        assert lease_until_ms is not None
+        return keys.timer(group_id, lease_until_ms, keys.TIMER_LEASE, position)
+    if state == PositionState.retrying:
+        assert not_before_ms is not None
+        return keys.timer(group_id, not_before_ms, keys.TIMER_NOT_BEFORE, position)
+    if state == PositionState.due:
         return keys.due_position(group_id, position)
     raise Corruption(f"position {position} is outstanding in state {state}")
 
 
-def leave(stage: Staged, record: Record, position: int, meta: Record) -> None:
-    """Take an outstanding position out of its state's index row."""
-    group = record["view"]
-    remove_index_row(stage, _state_row(group["incarnation"], position, meta), str(position))
-    if meta["state"] == "due":
-        adjust(group, "redeliverable", -1)
-    meta["lease_until_ms"] = meta["lease_owner"] = None
+def _leave_row(
+    stage: Staged, work: Working, position: int, state: str, lease_until_ms: int | None, not_before_ms: int | None
+) -> None:
+    """Take an outstanding position, given by its state's fields, out of its state's index row."""
+    group = work.view
+    remove_index_row(
+        stage, _state_row(group.incarnation, position, state, lease_until_ms, not_before_ms), str(position)
+    )
+    if state == PositionState.due:
+        work.update(redeliverable=adjusted("redeliverable", group.redeliverable, -1))
+
+
+def leave(stage: Staged, work: Working, position: int, meta: PositionMeta) -> PositionMeta:
+    """Take an outstanding position out of its state's index row; the meta without its lease."""
+    _leave_row(stage, work, position, meta.state, meta.lease_until_ms, meta.not_before_ms)
+    return replace(meta, lease_until_ms=None, lease_owner=None)
 
 
 def enter(
     stage: Staged,
-    record: Record,
+    work: Working,
     position: int,
-    meta: Record,
-    state: str,
+    meta: PositionMeta,
+    state: PositionState,
     *,
     until_ms: int | None = None,
     lease_owner: str | None = None,
-) -> None:
-    """Put an outstanding position (new, or just out of `leave`) into `state` and save it.
+) -> PositionMeta:
+    """Put an outstanding position (new, or just out of `leave`) into `state` and save it; the saved meta.
 
     `until_ms` is the lease deadline (leased) or the retry time (retrying).
     """
-    group = record["view"]
-    group_id = group["incarnation"]
-    meta["state"] = state
-    if state == "leased":
+    group_id = work.view.incarnation
+    if state == PositionState.leased:
         assert until_ms is not None and lease_owner is not None
-        meta["lease_until_ms"], meta["lease_owner"] = until_ms, lease_owner
-        add_timer_row(stage, record, until_ms, keys.TIMER_LEASE, position, str(position))
-    elif state == "retrying":
+        meta = replace(meta, state=state, lease_until_ms=until_ms, lease_owner=lease_owner)
+        add_timer_row(stage, work.shared, until_ms, keys.TIMER_LEASE, position, str(position))
+    elif state == PositionState.retrying:
         assert until_ms is not None
-        meta["not_before_ms"] = until_ms
-        add_timer_row(stage, record, until_ms, keys.TIMER_NOT_BEFORE, position, str(position))
-    elif state == "due":
+        meta = replace(meta, state=state, not_before_ms=until_ms)
+        add_timer_row(stage, work.shared, until_ms, keys.TIMER_NOT_BEFORE, position, str(position))
+    elif state == PositionState.due:
+        meta = replace(meta, state=state)
         add_index_row(stage, keys.due_position(group_id, position), str(position))
-        adjust(group, "redeliverable", 1)
+        work.update(redeliverable=work.view.redeliverable + 1)
     else:
         raise AssertionError(f"{state} is not an outstanding state")
-    stage.put_record(keys.position(group_id, position), POSITION_META, meta)
+    save(stage, keys.position(group_id, position), meta)
+    return meta
 
 
-def resolve(stage: Staged, record: Record, position: int, meta: Record, state: str, now_ms: int) -> None:
+def resolve(
+    stage: Staged, work: Working, position: int, meta: PositionMeta, state: PositionState, now_ms: int
+) -> PositionMeta:
     """An outstanding position is acked or parked: its row goes, and the checkpoint moves over
-    every resolved position above it when it was the lowest outstanding one."""
-    group = record["view"]
-    group_id = group["incarnation"]
-    leave(stage, record, position, meta)
+    every resolved position above it when it was the lowest outstanding one. The resolved meta."""
+    group_id = work.view.incarnation
+    meta = leave(stage, work, position, meta)
     stage.delete(keys.position(group_id, position))
-    adjust(group, "outstanding", -1)
-    meta["state"] = state
-    if state == "parked":
-        meta["parked_at_ms"] = now_ms
-        stage.put_record(keys.parked(group_id, position), POSITION_META, meta)
-        adjust(group, "parked_count", 1)
-        adjust(group, "parked_total", 1)
+    group = work.view
+    outstanding = adjusted("outstanding", group.outstanding, -1)
+    if state == PositionState.parked:
+        meta = replace(meta, state=state, parked_at_ms=now_ms)
+        save(stage, keys.parked(group_id, position), meta)
+        work.update(outstanding=outstanding, parked_count=group.parked_count + 1, parked_total=group.parked_total + 1)
     else:
-        assert state == "acked"
-        adjust(group, "acked_total", 1)
-    if position == group["checkpoint"] + 1:
-        advance_checkpoint(stage, group)
+        assert state == PositionState.acked
+        meta = replace(meta, state=state)
+        work.update(outstanding=outstanding, acked_total=group.acked_total + 1)
+    if position == group.checkpoint + 1:
+        advance_checkpoint(stage, work)
+    return meta
 
 
-def advance_checkpoint(stage: Staged, group: Record) -> None:
+def advance_checkpoint(stage: Staged, work: Working) -> None:
     """Checkpoint = one below the lowest outstanding position, or `issued` when none is outstanding.
 
     Acked positions above the old checkpoint leave tombstones that this seek steps
     over once; MAX_GROUP_SPAN bounds how many there can be.
     """
-    if group["outstanding"] == 0:
-        group["checkpoint"] = group["issued"]
+    group = work.view
+    if group.outstanding == 0:
+        work.update(checkpoint=group.issued)
         return
-    start = keys.position(group["incarnation"], group["checkpoint"] + 1)
+    start = keys.position(group.incarnation, group.checkpoint + 1)
     lowest = stage.first(start, keys.group_row_end(start))
-    if lowest is None or keys.row_position(lowest[0]) > group["issued"]:
-        raise Corruption(f"group {group['incarnation']} counts outstanding positions it has no row for")
-    group["checkpoint"] = keys.row_position(lowest[0]) - 1
+    if lowest is None or keys.row_position(lowest[0]) > group.issued:
+        raise Corruption(f"group {group.incarnation} counts outstanding positions it has no row for")
+    work.update(checkpoint=keys.row_position(lowest[0]) - 1)
 
 
 # -- definition ----------------------------------------------------------------------------
 
 
-def _check_filter(spec: Record) -> Record:
+def _check_filter(spec: Record) -> GroupFilter:
     """A validated filter, event types in order: an event matches when its type is listed (or
     none are) and every header named carries exactly the value given."""
     event_types: list[str] = spec["event_types"]
@@ -217,21 +302,22 @@ def _check_filter(spec: Record) -> Record:
     if len(set(event_types)) != len(event_types):
         raise Rejected(ErrorCode.VALIDATION, "a filter lists an event type twice")
     check_headers(spec["headers"])
-    return {"event_types": sorted(event_types), "headers": dict(sorted(spec["headers"].items()))}
+    return GroupFilter(event_types=sorted(event_types), headers=dict(sorted(spec["headers"].items())))
 
 
-def matches(group_filter: Record, event: Record) -> bool:
-    if group_filter["event_types"] and event["type"] not in group_filter["event_types"]:
+def matches(group_filter: GroupFilter, event: Record) -> bool:
+    """Whether an event (a decoded EventRecord dict: receives read many, see leases.py) matches."""
+    if group_filter.event_types and event["type"] not in group_filter.event_types:
         return False
     headers = event["headers"]
-    return all(headers.get(name) == value for name, value in group_filter["headers"].items())
+    return all(headers.get(name) == value for name, value in group_filter.headers.items())
 
 
-def _target_checkpoint(topic: Record, to: str, position: int | None, kind: str) -> int:
+def _target_checkpoint(topic: TopicView, to: str, position: int | None, kind: str) -> int:
     """The checkpoint that makes `to` the next position delivered (first_available..tail + 1) for a
     `kind` command (CreateGroup, SeekGroup)."""
-    first: int = topic["first_available"]
-    tail: int = topic["tail"]
+    first = topic.first_available
+    tail = topic.tail
     if to != "position":
         if position is not None:
             raise Rejected(ErrorCode.VALIDATION, f"a position is given only when starting at a position, not {to}")
@@ -247,7 +333,8 @@ def _target_checkpoint(topic: Record, to: str, position: int | None, kind: str) 
 
 
 def groups_of(stage: Staged, topic_id: int) -> list[tuple[bytes, Record]]:
-    """Every group of a topic (at most MAX_GROUPS_PER_TOPIC)."""
+    """Every group of a topic (at most MAX_GROUPS_PER_TOPIC), as dicts: PurgeTopic
+    (processors/topics/topic.py) still changes and saves them in that form."""
     prefix = keys.group_prefix(topic_id)
     found: list[tuple[bytes, Record]] = []
     for key, value in stage.scan(prefix, keys.prefix_end(prefix)):
@@ -257,65 +344,70 @@ def groups_of(stage: Staged, topic_id: int) -> list[tuple[bytes, Record]]:
     return found
 
 
+def _count_groups(stage: Staged, topic_id: int) -> int:
+    """How many groups a topic has (at most MAX_GROUPS_PER_TOPIC); their records are not decoded."""
+    prefix = keys.group_prefix(topic_id)
+    found = 0
+    for _ in stage.scan(prefix, keys.prefix_end(prefix)):
+        if found == limits.MAX_GROUPS_PER_TOPIC:
+            raise Corruption(f"topic {topic_id} has more than {limits.MAX_GROUPS_PER_TOPIC} groups")
+        found += 1
+    return found
+
+
 def create_group(stage: Staged, body: Record, ctx: Context) -> Record:
-    topic = load_topic(stage, ctx.domain, body["topic"])["view"]
+    topic = topic_view(stage, ctx.domain, body["topic"])
     name = body["group"]
     check_name("group name", name, limits.MAX_GROUP_NAME_CHARS, limits.GROUP_NAME_PATTERN)
     group_filter = _check_filter(body["filter"])
-    policy = resolve_group_policy(body["policy"])
+    policy = GroupPolicy.from_avro(resolve_group_policy(body["policy"]))
     checkpoint = _target_checkpoint(topic, body["start"], body["position"], "CreateGroup")
-    topic_id = topic["incarnation"]
+    topic_id = topic.incarnation
     if stage.get(keys.group(topic_id, name)) is not None:
         raise Rejected(ErrorCode.CONFLICT, "group already exists")
-    if len(groups_of(stage, topic_id)) == limits.MAX_GROUPS_PER_TOPIC:
+    if _count_groups(stage, topic_id) == limits.MAX_GROUPS_PER_TOPIC:
         raise Rejected(ErrorCode.RESOURCE_EXHAUSTED, f"a topic has at most {limits.MAX_GROUPS_PER_TOPIC} groups")
     group_id = allocate_incarnation(stage)
     stage.put(keys.resource_key(group_id), keys.group(topic_id, name))
-    record: Record = {
-        "view": {
-            "domain": ctx.domain,
-            "topic": topic["topic"],
-            "topic_incarnation": topic_id,
-            "group": name,
-            "incarnation": group_id,
-            "created_at_ms": ctx.now_ms,
-            "filter": group_filter,
-            "policy": policy,
-            "generation": 1,
-            "paused": False,
-            "checkpoint": checkpoint,
-            "issued": checkpoint,
-            "outstanding": 0,
-            "redeliverable": 0,
-            "parked_count": 0,
-            "pin_floor": checkpoint,
-            "delivered_total": 0,
-            "acked_total": 0,
-            "filtered_total": 0,
-            "parked_total": 0,
-        },
-        "next_timer_ms": None,
-        "timer_floor": None,
-        "waiting_receives": 0,
-        "next_waiter_sequence": 1,
-        "waiter_floor": 1,
-    }
-    save_group(stage, record)
-    return group_view(stage, topic, record)
+    group = GroupState(
+        domain=ctx.domain,
+        topic=topic.topic,
+        topic_incarnation=topic_id,
+        group=name,
+        incarnation=group_id,
+        created_at_ms=ctx.now_ms,
+        filter=group_filter,
+        policy=policy,
+        generation=1,
+        paused=False,
+        checkpoint=checkpoint,
+        issued=checkpoint,
+        outstanding=0,
+        redeliverable=0,
+        parked_count=0,
+        pin_floor=checkpoint,
+        delivered_total=0,
+        acked_total=0,
+        filtered_total=0,
+        parked_total=0,
+    )
+    work = Working(GroupRecord(view=group))
+    store_group(stage, work)
+    return group_view(stage, topic, work.view)
 
 
 def group_status(stage: Staged, body: Record, ctx: Context) -> Record:
-    topic, record = load_group(stage, ctx.domain, body["topic"], body["group"])
-    return group_view(stage, topic, record)
+    topic, work = load_group(stage, ctx.domain, body["topic"], body["group"])
+    return group_view(stage, topic, work.view)
 
 
 def _set_paused(stage: Staged, body: Record, ctx: Context, paused: bool) -> Record:
     """Pause or resume; doing it again changes nothing (idempotent by state)."""
-    topic, record = load_group(stage, ctx.domain, body["topic"], body["group"])
-    if record["view"]["paused"] != paused:
-        record["view"]["paused"] = paused
-        save_group(stage, record)
-    return group_view(stage, topic, record)
+    topic, work = load_group(stage, ctx.domain, body["topic"], body["group"])
+    if work.view.paused != paused:
+        work.update(paused=paused)
+        store_group(stage, work)
+    return group_view(stage, topic, work.view)
 
 
 def pause_group(stage: Staged, body: Record, ctx: Context) -> Record:
@@ -330,25 +422,27 @@ def resume_group(stage: Staged, body: Record, ctx: Context) -> Record:
 # -- seek and configure --------------------------------------------------------------------
 
 
-def _reposition(stage: Staged, record: Record, checkpoint: int) -> None:
+def _reposition(stage: Staged, work: Working, checkpoint: int) -> None:
     """Restart the group after `checkpoint`, paused, in a new generation (older tokens are invalid).
 
     Outstanding deliveries and their timers go; parked positions above the new
     checkpoint go too (they will be evaluated again), those at or below it stay listed.
     """
-    group = record["view"]
-    group_id = group["incarnation"]
-    start = keys.position(group_id, group["checkpoint"] + 1)
+    group = work.view
+    group_id = group.incarnation
+    start = keys.position(group_id, group.checkpoint + 1)
     dropped = 0
     for key, value in stage.scan(start, keys.group_row_end(start)):
-        if dropped == group["outstanding"]:
+        if dropped == group.outstanding:
             raise Corruption(f"group {group_id} has more position rows than outstanding positions")
         position = keys.row_position(key)
-        leave(stage, record, position, REGISTRY.decode(POSITION_META, value))
+        # Possibly many rows, each read once for the index row it names: a dict read suffices.
+        meta = REGISTRY.decode(POSITION_META, value)
+        _leave_row(stage, work, position, meta["state"], meta["lease_until_ms"], meta["not_before_ms"])
         stage.delete(key)
         dropped += 1
-    if dropped != group["outstanding"]:
-        raise Corruption(f"group {group_id} counts {group['outstanding']} outstanding positions, has {dropped}")
+    if dropped != group.outstanding:
+        raise Corruption(f"group {group_id} counts {group.outstanding} outstanding positions, has {dropped}")
     start = keys.parked(group_id, checkpoint + 1)
     above = list(itertools.islice(stage.scan(start, keys.group_row_end(start)), limits.MAX_REPOSITION_PARKED + 1))
     if len(above) > limits.MAX_REPOSITION_PARKED:
@@ -358,18 +452,24 @@ def _reposition(stage: Staged, record: Record, checkpoint: int) -> None:
         )
     for key, _ in above:
         stage.delete(key)
-    adjust(group, "parked_count", -len(above))
-    group.update(checkpoint=checkpoint, issued=checkpoint, outstanding=0, paused=True)
-    group["generation"] += 1
-    assert group["redeliverable"] == 0
+    group = work.view
+    work.update(
+        parked_count=adjusted("parked_count", group.parked_count, -len(above)),
+        checkpoint=checkpoint,
+        issued=checkpoint,
+        outstanding=0,
+        paused=True,
+        generation=group.generation + 1,
+    )
+    assert work.view.redeliverable == 0
 
 
-def _check_generation(group: Record, expected: int | None, kind: str) -> None:
+def _check_generation(group: GroupState, expected: int | None, kind: str) -> None:
     if expected is None:
         return
     validation.check_integer(f"{kind}.expected_generation", expected)
-    if expected != group["generation"]:
-        raise Rejected(ErrorCode.REVISION_CONFLICT, f"the group is at generation {group['generation']}")
+    if expected != group.generation:
+        raise Rejected(ErrorCode.REVISION_CONFLICT, f"the group is at generation {group.generation}")
 
 
 def seek_group(stage: Staged, body: Record, ctx: Context) -> Record:
@@ -379,14 +479,13 @@ def seek_group(stage: Staged, body: Record, ctx: Context) -> Record:
     below the new checkpoint stop pinning purges (they stay listed until a purge
     passes them); those above it are delivered again.
     """
-    topic, record = load_group(stage, ctx.domain, body["topic"], body["group"])
-    group = record["view"]
-    _check_generation(group, body["expected_generation"], "SeekGroup")
+    topic, work = load_group(stage, ctx.domain, body["topic"], body["group"])
+    _check_generation(work.view, body["expected_generation"], "SeekGroup")
     checkpoint = _target_checkpoint(topic, body["to"], body["position"], "SeekGroup")
-    _reposition(stage, record, checkpoint)
-    group["pin_floor"] = checkpoint
-    save_group(stage, record)
-    return group_view(stage, topic, record)
+    _reposition(stage, work, checkpoint)
+    work.update(pin_floor=checkpoint)
+    store_group(stage, work)
+    return group_view(stage, topic, work.view)
 
 
 def configure_group(stage: Staged, body: Record, ctx: Context) -> Record:
@@ -395,15 +494,14 @@ def configure_group(stage: Staged, body: Record, ctx: Context) -> Record:
     Nothing retained is skipped: every position after the checkpoint is evaluated
     again under the new definition once the group is resumed.
     """
-    topic, record = load_group(stage, ctx.domain, body["topic"], body["group"])
-    group = record["view"]
-    _check_generation(group, body["expected_generation"], "ConfigureGroup")
-    if not group["paused"]:
+    topic, work = load_group(stage, ctx.domain, body["topic"], body["group"])
+    _check_generation(work.view, body["expected_generation"], "ConfigureGroup")
+    if not work.view.paused:
         raise Rejected(ErrorCode.CONFLICT, "a group is configured only while paused")
     if body["filter"] is not None:
-        group["filter"] = _check_filter(body["filter"])
+        work.update(filter=_check_filter(body["filter"]))
     if body["policy"] is not None:
-        group["policy"] = resolve_group_policy(body["policy"])
-    _reposition(stage, record, group["checkpoint"])
-    save_group(stage, record)
-    return group_view(stage, topic, record)
+        work.update(policy=GroupPolicy.from_avro(resolve_group_policy(body["policy"])))
+    _reposition(stage, work, work.view.checkpoint)
+    store_group(stage, work)
+    return group_view(stage, topic, work.view)

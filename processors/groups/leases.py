@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from msgspec.structs import replace
+
 from keyload import limits
 from keyload.log.codec import REGISTRY
 from keyload.processors import tokens, waiters
@@ -19,27 +21,32 @@ from keyload.processors.context import Context
 from keyload.processors.errors import Corruption, ErrorCode, Rejected
 from keyload.processors.groups.group import (
     GROUP_RECORD,
+    Working,
     enter,
     leave,
     load_group,
     load_position,
     matches,
     resolve,
-    save_group,
+    store_group,
     token_scope,
+    topic_view,
 )
 from keyload.processors.key_rotation import JITTER, TOKEN, active_key
 from keyload.processors.queues.leases import settle_each
 from keyload.processors.queues.lifecycle import retry_delay_ms
-from keyload.processors.queues.state import Record, adjust, bounded, due_timers, result_item_bytes
-from keyload.processors.topics.topic import EVENT_RECORD, TOPIC_RECORD, load_topic
+from keyload.processors.queues.state import Record, bounded, due_timers, result_item_bytes
+from keyload.processors.topics.topic import EVENT_RECORD
 from keyload.projections import keys
+from keyload.projections.records import GroupRecord, PositionMeta, PositionState, TopicRecord, TopicView, Waiter, load
 from keyload.projections.store import Staged
 
 GROUP_RECEIVE_RESULT = "keyload.result.GroupReceiveResult"
 
 
 def _load_event(stage: Staged, topic_id: int, position: int) -> Record:
+    """The event at a retained position. A receive reads many events once each, for a filter
+    match and a delivery dict, so it reads them as dicts (no EventRecord conversion)."""
     raw = stage.get(keys.event(topic_id, position))
     if raw is None:
         raise Corruption(f"topic {topic_id} has no event at retained position {position}")
@@ -85,31 +92,33 @@ def group_receive(stage: Staged, body: Record, ctx: Context) -> Record | None:
     A paused group refuses a receive (DispatchPaused), unless it waits: then it
     waits for the resume like for an event.
     """
-    topic, record = load_group(stage, ctx.domain, body["topic"], body["group"])
-    group = record["view"]
-    policy = group["policy"]
+    topic, work = load_group(stage, ctx.domain, body["topic"], body["group"])
+    group = work.view
+    policy = group.policy
     wanted = _Wanted(
         bounded(
             "max_events", body["max_events"], limits.DEFAULT_GROUP_RECEIVE_EVENTS, 1, limits.MAX_GROUP_RECEIVE_EVENTS
         ),
         bounded("max_bytes", body["max_bytes"], limits.DEFAULT_GROUP_RECEIVE_BYTES, 1, limits.MAX_GROUP_RECEIVE_BYTES),
-        bounded("lease_ms", body["lease_ms"], policy["lease_ms"], limits.MIN_LEASE_MS, policy["max_lease_ms"]),
+        bounded("lease_ms", body["lease_ms"], policy.lease_ms, limits.MIN_LEASE_MS, policy.max_lease_ms),
     )
     wait_ms = bounded("wait_ms", body["wait_ms"], 0, 0, limits.MAX_WAIT_MS)
-    if group["paused"] and wait_ms == 0:
+    if group.paused and wait_ms == 0:
         raise Rejected(ErrorCode.DISPATCH_PAUSED, "the group is paused")
     empty: Record = {"deliveries": [], "window_full": False, "budget_exhausted": False}
-    result = empty if group["paused"] else _claim(stage, topic, record, ctx, ctx.principal, wanted)
+    result = empty if group.paused else _claim(stage, topic, work, ctx, ctx.principal, wanted)
     if not result["deliveries"] and not result["budget_exhausted"] and wait_ms > 0:
-        waiters.wait(stage, record, ctx, wanted.max_events, wanted.max_bytes, wanted.lease_ms, ctx.now_ms + wait_ms)
-        save_group(stage, record)
+        waiters.wait(
+            stage, work.shared, ctx, wanted.max_events, wanted.max_bytes, wanted.lease_ms, ctx.now_ms + wait_ms
+        )
+        store_group(stage, work)
         return None
-    save_group(stage, record)
+    store_group(stage, work)
     result["budget_exhausted"] = result["budget_exhausted"] or bool(ctx.fired.get("budget_exhausted", False))
     return result
 
 
-def _claim(stage: Staged, topic: Record, record: Record, ctx: Context, principal: str, wanted: _Wanted) -> Record:
+def _claim(stage: Staged, topic: TopicView, work: Working, ctx: Context, principal: str, wanted: _Wanted) -> Record:
     """Lease due redeliveries first, in position order; then new positions from issued + 1.
 
     New matching positions are claimed and non-matching ones resolved as filtered,
@@ -117,15 +126,14 @@ def _claim(stage: Staged, topic: Record, record: Record, ctx: Context, principal
     ahead of the checkpoint: `window_full`), the tail, or
     GROUP_RECEIVE_EXAMINATION_BUDGET rows (`budget_exhausted`). A GroupReceiveResult.
     """
-    group = record["view"]
-    policy = group["policy"]
+    group = work.view
     claims = _Claims(wanted.max_events, wanted.max_bytes)
-    group_id, topic_id = group["incarnation"], topic["incarnation"]
+    group_id, topic_id = group.incarnation, topic.incarnation
     examined = 0
     stopped = window_full = budget_hit = False
     redeliveries: set[int] = set()
-    if group["redeliverable"]:
-        start = keys.due_position(group_id, group["checkpoint"] + 1)
+    if group.redeliverable:
+        start = keys.due_position(group_id, group.checkpoint + 1)
         for key, _ in stage.scan(start, keys.group_row_end(start)):
             if claims.full():
                 break
@@ -138,38 +146,47 @@ def _claim(stage: Staged, topic: Record, record: Record, ctx: Context, principal
                 stopped = True
                 break
             redeliveries.add(position)
-    while not stopped and not claims.full() and group["issued"] < topic["tail"]:
-        if group["outstanding"] >= policy["max_window"] or group["issued"] - group["checkpoint"] >= (
-            limits.MAX_GROUP_SPAN
-        ):
+    # The loop moves these; the group's state is replaced once, after it.
+    issued, checkpoint, outstanding, filtered_total = (
+        group.issued,
+        group.checkpoint,
+        group.outstanding,
+        group.filtered_total,
+    )
+    max_window, group_filter, tail = group.policy.max_window, group.filter, topic.tail
+    while not stopped and not claims.full() and issued < tail:
+        if outstanding >= max_window or issued - checkpoint >= limits.MAX_GROUP_SPAN:
             window_full = True
             break
         if examined == limits.GROUP_RECEIVE_EXAMINATION_BUDGET:
             budget_hit = True
             break
         examined += 1
-        position = group["issued"] + 1
+        position = issued + 1
         event = _load_event(stage, topic_id, position)
-        if not matches(group["filter"], event):
-            group["issued"] = position
-            adjust(group, "filtered_total", 1)
-            if group["outstanding"] == 0:
-                group["checkpoint"] = position
+        if not matches(group_filter, event):
+            issued = position
+            filtered_total += 1
+            if outstanding == 0:
+                checkpoint = position
             continue
         if not claims.take(position, event):
             break
-        group["issued"] = position
-        adjust(group, "outstanding", 1)
-    deliveries = _lease(stage, record, ctx, principal, claims.taken, redeliveries, wanted.lease_ms)
+        issued = position
+        outstanding += 1
+    if issued != group.issued:
+        work.update(issued=issued, checkpoint=checkpoint, outstanding=outstanding, filtered_total=filtered_total)
+    deliveries = _lease(stage, work, ctx, principal, claims.taken, redeliveries, wanted.lease_ms)
     return {"deliveries": deliveries, "window_full": window_full, "budget_exhausted": budget_hit}
 
 
-def _deliverable(topic: Record, group: Record) -> bool:
+def _deliverable(topic: TopicView, work: Working) -> bool:
     """Whether a receive could claim something now: a due redelivery, or a new position within the window."""
-    window_open = group["outstanding"] < group["policy"]["max_window"] and (
-        group["issued"] - group["checkpoint"] < limits.MAX_GROUP_SPAN
+    group = work.view
+    window_open = group.outstanding < group.policy.max_window and (
+        group.issued - group.checkpoint < limits.MAX_GROUP_SPAN
     )
-    return not group["paused"] and (group["redeliverable"] > 0 or (window_open and group["issued"] < topic["tail"]))
+    return not group.paused and (group.redeliverable > 0 or (window_open and group.issued < topic.tail))
 
 
 def serve_waiters(stage: Staged, ctx: Context, topic_keys: list[bytes], group_keys: list[bytes]) -> None:
@@ -177,37 +194,41 @@ def serve_waiters(stage: Staged, ctx: Context, topic_keys: list[bytes], group_ke
     it changed (a publish), oldest waiter first, at most MAX_WAITERS_SERVED in all."""
     candidates = set(group_keys)
     for topic_key in topic_keys:
-        topic = stage.get_record(topic_key, TOPIC_RECORD)
-        if topic is not None:
-            prefix = keys.group_prefix(topic["view"]["incarnation"])
+        topic_record = load(stage, topic_key, TopicRecord)
+        if topic_record is not None:
+            prefix = keys.group_prefix(topic_record.view.incarnation)
             candidates.update(key for key, _ in stage.scan(prefix, keys.prefix_end(prefix)))
     served = 0
     for group_key in sorted(candidates):
-        record = stage.get_record(group_key, GROUP_RECORD)
-        if record is None or record["waiting_receives"] == 0:
+        # Every record that touches a topic or group looks at each of its groups here, and
+        # most have no waiter: a dict read tells, and only a group with waiters is converted.
+        stored = stage.get_record(group_key, GROUP_RECORD)
+        if stored is None or stored["waiting_receives"] == 0:
             continue
-        group = record["view"]
-        topic = load_topic(stage, group["domain"], group["topic"])["view"]
+        work = Working(GroupRecord.from_avro(stored))
+        group = work.view
+        topic = topic_view(stage, group.domain, group.topic)
         changed = False
-        while record["waiting_receives"] > 0 and served < limits.MAX_WAITERS_SERVED and _deliverable(topic, group):
-            oldest = waiters.oldest(stage, record, 1)
+        while work.shared["waiting_receives"] > 0 and served < limits.MAX_WAITERS_SERVED and _deliverable(topic, work):
+            oldest = waiters.oldest(stage, work.shared, 1)
             if not oldest:
-                raise Corruption(f"group {group['incarnation']} counts waiting receives it has no row for")
-            [(sequence, waiter)] = oldest
-            wanted = _Wanted(waiter["max_messages"], waiter["max_bytes"], waiter["lease_ms"])
-            result = _claim(stage, topic, record, ctx, waiter["principal"], wanted)
+                raise Corruption(f"group {group.incarnation} counts waiting receives it has no row for")
+            [(sequence, stored_waiter)] = oldest
+            waiter = Waiter.from_avro(stored_waiter)
+            wanted = _Wanted(waiter.max_messages, waiter.max_bytes, waiter.lease_ms)
+            result = _claim(stage, topic, work, ctx, waiter.principal, wanted)
             changed = True
             if not result["deliveries"]:
                 break
-            waiters.complete(stage, record, ctx, sequence, waiter, (GROUP_RECEIVE_RESULT, result))
+            waiters.complete(stage, work.shared, ctx, sequence, stored_waiter, (GROUP_RECEIVE_RESULT, result))
             served += 1
         if changed:
-            save_group(stage, record)
+            store_group(stage, work)
 
 
 def _lease(
     stage: Staged,
-    record: Record,
+    work: Working,
     ctx: Context,
     principal: str,
     taken: list[tuple[int, Record]],
@@ -217,42 +238,31 @@ def _lease(
     """Lease the claimed positions to `principal` and sign their tokens."""
     if not taken:
         return []
-    group = record["view"]
-    group_id = group["incarnation"]
+    group_id = work.view.incarnation
     key_id, key = active_key(stage, ctx.keyring, TOKEN)
     lease_until = ctx.now_ms + lease_ms
     deliveries = []
     for position, event in taken:
         if position in redeliveries:
-            meta = load_position(stage, group_id, position)
-            if meta is None:
+            stored = load_position(stage, group_id, position)
+            if stored is None:
                 raise Corruption(f"group {group_id} redelivers position {position}, which has no row")
-            leave(stage, record, position, meta)
+            meta = leave(stage, work, position, stored)
+            meta = replace(meta, attempts=meta.attempts + 1, lease_version=meta.lease_version + 1)
         else:
-            meta = {
-                "state": "leased",
-                "attempts": 0,
-                "lease_version": 0,
-                "lease_owner": None,
-                "lease_until_ms": None,
-                "not_before_ms": None,
-                "last_retry_delay_ms": None,
-                "parked_at_ms": None,
-            }
-        meta["attempts"] += 1
-        meta["lease_version"] += 1
-        enter(stage, record, position, meta, "leased", until_ms=lease_until, lease_owner=principal)
-        adjust(group, "delivered_total", 1)
+            meta = PositionMeta(state=PositionState.leased, attempts=1, lease_version=1)
+        meta = enter(stage, work, position, meta, PositionState.leased, until_ms=lease_until, lease_owner=principal)
+        group = work.view
         token = tokens.issue(
             {key_id: key},
             key_id,
-            domain=group["domain"],
+            domain=group.domain,
             queue=token_scope(group),
             incarnation=group_id,
             message_id=str(position),
             principal=principal,
-            delivery_generation=group["generation"],
-            lease_version=meta["lease_version"],
+            delivery_generation=group.generation,
+            lease_version=meta.lease_version,
         )
         deliveries.append(
             {
@@ -263,91 +273,121 @@ def _lease(
                 "body": event["body"],
                 "published_at_ms": event["published_at_ms"],
                 "token": token,
-                "attempts": meta["attempts"],
+                "attempts": meta.attempts,
                 "lease_until_ms": lease_until,
             }
         )
+    work.update(delivered_total=work.view.delivered_total + len(taken))
     return deliveries
+
+
+def _verified_token(
+    stage: Staged, ctx: Context, topic: str, group_name: str, token_text: str
+) -> tuple[Working, tokens.Token]:
+    _, work = load_group(stage, ctx.domain, topic, group_name)
+    group = work.view
+    token = tokens.parse(token_text)
+    if token.incarnation != group.incarnation:
+        raise Rejected(ErrorCode.TOKEN_INVALIDATED, "delivery token is not valid")
+    tokens.verify_signature(ctx.keyring, token, group.domain, token_scope(group))
+    if token.delivery_generation != group.generation:
+        raise Rejected(ErrorCode.TOKEN_INVALIDATED, "delivery token is not valid")
+    if token.principal != ctx.principal:
+        raise Rejected(ErrorCode.PERMISSION_DENIED, "the delivery was issued to another principal")
+    return work, token
 
 
 def verified_group_token(
     stage: Staged, ctx: Context, topic: str, group_name: str, token_text: str
 ) -> tuple[Record, tokens.Token]:
     """(group record, token) of a token the group signed in its current generation for the
-    command's principal, or the refusal."""
-    _, record = load_group(stage, ctx.domain, topic, group_name)
-    group = record["view"]
-    token = tokens.parse(token_text)
-    if token.incarnation != group["incarnation"]:
-        raise Rejected(ErrorCode.TOKEN_INVALIDATED, "delivery token is not valid")
-    tokens.verify_signature(ctx.keyring, token, group["domain"], token_scope(group))
-    if token.delivery_generation != group["generation"]:
-        raise Rejected(ErrorCode.TOKEN_INVALIDATED, "delivery token is not valid")
-    if token.principal != ctx.principal:
-        raise Rejected(ErrorCode.PERMISSION_DENIED, "the delivery was issued to another principal")
-    return record, token
+    command's principal, or the refusal. The record is in dict form (processors/documents/inbox.py)."""
+    work, token = _verified_token(stage, ctx, topic, group_name, token_text)
+    return work.record().to_avro(), token
 
 
-def check_group_lease(stage: Staged, ctx: Context, body: Record) -> tuple[Record, int, Record]:
-    """(group record, position, position meta) of the live lease a token names, or the refusal.
+def _check_group_lease(stage: Staged, ctx: Context, body: Record) -> tuple[Working, int, PositionMeta]:
+    """(group, position, position meta) of the live lease a token names, or the refusal.
 
     Order: not a token of this group, or of an older generation (a seek or
     configure happened) → TokenInvalidated; another principal → PermissionDenied;
     lease no longer current → StaleLease; deadline reached → LeaseExpired.
     """
-    _, token = verified_group_token(stage, ctx, body["topic"], body["group"], body["token"])
-    return live_group_lease(stage, ctx, body["topic"], body["group"], token)
+    work, token = _verified_token(stage, ctx, body["topic"], body["group"], body["token"])
+    position, meta = _leased(stage, ctx, work, token)
+    return work, position, meta
+
+
+def _leased(stage: Staged, ctx: Context, work: Working, token: tokens.Token) -> tuple[int, PositionMeta]:
+    """(position, position meta) of the live lease a verified token of the group names; else
+    StaleLease or LeaseExpired."""
+    position = int(token.message_id)
+    meta = load_position(stage, work.view.incarnation, position)
+    if meta is None or meta.state != PositionState.leased or meta.lease_version != token.lease_version:
+        raise Rejected(ErrorCode.STALE_LEASE, "the lease this token names is no longer current")
+    assert meta.lease_until_ms is not None
+    if meta.lease_until_ms <= ctx.now_ms:
+        raise Rejected(ErrorCode.LEASE_EXPIRED, "the lease has expired")
+    return position, meta
+
+
+def _live_lease(
+    stage: Staged, ctx: Context, topic: str, group_name: str, token: tokens.Token
+) -> tuple[Working, int, PositionMeta]:
+    _, work = load_group(stage, ctx.domain, topic, group_name)
+    position, meta = _leased(stage, ctx, work, token)
+    return work, position, meta
 
 
 def live_group_lease(
     stage: Staged, ctx: Context, topic: str, group_name: str, token: tokens.Token
 ) -> tuple[Record, int, Record]:
     """(group record, position, position meta) of the live lease a verified token names, read
-    afresh; else StaleLease or LeaseExpired."""
-    _, record = load_group(stage, ctx.domain, topic, group_name)
-    position = int(token.message_id)
-    meta = load_position(stage, record["view"]["incarnation"], position)
-    if meta is None or meta["state"] != "leased" or meta["lease_version"] != token.lease_version:
-        raise Rejected(ErrorCode.STALE_LEASE, "the lease this token names is no longer current")
-    if meta["lease_until_ms"] <= ctx.now_ms:
-        raise Rejected(ErrorCode.LEASE_EXPIRED, "the lease has expired")
-    return record, position, meta
+    afresh; else StaleLease or LeaseExpired. The records are in dict form (processors/documents/inbox.py)."""
+    work, position, meta = _live_lease(stage, ctx, topic, group_name, token)
+    return work.record().to_avro(), position, meta.to_avro()
 
 
-def _lease_result(record: Record, position: int, meta: Record) -> Record:
-    retrying = meta["state"] == "retrying"
+def _lease_result(work: Working, position: int, meta: PositionMeta) -> Record:
+    retrying = meta.state == PositionState.retrying
     return {
         "position": position,
-        "state": meta["state"],
-        "checkpoint": record["view"]["checkpoint"],
-        "lease_until_ms": meta["lease_until_ms"],
-        "not_before_ms": meta["not_before_ms"] if retrying else None,
-        "retry_delay_ms": meta["last_retry_delay_ms"] if retrying else None,
+        "state": str(meta.state),
+        "checkpoint": work.view.checkpoint,
+        "lease_until_ms": meta.lease_until_ms,
+        "not_before_ms": meta.not_before_ms if retrying else None,
+        "retry_delay_ms": meta.last_retry_delay_ms if retrying else None,
     }
 
 
 def group_renew(stage: Staged, body: Record, ctx: Context) -> Record:
-    record, position, meta = check_group_lease(stage, ctx, body)
-    policy = record["view"]["policy"]
-    lease_ms = bounded("lease_ms", body["lease_ms"], policy["lease_ms"], limits.MIN_LEASE_MS, policy["max_lease_ms"])
-    owner = meta["lease_owner"]
-    leave(stage, record, position, meta)
-    enter(stage, record, position, meta, "leased", until_ms=ctx.now_ms + lease_ms, lease_owner=owner)
-    save_group(stage, record)
-    return _lease_result(record, position, meta)
+    work, position, meta = _check_group_lease(stage, ctx, body)
+    policy = work.view.policy
+    lease_ms = bounded("lease_ms", body["lease_ms"], policy.lease_ms, limits.MIN_LEASE_MS, policy.max_lease_ms)
+    owner = meta.lease_owner
+    meta = leave(stage, work, position, meta)
+    meta = enter(stage, work, position, meta, PositionState.leased, until_ms=ctx.now_ms + lease_ms, lease_owner=owner)
+    store_group(stage, work)
+    return _lease_result(work, position, meta)
 
 
 def group_ack(stage: Staged, body: Record, ctx: Context) -> Record:
-    _, token = verified_group_token(stage, ctx, body["topic"], body["group"], body["token"])
-    return group_ack_lease(stage, ctx, body["topic"], body["group"], token)
+    # Nothing changes between the token's check and the ack: the group is read once.
+    work, token = _verified_token(stage, ctx, body["topic"], body["group"], body["token"])
+    position, meta = _leased(stage, ctx, work, token)
+    return _ack(stage, ctx, work, position, meta)
 
 
 def group_ack_lease(stage: Staged, ctx: Context, topic: str, group_name: str, token: tokens.Token) -> Record:
-    """Ack the live lease a verified token of the group names."""
-    record, position, meta = live_group_lease(stage, ctx, topic, group_name, token)
-    resolve(stage, record, position, meta, "acked", ctx.now_ms)
-    save_group(stage, record)
-    return _lease_result(record, position, meta)
+    """Ack the live lease a verified token of the group names (the group is read afresh)."""
+    work, position, meta = _live_lease(stage, ctx, topic, group_name, token)
+    return _ack(stage, ctx, work, position, meta)
+
+
+def _ack(stage: Staged, ctx: Context, work: Working, position: int, meta: PositionMeta) -> Record:
+    meta = resolve(stage, work, position, meta, PositionState.acked, ctx.now_ms)
+    store_group(stage, work)
+    return _lease_result(work, position, meta)
 
 
 def group_ack_batch(stage: Staged, body: Record, ctx: Context) -> Record:
@@ -363,45 +403,45 @@ def group_ack_batch(stage: Staged, body: Record, ctx: Context) -> Record:
         else {"status": "rejected", "error_code": str(settled), "position": None}
         for settled in settle_each(stage, body["tokens"], ack_one)
     ]
-    _, record = load_group(stage, ctx.domain, body["topic"], body["group"])
-    return {"results": results, "checkpoint": record["view"]["checkpoint"]}
+    _, work = load_group(stage, ctx.domain, body["topic"], body["group"])
+    return {"results": results, "checkpoint": work.view.checkpoint}
 
 
 def group_nack(stage: Staged, body: Record, ctx: Context) -> Record:
-    record, position, meta = check_group_lease(stage, ctx, body)
+    work, position, meta = _check_group_lease(stage, ctx, body)
     delay = body["delay_ms"]
-    if delay is not None and not 0 <= delay <= record["view"]["policy"]["max_lease_ms"]:
+    if delay is not None and not 0 <= delay <= work.view.policy.max_lease_ms:
         raise Rejected(ErrorCode.VALIDATION, "delay_ms must be between 0 and the group's max_lease_ms")
-    _end_attempt(stage, record, position, meta, ctx, delay)
-    save_group(stage, record)
-    return _lease_result(record, position, meta)
+    meta = _end_attempt(stage, work, position, meta, ctx, delay)
+    store_group(stage, work)
+    return _lease_result(work, position, meta)
 
 
 def _end_attempt(
-    stage: Staged, record: Record, position: int, meta: Record, ctx: Context, delay_ms: int | None = None
-) -> None:
+    stage: Staged, work: Working, position: int, meta: PositionMeta, ctx: Context, delay_ms: int | None = None
+) -> PositionMeta:
     """A leased attempt failed (nack or lease expiry): park at max_attempts, else retry after
-    `delay_ms` (a nack's own) or the backoff."""
-    group = record["view"]
-    policy = group["policy"]
-    if meta["attempts"] >= policy["max_attempts"]:
-        resolve(stage, record, position, meta, "parked", ctx.now_ms)
-        return
-    leave(stage, record, position, meta)
+    `delay_ms` (a nack's own) or the backoff. The position's meta after it."""
+    group = work.view
+    policy = group.policy
+    if meta.attempts >= policy.max_attempts:
+        return resolve(stage, work, position, meta, PositionState.parked, ctx.now_ms)
+    meta = leave(stage, work, position, meta)
     if delay_ms is None:
         _, jitter_key = active_key(stage, ctx.keyring, JITTER)
         material = (
             ctx.command_id,
-            group["domain"],
+            group.domain,
             token_scope(group),
             str(position),
-            str(group["generation"]),
-            str(meta["attempts"]),
-            str(meta["lease_version"]),
+            str(group.generation),
+            str(meta.attempts),
+            str(meta.lease_version),
         )
-        delay_ms = retry_delay_ms(policy, meta["attempts"], jitter_key, material)
-    meta["last_retry_delay_ms"] = delay_ms
-    enter(stage, record, position, meta, "retrying", until_ms=ctx.now_ms + delay_ms)
+        # The backoff is shared with queues (processors/queues/lifecycle.py), which read policies as dicts.
+        delay_ms = retry_delay_ms(policy.to_avro(), meta.attempts, jitter_key, material)
+    meta = replace(meta, last_retry_delay_ms=delay_ms)
+    return enter(stage, work, position, meta, PositionState.retrying, until_ms=ctx.now_ms + delay_ms)
 
 
 def fire_group_timers(stage: Staged, record: Record, ctx: Context, budget: int) -> tuple[int, int]:
@@ -410,25 +450,29 @@ def fire_group_timers(stage: Staged, record: Record, ctx: Context, budget: int) 
     A lease timer ends the attempt like a nack; a retry timer makes the position due,
     so the next receive delivers it before any new position; a waiter's deadline
     completes its GroupReceive empty.
+
+    `record` is the group record in dict form, as processors/timers.py holds and then saves
+    it: it is brought up to date in place.
     """
-    group = record["view"]
-    group_id = group["incarnation"]
-    due = due_timers(stage, record, ctx.now_ms, budget)
+    work = Working(GroupRecord.from_avro(record))
+    group_id = work.view.incarnation
+    due = due_timers(stage, work.shared, ctx.now_ms, budget)
     for key, value in due:
         _, kind, position = keys.parse_timer(key)
         if kind == keys.TIMER_WAITER:
-            window_full = group["outstanding"] >= group["policy"]["max_window"]
+            window_full = work.view.outstanding >= work.view.policy.max_window
             empty = {"deliveries": [], "window_full": window_full, "budget_exhausted": False}
-            waiters.expire(stage, record, ctx, position, (GROUP_RECEIVE_RESULT, empty))
+            waiters.expire(stage, work.shared, ctx, position, (GROUP_RECEIVE_RESULT, empty))
             continue
         meta = load_position(stage, group_id, position)
         if meta is None or value != str(position).encode("utf-8"):
             raise Corruption(f"timer {key.hex()} names a position that is not outstanding")
         if kind == keys.TIMER_LEASE:
-            _end_attempt(stage, record, position, meta, ctx)
+            _end_attempt(stage, work, position, meta, ctx)
         elif kind == keys.TIMER_NOT_BEFORE:
-            leave(stage, record, position, meta)
-            enter(stage, record, position, meta, "due")
+            meta = leave(stage, work, position, meta)
+            enter(stage, work, position, meta, PositionState.due)
         else:
             raise Corruption(f"timer {key.hex()} has kind {kind}, which groups do not use")
+    record.update(work.record().to_avro())
     return len(due), len(due)
