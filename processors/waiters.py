@@ -21,9 +21,10 @@ from keyload.processors.errors import Corruption, ErrorCode, Rejected
 from keyload.processors.outcomes import OUTCOME, new_outcome
 from keyload.processors.queues.state import Record, add_timer_row, remove_index_row
 from keyload.projections import keys
+from keyload.projections.records import Waiter, save
 from keyload.projections.store import Staged
 
-WAITER = "keyload.Waiter"
+WAITER = Waiter.SCHEMA
 
 
 def wait(
@@ -41,19 +42,19 @@ def wait(
     reply_to = ctx.reply_to
     if reply_to is not None and not limits.INTEGER_FIELD_RANGES["Command.reply_to"].contains(reply_to):
         reply_to = None
-    waiter = {
-        "command_id": ctx.command_id,
-        "domain": ctx.domain,
-        "principal": ctx.principal,
-        "reply_to": reply_to,
-        "offset": ctx.offset,
-        "fingerprint": ctx.fingerprint,
-        "max_messages": max_messages,
-        "max_bytes": max_bytes,
-        "lease_ms": lease_ms,
-        "deadline_ms": deadline_ms,
-    }
-    stage.put_record(keys.waiter(queue_id, sequence), WAITER, waiter)
+    waiter = Waiter(
+        command_id=ctx.command_id,
+        domain=ctx.domain,
+        principal=ctx.principal,
+        reply_to=reply_to,
+        offset=ctx.offset,
+        fingerprint=ctx.fingerprint,
+        max_messages=max_messages,
+        max_bytes=max_bytes,
+        lease_ms=lease_ms,
+        deadline_ms=deadline_ms,
+    )
+    save(stage, keys.waiter(queue_id, sequence), waiter)
     add_timer_row(stage, record, deadline_ms, keys.TIMER_WAITER, sequence, "")
     ctx.outbox.deferred = True
 

@@ -19,6 +19,7 @@ from keyload.processors.queues.state import (
     dead_letter_limits,
     load_message,
     load_queue,
+    load_queue_record,
     result_item_bytes,
     save_queue,
 )
@@ -93,11 +94,11 @@ def park_pending(stage: Staged, body: Record, ctx: Context) -> Record:
 
 def list_dead_letters(stage: Staged, body: Record, ctx: Context) -> Record:
     """A page of dead-lettered messages in parked order, after `after_sequence`."""
-    record = load_queue(stage, ctx.domain, body["queue"])
+    queue = load_queue_record(stage, ctx.domain, body["queue"]).view
     limit = body["limit"]
     if not 1 <= limit <= limits.MAX_DEAD_LETTER_PAGE:
         raise Rejected(ErrorCode.VALIDATION, f"limit must be between 1 and {limits.MAX_DEAD_LETTER_PAGE}")
-    queue_id = record["view"]["incarnation"]
+    queue_id = queue.incarnation
     if body["after_sequence"] is not None:
         validation.check_integer("ListDeadLetters.after_sequence", body["after_sequence"])
     after = body["after_sequence"] or 0
@@ -112,6 +113,7 @@ def list_dead_letters(stage: Staged, body: Record, ctx: Context) -> Record:
             more = True  # there is at least one more after this page
             break
         message_id = value.decode("utf-8")
+        # Read as a dict: the page's metas go into the result as they are stored, one per row.
         meta = load_message(stage, queue_id, message_id)
         if meta is None or meta["state"] != "dead_lettered":
             raise Corruption("the dead-letter index names a message that is not dead-lettered")
@@ -121,6 +123,6 @@ def list_dead_letters(stage: Staged, body: Record, ctx: Context) -> Record:
             more = True  # the page would not fit one outcome: the rest comes on the next page
             break
         payload = stage.get(keys.body(queue_id, message_id)) if body["include_body"] else None
-        messages.append({"queue": record["view"]["queue"], "message_id": message_id, "meta": meta, "body": payload})
+        messages.append({"queue": queue.queue, "message_id": message_id, "meta": meta, "body": payload})
         last = keys.read_u64(key, 9)
     return {"messages": messages, "next_after_sequence": last if more else None}

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from msgspec.structs import replace
+
 from keyload import limits
 from keyload.processors import validation
 from keyload.processors.context import Context
@@ -10,97 +12,97 @@ from keyload.processors.policy import resolve_policy
 from keyload.processors.queues.lifecycle import add_expiry, enter
 from keyload.processors.queues.state import (
     LIVE_STATES,
-    QUEUE_RECORD,
     Record,
     adjust,
     allocate_incarnation,
     check_headers,
     check_message_id,
     check_name,
-    load_message,
+    load_meta,
     load_queue,
+    load_queue_record,
     save_queue,
-    view,
+    save_queue_record,
 )
 from keyload.projections import keys
+from keyload.projections.records import QueueCounters, QueuePolicy, QueueRecord, QueueView, save
 from keyload.projections.store import Staged
 
-ORDERING_FIELDS = ("ordering", "parked_head")
-
-_ZERO_COUNTERS = {
-    "stored_messages": 0,
-    "stored_bytes": 0,
-    "scheduled": 0,
-    "ready": 0,
-    "leased": 0,
-    "dead_lettered": 0,
-    "pending_dead_letter": 0,
-    "dead_letter_bytes": 0,
-    "enqueued_total": 0,
-    "acked_total": 0,
-    "expired_total": 0,
-    "cancelled_total": 0,
-    "reserved_messages": 0,
-    "reserved_bytes": 0,
-    "payload_object_bytes": 0,
-}
+_ZERO_COUNTERS = QueueCounters(
+    stored_messages=0,
+    stored_bytes=0,
+    scheduled=0,
+    ready=0,
+    leased=0,
+    dead_lettered=0,
+    pending_dead_letter=0,
+    dead_letter_bytes=0,
+    enqueued_total=0,
+    acked_total=0,
+    expired_total=0,
+    cancelled_total=0,
+    reserved_messages=0,
+    reserved_bytes=0,
+    payload_object_bytes=0,
+)
 
 
 def create_queue(stage: Staged, body: Record, ctx: Context) -> Record:
     name = body["queue"]
     check_name("queue name", name, limits.MAX_QUEUE_NAME_CHARS, limits.QUEUE_NAME_PATTERN)
-    policy = resolve_policy(body["policy"])
+    policy = QueuePolicy.from_avro(resolve_policy(body["policy"]))
     if stage.get(keys.queue(ctx.domain, name)) is not None:
         raise Rejected(ErrorCode.CONFLICT, "queue already exists")
     queue_id = allocate_incarnation(stage)
     stage.put(keys.resource_key(queue_id), keys.queue(ctx.domain, name))
-    record: Record = {
-        "view": {
-            "domain": ctx.domain,
-            "queue": name,
-            "incarnation": queue_id,
-            "created_at_ms": ctx.now_ms,
-            "policy_version": 1,
-            "policy": policy,
-            "counters": dict(_ZERO_COUNTERS),
-        },
-        "next_enqueue_sequence": 1,
-        "next_ready_sequence": 1,
-        "next_parked_sequence": 1,
-        "next_timer_ms": None,
-        "waiting_receives": 0,
-        "next_waiter_sequence": 1,
-        "ready_floor": 1,
-        "timer_floor": None,
-        "waiter_floor": 1,
-    }
-    stage.put_record(keys.queue(ctx.domain, name), QUEUE_RECORD, record)
-    return view(record)
+    record = QueueRecord(
+        view=QueueView(
+            domain=ctx.domain,
+            queue=name,
+            incarnation=queue_id,
+            created_at_ms=ctx.now_ms,
+            policy_version=1,
+            policy=policy,
+            counters=_ZERO_COUNTERS,
+        ),
+        next_enqueue_sequence=1,
+        next_ready_sequence=1,
+        next_parked_sequence=1,
+        next_timer_ms=None,
+        waiting_receives=0,
+        next_waiter_sequence=1,
+        ready_floor=1,
+        timer_floor=None,
+        waiter_floor=1,
+    )
+    save(stage, keys.queue(ctx.domain, name), record)
+    return record.view.to_avro()
 
 
 def configure_queue(stage: Staged, body: Record, ctx: Context) -> Record:
-    record = load_queue(stage, ctx.domain, body["queue"])
-    current = record["view"]
+    record = load_queue_record(stage, ctx.domain, body["queue"])
+    current = record.view
     expected = body["expected_policy_version"]
     if expected is not None:
         validation.check_integer("ConfigureQueue.expected_policy_version", expected)
-        if expected != current["policy_version"]:
+        if expected != current.policy_version:
             raise Rejected(
                 ErrorCode.REVISION_CONFLICT,
-                f"policy version is {current['policy_version']}, expected {expected}",
+                f"policy version is {current.policy_version}, expected {expected}",
             )
-    policy = resolve_policy(body["policy"])
-    if current["counters"]["stored_messages"] > 0:
-        for name in ORDERING_FIELDS:
-            if policy[name] != current["policy"][name]:
+    policy = QueuePolicy.from_avro(resolve_policy(body["policy"]))
+    if current.counters.stored_messages > 0:
+        for name, changed in (
+            ("ordering", policy.ordering != current.policy.ordering),
+            ("parked_head", policy.parked_head != current.policy.parked_head),
+        ):
+            if changed:
                 raise Rejected(
                     ErrorCode.CONFLICT,
                     f"policy.{name} cannot change while the queue holds messages",
                 )
-    current["policy"] = policy
-    current["policy_version"] += 1
-    save_queue(stage, record)
-    return view(record)
+    configured = replace(record, view=replace(current, policy=policy, policy_version=current.policy_version + 1))
+    return save_queue_record(stage, configured).view.to_avro()
 
 
 def check_new_message(stage: Staged, record: Record, body: Record, ctx: Context, kind: str = "Enqueue") -> None:
@@ -207,19 +209,18 @@ def admit(stage: Staged, record: Record, body: Record, ctx: Context, inline: byt
 
 
 def inspect_queue(stage: Staged, body: Record, ctx: Context) -> Record:
-    return view(load_queue(stage, ctx.domain, body["queue"]))
+    return load_queue_record(stage, ctx.domain, body["queue"]).view.to_avro()
 
 
 def inspect_message(stage: Staged, body: Record, ctx: Context) -> Record:
-    record = load_queue(stage, ctx.domain, body["queue"])
-    queue_id = record["view"]["incarnation"]
+    queue_id = load_queue_record(stage, ctx.domain, body["queue"]).view.incarnation
     check_message_id(body["message_id"])
-    meta = load_message(stage, queue_id, body["message_id"])
+    meta = load_meta(stage, queue_id, body["message_id"])
     if meta is None:
         if stage.get(keys.identity(queue_id, body["message_id"])) is not None:
             raise Rejected(ErrorCode.NOT_FOUND, "message is reserved, or its history was reclaimed (the id stays used)")
         raise Rejected(ErrorCode.NOT_FOUND, "message does not exist")
     payload = stage.get(keys.body(queue_id, body["message_id"])) if body["include_body"] else None
-    if meta["state"] in LIVE_STATES and payload is None and body["include_body"]:
-        raise Corruption(f"live message {meta['enqueue_sequence']} of queue {queue_id} has no body")
-    return {"queue": body["queue"], "message_id": body["message_id"], "meta": meta, "body": payload}
+    if meta.state in LIVE_STATES and payload is None and body["include_body"]:
+        raise Corruption(f"live message {meta.enqueue_sequence} of queue {queue_id} has no body")
+    return {"queue": body["queue"], "message_id": body["message_id"], "meta": meta.to_avro(), "body": payload}

@@ -13,17 +13,23 @@ earliest due time in one key, so checking for due work costs one read.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, TypeVar
+
+from msgspec.structs import replace
 
 from keyload import limits
 from keyload.processors.errors import Corruption, ErrorCode, Rejected
 from keyload.projections import keys
+from keyload.projections.records import GroupRecord, MessageMeta, QueuePolicy, QueueRecord, load, save
 from keyload.projections.store import Readable, Staged
 
 Record = dict[str, Any]
 
-QUEUE_RECORD = "keyload.QueueRecord"
-MESSAGE_META = "keyload.MessageMeta"
+QUEUE_RECORD = QueueRecord.SCHEMA
+MESSAGE_META = MessageMeta.SCHEMA
+
+TimedRecord = TypeVar("TimedRecord", QueueRecord, GroupRecord)
+"""A typed record with timers and waiters: a queue's or a subscription group's."""
 
 LIVE_STATES = ("scheduled", "ready", "leased", "dead_lettered", "pending_dead_letter")
 TERMINAL_TOTALS = {"acked": "acked_total", "expired": "expired_total", "cancelled": "cancelled_total"}
@@ -119,6 +125,35 @@ def save_message(stage: Staged, queue_id: int, message_id: str, meta: Record) ->
     stage.put_record(keys.message(queue_id, message_id), MESSAGE_META, meta)
 
 
+# The typed forms (projections/records.py). Handlers still on the dict forms above
+# (the lifecycle and what shares it with payloads and groups) keep those.
+
+
+def load_queue_record(stage: Staged, domain: str, name: str) -> QueueRecord:
+    """`load_queue` as a typed record."""
+    check_name("queue name", name, limits.MAX_QUEUE_NAME_CHARS, limits.QUEUE_NAME_PATTERN)
+    record = load(stage, keys.queue(domain, name), QueueRecord)
+    if record is None:
+        raise Rejected(ErrorCode.NOT_FOUND, "queue does not exist")
+    return record
+
+
+def save_queue_record(stage: Staged, record: QueueRecord) -> QueueRecord:
+    """`save_queue` of a typed record; the record as stored (its due-index fields brought up to date)."""
+    stored = refreshed_due(stage, record)
+    save(stage, keys.queue(stored.view.domain, stored.view.queue), stored)
+    return stored
+
+
+def load_meta(stage: Staged, queue_id: int, message_id: str) -> MessageMeta | None:
+    """`load_message` as a typed record."""
+    return load(stage, keys.message(queue_id, message_id), MessageMeta)
+
+
+def save_meta(stage: Staged, queue_id: int, message_id: str, meta: MessageMeta) -> None:
+    save(stage, keys.message(queue_id, message_id), meta)
+
+
 def adjust(counters: Record, name: str, delta: int) -> None:
     """Change an authoritative counter; going negative means the projection is corrupt."""
     value = counters[name] + delta
@@ -152,21 +187,39 @@ def add_timer_row(stage: Staged, record: Record, due_ms: int, kind: int, sequenc
     record["timer_floor"] = position if floor is None else min(floor, position)
 
 
-def timers_from_floor(stage: Staged, record: Record) -> Iterator[tuple[bytes, bytes]]:
+def with_timer(stage: Staged, record: TimedRecord, due_ms: int, kind: int, sequence: int, value: str) -> TimedRecord:
+    """`add_timer_row` of a typed record: the record with its timer floor kept at or below the new timer."""
+    key = keys.timer(record.view.incarnation, due_ms, kind, sequence)
+    add_index_row(stage, key, value)
+    position = key[len(keys.timer_prefix(0)) :]
+    floor = record.timer_floor
+    if floor is not None and floor <= position:
+        return record
+    return replace(record, timer_floor=position)
+
+
+def _timer_floor(record: Record | TimedRecord) -> tuple[int, bytes | None]:
+    """(incarnation, timer floor) of a record with timers, dict or typed."""
+    if isinstance(record, dict):
+        return record["view"]["incarnation"], record["timer_floor"]
+    return record.view.incarnation, record.timer_floor
+
+
+def timers_from_floor(stage: Staged, record: Record | TimedRecord) -> Iterator[tuple[bytes, bytes]]:
     """The queue's timers in due order, seeking past the deleted ones in front of its floor.
 
     Index rows are deleted from the front as a queue works through them; RocksDB
     keeps their tombstones for a while, so a scan from the prefix start would step
     over every one. Each index keeps a floor below which no row exists.
     """
-    floor = record["timer_floor"]
+    incarnation, floor = _timer_floor(record)
     if floor is None:
         return iter(())
-    prefix = keys.timer_prefix(record["view"]["incarnation"])
+    prefix = keys.timer_prefix(incarnation)
     return stage.scan(prefix + floor, keys.prefix_end(prefix))
 
 
-def due_timers(stage: Staged, record: Record, now_ms: int, budget: int) -> list[tuple[bytes, bytes]]:
+def due_timers(stage: Staged, record: Record | TimedRecord, now_ms: int, budget: int) -> list[tuple[bytes, bytes]]:
     """The record's timers due by `now_ms`, earliest first, at most `budget` of them."""
     due: list[tuple[bytes, bytes]] = []
     for key, value in timers_from_floor(stage, record):
@@ -178,20 +231,35 @@ def due_timers(stage: Staged, record: Record, now_ms: int, budget: int) -> list[
 
 def refresh_due(stage: Staged, record: Record) -> None:
     """Keep the record's due-index entry at its earliest timer, and the partition's next due time."""
-    queue_id = record["view"]["incarnation"]
+    floor, earliest = _refresh_due(stage, record, record["view"]["incarnation"], record["next_timer_ms"])
+    record["timer_floor"] = floor
+    record["next_timer_ms"] = earliest
+
+
+def refreshed_due(stage: Staged, record: TimedRecord) -> TimedRecord:
+    """`refresh_due` of a typed record: the record with its timer floor and next timer time updated."""
+    floor, earliest = _refresh_due(stage, record, record.view.incarnation, record.next_timer_ms)
+    if floor == record.timer_floor and earliest == record.next_timer_ms:
+        return record
+    return replace(record, timer_floor=floor, next_timer_ms=earliest)
+
+
+def _refresh_due(
+    stage: Staged, record: Record | TimedRecord, queue_id: int, previous: int | None
+) -> tuple[bytes | None, int | None]:
+    """Bring the due index up to date for a record whose next timer time was `previous`:
+    its new (timer floor, next timer time)."""
     first = next(timers_from_floor(stage, record), None)
     earliest = None if first is None else keys.parse_timer(first[0])[0]
     # The floor is the first timer's whole position (due, kind, sequence): many timers
     # share a due time, and a floor of only the time would walk the deleted ones again.
-    record["timer_floor"] = None if first is None else first[0][len(keys.timer_prefix(0)) :]
-    previous = record["next_timer_ms"]
+    floor = None if first is None else first[0][len(keys.timer_prefix(0)) :]
     if earliest == previous:
-        return
+        return floor, earliest
     if previous is not None:
         stage.delete(keys.due_queue(previous, queue_id))
     if earliest is not None:
         stage.put(keys.due_queue(earliest, queue_id), b"")
-    record["next_timer_ms"] = earliest
     # The partition's earliest is at or after the smaller of its old value and this queue's new one.
     candidates = [t for t in (next_due_ms(stage), earliest) if t is not None]
     start = keys.due_queue(min(candidates), 0) if candidates else keys.DUE_QUEUE
@@ -200,6 +268,7 @@ def refresh_due(stage: Staged, record: Record) -> None:
         stage.delete(keys.NEXT_DUE)
     else:
         stage.put(keys.NEXT_DUE, keys.u64(keys.parse_due_queue(first_due[0])[0]))
+    return floor, earliest
 
 
 def next_due_ms(stage: Readable) -> int | None:
@@ -208,8 +277,13 @@ def next_due_ms(stage: Readable) -> int | None:
     return None if raw is None else keys.read_u64(raw)
 
 
-def dead_letter_limits(policy: Record) -> tuple[int, int]:
+def dead_letter_limits(policy: Record | QueuePolicy) -> tuple[int, int]:
     """The dead-letter sublimits, null inheriting the stored grant."""
+    if isinstance(policy, QueuePolicy):
+        return (
+            policy.max_stored_messages if policy.max_dead_letter_messages is None else policy.max_dead_letter_messages,
+            policy.max_stored_bytes if policy.max_dead_letter_bytes is None else policy.max_dead_letter_bytes,
+        )
     messages = policy["max_dead_letter_messages"]
     size = policy["max_dead_letter_bytes"]
     return (
