@@ -12,10 +12,11 @@ from keyload import limits
 from keyload.processors.context import Context
 from keyload.processors.errors import Corruption
 from keyload.processors.groups import leases as group_leases
-from keyload.processors.groups.group import GROUP_RECORD, save_group
+from keyload.processors.groups.group import save_group
 from keyload.processors.queues.lifecycle import fire_queue_timers
-from keyload.processors.queues.state import QUEUE_RECORD, Record, next_due_ms, save_queue
+from keyload.processors.queues.state import Record, next_due_ms, save_queue
 from keyload.projections import keys
+from keyload.projections.records import GroupRecord, QueueRecord
 from keyload.projections.store import Staged
 
 
@@ -40,10 +41,13 @@ def fire_due(stage: Staged, ctx: Context) -> Record:
         if kind not in (keys.QUEUE, keys.GROUP):
             raise Corruption(f"due index names {incarnation}, which is neither a queue nor a group")
         assert resource_key is not None
-        record = stage.get_record(resource_key, QUEUE_RECORD if kind == keys.QUEUE else GROUP_RECORD)
+        typed: type[QueueRecord] | type[GroupRecord] = QueueRecord if kind == keys.QUEUE else GroupRecord
+        # The firing and saving functions of processors/queues and processors/groups take the
+        # stage's dict, which they change: only the check reads the typed record.
+        record = stage.get_record(resource_key, typed.SCHEMA)
         if record is None:
             raise Corruption(f"due index names missing resource {incarnation}")
-        if record["next_timer_ms"] != due_ms:
+        if typed.from_avro(record).next_timer_ms != due_ms:
             raise Corruption(f"due index of resource {incarnation} disagrees with its record")
         fire = fire_queue_timers if kind == keys.QUEUE else group_leases.fire_group_timers
         seen, moved = fire(stage, record, ctx, budget - examined)

@@ -13,27 +13,31 @@ from __future__ import annotations
 import hashlib
 import struct
 
+from msgspec.structs import replace
+
 from keyload import limits
 from keyload.log.codec import REGISTRY
 from keyload.processors import validation
 from keyload.processors.context import Context
 from keyload.processors.errors import Corruption, ErrorCode, Rejected
 from keyload.processors.policy import resolve_topic_policy
-from keyload.processors.queues.state import (
-    Record,
-    adjust,
-    allocate_incarnation,
-    bounded,
-    check_headers,
-    check_name,
-    view,
-)
+from keyload.processors.queues.state import Record, allocate_incarnation, bounded, check_headers, check_name
 from keyload.processors.topics.cursors import cursor, cursor_position
 from keyload.projections import keys
+from keyload.projections.records import (
+    EventRecord,
+    GroupRecord,
+    GroupState,
+    TopicPolicy,
+    TopicRecord,
+    TopicView,
+    load,
+    save,
+)
 from keyload.projections.store import Staged
 
-TOPIC_RECORD = "keyload.TopicRecord"
-EVENT_RECORD = "keyload.EventRecord"
+TOPIC_RECORD = TopicRecord.SCHEMA  # read by processors/groups/leases.py
+EVENT_RECORD = EventRecord.SCHEMA
 
 _U32 = struct.Struct(">I")
 
@@ -56,20 +60,46 @@ def content_digest(event_type: str, headers: dict[str, str], body: bytes) -> byt
     return digest.digest()
 
 
+def _check_retained(incarnation: int, retained_events: int, first_available: int, tail: int) -> None:
+    if retained_events != tail - first_available + 1:
+        raise Corruption(f"topic {incarnation} counts {retained_events} retained events")
+
+
+def topic_record(stage: Staged, domain: str, name: str) -> TopicRecord:
+    """The named topic; its retained range is checked against its count."""
+    check_name("topic name", name, limits.MAX_TOPIC_NAME_CHARS, limits.TOPIC_NAME_PATTERN)
+    record = load(stage, keys.topic(domain, name), TopicRecord)
+    if record is None:
+        raise Rejected(ErrorCode.NOT_FOUND, "topic does not exist")
+    topic = record.view
+    _check_retained(topic.incarnation, topic.retained_events, topic.first_available, topic.tail)
+    return record
+
+
 def load_topic(stage: Staged, domain: str, name: str) -> Record:
+    """`topic_record` as the stage's decoded dict, for the callers in processors/groups, which index it.
+
+    It reads the dict without converting it: a TopicRecord would cost every group command a
+    conversion there and back for four integers.
+    """
     check_name("topic name", name, limits.MAX_TOPIC_NAME_CHARS, limits.TOPIC_NAME_PATTERN)
     record = stage.get_record(keys.topic(domain, name), TOPIC_RECORD)
     if record is None:
         raise Rejected(ErrorCode.NOT_FOUND, "topic does not exist")
     topic = record["view"]
-    if topic["retained_events"] != topic["tail"] - topic["first_available"] + 1:
-        raise Corruption(f"topic {topic['incarnation']} counts {topic['retained_events']} retained events")
+    _check_retained(topic["incarnation"], topic["retained_events"], topic["first_available"], topic["tail"])
     return record
 
 
-def save_topic(stage: Staged, record: Record) -> None:
-    topic = record["view"]
-    stage.put_record(keys.topic(topic["domain"], topic["topic"]), TOPIC_RECORD, record)
+def save_topic(stage: Staged, record: TopicRecord) -> None:
+    save(stage, keys.topic(record.view.domain, record.view.topic), record)
+
+
+def _adjusted(counter: str, value: int, delta: int) -> int:
+    """An authoritative counter changed by `delta`; going negative means the projection is corrupt."""
+    if value + delta < 0:
+        raise Corruption(f"counter {counter} would become {value + delta}")
+    return value + delta
 
 
 def create_topic(stage: Staged, body: Record, ctx: Context) -> Record:
@@ -78,27 +108,27 @@ def create_topic(stage: Staged, body: Record, ctx: Context) -> Record:
     policy = resolve_topic_policy(body["policy"])
     if stage.get(keys.topic(ctx.domain, name)) is not None:
         raise Rejected(ErrorCode.CONFLICT, "topic already exists")
-    record: Record = {
-        "view": {
-            "domain": ctx.domain,
-            "topic": name,
-            "incarnation": allocate_incarnation(stage),
-            "created_at_ms": ctx.now_ms,
-            "policy": policy,
-            "first_available": 1,
-            "tail": 0,
-            "generation": 1,
-            "retained_events": 0,
-            "retained_bytes": 0,
-            "published_total": 0,
-        }
-    }
+    record = TopicRecord(
+        view=TopicView(
+            domain=ctx.domain,
+            topic=name,
+            incarnation=allocate_incarnation(stage),
+            created_at_ms=ctx.now_ms,
+            policy=TopicPolicy.from_avro(policy),
+            first_available=1,
+            tail=0,
+            generation=1,
+            retained_events=0,
+            retained_bytes=0,
+            published_total=0,
+        )
+    )
     save_topic(stage, record)
-    return view(record)
+    return record.view.to_avro()
 
 
 def inspect_topic(stage: Staged, body: Record, ctx: Context) -> Record:
-    return view(load_topic(stage, ctx.domain, body["topic"]))
+    return topic_record(stage, ctx.domain, body["topic"]).view.to_avro()
 
 
 def _check_event(index: int, event: Record) -> int:
@@ -153,43 +183,55 @@ def _check_unpublished(stage: Staged, topic_id: int, events: list[Record], diges
 
 def publish(stage: Staged, body: Record, ctx: Context) -> Record:
     """Append every event at the next positions, or none of them."""
-    record = load_topic(stage, ctx.domain, body["topic"])
-    topic = record["view"]
+    record = topic_record(stage, ctx.domain, body["topic"])
+    topic = record.view
     events: list[Record] = body["events"]
     charges = _check_events(events)
-    topic_id = topic["incarnation"]
+    topic_id = topic.incarnation
     digests = [content_digest(event["type"], event["headers"], event["body"]) for event in events]
     _check_unpublished(stage, topic_id, events, digests)
-    policy = topic["policy"]
-    if topic["retained_events"] + len(events) > policy["max_retained_events"]:
+    if topic.retained_events + len(events) > topic.policy.max_retained_events:
         raise Rejected(ErrorCode.RESOURCE_EXHAUSTED, "the topic would exceed max_retained_events")
-    if topic["retained_bytes"] + sum(charges) > policy["max_retained_bytes"]:
+    if topic.retained_bytes + sum(charges) > topic.policy.max_retained_bytes:
         raise Rejected(ErrorCode.RESOURCE_EXHAUSTED, "the topic would exceed max_retained_bytes")
 
+    tail, retained_events, retained_bytes, published_total = (
+        topic.tail,
+        topic.retained_events,
+        topic.retained_bytes,
+        topic.published_total,
+    )
     published: list[Record] = []
     for event, charge, digest in zip(events, charges, digests, strict=True):
-        position = topic["tail"] + 1
-        stored = {
-            "event_id": event["event_id"],
-            "type": event["type"],
-            "headers": dict(sorted(event["headers"].items())),
-            "body": event["body"],
-            "published_at_ms": ctx.now_ms,
-            "charged_bytes": charge,
-        }
-        stage.put_record(keys.event(topic_id, position), EVENT_RECORD, stored)
+        position = tail + 1
+        stored = EventRecord(
+            event_id=event["event_id"],
+            type=event["type"],
+            headers=dict(sorted(event["headers"].items())),
+            body=event["body"],
+            published_at_ms=ctx.now_ms,
+            charged_bytes=charge,
+        )
+        save(stage, keys.event(topic_id, position), stored)
         stage.put(keys.event_id(topic_id, event["event_id"]), keys.event_id_value(position, digest))
-        topic["tail"] = position
-        adjust(topic, "retained_events", 1)
-        adjust(topic, "retained_bytes", charge)
-        adjust(topic, "published_total", 1)
+        tail = position
+        retained_events = _adjusted("retained_events", retained_events, 1)
+        retained_bytes = _adjusted("retained_bytes", retained_bytes, charge)
+        published_total = _adjusted("published_total", published_total, 1)
         published.append({"event_id": event["event_id"], "position": position})
-    save_topic(stage, record)
+    topic = replace(
+        topic,
+        tail=tail,
+        retained_events=retained_events,
+        retained_bytes=retained_bytes,
+        published_total=published_total,
+    )
+    save_topic(stage, replace(record, view=topic))
     return {
-        "topic": topic["topic"],
+        "topic": topic.topic,
         "events": published,
-        "retained_events": topic["retained_events"],
-        "retained_bytes": topic["retained_bytes"],
+        "retained_events": topic.retained_events,
+        "retained_bytes": topic.retained_bytes,
     }
 
 
@@ -200,20 +242,20 @@ def read_topic(stage: Staged, body: Record, ctx: Context) -> Record:
     event is always returned, so one large event never wedges a reader), at the
     tail, or after READ_EXAMINATION_BUDGET rows (`budget_exhausted`).
     """
-    topic = view(load_topic(stage, ctx.domain, body["topic"]))
+    topic = topic_record(stage, ctx.domain, body["topic"]).view
     max_events = bounded("max_events", body["max_events"], limits.DEFAULT_READ_EVENTS, 1, limits.MAX_READ_EVENTS)
     max_bytes = bounded("max_bytes", body["max_bytes"], limits.DEFAULT_READ_BYTES, 1, limits.MAX_READ_BYTES)
     if (body["from_position"] is None) == (body["cursor"] is None):
         raise Rejected(ErrorCode.VALIDATION, "a read starts from a position or from a cursor: exactly one of them")
     start = body["from_position"] if body["cursor"] is None else cursor_position(body["cursor"])
-    first, tail = topic["first_available"], topic["tail"]
+    first, tail = topic.first_available, topic.tail
     if start < 0:
         raise Rejected(ErrorCode.VALIDATION, "from_position must not be negative")
     if start < first:
         raise Rejected(ErrorCode.HISTORY_UNAVAILABLE, f"position {start} is before first_available {first}")
     if start > tail + 1:
         raise Rejected(ErrorCode.VALIDATION, f"from_position is past the tail + 1 ({tail + 1})")
-    topic_id = topic["incarnation"]
+    topic_id = topic.incarnation
     events: list[Record] = []
     size = 0
     budget_hit = False
@@ -227,6 +269,7 @@ def read_topic(stage: Staged, body: Record, ctx: Context) -> Record:
         position = start + examined
         if keys.event_position(key) != position:
             raise Corruption(f"topic {topic_id} has no event at retained position {position}")
+        # A dict, not an EventRecord: a page decodes up to MAX_READ_EVENTS events and returns their fields.
         event = REGISTRY.decode(EVENT_RECORD, value)
         if events and size + event["charged_bytes"] > max_bytes:
             break
@@ -259,12 +302,12 @@ def _page_event(position: int, event: Record) -> Record:
 # -- purge ---------------------------------------------------------------------------------
 
 
-def _purge_limit(stage: Staged, topic: Record, group: Record) -> int:
+def _purge_limit(stage: Staged, topic: TopicView, group: GroupState) -> int:
     """The highest position a purge may delete for this group: its checkpoint, and below its
     lowest parked position that still pins (above pin_floor)."""
-    start = keys.parked(group["incarnation"], max(group["pin_floor"] + 1, topic["first_available"]))
+    start = keys.parked(group.incarnation, max(group.pin_floor + 1, topic.first_available))
     lowest = stage.first(start, keys.group_row_end(start))
-    checkpoint: int = group["checkpoint"]
+    checkpoint = group.checkpoint
     return checkpoint if lowest is None else min(checkpoint, keys.row_position(lowest[0]) - 1)
 
 
@@ -281,54 +324,63 @@ def purge_topic(stage: Staged, body: Record, ctx: Context) -> Record:
 
     validation.check_integer("PurgeTopic.through", body["through"])
     validation.check_integer("PurgeTopic.expected_generation", body["expected_generation"])
-    topic_record = load_topic(stage, ctx.domain, body["topic"])
-    topic = topic_record["view"]
-    through, first = body["through"], topic["first_available"]
-    if body["expected_generation"] != topic["generation"]:
-        raise Rejected(ErrorCode.REVISION_CONFLICT, f"the topic is at generation {topic['generation']}")
+    stored = topic_record(stage, ctx.domain, body["topic"])
+    topic = stored.view
+    through, first = body["through"], topic.first_available
+    if body["expected_generation"] != topic.generation:
+        raise Rejected(ErrorCode.REVISION_CONFLICT, f"the topic is at generation {topic.generation}")
     if through < first:
         raise Rejected(ErrorCode.VALIDATION, f"through must be at least first_available ({first})")
-    if through > topic["tail"]:
-        raise Rejected(ErrorCode.RESOURCE_EXHAUSTED, f"through is past the tail ({topic['tail']})")
+    if through > topic.tail:
+        raise Rejected(ErrorCode.RESOURCE_EXHAUSTED, f"through is past the tail ({topic.tail})")
     if through - first + 1 > limits.MAX_PURGE_EVENTS:
         raise Rejected(
             ErrorCode.VALIDATION, f"a purge deletes at most {limits.MAX_PURGE_EVENTS} events: purge in steps"
         )
-    pinning = groups.groups_of(stage, topic["incarnation"])
-    for _, record in pinning:
-        limit = _purge_limit(stage, topic, record["view"])
+    # At most MAX_GROUPS_PER_TOPIC records, each converted once; purges are rare.
+    pinning = [GroupRecord.from_avro(record) for _, record in groups.groups_of(stage, topic.incarnation)]
+    for group in pinning:
+        limit = _purge_limit(stage, topic, group.view)
         if through > limit:
             raise Rejected(ErrorCode.RESOURCE_EXHAUSTED, f"a group has not completed position {limit + 1}")
-    topic_id = topic["incarnation"]
+    topic_id = topic.incarnation
+    retained_events, retained_bytes = topic.retained_events, topic.retained_bytes
     rows = stage.scan(keys.event(topic_id, first), keys.event(topic_id, through + 1))
     for expected, (key, value) in enumerate(rows, start=first):
         if keys.event_position(key) != expected:
             raise Corruption(f"topic {topic_id} has no event at retained position {expected}")
-        adjust(topic, "retained_bytes", -REGISTRY.decode(EVENT_RECORD, value)["charged_bytes"])
-        adjust(topic, "retained_events", -1)
+        # A dict read, not an EventRecord: a purge decodes up to MAX_PURGE_EVENTS events for one field.
+        charged: int = REGISTRY.decode(EVENT_RECORD, value)["charged_bytes"]
+        retained_bytes = _adjusted("retained_bytes", retained_bytes, -charged)
+        retained_events = _adjusted("retained_events", retained_events, -1)
         stage.delete(key)
-    topic["first_available"] = through + 1
-    if topic["retained_events"] != topic["tail"] - through:
+    if retained_events != topic.tail - through:
         raise Corruption(f"topic {topic_id} has no event at some retained position up to {through}")
-    for _, record in pinning:
-        if _drop_parked_through(stage, record, first, through):
-            groups.save_group(stage, record)
-    topic["generation"] += 1
-    save_topic(stage, topic_record)
-    view: Record = topic
-    return view
+    for group in pinning:
+        dropped = _drop_parked_through(stage, group.view, first, through)
+        if dropped is not None:
+            groups.save_group(stage, replace(group, view=dropped).to_avro())
+    topic = replace(
+        topic,
+        first_available=through + 1,
+        retained_events=retained_events,
+        retained_bytes=retained_bytes,
+        generation=topic.generation + 1,
+    )
+    save_topic(stage, replace(stored, view=topic))
+    return topic.to_avro()
 
 
-def _drop_parked_through(stage: Staged, record: Record, first: int, through: int) -> int:
+def _drop_parked_through(stage: Staged, group: GroupState, first: int, through: int) -> GroupState | None:
     """Released parked rows a purge passes go with their events (pinning ones cannot be passed);
-    how many went."""
-    group = record["view"]
-    start = keys.parked(group["incarnation"], first)
+    the group without them, None when it had none there."""
+    start = keys.parked(group.incarnation, first)
+    parked_count = group.parked_count
     dropped = 0
-    for key, _ in stage.scan(start, keys.parked(group["incarnation"], through + 1)):
-        if keys.row_position(key) > group["pin_floor"]:
-            raise Corruption(f"a purge passed a pinning parked position of group {group['incarnation']}")
+    for key, _ in stage.scan(start, keys.parked(group.incarnation, through + 1)):
+        if keys.row_position(key) > group.pin_floor:
+            raise Corruption(f"a purge passed a pinning parked position of group {group.incarnation}")
         stage.delete(key)
-        adjust(group, "parked_count", -1)
+        parked_count = _adjusted("parked_count", parked_count, -1)
         dropped += 1
-    return dropped
+    return replace(group, parked_count=parked_count) if dropped else None
