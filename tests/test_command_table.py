@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import argparse
+import dataclasses
 import enum
+import json
 import re
 import subprocess
 import sys
@@ -13,6 +16,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
+import pytest
+
+from keyload.cli import commands as cli_commands
+from keyload.cli.main import build_parser, main
+from keyload.cli.schema import body_record
 from keyload.commands import COMMANDS, CommandKind
 from keyload.log.codec import REGISTRY, expanded_current
 from keyload.processors.apply import COMMANDS as DISPATCHED
@@ -182,7 +190,23 @@ def test_batchable_rows_are_the_batch_mutation_union() -> None:
 
 # -- a throwaway command kind, through a test-only table ---------------------------------------
 
-ECHO = CommandKind("Echo", "test_command_table:echo", "test.EchoResult", None, "echo", None, None, stored=False)
+ECHO = CommandKind(
+    "Echo", "test_command_table:echo", "test.EchoResult", None, "echo", ("echo", "say"), None, stored=False
+)
+# Its body record, as the .avsc files would give it (the CLI reads it through the test table's `schema_of`).
+ECHO_BODY: dict[str, Any] = {
+    "type": "record",
+    "name": "Echo",
+    "namespace": "keyload.command",
+    "doc": "say something back (a throwaway kind)",
+    "fields": [
+        {"name": "say", "type": "string", "doc": "what to say back"},
+        {"name": "times", "type": "int", "default": 1},
+        {"name": "tone", "type": {"type": "enum", "name": "Tone", "symbols": ["calm", "loud"]}, "default": "calm"},
+        {"name": "tags", "type": {"type": "array", "items": "string"}, "default": []},
+        {"name": "until_ms", "type": ["null", "long"], "default": None},
+    ],
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -219,6 +243,9 @@ class EchoClient(Client):
         result = self.answers[kind]
         return Outcome(command_id or "c1", domain, 0, 7, 0, "committed", None, "", result)
 
+    def close(self) -> None:
+        """Nothing to close: no logs were opened (the CLI's handler closes the client it sent through)."""
+
 
 def test_a_new_kind_is_dispatched_typed_and_sent_from_its_row(tmp_path: Path) -> None:
     """What adding a row buys, for a kind the real schema does not have. Covered: dispatch built from a
@@ -247,6 +274,80 @@ def test_a_new_kind_is_dispatched_typed_and_sent_from_its_row(tmp_path: Path) ->
     client = EchoClient({ECHO.branch: typed})
     assert client.send("Echo", "acme", {"say": "hi"}) == EchoResult("hi", 7)
     assert client.submitted == [("acme", "keyload.command.Echo", {"say": "hi"})]
+
+
+def _echo_table(client: EchoClient) -> cli_commands.Table:
+    """The CLI's table with the throwaway row: its record given as a dict, sent through `client`."""
+    return dataclasses.replace(
+        cli_commands.TABLE,
+        rows=(*COMMANDS, ECHO),
+        schema_of=lambda name: ECHO_BODY if name == ECHO.name else body_record(name),
+        client_of=lambda args: client,
+    )
+
+
+def _subparser(parser: argparse.ArgumentParser, *path: str) -> argparse.ArgumentParser:
+    for name in path:
+        action = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+        parser = action.choices[name]
+    return parser
+
+
+def test_a_new_kind_is_a_cli_command_from_its_row(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The same throwaway row reaches the CLI through a test-only table (rows, its body record as a dict,
+    the client the handler sends through), with no shape of its own. Covered: `keyload echo say` exists
+    beside every real command, its options derived from the record (help on each, from the field's doc or
+    generated; an int, an enum's choices, a repeated string array, an optional long, the required field
+    required); a command line parsed into the body, defaults filled from the record; the generic handler
+    (`main` -> `run_row`) sending that body as keyload.command.Echo through the test client over the test
+    table and printing the typed result as JSON; and that body applied by the row's handler. The
+    shipped CLI (`build_parser()`) has no such command."""
+    client = EchoClient({ECHO.branch: EchoResult("hi", 7)})
+    table = _echo_table(client)
+
+    parser = _subparser(build_parser(table), "echo", "say")
+    assert parser.description == "say something back (a throwaway kind)"
+    options = {action.dest: action for action in parser._actions}
+    assert {"say", "times", "tone", "tags", "until_ms", "domain", "command_id"} <= set(options)
+    for action in parser._actions:
+        assert action.help, action.dest
+    assert options["say"].required and options["say"].help == "what to say back"
+    assert options["times"].help == "an integer; default: 1"
+    assert options["tone"].choices == ["calm", "loud"]
+    assert options["tags"].option_strings == ["--tag"]
+    assert options["until_ms"].option_strings == ["--until-ms"]
+    assert parser.get_default("row") == "Echo"
+    with pytest.raises(SystemExit) as done:
+        main(["echo", "say", "--help"], table)
+    assert done.value.code == 0
+    shown = capsys.readouterr().out
+    assert "usage: keyload echo say" in shown and "what to say back" in shown and "--tag TAG" in shown
+    with pytest.raises(SystemExit) as done:
+        main(["echo", "say", "--domain", "acme"], table)  # --say is required by the record
+    assert done.value.code == 2
+    capsys.readouterr()
+
+    line = ["echo", "say", "--domain", "acme", "--say", "hi", "--times", "3", "--tag", "a", "--tag", "b"]
+    args = build_parser(table).parse_args(line)
+    body = cli_commands.build_body(table.fields(ECHO), table.shape(ECHO), args)
+    expected = {"say": "hi", "times": 3, "tone": "calm", "tags": ["a", "b"], "until_ms": None}
+    assert body == expected
+
+    assert main([*line, "--tone", "loud", "--json", "--command-id", "c9"], table) == 0
+    assert json.loads(capsys.readouterr().out) == {"said": "hi", "offset": 7}
+    assert client.submitted == [("acme", "keyload.command.Echo", {**expected, "tone": "loud"})]
+
+    store = Store(tmp_path / "projection")
+    try:
+        ctx = Context(0, 7, 1_000, "c9", "acme", "anonymous", {})
+        applied = Dispatch.from_table((ECHO,), package="tests").apply(Staged(store), ECHO.branch, body, ctx)
+        assert applied == ("test.EchoResult", {"said": "hi", "offset": 7})
+    finally:
+        store.close()
+
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["echo", "say", "--help"])
+    assert "invalid choice: 'echo'" in capsys.readouterr().err
 
 
 def test_the_sdk_does_not_load_the_engine() -> None:

@@ -20,6 +20,12 @@ the typed result through `keyload.cli.output.emit`.
 Old top-level verbs (`enqueue`, `receive`, `ack`, `publish`, `read`, `redrive`, `stats`, ...) are
 aliases: the same parser, options and output as their noun-verb command (ALIASES).
 
+All of it is built from a `Table` (`add_table_commands`): the rows, each row's body record, the
+shapes and the client the handler sends through. `TABLE` is keyload's: `COMMANDS`, the records of
+the `.avsc` files, `SHAPES` and `keyload.cli.main.client_of`. A row without a shape gets options
+from its record alone and its record's `doc` as help, so a test can add a throwaway kind through a
+table of its own (tests/test_command_table.py).
+
 This module imports nothing of the engine or the SDK at import time.
 """
 
@@ -30,13 +36,13 @@ import json
 import re
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from keyload.cli.output import UsageError, emit
-from keyload.cli.schema import Field, body_fields, record_fields
+from keyload.cli.schema import Field, Schema, body_record, record_fields
 from keyload.commands import COMMANDS, CommandKind
 
 if TYPE_CHECKING:
@@ -290,8 +296,9 @@ def add_field(
         parser.add_argument(flag, dest=dest, choices=choices, required=required, help=doc)
 
 
-def add_row_options(parser: argparse.ArgumentParser, kind: CommandKind, shape: Shape) -> None:
-    for f in body_fields(kind.name):
+def add_row_options(parser: argparse.ArgumentParser, body: Sequence[Field], shape: Shape) -> None:
+    """The options (and positionals) of a row's body fields, then the shape's extra ones."""
+    for f in body:
         if f.name in shape.hidden:
             continue
         if _flattened(f):
@@ -337,9 +344,10 @@ def _from_json(schema: Any, value: Any) -> Any:
     return value
 
 
-def build_body(kind: CommandKind, shape: Shape, args: argparse.Namespace) -> dict[str, Any]:
+def build_body(fields_: Sequence[Field], shape: Shape, args: argparse.Namespace) -> dict[str, Any]:
+    """The command body from the parsed options of a row's body fields (then the shape's `build`)."""
     body: dict[str, Any] = {}
-    for f in body_fields(kind.name):
+    for f in fields_:
         if f.name in shape.hidden:
             continue
         if _flattened(f):
@@ -593,34 +601,104 @@ NOUN_HELP = {
 }
 
 
-def table_rows() -> list[CommandKind]:
-    return [kind for kind in COMMANDS if kind.cli is not None]
+@dataclass(frozen=True)
+class Table:
+    """What the table-derived subcommands are built from, and what their handler sends through."""
+
+    rows: Sequence[CommandKind]
+    schema_of: Callable[[str], Schema]  # a row's name -> its body record (an Avro record as JSON)
+    shapes: Mapping[str, Shape]
+    client_of: Callable[[argparse.Namespace], Client] | None = None  # None: keyload.cli.main.client_of
+
+    def cli_rows(self) -> list[CommandKind]:
+        return [kind for kind in self.rows if kind.cli is not None]
+
+    def row(self, name: str) -> CommandKind:
+        return next(kind for kind in self.rows if kind.name == name)
+
+    def shape(self, kind: CommandKind) -> Shape:
+        """The row's shape; a row without one: its record's options, the record's doc as help."""
+        found = self.shapes.get(kind.name)
+        if found is not None:
+            return found
+        doc = self.schema_of(kind.name).get("doc")
+        return Shape(doc if isinstance(doc, str) and doc else f"send a {kind.name} command")
+
+    def fields(self, kind: CommandKind) -> list[Field]:
+        return record_fields(self.schema_of(kind.name))
+
+    def client(self, args: argparse.Namespace) -> Client:
+        if self.client_of is not None:
+            return self.client_of(args)
+        from keyload.cli.main import client_of
+
+        return client_of(args)
+
+
+TABLE = Table(COMMANDS, body_record, SHAPES)
+
+
+def table_rows(table: Table = TABLE) -> list[CommandKind]:
+    return table.cli_rows()
+
+
+NounParsers = dict[str, "argparse._SubParsersAction[argparse.ArgumentParser]"]
+
+
+def add_table_commands(
+    sub: argparse._SubParsersAction[argparse.ArgumentParser],
+    parents: list[argparse.ArgumentParser],
+    table: Table = TABLE,
+) -> NounParsers:
+    """`keyload <noun> <verb>` for every row of `table` with `cli`, and the ALIASES of those rows.
+
+    Returns the nouns' subparsers (hand-written commands add verbs to them: `keys add`)."""
+    nouns: NounParsers = {}
+    by_cli: dict[tuple[str, str], CommandKind] = {}
+    for kind in table.cli_rows():
+        assert kind.cli is not None
+        noun, verb = kind.cli
+        if noun not in nouns:
+            nouns[noun] = sub.add_parser(noun, help=NOUN_HELP.get(noun)).add_subparsers(
+                dest="action", required=True, metavar="VERB"
+            )
+        add_row_parser(nouns[noun], verb, kind, parents, table=table)
+        by_cli[kind.cli] = kind
+    for alias, target in ALIASES.items():
+        kind = by_cli[target]
+        help_text = f"alias of `keyload {' '.join(target)}`: {table.shape(kind).help}"
+        parser = add_row_parser(sub, alias, kind, parents, help_text, table=table)
+        if alias == "stats":
+            parser.set_defaults(text_only=True)
+    return nouns
 
 
 def add_row_parser(
-    sub: Any, name: str, kind: CommandKind, parents: list[argparse.ArgumentParser], help_text: str | None = None
+    sub: Any,
+    name: str,
+    kind: CommandKind,
+    parents: list[argparse.ArgumentParser],
+    help_text: str | None = None,
+    table: Table = TABLE,
 ) -> argparse.ArgumentParser:
-    shape = SHAPES[kind.name]
+    shape = table.shape(kind)
     parser: argparse.ArgumentParser = sub.add_parser(
         name, parents=parents, help=help_text or shape.help, description=help_text or shape.help
     )
     if not shape.partition_scoped:
         parser.add_argument("--domain", required=True, help="the domain (partition key) of the command")
-    add_row_options(parser, kind, shape)
-    parser.set_defaults(func=run_row, row=kind.name, text_only=shape.text_default)
+    add_row_options(parser, table.fields(kind), shape)
+    parser.set_defaults(func=run_row, row=kind.name, table=table, text_only=shape.text_default)
     return parser
 
 
 def run_row(args: argparse.Namespace) -> int:
-    """Build the body from the options, send it, print the result."""
-    from keyload.commands import COMMANDS as rows
-
-    kind = next(k for k in rows if k.name == args.row)
-    shape = SHAPES[kind.name]
-    body = build_body(kind, shape, args)
-    from keyload.cli.main import client_of
-
-    with client_of(args) as client:
+    """Build the body from the options, send it through the table's client, print the result."""
+    table: Table = getattr(args, "table", TABLE)
+    kind = table.row(args.row)
+    shape = table.shape(kind)
+    body = build_body(table.fields(kind), shape, args)
+    with table.client(args) as client:
         if shape.send is not None:
             result, code = shape.send(client, args, body, kind)
         else:

@@ -115,7 +115,8 @@ def _common() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
     return common, command
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(table: commands.Table = commands.TABLE) -> argparse.ArgumentParser:
+    """The whole command line; `table`: what the table-derived subcommands are built from."""
     common, command = _common()
     parser = argparse.ArgumentParser(
         prog="keyload",
@@ -124,32 +125,14 @@ def build_parser() -> argparse.ArgumentParser:
         "redrive, cancel, park (message).",
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    parents = [common, command]
-
-    nouns: dict[str, argparse._SubParsersAction[argparse.ArgumentParser]] = {}
-    by_cli = {}
-    for kind in commands.table_rows():
-        assert kind.cli is not None
-        noun, verb = kind.cli
-        if noun not in nouns:
-            nouns[noun] = sub.add_parser(noun, help=commands.NOUN_HELP.get(noun)).add_subparsers(
-                dest="action", required=True, metavar="VERB"
-            )
-        commands.add_row_parser(nouns[noun], verb, kind, parents)
-        by_cli[kind.cli] = kind
-    for alias, target in commands.ALIASES.items():
-        kind = by_cli[target]
-        help_text = f"alias of `keyload {' '.join(target)}`: {commands.SHAPES[kind.name].help}"
-        parser_ = commands.add_row_parser(sub, alias, kind, parents, help_text)
-        if alias == "stats":
-            parser_.set_defaults(text_only=True)
+    nouns = commands.add_table_commands(sub, [common, command], table)
     operations.add_keys_add(nouns["keys"], common)
     operations.add_parsers(sub, common, command)
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+def main(argv: list[str] | None = None, table: commands.Table = commands.TABLE) -> int:
+    args = build_parser(table).parse_args(argv)
     from keyload import logs
 
     logs.configure(args.log_level, json=args.log_format == "json")

@@ -76,10 +76,14 @@ class Field:
         return not self.optional and not self.has_default
 
 
+def body_record(name: str) -> dict[str, Any]:
+    """The command body record keyload.command.<name>, as in keyload.Command (JSON)."""
+    return _named()[f"keyload.command.{name}"]
+
+
 def body_fields(name: str) -> list[Field]:
     """The fields of the command body record keyload.command.<name>."""
-    record = _named()[f"keyload.command.{name}"]
-    return [field_of(raw) for raw in record["fields"]]
+    return record_fields(body_record(name))
 
 
 def record_fields(schema: Schema) -> list[Field]:
