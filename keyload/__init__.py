@@ -4,30 +4,61 @@ The public surface is what this module exports: the `Client`, the exception root
 error codes, the typed results a client sends and receives, and the consumer helpers'
 options. Everything else (`keyload.sdk`, `keyload.service`, `keyload.processors`, ...) is
 reachable for operators and tests but not promised to stay where it is.
+
+Names are loaded when first used (PEP 562), so `import keyload.cli` or `keyload.errors`
+does not load the SDK and its schema registry.
 """
 
-from keyload.errors import CommandRejected, ErrorCode, KeyloadError, OutcomeTimeout
-from keyload.projections.records import MessageState, PositionState
-from keyload.sdk.client import Client
-from keyload.sdk.consumer import ConsumeStats, ExactlyOnce
-from keyload.sdk.results import (
-    CancelMessage,
-    DeleteDocument,
-    Delivery,
-    Document,
-    EnqueueMessage,
-    Event,
-    GroupDelivery,
-    GroupPolicy,
-    Mutation,
-    ParkPendingMessage,
-    PublishEvents,
-    PutDocument,
-    QueuePolicy,
-    RedriveMessage,
-    TopicPolicy,
-)
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from keyload.version import __version__
+
+if TYPE_CHECKING:
+    from keyload.errors import CommandRejected, ErrorCode, KeyloadError, OutcomeTimeout
+    from keyload.projections.records import MessageState, PositionState
+    from keyload.sdk.client import Client
+    from keyload.sdk.consumer import ConsumeStats, ExactlyOnce
+    from keyload.sdk.results import (
+        CancelMessage,
+        DeleteDocument,
+        Delivery,
+        Document,
+        EnqueueMessage,
+        Event,
+        GroupDelivery,
+        GroupPolicy,
+        Mutation,
+        ParkPendingMessage,
+        PublishEvents,
+        PutDocument,
+        QueuePolicy,
+        RedriveMessage,
+        TopicPolicy,
+    )
+
+_HOMES = {
+    "CommandRejected": "keyload.errors",
+    "ErrorCode": "keyload.errors",
+    "KeyloadError": "keyload.errors",
+    "OutcomeTimeout": "keyload.errors",
+    "MessageState": "keyload.projections.records",
+    "PositionState": "keyload.projections.records",
+    "Client": "keyload.sdk.client",
+    "ConsumeStats": "keyload.sdk.consumer",
+    "ExactlyOnce": "keyload.sdk.consumer",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name not in __all__ or name == "__version__":
+        raise AttributeError(f"module 'keyload' has no attribute {name!r}")
+    value = getattr(importlib.import_module(_HOMES.get(name, "keyload.sdk.results")), name)
+    globals()[name] = value
+    return value
+
 
 __all__ = [
     "CancelMessage",
