@@ -29,6 +29,7 @@ from keyload.log.codec import REGISTRY
 from keyload.processors import validation
 from keyload.processors.batch import apply_mutations, check_domains, effects_digest
 from keyload.processors.context import Context
+from keyload.processors.counters import adjusted
 from keyload.processors.errors import Corruption, ErrorCode, Rejected
 from keyload.processors.groups import leases as group_leases
 from keyload.processors.outcomes import OUTCOME
@@ -123,13 +124,6 @@ def _inbox_view(domain: str, inbox: InboxRecord) -> Record:
     return dict(inbox.to_avro(), domain=domain)
 
 
-def _adjusted(counter: str, value: int, delta: int) -> int:
-    """An authoritative counter changed by `delta`; going negative means the projection is corrupt."""
-    if value + delta < 0:
-        raise Corruption(f"counter {counter} would become {value + delta}")
-    return value + delta
-
-
 def configure_inbox(stage: Staged, body: Record, ctx: Context) -> Record:
     """Create or change the domain's target inbox policy; a policy below current use refuses new receipts."""
     validation.check_integer("ConfigureInbox.max_receipts", body["max_receipts"])
@@ -178,7 +172,7 @@ def commit_inbox(stage: Staged, body: Record, ctx: Context) -> Record:
         )
     results = apply_mutations(stage, effects, ctx)
     save(stage, row, entry)
-    receipts = _adjusted("receipts", inbox.receipts, 1)
-    used = _adjusted("bytes", inbox.bytes, charge)
+    receipts = adjusted("receipts", inbox.receipts, 1)
+    used = adjusted("bytes", inbox.bytes, charge)
     save(stage, config_row, replace(inbox, receipts=receipts, bytes=used))
     return _receipt(ctx, results)

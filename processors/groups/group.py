@@ -27,6 +27,7 @@ from keyload import limits
 from keyload.log.codec import REGISTRY
 from keyload.processors import validation
 from keyload.processors.context import Context
+from keyload.processors.counters import adjusted
 from keyload.processors.errors import Corruption, ErrorCode, Rejected
 from keyload.processors.policy import resolve_group_policy
 from keyload.processors.queues.state import (
@@ -99,13 +100,6 @@ class Working:
             next_waiter_sequence=shared["next_waiter_sequence"],
             waiter_floor=shared["waiter_floor"],
         )
-
-
-def adjusted(counter: str, value: int, delta: int) -> int:
-    """An authoritative counter changed by `delta`; going negative means the projection is corrupt."""
-    if value + delta < 0:
-        raise Corruption(f"counter {counter} would become {value + delta}")
-    return value + delta
 
 
 def topic_view(stage: Staged, domain: str, topic_name: str) -> TopicView:

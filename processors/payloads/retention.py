@@ -26,13 +26,13 @@ from msgspec.structs import replace
 from keyload import limits
 from keyload.processors import validation
 from keyload.processors.context import Context
+from keyload.processors.counters import adjusted_fields
 from keyload.processors.errors import Corruption, ErrorCode, Rejected
 from keyload.processors.queues.state import Record, allocate, bounded, load_queue_by_id, save_queue
 from keyload.projections import keys
 from keyload.projections.records import (
     MessageMeta,
     PayloadReservation,
-    QueueCounters,
     QueueRecord,
     QueueView,
     RetentionKind,
@@ -42,18 +42,6 @@ from keyload.projections.records import (
     save,
 )
 from keyload.projections.store import Readable, Staged
-
-
-def adjusted_counters(counters: QueueCounters, **deltas: int) -> QueueCounters:
-    """`counters` with each named authoritative counter changed by its delta, in the order given;
-    going negative means the projection is corrupt."""
-    changed: dict[str, int] = {}
-    for name, delta in deltas.items():
-        value: int = getattr(counters, name) + delta
-        if value < 0:
-            raise Corruption(f"counter {name} would become {value}")
-        changed[name] = value
-    return replace(counters, **changed)
 
 
 def retire_payload(stage: Staged, record: Record, message_id: str, meta: Record, ctx: Context) -> None:
@@ -237,14 +225,14 @@ def delete_confirmed(stage: Staged, body: Record, ctx: Context) -> Record:
             raise Corruption(f"retention task {task.task_id} names a missing queue")
         queue = QueueRecord.from_avro(record)
         if task.kind == RetentionKind.abandoned_reservation:
-            counters = adjusted_counters(
+            counters = adjusted_fields(
                 queue.view.counters,
                 payload_object_bytes=-task.length,
                 reserved_messages=-1,
                 reserved_bytes=-task.length,
             )
         else:
-            counters = adjusted_counters(queue.view.counters, payload_object_bytes=-task.length)
+            counters = adjusted_fields(queue.view.counters, payload_object_bytes=-task.length)
         save_queue(stage, replace(queue, view=replace(queue.view, counters=counters)).to_avro())
         task = replace(
             task,

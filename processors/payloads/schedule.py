@@ -18,11 +18,11 @@ from msgspec.structs import replace
 
 from keyload import limits
 from keyload.processors.context import Context
+from keyload.processors.counters import adjusted_fields
 from keyload.processors.errors import ErrorCode, Rejected
 from keyload.processors.key_rotation import MissingKey, trust_set
 from keyload.processors.payloads import proofs
 from keyload.processors.payloads.reservations import close, load_reservation, object_key, queue_of, refuse_closed, view
-from keyload.processors.payloads.retention import adjusted_counters
 from keyload.processors.queues.resource import admit, check_new_message, check_room
 from keyload.processors.queues.state import Record, add_timer_row, allocate, bounded, load_queue, save_queue
 from keyload.projections import keys
@@ -71,7 +71,7 @@ def prepare_large_schedule(stage: Staged, body: Record, ctx: Context) -> Record:
         closed_at_ms=None,
         object_version=None,
     )
-    counters = adjusted_counters(
+    counters = adjusted_fields(
         queue.view.counters, reserved_messages=1, reserved_bytes=length, payload_object_bytes=length
     )
     record = replace(queue, view=replace(queue.view, counters=counters)).to_avro()
@@ -121,7 +121,7 @@ def commit_large_schedule(stage: Staged, body: Record, ctx: Context) -> Record:
     # converted once here, and handed to them as a dict with the released reservation quota.
     queue = QueueRecord.from_avro(queue_of(stage, reservation))
     length = reservation.length
-    counters = adjusted_counters(queue.view.counters, reserved_messages=-1, reserved_bytes=-length)
+    counters = adjusted_fields(queue.view.counters, reserved_messages=-1, reserved_bytes=-length)
     record = replace(queue, view=replace(queue.view, counters=counters)).to_avro()
     large = LargePayload(
         reservation_id=reservation.reservation_id,

@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 from msgspec.structs import replace
 
 from keyload import limits
+from keyload.processors.counters import adjusted
 from keyload.processors.errors import Corruption, ErrorCode, Rejected
 from keyload.projections import keys
 from keyload.projections.records import GroupRecord, MessageMeta, QueuePolicy, QueueRecord, load, save
@@ -156,10 +157,7 @@ def save_meta(stage: Staged, queue_id: int, message_id: str, meta: MessageMeta) 
 
 def adjust(counters: Record, name: str, delta: int) -> None:
     """Change an authoritative counter; going negative means the projection is corrupt."""
-    value = counters[name] + delta
-    if value < 0:
-        raise Corruption(f"counter {name} would become {value}")
-    counters[name] = value
+    counters[name] = adjusted(name, counters[name], delta)
 
 
 def add_index_row(stage: Staged, key: bytes, message_id: str) -> None:

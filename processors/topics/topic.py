@@ -19,6 +19,7 @@ from keyload import limits
 from keyload.log.codec import REGISTRY
 from keyload.processors import validation
 from keyload.processors.context import Context
+from keyload.processors.counters import adjusted
 from keyload.processors.errors import Corruption, ErrorCode, Rejected
 from keyload.processors.policy import resolve_topic_policy
 from keyload.processors.queues.state import Record, allocate_incarnation, bounded, check_headers, check_name
@@ -93,13 +94,6 @@ def load_topic(stage: Staged, domain: str, name: str) -> Record:
 
 def save_topic(stage: Staged, record: TopicRecord) -> None:
     save(stage, keys.topic(record.view.domain, record.view.topic), record)
-
-
-def _adjusted(counter: str, value: int, delta: int) -> int:
-    """An authoritative counter changed by `delta`; going negative means the projection is corrupt."""
-    if value + delta < 0:
-        raise Corruption(f"counter {counter} would become {value + delta}")
-    return value + delta
 
 
 def create_topic(stage: Staged, body: Record, ctx: Context) -> Record:
@@ -215,9 +209,9 @@ def publish(stage: Staged, body: Record, ctx: Context) -> Record:
         save(stage, keys.event(topic_id, position), stored)
         stage.put(keys.event_id(topic_id, event["event_id"]), keys.event_id_value(position, digest))
         tail = position
-        retained_events = _adjusted("retained_events", retained_events, 1)
-        retained_bytes = _adjusted("retained_bytes", retained_bytes, charge)
-        published_total = _adjusted("published_total", published_total, 1)
+        retained_events = adjusted("retained_events", retained_events, 1)
+        retained_bytes = adjusted("retained_bytes", retained_bytes, charge)
+        published_total = adjusted("published_total", published_total, 1)
         published.append({"event_id": event["event_id"], "position": position})
     topic = replace(
         topic,
@@ -351,8 +345,8 @@ def purge_topic(stage: Staged, body: Record, ctx: Context) -> Record:
             raise Corruption(f"topic {topic_id} has no event at retained position {expected}")
         # A dict read, not an EventRecord: a purge decodes up to MAX_PURGE_EVENTS events for one field.
         charged: int = REGISTRY.decode(EVENT_RECORD, value)["charged_bytes"]
-        retained_bytes = _adjusted("retained_bytes", retained_bytes, -charged)
-        retained_events = _adjusted("retained_events", retained_events, -1)
+        retained_bytes = adjusted("retained_bytes", retained_bytes, -charged)
+        retained_events = adjusted("retained_events", retained_events, -1)
         stage.delete(key)
     if retained_events != topic.tail - through:
         raise Corruption(f"topic {topic_id} has no event at some retained position up to {through}")
@@ -381,6 +375,6 @@ def _drop_parked_through(stage: Staged, group: GroupState, first: int, through: 
         if keys.row_position(key) > group.pin_floor:
             raise Corruption(f"a purge passed a pinning parked position of group {group.incarnation}")
         stage.delete(key)
-        parked_count = _adjusted("parked_count", parked_count, -1)
+        parked_count = adjusted("parked_count", parked_count, -1)
         dropped += 1
     return replace(group, parked_count=parked_count) if dropped else None
