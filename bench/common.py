@@ -33,7 +33,7 @@ from typing import Any, ClassVar
 from rocksdict import Options, Rdict, WriteBatch, WriteOptions
 
 from keyload.log.base import partition_for
-from keyload.log.codec import REGISTRY
+from keyload.log.codec import REGISTRY, Record
 from keyload.operations.recovery import replay
 from keyload.projections import keys
 from keyload.projections.store import Store
@@ -54,7 +54,6 @@ OUTCOME_READ_BATCH = 4096
 LABEL_WIDTH = 24  # the cycle column of the tables, at least
 
 Write = tuple[bytes, bytes | None]  # a value of None is a delete
-Record = dict[str, Any]
 Commit = tuple[dict[bytes, bytes | None], int, int]  # (writes, applied offset, last time), as Store.commit gets them
 
 

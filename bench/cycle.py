@@ -33,7 +33,7 @@ import sys
 from typing import Any
 
 from keyload import limits
-from keyload.log.codec import REGISTRY
+from keyload.log.codec import REGISTRY, Record
 from keyload.processors.policy import INTEGER_FIELDS, default_spec
 from keyload.projections import keys
 
@@ -45,7 +45,6 @@ from .common import (
     CycleResult,
     Defaults,
     Driver,
-    Record,
     Settle,
     Unit,
     chosen_cycles,

@@ -51,7 +51,7 @@ from typing import Any
 
 from keyload import limits
 from keyload.log.base import CommandLog, partition_for
-from keyload.log.codec import REGISTRY
+from keyload.log.codec import REGISTRY, Record
 from keyload.projections import keys
 from keyload.projections.store import Store, StoreError
 from keyload.sdk.client import Client
@@ -60,7 +60,7 @@ from keyload.service.doorbell import Doorbell
 from keyload.service.ticker import DEFAULT_TICK_INTERVAL_MS
 from keyload.storage.datadir import DataDir
 
-from .common import COMMAND, DOMAIN, OUTCOME, PRINCIPAL, BenchError, Record, environment
+from .common import COMMAND, DOMAIN, OUTCOME, PRINCIPAL, BenchError, environment
 from .kafka import process_cpu_s
 
 RECEIVE = "keyload.command.Receive"

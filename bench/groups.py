@@ -26,7 +26,7 @@ import sys
 from typing import Any
 
 from keyload import limits
-from keyload.log.codec import REGISTRY
+from keyload.log.codec import REGISTRY, Record
 from keyload.processors.policy import GROUP_INTEGER_FIELDS, TOPIC_INTEGER_FIELDS, default_group_spec
 from keyload.projections import keys
 
@@ -37,7 +37,6 @@ from .common import (
     CycleResult,
     Defaults,
     Driver,
-    Record,
     Settle,
     Unit,
     chosen_cycles,

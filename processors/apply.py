@@ -12,12 +12,12 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import cast
 
 from keyload import commands, limits
 from keyload.commands import CommandKind
 from keyload.log.base import MAX_LOG_TIME_MS, MIN_LOG_TIME_MS, partition_for
-from keyload.log.codec import REGISTRY, CodecError
+from keyload.log.codec import REGISTRY, CodecError, Record
 from keyload.processors import timers
 from keyload.processors.access import authorize
 from keyload.processors.context import Context
@@ -29,7 +29,6 @@ from keyload.processors.queues import leases
 from keyload.projections import keys
 from keyload.projections.store import Staged
 
-Record = dict[str, Any]
 Handler = Callable[[Staged, Record, Context], Record | None]
 
 POISON = "keyload.PoisonEntry"

@@ -20,9 +20,9 @@ from typing import Any, cast
 
 from keyload import limits
 from keyload.commands import COMMANDS
+from keyload.log.codec import Record
 from keyload.processors.context import Context
 from keyload.processors.errors import ErrorCode, Rejected
-from keyload.processors.queues.state import Record
 from keyload.projections.store import Staged
 
 Handler = Callable[[Staged, Record, Context], Record]

@@ -17,13 +17,12 @@ from keyload.log.codec import (
     HEADER_BYTES,
     REGISTRY,
     CodecError,
+    Record,
     Released,
     encoded_optional_long,
     expanded_current,
     history,
 )
-
-Record = dict[str, Any]
 
 COMMAND = "keyload.Command"
 FINGERPRINT_BYTES = 32

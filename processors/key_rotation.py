@@ -10,9 +10,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from keyload import limits
+from keyload.log.codec import Record
 from keyload.processors.context import Context
 from keyload.processors.errors import ErrorCode, Rejected
-from keyload.processors.queues.state import Record
 from keyload.projections import keys
 from keyload.projections.store import Readable, Staged
 

@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
 from keyload import limits
+from keyload.log.codec import Record
 from keyload.processors.errors import Rejected
 
-Record = dict[str, Any]
 OUTCOME = "keyload.Outcome"
 
 

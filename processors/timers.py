@@ -9,12 +9,13 @@ resource to hand the firing to.
 from __future__ import annotations
 
 from keyload import limits
+from keyload.log.codec import Record
 from keyload.processors.context import Context
 from keyload.processors.errors import Corruption
 from keyload.processors.groups import leases as group_leases
 from keyload.processors.groups.group import save_group
 from keyload.processors.queues.lifecycle import fire_queue_timers
-from keyload.processors.queues.state import Record, next_due_ms, save_queue
+from keyload.processors.queues.state import next_due_ms, save_queue
 from keyload.projections import keys
 from keyload.projections.records import GroupRecord, QueueRecord
 from keyload.projections.store import Staged

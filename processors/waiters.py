@@ -15,11 +15,11 @@ timer of kind TIMER_WAITER, and `waiting_receives`, `next_waiter_sequence` and
 from __future__ import annotations
 
 from keyload import limits
-from keyload.log.codec import REGISTRY
+from keyload.log.codec import REGISTRY, Record
 from keyload.processors.context import Context
 from keyload.processors.errors import Corruption, ErrorCode, Rejected
 from keyload.processors.outcomes import OUTCOME, new_outcome
-from keyload.processors.queues.state import Record, add_timer_row, remove_index_row
+from keyload.processors.queues.state import add_timer_row, remove_index_row
 from keyload.projections import keys
 from keyload.projections.records import Waiter, save
 from keyload.projections.store import Staged

@@ -13,16 +13,13 @@ current. A projection already marked costs one read.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
 from rocksdict import Rdict, WriteBatch, WriteOptions
 
-from keyload.log.codec import REGISTRY, CodecError
+from keyload.log.codec import REGISTRY, CodecError, Record
 from keyload.processors.topics.cursors import cursor
 
 from . import keys
-
-Record = dict[str, Any]
 
 MIGRATION_BATCH_BYTES = 4 * 1024 * 1024  # keys and values rewritten per WriteBatch, at most (plus one row)
 

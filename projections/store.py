@@ -11,12 +11,12 @@ import struct
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol
 
 from rocksdict import AccessType, Checkpoint, Options, Rdict, WriteBatch, WriteOptions
 
 from keyload.errors import KeyloadError
-from keyload.log.codec import REGISTRY, CodecError
+from keyload.log.codec import REGISTRY, CodecError, Record
 
 from . import keys
 from .migration import migrate
@@ -37,9 +37,6 @@ class Readable(Protocol):
     def scan(self, start: bytes, end: bytes) -> Iterator[tuple[bytes, bytes]]:
         """Key/value pairs with start <= key < end, in key order."""
         ...
-
-
-Record = dict[str, Any]
 
 
 class _Pending:

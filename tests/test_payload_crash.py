@@ -29,14 +29,14 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any, TypeVar
+from typing import IO, TypeVar
 
 import pytest
 
 from keyload import Client
 from keyload.errors import CommandRejected, LeaseExpiredError, OutcomeTimeout, StaleLeaseError
 from keyload.log.base import partition_for
-from keyload.log.codec import REGISTRY
+from keyload.log.codec import REGISTRY, Record
 from keyload.projections import keys
 from keyload.projections.store import Store
 from keyload.sdk.payloads import PayloadError
@@ -424,9 +424,6 @@ def quiesce(work: Workload, partition_of: dict[str, int]) -> None:
                 work.checkpoint(partition)
             next_checkpoint = time.monotonic() + 0.5
         time.sleep(0.1)
-
-
-Record = dict[str, Any]
 
 
 def scan_projection(data: DataDir, partition: int) -> tuple[dict[str, Record], list[Record], list[Record], int]:

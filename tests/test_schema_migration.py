@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from rocksdict import AccessType, Options, Rdict
 
-from keyload.log.codec import HEADER_BYTES, REGISTRY, CodecError, Released, encoded_optional_long
+from keyload.log.codec import HEADER_BYTES, REGISTRY, CodecError, Record, Released, encoded_optional_long
 from keyload.operations.recovery import replay
 from keyload.processors.apply import Applied, apply_record
 from keyload.processors.fingerprints import COMMAND, INFORMATIONAL_TAIL
@@ -52,7 +52,6 @@ from .test_long_poll import RECEIVE, receive_body
 
 D = "acme"
 T = "news"
-Record = dict[str, Any]
 Rows = dict[bytes, bytes]
 STORED = sorted({layout.name for layout in keys.FAMILY_VALUES.values() if layout is not None})
 EVERY_ROW = (b"", b"\xff")

@@ -9,9 +9,8 @@ from typing import Any, ClassVar, Literal, Self
 
 from keyload.commands import COMMANDS, CommandKind
 from keyload.errors import ErrorCode
+from keyload.log.codec import Record
 from keyload.projections.records import MessageState, PositionState  # the schema enums, declared once
-
-Record = dict[str, Any]
 
 
 def _build(cls: Any, record: Record) -> Any:

@@ -9,10 +9,11 @@ re-created document is refused rather than overwriting the new one.
 from __future__ import annotations
 
 from keyload import limits
+from keyload.log.codec import Record
 from keyload.processors import validation
 from keyload.processors.context import Context
 from keyload.processors.errors import ErrorCode, Rejected
-from keyload.processors.queues.state import Record, bounded, check_name
+from keyload.processors.queues.state import bounded, check_name
 from keyload.projections import keys
 from keyload.projections.records import DocumentRecord, load, save
 from keyload.projections.store import Staged

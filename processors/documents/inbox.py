@@ -25,7 +25,7 @@ from functools import partial
 from msgspec.structs import replace
 
 from keyload import limits
-from keyload.log.codec import REGISTRY
+from keyload.log.codec import REGISTRY, Record
 from keyload.processors import validation
 from keyload.processors.batch import apply_mutations, check_domains, effects_digest
 from keyload.processors.context import Context
@@ -34,7 +34,7 @@ from keyload.processors.errors import Corruption, ErrorCode, Rejected
 from keyload.processors.groups import leases as group_leases
 from keyload.processors.outcomes import OUTCOME
 from keyload.processors.queues import leases
-from keyload.processors.queues.state import Record, check_message_id, check_name
+from keyload.processors.queues.state import check_message_id, check_name
 from keyload.projections import keys
 from keyload.projections.records import GroupRecord, InboxEntry, InboxRecord, QueueRecord, load, save
 from keyload.projections.store import Staged

@@ -24,14 +24,13 @@ from typing import Any
 from msgspec.structs import replace
 
 from keyload import limits
-from keyload.log.codec import REGISTRY
+from keyload.log.codec import REGISTRY, Record
 from keyload.processors import validation
 from keyload.processors.context import Context
 from keyload.processors.counters import adjusted
 from keyload.processors.errors import Corruption, ErrorCode, Rejected
 from keyload.processors.policy import resolve_group_policy
 from keyload.processors.queues.state import (
-    Record,
     add_index_row,
     add_timer_row,
     allocate_incarnation,

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from msgspec.structs import replace
 
 from keyload import limits
-from keyload.log.codec import REGISTRY
+from keyload.log.codec import REGISTRY, Record
 from keyload.processors import tokens, waiters
 from keyload.processors.context import Context
 from keyload.processors.errors import Corruption, ErrorCode, Rejected
@@ -35,7 +35,7 @@ from keyload.processors.groups.group import (
 from keyload.processors.key_rotation import JITTER, TOKEN, active_key
 from keyload.processors.queues.leases import settle_each
 from keyload.processors.queues.lifecycle import retry_delay_ms
-from keyload.processors.queues.state import Record, bounded, due_timers, result_item_bytes
+from keyload.processors.queues.state import bounded, due_timers, result_item_bytes
 from keyload.processors.topics.topic import EVENT_RECORD
 from keyload.projections import keys
 from keyload.projections.records import GroupRecord, PositionMeta, PositionState, TopicRecord, TopicView, Waiter, load

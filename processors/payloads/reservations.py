@@ -12,10 +12,11 @@ from __future__ import annotations
 from msgspec.structs import replace
 
 from keyload import limits
+from keyload.log.codec import Record
 from keyload.processors.context import Context
 from keyload.processors.errors import Corruption, ErrorCode, Rejected
 from keyload.processors.payloads import retention
-from keyload.processors.queues.state import Record, load_queue_by_id, save_queue
+from keyload.processors.queues.state import load_queue_by_id, save_queue
 from keyload.projections import keys
 from keyload.projections.records import PayloadReservation, QueueRecord, QueueView, ReservationState, load, save
 from keyload.projections.store import Staged

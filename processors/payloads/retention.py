@@ -24,11 +24,12 @@ from __future__ import annotations
 from msgspec.structs import replace
 
 from keyload import limits
+from keyload.log.codec import Record
 from keyload.processors import validation
 from keyload.processors.context import Context
 from keyload.processors.counters import adjusted_fields
 from keyload.processors.errors import Corruption, ErrorCode, Rejected
-from keyload.processors.queues.state import Record, allocate, bounded, load_queue_by_id, save_queue
+from keyload.processors.queues.state import allocate, bounded, load_queue_by_id, save_queue
 from keyload.projections import keys
 from keyload.projections.records import (
     MessageMeta,

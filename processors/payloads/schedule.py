@@ -17,6 +17,7 @@ from __future__ import annotations
 from msgspec.structs import replace
 
 from keyload import limits
+from keyload.log.codec import Record
 from keyload.processors.context import Context
 from keyload.processors.counters import adjusted_fields
 from keyload.processors.errors import ErrorCode, Rejected
@@ -24,7 +25,7 @@ from keyload.processors.key_rotation import MissingKey, trust_set
 from keyload.processors.payloads import proofs
 from keyload.processors.payloads.reservations import close, load_reservation, object_key, queue_of, refuse_closed, view
 from keyload.processors.queues.resource import admit, check_new_message, check_room
-from keyload.processors.queues.state import Record, add_timer_row, allocate, bounded, load_queue, save_queue
+from keyload.processors.queues.state import add_timer_row, allocate, bounded, load_queue, save_queue
 from keyload.projections import keys
 from keyload.projections.records import LargePayload, PayloadReservation, QueueRecord, ReservationState, save
 from keyload.projections.store import Staged

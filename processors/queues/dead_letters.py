@@ -8,13 +8,13 @@ message that moved meanwhile. Terminal states never come back.
 from __future__ import annotations
 
 from keyload import limits
+from keyload.log.codec import Record
 from keyload.processors import validation
 from keyload.processors.context import Context
 from keyload.processors.errors import Corruption, ErrorCode, Rejected
 from keyload.processors.queues.lifecycle import add_expiry, enter, expired, leave
 from keyload.processors.queues.state import (
     LIVE_STATES,
-    Record,
     check_message_id,
     dead_letter_limits,
     load_message,

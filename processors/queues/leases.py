@@ -13,6 +13,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from keyload import limits
+from keyload.log.codec import Record
 from keyload.processors import tokens, waiters
 from keyload.processors.context import Context
 from keyload.processors.errors import Corruption, ErrorCode, Rejected
@@ -21,7 +22,6 @@ from keyload.processors.payloads import handles
 from keyload.processors.queues.lifecycle import end_attempt, enter, is_key_head, leave, receive_result
 from keyload.processors.queues.state import (
     QUEUE_RECORD,
-    Record,
     bounded,
     load_message,
     load_queue,

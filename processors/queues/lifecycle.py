@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 
+from keyload.log.codec import Record
 from keyload.processors import waiters
 from keyload.processors.context import Context
 from keyload.processors.errors import Corruption
@@ -19,7 +20,6 @@ from keyload.processors.payloads import reservations, retention
 from keyload.processors.queues.state import (
     LIVE_STATES,
     TERMINAL_TOTALS,
-    Record,
     add_index_row,
     add_timer_row,
     adjust,

@@ -5,6 +5,7 @@ from __future__ import annotations
 from msgspec.structs import replace
 
 from keyload import limits
+from keyload.log.codec import Record
 from keyload.processors import validation
 from keyload.processors.context import Context
 from keyload.processors.errors import Corruption, ErrorCode, Rejected
@@ -12,7 +13,6 @@ from keyload.processors.policy import resolve_policy
 from keyload.processors.queues.lifecycle import add_expiry, enter
 from keyload.processors.queues.state import (
     LIVE_STATES,
-    Record,
     adjust,
     allocate_incarnation,
     check_headers,

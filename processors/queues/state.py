@@ -18,13 +18,12 @@ from typing import Any, TypeVar
 from msgspec.structs import replace
 
 from keyload import limits
+from keyload.log.codec import Record
 from keyload.processors.counters import adjusted
 from keyload.processors.errors import Corruption, ErrorCode, Rejected
 from keyload.projections import keys
 from keyload.projections.records import GroupRecord, MessageMeta, QueuePolicy, QueueRecord, load, save
 from keyload.projections.store import Readable, Staged
-
-Record = dict[str, Any]
 
 QUEUE_RECORD = QueueRecord.SCHEMA
 MESSAGE_META = MessageMeta.SCHEMA

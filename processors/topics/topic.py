@@ -16,13 +16,13 @@ import struct
 from msgspec.structs import replace
 
 from keyload import limits
-from keyload.log.codec import REGISTRY
+from keyload.log.codec import REGISTRY, Record
 from keyload.processors import validation
 from keyload.processors.context import Context
 from keyload.processors.counters import adjusted
 from keyload.processors.errors import Corruption, ErrorCode, Rejected
 from keyload.processors.policy import resolve_topic_policy
-from keyload.processors.queues.state import Record, allocate_incarnation, bounded, check_headers, check_name
+from keyload.processors.queues.state import allocate_incarnation, bounded, check_headers, check_name
 from keyload.processors.topics.cursors import cursor, cursor_position
 from keyload.projections import keys
 from keyload.projections.records import (
