@@ -55,7 +55,7 @@ from keyload.log.codec import REGISTRY, Record
 from keyload.projections import keys
 from keyload.projections.store import Store, StoreError
 from keyload.sdk.client import Client
-from keyload.sdk.results import QueuePolicy
+from keyload.sdk.results import QueuePolicySpec
 from keyload.service.doorbell import Doorbell
 from keyload.service.ticker import DEFAULT_TICK_INTERVAL_MS
 from keyload.storage.datadir import DataDir
@@ -397,7 +397,7 @@ def waiters_phase(data: DataDir, service: Service, count: int, queues: int, wait
 def leases_phase(data: DataDir, service: Service, count: int, queues: int, lease_ms: int) -> LeaseRun:
     names = [f"lease-{q}" for q in range(queues)]
     per_queue = -(-count // queues)
-    policy = QueuePolicy(
+    policy = QueuePolicySpec(
         max_in_flight=max(per_queue, 1),
         receive_max_messages=RECEIVE_BATCH,
         retry_base_ms=RETRY_BASE_MS,

@@ -67,7 +67,7 @@ from keyload.log.kafka_log import (
     ensure_topics,
 )
 from keyload.processors.policy import INTEGER_FIELDS
-from keyload.sdk.results import QueuePolicy
+from keyload.sdk.results import QueuePolicySpec
 from keyload.storage.datadir import DEFAULT_OUTCOME_PARTITIONS, DEFAULT_PARTITIONS, DataDir, KafkaConfig
 
 from .common import COMMAND, DOMAIN, OUTCOME, PRINCIPAL, QUEUE, SEED, BenchError, environment
@@ -406,7 +406,7 @@ def keyload_phases(root: Path, bootstrap: str, prefix: str, plan: Plan, body_byt
     ensure_topics(data.kafka_settings())  # the service would, but the clients may open first
     service = ProcessorService(root, data.partitions)
     try:
-        policy = QueuePolicy(max_stored_messages=plan.commands, max_stored_bytes=max(1, plan.commands * body_bytes))
+        policy = QueuePolicySpec(max_stored_messages=plan.commands, max_stored_bytes=max(1, plan.commands * body_bytes))
         with Client(root, principal=PRINCIPAL, timeout_s=REQUEST_TIMEOUT_S, reply_partition=0) as client:
             client.create_queue(DOMAIN, QUEUE, policy)
         first = KeyloadRequester(root, plan, 0)

@@ -29,14 +29,14 @@ if TYPE_CHECKING:
         EnqueueMessage,
         Event,
         GroupDelivery,
-        GroupPolicy,
+        GroupPolicySpec,
         Mutation,
         ParkPendingMessage,
         PublishEvents,
         PutDocument,
-        QueuePolicy,
+        QueuePolicySpec,
         RedriveMessage,
-        TopicPolicy,
+        TopicPolicySpec,
     )
 
 _HOMES = {
@@ -73,7 +73,7 @@ __all__ = [
     "Event",
     "ExactlyOnce",
     "GroupDelivery",
-    "GroupPolicy",
+    "GroupPolicySpec",
     "KeyloadError",
     "MessageState",
     "Mutation",
@@ -82,8 +82,8 @@ __all__ = [
     "PositionState",
     "PublishEvents",
     "PutDocument",
-    "QueuePolicy",
+    "QueuePolicySpec",
     "RedriveMessage",
-    "TopicPolicy",
+    "TopicPolicySpec",
     "__version__",
 ]

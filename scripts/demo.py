@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from typing import TypeVar
 
 from keyload import Client
-from keyload.sdk.results import Delivery, Event, QueuePolicy
+from keyload.sdk.results import Delivery, Event, QueuePolicySpec
 
 DOMAIN = "shop"
 QUEUE = "orders"
@@ -78,7 +78,7 @@ def nack_for_retry(client: Client, delivery: Delivery) -> float:
 
 def queue_part(client: Client) -> None:
     say("== a work queue: ack, retry on backoff, dead letter, redrive")
-    policy = QueuePolicy(
+    policy = QueuePolicySpec(
         max_attempts=MAX_ATTEMPTS,
         retry_base_ms=RETRY_BASE_MS,
         retry_factor=RETRY_FACTOR,
@@ -129,13 +129,7 @@ def queue_part(client: Client) -> None:
     dead = only(client.list_dead_letters(DOMAIN, QUEUE).messages, "dead letters")
     check(dead.message_id == "order-3", f"{dead.message_id} is dead-lettered, not order-3")
     say(f"dead letters of '{QUEUE}': {dead.message_id} ({dead.meta.attempts} attempts)")
-    redriven = client.redrive(
-        DOMAIN,
-        QUEUE,
-        dead.message_id,
-        expected_state_version=dead.meta.state_version,
-        expected_delivery_generation=dead.meta.delivery_generation,
-    )
+    redriven = client.redrive(DOMAIN, dead)
     check(redriven.meta.state == "ready" and redriven.meta.attempts == 0, f"redriven order-3 is {redriven.meta.state}")
     check(not client.list_dead_letters(DOMAIN, QUEUE).messages, "the dead letters are not empty after the redrive")
     say("order-3: redriven, ready again with fresh attempts")

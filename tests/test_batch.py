@@ -28,7 +28,7 @@ from keyload.sdk.results import (
     PublishEvents,
     PublishResult,
     PutDocument,
-    QueuePolicy,
+    QueuePolicySpec,
     QueueView,
     ReceiveResult,
     TopicView,
@@ -174,12 +174,17 @@ def test_a_refusal_in_the_middle_undoes_everything_and_the_corrected_retry_appli
 
     results = applied(run_batch(shop, *five(expected_b=1)))
     assert [type(r) for r in results] == [DocumentResult, EnqueueResult, DocumentResult, PublishResult, DocumentResult]
-    assert results[0] == DocumentResult("a", 1, False)
+    assert results[0] == DocumentResult(key="a", revision=1, deleted=False)
     assert isinstance(results[1], EnqueueResult)
     assert (results[1].message_id, results[1].state, results[1].stored_messages) == ("m1", "ready", 1)
-    assert results[2] == DocumentResult("b", 2, False)
-    assert results[3] == PublishResult("news", [PublishedEvent("e1", 1)], 1, results[3].retained_bytes)
-    assert results[4] == DocumentResult("c", 1, True)
+    assert results[2] == DocumentResult(key="b", revision=2, deleted=False)
+    assert results[3] == PublishResult(
+        topic="news",
+        events=[PublishedEvent(event_id="e1", position=1)],
+        retained_events=1,
+        retained_bytes=results[3].retained_bytes,
+    )
+    assert results[4] == DocumentResult(key="c", revision=1, deleted=True)
     assert documents(shop, "a", "b", "c") == {"a": (b"a1", 1), "b": (b"b2", 2), "c": None}
     assert message(shop, "m1").meta.state == "ready"
     assert topic_view(shop).tail == 1
@@ -206,7 +211,7 @@ def test_a_mutation_naming_another_domain_rejects_the_batch_before_any_effect(sh
     assert "names another domain" in outcome.detail
     assert observed(shop) == before
     # Naming its own domain is allowed.
-    assert applied(run_batch(shop, put("a", b"x", domain=D)))[0] == DocumentResult("a", 1, False)
+    assert applied(run_batch(shop, put("a", b"x", domain=D)))[0] == DocumentResult(key="a", revision=1, deleted=False)
 
 
 def test_empty_and_oversized_batches_are_refused(shop: Embedded) -> None:
@@ -333,7 +338,7 @@ def test_the_sdk_batch_raises_the_refusal_with_its_failed_index(tmp_path: Path) 
     service = start_service(tmp_path / "data", "--partitions", "2")
     try:
         with Client(tmp_path / "data") as client:
-            client.create_queue(D, "jobs", QueuePolicy(max_stored_messages=10))
+            client.create_queue(D, "jobs", QueuePolicySpec(max_stored_messages=10))
             client.create_topic(D, "news")
             client.publish(D, "news", [Event("e1", "t", b"first")])
             with pytest.raises(RevisionConflictError) as revision:
@@ -365,7 +370,7 @@ def test_the_sdk_batch_raises_the_refusal_with_its_failed_index(tmp_path: Path) 
                 MessageView,
                 DocumentResult,
             ]
-            assert result.results[4] == DocumentResult("a", 1, True)
+            assert result.results[4] == DocumentResult(key="a", revision=1, deleted=True)
             assert client.inspect_queue(D, "jobs").counters.cancelled_total == 1
             assert client.inspect_topic(D, "news").tail == 2
     finally:

@@ -276,7 +276,9 @@ class BatchMachine(RuleBasedStateMachine):
             if doc is None or doc.deleted:
                 expect(outcome, "NotFound")
             else:
-                assert outcome.result == Document(key, doc.value, doc.revision, doc.updated_at_ms)
+                assert outcome.result == Document(
+                    key=key, value=doc.value, revision=doc.revision, updated_at_ms=doc.updated_at_ms
+                )
 
     @invariant()
     def the_queue_matches_the_model(self) -> None:

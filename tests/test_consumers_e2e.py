@@ -14,7 +14,7 @@ import pytest
 from keyload import Client
 from keyload.log.base import partition_for
 from keyload.operations.recovery import drill
-from keyload.sdk.results import QueuePolicy
+from keyload.sdk.results import QueuePolicySpec
 from keyload.storage.datadir import DataDir
 
 from .support import start_service, stop_service
@@ -68,7 +68,9 @@ def test_consumer_processes_drain_a_producer_exactly_once_or_dead_letter(tmp_pat
     client = Client(root)
     consumers: list[subprocess.Popen[bytes]] = []
     try:
-        client.create_queue("shop", "jobs", QueuePolicy(max_attempts=MAX_ATTEMPTS, retry_base_ms=10, retry_max_ms=50))
+        client.create_queue(
+            "shop", "jobs", QueuePolicySpec(max_attempts=MAX_ATTEMPTS, retry_base_ms=10, retry_max_ms=50)
+        )
         (tmp_path / "producer.py").write_text(PRODUCER)
         (tmp_path / "consumer.py").write_text(CONSUMER)
         for n in range(CONSUMERS):

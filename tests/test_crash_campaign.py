@@ -57,7 +57,7 @@ from keyload.log.codec import REGISTRY
 from keyload.projections import keys
 from keyload.projections.store import Store
 from keyload.sdk.client import Client
-from keyload.sdk.results import QueuePolicy, ReceiveResult
+from keyload.sdk.results import QueuePolicySpec, ReceiveResult
 from keyload.storage.datadir import DataDir
 
 from .support import spread_domains
@@ -591,7 +591,7 @@ def test_crash_campaign_loses_nothing_and_duplicates_nothing(tmp_path: Path) -> 
         service.start()
         wait_for(service.serving, 60, failed("the first keyload run to serve"))
         with Client(root, principal="setup", timeout_s=OUTCOME_TIMEOUT_S) as setup:
-            policy = QueuePolicy(max_attempts=1_000, retry_base_ms=50, retry_max_ms=200)
+            policy = QueuePolicySpec(max_attempts=1_000, retry_base_ms=50, retry_max_ms=200)
             for domain in domains:
                 create = partial(setup.create_queue, domain, QUEUE, policy, command_id=f"create-{domain}")
                 until_known(create, deadline)

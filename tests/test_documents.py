@@ -96,7 +96,9 @@ def write_quickly(embedded: Embedded, kind: str, bodies: list[dict[str, Any]]) -
 
 
 def test_put_expecting_absent_exact_or_any_revision(embedded: Embedded) -> None:
-    assert written(put(embedded, "order/1", b"a", expected=0)) == DocumentResult("order/1", 1, False)
+    assert written(put(embedded, "order/1", b"a", expected=0)) == DocumentResult(
+        key="order/1", revision=1, deleted=False
+    )
     detail = rejected(put(embedded, "order/1", b"b", expected=0), "RevisionConflict")
     assert detail == "the document exists at revision 1"
     assert written(put(embedded, "order/1", b"b", expected=1)).revision == 2
@@ -105,7 +107,9 @@ def test_put_expecting_absent_exact_or_any_revision(embedded: Embedded) -> None:
     assert detail == "the document is at revision 2, not at revision 1"
     embedded.now_ms += 5_000
     assert written(put(embedded, "order/1", b"c")).revision == 3  # unconditional
-    assert document(embedded, "order/1") == Document("order/1", b"c", 3, embedded.now_ms)
+    assert document(embedded, "order/1") == Document(
+        key="order/1", value=b"c", revision=3, updated_at_ms=embedded.now_ms
+    )
     detail = rejected(put(embedded, "order/2", b"x", expected=4), "RevisionConflict")
     assert detail == "the document is absent, not at revision 4"
     rejected(get(embedded, "order/2"), "NotFound")
@@ -117,7 +121,7 @@ def test_a_retried_put_returns_its_first_outcome_without_writing_again(embedded:
     body = put_document_body("k", b"once", None)
     first = submit_unhalted(embedded, D, PUT_DOCUMENT, body, command_id="put-1")
     again = submit_unhalted(embedded, D, PUT_DOCUMENT, body, command_id="put-1")
-    assert written(first) == written(again) == DocumentResult("k", 1, False)
+    assert written(first) == written(again) == DocumentResult(key="k", revision=1, deleted=False)
     assert document(embedded, "k").revision == 1
     other = submit_unhalted(embedded, D, PUT_DOCUMENT, put_document_body("k", b"other"), command_id="put-1")
     rejected(other, "Conflict")
@@ -133,8 +137,8 @@ def test_delete_with_and_without_an_expected_revision(embedded: Embedded) -> Non
     rejected(delete(embedded, "a", expected=0), "Validation")  # a delete needs a document to remove
     assert document(embedded, "a").value == b"2"
     # The result names the revision the delete removed.
-    assert written(delete(embedded, "a", expected=2)) == DocumentResult("a", 2, True)
-    assert written(delete(embedded, "b")) == DocumentResult("b", 1, True)
+    assert written(delete(embedded, "a", expected=2)) == DocumentResult(key="a", revision=2, deleted=True)
+    assert written(delete(embedded, "b")) == DocumentResult(key="b", revision=1, deleted=True)
     for key in ("a", "b"):
         assert rejected(get(embedded, key), "NotFound") == "document does not exist"
         rejected(delete(embedded, key), "NotFound")
@@ -232,7 +236,7 @@ def test_list_pages_by_prefix_and_after_and_skips_tombstones(embedded: Embedded)
     everything = [d.key for p in all_pages(embedded, max_documents=10) for d in p.documents]
     assert everything == ["order", *live, "orders", "ordex/1", "other"]
     assert [d.key for d in listing(embedded, prefix="orde").documents][-2:] == ["orders", "ordex/1"]
-    assert listing(embedded, prefix="zzz") == DocumentPage([], None, False)
+    assert listing(embedded, prefix="zzz") == DocumentPage(documents=[], next_after=None, budget_exhausted=False)
 
 
 def test_list_stops_at_max_bytes_but_always_returns_the_first_document(embedded: Embedded) -> None:
@@ -253,7 +257,9 @@ def test_list_examines_at_most_the_budget_of_rows_tombstones_included(embedded: 
     written(put(embedded, "dead/zz-alive", b"here"))
 
     first = listing(embedded, prefix="dead/")
-    assert first == DocumentPage([], dead[limits.LIST_EXAMINATION_BUDGET - 1], True)
+    assert first == DocumentPage(
+        documents=[], next_after=dead[limits.LIST_EXAMINATION_BUDGET - 1], budget_exhausted=True
+    )
     second = listing(embedded, prefix="dead/", after=first.next_after)
     assert ([d.key for d in second.documents], second.next_after, second.budget_exhausted) == (
         ["dead/zz-alive"],
@@ -272,7 +278,7 @@ def test_domains_are_isolated(embedded: Embedded) -> None:
     written(put(embedded, "shared", b"acme again", expected=1))
     written(delete(embedded, "shared"))
     rejected(get(embedded, "shared"), "NotFound")
-    assert listing(embedded) == DocumentPage([], None, False)
+    assert listing(embedded) == DocumentPage(documents=[], next_after=None, budget_exhausted=False)
     for domain in ("acme2", same, other):
         assert (document(embedded, "shared", domain).value, document(embedded, "shared", domain).revision) == (
             domain.encode(),

@@ -39,7 +39,7 @@ import pytest
 
 from keyload import Client
 from keyload.log.base import partition_for
-from keyload.sdk.results import EnqueueMessage, PutDocument, QueuePolicy, QueueView
+from keyload.sdk.results import EnqueueMessage, PutDocument, QueuePolicySpec, QueueView
 from keyload.storage.datadir import DataDir
 
 from .support import assert_live_equals_replay, keyload_command, run_keyload
@@ -195,8 +195,10 @@ def test_order_service_processes_each_order_once_through_crashes_and_a_zombie(tm
         data = DataDir.open(root)
         partition = partition_for(DOMAIN, data.partitions)
         try:
-            client.create_queue(DOMAIN, "orders", QueuePolicy(max_attempts=1_000, retry_base_ms=10, retry_max_ms=100))
-            client.create_queue(DOMAIN, "shipments", QueuePolicy(receive_max_messages=1_000, max_in_flight=ORDERS))
+            client.create_queue(
+                DOMAIN, "orders", QueuePolicySpec(max_attempts=1_000, retry_base_ms=10, retry_max_ms=100)
+            )
+            client.create_queue(DOMAIN, "shipments", QueuePolicySpec(receive_max_messages=1_000, max_in_flight=ORDERS))
 
             # Phase 1: a zombie's completions after its leases were taken over are recognised repeats.
             enqueue_orders(client, range(ZOMBIE_ORDERS))

@@ -16,7 +16,7 @@ from keyload.sdk.results import (
     Event,
     GroupAckBatchResult,
     GroupLeaseResult,
-    GroupPolicy,
+    GroupPolicySpec,
     GroupReceiveResult,
     GroupView,
     ReceiveResult,
@@ -399,7 +399,7 @@ def test_sdk_and_cli_against_a_running_service(tmp_path: Path) -> None:
         with Client(data) as client:
             client.create_topic(D, T)
             client.publish(D, T, [Event(f"e-{i}", "a" if i % 2 else "b", b"x") for i in range(1, 5)])
-            view = client.create_group(D, T, "g", event_types=["a"], policy=GroupPolicy(max_window=5))
+            view = client.create_group(D, T, "g", event_types=["a"], policy=GroupPolicySpec(max_window=5))
             assert (view.event_types, view.policy.max_window, view.lag) == (["a"], 5, 4)
             got = client.group_receive(D, T, "g")
             assert [d.position for d in got.deliveries] == [1, 3]

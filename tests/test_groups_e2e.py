@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from keyload import Client
-from keyload.sdk.results import GroupPolicy
+from keyload.sdk.results import GroupPolicySpec
 
 from .support import run_keyload, start_service, stop_service, wait_until
 
@@ -85,7 +85,7 @@ def test_two_groups_each_complete_every_matching_event_once(tmp_path: Path) -> N
     service = start_service(root, "--tick-interval-ms", "100")
     subscribers: list[tuple[str, Path, subprocess.Popen[bytes]]] = []
     try:
-        policy = GroupPolicy(max_window=64, max_attempts=MAX_ATTEMPTS, retry_base_ms=50, retry_max_ms=200)
+        policy = GroupPolicySpec(max_window=64, max_attempts=MAX_ATTEMPTS, retry_base_ms=50, retry_max_ms=200)
         with Client(root) as client:
             client.create_topic(DOMAIN, TOPIC)
             client.create_group(DOMAIN, TOPIC, "all", policy=policy)

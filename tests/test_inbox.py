@@ -180,7 +180,7 @@ def test_effects_inbox_entry_and_ack_commit_together(work: Embedded) -> None:
         work.now_ms,
     )
     put_result, enqueue_result, publish_result = first.results.results
-    assert put_result == DocumentResult("a", 1, False)
+    assert put_result == DocumentResult(key="a", revision=1, deleted=False)
     assert isinstance(enqueue_result, EnqueueResult) and enqueue_result.message_id == "m1-next"
     assert isinstance(publish_result, PublishResult) and publish_result.events[0].position == 1
     assert message(work, "m1").meta.state == "acked"
@@ -574,7 +574,7 @@ def test_configure_inbox_validation(work: Embedded, policy: dict[str, int]) -> N
 
 
 def test_configure_inbox_shows_its_policy_and_use(work: Embedded) -> None:
-    assert configure(work, 5, 9_000) == InboxView(D, 5, 9_000, 0, 0)
+    assert configure(work, 5, 9_000) == InboxView(domain=D, max_receipts=5, max_bytes=9_000, receipts=0, bytes=0)
     assert configure(work, limits.MAX_INBOX_RECEIPTS, limits.MAX_INBOX_BYTES).receipts == 0
     receipt(commit(work, source("m1"), [put("a")]))
     receipt(commit(work, source("m2"), [put("b")]))
@@ -582,7 +582,9 @@ def test_configure_inbox_shows_its_policy_and_use(work: Embedded) -> None:
     assert (view.max_receipts, view.max_bytes, view.receipts) == (5, 9_000, 2)
     one = configure(work, 5, 9_000).bytes // 2
     assert one > 0 and view.bytes == 2 * one  # equal-sized entries are charged alike
-    assert configure(work, 1, 1) == InboxView(D, 1, 1, 2, view.bytes)  # below its use: allowed
+    assert configure(work, 1, 1) == InboxView(
+        domain=D, max_receipts=1, max_bytes=1, receipts=2, bytes=view.bytes
+    )  # below its use: allowed
 
 
 def test_duplicate_deliveries_apply_once(work: Embedded) -> None:

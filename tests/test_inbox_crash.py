@@ -35,7 +35,7 @@ import pytest
 
 from keyload import Client
 from keyload.errors import ConflictError, LeaseExpiredError, NotFoundError, OutcomeTimeout, StaleLeaseError
-from keyload.sdk.results import EnqueueMessage, Mutation, ProcessingResult, PutDocument, QueuePolicy
+from keyload.sdk.results import EnqueueMessage, Mutation, ProcessingResult, PutDocument, QueuePolicySpec
 from keyload.storage.datadir import DataDir
 
 from .support import assert_live_equals_replay, keyload_command
@@ -273,7 +273,7 @@ def test_kill_9_mid_complete_processing_leaves_all_or_nothing(tmp_path: Path) ->
     try:
         service.start()
         with Client(root, principal="setup", timeout_s=OUTCOME_TIMEOUT_S) as setup:
-            setup.create_queue(DOMAIN, "in", QueuePolicy(max_attempts=1_000))
+            setup.create_queue(DOMAIN, "in", QueuePolicySpec(max_attempts=1_000))
             setup.create_queue(DOMAIN, "out")
             with ThreadPoolExecutor(WORKERS) as pool:
                 workers = [pool.submit(work, root, f"w{n}", workload) for n in range(WORKERS)]

@@ -346,7 +346,13 @@ class LeaseMachine(RuleBasedStateMachine):
             message = self.model.messages[token.message_id]
             message.lease_until = self.embedded.now_ms + (lease_ms or self.policy["lease_ms"])
             self.model.enter(message, "leased")
-            assert result == LeaseResult(token.message_id, "leased", message.lease_until, None, None)
+            assert result == LeaseResult(
+                message_id=token.message_id,
+                state="leased",
+                lease_until_ms=message.lease_until,
+                not_before_ms=None,
+                retry_delay_ms=None,
+            )
 
     @precondition(lambda self: bool(self.tokens))
     @rule(index=st.integers(0, 100))
@@ -357,7 +363,9 @@ class LeaseMachine(RuleBasedStateMachine):
         result = expect(self.submit("keyload.command.Ack", {"token": token.text}), refusal)
         if refusal is None:
             self.model.enter(self.model.messages[token.message_id], "acked")
-            assert result == LeaseResult(token.message_id, "acked", None, None, None)
+            assert result == LeaseResult(
+                message_id=token.message_id, state="acked", lease_until_ms=None, not_before_ms=None, retry_delay_ms=None
+            )
 
     @precondition(lambda self: bool(self.tokens))
     @rule(indexes=st.lists(st.integers(0, 100), min_size=1, max_size=4), garbage=st.booleans())

@@ -253,7 +253,9 @@ def test_foreign_principal_is_denied(embedded: Embedded) -> None:
     for op in LEASE_OPS:
         refused(embedded, *lease_op(op, delivery.token), "PermissionDenied", principal="mallory")
     batch = submit_as(embedded, ACK_BATCH, {"tokens": [delivery.token]}, principal="mallory").result
-    assert batch == AckBatchResult([TokenResult("rejected", "PermissionDenied", None)])
+    assert batch == AckBatchResult(
+        results=[TokenResult(status="rejected", error_code="PermissionDenied", message_id=None)]
+    )
     assert lease(embedded, "ack", delivery.token).state == "acked"
 
 
@@ -274,7 +276,9 @@ def test_tampered_tokens_are_invalid(embedded: Embedded) -> None:
         refused(embedded, *lease_op(op, tampered[len(token) // 2]), "TokenInvalidated")
     batch = committed(embedded, ACK_BATCH, {"tokens": tampered})
     assert isinstance(batch, AckBatchResult)
-    assert batch.results == [TokenResult("rejected", "TokenInvalidated", None)] * len(tampered)
+    assert batch.results == [TokenResult(status="rejected", error_code="TokenInvalidated", message_id=None)] * len(
+        tampered
+    )
     assert meta(embedded, "m1").state == "leased"
     assert lease(embedded, "ack", token).state == "acked"
 
@@ -386,7 +390,7 @@ def test_retry_schedule_is_exact_in_log_time(embedded: Embedded) -> None:
     embedded.now_ms = first.lease_until_ms - 1
     assert tick(embedded).transitions == 0
     embedded.now_ms = first.lease_until_ms
-    assert tick(embedded) == TickResult(1, False, first.lease_until_ms + 1_000)
+    assert tick(embedded) == TickResult(transitions=1, budget_exhausted=False, next_due_ms=first.lease_until_ms + 1_000)
     current = meta(embedded, "m1")
     assert (current.state, current.attempts, current.last_retry_delay_ms) == ("scheduled", 1, 1_000)
     assert current.not_before_ms == first.lease_until_ms + 1_000
@@ -398,7 +402,9 @@ def test_retry_schedule_is_exact_in_log_time(embedded: Embedded) -> None:
     # Failure 2: a nack; backoff min(1000 * 2, 1500).
     nacked = lease(embedded, "nack", second.token)
     failed_at = embedded.now_ms
-    assert nacked == LeaseResult("m1", "scheduled", None, failed_at + 1_500, 1_500)
+    assert nacked == LeaseResult(
+        message_id="m1", state="scheduled", lease_until_ms=None, not_before_ms=failed_at + 1_500, retry_delay_ms=1_500
+    )
     assert meta(embedded, "m1").last_retry_delay_ms == 1_500
     embedded.now_ms = failed_at + 1_499
     assert receive(embedded) == []
@@ -424,7 +430,7 @@ def test_nack_with_its_own_delay(embedded: Embedded) -> None:
         refused(embedded, NACK, {"token": delivery.token, "delay_ms": delay}, "Validation")
     now = embedded.now_ms
     assert lease(embedded, "nack", delivery.token, delay_ms=60_000) == LeaseResult(
-        "m1", "scheduled", None, now + 60_000, 60_000
+        message_id="m1", state="scheduled", lease_until_ms=None, not_before_ms=now + 60_000, retry_delay_ms=60_000
     )
     embedded.now_ms += 60_000
     [again] = receive(embedded)
@@ -672,7 +678,9 @@ def test_nack_after_expiry(embedded: Embedded) -> None:
     fill_due_timers(embedded, start + 10, records=1)
     embedded.now_ms = start + 200
     # This record's budget goes to the filler timers, so the nack sees a live lease past expiry.
-    assert lease(embedded, "nack", d1.token) == LeaseResult("m1", "expired", None, None, None)
+    assert lease(embedded, "nack", d1.token) == LeaseResult(
+        message_id="m1", state="expired", lease_until_ms=None, not_before_ms=None, retry_delay_ms=None
+    )
     # The next record fires m2's expiry timer before the nack is evaluated.
     assert submit_as(embedded, *lease_op("nack", d2.token)).error_code == "StaleLease"
     assert (meta(embedded, "m1").state, meta(embedded, "m2").state) == ("expired", "expired")
@@ -731,7 +739,13 @@ def test_lease_bounds_and_renew(embedded: Embedded) -> None:
         refused(embedded, RENEW, {"token": low.token, "lease_ms": bad}, "Validation")
     embedded.now_ms += 50
     renewed = lease(embedded, "renew", low.token, lease_ms=60_000)
-    assert renewed == LeaseResult("m1", "leased", embedded.now_ms + 60_000, None, None)
+    assert renewed == LeaseResult(
+        message_id="m1",
+        state="leased",
+        lease_until_ms=embedded.now_ms + 60_000,
+        not_before_ms=None,
+        retry_delay_ms=None,
+    )
     embedded.now_ms += 59_999  # past the first deadline, before the renewed one
     assert lease(embedded, "renew", low.token).lease_until_ms == embedded.now_ms + 1_000  # policy lease_ms
     current = meta(embedded, "m1")
@@ -751,13 +765,13 @@ def test_ack_batch_reports_each_token(embedded: Embedded) -> None:
     tokens_ = [fresh["m0"].token, stale, "garbage", fresh["m3"].token, fresh["m0"].token, fresh["m1"].token]
     result = committed(embedded, ACK_BATCH, {"tokens": tokens_})
     assert result == AckBatchResult(
-        [
-            TokenResult("committed", None, "m0"),
-            TokenResult("rejected", "StaleLease", None),
-            TokenResult("rejected", "TokenInvalidated", None),
-            TokenResult("committed", None, "m3"),
-            TokenResult("rejected", "StaleLease", None),  # already acked by this batch
-            TokenResult("committed", None, "m1"),
+        results=[
+            TokenResult(status="committed", error_code=None, message_id="m0"),
+            TokenResult(status="rejected", error_code="StaleLease", message_id=None),
+            TokenResult(status="rejected", error_code="TokenInvalidated", message_id=None),
+            TokenResult(status="committed", error_code=None, message_id="m3"),
+            TokenResult(status="rejected", error_code="StaleLease", message_id=None),  # already acked by this batch
+            TokenResult(status="committed", error_code=None, message_id="m1"),
         ]
     )
     assert [meta(embedded, f"m{i}").state for i in range(4)] == ["acked", "acked", "leased", "acked"]

@@ -40,7 +40,7 @@ from keyload.log.codec import REGISTRY, Record
 from keyload.projections import keys
 from keyload.projections.store import Store
 from keyload.sdk.payloads import PayloadError
-from keyload.sdk.results import Delivery, QueuePolicy, RetentionTask
+from keyload.sdk.results import Delivery, QueuePolicySpec, RetentionTask
 from keyload.storage.datadir import DataDir
 
 from .support import assert_live_equals_replay, keyload_command, spread_domains, start_service, stop_service
@@ -52,7 +52,7 @@ T = TypeVar("T")
 SEED = int(os.environ.get("KEYLOAD_PAYLOAD_CRASH_SEED", "20261129"))
 PARTITIONS = 2
 QUEUE = "big"
-POLICY = QueuePolicy(
+POLICY = QueuePolicySpec(
     lease_ms=500,
     payload_request_horizon_ms=200,
     max_attempts=1_000,  # nothing dead-letters: every message can be acked at the end

@@ -20,7 +20,7 @@ from keyload.log.base import partition_for
 from keyload.operations.checkpoints import DEFAULT_RETAINED_CHECKPOINTS
 from keyload.operations.gc import GcWorker
 from keyload.sdk.payloads import PART_BYTES, PayloadConflict
-from keyload.sdk.results import Delivery, QueuePolicy
+from keyload.sdk.results import Delivery, QueuePolicySpec
 from keyload.storage.datadir import DataDir, KafkaConfig, S3StoreConfig
 
 from .s3 import S3Endpoint
@@ -154,7 +154,7 @@ def test_an_upload_of_other_bytes_is_refused_and_the_reservation_stays_reserved(
 
 
 def test_the_gc_worker_deletes_an_acked_payload_once_the_recovery_floor_passes(client: Client, tmp_path: Path) -> None:
-    client.create_queue(D, "brief", QueuePolicy(lease_ms=1_000, payload_request_horizon_ms=0))
+    client.create_queue(D, "brief", QueuePolicySpec(lease_ms=1_000, payload_request_horizon_ms=0))
     data = random_file(tmp_path / "payload", SMALL_BYTES)
     committed = client.schedule_large(D, "brief", data, message_id="m", upload_window_ms=UPLOAD_WINDOW_MS)
     [delivery] = client.receive(D, "brief").deliveries

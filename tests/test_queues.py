@@ -104,7 +104,9 @@ def test_ordering_profile_cannot_change_while_messages_are_stored(embedded: Embe
 def test_enqueue_charges_exact_quota_and_indexes_ready(embedded: Embedded) -> None:
     embedded.submit(D, CREATE_QUEUE, create_queue_body("jobs"))
     outcome = embedded.submit(D, ENQUEUE, enqueue_body("jobs", "m1", b"12345", headers={"k": "v"}, ordering_key="o"))
-    assert outcome.result == EnqueueResult("jobs", "m1", "ready", 1, 1, 5)
+    assert outcome.result == EnqueueResult(
+        queue="jobs", message_id="m1", state="ready", enqueue_sequence=1, stored_messages=1, stored_bytes=5
+    )
     view = queue_view(embedded)
     assert (view.counters.stored_messages, view.counters.stored_bytes, view.counters.ready) == (1, 5, 1)
     message = message_view(embedded, "m1", include_body=True)
@@ -173,10 +175,10 @@ def test_scheduled_message_becomes_ready_on_tick_at_log_time(embedded: Embedded)
     assert isinstance(outcome.result, EnqueueResult) and outcome.result.state == "scheduled"
     embedded.now_ms = start + 4_999
     tick = embedded.submit(D, TICK, {})
-    assert tick.result == TickResult(0, False, start + 5_000)
+    assert tick.result == TickResult(transitions=0, budget_exhausted=False, next_due_ms=start + 5_000)
     assert message_view(embedded, "later").meta.state == "scheduled"
     embedded.now_ms = start + 5_000
-    assert embedded.submit(D, TICK, {}).result == TickResult(1, False, None)
+    assert embedded.submit(D, TICK, {}).result == TickResult(transitions=1, budget_exhausted=False, next_due_ms=None)
     meta = message_view(embedded, "later").meta
     assert (meta.state, meta.ready_sequence, meta.state_version) == ("ready", 1, 2)
     counters = queue_view(embedded).counters
@@ -212,9 +214,13 @@ def test_tick_examines_a_bounded_number_of_timers(embedded: Embedded) -> None:
         embedded.submit(D, ENQUEUE, enqueue_body("jobs", f"m{i}", not_before_ms=start + 1 + i))
     embedded.now_ms = start + due + 1
     first = embedded.submit(D, TICK, {}).result
-    assert first == TickResult(limits.TICK_EXAMINATION_BUDGET, True, start + 1 + limits.TICK_EXAMINATION_BUDGET)
+    assert first == TickResult(
+        transitions=limits.TICK_EXAMINATION_BUDGET,
+        budget_exhausted=True,
+        next_due_ms=start + 1 + limits.TICK_EXAMINATION_BUDGET,
+    )
     second = embedded.submit(D, TICK, {}).result
-    assert second == TickResult(10, False, None)
+    assert second == TickResult(transitions=10, budget_exhausted=False, next_due_ms=None)
     assert queue_view(embedded).counters.ready == due
 
 
@@ -226,9 +232,11 @@ def test_timers_of_several_queues_fire_in_due_order(embedded: Embedded) -> None:
     embedded.submit(D, ENQUEUE, enqueue_body("a", "a1", not_before_ms=start + 20))
     embedded.submit(D, ENQUEUE, enqueue_body("b", "b2", not_before_ms=start + 30))
     embedded.now_ms = start + 25
-    assert embedded.submit(D, TICK, {}).result == TickResult(2, False, start + 30)
+    assert embedded.submit(D, TICK, {}).result == TickResult(
+        transitions=2, budget_exhausted=False, next_due_ms=start + 30
+    )
     embedded.now_ms = start + 30
-    assert embedded.submit(D, TICK, {}).result == TickResult(1, False, None)
+    assert embedded.submit(D, TICK, {}).result == TickResult(transitions=1, budget_exhausted=False, next_due_ms=None)
 
 
 def test_any_command_fires_due_timers_not_only_tick(embedded: Embedded) -> None:

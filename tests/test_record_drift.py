@@ -1,4 +1,5 @@
-"""The typed records of projections/records.py against the .avsc files they mirror.
+"""The typed records of projections/records.py, the command bodies of keyload/bodies.py and the
+SDK's result classes (keyload/sdk/results.py), against the .avsc files they mirror.
 
 Drift: every class's fields (names, order, types, optionality, defaults, enum symbols,
 nested record names) equal its schema record's, read from the schema files; a field
@@ -20,12 +21,15 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from keyload import bodies
 from keyload.log.codec import REGISTRY, TOP_LEVEL, expanded_current
 from keyload.projections import records
 from keyload.projections.records import STORED_RECORDS, AvroRecord, StoredRecord
+from keyload.sdk import results
 
 UNTYPED = {"keyload.Command", "keyload.Outcome"}
-"""Top-level types with no typed class yet: command bodies and results (their unions of records)."""
+"""Top-level types with no class of projections/records.py: command bodies (untyped yet) and outcomes
+(typed by keyload/sdk/results.py, checked below)."""
 
 AVRO_INT = (-(2**31), 2**31 - 1)
 AVRO_LONG = (-(2**63), 2**63 - 1)
@@ -115,6 +119,9 @@ class _Checker:
         avro, namespace = self.resolve(avro, namespace)
         if isinstance(avro, list):
             branches = [branch for branch in avro if branch != "null"]
+            if len(branches) > 1 and "null" not in avro and all(self._is_record(b, namespace) for b in branches):
+                self.expect(info == _BRANCH, path, "a union of records: declare it bodies.Branch")
+                return
             if len(branches) != 1:
                 self.problems.append(f"{path}: union {avro} has no typed form here (only [null, X] has)")
                 return
@@ -169,6 +176,10 @@ class _Checker:
         else:
             self.problems.append(f"{path}: Avro type {kind!r} has no typed form here")
 
+    def _is_record(self, avro: Any, namespace: str | None) -> bool:
+        resolved, _ = self.resolve(avro, namespace)
+        return isinstance(resolved, dict) and resolved.get("type") == "record"
+
     def enum(self, info: msgspec.inspect.Type, avro: dict[str, Any], namespace: str | None, path: str) -> None:
         full = _full_name(avro, namespace)
         if not self.expect(isinstance(info, msgspec.inspect.EnumType), path, f"Avro enum {full}: declare its StrEnum"):
@@ -187,14 +198,17 @@ class _Checker:
         return ok
 
 
+_BRANCH = msgspec.inspect.type_info(bodies.Branch)
 _PRIMITIVES = {"null", "boolean", "int", "long", "float", "double", "bytes", "string"}
 
 
-def drift(cls: type[StoredRecord], schema: dict[str, Any]) -> list[str]:
-    """Every difference between `cls` and the expanded schema record `schema`."""
+def drift(cls: type[AvroRecord], schema: dict[str, Any], named: dict[str, dict[str, Any]] | None = None) -> list[str]:
+    """Every difference between `cls` and the expanded schema record `schema` (whose references to
+    named types defined elsewhere in its schema file are found in `named`)."""
     checker = _Checker()
+    checker.named.update(named or {})
     checker.resolve(schema, None)
-    checker.record(cls, schema, None, cls.SCHEMA)
+    checker.record(cls, schema, None, cls.AVRO_NAME)
     return checker.problems
 
 
@@ -238,6 +252,60 @@ def test_every_record_class_is_listed_or_nested() -> None:
     }
     stray = sorted(cls.__name__ for cls in declared - reachable)
     assert declared == reachable, f"not reachable from STORED_RECORDS: {stray}"
+
+
+def _records_in(schema: Any, namespace: str | None, found: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Every named type (record, enum, fixed) defined in an expanded schema, by full name."""
+    if isinstance(schema, list):
+        for branch in schema:
+            _records_in(branch, namespace, found)
+    elif isinstance(schema, dict):
+        if schema.get("type") in ("record", "enum", "fixed"):
+            full = _full_name(schema, namespace)
+            found[full] = schema
+            namespace = _space(full)
+            for field in schema.get("fields", ()):
+                _records_in(field["type"], namespace, found)
+        for key in ("items", "values"):
+            if key in schema:
+                _records_in(schema[key], namespace, found)
+    return found
+
+
+OUTCOME_RECORDS = _records_in(expanded_current("keyload.Outcome"), None, {})
+COMMAND_RECORDS = _records_in(expanded_current("keyload.Command"), None, {})
+BODIES = tuple(
+    value
+    for value in vars(bodies).values()
+    if isinstance(value, type) and issubclass(value, AvroRecord) and value.__module__ == bodies.__name__
+)
+RESULT_RECORDS = tuple(cls for cls in results.RESULT_CLASSES if issubclass(cls, AvroRecord))
+"""The result classes that mirror their record field for field; the other three read a union
+(BatchResult, ProcessingResult) or flatten their record (GroupView)."""
+
+
+@pytest.mark.parametrize("cls", RESULT_RECORDS + BODIES, ids=lambda cls: cls.__name__)
+def test_result_and_body_classes_match_their_schema(cls: type[AvroRecord]) -> None:
+    named = OUTCOME_RECORDS if cls in RESULT_RECORDS else COMMAND_RECORDS
+    problems = drift(cls, named[cls.AVRO_NAME], named)
+    assert not problems, "\n".join(problems)
+
+
+def test_every_command_kind_has_its_body_class() -> None:
+    """Each branch of the Command's body union is read by the class of the same record name, and
+    every record a body holds has its class (declared in keyload/bodies.py or a stored record's)."""
+    [body] = [f for f in expanded_current("keyload.Command")["fields"] if f["name"] == "body"]
+    assert set(bodies.BODY_TYPES) == {_full_name(branch, "keyload") for branch in body["type"]}
+    records = {name for name, schema in COMMAND_RECORDS.items() if schema["type"] == "record"}
+    assert records - {"keyload.Command"} == {cls.AVRO_NAME for cls in BODIES} | {"keyload.GroupFilter"}
+
+
+def test_every_result_record_has_its_class() -> None:
+    """Each branch of the Outcome's result union is read by the class of the same record name."""
+    [result] = [f for f in expanded_current("keyload.Outcome")["fields"] if f["name"] == "result"]
+    branches = {_full_name(b, "keyload") if isinstance(b, dict) else b for b in result["type"]} - {"null"}
+    assert set(results.RESULT_TYPES) == branches
+    assert all(cls.AVRO_NAME in OUTCOME_RECORDS for cls in results.RESULT_CLASSES)
 
 
 def _document_schema() -> dict[str, Any]:
@@ -286,10 +354,26 @@ def test_drift_names_a_changed_enum_and_nested_record() -> None:
 # Round trips
 
 
+def _is_named_record(branch: Any) -> bool:
+    """A union branch that is a record (defined there, or named: unions here name no enum or fixed)."""
+    return branch.get("type") == "record" if isinstance(branch, dict) else branch not in _PRIMITIVES
+
+
+def _union_name(branch: Any, namespace: str | None) -> str:
+    if isinstance(branch, dict):
+        return _full_name(branch, namespace)
+    return str(branch) if "." in branch or namespace is None else f"{namespace}.{branch}"
+
+
 def strategy(schema: Any, named: dict[str, Any] | None = None, namespace: str | None = None) -> st.SearchStrategy[Any]:
-    """Values of an (expanded or parsed) Avro schema, in the dict form fastavro writes."""
+    """Values of an (expanded or parsed) Avro schema, in the form fastavro decodes (a union of
+    several records as (record name, value), the registry's `return_record_name`)."""
     named = {} if named is None else named
     if isinstance(schema, list):
+        records = [branch for branch in schema if branch != "null"]
+        if len(records) > 1 and all(_is_named_record(branch) for branch in records):
+            tagged = [st.tuples(st.just(_union_name(b, namespace)), strategy(b, named, namespace)) for b in records]
+            return st.one_of(*tagged, *([st.none()] if "null" in schema else []))
         return st.one_of(*(strategy(branch, named, namespace) for branch in schema))
     if isinstance(schema, str):
         simple: dict[str, st.SearchStrategy[Any]] = {
@@ -354,3 +438,17 @@ def test_released_versions_decode_into_the_class(cls: type[StoredRecord], data: 
     typed = cls.decode(encoded)
     assert typed.to_avro() == REGISTRY.decode(cls.SCHEMA, encoded)
     assert typed.encode() == REGISTRY.encode(cls.SCHEMA, REGISTRY.decode(cls.SCHEMA, encoded))
+
+
+VALUES: dict[str, st.SearchStrategy[Any]] = {}
+strategy(expanded_current("keyload.Outcome"), VALUES)  # fills in a strategy per named type
+strategy(expanded_current("keyload.Command"), VALUES)
+
+
+@pytest.mark.parametrize("cls", RESULT_RECORDS + BODIES, ids=lambda cls: cls.__name__)
+@_SETTINGS
+@given(data=st.data())
+def test_a_result_or_body_reads_its_record_whole(cls: type[AvroRecord], data: st.DataObject) -> None:
+    """A result or body value as fastavro decodes it becomes the class and back into the same dict."""
+    value = data.draw(VALUES[cls.AVRO_NAME])
+    assert cls.from_avro(value).to_avro() == value

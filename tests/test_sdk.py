@@ -17,12 +17,12 @@ from typing import Unpack
 import pytest
 
 from keyload import Client
-from keyload.errors import OutcomeTimeout
+from keyload.errors import OutcomeTimeout, RevisionConflictError
 from keyload.log.base import LogRecord, partition_for
 from keyload.log.codec import REGISTRY
 from keyload.sdk.client import Lane
 from keyload.sdk.consumer import ConsumeStats, ExactlyOnce, Handled, WorkOptions
-from keyload.sdk.results import Delivery, EnqueueMessage, Event, GroupDelivery, Mutation, PutDocument, QueuePolicy
+from keyload.sdk.results import Delivery, EnqueueMessage, Event, GroupDelivery, Mutation, PutDocument, QueuePolicySpec
 from keyload.storage.datadir import DataDir, KafkaConfig
 
 from .support import start_service, stop_service, wait_until
@@ -127,7 +127,9 @@ def consume_until_settled(
 
 
 def test_consumer_helper_acks_nacks_and_renews(client: Client) -> None:
-    client.create_queue("shop", "jobs", QueuePolicy(max_attempts=2, retry_base_ms=10, retry_max_ms=10, lease_ms=3_000))
+    client.create_queue(
+        "shop", "jobs", QueuePolicySpec(max_attempts=2, retry_base_ms=10, retry_max_ms=10, lease_ms=3_000)
+    )
     for i in range(40):
         client.enqueue("shop", "jobs", str(i).encode(), message_id=f"m{i}")
     seen: dict[str, int] = {}
@@ -216,8 +218,35 @@ def test_an_idle_subscriber_waits_in_the_log_and_a_publish_wakes_it(client: Clie
     assert not subscriber.is_alive()
 
 
+def test_operator_moves_are_fenced_by_the_view_they_were_decided_on(client: Client) -> None:
+    """redrive, park_pending and cancel take a MessageView and send what it shows as the fence: a
+    view the message has moved on from is refused (RevisionConflict) and changes nothing."""
+    client.create_queue("shop", "jobs", QueuePolicySpec(max_attempts=1, max_dead_letter_messages=1))
+    client.enqueue("shop", "jobs", b"a", message_id="m1")
+    client.enqueue("shop", "jobs", b"b", message_id="m2")
+    for delivery in client.receive("shop", "jobs", max_messages=2).deliveries:
+        assert client.nack("shop", delivery.token).state in ("dead_lettered", "pending_dead_letter")
+    [dead] = client.list_dead_letters("shop", "jobs").messages
+    pending = client.inspect_message("shop", "jobs", "m2")
+    assert (dead.message_id, dead.meta.state, pending.meta.state) == ("m1", "dead_lettered", "pending_dead_letter")
+
+    redriven = client.redrive("shop", dead)
+    assert (redriven.meta.state, redriven.meta.attempts) == ("ready", 0)
+    with pytest.raises(RevisionConflictError):
+        client.redrive("shop", dead)
+    with pytest.raises(RevisionConflictError):
+        client.cancel("shop", dead)
+    assert client.inspect_message("shop", "jobs", "m1").meta == redriven.meta
+
+    assert client.park_pending("shop", pending).meta.state == "dead_lettered"
+    cancelled = client.cancel("shop", client.inspect_message("shop", "jobs", "m1"))
+    assert cancelled.meta.state == "cancelled"
+    counters = client.inspect_queue("shop", "jobs").counters
+    assert (counters.dead_lettered, counters.pending_dead_letter, counters.cancelled_total) == (1, 0, 1)
+
+
 def test_exactly_once_consumer_commits_effects_with_the_ack(client: Client) -> None:
-    client.create_queue("shop", "orders", QueuePolicy(max_attempts=3, retry_base_ms=10, retry_max_ms=10))
+    client.create_queue("shop", "orders", QueuePolicySpec(max_attempts=3, retry_base_ms=10, retry_max_ms=10))
     client.create_queue("shop", "shipments")
     client.put_document("shop", "order/o7", b"taken", expected_revision=0)  # o7's effect will conflict
     for i in range(20):
@@ -244,7 +273,7 @@ def test_the_consumer_helper_rides_out_a_processor_pause_longer_than_its_timeout
     served: tuple[Client, subprocess.Popen[bytes]],
 ) -> None:
     client, service = served
-    client.create_queue("shop", "jobs", QueuePolicy(lease_ms=60_000))
+    client.create_queue("shop", "jobs", QueuePolicySpec(lease_ms=60_000))
     for i in range(30):
         client.enqueue("shop", "jobs", b"job", message_id=f"m{i}")
     handled: list[str] = []

@@ -119,12 +119,12 @@ def test_create_existing_topic_is_a_conflict_like_a_queue(news: Embedded) -> Non
 
 def test_positions_are_dense_and_bytes_are_charged_exactly(news: Embedded) -> None:
     first = published(news, event("a", b"12345", "created", k="v"), event("b", b"", "x"))
-    assert first.events == [PublishedEvent("a", 1), PublishedEvent("b", 2)]
+    assert first.events == [PublishedEvent(event_id="a", position=1), PublishedEvent(event_id="b", position=2)]
     # body 5 + type 7 + header "k"+"v" 2; body 0 + type 1
     assert (first.retained_events, first.retained_bytes) == (2, 14 + 1)
     second_outcome = news.submit(D, PUBLISH, publish_body("news", event("c", b"\xff" * 3, "t", h="é")))
     assert isinstance(second_outcome.result, PublishResult)
-    assert second_outcome.result.events == [PublishedEvent("c", 3)]
+    assert second_outcome.result.events == [PublishedEvent(event_id="c", position=3)]
     assert second_outcome.result.retained_bytes == 15 + 3 + 1 + 1 + 2  # "é" is two bytes of UTF-8
     view = topic_view(news)
     assert (view.first_available, view.tail, view.retained_events, view.retained_bytes) == (1, 3, 3, 22)
@@ -145,7 +145,7 @@ def test_same_content_again_is_a_duplicate_naming_the_original_position(news: Em
     code, detail = rejected(news, PUBLISH, publish_body("news", event("new"), event("b", b"body", "t", x="1", y="2")))
     assert (code, detail) == ("DuplicateEventId", "event 1 was already published at position 2")
     assert resource_digest(news) == before
-    assert published(news, event("new")).events == [PublishedEvent("new", 3)]  # its id was not taken
+    assert published(news, event("new")).events == [PublishedEvent(event_id="new", position=3)]  # its id was not taken
 
 
 def test_other_content_under_a_used_id_is_a_conflict_and_wins_over_a_duplicate(news: Embedded) -> None:
@@ -326,13 +326,13 @@ def test_replay_from_offset_zero_reproduces_the_projection(news: Embedded, tmp_p
 def test_topics_through_the_sdk_and_cli_against_a_running_service(tmp_path: Path) -> None:
     from keyload import Client
     from keyload.errors import ConflictError, DuplicateEventIdError
-    from keyload.sdk.results import Event, TopicPolicy
+    from keyload.sdk.results import Event, TopicPolicySpec
 
     data = str(tmp_path / "data")
     service = start_service(tmp_path / "data", "--partitions", "2")
     client = Client(data)
     try:
-        view = client.create_topic("shop", "orders", TopicPolicy(max_retained_events=10))
+        view = client.create_topic("shop", "orders", TopicPolicySpec(max_retained_events=10))
         assert view.policy.max_retained_events == 10 and view.tail == 0
         result = client.publish(
             "shop", "orders", [Event("o-1", "created", b"one", {"k": "v"}), Event("o-2", "created", b"two")]
@@ -435,7 +435,7 @@ class TopicMachine(RuleBasedStateMachine):
             assert outcome.error_code == "ResourceExhausted", outcome
         else:
             assert isinstance(outcome.result, PublishResult), outcome
-            expected = [PublishedEvent(i, len(self.log) + n + 1) for n, i in enumerate(ids)]
+            expected = [PublishedEvent(event_id=i, position=len(self.log) + n + 1) for n, i in enumerate(ids)]
             assert outcome.result.events == expected
             for (event_id, content), position in zip(events, expected, strict=True):
                 self.log.append((event_id, content))

@@ -37,11 +37,11 @@ import re
 import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from keyload.cli.output import UsageError, emit
+from keyload.cli.output import UsageError, emit, record_items
 from keyload.cli.schema import Field, Schema, body_record, record_fields
 from keyload.commands import COMMANDS, CommandKind
 
@@ -482,7 +482,7 @@ def _rotate_send(client: Client, args: argparse.Namespace, body: dict[str, Any],
     rows = []
     for partition in partitions:
         active = getattr(client, kind.sdk or "rotate_keys")(partition, **body)
-        rows.append({"partition": partition, **{f.name: getattr(active, f.name) for f in fields(active)}})
+        rows.append({"partition": partition, **dict(record_items(active) or ())})
     return rows, 0
 
 
@@ -496,7 +496,7 @@ def _rotate_text(rows: list[dict[str, Any]]) -> str:
 
 def queue_text(view: Any) -> str:
     """A queue's counters, one `name  value` per line under a title."""
-    counters = {f.name: getattr(view.counters, f.name) for f in fields(view.counters)}
+    counters = dict(record_items(view.counters) or ())
     width = max(len(name) for name in counters)
     lines = [f"{view.domain}/{view.queue} (policy version {view.policy_version})"]
     return "\n".join(lines + [f"  {name:<{width}}  {value}" for name, value in counters.items()])

@@ -5,7 +5,7 @@ the full result as indented JSON; `--output text` prints a readable summary; the
 `--output auto`, is text on a terminal and JSON when stdout is a pipe or a file, so scripts and
 tests that parse the output keep getting JSON.
 
-JSON encoding: dataclasses become objects (field order kept), tuples lists, and `bytes` a
+JSON encoding: results (msgspec Structs and dataclasses) become objects (field order kept), tuples lists, and `bytes` a
 string when they are valid UTF-8, else `{"base64": "<standard base64>"}`.
 """
 
@@ -18,6 +18,8 @@ import sys
 from dataclasses import fields, is_dataclass
 from typing import Any
 
+import msgspec
+
 from keyload.errors import KeyloadError
 
 SUMMARY_LIST_ITEMS = 20  # a summary shows this many items of a list, then a count
@@ -27,9 +29,20 @@ class UsageError(KeyloadError):
     """Bad command-line input: one line to the user, exit 2."""
 
 
-def jsonable(value: Any) -> Any:
+def record_items(value: Any) -> list[tuple[str, Any]] | None:
+    """A result's (field, value) pairs in declaration order (a msgspec Struct's or a dataclass's);
+    None for anything else."""
+    if isinstance(value, msgspec.Struct):
+        return [(name, getattr(value, name)) for name in value.__struct_fields__]
     if is_dataclass(value) and not isinstance(value, type):
-        return {f.name: jsonable(getattr(value, f.name)) for f in fields(value)}
+        return [(f.name, getattr(value, f.name)) for f in fields(value)]
+    return None
+
+
+def jsonable(value: Any) -> Any:
+    items = record_items(value)
+    if items is not None:
+        return {name: jsonable(item) for name, item in items}
     if isinstance(value, dict):
         return {str(k): jsonable(v) for k, v in value.items()}
     if isinstance(value, list | tuple):
@@ -74,16 +87,14 @@ def _scalar(value: Any) -> str:
 
 def _lines(value: Any, indent: str) -> list[str]:
     out: list[str] = []
-    items: list[tuple[str, Any]]
-    if is_dataclass(value) and not isinstance(value, type):
-        items = [(f.name, getattr(value, f.name)) for f in fields(value)]
-    elif isinstance(value, dict):
+    items = record_items(value)
+    if items is None and isinstance(value, dict):
         items = [(str(k), v) for k, v in value.items()]
-    else:
+    if items is None:
         return [f"{indent}{_scalar(value)}"]
     width = max((len(name) for name, _ in items), default=0)
     for name, item in items:
-        if (is_dataclass(item) and not isinstance(item, type)) or (isinstance(item, dict) and item):
+        if record_items(item) is not None or (isinstance(item, dict) and item):
             out.append(f"{indent}{name}:")
             out += _lines(item, indent + "  ")
         elif isinstance(item, list | tuple) and item:

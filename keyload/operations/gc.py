@@ -110,7 +110,7 @@ class LocalRetention:
         now_ms = max(store.last_time_ms, self.clock())
         look = Context(partition, store.applied_offset, now_ms, "gc-look", "", "", {})
         page = retention.list_retention(Staged(store), {"after_task": after_task, "limit": limit}, look)
-        return RetentionPage.from_record(page)
+        return RetentionPage.from_avro(page)
 
     def advance_recovery_floor(self, partition: int, floor_offset: int) -> RetentionPage:
         return self.client.advance_recovery_floor(partition, floor_offset)

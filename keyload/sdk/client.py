@@ -37,7 +37,7 @@ from keyload.sdk.results import (
     GroupAckBatchResult,
     GroupDelivery,
     GroupLeaseResult,
-    GroupPolicy,
+    GroupPolicySpec,
     GroupReceiveResult,
     GroupView,
     InboxSource,
@@ -50,14 +50,14 @@ from keyload.sdk.results import (
     PoisonEntry,
     ProcessingResult,
     PublishResult,
-    QueuePolicy,
+    QueuePolicySpec,
     QueueView,
     ReceiveResult,
     Result,
     RetentionPage,
     RetentionStatus,
     TopicPage,
-    TopicPolicy,
+    TopicPolicySpec,
     TopicView,
     mutation_record,
 )
@@ -353,18 +353,18 @@ class Client:
         self,
         domain: str,
         queue: str,
-        policy: QueuePolicy | None = None,
+        policy: QueuePolicySpec | None = None,
         *,
         command_id: str | None = None,
     ) -> QueueView:
-        body = {"queue": queue, "policy": (policy or QueuePolicy()).to_record()}
+        body = {"queue": queue, "policy": (policy or QueuePolicySpec()).to_avro()}
         return self._send(QueueView, "CreateQueue", domain, body, command_id)
 
     def configure_queue(
         self,
         domain: str,
         queue: str,
-        policy: QueuePolicy,
+        policy: QueuePolicySpec,
         *,
         expected_policy_version: int | None = None,
         command_id: str | None = None,
@@ -372,7 +372,7 @@ class Client:
         """Replace the queue's whole policy; fields left None take their defaults."""
         body = {
             "queue": queue,
-            "policy": policy.to_record(),
+            "policy": policy.to_avro(),
             "expected_policy_version": expected_policy_version,
         }
         return self._send(QueueView, "ConfigureQueue", domain, body, command_id)
@@ -550,86 +550,29 @@ class Client:
         body = {"queue": queue, "after_sequence": after_sequence, "limit": limit, "include_body": include_body}
         return self._send(DeadLetterPage, "ListDeadLetters", domain, body)
 
-    def _operate(
-        self,
-        kind: str,
-        domain: str,
-        queue: str,
-        message_id: str,
-        state_version: int,
-        generation: int,
-        command_id: str | None,
-    ) -> MessageView:
-        body = {
-            "queue": queue,
-            "message_id": message_id,
-            "expected_state_version": state_version,
-            "expected_delivery_generation": generation,
-        }
-        return self._send(MessageView, kind, domain, body, command_id)
-
-    def redrive(
-        self,
-        domain: str,
-        queue: str,
-        message_id: str,
-        *,
-        expected_state_version: int,
-        expected_delivery_generation: int,
-        command_id: str | None = None,
-    ) -> MessageView:
+    def redrive(self, domain: str, message: MessageView, *, command_id: str | None = None) -> MessageView:
         """Send a dead letter back to ready with fresh attempts; its old tokens go stale."""
-        return self._operate(
-            "Redrive",
-            domain,
-            queue,
-            message_id,
-            expected_state_version,
-            expected_delivery_generation,
-            command_id,
-        )
+        return self._fenced("Redrive", domain, message, command_id)
 
-    def cancel(
-        self,
-        domain: str,
-        queue: str,
-        message_id: str,
-        *,
-        expected_state_version: int,
-        expected_delivery_generation: int,
-        command_id: str | None = None,
-    ) -> MessageView:
+    def cancel(self, domain: str, message: MessageView, *, command_id: str | None = None) -> MessageView:
         """Cancel any non-terminal message: its body and quota are released."""
-        return self._operate(
-            "Cancel",
-            domain,
-            queue,
-            message_id,
-            expected_state_version,
-            expected_delivery_generation,
-            command_id,
-        )
+        return self._fenced("Cancel", domain, message, command_id)
 
-    def park_pending(
-        self,
-        domain: str,
-        queue: str,
-        message_id: str,
-        *,
-        expected_state_version: int,
-        expected_delivery_generation: int,
-        command_id: str | None = None,
-    ) -> MessageView:
+    def park_pending(self, domain: str, message: MessageView, *, command_id: str | None = None) -> MessageView:
         """Move a pending dead letter into the dead-letter index once the sublimit has room."""
-        return self._operate(
-            "ParkPending",
-            domain,
-            queue,
-            message_id,
-            expected_state_version,
-            expected_delivery_generation,
-            command_id,
-        )
+        return self._fenced("ParkPending", domain, message, command_id)
+
+    def _fenced(self, name: str, domain: str, message: MessageView, command_id: str | None) -> MessageView:
+        """An operator's move of one message, fenced by the view it was decided on (from `inspect_message`
+        or `list_dead_letters`): refused with `RevisionConflictError` when the message has moved since
+        (another state version) or is another delivery (another delivery generation)."""
+        body = {
+            "queue": message.queue,
+            "message_id": message.message_id,
+            "expected_state_version": message.meta.state_version,
+            "expected_delivery_generation": message.meta.delivery_generation,
+        }
+        return self._send(MessageView, name, domain, body, command_id)
 
     # -- topics ---------------------------------------------------------------------------
 
@@ -637,11 +580,11 @@ class Client:
         self,
         domain: str,
         topic: str,
-        policy: TopicPolicy | None = None,
+        policy: TopicPolicySpec | None = None,
         *,
         command_id: str | None = None,
     ) -> TopicView:
-        body = {"topic": topic, "policy": (policy or TopicPolicy()).to_record()}
+        body = {"topic": topic, "policy": (policy or TopicPolicySpec()).to_avro()}
         return self._send(TopicView, "CreateTopic", domain, body, command_id)
 
     def publish(
@@ -704,7 +647,7 @@ class Client:
         event_types: list[str] | None = None,
         headers: dict[str, str] | None = None,
         start: Literal["beginning", "end"] | int = "beginning",
-        policy: GroupPolicy | None = None,
+        policy: GroupPolicySpec | None = None,
         command_id: str | None = None,
     ) -> GroupView:
         """A group delivering the topic's matching events from `start`: "beginning" (first_available),
@@ -716,7 +659,7 @@ class Client:
             "filter": {"event_types": event_types or [], "headers": headers or {}},
             "start": to,
             "position": position,
-            "policy": (policy or GroupPolicy()).to_record(),
+            "policy": (policy or GroupPolicySpec()).to_avro(),
         }
         return self._send(GroupView, "CreateGroup", domain, body, command_id)
 
@@ -824,7 +767,7 @@ class Client:
         expected_generation: int,
         event_types: list[str] | None = None,
         headers: dict[str, str] | None = None,
-        policy: GroupPolicy | None = None,
+        policy: GroupPolicySpec | None = None,
         command_id: str | None = None,
     ) -> GroupView:
         """Change a paused group's filter and/or policy. Giving `event_types` or `headers` replaces the
@@ -836,7 +779,7 @@ class Client:
             "group": group,
             "expected_generation": expected_generation,
             "filter": None if no_filter else {"event_types": event_types or [], "headers": headers or {}},
-            "policy": None if policy is None else policy.to_record(),
+            "policy": None if policy is None else policy.to_avro(),
         }
         return self._send(GroupView, "ConfigureGroup", domain, body, command_id)
 

@@ -1,317 +1,193 @@
-"""Typed views of outcomes and results, as the SDK returns them."""
+"""Typed views of outcomes and results, as the SDK returns them.
+
+Every record an Outcome's result can hold is a msgspec Struct mirroring its schema record field for
+field, declared once: the result records (`keyload.result.*`) here, and where a result holds a stored
+record (a queue's view, policy and counters, a message's metadata, a topic's view, a group's policy,
+a payload reservation, a retention task) the stored record's own class from projections/records.py.
+tests/test_record_drift.py checks both against the schemas, so a field added to a result schema is
+a failing test until its class has it. A result is read from the decoded outcome in one
+`msgspec.convert` (`AvroRecord.from_avro`); the three classes that hold a union of records
+(`BatchResult`, `ProcessingResult`, `Outcome`) read theirs by branch name, and `GroupView` flattens
+its record for people (below).
+
+The policies a client asks for (`QueuePolicySpec`, `GroupPolicySpec`, `TopicPolicySpec`: every
+field None takes its documented default) are command-body records (keyload/bodies.py), re-exported
+here; the policies a view reports (`QueuePolicy`, ...) are the resolved ones, every default filled in. Command inputs that are not
+schema records as given (`Event`, the batch mutations, `InboxSource`) are dataclasses that build
+their record.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, fields
 from enum import StrEnum
-from typing import Any, ClassVar, Literal, Self
+from typing import Any, ClassVar, Protocol, Self
 
+from keyload.bodies import GroupPolicySpec as GroupPolicySpec
+from keyload.bodies import QueuePolicySpec as QueuePolicySpec
+from keyload.bodies import TopicPolicySpec as TopicPolicySpec
 from keyload.commands import COMMANDS, CommandKind
 from keyload.errors import ErrorCode
 from keyload.log.codec import Record
-from keyload.projections.records import MessageState, PositionState  # the schema enums, declared once
+from keyload.projections.records import AvroRecord, GroupState, Int, Long
+
+# The stored records a result holds, re-exported as results (declared once, in projections/records.py).
+from keyload.projections.records import (
+    GroupPolicy as GroupPolicy,
+)
+from keyload.projections.records import (
+    LargePayload as LargePayload,
+)
+from keyload.projections.records import (
+    MessageMeta as MessageMeta,
+)
+from keyload.projections.records import (
+    MessageState as MessageState,
+)
+from keyload.projections.records import (
+    PayloadReservation as PayloadReservation,
+)
+from keyload.projections.records import (
+    PositionState as PositionState,
+)
+from keyload.projections.records import (
+    QueueCounters as QueueCounters,
+)
+from keyload.projections.records import (
+    QueuePolicy as QueuePolicy,
+)
+from keyload.projections.records import (
+    QueueView as QueueView,
+)
+from keyload.projections.records import (
+    RetentionTask as RetentionTask,
+)
+from keyload.projections.records import (
+    TopicPolicy as TopicPolicy,
+)
+from keyload.projections.records import (
+    TopicView as TopicView,
+)
 
 
-def _build(cls: Any, record: Record) -> Any:
-    return cls(**{f.name: record[f.name] for f in fields(cls)})
+class OutcomeStatus(StrEnum):
+    committed = "committed"
+    rejected = "rejected"
 
 
-def _with_payload(cls: Any, record: Record) -> Any:
-    """A MessageMeta or a Delivery, its optional large payload typed too."""
-    payload = record["payload"]
-    return _build(cls, dict(record, payload=None if payload is None else _build(LargePayload, payload)))
+# -- queues --------------------------------------------------------------------------------------
 
 
-def _with_state(cls: Any, record: Record, states: type[StrEnum]) -> Any:
-    return _build(cls, dict(record, state=states(record["state"])))
+class EnqueueResult(AvroRecord, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    AVRO_NAME = "keyload.result.EnqueueResult"
 
-
-@dataclass(frozen=True, slots=True)
-class QueuePolicy:
-    """A queue's policy. Every field has a documented default (docs/ARCHITECTURE.md)."""
-
-    max_stored_messages: int | None = None
-    max_stored_bytes: int | None = None
-    max_in_flight: int | None = None
-    max_attempts: int | None = None
-    lease_ms: int | None = None
-    max_lease_ms: int | None = None
-    retry_base_ms: int | None = None
-    retry_max_ms: int | None = None
-    retry_factor: int | None = None
-    retry_jitter: Literal["none", "full"] | None = None
-    max_dead_letter_messages: int | None = None
-    max_dead_letter_bytes: int | None = None
-    ordering: Literal["competing", "strict_per_key"] | None = None
-    parked_head: Literal["continue", "block"] | None = None
-    receive_max_messages: int | None = None
-    receive_max_bytes: int | None = None
-    payload_request_horizon_ms: int | None = None
-
-    def to_record(self) -> Record:
-        return {f.name: getattr(self, f.name) for f in fields(self)}
-
-    @classmethod
-    def from_record(cls, record: Record) -> Self:
-        built: Self = _build(cls, record)
-        return built
-
-
-@dataclass(frozen=True, slots=True)
-class QueueCounters:
-    stored_messages: int
-    stored_bytes: int
-    scheduled: int
-    ready: int
-    leased: int
-    dead_lettered: int
-    pending_dead_letter: int
-    dead_letter_bytes: int
-    enqueued_total: int
-    acked_total: int
-    expired_total: int
-    cancelled_total: int
-    reserved_messages: int
-    reserved_bytes: int
-    payload_object_bytes: int
-
-
-@dataclass(frozen=True, slots=True)
-class QueueView:
-    domain: str
-    queue: str
-    incarnation: int
-    created_at_ms: int
-    policy_version: int
-    policy: QueuePolicy
-    counters: QueueCounters
-
-    @classmethod
-    def from_record(cls, record: Record) -> QueueView:
-        return cls(
-            domain=record["domain"],
-            queue=record["queue"],
-            incarnation=record["incarnation"],
-            created_at_ms=record["created_at_ms"],
-            policy_version=record["policy_version"],
-            policy=QueuePolicy.from_record(record["policy"]),
-            counters=_build(QueueCounters, record["counters"]),
-        )
-
-
-@dataclass(frozen=True, slots=True)
-class EnqueueResult:
     queue: str
     message_id: str
     state: MessageState
-    enqueue_sequence: int
-    stored_messages: int
-    stored_bytes: int
-
-    @classmethod
-    def from_record(cls, record: Record) -> EnqueueResult:
-        built: EnqueueResult = _with_state(cls, record, MessageState)
-        return built
+    enqueue_sequence: Long
+    stored_messages: Long
+    stored_bytes: Long
 
 
-@dataclass(frozen=True, slots=True)
-class MessageMeta:
-    state: MessageState
-    state_version: int
-    attempts: int
-    lease_version: int
-    delivery_generation: int
-    enqueue_sequence: int
-    ready_sequence: int | None
-    parked_sequence: int | None
-    enqueued_at_ms: int
-    not_before_ms: int | None
-    expires_at_ms: int | None
-    lease_owner: str | None
-    lease_until_ms: int | None
-    body_bytes: int
-    headers: dict[str, str]
-    ordering_key: str | None
-    terminal_at_ms: int | None
-    last_retry_delay_ms: int | None
-    dead_lettered_at_ms: int | None
-    payload: LargePayload | None
-    read_until_ms: int | None
+class MessageView(AvroRecord, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """A message as inspected; `body` only when asked for. Redrive, cancel and park it by this view:
+    they are fenced by what it shows (`meta.state_version`, `meta.delivery_generation`)."""
 
-    @classmethod
-    def from_record(cls, record: Record) -> MessageMeta:
-        built: MessageMeta = _with_payload(cls, dict(record, state=MessageState(record["state"])))
-        return built
+    AVRO_NAME = "keyload.MessageView"
 
-
-@dataclass(frozen=True, slots=True)
-class LargePayload:
-    """Where a large message's bytes are: read them with `Client.read_payload(delivery)`."""
-
-    reservation_id: int
-    object_key: str
-    object_version: str
-    length: int
-    sha256: bytes
-    read_handle: str | None  # in a delivery: valid until its lease ends
-
-
-@dataclass(frozen=True, slots=True)
-class MessageView:
     queue: str
     message_id: str
     meta: MessageMeta
-    body: bytes | None
-
-    @classmethod
-    def from_record(cls, record: Record) -> MessageView:
-        return cls(
-            record["queue"],
-            record["message_id"],
-            MessageMeta.from_record(record["meta"]),
-            record["body"],
-        )
+    body: bytes | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class TickResult:
-    transitions: int
+class TickResult(AvroRecord, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    AVRO_NAME = "keyload.result.TickResult"
+
+    transitions: Int
     budget_exhausted: bool
-    next_due_ms: int | None
+    next_due_ms: Long | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class CheckpointResult:
-    offset: int
+class CheckpointResult(AvroRecord, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    AVRO_NAME = "keyload.result.CheckpointResult"
+
+    offset: Long
 
 
-@dataclass(frozen=True, slots=True)
-class Delivery:
+class Delivery(AvroRecord, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """One leased message. Present `token` to renew, ack or nack it."""
+
+    AVRO_NAME = "keyload.result.Delivery"
 
     message_id: str
     token: str
     body: bytes
     headers: dict[str, str]
-    ordering_key: str | None
-    attempts: int
-    delivery_generation: int
-    lease_until_ms: int
-    enqueued_at_ms: int
+    ordering_key: str | None = None
+    attempts: Int
+    delivery_generation: Long
+    lease_until_ms: Long
+    enqueued_at_ms: Long
     payload: LargePayload | None = None  # a large message: `body` is empty, fetch the bytes with the SDK
 
-    @classmethod
-    def from_record(cls, record: Record) -> Delivery:
-        built: Delivery = _with_payload(cls, record)
-        return built
 
+class ReceiveResult(AvroRecord, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    AVRO_NAME = "keyload.result.ReceiveResult"
 
-@dataclass(frozen=True, slots=True)
-class ReceiveResult:
     deliveries: list[Delivery]
     budget_exhausted: bool
 
-    @classmethod
-    def from_record(cls, record: Record) -> ReceiveResult:
-        return cls([Delivery.from_record(d) for d in record["deliveries"]], record["budget_exhausted"])
 
-
-@dataclass(frozen=True, slots=True)
-class LeaseResult:
+class LeaseResult(AvroRecord, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """A delivery's state after renew (leased), ack (acked) or nack (scheduled, dead-lettered, expired)."""
+
+    AVRO_NAME = "keyload.result.LeaseResult"
 
     message_id: str
     state: MessageState
-    lease_until_ms: int | None
-    not_before_ms: int | None
-    retry_delay_ms: int | None
-
-    @classmethod
-    def from_record(cls, record: Record) -> LeaseResult:
-        built: LeaseResult = _with_state(cls, record, MessageState)
-        return built
+    lease_until_ms: Long | None = None
+    not_before_ms: Long | None = None
+    retry_delay_ms: Long | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class _Settled:
+class _Settled(AvroRecord, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """One token's result in an ack batch, queue or group alike."""
 
-    status: Literal["committed", "rejected"]
-    error_code: ErrorCode | None
+    status: OutcomeStatus
+    error_code: ErrorCode | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class TokenResult(_Settled):
-    message_id: str | None
+class TokenResult(_Settled, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    AVRO_NAME = "keyload.result.TokenResult"
+
+    message_id: str | None = None
 
 
-def _settled(cls: type[_Settled], record: Record) -> list[Any]:
-    """An ack batch's per-token results."""
-    return [_build(cls, dict(r, error_code=_error_code(r["error_code"]))) for r in record["results"]]
+class AckBatchResult(AvroRecord, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    AVRO_NAME = "keyload.result.AckBatchResult"
 
-
-def _error_code(code: str | None) -> ErrorCode | None:
-    return None if code is None else ErrorCode(code)
-
-
-@dataclass(frozen=True, slots=True)
-class AckBatchResult:
     results: list[TokenResult]
 
-    @classmethod
-    def from_record(cls, record: Record) -> AckBatchResult:
-        return cls(_settled(TokenResult, record))
 
+class DeadLetterPage(AvroRecord, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    AVRO_NAME = "keyload.result.DeadLetterPage"
 
-@dataclass(frozen=True, slots=True)
-class DeadLetterPage:
     messages: list[MessageView]
-    next_after_sequence: int | None
-
-    @classmethod
-    def from_record(cls, record: Record) -> DeadLetterPage:
-        return cls([MessageView.from_record(m) for m in record["messages"]], record["next_after_sequence"])
+    next_after_sequence: Long | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class ActiveKeys:
+class ActiveKeys(AvroRecord, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    AVRO_NAME = "keyload.result.ActiveKeys"
+
     token_key_id: str
     jitter_key_id: str
-    proof_key_id: str
-    trust_set_version: int
+    proof_key_id: str = "k0"
+    trust_set_version: Long = 1
 
 
-@dataclass(frozen=True, slots=True)
-class TopicPolicy:
-    """A topic's policy. Every field has a documented default (docs/ARCHITECTURE.md)."""
-
-    max_retained_events: int | None = None
-    max_retained_bytes: int | None = None
-
-    def to_record(self) -> Record:
-        return {f.name: getattr(self, f.name) for f in fields(self)}
-
-
-@dataclass(frozen=True, slots=True)
-class TopicView:
-    """A topic: events first_available..tail are retained (none when tail < first_available)."""
-
-    domain: str
-    topic: str
-    incarnation: int
-    created_at_ms: int
-    policy: TopicPolicy
-    first_available: int
-    tail: int
-    generation: int
-    retained_events: int
-    retained_bytes: int
-    published_total: int
-
-    @classmethod
-    def from_record(cls, record: Record) -> TopicView:
-        return cls(**dict(record, policy=_build(TopicPolicy, record["policy"])))
+# -- topics and subscription groups -----------------------------------------------------------
 
 
 @dataclass(frozen=True, slots=True)
@@ -327,80 +203,62 @@ class Event:
         return {"event_id": self.event_id, "type": self.type, "headers": self.headers, "body": self.body}
 
 
-@dataclass(frozen=True, slots=True)
-class PublishedEvent:
+class PublishedEvent(AvroRecord, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    AVRO_NAME = "keyload.result.PublishedEvent"
+
     event_id: str
-    position: int
+    position: Long
 
 
-@dataclass(frozen=True, slots=True)
-class PublishResult:
+class PublishResult(AvroRecord, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    AVRO_NAME = "keyload.result.PublishResult"
+
     topic: str
     events: list[PublishedEvent]
-    retained_events: int
-    retained_bytes: int
-
-    @classmethod
-    def from_record(cls, record: Record) -> PublishResult:
-        events = [_build(PublishedEvent, e) for e in record["events"]]
-        return cls(record["topic"], events, record["retained_events"], record["retained_bytes"])
+    retained_events: Long
+    retained_bytes: Long
 
 
-@dataclass(frozen=True, slots=True)
-class TopicEvent:
+class TopicEvent(AvroRecord, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """One retained event as a read returns it."""
 
-    position: int
+    AVRO_NAME = "keyload.result.TopicEvent"
+
+    position: Long
     event_id: str
     type: str
     headers: dict[str, str]
     body: bytes
-    published_at_ms: int
+    published_at_ms: Long
 
 
-@dataclass(frozen=True, slots=True)
-class TopicPage:
+class TopicPage(AvroRecord, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """Events in position order; read on from `next_cursor` (or `next_position`: tail + 1 when
     nothing more is there yet)."""
 
+    AVRO_NAME = "keyload.result.TopicPage"
+
     events: list[TopicEvent]
-    next_position: int
-    first_available: int
-    tail: int
+    next_position: Long
+    first_available: Long
+    tail: Long
     budget_exhausted: bool
-    next_cursor: str
-
-    @classmethod
-    def from_record(cls, record: Record) -> TopicPage:
-        return cls(**dict(record, events=[_build(TopicEvent, e) for e in record["events"]]))
-
-
-@dataclass(frozen=True, slots=True)
-class GroupPolicy:
-    """A subscription group's policy. Every field has a documented default (docs/ARCHITECTURE.md)."""
-
-    max_window: int | None = None
-    lease_ms: int | None = None
-    max_lease_ms: int | None = None
-    max_attempts: int | None = None
-    retry_base_ms: int | None = None
-    retry_max_ms: int | None = None
-    retry_factor: int | None = None
-    retry_jitter: Literal["none", "full"] | None = None
-
-    def to_record(self) -> Record:
-        return {f.name: getattr(self, f.name) for f in fields(self)}
+    next_cursor: str = ""
 
 
 @dataclass(frozen=True, slots=True)
 class GroupView:
     """A subscription group: every position up to `checkpoint` is acked, filtered or parked.
 
-    `issued` is the highest position claimed or filtered; `outstanding` counts
-    deliveries not yet resolved (leased or waiting for a retry); `gaps` counts
-    positions above the checkpoint already resolved; `parked` lists the lowest
-    parked positions (at most 100) of `parked_count`; `lag` = tail - checkpoint.
+    The record (`keyload.GroupView`: the group's state, its lowest parked positions, gaps, tail,
+    lag) flattened for people, the state's bookkeeping (topic incarnation, pins, redeliverable
+    count) left out. `issued` is the highest position claimed or filtered; `outstanding` counts
+    deliveries not yet resolved (leased or waiting for a retry); `gaps` counts positions above the
+    checkpoint already resolved; `parked` lists the lowest parked positions (at most 100) of
+    `parked_count`; `lag` = tail - checkpoint.
     """
+
+    AVRO_NAME: ClassVar[str] = "keyload.GroupView"
 
     domain: str
     topic: str
@@ -426,94 +284,62 @@ class GroupView:
     parked_total: int
 
     @classmethod
-    def from_record(cls, record: Record) -> GroupView:
-        state = record["state"]
-        return cls(
-            domain=state["domain"],
-            topic=state["topic"],
-            group=state["group"],
-            incarnation=state["incarnation"],
-            created_at_ms=state["created_at_ms"],
-            event_types=state["filter"]["event_types"],
-            headers=state["filter"]["headers"],
-            policy=_build(GroupPolicy, state["policy"]),
-            generation=state["generation"],
-            paused=state["paused"],
-            checkpoint=state["checkpoint"],
-            issued=state["issued"],
-            outstanding=state["outstanding"],
-            parked=record["parked"],
-            parked_count=state["parked_count"],
-            gaps=record["gaps"],
-            tail=record["tail"],
-            lag=record["lag"],
-            delivered_total=state["delivered_total"],
-            acked_total=state["acked_total"],
-            filtered_total=state["filtered_total"],
-            parked_total=state["parked_total"],
-        )
+    def from_avro(cls, record: Record) -> Self:
+        state = GroupState.from_avro(record["state"])
+        shown = {
+            **{name: getattr(state, name) for name in state.__struct_fields__},
+            "event_types": state.filter.event_types,
+            "headers": state.filter.headers,
+            **record,
+        }
+        return cls(**{f.name: shown[f.name] for f in fields(cls)})
 
 
-@dataclass(frozen=True, slots=True)
-class GroupDelivery:
-    """One leased position of a group. Present `token` to renew, ack or nack it."""
+class GroupDelivery(TopicEvent, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """One leased position of a group: the event, and the `token` to renew, ack or nack it."""
 
-    position: int
-    event_id: str
-    type: str
-    headers: dict[str, str]
-    body: bytes
-    published_at_ms: int
+    AVRO_NAME = "keyload.result.GroupDelivery"
+
     token: str
-    attempts: int
-    lease_until_ms: int
+    attempts: Int
+    lease_until_ms: Long
 
 
-@dataclass(frozen=True, slots=True)
-class GroupReceiveResult:
+class GroupReceiveResult(AvroRecord, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """Deliveries in position order (due redeliveries first). `window_full`: new positions wait for
     acks; `budget_exhausted`: the receive stopped at a budget, so receive again."""
+
+    AVRO_NAME = "keyload.result.GroupReceiveResult"
 
     deliveries: list[GroupDelivery]
     window_full: bool
     budget_exhausted: bool
 
-    @classmethod
-    def from_record(cls, record: Record) -> GroupReceiveResult:
-        deliveries = [_build(GroupDelivery, d) for d in record["deliveries"]]
-        return cls(deliveries, record["window_full"], record["budget_exhausted"])
 
-
-@dataclass(frozen=True, slots=True)
-class GroupLeaseResult:
+class GroupLeaseResult(AvroRecord, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """A position after renew (leased), ack (acked) or nack (retrying or parked), and the group's checkpoint."""
 
-    position: int
+    AVRO_NAME = "keyload.result.GroupLeaseResult"
+
+    position: Long
     state: PositionState
-    checkpoint: int
-    lease_until_ms: int | None
-    not_before_ms: int | None
-    retry_delay_ms: int | None
-
-    @classmethod
-    def from_record(cls, record: Record) -> GroupLeaseResult:
-        built: GroupLeaseResult = _with_state(cls, record, PositionState)
-        return built
+    checkpoint: Long
+    lease_until_ms: Long | None = None
+    not_before_ms: Long | None = None
+    retry_delay_ms: Long | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class GroupTokenResult(_Settled):
-    position: int | None
+class GroupTokenResult(_Settled, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    AVRO_NAME = "keyload.result.GroupTokenResult"
+
+    position: Long | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class GroupAckBatchResult:
+class GroupAckBatchResult(AvroRecord, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    AVRO_NAME = "keyload.result.GroupAckBatchResult"
+
     results: list[GroupTokenResult]
-    checkpoint: int
-
-    @classmethod
-    def from_record(cls, record: Record) -> GroupAckBatchResult:
-        return cls(_settled(GroupTokenResult, record), record["checkpoint"])
+    checkpoint: Long
 
 
 # -- documents, batches and inboxes ----------------------------------------------------------
@@ -600,34 +426,33 @@ def mutation_record(mutation: Mutation) -> Record:
     return {"domain": None, "mutation": (mutation.KIND, body)}
 
 
-@dataclass(frozen=True, slots=True)
-class DocumentResult:
+class DocumentResult(AvroRecord, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """What a put wrote (`revision`) or a delete removed (`deleted`, the revision it had)."""
 
+    AVRO_NAME = "keyload.result.DocumentResult"
+
     key: str
-    revision: int
+    revision: Long
     deleted: bool
 
 
-@dataclass(frozen=True, slots=True)
-class Document:
+class Document(AvroRecord, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    AVRO_NAME = "keyload.result.Document"
+
     key: str
     value: bytes
-    revision: int
-    updated_at_ms: int
+    revision: Long
+    updated_at_ms: Long
 
 
-@dataclass(frozen=True, slots=True)
-class DocumentPage:
+class DocumentPage(AvroRecord, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """Documents in key order; read on with `after=next_after` (None: no more)."""
 
-    documents: list[Document]
-    next_after: str | None
-    budget_exhausted: bool
+    AVRO_NAME = "keyload.result.DocumentPage"
 
-    @classmethod
-    def from_record(cls, record: Record) -> DocumentPage:
-        return cls([_build(Document, d) for d in record["documents"]], record["next_after"], record["budget_exhausted"])
+    documents: list[Document]
+    next_after: str | None = None
+    budget_exhausted: bool
 
 
 MutationResult = DocumentResult | EnqueueResult | PublishResult | MessageView
@@ -635,12 +460,14 @@ MutationResult = DocumentResult | EnqueueResult | PublishResult | MessageView
 
 @dataclass(frozen=True, slots=True)
 class BatchResult:
-    """One result per mutation, in order."""
+    """One result per mutation, in order (a union of result records, read by branch name)."""
+
+    AVRO_NAME: ClassVar[str] = "keyload.result.BatchResult"
 
     results: list[MutationResult]
 
     @classmethod
-    def from_record(cls, record: Record) -> BatchResult:
+    def from_avro(cls, record: Record) -> Self:
         return cls([decode_result(kind, value) for kind, value in record["results"]])
 
 
@@ -649,6 +476,8 @@ class ProcessingResult:
     """The receipt of a processing: this command's, or, when `already_processed`, that of the
     command that first applied these effects (`command_id`, `offset`, its `results`)."""
 
+    AVRO_NAME: ClassVar[str] = "keyload.result.ProcessingResult"
+
     already_processed: bool
     command_id: str
     offset: int
@@ -656,8 +485,8 @@ class ProcessingResult:
     results: BatchResult
 
     @classmethod
-    def from_record(cls, record: Record) -> ProcessingResult:
-        return cls(**dict(record, results=BatchResult.from_record(record["results"])))
+    def from_avro(cls, record: Record) -> Self:
+        return cls(**dict(record, results=BatchResult.from_avro(record["results"])))
 
 
 @dataclass(frozen=True, slots=True)
@@ -670,86 +499,77 @@ class InboxSource:
     delivery_generation: int
 
 
-@dataclass(frozen=True, slots=True)
-class InboxView:
+class InboxView(AvroRecord, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    AVRO_NAME = "keyload.result.InboxView"
+
     domain: str
-    max_receipts: int
-    max_bytes: int
-    receipts: int
-    bytes: int
+    max_receipts: Long
+    max_bytes: Long
+    receipts: Long
+    bytes: Long
 
 
-@dataclass(frozen=True, slots=True)
-class PayloadReservation:
-    """A large message's reservation (the receipt of PrepareLargeSchedule and its successors).
-
-    `state` is as of the command's log time: a reserved one past `upload_deadline_ms` is expired."""
-
-    reservation_id: int
-    domain: str
-    queue: str
-    queue_id: int
-    message_id: str
-    object_key: str
-    length: int
-    sha256: bytes
-    headers: dict[str, str]
-    ordering_key: str | None
-    not_before_ms: int | None
-    expires_at_ms: int | None
-    upload_deadline_ms: int
-    trust_set_version: int
-    trust_key_id: str
-    state: Literal["reserved", "committed", "cancelled", "expired"]
-    reserved_at_ms: int
-    closed_at_ms: int | None
-    object_version: str | None
+# -- retention ----------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
-class RetentionTask:
-    task_id: int
-    kind: Literal["message_payload", "abandoned_reservation"]
-    domain: str
-    queue: str
-    queue_id: int
-    message_id: str
-    reservation_id: int
-    object_key: str
-    object_version: str | None
-    length: int
-    retire_offset: int
-    retired_at_ms: int
-    protect_until_ms: int
-    state: Literal["waiting", "deleting", "confirmed"]
-    delete_offset: int | None
-    confirmed_offset: int | None
-    confirmed_at_ms: int | None
-    deleted_versions: list[str]
+class RetentionStatus(AvroRecord, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    AVRO_NAME = "keyload.result.RetentionStatus"
 
-
-@dataclass(frozen=True, slots=True)
-class RetentionStatus:
     task: RetentionTask
     blocked_by: list[str]  # empty: deletable now
 
-    @classmethod
-    def from_record(cls, record: Record) -> RetentionStatus:
-        return cls(_build(RetentionTask, record["task"]), record["blocked_by"])
 
+class RetentionPage(AvroRecord, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    AVRO_NAME = "keyload.result.RetentionPage"
 
-@dataclass(frozen=True, slots=True)
-class RetentionPage:
-    recovery_floor: int | None
+    recovery_floor: Long | None = None
     tasks: list[RetentionStatus]
-    next_after_task: int | None
-    retired_identities: int
+    next_after_task: Long | None = None
+    retired_identities: Long
+
+
+# -- reading results ----------------------------------------------------------------------------
+
+
+class ResultClass(Protocol):
+    """What the SDK needs of a result class: the record it reads and how."""
+
+    AVRO_NAME: ClassVar[str]
 
     @classmethod
-    def from_record(cls, record: Record) -> RetentionPage:
-        tasks = [RetentionStatus.from_record(t) for t in record["tasks"]]
-        return cls(record["recovery_floor"], tasks, record["next_after_task"], record["retired_identities"])
+    def from_avro(cls, record: Record) -> Any: ...
 
+
+RESULT_CLASSES: tuple[type[ResultClass], ...] = (
+    QueueView,
+    MessageView,
+    EnqueueResult,
+    TickResult,
+    CheckpointResult,
+    ReceiveResult,
+    LeaseResult,
+    AckBatchResult,
+    DeadLetterPage,
+    ActiveKeys,
+    TopicView,
+    PublishResult,
+    TopicPage,
+    GroupView,
+    GroupReceiveResult,
+    GroupLeaseResult,
+    GroupAckBatchResult,
+    DocumentResult,
+    Document,
+    DocumentPage,
+    BatchResult,
+    ProcessingResult,
+    InboxView,
+    PayloadReservation,
+    RetentionStatus,
+    RetentionPage,
+)
+"""The class of each result record of the command table (keyload/commands.py), and so of every
+branch of the Outcome's result union; a BatchResult's mutation results are among them."""
 
 Result = (
     QueueView
@@ -780,54 +600,20 @@ Result = (
     | RetentionPage
 )
 
-# Each result record of the command table (keyload/commands.py), and so every branch of the Outcome's
-# result union, as the class the SDK returns it as; a BatchResult's mutation results are among them.
-RESULT_TYPES: dict[str, type[Any]] = {
-    "keyload.QueueView": QueueView,
-    "keyload.MessageView": MessageView,
-    "keyload.result.EnqueueResult": EnqueueResult,
-    "keyload.result.TickResult": TickResult,
-    "keyload.result.CheckpointResult": CheckpointResult,
-    "keyload.result.ReceiveResult": ReceiveResult,
-    "keyload.result.LeaseResult": LeaseResult,
-    "keyload.result.AckBatchResult": AckBatchResult,
-    "keyload.result.DeadLetterPage": DeadLetterPage,
-    "keyload.result.ActiveKeys": ActiveKeys,
-    "keyload.TopicView": TopicView,
-    "keyload.result.PublishResult": PublishResult,
-    "keyload.result.TopicPage": TopicPage,
-    "keyload.GroupView": GroupView,
-    "keyload.result.GroupReceiveResult": GroupReceiveResult,
-    "keyload.result.GroupLeaseResult": GroupLeaseResult,
-    "keyload.result.GroupAckBatchResult": GroupAckBatchResult,
-    "keyload.result.DocumentResult": DocumentResult,
-    "keyload.result.Document": Document,
-    "keyload.result.DocumentPage": DocumentPage,
-    "keyload.result.BatchResult": BatchResult,
-    "keyload.result.ProcessingResult": ProcessingResult,
-    "keyload.result.InboxView": InboxView,
-    "keyload.PayloadReservation": PayloadReservation,
-    "keyload.result.RetentionStatus": RetentionStatus,
-    "keyload.result.RetentionPage": RetentionPage,
-}
+RESULT_TYPES: dict[str, type[Any]] = {cls.AVRO_NAME: cls for cls in RESULT_CLASSES}
+"""Each result record's class, by the record's full name."""
 
 Decoder = Callable[[Record], Any]
 
 
-def decoder(cls: type[Any]) -> Decoder:
-    """How a result class is read from its record: its `from_record`, or field by field."""
-    from_record: Decoder | None = getattr(cls, "from_record", None)
-    return from_record if from_record is not None else lambda record: _build(cls, record)
-
-
 def decoders(table: Iterable[CommandKind], types: Mapping[str, type[Any]]) -> dict[str, Decoder]:
-    """The decoder of every result record `table` names, from `types`: exactly those (KeyError on
-    a record without a class; ValueError on a class no row returns)."""
+    """The decoder (`from_avro`) of every result record `table` names, from `types`: exactly those
+    (KeyError on a record without a class; ValueError on a class no row returns)."""
     named = {kind.result for kind in table}
     unused = set(types) - named
     if unused:
         raise ValueError(f"result classes no command returns: {sorted(unused)}")
-    return {name: decoder(types[name]) for name in sorted(named)}
+    return {name: types[name].from_avro for name in sorted(named)}
 
 
 _RESULTS = decoders(COMMANDS, RESULT_TYPES)
@@ -858,14 +644,14 @@ class PoisonEntry:
 
 @dataclass(frozen=True, slots=True)
 class Outcome:
-    """The durable receipt of one command."""
+    """The durable receipt of one command (its result read by branch name)."""
 
     command_id: str
     domain: str
     partition: int
     offset: int
     eval_time_ms: int
-    status: Literal["committed", "rejected"]
+    status: OutcomeStatus
     error_code: ErrorCode | None
     detail: str
     result: Result | None
@@ -874,16 +660,12 @@ class Outcome:
     @classmethod
     def from_record(cls, record: Record) -> Outcome:
         result = record["result"]
-        typed = None if result is None else decode_result(result[0], result[1])
+        error_code = record["error_code"]
         return cls(
-            command_id=record["command_id"],
-            domain=record["domain"],
-            partition=record["partition"],
-            offset=record["offset"],
-            eval_time_ms=record["eval_time_ms"],
-            status=record["status"],
-            error_code=_error_code(record["error_code"]),
-            detail=record["detail"],
-            result=typed,
-            failed_index=record["failed_index"],
+            **dict(
+                record,
+                status=OutcomeStatus(record["status"]),
+                error_code=None if error_code is None else ErrorCode(error_code),
+                result=None if result is None else decode_result(result[0], result[1]),
+            )
         )

@@ -1,0 +1,624 @@
+"""Typed command bodies: one msgspec Struct per record of the Command's body union, declared once.
+
+Each class mirrors its record of `schemas/keyload.Command.avsc` field for field, in schema order, by
+the rules of projections/records.py (tests/test_record_drift.py fails on any difference); a record
+the body shares with stored state (`GroupFilter`) is the stored record's class. The one union of
+several records, a batch mutation's, is a `Branch`: the (record name, body) pair as fastavro decodes
+it, read by branch name (processors/batch.py) because msgspec has no untagged union of records.
+
+The processor's dispatch reads a decoded body into its class once (`BODY_TYPES`, by branch name),
+so handlers read attributes. The fingerprint and a processing's effects digest are computed over
+the decoded command itself, not over these classes, so typing the bodies changes no stored byte.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Any
+
+from keyload.projections.records import AvroRecord, GroupFilter, Int, Long, Sha256
+
+Branch = tuple[str, dict[str, Any]]
+"""A value of a union of records: (the record's full name, its decoded body)."""
+
+
+class QueuePolicySpec(AvroRecord, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """A policy as a client asks for it: every null field takes its documented default."""
+
+    AVRO_NAME = "keyload.QueuePolicySpec"
+
+    max_stored_messages: Long | None = None
+    max_stored_bytes: Long | None = None
+    max_in_flight: Long | None = None
+    max_attempts: Int | None = None
+    lease_ms: Long | None = None
+    max_lease_ms: Long | None = None
+    retry_base_ms: Long | None = None
+    retry_max_ms: Long | None = None
+    retry_factor: Int | None = None
+    retry_jitter: str | None = None
+    max_dead_letter_messages: Long | None = None
+    max_dead_letter_bytes: Long | None = None
+    ordering: str | None = None
+    parked_head: str | None = None
+    receive_max_messages: Int | None = None
+    receive_max_bytes: Long | None = None
+    payload_request_horizon_ms: Long | None = None
+
+
+class CreateQueue(AvroRecord, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    AVRO_NAME = "keyload.command.CreateQueue"
+
+    queue: str
+    policy: QueuePolicySpec
+
+
+class ConfigureQueue(AvroRecord, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Replaces the whole policy; null fields take their defaults."""
+
+    AVRO_NAME = "keyload.command.ConfigureQueue"
+
+    queue: str
+    policy: QueuePolicySpec
+    expected_policy_version: Long | None = None
+
+
+class Enqueue(AvroRecord, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    AVRO_NAME = "keyload.command.Enqueue"
+
+    queue: str
+    message_id: str
+    body: bytes
+    headers: dict[str, str] = {}
+    ordering_key: str | None = None
+    not_before_ms: Long | None = None
+    expires_at_ms: Long | None = None
+
+
+class InspectQueue(AvroRecord, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    AVRO_NAME = "keyload.command.InspectQueue"
+
+    queue: str
+
+
+class InspectMessage(AvroRecord, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    AVRO_NAME = "keyload.command.InspectMessage"
+
+    queue: str
+    message_id: str
+    include_body: bool = False
+
+
+class Tick(AvroRecord, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Advances log time so due timers fire without traffic."""
+
+    AVRO_NAME = "keyload.command.Tick"
+
+
+class Checkpoint(AvroRecord, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Asks the partition's runtime to take a checkpoint at this command's offset."""
+
+    AVRO_NAME = "keyload.command.Checkpoint"
+
+
+class Receive(AvroRecord, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Lease up to max_messages ready messages in FIFO order; null fields take the queue's policy."""
+
+    AVRO_NAME = "keyload.command.Receive"
+
+    queue: str
+    max_messages: Int | None = None
+    max_bytes: Long | None = None
+    lease_ms: Long | None = None
+    wait_ms: Long | None = None
+
+
+class Renew(AvroRecord, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    AVRO_NAME = "keyload.command.Renew"
+
+    token: str
+    lease_ms: Long | None = None
+
+
+class Ack(AvroRecord, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    AVRO_NAME = "keyload.command.Ack"
+
+    token: str
+
+
+class AckBatch(AvroRecord, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Acks each token independently; the result reports every token's outcome."""
+
+    AVRO_NAME = "keyload.command.AckBatch"
+
+    tokens: list[str]
+
+
+class Nack(AvroRecord, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    AVRO_NAME = "keyload.command.Nack"
+
+    token: str
+    delay_ms: Long | None = None
+
+
+class Redrive(AvroRecord, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    AVRO_NAME = "keyload.command.Redrive"
+
+    queue: str
+    message_id: str
+    expected_state_version: Long
+    expected_delivery_generation: Long
+
+
+class Cancel(AvroRecord, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    AVRO_NAME = "keyload.command.Cancel"
+
+    queue: str
+    message_id: str
+    expected_state_version: Long
+    expected_delivery_generation: Long
+
+
+class ParkPending(AvroRecord, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    AVRO_NAME = "keyload.command.ParkPending"
+
+    queue: str
+    message_id: str
+    expected_state_version: Long
+    expected_delivery_generation: Long
+
+
+class ListDeadLetters(AvroRecord, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    AVRO_NAME = "keyload.command.ListDeadLetters"
+
+    queue: str
+    after_sequence: Long | None = None
+    limit: Int = 100
+    include_body: bool = False
+
+
+class RotateKeys(AvroRecord, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Makes keyring key ids active for signing tokens and for retry jitter in this partition; null keeps the current
+    one."""
+
+    AVRO_NAME = "keyload.command.RotateKeys"
+
+    token_key_id: str | None = None
+    jitter_key_id: str | None = None
+    proof_key_id: str | None = None
+
+
+class TopicPolicySpec(AvroRecord, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """A topic policy as a client asks for it: every null field takes its documented default."""
+
+    AVRO_NAME = "keyload.TopicPolicySpec"
+
+    max_retained_events: Long | None = None
+    max_retained_bytes: Long | None = None
+
+
+class CreateTopic(AvroRecord, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    AVRO_NAME = "keyload.command.CreateTopic"
+
+    topic: str
+    policy: TopicPolicySpec
+
+
+class Event(AvroRecord, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    AVRO_NAME = "keyload.command.Event"
+
+    event_id: str
+    type: str
+    headers: dict[str, str] = {}
+    body: bytes
+
+
+class Publish(AvroRecord, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Appends 1..100 events at the topic's next positions, all or none."""
+
+    AVRO_NAME = "keyload.command.Publish"
+
+    topic: str
+    events: list[Event]
+
+
+class ReadTopic(AvroRecord, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """A page of retained events in position order, from from_position or from where a cursor points (exactly one of
+    them); null limits take their defaults."""
+
+    AVRO_NAME = "keyload.command.ReadTopic"
+
+    topic: str
+    from_position: Long | None = None
+    max_events: Int | None = None
+    max_bytes: Long | None = None
+    cursor: str | None = None
+
+
+class InspectTopic(AvroRecord, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    AVRO_NAME = "keyload.command.InspectTopic"
+
+    topic: str
+
+
+class GroupStart(StrEnum):
+    beginning = "beginning"
+    end = "end"
+    position = "position"
+
+
+class GroupPolicySpec(AvroRecord, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """A group policy as a client asks for it: every null field takes its documented default."""
+
+    AVRO_NAME = "keyload.GroupPolicySpec"
+
+    max_window: Long | None = None
+    lease_ms: Long | None = None
+    max_lease_ms: Long | None = None
+    max_attempts: Int | None = None
+    retry_base_ms: Long | None = None
+    retry_max_ms: Long | None = None
+    retry_factor: Int | None = None
+    retry_jitter: str | None = None
+
+
+class CreateGroup(AvroRecord, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """A subscription group on a topic, starting after the checkpoint its start names."""
+
+    AVRO_NAME = "keyload.command.CreateGroup"
+
+    topic: str
+    group: str
+    filter: GroupFilter
+    start: GroupStart
+    position: Long | None = None
+    policy: GroupPolicySpec
+
+
+class GroupReceive(AvroRecord, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Due redeliveries first, then the next matching positions; null limits take their defaults."""
+
+    AVRO_NAME = "keyload.command.GroupReceive"
+
+    topic: str
+    group: str
+    max_events: Int | None = None
+    max_bytes: Long | None = None
+    lease_ms: Long | None = None
+    wait_ms: Long | None = None
+
+
+class GroupAck(AvroRecord, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    AVRO_NAME = "keyload.command.GroupAck"
+
+    topic: str
+    group: str
+    token: str
+
+
+class GroupAckBatch(AvroRecord, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Acks each token independently; the result reports every token's outcome."""
+
+    AVRO_NAME = "keyload.command.GroupAckBatch"
+
+    topic: str
+    group: str
+    tokens: list[str]
+
+
+class GroupNack(AvroRecord, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    AVRO_NAME = "keyload.command.GroupNack"
+
+    topic: str
+    group: str
+    token: str
+    delay_ms: Long | None = None
+
+
+class GroupRenew(AvroRecord, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    AVRO_NAME = "keyload.command.GroupRenew"
+
+    topic: str
+    group: str
+    token: str
+    lease_ms: Long | None = None
+
+
+class GroupStatus(AvroRecord, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    AVRO_NAME = "keyload.command.GroupStatus"
+
+    topic: str
+    group: str
+
+
+class SeekGroup(AvroRecord, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Moves the checkpoint to just before `to`, drops outstanding deliveries, leaves the group paused."""
+
+    AVRO_NAME = "keyload.command.SeekGroup"
+
+    topic: str
+    group: str
+    to: GroupStart
+    position: Long | None = None
+    expected_generation: Long | None = None
+
+
+class ConfigureGroup(AvroRecord, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """While paused: replaces the filter and/or the whole policy (null: unchanged); positions after the checkpoint are
+    evaluated again."""
+
+    AVRO_NAME = "keyload.command.ConfigureGroup"
+
+    topic: str
+    group: str
+    expected_generation: Long
+    filter: GroupFilter | None = None
+    policy: GroupPolicySpec | None = None
+
+
+class PauseGroup(AvroRecord, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    AVRO_NAME = "keyload.command.PauseGroup"
+
+    topic: str
+    group: str
+
+
+class ResumeGroup(AvroRecord, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    AVRO_NAME = "keyload.command.ResumeGroup"
+
+    topic: str
+    group: str
+
+
+class PurgeTopic(AvroRecord, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Deletes the retained events first_available..through; refused past any group's purge limit."""
+
+    AVRO_NAME = "keyload.command.PurgeTopic"
+
+    topic: str
+    through: Long
+    expected_generation: Long
+
+
+class PutDocument(AvroRecord, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Write a document; expected_revision null: unconditional, 0: only if absent, n: only at revision n."""
+
+    AVRO_NAME = "keyload.command.PutDocument"
+
+    key: str
+    value: bytes
+    expected_revision: Long | None = None
+
+
+class DeleteDocument(AvroRecord, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Delete a document; expected_revision null: unconditional, n: only at revision n."""
+
+    AVRO_NAME = "keyload.command.DeleteDocument"
+
+    key: str
+    expected_revision: Long | None = None
+
+
+class GetDocument(AvroRecord, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    AVRO_NAME = "keyload.command.GetDocument"
+
+    key: str
+
+
+class ListDocuments(AvroRecord, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Live documents whose key starts with prefix, in key order after `after`; null limits take their defaults."""
+
+    AVRO_NAME = "keyload.command.ListDocuments"
+
+    prefix: str = ""
+    after: str | None = None
+    max_documents: Int | None = None
+    max_bytes: Long | None = None
+
+
+class BatchMutation(AvroRecord, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    AVRO_NAME = "keyload.command.BatchMutation"
+
+    domain: str | None = None
+    mutation: Branch
+
+
+class Batch(AvroRecord, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Mutations applied in order, all or nothing; a failing one rejects the whole batch with its index."""
+
+    AVRO_NAME = "keyload.command.Batch"
+
+    mutations: list[BatchMutation]
+
+
+class CompleteProcessing(AvroRecord, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Apply a delivery's effects, record its inbox entry and ack it, atomically; a repeat of the inbox key returns the
+    first receipt."""
+
+    AVRO_NAME = "keyload.command.CompleteProcessing"
+
+    token: str
+    handler_scope: str
+    execution_generation: Long
+    effects: list[BatchMutation]
+    topic: str | None = None
+    group: str | None = None
+
+
+class ConfigureInbox(AvroRecord, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """The domain's target inbox policy: how many receipts and bytes CommitInbox may keep."""
+
+    AVRO_NAME = "keyload.command.ConfigureInbox"
+
+    max_receipts: Long
+    max_bytes: Long
+
+
+class InboxSource(AvroRecord, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    AVRO_NAME = "keyload.command.InboxSource"
+
+    domain: str
+    queue: str
+    message_id: str
+    delivery_generation: Long
+
+
+class CommitInbox(AvroRecord, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Apply effects once per source delivery, handler scope and execution generation (target-side dedup)."""
+
+    AVRO_NAME = "keyload.command.CommitInbox"
+
+    source: InboxSource
+    handler_scope: str
+    execution_generation: Long
+    effects: list[BatchMutation]
+
+
+class PrepareLargeSchedule(AvroRecord, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Reserve a large message: its identity in the queue, a service-chosen object key, the expected length and
+    SHA-256, an upload deadline (log time) and quota."""
+
+    AVRO_NAME = "keyload.command.PrepareLargeSchedule"
+
+    queue: str
+    message_id: str
+    length: Long
+    sha256: Sha256
+    upload_window_ms: Long | None = None
+    headers: dict[str, str]
+    ordering_key: str | None = None
+    not_before_ms: Long | None = None
+    expires_at_ms: Long | None = None
+
+
+class CancelLargeSchedule(AvroRecord, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Abandon a reservation before its commit; log order decides a race with CommitLargeSchedule."""
+
+    AVRO_NAME = "keyload.command.CancelLargeSchedule"
+
+    reservation_id: Long
+
+
+class PayloadCommitProof(AvroRecord, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """An attestation that the reserved object exists with the reserved length and SHA-256, signed (Ed25519) by a key
+    of the reservation's trust set. Not a secret."""
+
+    AVRO_NAME = "keyload.PayloadCommitProof"
+
+    domain: str
+    reservation_id: Long
+    object_key: str
+    object_version: str
+    length: Long
+    sha256: Sha256
+    trust_set_version: Long
+    key_id: str
+    attested_at_ms: Long
+    signature: bytes
+
+
+class CommitLargeSchedule(AvroRecord, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Create the reserved message from an attested object, verified by its proof alone (no object-store call)."""
+
+    AVRO_NAME = "keyload.command.CommitLargeSchedule"
+
+    reservation_id: Long
+    proof: PayloadCommitProof
+
+
+class InspectReservation(AvroRecord, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    AVRO_NAME = "keyload.command.InspectReservation"
+
+    reservation_id: Long
+
+
+class AdvanceRecoveryFloor(AvroRecord, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """The partition's recovery floor (its oldest retained checkpoint's offset) has reached this offset; also compacts
+    finished retention tasks below it."""
+
+    AVRO_NAME = "keyload.command.AdvanceRecoveryFloor"
+
+    floor_offset: Long
+
+
+class ListRetention(AvroRecord, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Retention tasks in task order, each with what still blocks its deletion at this log time."""
+
+    AVRO_NAME = "keyload.command.ListRetention"
+
+    after_task: Long | None = None
+    limit: Int | None = None
+
+
+class BeginDelete(AvroRecord, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """A GC worker asks to delete a task's object; refused while anything blocks it."""
+
+    AVRO_NAME = "keyload.command.BeginDelete"
+
+    task_id: Long
+
+
+class DeleteConfirmed(AvroRecord, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """A GC worker deleted the task's object and an exact HEAD found no version left: the quota is released."""
+
+    AVRO_NAME = "keyload.command.DeleteConfirmed"
+
+    task_id: Long
+    deleted_versions: list[str]
+
+
+BODY_TYPES: dict[str, type[AvroRecord]] = {
+    cls.AVRO_NAME: cls
+    for cls in (
+        CreateQueue,
+        ConfigureQueue,
+        Enqueue,
+        InspectQueue,
+        InspectMessage,
+        Tick,
+        Checkpoint,
+        Receive,
+        Renew,
+        Ack,
+        AckBatch,
+        Nack,
+        Redrive,
+        Cancel,
+        ParkPending,
+        ListDeadLetters,
+        RotateKeys,
+        CreateTopic,
+        Publish,
+        ReadTopic,
+        InspectTopic,
+        CreateGroup,
+        GroupReceive,
+        GroupAck,
+        GroupAckBatch,
+        GroupNack,
+        GroupRenew,
+        GroupStatus,
+        SeekGroup,
+        ConfigureGroup,
+        PauseGroup,
+        ResumeGroup,
+        PurgeTopic,
+        PutDocument,
+        DeleteDocument,
+        GetDocument,
+        ListDocuments,
+        Batch,
+        CompleteProcessing,
+        ConfigureInbox,
+        CommitInbox,
+        PrepareLargeSchedule,
+        CancelLargeSchedule,
+        CommitLargeSchedule,
+        InspectReservation,
+        AdvanceRecoveryFloor,
+        ListRetention,
+        BeginDelete,
+        DeleteConfirmed,
+    )
+}
+"""The class of every command kind's body, by its branch name (keyload/commands.py's `branch`)."""
