@@ -22,6 +22,23 @@ Branch = tuple[str, dict[str, Any]]
 """A value of a union of records: (the record's full name, its decoded body)."""
 
 
+class GroupCommand(AvroRecord, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """A command addressed to one subscription group: its topic and its name come first."""
+
+    topic: str
+    group: str
+
+
+class FencedMessageCommand(AvroRecord, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """An operator's move of one message (Redrive, Cancel, ParkPending), fenced by the state
+    version and delivery generation the operator last saw."""
+
+    queue: str
+    message_id: str
+    expected_state_version: Long
+    expected_delivery_generation: Long
+
+
 class QueuePolicySpec(AvroRecord, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """A policy as a client asks for it: every null field takes its documented default."""
 
@@ -141,31 +158,16 @@ class Nack(AvroRecord, frozen=True, kw_only=True, forbid_unknown_fields=True):
     delay_ms: Long | None = None
 
 
-class Redrive(AvroRecord, frozen=True, kw_only=True, forbid_unknown_fields=True):
+class Redrive(FencedMessageCommand, frozen=True, kw_only=True, forbid_unknown_fields=True):
     AVRO_NAME = "keyload.command.Redrive"
 
-    queue: str
-    message_id: str
-    expected_state_version: Long
-    expected_delivery_generation: Long
 
-
-class Cancel(AvroRecord, frozen=True, kw_only=True, forbid_unknown_fields=True):
+class Cancel(FencedMessageCommand, frozen=True, kw_only=True, forbid_unknown_fields=True):
     AVRO_NAME = "keyload.command.Cancel"
 
-    queue: str
-    message_id: str
-    expected_state_version: Long
-    expected_delivery_generation: Long
 
-
-class ParkPending(AvroRecord, frozen=True, kw_only=True, forbid_unknown_fields=True):
+class ParkPending(FencedMessageCommand, frozen=True, kw_only=True, forbid_unknown_fields=True):
     AVRO_NAME = "keyload.command.ParkPending"
-
-    queue: str
-    message_id: str
-    expected_state_version: Long
-    expected_delivery_generation: Long
 
 
 class ListDeadLetters(AvroRecord, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -262,112 +264,87 @@ class GroupPolicySpec(AvroRecord, frozen=True, kw_only=True, forbid_unknown_fiel
     retry_jitter: str | None = None
 
 
-class CreateGroup(AvroRecord, frozen=True, kw_only=True, forbid_unknown_fields=True):
+class CreateGroup(GroupCommand, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """A subscription group on a topic, starting after the checkpoint its start names."""
 
     AVRO_NAME = "keyload.command.CreateGroup"
 
-    topic: str
-    group: str
     filter: GroupFilter
     start: GroupStart
     position: Long | None = None
     policy: GroupPolicySpec
 
 
-class GroupReceive(AvroRecord, frozen=True, kw_only=True, forbid_unknown_fields=True):
+class GroupReceive(GroupCommand, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """Due redeliveries first, then the next matching positions; null limits take their defaults."""
 
     AVRO_NAME = "keyload.command.GroupReceive"
 
-    topic: str
-    group: str
     max_events: Int | None = None
     max_bytes: Long | None = None
     lease_ms: Long | None = None
     wait_ms: Long | None = None
 
 
-class GroupAck(AvroRecord, frozen=True, kw_only=True, forbid_unknown_fields=True):
+class GroupAck(GroupCommand, frozen=True, kw_only=True, forbid_unknown_fields=True):
     AVRO_NAME = "keyload.command.GroupAck"
 
-    topic: str
-    group: str
     token: str
 
 
-class GroupAckBatch(AvroRecord, frozen=True, kw_only=True, forbid_unknown_fields=True):
+class GroupAckBatch(GroupCommand, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """Acks each token independently; the result reports every token's outcome."""
 
     AVRO_NAME = "keyload.command.GroupAckBatch"
 
-    topic: str
-    group: str
     tokens: list[str]
 
 
-class GroupNack(AvroRecord, frozen=True, kw_only=True, forbid_unknown_fields=True):
+class GroupNack(GroupCommand, frozen=True, kw_only=True, forbid_unknown_fields=True):
     AVRO_NAME = "keyload.command.GroupNack"
 
-    topic: str
-    group: str
     token: str
     delay_ms: Long | None = None
 
 
-class GroupRenew(AvroRecord, frozen=True, kw_only=True, forbid_unknown_fields=True):
+class GroupRenew(GroupCommand, frozen=True, kw_only=True, forbid_unknown_fields=True):
     AVRO_NAME = "keyload.command.GroupRenew"
 
-    topic: str
-    group: str
     token: str
     lease_ms: Long | None = None
 
 
-class GroupStatus(AvroRecord, frozen=True, kw_only=True, forbid_unknown_fields=True):
+class GroupStatus(GroupCommand, frozen=True, kw_only=True, forbid_unknown_fields=True):
     AVRO_NAME = "keyload.command.GroupStatus"
 
-    topic: str
-    group: str
 
-
-class SeekGroup(AvroRecord, frozen=True, kw_only=True, forbid_unknown_fields=True):
+class SeekGroup(GroupCommand, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """Moves the checkpoint to just before `to`, drops outstanding deliveries, leaves the group paused."""
 
     AVRO_NAME = "keyload.command.SeekGroup"
 
-    topic: str
-    group: str
     to: GroupStart
     position: Long | None = None
     expected_generation: Long | None = None
 
 
-class ConfigureGroup(AvroRecord, frozen=True, kw_only=True, forbid_unknown_fields=True):
+class ConfigureGroup(GroupCommand, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """While paused: replaces the filter and/or the whole policy (null: unchanged); positions after the checkpoint are
     evaluated again."""
 
     AVRO_NAME = "keyload.command.ConfigureGroup"
 
-    topic: str
-    group: str
     expected_generation: Long
     filter: GroupFilter | None = None
     policy: GroupPolicySpec | None = None
 
 
-class PauseGroup(AvroRecord, frozen=True, kw_only=True, forbid_unknown_fields=True):
+class PauseGroup(GroupCommand, frozen=True, kw_only=True, forbid_unknown_fields=True):
     AVRO_NAME = "keyload.command.PauseGroup"
 
-    topic: str
-    group: str
 
-
-class ResumeGroup(AvroRecord, frozen=True, kw_only=True, forbid_unknown_fields=True):
+class ResumeGroup(GroupCommand, frozen=True, kw_only=True, forbid_unknown_fields=True):
     AVRO_NAME = "keyload.command.ResumeGroup"
-
-    topic: str
-    group: str
 
 
 class PurgeTopic(AvroRecord, frozen=True, kw_only=True, forbid_unknown_fields=True):

@@ -12,9 +12,10 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import cast
+from typing import Any, cast
 
 from keyload import commands, limits
+from keyload.bodies import BODY_TYPES
 from keyload.commands import CommandKind
 from keyload.log.base import MAX_LOG_TIME_MS, MIN_LOG_TIME_MS, partition_for
 from keyload.log.codec import REGISTRY, CodecError, Record
@@ -26,10 +27,12 @@ from keyload.processors.fingerprints import COMMAND, FINGERPRINT_BYTES, fingerpr
 from keyload.processors.groups import leases as group_leases
 from keyload.processors.outcomes import OUTCOME, new_outcome, reject
 from keyload.processors.queues import leases
+from keyload.processors.validation import read_body
 from keyload.projections import keys
+from keyload.projections.records import AvroRecord
 from keyload.projections.store import Staged
 
-Handler = Callable[[Staged, Record, Context], Record | None]
+Handler = Callable[[Staged, Any, Context], Record | None]
 
 POISON = "keyload.PoisonEntry"
 PROCESSORS = "keyload.processors"  # the package a table row's handler is named under
@@ -39,29 +42,38 @@ CHECKPOINT_KIND = "keyload.command.Checkpoint"
 @dataclass(frozen=True, slots=True)
 class Dispatch:
     """What the processor needs of a command table: per command kind (its body branch) the
-    handler and the Outcome result branch it returns, and the kinds whose outcomes are not
-    stored. Those are idempotent by nature: their outcomes are published, not stored, so a
-    ticker running for months does not grow the projection; the GC worker's commands too (it
-    polls ListRetention, and a repeat of the others changes nothing)."""
+    handler, the class its body is read as (keyload/bodies.py) and the Outcome result branch it
+    returns, and the kinds whose outcomes are not stored. Those are idempotent by nature: their
+    outcomes are published, not stored, so a ticker running for months does not grow the
+    projection; the GC worker's commands too (it polls ListRetention, and a repeat of the others
+    changes nothing)."""
 
     handlers: Mapping[str, tuple[Handler, str]]
     unstored: frozenset[str]
+    bodies: Mapping[str, type[AvroRecord]]
 
     @classmethod
-    def from_table(cls, table: Iterable[CommandKind], package: str = PROCESSORS) -> Dispatch:
-        """Resolve every row's handler ("module:function" under `package`) once."""
+    def from_table(
+        cls,
+        table: Iterable[CommandKind],
+        package: str = PROCESSORS,
+        bodies: Mapping[str, type[AvroRecord]] = BODY_TYPES,
+    ) -> Dispatch:
+        """Resolve every row's handler ("module:function" under `package`) once; `bodies` holds the
+        class of each row's body record, by branch."""
         rows = tuple(table)
         handlers = {row.branch: (cast(Handler, row.resolve(package)), row.result) for row in rows}
         assert len(handlers) == len(rows), "a command kind is declared twice"
-        return cls(handlers, frozenset(row.branch for row in rows if not row.stored))
+        unstored = frozenset(row.branch for row in rows if not row.stored)
+        return cls(handlers, unstored, {branch: bodies[branch] for branch in handlers})
 
     def stored(self, kind: str) -> bool:
         return kind not in self.unstored
 
     def apply(self, stage: Staged, kind: str, body: Record, ctx: Context) -> tuple[str, Record] | None:
-        """Run the kind's handler: its (result branch, result), or None while it is deferred."""
+        """Run the kind's handler on its typed body: its (result branch, result), or None while it is deferred."""
         handler, result_type = self.handlers[kind]
-        result = handler(stage, body, ctx)
+        result = handler(stage, read_body(self.bodies[kind], body), ctx)
         return None if result is None else (result_type, result)
 
 

@@ -19,13 +19,15 @@ from collections.abc import Callable
 from typing import Any, cast
 
 from keyload import limits
+from keyload.bodies import BODY_TYPES, Batch, BatchMutation
 from keyload.commands import COMMANDS
 from keyload.log.codec import Record
 from keyload.processors.context import Context
 from keyload.processors.errors import ErrorCode, Rejected
+from keyload.processors.validation import read_body
 from keyload.projections.store import Staged
 
-Handler = Callable[[Staged, Record, Context], Record]
+Handler = Callable[[Staged, Any, Context], Record]
 
 # Each mutation kind (a batchable row of the command table): its handler and the result branch it
 # returns (the same as the command's).
@@ -34,13 +36,13 @@ MUTATIONS: dict[str, tuple[Handler, str]] = {
 }
 
 
-def check_domains(mutations: list[Record], ctx: Context, at_least: int = 1) -> None:
+def check_domains(mutations: list[BatchMutation], ctx: Context, at_least: int = 1) -> None:
     """Refuse, before any effect, a list that is too short (a Batch needs a mutation; a processing
     may have no effects), too long, or names another domain."""
     if not at_least <= len(mutations) <= limits.MAX_BATCH_MUTATIONS:
         raise Rejected(ErrorCode.VALIDATION, f"{at_least}..{limits.MAX_BATCH_MUTATIONS} mutations are allowed")
     for index, mutation in enumerate(mutations):
-        if mutation["domain"] not in (None, ctx.domain):
+        if mutation.domain not in (None, ctx.domain):
             raise Rejected(
                 ErrorCode.VALIDATION,
                 f"mutation {index} names another domain: everything a command touches is in its own domain",
@@ -48,31 +50,33 @@ def check_domains(mutations: list[Record], ctx: Context, at_least: int = 1) -> N
             )
 
 
-def apply_mutations(stage: Staged, mutations: list[Record], ctx: Context) -> Record:
+def apply_mutations(stage: Staged, mutations: list[BatchMutation], ctx: Context) -> Record:
     """Apply every mutation in order (checked by `check_domains`); a BatchResult, or the first
     refusal with its index."""
     results = []
     for index, mutation in enumerate(mutations):
-        kind, body = mutation["mutation"]
+        kind, body = mutation.mutation
         handler, result_type = MUTATIONS[kind]
         try:
-            result = handler(stage, body, ctx)
+            result = handler(stage, read_body(BODY_TYPES[kind], body), ctx)
         except Rejected as refusal:
             raise Rejected(refusal.code, f"mutation {index}: {refusal.detail}", index) from None
         results.append((result_type, result))
     return {"results": results}
 
 
-def batch(stage: Staged, body: Record, ctx: Context) -> Record:
-    check_domains(body["mutations"], ctx)
-    return apply_mutations(stage, body["mutations"], ctx)
+def batch(stage: Staged, body: Batch, ctx: Context) -> Record:
+    check_domains(body.mutations, ctx)
+    return apply_mutations(stage, body.mutations, ctx)
 
 
-def effects_digest(mutations: list[Record]) -> bytes:
+def effects_digest(mutations: list[BatchMutation]) -> bytes:
     """SHA-256 over the effects' canonical JSON: keys sorted, null fields and the (checked)
     domain left out, bytes as {"b64": …}, union values as [branch, value]. Leaving nulls
-    out keeps the digest of old effects when a later schema adds an optional field."""
-    canonical = [_canonical(mutation["mutation"]) for mutation in mutations]
+    out keeps the digest of old effects when a later schema adds an optional field. It is over
+    each mutation's raw union value (the decoded branch and body dict), not a typed body, so
+    typing the bodies leaves every stored digest as it was."""
+    canonical = [_canonical(mutation.mutation) for mutation in mutations]
     text = json.dumps(canonical, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
     return hashlib.sha256(text.encode("ascii")).digest()
 

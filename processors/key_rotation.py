@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from keyload import limits
+from keyload.bodies import RotateKeys
 from keyload.log.codec import Record
 from keyload.processors.context import Context
 from keyload.processors.errors import ErrorCode, Rejected
@@ -46,9 +47,13 @@ def trust_set(stage: Readable) -> tuple[int, str]:
     return (1 if raw is None else keys.read_u64(raw)), active_key_id(stage, PROOF)
 
 
-def rotate_keys(stage: Staged, body: Record, ctx: Context) -> Record:
-    for purpose, name in ((TOKEN, "token_key_id"), (JITTER, "jitter_key_id"), (PROOF, "proof_key_id")):
-        key_id = body[name]
+def rotate_keys(stage: Staged, body: RotateKeys, ctx: Context) -> Record:
+    chosen = (
+        (TOKEN, "token_key_id", body.token_key_id),
+        (JITTER, "jitter_key_id", body.jitter_key_id),
+        (PROOF, "proof_key_id", body.proof_key_id),
+    )
+    for purpose, name, key_id in chosen:
         if key_id is None:
             continue
         if not 1 <= len(key_id) <= limits.MAX_KEY_ID_CHARS:

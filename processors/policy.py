@@ -6,8 +6,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from keyload import limits
+from keyload.bodies import GroupPolicySpec, QueuePolicySpec, TopicPolicySpec
 from keyload.limits import GIB, HOUR_MS, MIB
 from keyload.processors.errors import ErrorCode, Rejected
+from keyload.projections.records import AvroRecord, GroupPolicy, QueuePolicy, TopicPolicy
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,10 +74,10 @@ def _bounds_are_the_named_ranges() -> bool:
 assert _bounds_are_the_named_ranges()
 
 
-def _resolve_integers(spec: dict[str, Any], bounds: dict[str, Bound]) -> dict[str, Any]:
+def _resolve_integers(spec: AvroRecord, bounds: dict[str, Bound]) -> dict[str, Any]:
     policy: dict[str, Any] = {}
     for name, bound in bounds.items():
-        value = spec.get(name)
+        value = getattr(spec, name)
         value = bound.default if value is None else value
         if not bound.minimum <= value <= bound.maximum:
             raise Rejected(
@@ -86,9 +88,9 @@ def _resolve_integers(spec: dict[str, Any], bounds: dict[str, Bound]) -> dict[st
     return policy
 
 
-def _resolve_enums(spec: dict[str, Any], policy: dict[str, Any], enums: dict[str, tuple[str, ...]]) -> None:
+def _resolve_enums(spec: AvroRecord, policy: dict[str, Any], enums: dict[str, tuple[str, ...]]) -> None:
     for name, choices in enums.items():
-        value = spec.get(name)
+        value = getattr(spec, name)
         value = choices[0] if value is None else value
         if value not in choices:
             raise Rejected(ErrorCode.VALIDATION, f"policy.{name} must be one of {', '.join(choices)}")
@@ -103,25 +105,25 @@ def _check_lease_and_retry(policy: dict[str, Any]) -> None:
         raise Rejected(ErrorCode.VALIDATION, "policy.retry_base_ms must not exceed policy.retry_max_ms")
 
 
-def resolve_policy(spec: dict[str, Any]) -> dict[str, Any]:
+def resolve_policy(spec: QueuePolicySpec) -> QueuePolicy:
     """A complete, validated QueuePolicy from a QueuePolicySpec (nulls take defaults)."""
     policy = _resolve_integers(spec, INTEGER_FIELDS)
     _resolve_enums(spec, policy, ENUM_FIELDS)
     for name, grant in SUBLIMIT_FIELDS.items():
-        value = spec.get(name)
+        value = getattr(spec, name)
         if value is not None and not 0 <= value <= policy[grant]:
             raise Rejected(ErrorCode.VALIDATION, f"policy.{name} must be between 0 and {grant}")
         policy[name] = value
     _check_lease_and_retry(policy)
-    return policy
+    return QueuePolicy.from_avro(policy)
 
 
-def resolve_group_policy(spec: dict[str, Any]) -> dict[str, Any]:
+def resolve_group_policy(spec: GroupPolicySpec) -> GroupPolicy:
     """A complete, validated GroupPolicy from a GroupPolicySpec (nulls take defaults)."""
     policy = _resolve_integers(spec, GROUP_INTEGER_FIELDS)
     _resolve_enums(spec, policy, GROUP_ENUM_FIELDS)
     _check_lease_and_retry(policy)
-    return policy
+    return GroupPolicy.from_avro(policy)
 
 
 def default_group_spec() -> dict[str, Any]:
@@ -134,9 +136,9 @@ def default_spec() -> dict[str, Any]:
     return {name: None for name in (*INTEGER_FIELDS, *ENUM_FIELDS, *SUBLIMIT_FIELDS)}
 
 
-def resolve_topic_policy(spec: dict[str, Any]) -> dict[str, Any]:
+def resolve_topic_policy(spec: TopicPolicySpec) -> TopicPolicy:
     """A complete, validated TopicPolicy from a TopicPolicySpec (nulls take defaults)."""
-    return _resolve_integers(spec, TOPIC_INTEGER_FIELDS)
+    return TopicPolicy.from_avro(_resolve_integers(spec, TOPIC_INTEGER_FIELDS))
 
 
 def default_topic_spec() -> dict[str, Any]:

@@ -9,15 +9,15 @@ resource to hand the firing to.
 from __future__ import annotations
 
 from keyload import limits
+from keyload.bodies import Checkpoint, Tick
 from keyload.log.codec import Record
 from keyload.processors.context import Context
 from keyload.processors.errors import Corruption
 from keyload.processors.groups import leases as group_leases
-from keyload.processors.groups.group import save_group
 from keyload.processors.queues.lifecycle import fire_queue_timers
-from keyload.processors.queues.state import next_due_ms, save_queue
+from keyload.processors.queues.state import next_due_ms
 from keyload.projections import keys
-from keyload.projections.records import GroupRecord, QueueRecord
+from keyload.projections.records import GroupRecord, QueueRecord, load
 from keyload.projections.store import Staged
 
 
@@ -43,28 +43,28 @@ def fire_due(stage: Staged, ctx: Context) -> Record:
             raise Corruption(f"due index names {incarnation}, which is neither a queue nor a group")
         assert resource_key is not None
         typed: type[QueueRecord] | type[GroupRecord] = QueueRecord if kind == keys.QUEUE else GroupRecord
-        # The firing and saving functions of processors/queues and processors/groups take the
-        # stage's dict, which they change: only the check reads the typed record.
-        record = stage.get_record(resource_key, typed.SCHEMA)
+        record = load(stage, resource_key, typed)
         if record is None:
             raise Corruption(f"due index names missing resource {incarnation}")
-        if typed.from_avro(record).next_timer_ms != due_ms:
+        if record.next_timer_ms != due_ms:
             raise Corruption(f"due index of resource {incarnation} disagrees with its record")
-        fire = fire_queue_timers if kind == keys.QUEUE else group_leases.fire_group_timers
-        seen, moved = fire(stage, record, ctx, budget - examined)
+        # Each fires its resource's timers and saves the resource.
+        if isinstance(record, QueueRecord):
+            seen, moved = fire_queue_timers(stage, record, ctx, budget - examined)
+        else:
+            seen, moved = group_leases.fire_group_timers(stage, record, ctx, budget - examined)
         if seen == 0:
             raise Corruption(f"due index of resource {incarnation} names no due timer")
         examined += seen
         transitions += moved
-        (save_queue if kind == keys.QUEUE else save_group)(stage, record)
     return {"transitions": transitions, "budget_exhausted": examined >= budget, "next_due_ms": next_due_ms(stage)}
 
 
-def tick(stage: Staged, body: Record, ctx: Context) -> Record:
+def tick(stage: Staged, body: Tick, ctx: Context) -> Record:
     """A Tick does nothing but let log time advance: its result is what fired before it."""
     return ctx.fired
 
 
-def checkpoint(stage: Staged, body: Record, ctx: Context) -> Record:
+def checkpoint(stage: Staged, body: Checkpoint, ctx: Context) -> Record:
     """A Checkpoint asks the runtime for a checkpoint at its own offset (keyload/service/runtime.py)."""
     return {"offset": ctx.offset}

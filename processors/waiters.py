@@ -14,29 +14,33 @@ timer of kind TIMER_WAITER, and `waiting_receives`, `next_waiter_sequence` and
 
 from __future__ import annotations
 
+from msgspec.structs import replace
+
 from keyload import limits
 from keyload.log.codec import REGISTRY, Record
 from keyload.processors.context import Context
 from keyload.processors.errors import Corruption, ErrorCode, Rejected
 from keyload.processors.outcomes import OUTCOME, new_outcome
-from keyload.processors.queues.state import add_timer_row, remove_index_row
+from keyload.processors.queues.state import TimedRecord, remove_index_row, with_timer
 from keyload.projections import keys
-from keyload.projections.records import Waiter, save
+from keyload.projections.records import Waiter, load, save
 from keyload.projections.store import Staged
-
-WAITER = Waiter.SCHEMA
 
 
 def wait(
-    stage: Staged, record: Record, ctx: Context, max_messages: int, max_bytes: int, lease_ms: int, deadline_ms: int
-) -> None:
-    """Record the command as waiting until `deadline_ms`; its outcome is deferred."""
-    if record["waiting_receives"] >= limits.MAX_WAITERS_PER_RESOURCE:
+    stage: Staged,
+    record: TimedRecord,
+    ctx: Context,
+    max_messages: int,
+    max_bytes: int,
+    lease_ms: int,
+    deadline_ms: int,
+) -> TimedRecord:
+    """Record the command as waiting until `deadline_ms` (its outcome is deferred); the queue or
+    group record with the waiter counted and its deadline timer added."""
+    if record.waiting_receives >= limits.MAX_WAITERS_PER_RESOURCE:
         raise Rejected(ErrorCode.RESOURCE_EXHAUSTED, f"{limits.MAX_WAITERS_PER_RESOURCE} receives are already waiting")
-    queue_id = record["view"]["incarnation"]
-    sequence = record["next_waiter_sequence"]
-    record["next_waiter_sequence"] = sequence + 1
-    record["waiting_receives"] += 1
+    sequence = record.next_waiter_sequence
     # A reply partition outside 0..MAX_REPLY_PARTITION (an Avro int) is one the runtime never
     # publishes to, so the waiter keeps none rather than a value its record cannot hold.
     reply_to = ctx.reply_to
@@ -54,48 +58,53 @@ def wait(
         lease_ms=lease_ms,
         deadline_ms=deadline_ms,
     )
-    save(stage, keys.waiter(queue_id, sequence), waiter)
-    add_timer_row(stage, record, deadline_ms, keys.TIMER_WAITER, sequence, "")
+    save(stage, keys.waiter(record.view.incarnation, sequence), waiter)
+    record = replace(record, next_waiter_sequence=sequence + 1, waiting_receives=record.waiting_receives + 1)
+    record = with_timer(stage, record, deadline_ms, keys.TIMER_WAITER, sequence, "")
     ctx.outbox.deferred = True
+    return record
 
 
-def oldest(stage: Staged, record: Record, count: int) -> list[tuple[int, Record]]:
-    """Up to `count` waiters of the queue or group, oldest first, as (sequence, waiter)."""
-    found: list[tuple[int, Record]] = []
-    queue_id = record["view"]["incarnation"]
-    start = keys.waiter(queue_id, record["waiter_floor"])
+def oldest(stage: Staged, record: TimedRecord, count: int) -> tuple[TimedRecord, list[tuple[int, Waiter]]]:
+    """Up to `count` waiters of the queue or group, oldest first, as (sequence, waiter); and the
+    record with its waiter floor moved up to the first of them."""
+    found: list[tuple[int, Waiter]] = []
+    queue_id = record.view.incarnation
+    start = keys.waiter(queue_id, record.waiter_floor)
     for key, _ in stage.scan(start, keys.prefix_end(keys.waiter_prefix(queue_id))):
         if len(found) == count:
             break
-        sequence = keys.read_u64(key, 9)
-        waiter = stage.get_record(key, WAITER)
+        waiter = load(stage, key, Waiter)
         assert waiter is not None
-        found.append((sequence, waiter))
-    if found:
-        record["waiter_floor"] = found[0][0]  # every waiter before the first found is gone
-    return found
+        found.append((keys.read_u64(key, 9), waiter))
+    if not found:
+        return record, found
+    return replace(record, waiter_floor=found[0][0]), found  # every waiter before the first found is gone
 
 
 def complete(
-    stage: Staged, record: Record, ctx: Context, sequence: int, waiter: Record, result: tuple[str, Record]
-) -> None:
-    """Finish a waiting Receive with `result` (its Outcome branch and value) and publish its outcome."""
-    queue_id = record["view"]["incarnation"]
-    outcome = new_outcome(waiter["command_id"], waiter["domain"], ctx.partition, waiter["offset"], ctx.now_ms)
+    stage: Staged, record: TimedRecord, ctx: Context, sequence: int, waiter: Waiter, result: tuple[str, Record]
+) -> TimedRecord:
+    """Finish a waiting Receive with `result` (its Outcome branch and value) and publish its outcome;
+    the record without the waiter."""
+    queue_id = record.view.incarnation
+    outcome = new_outcome(waiter.command_id, waiter.domain, ctx.partition, waiter.offset, ctx.now_ms)
     outcome["result"] = result
     encoded = REGISTRY.encode(OUTCOME, outcome)
-    stage.put(keys.outcome(waiter["domain"], waiter["command_id"]), waiter["fingerprint"] + encoded)
-    ctx.outbox.published.append((waiter["reply_to"], encoded))
+    stage.put(keys.outcome(waiter.domain, waiter.command_id), waiter.fingerprint + encoded)
+    ctx.outbox.published.append((waiter.reply_to, encoded))
     stage.delete(keys.waiter(queue_id, sequence))
-    remove_index_row(stage, keys.timer(queue_id, waiter["deadline_ms"], keys.TIMER_WAITER, sequence), "")
-    record["waiting_receives"] -= 1
-    if record["waiting_receives"] < 0:
+    remove_index_row(stage, keys.timer(queue_id, waiter.deadline_ms, keys.TIMER_WAITER, sequence), "")
+    waiting = record.waiting_receives - 1
+    if waiting < 0:
         raise Corruption("waiting receive count would become negative")
+    return replace(record, waiting_receives=waiting)
 
 
-def expire(stage: Staged, record: Record, ctx: Context, sequence: int, empty: tuple[str, Record]) -> None:
-    """The waiter's deadline timer fired: it completes with `empty`, a result without deliveries."""
-    waiter = stage.get_record(keys.waiter(record["view"]["incarnation"], sequence), WAITER)
+def expire(stage: Staged, record: TimedRecord, ctx: Context, sequence: int, empty: tuple[str, Record]) -> TimedRecord:
+    """The waiter's deadline timer fired: it completes with `empty`, a result without deliveries;
+    the record without the waiter."""
+    waiter = load(stage, keys.waiter(record.view.incarnation, sequence), Waiter)
     if waiter is None:
         raise Corruption("a waiter deadline names a missing waiter")
-    complete(stage, record, ctx, sequence, waiter, empty)
+    return complete(stage, record, ctx, sequence, waiter, empty)

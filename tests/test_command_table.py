@@ -11,6 +11,7 @@ import re
 import subprocess
 import sys
 from collections.abc import Mapping
+from enum import StrEnum
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -27,7 +28,7 @@ from keyload.processors.apply import DISPATCH, UNSTORED_KINDS, Dispatch
 from keyload.processors.batch import MUTATIONS
 from keyload.processors.context import Context
 from keyload.processors.outcomes import new_outcome
-from keyload.projections.records import AvroRecord, Long
+from keyload.projections.records import AvroRecord, Int, Long
 from keyload.projections.store import Staged, Store
 from keyload.sdk import results
 from keyload.sdk.client import Client
@@ -174,10 +175,30 @@ def _round_trip(schema: Any, record: dict[str, Any]) -> Any:
     return fastavro.schemaless_reader(out, schema, None, return_record_name=True, return_record_name_override=True)
 
 
-def echo(stage: Staged, body: dict[str, Any], ctx: Context) -> dict[str, Any]:
+class Tone(StrEnum):
+    calm = "calm"
+    loud = "loud"
+
+
+class Echo(AvroRecord, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """The throwaway kind's body record, typed as every body is (keyload/bodies.py)."""
+
+    AVRO_NAME = "keyload.command.Echo"
+
+    say: str
+    times: Int = 1
+    tone: Tone = Tone.calm
+    tags: list[str] = []
+    until_ms: Long | None = None
+
+
+ECHO_BODIES = {ECHO.branch: Echo}
+
+
+def echo(stage: Staged, body: Echo, ctx: Context) -> dict[str, Any]:
     """The throwaway kind's handler: writes one key and says what it was told."""
-    stage.put(b"echo|" + body["say"].encode(), b"1")
-    return {"said": body["say"], "offset": ctx.offset}
+    stage.put(b"echo|" + body.say.encode(), b"1")
+    return {"said": body.say, "offset": ctx.offset}
 
 
 class EchoClient(Client):
@@ -227,7 +248,7 @@ def test_a_new_kind_is_dispatched_typed_and_sent_from_its_row(tmp_path: Path) ->
     }
     command = _round_trip(command_schema, envelope)
     assert command == envelope
-    dispatch = Dispatch.from_table(table[-1:], package="tests")
+    dispatch = Dispatch.from_table(table[-1:], package="tests", bodies=ECHO_BODIES)
     assert not dispatch.stored(ECHO.branch) and DISPATCH.stored("keyload.command.Enqueue")
 
     store = Store(tmp_path / "projection")
@@ -318,7 +339,9 @@ def test_a_new_kind_is_a_cli_command_from_its_row(tmp_path: Path, capsys: pytest
     store = Store(tmp_path / "projection")
     try:
         ctx = Context(0, 7, 1_000, "c9", "acme", "anonymous", {})
-        applied = Dispatch.from_table((ECHO,), package="tests").apply(Staged(store), ECHO.branch, body, ctx)
+        applied = Dispatch.from_table((ECHO,), package="tests", bodies=ECHO_BODIES).apply(
+            Staged(store), ECHO.branch, body, ctx
+        )
         assert applied == ("test.EchoResult", {"said": "hi", "offset": 7})
     finally:
         store.close()

@@ -277,8 +277,12 @@ COMMAND_RECORDS = _records_in(expanded_current("keyload.Command"), None, {})
 BODIES = tuple(
     value
     for value in vars(bodies).values()
-    if isinstance(value, type) and issubclass(value, AvroRecord) and value.__module__ == bodies.__name__
+    if isinstance(value, type)
+    and issubclass(value, AvroRecord)
+    and "AVRO_NAME" in vars(value)
+    and value.__module__ == bodies.__name__
 )
+"""The body records of keyload/bodies.py (not the bases that only share fields)."""
 RESULT_RECORDS = tuple(cls for cls in results.RESULT_CLASSES if issubclass(cls, AvroRecord))
 """The result classes that mirror their record field for field; the other three read a union
 (BatchResult, ProcessingResult) or flatten their record (GroupView)."""

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from threading import Event
 from typing import Protocol
 
+from keyload.bodies import ListRetention
 from keyload.errors import CommandRejected, KeyloadError
 from keyload.operations.catalog import CatalogError, recovery_floor
 from keyload.operations.checkpoints import CheckpointError, Checkpoints
@@ -109,7 +110,7 @@ class LocalRetention:
         store = self.stores[partition]
         now_ms = max(store.last_time_ms, self.clock())
         look = Context(partition, store.applied_offset, now_ms, "gc-look", "", "", {})
-        page = retention.list_retention(Staged(store), {"after_task": after_task, "limit": limit}, look)
+        page = retention.list_retention(Staged(store), ListRetention(after_task=after_task, limit=limit), look)
         return RetentionPage.from_avro(page)
 
     def advance_recovery_floor(self, partition: int, floor_offset: int) -> RetentionPage:

@@ -9,6 +9,7 @@ re-created document is refused rather than overwriting the new one.
 from __future__ import annotations
 
 from keyload import limits
+from keyload.bodies import DeleteDocument, GetDocument, ListDocuments, PutDocument
 from keyload.log.codec import Record
 from keyload.processors import validation
 from keyload.processors.context import Context
@@ -37,27 +38,27 @@ def _check_expected(stored: DocumentRecord | None, expected: int | None, kind: s
         raise Rejected(ErrorCode.REVISION_CONFLICT, f"the document {found}, not at revision {expected}")
 
 
-def put_document(stage: Staged, body: Record, ctx: Context) -> Record:
-    key = body["key"]
+def put_document(stage: Staged, body: PutDocument, ctx: Context) -> Record:
+    key = body.key
     _check_key(key)
-    if len(body["value"]) > limits.MAX_DOCUMENT_BYTES:
+    if len(body.value) > limits.MAX_DOCUMENT_BYTES:
         raise Rejected(ErrorCode.VALIDATION, f"a document value holds at most {limits.MAX_DOCUMENT_BYTES} bytes")
     row = keys.document(ctx.domain, key)
     stored = load(stage, row, DocumentRecord)
-    _check_expected(stored, body["expected_revision"], "PutDocument")
+    _check_expected(stored, body.expected_revision, "PutDocument")
     revision = 1 if stored is None else stored.revision + 1
-    save(stage, row, DocumentRecord(value=body["value"], revision=revision, updated_at_ms=ctx.now_ms, deleted=False))
+    save(stage, row, DocumentRecord(value=body.value, revision=revision, updated_at_ms=ctx.now_ms, deleted=False))
     return {"key": key, "revision": revision, "deleted": False}
 
 
-def delete_document(stage: Staged, body: Record, ctx: Context) -> Record:
-    key = body["key"]
+def delete_document(stage: Staged, body: DeleteDocument, ctx: Context) -> Record:
+    key = body.key
     _check_key(key)
     row = keys.document(ctx.domain, key)
     stored = load(stage, row, DocumentRecord)
-    if body["expected_revision"] == 0:
+    if body.expected_revision == 0:
         raise Rejected(ErrorCode.VALIDATION, "a delete's expected_revision must be at least 1 (or none)")
-    _check_expected(stored, body["expected_revision"], "DeleteDocument")
+    _check_expected(stored, body.expected_revision, "DeleteDocument")
     if stored is None or stored.deleted:
         raise Rejected(ErrorCode.NOT_FOUND, "document does not exist")
     save(stage, row, DocumentRecord(value=b"", revision=stored.revision + 1, updated_at_ms=ctx.now_ms, deleted=True))
@@ -68,8 +69,8 @@ def _view(key: str, document: DocumentRecord) -> Record:
     return {"key": key, "value": document.value, "revision": document.revision, "updated_at_ms": document.updated_at_ms}
 
 
-def get_document(stage: Staged, body: Record, ctx: Context) -> Record:
-    key = body["key"]
+def get_document(stage: Staged, body: GetDocument, ctx: Context) -> Record:
+    key = body.key
     _check_key(key)
     stored = load(stage, keys.document(ctx.domain, key), DocumentRecord)
     if stored is None or stored.deleted:
@@ -77,14 +78,14 @@ def get_document(stage: Staged, body: Record, ctx: Context) -> Record:
     return _view(key, stored)
 
 
-def list_documents(stage: Staged, body: Record, ctx: Context) -> Record:
+def list_documents(stage: Staged, body: ListDocuments, ctx: Context) -> Record:
     """Live documents under `prefix` in key order, after `after`.
 
     The page ends at `max_documents`, at `max_bytes` of values (the first document
     always goes), or after LIST_EXAMINATION_BUDGET rows, tombstones included
     (`budget_exhausted`); `next_after` is where to read on, null when nothing is left.
     """
-    prefix, after = body["prefix"], body["after"]
+    prefix, after = body.prefix, body.after
     if prefix:
         check_name("prefix", prefix, limits.MAX_DOCUMENT_KEY_CHARS, limits.ID_PATTERN)
     if after is not None:
@@ -92,9 +93,9 @@ def list_documents(stage: Staged, body: Record, ctx: Context) -> Record:
         if not after.startswith(prefix):
             raise Rejected(ErrorCode.VALIDATION, "after must start with the prefix")
     max_documents = bounded(
-        "max_documents", body["max_documents"], limits.DEFAULT_LIST_DOCUMENTS, 1, limits.MAX_LIST_DOCUMENTS
+        "max_documents", body.max_documents, limits.DEFAULT_LIST_DOCUMENTS, 1, limits.MAX_LIST_DOCUMENTS
     )
-    max_bytes = bounded("max_bytes", body["max_bytes"], limits.DEFAULT_LIST_BYTES, 1, limits.MAX_LIST_BYTES)
+    max_bytes = bounded("max_bytes", body.max_bytes, limits.DEFAULT_LIST_BYTES, 1, limits.MAX_LIST_BYTES)
     start_prefix = keys.document(ctx.domain, prefix)
     start = start_prefix if after is None else keys.document(ctx.domain, after) + b"\x00"
     documents: list[Record] = []

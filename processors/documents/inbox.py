@@ -25,6 +25,7 @@ from functools import partial
 from msgspec.structs import replace
 
 from keyload import limits
+from keyload.bodies import CommitInbox, CompleteProcessing, ConfigureInbox
 from keyload.log.codec import REGISTRY, Record
 from keyload.processors import validation
 from keyload.processors.batch import apply_mutations, check_domains, effects_digest
@@ -36,16 +37,16 @@ from keyload.processors.outcomes import OUTCOME
 from keyload.processors.queues import leases
 from keyload.processors.queues.state import check_message_id, check_name
 from keyload.projections import keys
-from keyload.projections.records import GroupRecord, InboxEntry, InboxRecord, QueueRecord, load, save
+from keyload.projections.records import GroupRecord, InboxEntry, InboxRecord, load, save
 from keyload.projections.store import Staged
 
 PROCESSING_RESULT = "keyload.result.ProcessingResult"
 FINGERPRINT_BYTES = 32  # an outcome row starts with its command's fingerprint
 
 
-def _check_execution(body: Record, kind: str) -> None:
-    check_name("handler scope", body["handler_scope"], limits.MAX_HANDLER_SCOPE_CHARS, limits.ID_PATTERN)
-    validation.check_integer(f"{kind}.execution_generation", body["execution_generation"])
+def _check_execution(body: CompleteProcessing | CommitInbox, kind: str) -> None:
+    check_name("handler scope", body.handler_scope, limits.MAX_HANDLER_SCOPE_CHARS, limits.ID_PATTERN)
+    validation.check_integer(f"{kind}.execution_generation", body.execution_generation)
 
 
 def _repeat(stage: Staged, ctx: Context, row: bytes, digest: bytes) -> Record | None:
@@ -81,40 +82,39 @@ def _receipt(ctx: Context, results: Record) -> Record:
     }
 
 
-def complete_processing(stage: Staged, body: Record, ctx: Context) -> Record:
+def complete_processing(stage: Staged, body: CompleteProcessing, ctx: Context) -> Record:
     """Effects, inbox entry and ack of one delivery of a queue, or of a group when `topic` and
     `group` are given; the lease is checked before and the ack made after the effects."""
     _check_execution(body, "CompleteProcessing")
-    effects: list[Record] = body["effects"]
-    check_domains(effects, ctx, at_least=0)
-    digest = effects_digest(effects)
-    topic, group = body["topic"], body["group"]
+    check_domains(body.effects, ctx, at_least=0)
+    digest = effects_digest(body.effects)
+    topic, group = body.topic, body.group
     if (topic is None) != (group is None):
         raise Rejected(ErrorCode.VALIDATION, "a group's delivery names both its topic and its group")
     # The token's signature is verified once; the lease is checked before the effects and
     # again by the ack after them (they may have touched the delivery's queue or message).
-    if group is None:
-        queue, token = leases.verified_token(stage, ctx, body["token"])
-        incarnation = QueueRecord.from_avro(queue).view.incarnation
+    if topic is None or group is None:  # both are, after the check above: a queue's delivery
+        queue, token = leases.verified_token(stage, ctx, body.token)
+        incarnation = queue.view.incarnation
         check_live: Callable[[], object] = partial(leases.live_lease, stage, ctx, token)
         ack: Callable[[], object] = partial(leases.ack_lease, stage, ctx, token)
     else:
-        subscription, token = group_leases.verified_group_token(stage, ctx, topic, group, body["token"])
+        subscription, token = group_leases.verified_group_token(stage, ctx, topic, group, body.token)
         incarnation = GroupRecord.from_avro(subscription).view.incarnation
         check_live = partial(group_leases.live_group_lease, stage, ctx, topic, group, token)
         ack = partial(group_leases.group_ack_lease, stage, ctx, topic, group, token)
     row = keys.inbox_entry(
         incarnation,
         token.delivery_generation,
-        body["execution_generation"],
-        body["handler_scope"],
+        body.execution_generation,
+        body.handler_scope,
         token.message_id,
     )
     first = _repeat(stage, ctx, row, digest)
     if first is not None:
         return first
     check_live()
-    results = apply_mutations(stage, effects, ctx)
+    results = apply_mutations(stage, body.effects, ctx)
     ack()
     save(stage, row, _entry(ctx, digest))
     return _receipt(ctx, results)
@@ -124,41 +124,40 @@ def _inbox_view(domain: str, inbox: InboxRecord) -> Record:
     return dict(inbox.to_avro(), domain=domain)
 
 
-def configure_inbox(stage: Staged, body: Record, ctx: Context) -> Record:
+def configure_inbox(stage: Staged, body: ConfigureInbox, ctx: Context) -> Record:
     """Create or change the domain's target inbox policy; a policy below current use refuses new receipts."""
-    validation.check_integer("ConfigureInbox.max_receipts", body["max_receipts"])
-    validation.check_integer("ConfigureInbox.max_bytes", body["max_bytes"])
+    validation.check_integer("ConfigureInbox.max_receipts", body.max_receipts)
+    validation.check_integer("ConfigureInbox.max_bytes", body.max_bytes)
     row = keys.inbox_config(ctx.domain)
     stored = load(stage, row, InboxRecord)
     receipts, used = (0, 0) if stored is None else (stored.receipts, stored.bytes)
-    inbox = InboxRecord(max_receipts=body["max_receipts"], max_bytes=body["max_bytes"], receipts=receipts, bytes=used)
+    inbox = InboxRecord(max_receipts=body.max_receipts, max_bytes=body.max_bytes, receipts=receipts, bytes=used)
     save(stage, row, inbox)
     return _inbox_view(ctx.domain, inbox)
 
 
-def commit_inbox(stage: Staged, body: Record, ctx: Context) -> Record:
+def commit_inbox(stage: Staged, body: CommitInbox, ctx: Context) -> Record:
     """Apply effects once per source delivery, handler scope and execution generation."""
     config_row = keys.inbox_config(ctx.domain)
     inbox = load(stage, config_row, InboxRecord)
     if inbox is None:
         raise Rejected(ErrorCode.UNSUPPORTED_CAPABILITY, "the domain has no inbox: configure one with ConfigureInbox")
     _check_execution(body, "CommitInbox")
-    source = body["source"]
-    check_name("source domain", source["domain"], limits.MAX_DOMAIN_CHARS, limits.DOMAIN_PATTERN)
-    check_name("source queue", source["queue"], limits.MAX_QUEUE_NAME_CHARS, limits.QUEUE_NAME_PATTERN)
-    check_message_id(source["message_id"])
-    validation.check_integer("InboxSource.delivery_generation", source["delivery_generation"])
-    effects: list[Record] = body["effects"]
-    check_domains(effects, ctx, at_least=0)
-    digest = effects_digest(effects)
+    source = body.source
+    check_name("source domain", source.domain, limits.MAX_DOMAIN_CHARS, limits.DOMAIN_PATTERN)
+    check_name("source queue", source.queue, limits.MAX_QUEUE_NAME_CHARS, limits.QUEUE_NAME_PATTERN)
+    check_message_id(source.message_id)
+    validation.check_integer("InboxSource.delivery_generation", source.delivery_generation)
+    check_domains(body.effects, ctx, at_least=0)
+    digest = effects_digest(body.effects)
     row = keys.target_inbox_entry(
         ctx.domain,
-        source["domain"],
-        source["queue"],
-        source["delivery_generation"],
-        body["execution_generation"],
-        body["handler_scope"],
-        source["message_id"],
+        source.domain,
+        source.queue,
+        source.delivery_generation,
+        body.execution_generation,
+        body.handler_scope,
+        source.message_id,
     )
     first = _repeat(stage, ctx, row, digest)
     if first is not None:
@@ -170,7 +169,7 @@ def commit_inbox(stage: Staged, body: Record, ctx: Context) -> Record:
             ErrorCode.RESOURCE_EXHAUSTED,
             f"the inbox holds {inbox.receipts} receipts in {inbox.bytes} bytes: no room for one more",
         )
-    results = apply_mutations(stage, effects, ctx)
+    results = apply_mutations(stage, body.effects, ctx)
     save(stage, row, entry)
     receipts = adjusted("receipts", inbox.receipts, 1)
     used = adjusted("bytes", inbox.bytes, charge)

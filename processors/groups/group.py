@@ -24,6 +24,15 @@ from typing import Any
 from msgspec.structs import replace
 
 from keyload import limits
+from keyload.bodies import (
+    ConfigureGroup,
+    CreateGroup,
+    GroupStart,
+    GroupStatus,
+    PauseGroup,
+    ResumeGroup,
+    SeekGroup,
+)
 from keyload.log.codec import REGISTRY, Record
 from keyload.processors import validation
 from keyload.processors.context import Context
@@ -32,18 +41,17 @@ from keyload.processors.errors import Corruption, ErrorCode, Rejected
 from keyload.processors.policy import resolve_group_policy
 from keyload.processors.queues.state import (
     add_index_row,
-    add_timer_row,
     allocate_incarnation,
     check_headers,
     check_name,
-    refresh_due,
+    refreshed_due,
     remove_index_row,
+    with_timer,
 )
 from keyload.processors.topics.topic import load_topic
 from keyload.projections import keys
 from keyload.projections.records import (
     GroupFilter,
-    GroupPolicy,
     GroupRecord,
     GroupState,
     PositionMeta,
@@ -64,41 +72,25 @@ OUTSTANDING_STATES = ("leased", "retrying", "due")
 
 
 class Working:
-    """A group record that one command changes.
+    """A group record that one command changes; `store_group` saves it.
 
-    `view` is replaced (the records are frozen) as positions move. The timer and
-    waiter fields live in `shared`, in the dict form that the code queues share
-    (processors/queues/state.py timers, processors/waiters.py) reads and updates in
-    place; `record()` puts the two together again.
+    The records are frozen: `record` is replaced as positions move, and by the timer
+    and waiter code that queues share (processors/queues/state.py timers,
+    processors/waiters.py), which returns the record it changed.
     """
 
-    __slots__ = ("shared", "view")
+    __slots__ = ("record",)
 
     def __init__(self, record: GroupRecord) -> None:
-        self.view: GroupState = record.view
-        self.shared: Record = {
-            "view": {"incarnation": record.view.incarnation},
-            "next_timer_ms": record.next_timer_ms,
-            "timer_floor": record.timer_floor,
-            "waiting_receives": record.waiting_receives,
-            "next_waiter_sequence": record.next_waiter_sequence,
-            "waiter_floor": record.waiter_floor,
-        }
+        self.record = record
+
+    @property
+    def view(self) -> GroupState:
+        return self.record.view
 
     def update(self, **changes: Any) -> None:
         """Replace fields of the group's state."""
-        self.view = replace(self.view, **changes)
-
-    def record(self) -> GroupRecord:
-        shared = self.shared
-        return GroupRecord(
-            view=self.view,
-            next_timer_ms=shared["next_timer_ms"],
-            timer_floor=shared["timer_floor"],
-            waiting_receives=shared["waiting_receives"],
-            next_waiter_sequence=shared["next_waiter_sequence"],
-            waiter_floor=shared["waiter_floor"],
-        )
+        self.record = replace(self.record, view=replace(self.record.view, **changes))
 
 
 def topic_view(stage: Staged, domain: str, topic_name: str) -> TopicView:
@@ -128,18 +120,13 @@ def _check_consistent(topic: TopicView, group: GroupState) -> None:
 
 
 def store_group(stage: Staged, work: Working) -> None:
+    save_group(stage, work.record)
+
+
+def save_group(stage: Staged, record: GroupRecord) -> None:
     """Store the group record, first bringing its entry in the due index up to date."""
-    refresh_due(stage, work.shared)
-    group = work.view
-    save(stage, keys.group(group.topic_incarnation, group.group), work.record())
-
-
-def save_group(stage: Staged, record: Record) -> None:
-    """`store_group` of a group record in dict form, as processors/timers.py and PurgeTopic
-    (processors/topics/topic.py) still hold it."""
-    refresh_due(stage, record)
-    group = record["view"]
-    stage.put_record(keys.group(group["topic_incarnation"], group["group"]), GROUP_RECORD, record)
+    stored = refreshed_due(stage, record)
+    save(stage, keys.group(stored.view.topic_incarnation, stored.view.group), stored)
 
 
 def token_scope(group: GroupState) -> str:
@@ -226,11 +213,11 @@ def enter(
     if state == PositionState.leased:
         assert until_ms is not None and lease_owner is not None
         meta = replace(meta, state=state, lease_until_ms=until_ms, lease_owner=lease_owner)
-        add_timer_row(stage, work.shared, until_ms, keys.TIMER_LEASE, position, str(position))
+        work.record = with_timer(stage, work.record, until_ms, keys.TIMER_LEASE, position, str(position))
     elif state == PositionState.retrying:
         assert until_ms is not None
         meta = replace(meta, state=state, not_before_ms=until_ms)
-        add_timer_row(stage, work.shared, until_ms, keys.TIMER_NOT_BEFORE, position, str(position))
+        work.record = with_timer(stage, work.record, until_ms, keys.TIMER_NOT_BEFORE, position, str(position))
     elif state == PositionState.due:
         meta = replace(meta, state=state)
         add_index_row(stage, keys.due_position(group_id, position), str(position))
@@ -284,18 +271,18 @@ def advance_checkpoint(stage: Staged, work: Working) -> None:
 # -- definition ----------------------------------------------------------------------------
 
 
-def _check_filter(spec: Record) -> GroupFilter:
-    """A validated filter, event types in order: an event matches when its type is listed (or
-    none are) and every header named carries exactly the value given."""
-    event_types: list[str] = spec["event_types"]
+def _check_filter(spec: GroupFilter) -> GroupFilter:
+    """A validated filter, event types and headers in order: an event matches when its type is
+    listed (or none are) and every header named carries exactly the value given."""
+    event_types = spec.event_types
     if len(event_types) > limits.MAX_FILTER_EVENT_TYPES:
         raise Rejected(ErrorCode.VALIDATION, f"a filter lists at most {limits.MAX_FILTER_EVENT_TYPES} event types")
     for event_type in event_types:
         check_name("event type", event_type, limits.MAX_EVENT_TYPE_CHARS, limits.ID_PATTERN)
     if len(set(event_types)) != len(event_types):
         raise Rejected(ErrorCode.VALIDATION, "a filter lists an event type twice")
-    check_headers(spec["headers"])
-    return GroupFilter(event_types=sorted(event_types), headers=dict(sorted(spec["headers"].items())))
+    check_headers(spec.headers)
+    return GroupFilter(event_types=sorted(event_types), headers=dict(sorted(spec.headers.items())))
 
 
 def matches(group_filter: GroupFilter, event: Record) -> bool:
@@ -306,15 +293,15 @@ def matches(group_filter: GroupFilter, event: Record) -> bool:
     return all(headers.get(name) == value for name, value in group_filter.headers.items())
 
 
-def _target_checkpoint(topic: TopicView, to: str, position: int | None, kind: str) -> int:
+def _target_checkpoint(topic: TopicView, to: GroupStart, position: int | None, kind: str) -> int:
     """The checkpoint that makes `to` the next position delivered (first_available..tail + 1) for a
     `kind` command (CreateGroup, SeekGroup)."""
     first = topic.first_available
     tail = topic.tail
-    if to != "position":
+    if to != GroupStart.position:
         if position is not None:
             raise Rejected(ErrorCode.VALIDATION, f"a position is given only when starting at a position, not {to}")
-        return first - 1 if to == "beginning" else tail
+        return first - 1 if to == GroupStart.beginning else tail
     if position is None:
         raise Rejected(ErrorCode.VALIDATION, "starting at a position needs the position")
     validation.check_integer(f"{kind}.position", position)
@@ -325,15 +312,14 @@ def _target_checkpoint(topic: TopicView, to: str, position: int | None, kind: st
     return position - 1
 
 
-def groups_of(stage: Staged, topic_id: int) -> list[tuple[bytes, Record]]:
-    """Every group of a topic (at most MAX_GROUPS_PER_TOPIC), as dicts: PurgeTopic
-    (processors/topics/topic.py) still changes and saves them in that form."""
+def groups_of(stage: Staged, topic_id: int) -> list[GroupRecord]:
+    """Every group of a topic (at most MAX_GROUPS_PER_TOPIC), for PurgeTopic (processors/topics/topic.py)."""
     prefix = keys.group_prefix(topic_id)
-    found: list[tuple[bytes, Record]] = []
-    for key, value in stage.scan(prefix, keys.prefix_end(prefix)):
+    found: list[GroupRecord] = []
+    for _, value in stage.scan(prefix, keys.prefix_end(prefix)):
         if len(found) == limits.MAX_GROUPS_PER_TOPIC:
             raise Corruption(f"topic {topic_id} has more than {limits.MAX_GROUPS_PER_TOPIC} groups")
-        found.append((key, REGISTRY.decode(GROUP_RECORD, value)))
+        found.append(GroupRecord.decode(value))
     return found
 
 
@@ -348,13 +334,13 @@ def _count_groups(stage: Staged, topic_id: int) -> int:
     return found
 
 
-def create_group(stage: Staged, body: Record, ctx: Context) -> Record:
-    topic = topic_view(stage, ctx.domain, body["topic"])
-    name = body["group"]
+def create_group(stage: Staged, body: CreateGroup, ctx: Context) -> Record:
+    topic = topic_view(stage, ctx.domain, body.topic)
+    name = body.group
     check_name("group name", name, limits.MAX_GROUP_NAME_CHARS, limits.GROUP_NAME_PATTERN)
-    group_filter = _check_filter(body["filter"])
-    policy = GroupPolicy.from_avro(resolve_group_policy(body["policy"]))
-    checkpoint = _target_checkpoint(topic, body["start"], body["position"], "CreateGroup")
+    group_filter = _check_filter(body.filter)
+    policy = resolve_group_policy(body.policy)
+    checkpoint = _target_checkpoint(topic, body.start, body.position, "CreateGroup")
     topic_id = topic.incarnation
     if stage.get(keys.group(topic_id, name)) is not None:
         raise Rejected(ErrorCode.CONFLICT, "group already exists")
@@ -389,26 +375,26 @@ def create_group(stage: Staged, body: Record, ctx: Context) -> Record:
     return group_view(stage, topic, work.view)
 
 
-def group_status(stage: Staged, body: Record, ctx: Context) -> Record:
-    topic, work = load_group(stage, ctx.domain, body["topic"], body["group"])
+def group_status(stage: Staged, body: GroupStatus, ctx: Context) -> Record:
+    topic, work = load_group(stage, ctx.domain, body.topic, body.group)
     return group_view(stage, topic, work.view)
 
 
-def _set_paused(stage: Staged, body: Record, ctx: Context, paused: bool) -> Record:
+def _set_paused(stage: Staged, body: PauseGroup | ResumeGroup, ctx: Context, paused: bool) -> Record:
     """Pause or resume; doing it again changes nothing (idempotent by state)."""
-    topic, work = load_group(stage, ctx.domain, body["topic"], body["group"])
+    topic, work = load_group(stage, ctx.domain, body.topic, body.group)
     if work.view.paused != paused:
         work.update(paused=paused)
         store_group(stage, work)
     return group_view(stage, topic, work.view)
 
 
-def pause_group(stage: Staged, body: Record, ctx: Context) -> Record:
+def pause_group(stage: Staged, body: PauseGroup, ctx: Context) -> Record:
     """Receives are refused (DispatchPaused); leases already given out can still be settled."""
     return _set_paused(stage, body, ctx, True)
 
 
-def resume_group(stage: Staged, body: Record, ctx: Context) -> Record:
+def resume_group(stage: Staged, body: ResumeGroup, ctx: Context) -> Record:
     return _set_paused(stage, body, ctx, False)
 
 
@@ -465,36 +451,36 @@ def _check_generation(group: GroupState, expected: int | None, kind: str) -> Non
         raise Rejected(ErrorCode.REVISION_CONFLICT, f"the group is at generation {group.generation}")
 
 
-def seek_group(stage: Staged, body: Record, ctx: Context) -> Record:
+def seek_group(stage: Staged, body: SeekGroup, ctx: Context) -> Record:
     """Make `to` the next position delivered; the group stays paused until resumed.
 
     A seek is the operator saying where the group stands: parked positions at or
     below the new checkpoint stop pinning purges (they stay listed until a purge
     passes them); those above it are delivered again.
     """
-    topic, work = load_group(stage, ctx.domain, body["topic"], body["group"])
-    _check_generation(work.view, body["expected_generation"], "SeekGroup")
-    checkpoint = _target_checkpoint(topic, body["to"], body["position"], "SeekGroup")
+    topic, work = load_group(stage, ctx.domain, body.topic, body.group)
+    _check_generation(work.view, body.expected_generation, "SeekGroup")
+    checkpoint = _target_checkpoint(topic, body.to, body.position, "SeekGroup")
     _reposition(stage, work, checkpoint)
     work.update(pin_floor=checkpoint)
     store_group(stage, work)
     return group_view(stage, topic, work.view)
 
 
-def configure_group(stage: Staged, body: Record, ctx: Context) -> Record:
+def configure_group(stage: Staged, body: ConfigureGroup, ctx: Context) -> Record:
     """Replace a paused group's filter and/or policy (null: unchanged), fenced by its generation.
 
     Nothing retained is skipped: every position after the checkpoint is evaluated
     again under the new definition once the group is resumed.
     """
-    topic, work = load_group(stage, ctx.domain, body["topic"], body["group"])
-    _check_generation(work.view, body["expected_generation"], "ConfigureGroup")
+    topic, work = load_group(stage, ctx.domain, body.topic, body.group)
+    _check_generation(work.view, body.expected_generation, "ConfigureGroup")
     if not work.view.paused:
         raise Rejected(ErrorCode.CONFLICT, "a group is configured only while paused")
-    if body["filter"] is not None:
-        work.update(filter=_check_filter(body["filter"]))
-    if body["policy"] is not None:
-        work.update(policy=GroupPolicy.from_avro(resolve_group_policy(body["policy"])))
+    if body.filter is not None:
+        work.update(filter=_check_filter(body.filter))
+    if body.policy is not None:
+        work.update(policy=resolve_group_policy(body.policy))
     _reposition(stage, work, work.view.checkpoint)
     store_group(stage, work)
     return group_view(stage, topic, work.view)

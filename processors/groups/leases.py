@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from msgspec.structs import replace
 
 from keyload import limits
+from keyload.bodies import GroupAck, GroupAckBatch, GroupNack, GroupReceive, GroupRenew
 from keyload.log.codec import REGISTRY, Record
 from keyload.processors import tokens, waiters
 from keyload.processors.context import Context
@@ -38,7 +39,7 @@ from keyload.processors.queues.lifecycle import retry_delay_ms
 from keyload.processors.queues.state import bounded, due_timers, result_item_bytes
 from keyload.processors.topics.topic import EVENT_RECORD
 from keyload.projections import keys
-from keyload.projections.records import GroupRecord, PositionMeta, PositionState, TopicRecord, TopicView, Waiter, load
+from keyload.projections.records import GroupRecord, PositionMeta, PositionState, TopicRecord, TopicView, load
 from keyload.projections.store import Staged
 
 GROUP_RECEIVE_RESULT = "keyload.result.GroupReceiveResult"
@@ -85,31 +86,29 @@ class _Wanted:
     lease_ms: int
 
 
-def group_receive(stage: Staged, body: Record, ctx: Context) -> Record | None:
+def group_receive(stage: Staged, body: GroupReceive, ctx: Context) -> Record | None:
     """Claim what the group can deliver now (see `_claim`); with nothing claimed and `wait_ms`,
     wait for it as a long poll (processors/waiters.py) instead of answering empty.
 
     A paused group refuses a receive (DispatchPaused), unless it waits: then it
     waits for the resume like for an event.
     """
-    topic, work = load_group(stage, ctx.domain, body["topic"], body["group"])
+    topic, work = load_group(stage, ctx.domain, body.topic, body.group)
     group = work.view
     policy = group.policy
     wanted = _Wanted(
-        bounded(
-            "max_events", body["max_events"], limits.DEFAULT_GROUP_RECEIVE_EVENTS, 1, limits.MAX_GROUP_RECEIVE_EVENTS
-        ),
-        bounded("max_bytes", body["max_bytes"], limits.DEFAULT_GROUP_RECEIVE_BYTES, 1, limits.MAX_GROUP_RECEIVE_BYTES),
-        bounded("lease_ms", body["lease_ms"], policy.lease_ms, limits.MIN_LEASE_MS, policy.max_lease_ms),
+        bounded("max_events", body.max_events, limits.DEFAULT_GROUP_RECEIVE_EVENTS, 1, limits.MAX_GROUP_RECEIVE_EVENTS),
+        bounded("max_bytes", body.max_bytes, limits.DEFAULT_GROUP_RECEIVE_BYTES, 1, limits.MAX_GROUP_RECEIVE_BYTES),
+        bounded("lease_ms", body.lease_ms, policy.lease_ms, limits.MIN_LEASE_MS, policy.max_lease_ms),
     )
-    wait_ms = bounded("wait_ms", body["wait_ms"], 0, 0, limits.MAX_WAIT_MS)
+    wait_ms = bounded("wait_ms", body.wait_ms, 0, 0, limits.MAX_WAIT_MS)
     if group.paused and wait_ms == 0:
         raise Rejected(ErrorCode.DISPATCH_PAUSED, "the group is paused")
     empty: Record = {"deliveries": [], "window_full": False, "budget_exhausted": False}
     result = empty if group.paused else _claim(stage, topic, work, ctx, ctx.principal, wanted)
     if not result["deliveries"] and not result["budget_exhausted"] and wait_ms > 0:
-        waiters.wait(
-            stage, work.shared, ctx, wanted.max_events, wanted.max_bytes, wanted.lease_ms, ctx.now_ms + wait_ms
+        work.record = waiters.wait(
+            stage, work.record, ctx, wanted.max_events, wanted.max_bytes, wanted.lease_ms, ctx.now_ms + wait_ms
         )
         store_group(stage, work)
         return None
@@ -209,18 +208,17 @@ def serve_waiters(stage: Staged, ctx: Context, topic_keys: list[bytes], group_ke
         group = work.view
         topic = topic_view(stage, group.domain, group.topic)
         changed = False
-        while work.shared["waiting_receives"] > 0 and served < limits.MAX_WAITERS_SERVED and _deliverable(topic, work):
-            oldest = waiters.oldest(stage, work.shared, 1)
+        while work.record.waiting_receives > 0 and served < limits.MAX_WAITERS_SERVED and _deliverable(topic, work):
+            work.record, oldest = waiters.oldest(stage, work.record, 1)
             if not oldest:
                 raise Corruption(f"group {group.incarnation} counts waiting receives it has no row for")
-            [(sequence, stored_waiter)] = oldest
-            waiter = Waiter.from_avro(stored_waiter)
+            [(sequence, waiter)] = oldest
             wanted = _Wanted(waiter.max_messages, waiter.max_bytes, waiter.lease_ms)
             result = _claim(stage, topic, work, ctx, waiter.principal, wanted)
             changed = True
             if not result["deliveries"]:
                 break
-            waiters.complete(stage, work.shared, ctx, sequence, stored_waiter, (GROUP_RECEIVE_RESULT, result))
+            work.record = waiters.complete(stage, work.record, ctx, sequence, waiter, (GROUP_RECEIVE_RESULT, result))
             served += 1
         if changed:
             store_group(stage, work)
@@ -303,17 +301,17 @@ def verified_group_token(
     """(group record, token) of a token the group signed in its current generation for the
     command's principal, or the refusal. The record is in dict form (processors/documents/inbox.py)."""
     work, token = _verified_token(stage, ctx, topic, group_name, token_text)
-    return work.record().to_avro(), token
+    return work.record.to_avro(), token
 
 
-def _check_group_lease(stage: Staged, ctx: Context, body: Record) -> tuple[Working, int, PositionMeta]:
+def _check_group_lease(stage: Staged, ctx: Context, body: GroupRenew | GroupNack) -> tuple[Working, int, PositionMeta]:
     """(group, position, position meta) of the live lease a token names, or the refusal.
 
     Order: not a token of this group, or of an older generation (a seek or
     configure happened) → TokenInvalidated; another principal → PermissionDenied;
     lease no longer current → StaleLease; deadline reached → LeaseExpired.
     """
-    work, token = _verified_token(stage, ctx, body["topic"], body["group"], body["token"])
+    work, token = _verified_token(stage, ctx, body.topic, body.group, body.token)
     position, meta = _leased(stage, ctx, work, token)
     return work, position, meta
 
@@ -345,7 +343,7 @@ def live_group_lease(
     """(group record, position, position meta) of the live lease a verified token names, read
     afresh; else StaleLease or LeaseExpired. The records are in dict form (processors/documents/inbox.py)."""
     work, position, meta = _live_lease(stage, ctx, topic, group_name, token)
-    return work.record().to_avro(), position, meta.to_avro()
+    return work.record.to_avro(), position, meta.to_avro()
 
 
 def _lease_result(work: Working, position: int, meta: PositionMeta) -> Record:
@@ -360,10 +358,10 @@ def _lease_result(work: Working, position: int, meta: PositionMeta) -> Record:
     }
 
 
-def group_renew(stage: Staged, body: Record, ctx: Context) -> Record:
+def group_renew(stage: Staged, body: GroupRenew, ctx: Context) -> Record:
     work, position, meta = _check_group_lease(stage, ctx, body)
     policy = work.view.policy
-    lease_ms = bounded("lease_ms", body["lease_ms"], policy.lease_ms, limits.MIN_LEASE_MS, policy.max_lease_ms)
+    lease_ms = bounded("lease_ms", body.lease_ms, policy.lease_ms, limits.MIN_LEASE_MS, policy.max_lease_ms)
     owner = meta.lease_owner
     meta = leave(stage, work, position, meta)
     meta = enter(stage, work, position, meta, PositionState.leased, until_ms=ctx.now_ms + lease_ms, lease_owner=owner)
@@ -371,9 +369,9 @@ def group_renew(stage: Staged, body: Record, ctx: Context) -> Record:
     return _lease_result(work, position, meta)
 
 
-def group_ack(stage: Staged, body: Record, ctx: Context) -> Record:
+def group_ack(stage: Staged, body: GroupAck, ctx: Context) -> Record:
     # Nothing changes between the token's check and the ack: the group is read once.
-    work, token = _verified_token(stage, ctx, body["topic"], body["group"], body["token"])
+    work, token = _verified_token(stage, ctx, body.topic, body.group, body.token)
     position, meta = _leased(stage, ctx, work, token)
     return _ack(stage, ctx, work, position, meta)
 
@@ -390,26 +388,26 @@ def _ack(stage: Staged, ctx: Context, work: Working, position: int, meta: Positi
     return _lease_result(work, position, meta)
 
 
-def group_ack_batch(stage: Staged, body: Record, ctx: Context) -> Record:
+def group_ack_batch(stage: Staged, body: GroupAckBatch, ctx: Context) -> Record:
     """Ack each token on its own: one refusal does not undo the others."""
-    load_group(stage, ctx.domain, body["topic"], body["group"])  # NotFound refuses the whole batch
+    load_group(stage, ctx.domain, body.topic, body.group)  # NotFound refuses the whole batch
 
     def ack_one(child: Staged, token: str) -> Record:
-        return group_ack(child, {"topic": body["topic"], "group": body["group"], "token": token}, ctx)
+        return group_ack(child, GroupAck(topic=body.topic, group=body.group, token=token), ctx)
 
     results = [
         {"status": "committed", "error_code": None, "position": settled["position"]}
         if isinstance(settled, dict)
         else {"status": "rejected", "error_code": str(settled), "position": None}
-        for settled in settle_each(stage, body["tokens"], ack_one)
+        for settled in settle_each(stage, body.tokens, ack_one)
     ]
-    _, work = load_group(stage, ctx.domain, body["topic"], body["group"])
+    _, work = load_group(stage, ctx.domain, body.topic, body.group)
     return {"results": results, "checkpoint": work.view.checkpoint}
 
 
-def group_nack(stage: Staged, body: Record, ctx: Context) -> Record:
+def group_nack(stage: Staged, body: GroupNack, ctx: Context) -> Record:
     work, position, meta = _check_group_lease(stage, ctx, body)
-    delay = body["delay_ms"]
+    delay = body.delay_ms
     if delay is not None and not 0 <= delay <= work.view.policy.max_lease_ms:
         raise Rejected(ErrorCode.VALIDATION, "delay_ms must be between 0 and the group's max_lease_ms")
     meta = _end_attempt(stage, work, position, meta, ctx, delay)
@@ -438,31 +436,28 @@ def _end_attempt(
             str(meta.attempts),
             str(meta.lease_version),
         )
-        # The backoff is shared with queues (processors/queues/lifecycle.py), which read policies as dicts.
-        delay_ms = retry_delay_ms(policy.to_avro(), meta.attempts, jitter_key, material)
+        delay_ms = retry_delay_ms(policy, meta.attempts, jitter_key, material)
     meta = replace(meta, last_retry_delay_ms=delay_ms)
     return enter(stage, work, position, meta, PositionState.retrying, until_ms=ctx.now_ms + delay_ms)
 
 
-def fire_group_timers(stage: Staged, record: Record, ctx: Context, budget: int) -> tuple[int, int]:
-    """Fire one group's due timers, examining at most `budget`; returns (examined, transitions).
+def fire_group_timers(stage: Staged, record: GroupRecord, ctx: Context, budget: int) -> tuple[int, int]:
+    """Fire one group's due timers, examining at most `budget`, and save the group; returns
+    (examined, transitions).
 
     A lease timer ends the attempt like a nack; a retry timer makes the position due,
     so the next receive delivers it before any new position; a waiter's deadline
     completes its GroupReceive empty.
-
-    `record` is the group record in dict form, as processors/timers.py holds and then saves
-    it: it is brought up to date in place.
     """
-    work = Working(GroupRecord.from_avro(record))
+    work = Working(record)
     group_id = work.view.incarnation
-    due = due_timers(stage, work.shared, ctx.now_ms, budget)
+    due = due_timers(stage, work.record, ctx.now_ms, budget)
     for key, value in due:
         _, kind, position = keys.parse_timer(key)
         if kind == keys.TIMER_WAITER:
             window_full = work.view.outstanding >= work.view.policy.max_window
             empty = {"deliveries": [], "window_full": window_full, "budget_exhausted": False}
-            waiters.expire(stage, work.shared, ctx, position, (GROUP_RECEIVE_RESULT, empty))
+            work.record = waiters.expire(stage, work.record, ctx, position, (GROUP_RECEIVE_RESULT, empty))
             continue
         meta = load_position(stage, group_id, position)
         if meta is None or value != str(position).encode("utf-8"):
@@ -474,5 +469,5 @@ def fire_group_timers(stage: Staged, record: Record, ctx: Context, budget: int) 
             enter(stage, work, position, meta, PositionState.due)
         else:
             raise Corruption(f"timer {key.hex()} has kind {kind}, which groups do not use")
-    record.update(work.record().to_avro())
+    store_group(stage, work)
     return len(due), len(due)

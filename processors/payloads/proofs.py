@@ -20,6 +20,8 @@ from typing import Any
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
+from keyload.bodies import PayloadCommitProof
+
 PROOF_FORMAT = "keyload.PayloadCommitProof/1"
 SEED_LABEL = b"keyload payload commit proof seed v1"
 SIGNED_FIELDS = (
@@ -36,7 +38,9 @@ SIGNED_FIELDS = (
 
 
 def canonical_bytes(proof: Mapping[str, Any]) -> bytes:
-    """What the signature covers: every field but the signature, and the format name."""
+    """What the signature covers: every field but the signature, and the format name. The fields are
+    read by name from a mapping: an attester signs its proof before it has the signature a
+    `PayloadCommitProof` requires."""
     fields = {name: proof[name] for name in SIGNED_FIELDS}
     fields["sha256"] = bytes(fields["sha256"]).hex()
     fields["format"] = PROOF_FORMAT
@@ -60,13 +64,14 @@ def sign(material: bytes, proof: Mapping[str, Any]) -> bytes:
     return signing_key(material).sign(canonical_bytes(proof))
 
 
-def signature_valid(keyring: Mapping[str, bytes], proof: Mapping[str, Any]) -> bool:
+def signature_valid(keyring: Mapping[str, bytes], proof: PayloadCommitProof) -> bool:
     """Whether the keyring key the proof names signed exactly these fields."""
-    material = keyring.get(proof["key_id"])
+    material = keyring.get(proof.key_id)
     if material is None:
         return False
     try:
-        _public_key(material).verify(proof["signature"], canonical_bytes(proof))
+        # The dict of its fields, as `sign` received them: the same canonical bytes.
+        _public_key(material).verify(proof.signature, canonical_bytes(proof.to_avro()))
     except InvalidSignature:
         return False
     return True

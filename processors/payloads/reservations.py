@@ -12,6 +12,7 @@ from __future__ import annotations
 from msgspec.structs import replace
 
 from keyload import limits
+from keyload.bodies import CancelLargeSchedule, InspectReservation
 from keyload.log.codec import Record
 from keyload.processors.context import Context
 from keyload.processors.errors import Corruption, ErrorCode, Rejected
@@ -48,8 +49,8 @@ def load_reservation(stage: Staged, ctx: Context, reservation_id: int) -> Payloa
     return reservation
 
 
-def queue_of(stage: Staged, reservation: PayloadReservation) -> Record:
-    """The reservation's queue record, as processors/queues/* read and write it (a dict)."""
+def queue_of(stage: Staged, reservation: PayloadReservation) -> QueueRecord:
+    """The reservation's queue record."""
     record = load_queue_by_id(stage, reservation.queue_id)
     if record is None:
         raise Corruption(f"reservation {reservation.reservation_id} names a missing queue")
@@ -79,13 +80,13 @@ def close(
     return replace(reservation, state=state, closed_at_ms=ctx.now_ms)
 
 
-def cancel_large_schedule(stage: Staged, body: Record, ctx: Context) -> Record:
-    reservation = load_reservation(stage, ctx, body["reservation_id"])
+def cancel_large_schedule(stage: Staged, body: CancelLargeSchedule, ctx: Context) -> Record:
+    reservation = load_reservation(stage, ctx, body.reservation_id)
     if reservation.state == ReservationState.cancelled:
         return view(reservation, ctx.now_ms)
     refuse_closed(reservation, ctx.now_ms)
     record = queue_of(stage, reservation)
-    cancelled = _abandon(stage, QueueRecord.from_avro(record).view, reservation, ReservationState.cancelled, ctx)
+    cancelled = _abandon(stage, record.view, reservation, ReservationState.cancelled, ctx)
     save_queue(stage, record)  # unchanged but for its due-index entry: the deadline timer is gone
     return view(cancelled, ctx.now_ms)
 
@@ -99,16 +100,13 @@ def _abandon(
     return closed
 
 
-def expire_reservation(stage: Staged, record: Record, ctx: Context, reservation_id: int) -> None:
-    """The deadline timer: write down the expiry log time already decided.
-
-    `record` is the timer's queue record as processors/queues/* hold it (a dict, which
-    the caller saves); it is only read here."""
+def expire_reservation(stage: Staged, queue: QueueView, ctx: Context, reservation_id: int) -> None:
+    """The deadline timer of a reservation of `queue`: write down the expiry log time already decided."""
     reservation = load(stage, keys.reservation(reservation_id), PayloadReservation)
     if reservation is None or reservation.state != ReservationState.reserved:
         raise Corruption(f"deadline timer of reservation {reservation_id}, which is not open")
-    _abandon(stage, QueueRecord.from_avro(record).view, reservation, ReservationState.expired, ctx)
+    _abandon(stage, queue, reservation, ReservationState.expired, ctx)
 
 
-def inspect_reservation(stage: Staged, body: Record, ctx: Context) -> Record:
-    return view(load_reservation(stage, ctx, body["reservation_id"]), ctx.now_ms)
+def inspect_reservation(stage: Staged, body: InspectReservation, ctx: Context) -> Record:
+    return view(load_reservation(stage, ctx, body.reservation_id), ctx.now_ms)

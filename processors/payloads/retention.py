@@ -24,6 +24,7 @@ from __future__ import annotations
 from msgspec.structs import replace
 
 from keyload import limits
+from keyload.bodies import AdvanceRecoveryFloor, BeginDelete, DeleteConfirmed, ListRetention
 from keyload.log.codec import Record
 from keyload.processors import validation
 from keyload.processors.context import Context
@@ -34,7 +35,6 @@ from keyload.projections import keys
 from keyload.projections.records import (
     MessageMeta,
     PayloadReservation,
-    QueueRecord,
     QueueView,
     RetentionKind,
     RetentionState,
@@ -45,22 +45,17 @@ from keyload.projections.records import (
 from keyload.projections.store import Readable, Staged
 
 
-def retire_payload(stage: Staged, record: Record, message_id: str, meta: Record, ctx: Context) -> None:
-    """A large message became terminal: its object waits for the barrier, and for every handle
-    naming it to expire — read handles, and the upload handle (a resumed upload could otherwise
-    create the key again after its deletion).
-
-    `record` and `meta` are the queue record and message as processors/queues/* hold them
-    (dicts, which the caller saves); they are only read here."""
-    queue = QueueRecord.from_avro(record).view
-    message = MessageMeta.from_avro(meta)
-    payload = message.payload
+def retire_payload(stage: Staged, queue: QueueView, message_id: str, meta: MessageMeta, ctx: Context) -> None:
+    """A large message of `queue` became terminal: its object waits for the barrier, and for every
+    handle naming it to expire — read handles, and the upload handle (a resumed upload could
+    otherwise create the key again after its deletion)."""
+    payload = meta.payload
     if payload is None:
         raise Corruption(f"message {message_id} is retired as a large message but has no payload")
     reservation = load(stage, keys.reservation(payload.reservation_id), PayloadReservation)
     if reservation is None:
         raise Corruption(f"large message {message_id} has no reservation {payload.reservation_id}")
-    read_until = max(ctx.now_ms, message.read_until_ms or 0, reservation.upload_deadline_ms)
+    read_until = max(ctx.now_ms, meta.read_until_ms or 0, reservation.upload_deadline_ms)
     _new_task(
         stage,
         ctx,
@@ -165,9 +160,9 @@ def _load_task(stage: Staged, task_id: int) -> RetentionTask:
     return task
 
 
-def list_retention(stage: Staged, body: Record, ctx: Context) -> Record:
-    limit = bounded("limit", body["limit"], limits.DEFAULT_RETENTION_PAGE, 1, limits.MAX_RETENTION_PAGE)
-    after = bounded("after_task", body["after_task"], 0, 0, limits.MAX_SEQUENCE)
+def list_retention(stage: Staged, body: ListRetention, ctx: Context) -> Record:
+    limit = bounded("limit", body.limit, limits.DEFAULT_RETENTION_PAGE, 1, limits.MAX_RETENTION_PAGE)
+    after = bounded("after_task", body.after_task, 0, 0, limits.MAX_SEQUENCE)
     tasks: list[Record] = []
     next_after = None
     for key, _ in stage.scan(keys.retention_task(after + 1), keys.prefix_end(keys.RETENTION_TASK)):
@@ -195,8 +190,8 @@ def _page(stage: Readable, tasks: list[Record], next_after: int | None) -> Recor
     }
 
 
-def begin_delete(stage: Staged, body: Record, ctx: Context) -> Record:
-    task = _load_task(stage, body["task_id"])
+def begin_delete(stage: Staged, body: BeginDelete, ctx: Context) -> Record:
+    task = _load_task(stage, body.task_id)
     if task.state == RetentionState.waiting:
         blocked = blockers(stage, task, ctx.now_ms)
         if blocked:
@@ -206,9 +201,9 @@ def begin_delete(stage: Staged, body: Record, ctx: Context) -> Record:
     return _status(stage, task, ctx.now_ms)  # deleting or confirmed already: a worker's retry
 
 
-def delete_confirmed(stage: Staged, body: Record, ctx: Context) -> Record:
-    task = _load_task(stage, body["task_id"])
-    versions: list[str] = body["deleted_versions"]
+def delete_confirmed(stage: Staged, body: DeleteConfirmed, ctx: Context) -> Record:
+    task = _load_task(stage, body.task_id)
+    versions = body.deleted_versions
     if len(versions) > limits.MAX_DELETED_VERSIONS or any(
         not 1 <= len(v) <= limits.MAX_OBJECT_VERSION_CHARS for v in versions
     ):
@@ -220,11 +215,9 @@ def delete_confirmed(stage: Staged, body: Record, ctx: Context) -> Record:
     if task.state == RetentionState.waiting:
         raise Rejected(ErrorCode.CONFLICT, "the task's deletion has not begun (BeginDelete first)")
     if task.state == RetentionState.deleting:
-        # processors/queues/* read and write the queue record as a dict: converted at this boundary.
-        record = load_queue_by_id(stage, task.queue_id)
-        if record is None:
+        queue = load_queue_by_id(stage, task.queue_id)
+        if queue is None:
             raise Corruption(f"retention task {task.task_id} names a missing queue")
-        queue = QueueRecord.from_avro(record)
         if task.kind == RetentionKind.abandoned_reservation:
             counters = adjusted_fields(
                 queue.view.counters,
@@ -234,7 +227,7 @@ def delete_confirmed(stage: Staged, body: Record, ctx: Context) -> Record:
             )
         else:
             counters = adjusted_fields(queue.view.counters, payload_object_bytes=-task.length)
-        save_queue(stage, replace(queue, view=replace(queue.view, counters=counters)).to_avro())
+        save_queue(stage, replace(queue, view=replace(queue.view, counters=counters)))
         task = replace(
             task,
             state=RetentionState.confirmed,
@@ -246,8 +239,8 @@ def delete_confirmed(stage: Staged, body: Record, ctx: Context) -> Record:
     return _status(stage, task, ctx.now_ms)
 
 
-def advance_recovery_floor(stage: Staged, body: Record, ctx: Context) -> Record:
-    floor: int = body["floor_offset"]
+def advance_recovery_floor(stage: Staged, body: AdvanceRecoveryFloor, ctx: Context) -> Record:
+    floor = body.floor_offset
     validation.check_integer("AdvanceRecoveryFloor.floor_offset", floor)
     if floor >= ctx.offset:
         raise Rejected(ErrorCode.VALIDATION, "floor_offset must be below the command's own offset")

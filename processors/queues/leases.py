@@ -12,7 +12,10 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
+from msgspec.structs import replace
+
 from keyload import limits
+from keyload.bodies import Ack, AckBatch, Nack, Receive, Renew
 from keyload.log.codec import Record
 from keyload.processors import tokens, waiters
 from keyload.processors.context import Context
@@ -21,7 +24,7 @@ from keyload.processors.key_rotation import TOKEN, active_key
 from keyload.processors.payloads import handles
 from keyload.processors.queues.lifecycle import end_attempt, enter, is_key_head, leave, receive_result
 from keyload.processors.queues.state import (
-    QUEUE_RECORD,
+    Working,
     bounded,
     load_message,
     load_queue,
@@ -30,6 +33,7 @@ from keyload.processors.queues.state import (
     save_queue,
 )
 from keyload.projections import keys
+from keyload.projections.records import LargePayload, MessageMeta, MessageState, QueuePolicy, QueueRecord, load
 from keyload.projections.store import Staged
 
 
@@ -40,45 +44,44 @@ class ReceiveLimits:
     lease_ms: int
 
 
-def receive_limits(policy: Record, body: Record) -> ReceiveLimits:
+def receive_limits(policy: QueuePolicy, body: Receive) -> ReceiveLimits:
     """A Receive's limits, defaulted from and bounded by the queue's policy."""
     return ReceiveLimits(
-        bounded(
-            "max_messages", body["max_messages"], policy["receive_max_messages"], 1, policy["receive_max_messages"]
-        ),
-        bounded("max_bytes", body["max_bytes"], policy["receive_max_bytes"], 1, policy["receive_max_bytes"]),
-        bounded("lease_ms", body["lease_ms"], policy["lease_ms"], limits.MIN_LEASE_MS, policy["max_lease_ms"]),
+        bounded("max_messages", body.max_messages, policy.receive_max_messages, 1, policy.receive_max_messages),
+        bounded("max_bytes", body.max_bytes, policy.receive_max_bytes, 1, policy.receive_max_bytes),
+        bounded("lease_ms", body.lease_ms, policy.lease_ms, limits.MIN_LEASE_MS, policy.max_lease_ms),
     )
 
 
-def receive(stage: Staged, body: Record, ctx: Context) -> Record | None:
-    record = load_queue(stage, ctx.domain, body["queue"])
-    wanted = receive_limits(record["view"]["policy"], body)
-    wait_ms = bounded("wait_ms", body["wait_ms"], 0, 0, limits.MAX_WAIT_MS)
-    deliveries, budget_hit = claim(stage, record, ctx, ctx.principal, wanted)
+def receive(stage: Staged, body: Receive, ctx: Context) -> Record | None:
+    work = Working(load_queue(stage, ctx.domain, body.queue))
+    wanted = receive_limits(work.view.policy, body)
+    wait_ms = bounded("wait_ms", body.wait_ms, 0, 0, limits.MAX_WAIT_MS)
+    deliveries, budget_hit = claim(stage, work, ctx, ctx.principal, wanted)
     if not deliveries and wait_ms > 0:
-        waiters.wait(stage, record, ctx, wanted.max_messages, wanted.max_bytes, wanted.lease_ms, ctx.now_ms + wait_ms)
-        save_queue(stage, record)
+        work.record = waiters.wait(
+            stage, work.record, ctx, wanted.max_messages, wanted.max_bytes, wanted.lease_ms, ctx.now_ms + wait_ms
+        )
+        save_queue(stage, work.record)
         return None
-    save_queue(stage, record)
+    save_queue(stage, work.record)
     return {"deliveries": deliveries, "budget_exhausted": budget_hit or bool(ctx.fired.get("budget_exhausted", False))}
 
 
 def claim(
-    stage: Staged, record: Record, ctx: Context, principal: str, wanted: ReceiveLimits
+    stage: Staged, work: Working, ctx: Context, principal: str, wanted: ReceiveLimits
 ) -> tuple[list[Record], bool]:
     """Lease ready messages in FIFO order for `principal`: (deliveries, examination budget hit)."""
-    queue = record["view"]
-    policy, counters = queue["policy"], queue["counters"]
-    room = min(wanted.max_messages, policy["max_in_flight"] - counters["leased"])
-    queue_id = queue["incarnation"]
-    claims: list[tuple[str, Record]] = []
+    queue = work.view
+    room = min(wanted.max_messages, queue.policy.max_in_flight - queue.counters.leased)
+    queue_id = queue.incarnation
+    claims: list[tuple[str, MessageMeta]] = []
     size = examined = result_bytes = 0
     budget_hit = False
     # The ready floor: no ready row lies below it, so the scan never walks the
     # tombstones of rows claimed earlier. It moves to the first row left behind.
     floor: int | None = None
-    scan = stage.scan(keys.ready(queue_id, record["ready_floor"]), keys.prefix_end(keys.ready_prefix(queue_id)))
+    scan = stage.scan(keys.ready(queue_id, work.record.ready_floor), keys.prefix_end(keys.ready_prefix(queue_id)))
     for key, value in scan:
         if len(claims) >= room:
             floor = keys.read_u64(key, 9) if floor is None else floor
@@ -90,171 +93,182 @@ def claim(
         examined += 1
         message_id = value.decode("utf-8")
         meta = load_message(stage, queue_id, message_id)
-        if meta is None or meta["state"] != "ready":
+        if meta is None or meta.state != MessageState.ready:
             raise Corruption("the ready index names a message that is not ready")
         if not is_key_head(stage, queue, meta):
-            floor = meta["ready_sequence"] if floor is None else floor
+            floor = meta.ready_sequence if floor is None else floor
             continue  # an older message of its ordering key is unresolved: it waits
-        inline = 0 if meta["payload"] is not None else meta["body_bytes"]
-        item = result_item_bytes(inline, meta["headers"], message_id, meta["ordering_key"])
-        if claims and (
-            size + meta["body_bytes"] > wanted.max_bytes or result_bytes + item > limits.RESULT_BYTES_BUDGET
-        ):
-            floor = meta["ready_sequence"] if floor is None else floor
+        inline = 0 if meta.payload is not None else meta.body_bytes
+        item = result_item_bytes(inline, meta.headers, message_id, meta.ordering_key)
+        if claims and (size + meta.body_bytes > wanted.max_bytes or result_bytes + item > limits.RESULT_BYTES_BUDGET):
+            floor = meta.ready_sequence if floor is None else floor
             break  # the first claim is always made, so one large message never wedges a queue
-        size += meta["body_bytes"]
+        size += meta.body_bytes
         result_bytes += item
         claims.append((message_id, meta))
-    record["ready_floor"] = record["next_ready_sequence"] if floor is None else floor
+    work.update(ready_floor=work.record.next_ready_sequence if floor is None else floor)
     if not claims:
         return [], budget_hit
     key_id, key = active_key(stage, ctx.keyring, TOKEN)
+    lease_until = ctx.now_ms + wanted.lease_ms
     deliveries = []
-    for message_id, meta in claims:
-        leave(stage, record, message_id, meta)
-        meta["attempts"] += 1
-        meta["lease_version"] += 1
-        lease_until = ctx.now_ms + wanted.lease_ms
-        large = _readable_payload({key_id: key}, key_id, queue["domain"], meta, lease_until)
-        enter(stage, record, message_id, meta, "leased", ctx, lease_until_ms=lease_until, lease_owner=principal)
+    for message_id, ready in claims:
+        meta = leave(stage, work, message_id, ready)
+        # A large message remembers the latest expiry of a read handle it was delivered with:
+        # retention keeps its object until then.
+        read_until = meta.read_until_ms if meta.payload is None else max(meta.read_until_ms or 0, lease_until)
+        meta = replace(meta, attempts=meta.attempts + 1, lease_version=meta.lease_version + 1, read_until_ms=read_until)
+        meta = enter(
+            stage, work, message_id, meta, MessageState.leased, ctx, lease_until_ms=lease_until, lease_owner=principal
+        )
         payload = stage.get(keys.body(queue_id, message_id))
         if payload is None:
             raise Corruption("a leased message has no body")
         token = tokens.issue(
             {key_id: key},
             key_id,
-            domain=queue["domain"],
-            queue=queue["queue"],
+            domain=queue.domain,
+            queue=queue.queue,
             incarnation=queue_id,
             message_id=message_id,
             principal=principal,
-            delivery_generation=meta["delivery_generation"],
-            lease_version=meta["lease_version"],
+            delivery_generation=meta.delivery_generation,
+            lease_version=meta.lease_version,
         )
         deliveries.append(
             {
                 "message_id": message_id,
                 "token": token,
                 "body": payload,
-                "headers": meta["headers"],
-                "ordering_key": meta["ordering_key"],
-                "attempts": meta["attempts"],
-                "delivery_generation": meta["delivery_generation"],
+                "headers": meta.headers,
+                "ordering_key": meta.ordering_key,
+                "attempts": meta.attempts,
+                "delivery_generation": meta.delivery_generation,
                 "lease_until_ms": lease_until,
-                "enqueued_at_ms": meta["enqueued_at_ms"],
-                "payload": large,
+                "enqueued_at_ms": meta.enqueued_at_ms,
+                "payload": _readable_payload({key_id: key}, key_id, queue.domain, meta.payload, lease_until),
             }
         )
     return deliveries, budget_hit
 
 
 def _readable_payload(
-    keyring: Mapping[str, bytes], key_id: str, domain: str, meta: Record, until_ms: int
+    keyring: Mapping[str, bytes], key_id: str, domain: str, payload: LargePayload | None, until_ms: int
 ) -> Record | None:
-    """A large message's payload with a read handle valid for this lease (signed with the token
-    key); the message remembers the latest such expiry, so retention keeps the object that long."""
-    payload = meta["payload"]
+    """A large message's payload with a read handle valid for this lease (signed with the token key)."""
     if payload is None:
         return None
-    handle = handles.ReadHandle(key_id, domain, payload["object_key"], payload["object_version"], until_ms)
-    meta["read_until_ms"] = max(meta["read_until_ms"] or 0, until_ms)
-    return dict(payload, read_handle=handles.issue(keyring, handle))
+    handle = handles.ReadHandle(key_id, domain, payload.object_key, payload.object_version, until_ms)
+    return replace(payload, read_handle=handles.issue(keyring, handle)).to_avro()
 
 
 def serve_waiters(stage: Staged, ctx: Context, queue_keys: list[bytes]) -> None:
     """Serve waiting long-poll receives of the queues a record changed, oldest waiter first."""
     served = 0
     for queue_key in queue_keys:
-        record = stage.get_record(queue_key, QUEUE_RECORD)
-        if record is None or record["waiting_receives"] == 0:
+        record = load(stage, queue_key, QueueRecord)
+        if record is None or record.waiting_receives == 0:
             continue
-        changed = False
-        for sequence, waiter in waiters.oldest(stage, record, limits.MAX_WAITERS_SERVED - served):
-            if record["view"]["counters"]["ready"] == 0:
+        work = Working(record)
+        work.record, oldest = waiters.oldest(stage, work.record, limits.MAX_WAITERS_SERVED - served)
+        for sequence, waiter in oldest:
+            if work.view.counters.ready == 0:
                 break
-            wanted = ReceiveLimits(waiter["max_messages"], waiter["max_bytes"], waiter["lease_ms"])
-            deliveries, _ = claim(stage, record, ctx, waiter["principal"], wanted)
+            wanted = ReceiveLimits(waiter.max_messages, waiter.max_bytes, waiter.lease_ms)
+            deliveries, _ = claim(stage, work, ctx, waiter.principal, wanted)
             if not deliveries:
                 break
-            waiters.complete(stage, record, ctx, sequence, waiter, receive_result(deliveries))
+            work.record = waiters.complete(stage, work.record, ctx, sequence, waiter, receive_result(deliveries))
             served += 1
-            changed = True
-        if changed:
-            save_queue(stage, record)
+        # Saved whenever it changed, served or not: finding the waiters moves the waiter floor, and
+        # a claim that delivers nothing may still move the ready floor.
+        if work.record is not record:
+            save_queue(stage, work.record)
 
 
-def verified_token(stage: Staged, ctx: Context, token_text: str) -> tuple[Record, tokens.Token]:
+def verified_token(stage: Staged, ctx: Context, token_text: str) -> tuple[QueueRecord, tokens.Token]:
     """(queue record, token) of a token this queue signed for the command's principal, or the refusal."""
     token = tokens.parse(token_text)
     record = load_queue_by_id(stage, token.incarnation)
-    if record is None or record["view"]["domain"] != ctx.domain:
+    if record is None or record.view.domain != ctx.domain:
         raise Rejected(ErrorCode.TOKEN_INVALIDATED, "delivery token is not valid")
-    queue = record["view"]
-    tokens.verify_signature(ctx.keyring, token, queue["domain"], queue["queue"])
+    tokens.verify_signature(ctx.keyring, token, record.view.domain, record.view.queue)
     if token.principal != ctx.principal:
         raise Rejected(ErrorCode.PERMISSION_DENIED, "the delivery was issued to another principal")
     return record, token
 
 
-def check_lease(stage: Staged, ctx: Context, token_text: str) -> tuple[Record, str, Record]:
-    """(queue record, message id, metadata) of the live lease a token names, or the specific refusal."""
-    _, token = verified_token(stage, ctx, token_text)
-    record, meta = live_lease(stage, ctx, token)
-    return record, token.message_id, meta
-
-
-def live_lease(stage: Staged, ctx: Context, token: tokens.Token) -> tuple[Record, Record]:
-    """(queue record, metadata) of the live lease a verified token names, read afresh; else
-    StaleLease or LeaseExpired."""
-    record = load_queue_by_id(stage, token.incarnation)
-    assert record is not None, "a verified token names a queue"
+def _leased(stage: Staged, ctx: Context, token: tokens.Token) -> MessageMeta:
+    """The metadata of the live lease a verified token names; else StaleLease or LeaseExpired."""
     meta = load_message(stage, token.incarnation, token.message_id)
     if meta is None:
         raise Rejected(ErrorCode.TOKEN_INVALIDATED, "delivery token is not valid")
     if (
-        meta["state"] != "leased"
-        or meta["delivery_generation"] != token.delivery_generation
-        or meta["lease_version"] != token.lease_version
+        meta.state != MessageState.leased
+        or meta.delivery_generation != token.delivery_generation
+        or meta.lease_version != token.lease_version
     ):
         raise Rejected(ErrorCode.STALE_LEASE, "the lease this token names is no longer current")
-    if meta["lease_until_ms"] <= ctx.now_ms:
+    assert meta.lease_until_ms is not None
+    if meta.lease_until_ms <= ctx.now_ms:
         raise Rejected(ErrorCode.LEASE_EXPIRED, "the lease has expired")
-    return record, meta
+    return meta
 
 
-def _lease_result(message_id: str, meta: Record) -> Record:
+def check_lease(stage: Staged, ctx: Context, token_text: str) -> tuple[Working, str, MessageMeta]:
+    """(queue, message id, metadata) of the live lease a token names, or the specific refusal."""
+    record, token = verified_token(stage, ctx, token_text)
+    return Working(record), token.message_id, _leased(stage, ctx, token)
+
+
+def live_lease(stage: Staged, ctx: Context, token: tokens.Token) -> tuple[QueueRecord, MessageMeta]:
+    """(queue record, metadata) of the live lease a verified token names, read afresh; else
+    StaleLease or LeaseExpired."""
+    record = load_queue_by_id(stage, token.incarnation)
+    assert record is not None, "a verified token names a queue"
+    return record, _leased(stage, ctx, token)
+
+
+def _lease_result(message_id: str, meta: MessageMeta) -> Record:
+    scheduled = meta.state == MessageState.scheduled
     return {
         "message_id": message_id,
-        "state": meta["state"],
-        "lease_until_ms": meta["lease_until_ms"],
-        "not_before_ms": meta["not_before_ms"] if meta["state"] == "scheduled" else None,
-        "retry_delay_ms": meta["last_retry_delay_ms"] if meta["state"] == "scheduled" else None,
+        "state": str(meta.state),
+        "lease_until_ms": meta.lease_until_ms,
+        "not_before_ms": meta.not_before_ms if scheduled else None,
+        "retry_delay_ms": meta.last_retry_delay_ms if scheduled else None,
     }
 
 
-def renew(stage: Staged, body: Record, ctx: Context) -> Record:
-    record, message_id, meta = check_lease(stage, ctx, body["token"])
-    policy = record["view"]["policy"]
-    lease_ms = bounded("lease_ms", body["lease_ms"], policy["lease_ms"], limits.MIN_LEASE_MS, policy["max_lease_ms"])
-    owner = meta["lease_owner"]
-    leave(stage, record, message_id, meta)
-    enter(stage, record, message_id, meta, "leased", ctx, lease_until_ms=ctx.now_ms + lease_ms, lease_owner=owner)
-    save_queue(stage, record)
+def renew(stage: Staged, body: Renew, ctx: Context) -> Record:
+    work, message_id, meta = check_lease(stage, ctx, body.token)
+    policy = work.view.policy
+    lease_ms = bounded("lease_ms", body.lease_ms, policy.lease_ms, limits.MIN_LEASE_MS, policy.max_lease_ms)
+    owner = meta.lease_owner
+    meta = leave(stage, work, message_id, meta)
+    meta = enter(
+        stage, work, message_id, meta, MessageState.leased, ctx, lease_until_ms=ctx.now_ms + lease_ms, lease_owner=owner
+    )
+    save_queue(stage, work.record)
     return _lease_result(message_id, meta)
 
 
-def ack(stage: Staged, body: Record, ctx: Context) -> Record:
-    _, token = verified_token(stage, ctx, body["token"])
-    return ack_lease(stage, ctx, token)
+def ack(stage: Staged, body: Ack, ctx: Context) -> Record:
+    # Nothing changes between the token's check and the ack: the queue is read once.
+    work, message_id, meta = check_lease(stage, ctx, body.token)
+    return _ack(stage, ctx, work, message_id, meta)
 
 
 def ack_lease(stage: Staged, ctx: Context, token: tokens.Token) -> Record:
-    """Ack the live lease a verified token names."""
+    """Ack the live lease a verified token names (the queue is read afresh)."""
     record, meta = live_lease(stage, ctx, token)
-    message_id = token.message_id
-    leave(stage, record, message_id, meta)
-    enter(stage, record, message_id, meta, "acked", ctx)
-    save_queue(stage, record)
+    return _ack(stage, ctx, Working(record), token.message_id, meta)
+
+
+def _ack(stage: Staged, ctx: Context, work: Working, message_id: str, meta: MessageMeta) -> Record:
+    meta = leave(stage, work, message_id, meta)
+    meta = enter(stage, work, message_id, meta, MessageState.acked, ctx)
+    save_queue(stage, work.record)
     return _lease_result(message_id, meta)
 
 
@@ -275,22 +289,22 @@ def settle_each(stage: Staged, batch: list[str], settle: Callable[[Staged, str],
     return settled
 
 
-def ack_batch(stage: Staged, body: Record, ctx: Context) -> Record:
+def ack_batch(stage: Staged, body: AckBatch, ctx: Context) -> Record:
     """Ack each token on its own: one refusal does not undo the others."""
     results = [
         {"status": "committed", "error_code": None, "message_id": settled["message_id"]}
         if isinstance(settled, dict)
         else {"status": "rejected", "error_code": str(settled), "message_id": None}
-        for settled in settle_each(stage, body["tokens"], lambda child, token: ack(child, {"token": token}, ctx))
+        for settled in settle_each(stage, body.tokens, lambda child, token: ack(child, Ack(token=token), ctx))
     ]
     return {"results": results}
 
 
-def nack(stage: Staged, body: Record, ctx: Context) -> Record:
-    record, message_id, meta = check_lease(stage, ctx, body["token"])
-    delay = body["delay_ms"]
-    if delay is not None and not 0 <= delay <= record["view"]["policy"]["max_lease_ms"]:
+def nack(stage: Staged, body: Nack, ctx: Context) -> Record:
+    work, message_id, meta = check_lease(stage, ctx, body.token)
+    delay = body.delay_ms
+    if delay is not None and not 0 <= delay <= work.view.policy.max_lease_ms:
         raise Rejected(ErrorCode.VALIDATION, "delay_ms must be between 0 and the queue's max_lease_ms")
-    end_attempt(stage, record, message_id, meta, ctx, delay)
-    save_queue(stage, record)
+    meta = end_attempt(stage, work, message_id, meta, ctx, delay)
+    save_queue(stage, work.record)
     return _lease_result(message_id, meta)

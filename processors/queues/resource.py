@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from typing import Protocol
+
 from msgspec.structs import replace
 
 from keyload import limits
+from keyload.bodies import ConfigureQueue, CreateQueue, Enqueue, InspectMessage, InspectQueue, PrepareLargeSchedule
 from keyload.log.codec import Record
 from keyload.processors import validation
 from keyload.processors.context import Context
@@ -13,19 +16,25 @@ from keyload.processors.policy import resolve_policy
 from keyload.processors.queues.lifecycle import add_expiry, enter
 from keyload.processors.queues.state import (
     LIVE_STATES,
-    adjust,
+    Working,
     allocate_incarnation,
     check_headers,
     check_message_id,
     check_name,
-    load_meta,
+    load_message,
     load_queue,
-    load_queue_record,
     save_queue,
-    save_queue_record,
 )
 from keyload.projections import keys
-from keyload.projections.records import QueueCounters, QueuePolicy, QueueRecord, QueueView, save
+from keyload.projections.records import (
+    LargePayload,
+    MessageMeta,
+    MessageState,
+    QueueCounters,
+    QueueRecord,
+    QueueView,
+    save,
+)
 from keyload.projections.store import Staged
 
 _ZERO_COUNTERS = QueueCounters(
@@ -47,10 +56,30 @@ _ZERO_COUNTERS = QueueCounters(
 )
 
 
-def create_queue(stage: Staged, body: Record, ctx: Context) -> Record:
-    name = body["queue"]
+class NewMessage(Protocol):
+    """What admitting a message reads of what asked for it: an Enqueue, or a large message's
+    PrepareLargeSchedule and, at its commit, its PayloadReservation."""
+
+    @property
+    def message_id(self) -> str: ...
+
+    @property
+    def headers(self) -> dict[str, str]: ...
+
+    @property
+    def ordering_key(self) -> str | None: ...
+
+    @property
+    def not_before_ms(self) -> int | None: ...
+
+    @property
+    def expires_at_ms(self) -> int | None: ...
+
+
+def create_queue(stage: Staged, body: CreateQueue, ctx: Context) -> Record:
+    name = body.queue
     check_name("queue name", name, limits.MAX_QUEUE_NAME_CHARS, limits.QUEUE_NAME_PATTERN)
-    policy = QueuePolicy.from_avro(resolve_policy(body["policy"]))
+    policy = resolve_policy(body.policy)
     if stage.get(keys.queue(ctx.domain, name)) is not None:
         raise Rejected(ErrorCode.CONFLICT, "queue already exists")
     queue_id = allocate_incarnation(stage)
@@ -79,10 +108,10 @@ def create_queue(stage: Staged, body: Record, ctx: Context) -> Record:
     return record.view.to_avro()
 
 
-def configure_queue(stage: Staged, body: Record, ctx: Context) -> Record:
-    record = load_queue_record(stage, ctx.domain, body["queue"])
+def configure_queue(stage: Staged, body: ConfigureQueue, ctx: Context) -> Record:
+    record = load_queue(stage, ctx.domain, body.queue)
     current = record.view
-    expected = body["expected_policy_version"]
+    expected = body.expected_policy_version
     if expected is not None:
         validation.check_integer("ConfigureQueue.expected_policy_version", expected)
         if expected != current.policy_version:
@@ -90,7 +119,7 @@ def configure_queue(stage: Staged, body: Record, ctx: Context) -> Record:
                 ErrorCode.REVISION_CONFLICT,
                 f"policy version is {current.policy_version}, expected {expected}",
             )
-    policy = QueuePolicy.from_avro(resolve_policy(body["policy"]))
+    policy = resolve_policy(body.policy)
     if current.counters.stored_messages > 0:
         for name, changed in (
             ("ordering", policy.ordering != current.policy.ordering),
@@ -102,20 +131,22 @@ def configure_queue(stage: Staged, body: Record, ctx: Context) -> Record:
                     f"policy.{name} cannot change while the queue holds messages",
                 )
     configured = replace(record, view=replace(current, policy=policy, policy_version=current.policy_version + 1))
-    return save_queue_record(stage, configured).view.to_avro()
+    save_queue(stage, configured)
+    return configured.view.to_avro()
 
 
-def check_new_message(stage: Staged, record: Record, body: Record, ctx: Context, kind: str = "Enqueue") -> None:
-    """What Enqueue and PrepareLargeSchedule (`kind`) check alike: the id is unused (and never retired)
+def check_new_message(stage: Staged, queue: QueueView, body: Enqueue | PrepareLargeSchedule, ctx: Context) -> None:
+    """What Enqueue and PrepareLargeSchedule check alike: the id is unused (and never retired)
     in the queue; headers, ordering key and times are valid."""
-    message_id = body["message_id"]
+    kind = type(body).__name__
+    message_id = body.message_id
     check_message_id(message_id)
-    check_headers(body["headers"])
-    ordering_key = body["ordering_key"]
+    check_headers(body.headers)
+    ordering_key = body.ordering_key
     if ordering_key is not None:
         check_name("ordering key", ordering_key, limits.MAX_ORDERING_KEY_CHARS, limits.ID_PATTERN)
     # Absolute times are log times (MIN_LOG_TIME_MS..MAX_LOG_TIME_MS): one past it would never fire.
-    not_before, expires_at = body["not_before_ms"], body["expires_at_ms"]
+    not_before, expires_at = body.not_before_ms, body.expires_at_ms
     if not_before is not None:
         if not_before > ctx.now_ms + limits.MAX_SCHEDULE_AHEAD_MS:
             raise Rejected(ErrorCode.VALIDATION, "not_before_ms is more than 365 days ahead")
@@ -126,101 +157,98 @@ def check_new_message(stage: Staged, record: Record, body: Record, ctx: Context,
         validation.check_integer(f"{kind}.expires_at_ms", expires_at)
         if not_before is not None and expires_at <= not_before:
             raise Rejected(ErrorCode.VALIDATION, "expires_at_ms must be after not_before_ms")
-    queue_id = record["view"]["incarnation"]
+    queue_id = queue.incarnation
     if stage.get(keys.message(queue_id, message_id)) is not None:
         raise Rejected(ErrorCode.CONFLICT, "message id is already used in this queue")
     if stage.get(keys.identity(queue_id, message_id)) is not None:
         raise Rejected(ErrorCode.CONFLICT, "message id is reserved or retired in this queue")
 
 
-def check_room(record: Record, messages: int, size: int) -> None:
+def check_room(queue: QueueView, messages: int, size: int) -> None:
     """ResourceExhausted unless the queue's grant holds `messages` more messages of `size` bytes,
     counting what reservations hold."""
-    queue = record["view"]
-    counters, policy = queue["counters"], queue["policy"]
-    if counters["stored_messages"] + counters["reserved_messages"] + messages > policy["max_stored_messages"]:
+    counters, policy = queue.counters, queue.policy
+    if counters.stored_messages + counters.reserved_messages + messages > policy.max_stored_messages:
         raise Rejected(ErrorCode.RESOURCE_EXHAUSTED, "queue is at max_stored_messages")
-    if counters["stored_bytes"] + counters["reserved_bytes"] + size > policy["max_stored_bytes"]:
+    if counters.stored_bytes + counters.reserved_bytes + size > policy.max_stored_bytes:
         raise Rejected(ErrorCode.RESOURCE_EXHAUSTED, "queue is at max_stored_bytes")
 
 
-def enqueue(stage: Staged, body: Record, ctx: Context) -> Record:
-    record = load_queue(stage, ctx.domain, body["queue"])
-    check_new_message(stage, record, body, ctx)
-    payload: bytes = body["body"]
+def enqueue(stage: Staged, body: Enqueue, ctx: Context) -> Record:
+    work = Working(load_queue(stage, ctx.domain, body.queue))
+    check_new_message(stage, work.view, body, ctx)
+    payload: bytes = body.body
     if len(payload) > limits.MAX_INLINE_BODY_BYTES:
         raise Rejected(ErrorCode.VALIDATION, f"body exceeds {limits.MAX_INLINE_BODY_BYTES} bytes")
-    check_room(record, 1, len(payload))
-    result = admit(stage, record, body, ctx, payload, None)
-    save_queue(stage, record)
+    check_room(work.view, 1, len(payload))
+    result = admit(stage, work, body, ctx, payload, None)
+    save_queue(stage, work.record)
     return result
 
 
-def admit(stage: Staged, record: Record, body: Record, ctx: Context, inline: bytes, large: Record | None) -> Record:
+def admit(
+    stage: Staged, work: Working, message: NewMessage, ctx: Context, inline: bytes, large: LargePayload | None
+) -> Record:
     """Store a checked new message: its body (empty for a large one, whose bytes are the `large`
     payload's object), metadata, quota and first state. Returns the EnqueueResult."""
-    queue = record["view"]
-    queue_id, counters = queue["incarnation"], queue["counters"]
-    message_id = body["message_id"]
-    size = len(inline) if large is None else large["length"]
-    not_before = body["not_before_ms"]
-    sequence = record["next_enqueue_sequence"]
-    record["next_enqueue_sequence"] = sequence + 1
-    meta: Record = {
-        "state": "new",  # replaced by its first state on `enter`
-        "state_version": 0,
-        "attempts": 0,
-        "lease_version": 0,
-        "delivery_generation": 1,
-        "enqueue_sequence": sequence,
-        "ready_sequence": None,
-        "parked_sequence": None,
-        "enqueued_at_ms": ctx.now_ms,
-        "not_before_ms": not_before,
-        "expires_at_ms": body["expires_at_ms"],
-        "lease_owner": None,
-        "lease_until_ms": None,
-        "body_bytes": size,
-        "headers": dict(sorted(body["headers"].items())),
-        "ordering_key": body["ordering_key"],
-        "terminal_at_ms": None,
-        "last_retry_delay_ms": None,
-        "dead_lettered_at_ms": None,
-        "payload": large,
-        "read_until_ms": None,
-    }
-    adjust(counters, "stored_messages", 1)
-    adjust(counters, "stored_bytes", size)
-    adjust(counters, "enqueued_total", 1)
+    queue_id = work.view.incarnation
+    message_id = message.message_id
+    size = len(inline) if large is None else large.length
+    not_before = message.not_before_ms
+    first = MessageState.scheduled if not_before is not None and not_before > ctx.now_ms else MessageState.ready
+    sequence = work.record.next_enqueue_sequence
+    work.update(next_enqueue_sequence=sequence + 1)
+    meta = MessageMeta(
+        state=first,
+        state_version=0,  # `enter` puts the message in its first state as version 1
+        attempts=0,
+        lease_version=0,
+        delivery_generation=1,
+        enqueue_sequence=sequence,
+        ready_sequence=None,
+        parked_sequence=None,
+        enqueued_at_ms=ctx.now_ms,
+        not_before_ms=not_before,
+        expires_at_ms=message.expires_at_ms,
+        lease_owner=None,
+        lease_until_ms=None,
+        body_bytes=size,
+        headers=dict(sorted(message.headers.items())),
+        ordering_key=message.ordering_key,
+        terminal_at_ms=None,
+        last_retry_delay_ms=None,
+        dead_lettered_at_ms=None,
+        payload=large,
+        read_until_ms=None,
+    )
+    work.adjust(stored_messages=1, stored_bytes=size, enqueued_total=1)
     stage.put(keys.body(queue_id, message_id), inline)
-    if not_before is not None and not_before > ctx.now_ms:
-        enter(stage, record, message_id, meta, "scheduled", ctx, not_before_ms=not_before)
-    else:
-        enter(stage, record, message_id, meta, "ready", ctx)
-    add_expiry(stage, record, message_id, meta)
+    meta = enter(stage, work, message_id, meta, first, ctx, not_before_ms=not_before)
+    add_expiry(stage, work, message_id, meta)
+    counters = work.view.counters
     return {
-        "queue": queue["queue"],
+        "queue": work.view.queue,
         "message_id": message_id,
-        "state": meta["state"],
+        "state": str(meta.state),
         "enqueue_sequence": sequence,
-        "stored_messages": counters["stored_messages"],
-        "stored_bytes": counters["stored_bytes"],
+        "stored_messages": counters.stored_messages,
+        "stored_bytes": counters.stored_bytes,
     }
 
 
-def inspect_queue(stage: Staged, body: Record, ctx: Context) -> Record:
-    return load_queue_record(stage, ctx.domain, body["queue"]).view.to_avro()
+def inspect_queue(stage: Staged, body: InspectQueue, ctx: Context) -> Record:
+    return load_queue(stage, ctx.domain, body.queue).view.to_avro()
 
 
-def inspect_message(stage: Staged, body: Record, ctx: Context) -> Record:
-    queue_id = load_queue_record(stage, ctx.domain, body["queue"]).view.incarnation
-    check_message_id(body["message_id"])
-    meta = load_meta(stage, queue_id, body["message_id"])
+def inspect_message(stage: Staged, body: InspectMessage, ctx: Context) -> Record:
+    queue_id = load_queue(stage, ctx.domain, body.queue).view.incarnation
+    check_message_id(body.message_id)
+    meta = load_message(stage, queue_id, body.message_id)
     if meta is None:
-        if stage.get(keys.identity(queue_id, body["message_id"])) is not None:
+        if stage.get(keys.identity(queue_id, body.message_id)) is not None:
             raise Rejected(ErrorCode.NOT_FOUND, "message is reserved, or its history was reclaimed (the id stays used)")
         raise Rejected(ErrorCode.NOT_FOUND, "message does not exist")
-    payload = stage.get(keys.body(queue_id, body["message_id"])) if body["include_body"] else None
-    if meta.state in LIVE_STATES and payload is None and body["include_body"]:
+    payload = stage.get(keys.body(queue_id, body.message_id)) if body.include_body else None
+    if meta.state in LIVE_STATES and payload is None and body.include_body:
         raise Corruption(f"live message {meta.enqueue_sequence} of queue {queue_id} has no body")
-    return {"queue": body["queue"], "message_id": body["message_id"], "meta": meta.to_avro(), "body": payload}
+    return {"queue": body.queue, "message_id": body.message_id, "meta": meta.to_avro(), "body": payload}

@@ -18,21 +18,41 @@ from typing import Any, TypeVar
 from msgspec.structs import replace
 
 from keyload import limits
-from keyload.log.codec import Record
-from keyload.processors.counters import adjusted
+from keyload.processors.counters import adjusted_fields
 from keyload.processors.errors import Corruption, ErrorCode, Rejected
 from keyload.projections import keys
-from keyload.projections.records import GroupRecord, MessageMeta, QueuePolicy, QueueRecord, load, save
+from keyload.projections.records import (
+    GroupRecord,
+    MessageMeta,
+    MessageState,
+    QueueRecord,
+    QueueView,
+    load,
+    save,
+)
 from keyload.projections.store import Readable, Staged
-
-QUEUE_RECORD = QueueRecord.SCHEMA
-MESSAGE_META = MessageMeta.SCHEMA
 
 TimedRecord = TypeVar("TimedRecord", QueueRecord, GroupRecord)
 """A typed record with timers and waiters: a queue's or a subscription group's."""
 
-LIVE_STATES = ("scheduled", "ready", "leased", "dead_lettered", "pending_dead_letter")
-TERMINAL_TOTALS = {"acked": "acked_total", "expired": "expired_total", "cancelled": "cancelled_total"}
+LIVE_STATES = frozenset(
+    (
+        MessageState.scheduled,
+        MessageState.ready,
+        MessageState.leased,
+        MessageState.dead_lettered,
+        MessageState.pending_dead_letter,
+    )
+)
+"""A message's states until it ends: each has a counter of its name and, per message, an index row."""
+TERMINAL_TOTALS = {
+    MessageState.acked: "acked_total",
+    MessageState.expired: "expired_total",
+    MessageState.cancelled: "cancelled_total",
+}
+"""The counter each terminal state adds to."""
+DEAD_STATES = (MessageState.dead_lettered, MessageState.pending_dead_letter)
+"""The dead-letter states: parked, or waiting for room under the dead-letter sublimits."""
 
 
 def check_name(kind: str, value: str, max_chars: int, pattern: Any) -> None:
@@ -88,49 +108,38 @@ def allocate_incarnation(stage: Staged) -> int:
     return allocate(stage, keys.NEXT_QUEUE_ID)
 
 
-def view(record: Record) -> Record:
-    """The client-visible part of a stored queue or topic record."""
-    result: Record = record["view"]
-    return result
+class Working:
+    """A queue record that one command changes.
+
+    The records are frozen, and one command chains many changes to its queue:
+    transitions (processors/queues/lifecycle.py) move counters and sequence
+    allocators, timers the timer floor, waiters their count. Each replaces `record`,
+    so the handler and every transition it calls share one current record rather
+    than passing it back and forth: the queue is read once per command and written
+    once, by `save_queue(stage, work.record)`.
+    """
+
+    __slots__ = ("record",)
+
+    def __init__(self, record: QueueRecord) -> None:
+        self.record = record
+
+    @property
+    def view(self) -> QueueView:
+        return self.record.view
+
+    def update(self, **changes: Any) -> None:
+        """Replace fields of the stored record (its allocators and floors)."""
+        self.record = replace(self.record, **changes)
+
+    def adjust(self, **deltas: int) -> None:
+        """Change authoritative counters, checked in the order given: one going negative means
+        the projection is corrupt."""
+        queue = self.record.view
+        self.record = replace(self.record, view=replace(queue, counters=adjusted_fields(queue.counters, **deltas)))
 
 
-def load_queue(stage: Staged, domain: str, name: str) -> Record:
-    check_name("queue name", name, limits.MAX_QUEUE_NAME_CHARS, limits.QUEUE_NAME_PATTERN)
-    record = stage.get_record(keys.queue(domain, name), QUEUE_RECORD)
-    if record is None:
-        raise Rejected(ErrorCode.NOT_FOUND, "queue does not exist")
-    return record
-
-
-def load_queue_by_id(stage: Staged, queue_id: int) -> Record | None:
-    """The queue with this incarnation; None when there is none (the id may name a topic or a group)."""
-    queue_key = stage.get(keys.resource_key(queue_id))
-    if queue_key is None or queue_key[:1] != keys.QUEUE:
-        return None
-    return stage.get_record(queue_key, QUEUE_RECORD)
-
-
-def save_queue(stage: Staged, record: Record) -> None:
-    """Store the queue record, first bringing its entry in the due index up to date."""
-    refresh_due(stage, record)
-    queue = record["view"]
-    stage.put_record(keys.queue(queue["domain"], queue["queue"]), QUEUE_RECORD, record)
-
-
-def load_message(stage: Staged, queue_id: int, message_id: str) -> Record | None:
-    return stage.get_record(keys.message(queue_id, message_id), MESSAGE_META)
-
-
-def save_message(stage: Staged, queue_id: int, message_id: str, meta: Record) -> None:
-    stage.put_record(keys.message(queue_id, message_id), MESSAGE_META, meta)
-
-
-# The typed forms (projections/records.py). Handlers still on the dict forms above
-# (the lifecycle and what shares it with payloads and groups) keep those.
-
-
-def load_queue_record(stage: Staged, domain: str, name: str) -> QueueRecord:
-    """`load_queue` as a typed record."""
+def load_queue(stage: Staged, domain: str, name: str) -> QueueRecord:
     check_name("queue name", name, limits.MAX_QUEUE_NAME_CHARS, limits.QUEUE_NAME_PATTERN)
     record = load(stage, keys.queue(domain, name), QueueRecord)
     if record is None:
@@ -138,25 +147,26 @@ def load_queue_record(stage: Staged, domain: str, name: str) -> QueueRecord:
     return record
 
 
-def save_queue_record(stage: Staged, record: QueueRecord) -> QueueRecord:
-    """`save_queue` of a typed record; the record as stored (its due-index fields brought up to date)."""
+def load_queue_by_id(stage: Staged, queue_id: int) -> QueueRecord | None:
+    """The queue with this incarnation; None when there is none (the id may name a topic or a group)."""
+    queue_key = stage.get(keys.resource_key(queue_id))
+    if queue_key is None or queue_key[:1] != keys.QUEUE:
+        return None
+    return load(stage, queue_key, QueueRecord)
+
+
+def save_queue(stage: Staged, record: QueueRecord) -> None:
+    """Store the queue record, first bringing its entry in the due index up to date."""
     stored = refreshed_due(stage, record)
     save(stage, keys.queue(stored.view.domain, stored.view.queue), stored)
-    return stored
 
 
-def load_meta(stage: Staged, queue_id: int, message_id: str) -> MessageMeta | None:
-    """`load_message` as a typed record."""
+def load_message(stage: Staged, queue_id: int, message_id: str) -> MessageMeta | None:
     return load(stage, keys.message(queue_id, message_id), MessageMeta)
 
 
-def save_meta(stage: Staged, queue_id: int, message_id: str, meta: MessageMeta) -> None:
+def save_message(stage: Staged, queue_id: int, message_id: str, meta: MessageMeta) -> None:
     save(stage, keys.message(queue_id, message_id), meta)
-
-
-def adjust(counters: Record, name: str, delta: int) -> None:
-    """Change an authoritative counter; going negative means the projection is corrupt."""
-    counters[name] = adjusted(name, counters[name], delta)
 
 
 def add_index_row(stage: Staged, key: bytes, message_id: str) -> None:
@@ -173,19 +183,11 @@ def remove_index_row(stage: Staged, key: bytes, message_id: str) -> None:
 # Timers are shared by queues and subscription groups: a record with timers keeps
 # `view.incarnation`, `timer_floor` and `next_timer_ms`, and the functions below keep
 # its timer rows, its due-index entry and the partition's next due time consistent.
-
-
-def add_timer_row(stage: Staged, record: Record, due_ms: int, kind: int, sequence: int, value: str) -> None:
-    """Add a timer, keeping the record's timer floor at or below every timer's due time."""
-    key = keys.timer(record["view"]["incarnation"], due_ms, kind, sequence)
-    add_index_row(stage, key, value)
-    position = key[len(keys.timer_prefix(0)) :]
-    floor = record["timer_floor"]
-    record["timer_floor"] = position if floor is None else min(floor, position)
+# The records are frozen: each returns the record as it now is.
 
 
 def with_timer(stage: Staged, record: TimedRecord, due_ms: int, kind: int, sequence: int, value: str) -> TimedRecord:
-    """`add_timer_row` of a typed record: the record with its timer floor kept at or below the new timer."""
+    """Add a timer: the record with its timer floor kept at or below every timer's due time."""
     key = keys.timer(record.view.incarnation, due_ms, kind, sequence)
     add_index_row(stage, key, value)
     position = key[len(keys.timer_prefix(0)) :]
@@ -195,28 +197,20 @@ def with_timer(stage: Staged, record: TimedRecord, due_ms: int, kind: int, seque
     return replace(record, timer_floor=position)
 
 
-def _timer_floor(record: Record | TimedRecord) -> tuple[int, bytes | None]:
-    """(incarnation, timer floor) of a record with timers, dict or typed."""
-    if isinstance(record, dict):
-        return record["view"]["incarnation"], record["timer_floor"]
-    return record.view.incarnation, record.timer_floor
-
-
-def timers_from_floor(stage: Staged, record: Record | TimedRecord) -> Iterator[tuple[bytes, bytes]]:
-    """The queue's timers in due order, seeking past the deleted ones in front of its floor.
+def timers_from_floor(stage: Staged, record: TimedRecord) -> Iterator[tuple[bytes, bytes]]:
+    """The record's timers in due order, seeking past the deleted ones in front of its floor.
 
     Index rows are deleted from the front as a queue works through them; RocksDB
     keeps their tombstones for a while, so a scan from the prefix start would step
     over every one. Each index keeps a floor below which no row exists.
     """
-    incarnation, floor = _timer_floor(record)
-    if floor is None:
+    if record.timer_floor is None:
         return iter(())
-    prefix = keys.timer_prefix(incarnation)
-    return stage.scan(prefix + floor, keys.prefix_end(prefix))
+    prefix = keys.timer_prefix(record.view.incarnation)
+    return stage.scan(prefix + record.timer_floor, keys.prefix_end(prefix))
 
 
-def due_timers(stage: Staged, record: Record | TimedRecord, now_ms: int, budget: int) -> list[tuple[bytes, bytes]]:
+def due_timers(stage: Staged, record: TimedRecord, now_ms: int, budget: int) -> list[tuple[bytes, bytes]]:
     """The record's timers due by `now_ms`, earliest first, at most `budget` of them."""
     due: list[tuple[bytes, bytes]] = []
     for key, value in timers_from_floor(stage, record):
@@ -226,37 +220,29 @@ def due_timers(stage: Staged, record: Record | TimedRecord, now_ms: int, budget:
     return due
 
 
-def refresh_due(stage: Staged, record: Record) -> None:
-    """Keep the record's due-index entry at its earliest timer, and the partition's next due time."""
-    floor, earliest = _refresh_due(stage, record, record["view"]["incarnation"], record["next_timer_ms"])
-    record["timer_floor"] = floor
-    record["next_timer_ms"] = earliest
-
-
 def refreshed_due(stage: Staged, record: TimedRecord) -> TimedRecord:
-    """`refresh_due` of a typed record: the record with its timer floor and next timer time updated."""
-    floor, earliest = _refresh_due(stage, record, record.view.incarnation, record.next_timer_ms)
-    if floor == record.timer_floor and earliest == record.next_timer_ms:
-        return record
-    return replace(record, timer_floor=floor, next_timer_ms=earliest)
-
-
-def _refresh_due(
-    stage: Staged, record: Record | TimedRecord, queue_id: int, previous: int | None
-) -> tuple[bytes | None, int | None]:
-    """Bring the due index up to date for a record whose next timer time was `previous`:
-    its new (timer floor, next timer time)."""
+    """Keep the record's due-index entry at its earliest timer, and the partition's next due time:
+    the record with its timer floor and next timer time brought up to date."""
     first = next(timers_from_floor(stage, record), None)
     earliest = None if first is None else keys.parse_timer(first[0])[0]
     # The floor is the first timer's whole position (due, kind, sequence): many timers
     # share a due time, and a floor of only the time would walk the deleted ones again.
     floor = None if first is None else first[0][len(keys.timer_prefix(0)) :]
-    if earliest == previous:
-        return floor, earliest
+    previous = record.next_timer_ms
+    if earliest != previous:
+        _move_due_entry(stage, record.view.incarnation, previous, earliest)
+    if floor == record.timer_floor and earliest == previous:
+        return record
+    return replace(record, timer_floor=floor, next_timer_ms=earliest)
+
+
+def _move_due_entry(stage: Staged, resource_id: int, previous: int | None, earliest: int | None) -> None:
+    """Move a resource's due-index entry from `previous` to `earliest`, and recompute the
+    partition's next due time."""
     if previous is not None:
-        stage.delete(keys.due_queue(previous, queue_id))
+        stage.delete(keys.due_queue(previous, resource_id))
     if earliest is not None:
-        stage.put(keys.due_queue(earliest, queue_id), b"")
+        stage.put(keys.due_queue(earliest, resource_id), b"")
     # The partition's earliest is at or after the smaller of its old value and this queue's new one.
     candidates = [t for t in (next_due_ms(stage), earliest) if t is not None]
     start = keys.due_queue(min(candidates), 0) if candidates else keys.DUE_QUEUE
@@ -265,7 +251,6 @@ def _refresh_due(
         stage.delete(keys.NEXT_DUE)
     else:
         stage.put(keys.NEXT_DUE, keys.u64(keys.parse_due_queue(first_due[0])[0]))
-    return floor, earliest
 
 
 def next_due_ms(stage: Readable) -> int | None:
@@ -274,16 +259,11 @@ def next_due_ms(stage: Readable) -> int | None:
     return None if raw is None else keys.read_u64(raw)
 
 
-def dead_letter_limits(policy: Record | QueuePolicy) -> tuple[int, int]:
-    """The dead-letter sublimits, null inheriting the stored grant."""
-    if isinstance(policy, QueuePolicy):
-        return (
-            policy.max_stored_messages if policy.max_dead_letter_messages is None else policy.max_dead_letter_messages,
-            policy.max_stored_bytes if policy.max_dead_letter_bytes is None else policy.max_dead_letter_bytes,
-        )
-    messages = policy["max_dead_letter_messages"]
-    size = policy["max_dead_letter_bytes"]
-    return (
-        policy["max_stored_messages"] if messages is None else messages,
-        policy["max_stored_bytes"] if size is None else size,
-    )
+def has_dead_letter_room(queue: QueueView, body_bytes: int) -> bool:
+    """Whether the dead-letter sublimits hold one more message of `body_bytes` (null limits
+    inheriting the stored grant)."""
+    policy, counters = queue.policy, queue.counters
+    messages, size = policy.max_dead_letter_messages, policy.max_dead_letter_bytes
+    max_messages = policy.max_stored_messages if messages is None else messages
+    max_bytes = policy.max_stored_bytes if size is None else size
+    return counters.dead_lettered + 1 <= max_messages and counters.dead_letter_bytes + body_bytes <= max_bytes

@@ -16,6 +16,7 @@ import struct
 from msgspec.structs import replace
 
 from keyload import limits
+from keyload.bodies import CreateTopic, Event, InspectTopic, Publish, PurgeTopic, ReadTopic
 from keyload.log.codec import REGISTRY, Record
 from keyload.processors import validation
 from keyload.processors.context import Context
@@ -27,9 +28,7 @@ from keyload.processors.topics.cursors import cursor, cursor_position
 from keyload.projections import keys
 from keyload.projections.records import (
     EventRecord,
-    GroupRecord,
     GroupState,
-    TopicPolicy,
     TopicRecord,
     TopicView,
     load,
@@ -43,7 +42,7 @@ EVENT_RECORD = EventRecord.SCHEMA
 _U32 = struct.Struct(">I")
 
 
-def content_digest(event_type: str, headers: dict[str, str], body: bytes) -> bytes:
+def content_digest(event: Event) -> bytes:
     """SHA-256 over an event's content: its type, its header count and headers in name order,
     and its body; every string and the body u32-length-prefixed, so no two contents share bytes."""
     digest = hashlib.sha256()
@@ -52,12 +51,13 @@ def content_digest(event_type: str, headers: dict[str, str], body: bytes) -> byt
         digest.update(_U32.pack(len(data)))
         digest.update(data)
 
-    part(event_type.encode("utf-8"))
+    headers = event.headers
+    part(event.type.encode("utf-8"))
     digest.update(_U32.pack(len(headers)))
     for name in sorted(headers):
         part(name.encode("utf-8"))
         part(headers[name].encode("utf-8"))
-    part(body)
+    part(event.body)
     return digest.digest()
 
 
@@ -96,10 +96,10 @@ def save_topic(stage: Staged, record: TopicRecord) -> None:
     save(stage, keys.topic(record.view.domain, record.view.topic), record)
 
 
-def create_topic(stage: Staged, body: Record, ctx: Context) -> Record:
-    name = body["topic"]
+def create_topic(stage: Staged, body: CreateTopic, ctx: Context) -> Record:
+    name = body.topic
     check_name("topic name", name, limits.MAX_TOPIC_NAME_CHARS, limits.TOPIC_NAME_PATTERN)
-    policy = resolve_topic_policy(body["policy"])
+    policy = resolve_topic_policy(body.policy)
     if stage.get(keys.topic(ctx.domain, name)) is not None:
         raise Rejected(ErrorCode.CONFLICT, "topic already exists")
     record = TopicRecord(
@@ -108,7 +108,7 @@ def create_topic(stage: Staged, body: Record, ctx: Context) -> Record:
             topic=name,
             incarnation=allocate_incarnation(stage),
             created_at_ms=ctx.now_ms,
-            policy=TopicPolicy.from_avro(policy),
+            policy=policy,
             first_available=1,
             tail=0,
             generation=1,
@@ -121,39 +121,39 @@ def create_topic(stage: Staged, body: Record, ctx: Context) -> Record:
     return record.view.to_avro()
 
 
-def inspect_topic(stage: Staged, body: Record, ctx: Context) -> Record:
-    return topic_record(stage, ctx.domain, body["topic"]).view.to_avro()
+def inspect_topic(stage: Staged, body: InspectTopic, ctx: Context) -> Record:
+    return topic_record(stage, ctx.domain, body.topic).view.to_avro()
 
 
-def _check_event(index: int, event: Record) -> int:
+def _check_event(index: int, event: Event) -> int:
     """Validate one event of a Publish; its charge against retained_bytes (body, type, headers)."""
     try:
-        check_name("event id", event["event_id"], limits.MAX_EVENT_ID_CHARS, limits.ID_PATTERN)
-        check_name("event type", event["type"], limits.MAX_EVENT_TYPE_CHARS, limits.ID_PATTERN)
-        header_bytes = check_headers(event["headers"])
-        if len(event["body"]) > limits.MAX_INLINE_BODY_BYTES:
+        check_name("event id", event.event_id, limits.MAX_EVENT_ID_CHARS, limits.ID_PATTERN)
+        check_name("event type", event.type, limits.MAX_EVENT_TYPE_CHARS, limits.ID_PATTERN)
+        header_bytes = check_headers(event.headers)
+        if len(event.body) > limits.MAX_INLINE_BODY_BYTES:
             raise Rejected(ErrorCode.VALIDATION, f"body exceeds {limits.MAX_INLINE_BODY_BYTES} bytes")
     except Rejected as rejection:
         raise Rejected(rejection.code, f"event {index}: {rejection.detail}") from None
-    return len(event["body"]) + len(event["type"].encode("utf-8")) + header_bytes
+    return len(event.body) + len(event.type.encode("utf-8")) + header_bytes
 
 
-def _check_events(events: list[Record]) -> list[int]:
+def _check_events(events: list[Event]) -> list[int]:
     """Validate a Publish's events as a whole; each event's charge."""
     if not 1 <= len(events) <= limits.MAX_PUBLISH_EVENTS:
         raise Rejected(ErrorCode.VALIDATION, f"a publish carries 1..{limits.MAX_PUBLISH_EVENTS} events")
     charges = [_check_event(index, event) for index, event in enumerate(events)]
-    if sum(len(event["body"]) for event in events) > limits.MAX_PUBLISH_BODY_BYTES:
+    if sum(len(event.body) for event in events) > limits.MAX_PUBLISH_BODY_BYTES:
         raise Rejected(ErrorCode.VALIDATION, f"the bodies together exceed {limits.MAX_PUBLISH_BODY_BYTES} bytes")
     first_of: dict[str, int] = {}
     for index, event in enumerate(events):
-        first = first_of.setdefault(event["event_id"], index)
+        first = first_of.setdefault(event.event_id, index)
         if first != index:
             raise Rejected(ErrorCode.VALIDATION, f"events {first} and {index} have the same event id")
     return charges
 
 
-def _check_unpublished(stage: Staged, topic_id: int, events: list[Record], digests: list[bytes]) -> None:
+def _check_unpublished(stage: Staged, topic_id: int, events: list[Event], digests: list[bytes]) -> None:
     """Refuse the whole command when any event id was published before.
 
     Other content under a used id is a Conflict, reported before any duplicate:
@@ -162,7 +162,7 @@ def _check_unpublished(stage: Staged, topic_id: int, events: list[Record], diges
     """
     duplicate: tuple[int, int] | None = None
     for index, (event, digest) in enumerate(zip(events, digests, strict=True)):
-        row = stage.get(keys.event_id(topic_id, event["event_id"]))
+        row = stage.get(keys.event_id(topic_id, event.event_id))
         if row is None:
             continue
         position, original = keys.parse_event_id_value(row)
@@ -175,14 +175,14 @@ def _check_unpublished(stage: Staged, topic_id: int, events: list[Record], diges
         raise Rejected(ErrorCode.DUPLICATE_EVENT_ID, f"event {index} was already published at position {position}")
 
 
-def publish(stage: Staged, body: Record, ctx: Context) -> Record:
+def publish(stage: Staged, body: Publish, ctx: Context) -> Record:
     """Append every event at the next positions, or none of them."""
-    record = topic_record(stage, ctx.domain, body["topic"])
+    record = topic_record(stage, ctx.domain, body.topic)
     topic = record.view
-    events: list[Record] = body["events"]
+    events = body.events
     charges = _check_events(events)
     topic_id = topic.incarnation
-    digests = [content_digest(event["type"], event["headers"], event["body"]) for event in events]
+    digests = [content_digest(event) for event in events]
     _check_unpublished(stage, topic_id, events, digests)
     if topic.retained_events + len(events) > topic.policy.max_retained_events:
         raise Rejected(ErrorCode.RESOURCE_EXHAUSTED, "the topic would exceed max_retained_events")
@@ -199,20 +199,20 @@ def publish(stage: Staged, body: Record, ctx: Context) -> Record:
     for event, charge, digest in zip(events, charges, digests, strict=True):
         position = tail + 1
         stored = EventRecord(
-            event_id=event["event_id"],
-            type=event["type"],
-            headers=dict(sorted(event["headers"].items())),
-            body=event["body"],
+            event_id=event.event_id,
+            type=event.type,
+            headers=dict(sorted(event.headers.items())),
+            body=event.body,
             published_at_ms=ctx.now_ms,
             charged_bytes=charge,
         )
         save(stage, keys.event(topic_id, position), stored)
-        stage.put(keys.event_id(topic_id, event["event_id"]), keys.event_id_value(position, digest))
+        stage.put(keys.event_id(topic_id, event.event_id), keys.event_id_value(position, digest))
         tail = position
         retained_events = adjusted("retained_events", retained_events, 1)
         retained_bytes = adjusted("retained_bytes", retained_bytes, charge)
         published_total = adjusted("published_total", published_total, 1)
-        published.append({"event_id": event["event_id"], "position": position})
+        published.append({"event_id": event.event_id, "position": position})
     topic = replace(
         topic,
         tail=tail,
@@ -229,19 +229,22 @@ def publish(stage: Staged, body: Record, ctx: Context) -> Record:
     }
 
 
-def read_topic(stage: Staged, body: Record, ctx: Context) -> Record:
+def read_topic(stage: Staged, body: ReadTopic, ctx: Context) -> Record:
     """A page of events from `from_position` (or where `cursor` points) in position order.
 
     The page ends at `max_events`, at `max_bytes` of charged bytes (the first
     event is always returned, so one large event never wedges a reader), at the
     tail, or after READ_EXAMINATION_BUDGET rows (`budget_exhausted`).
     """
-    topic = topic_record(stage, ctx.domain, body["topic"]).view
-    max_events = bounded("max_events", body["max_events"], limits.DEFAULT_READ_EVENTS, 1, limits.MAX_READ_EVENTS)
-    max_bytes = bounded("max_bytes", body["max_bytes"], limits.DEFAULT_READ_BYTES, 1, limits.MAX_READ_BYTES)
-    if (body["from_position"] is None) == (body["cursor"] is None):
+    topic = topic_record(stage, ctx.domain, body.topic).view
+    max_events = bounded("max_events", body.max_events, limits.DEFAULT_READ_EVENTS, 1, limits.MAX_READ_EVENTS)
+    max_bytes = bounded("max_bytes", body.max_bytes, limits.DEFAULT_READ_BYTES, 1, limits.MAX_READ_BYTES)
+    if body.from_position is not None and body.cursor is None:
+        start = body.from_position
+    elif body.from_position is None and body.cursor is not None:
+        start = cursor_position(body.cursor)
+    else:
         raise Rejected(ErrorCode.VALIDATION, "a read starts from a position or from a cursor: exactly one of them")
-    start = body["from_position"] if body["cursor"] is None else cursor_position(body["cursor"])
     first, tail = topic.first_available, topic.tail
     if start < 0:
         raise Rejected(ErrorCode.VALIDATION, "from_position must not be negative")
@@ -305,7 +308,7 @@ def _purge_limit(stage: Staged, topic: TopicView, group: GroupState) -> int:
     return checkpoint if lowest is None else min(checkpoint, keys.row_position(lowest[0]) - 1)
 
 
-def purge_topic(stage: Staged, body: Record, ctx: Context) -> Record:
+def purge_topic(stage: Staged, body: PurgeTopic, ctx: Context) -> Record:
     """Delete the retained events first_available..through and release their bytes.
 
     Refused (ResourceExhausted) past the tail or past any group's purge limit,
@@ -316,12 +319,12 @@ def purge_topic(stage: Staged, body: Record, ctx: Context) -> Record:
     # Imported here: groups pin purges, and processors/groups/group.py imports this module.
     from keyload.processors.groups import group as groups
 
-    validation.check_integer("PurgeTopic.through", body["through"])
-    validation.check_integer("PurgeTopic.expected_generation", body["expected_generation"])
-    stored = topic_record(stage, ctx.domain, body["topic"])
+    validation.check_integer("PurgeTopic.through", body.through)
+    validation.check_integer("PurgeTopic.expected_generation", body.expected_generation)
+    stored = topic_record(stage, ctx.domain, body.topic)
     topic = stored.view
-    through, first = body["through"], topic.first_available
-    if body["expected_generation"] != topic.generation:
+    through, first = body.through, topic.first_available
+    if body.expected_generation != topic.generation:
         raise Rejected(ErrorCode.REVISION_CONFLICT, f"the topic is at generation {topic.generation}")
     if through < first:
         raise Rejected(ErrorCode.VALIDATION, f"through must be at least first_available ({first})")
@@ -331,8 +334,7 @@ def purge_topic(stage: Staged, body: Record, ctx: Context) -> Record:
         raise Rejected(
             ErrorCode.VALIDATION, f"a purge deletes at most {limits.MAX_PURGE_EVENTS} events: purge in steps"
         )
-    # At most MAX_GROUPS_PER_TOPIC records, each converted once; purges are rare.
-    pinning = [GroupRecord.from_avro(record) for _, record in groups.groups_of(stage, topic.incarnation)]
+    pinning = groups.groups_of(stage, topic.incarnation)  # at most MAX_GROUPS_PER_TOPIC; purges are rare
     for group in pinning:
         limit = _purge_limit(stage, topic, group.view)
         if through > limit:
@@ -353,7 +355,7 @@ def purge_topic(stage: Staged, body: Record, ctx: Context) -> Record:
     for group in pinning:
         dropped = _drop_parked_through(stage, group.view, first, through)
         if dropped is not None:
-            groups.save_group(stage, replace(group, view=dropped).to_avro())
+            groups.save_group(stage, replace(group, view=dropped))
     topic = replace(
         topic,
         first_available=through + 1,
