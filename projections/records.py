@@ -499,7 +499,7 @@ STORED_RECORDS: tuple[type[StoredRecord], ...] = (
 class RecordStage(Protocol):
     """What `load` / `save` need of `projections.store.Staged`."""
 
-    def get_record(self, key: bytes, name: str) -> dict[str, Any] | None: ...
+    def peek_record(self, key: bytes, name: str) -> dict[str, Any] | None: ...
 
     def put_record(self, key: bytes, name: str, record: dict[str, Any]) -> None: ...
 
@@ -509,7 +509,7 @@ R = TypeVar("R", bound=StoredRecord)
 
 def load(stage: RecordStage, key: bytes, kind: type[R]) -> R | None:
     """The record of type `kind` at `key`, or None when there is none."""
-    record = stage.get_record(key, kind.SCHEMA)
+    record = stage.peek_record(key, kind.SCHEMA)
     return None if record is None else kind.from_avro(record)
 
 

@@ -122,6 +122,20 @@ class Staged:
         self._loaded[key] = record
         return record
 
+    def peek_record(self, key: bytes, name: str) -> Record | None:
+        """The decoded record at `key` for reading only: never mutate it (it may be a parent's).
+        No copy is made, which is what a typed load wants: it builds its own frozen record."""
+        if key in self._writes or key in self._loaded:
+            return self._own_record(key, name)
+        if isinstance(self._base, Staged):
+            return self._base.peek_record(key, name)
+        raw = self._base.get(key)
+        if raw is None:
+            return None
+        record = REGISTRY.decode(name, raw)
+        self._loaded[key] = record
+        return record
+
     def _own_record(self, key: bytes, name: str) -> Record | None:
         if key in self._writes:
             value = self._writes[key]
