@@ -6,6 +6,12 @@ the body shares with stored state (`GroupFilter`) is the stored record's class. 
 several records, a batch mutation's, is a `Branch`: the (record name, body) pair as fastavro decodes
 it, read by branch name (processors/batch.py) because msgspec has no untagged union of records.
 
+Avro `int` and `long` fields are plain `int` here, with no range: decoding checks none, so a writer
+that does not check can put a value past 32 bits into an Avro `int`, and the handler refuses it by
+the field's named range (keyload/limits.py INTEGER_FIELD_RANGES) exactly as it did before bodies
+were typed. Every other value a decoded body holds already has its class's type, so reading a
+body into its class cannot fail.
+
 The processor's dispatch reads a decoded body into its class once (`BODY_TYPES`, by branch name),
 so handlers read attributes. The fingerprint and a processing's effects digest are computed over
 the decoded command itself, not over these classes, so typing the bodies changes no stored byte.
@@ -16,7 +22,7 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import Any
 
-from keyload.projections.records import AvroRecord, GroupFilter, Int, Long, Sha256
+from keyload.projections.records import AvroRecord, GroupFilter, Sha256
 
 Branch = tuple[str, dict[str, Any]]
 """A value of a union of records: (the record's full name, its decoded body)."""
@@ -35,8 +41,8 @@ class FencedMessageCommand(AvroRecord, frozen=True, kw_only=True, forbid_unknown
 
     queue: str
     message_id: str
-    expected_state_version: Long
-    expected_delivery_generation: Long
+    expected_state_version: int
+    expected_delivery_generation: int
 
 
 class QueuePolicySpec(AvroRecord, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -44,23 +50,23 @@ class QueuePolicySpec(AvroRecord, frozen=True, kw_only=True, forbid_unknown_fiel
 
     AVRO_NAME = "keyload.QueuePolicySpec"
 
-    max_stored_messages: Long | None = None
-    max_stored_bytes: Long | None = None
-    max_in_flight: Long | None = None
-    max_attempts: Int | None = None
-    lease_ms: Long | None = None
-    max_lease_ms: Long | None = None
-    retry_base_ms: Long | None = None
-    retry_max_ms: Long | None = None
-    retry_factor: Int | None = None
+    max_stored_messages: int | None = None
+    max_stored_bytes: int | None = None
+    max_in_flight: int | None = None
+    max_attempts: int | None = None
+    lease_ms: int | None = None
+    max_lease_ms: int | None = None
+    retry_base_ms: int | None = None
+    retry_max_ms: int | None = None
+    retry_factor: int | None = None
     retry_jitter: str | None = None
-    max_dead_letter_messages: Long | None = None
-    max_dead_letter_bytes: Long | None = None
+    max_dead_letter_messages: int | None = None
+    max_dead_letter_bytes: int | None = None
     ordering: str | None = None
     parked_head: str | None = None
-    receive_max_messages: Int | None = None
-    receive_max_bytes: Long | None = None
-    payload_request_horizon_ms: Long | None = None
+    receive_max_messages: int | None = None
+    receive_max_bytes: int | None = None
+    payload_request_horizon_ms: int | None = None
 
 
 class CreateQueue(AvroRecord, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -77,7 +83,7 @@ class ConfigureQueue(AvroRecord, frozen=True, kw_only=True, forbid_unknown_field
 
     queue: str
     policy: QueuePolicySpec
-    expected_policy_version: Long | None = None
+    expected_policy_version: int | None = None
 
 
 class Enqueue(AvroRecord, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -88,8 +94,8 @@ class Enqueue(AvroRecord, frozen=True, kw_only=True, forbid_unknown_fields=True)
     body: bytes
     headers: dict[str, str] = {}
     ordering_key: str | None = None
-    not_before_ms: Long | None = None
-    expires_at_ms: Long | None = None
+    not_before_ms: int | None = None
+    expires_at_ms: int | None = None
 
 
 class InspectQueue(AvroRecord, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -124,17 +130,17 @@ class Receive(AvroRecord, frozen=True, kw_only=True, forbid_unknown_fields=True)
     AVRO_NAME = "keyload.command.Receive"
 
     queue: str
-    max_messages: Int | None = None
-    max_bytes: Long | None = None
-    lease_ms: Long | None = None
-    wait_ms: Long | None = None
+    max_messages: int | None = None
+    max_bytes: int | None = None
+    lease_ms: int | None = None
+    wait_ms: int | None = None
 
 
 class Renew(AvroRecord, frozen=True, kw_only=True, forbid_unknown_fields=True):
     AVRO_NAME = "keyload.command.Renew"
 
     token: str
-    lease_ms: Long | None = None
+    lease_ms: int | None = None
 
 
 class Ack(AvroRecord, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -155,7 +161,7 @@ class Nack(AvroRecord, frozen=True, kw_only=True, forbid_unknown_fields=True):
     AVRO_NAME = "keyload.command.Nack"
 
     token: str
-    delay_ms: Long | None = None
+    delay_ms: int | None = None
 
 
 class Redrive(FencedMessageCommand, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -174,8 +180,8 @@ class ListDeadLetters(AvroRecord, frozen=True, kw_only=True, forbid_unknown_fiel
     AVRO_NAME = "keyload.command.ListDeadLetters"
 
     queue: str
-    after_sequence: Long | None = None
-    limit: Int = 100
+    after_sequence: int | None = None
+    limit: int = 100
     include_body: bool = False
 
 
@@ -195,8 +201,8 @@ class TopicPolicySpec(AvroRecord, frozen=True, kw_only=True, forbid_unknown_fiel
 
     AVRO_NAME = "keyload.TopicPolicySpec"
 
-    max_retained_events: Long | None = None
-    max_retained_bytes: Long | None = None
+    max_retained_events: int | None = None
+    max_retained_bytes: int | None = None
 
 
 class CreateTopic(AvroRecord, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -231,9 +237,9 @@ class ReadTopic(AvroRecord, frozen=True, kw_only=True, forbid_unknown_fields=Tru
     AVRO_NAME = "keyload.command.ReadTopic"
 
     topic: str
-    from_position: Long | None = None
-    max_events: Int | None = None
-    max_bytes: Long | None = None
+    from_position: int | None = None
+    max_events: int | None = None
+    max_bytes: int | None = None
     cursor: str | None = None
 
 
@@ -254,13 +260,13 @@ class GroupPolicySpec(AvroRecord, frozen=True, kw_only=True, forbid_unknown_fiel
 
     AVRO_NAME = "keyload.GroupPolicySpec"
 
-    max_window: Long | None = None
-    lease_ms: Long | None = None
-    max_lease_ms: Long | None = None
-    max_attempts: Int | None = None
-    retry_base_ms: Long | None = None
-    retry_max_ms: Long | None = None
-    retry_factor: Int | None = None
+    max_window: int | None = None
+    lease_ms: int | None = None
+    max_lease_ms: int | None = None
+    max_attempts: int | None = None
+    retry_base_ms: int | None = None
+    retry_max_ms: int | None = None
+    retry_factor: int | None = None
     retry_jitter: str | None = None
 
 
@@ -271,7 +277,7 @@ class CreateGroup(GroupCommand, frozen=True, kw_only=True, forbid_unknown_fields
 
     filter: GroupFilter
     start: GroupStart
-    position: Long | None = None
+    position: int | None = None
     policy: GroupPolicySpec
 
 
@@ -280,10 +286,10 @@ class GroupReceive(GroupCommand, frozen=True, kw_only=True, forbid_unknown_field
 
     AVRO_NAME = "keyload.command.GroupReceive"
 
-    max_events: Int | None = None
-    max_bytes: Long | None = None
-    lease_ms: Long | None = None
-    wait_ms: Long | None = None
+    max_events: int | None = None
+    max_bytes: int | None = None
+    lease_ms: int | None = None
+    wait_ms: int | None = None
 
 
 class GroupAck(GroupCommand, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -304,14 +310,14 @@ class GroupNack(GroupCommand, frozen=True, kw_only=True, forbid_unknown_fields=T
     AVRO_NAME = "keyload.command.GroupNack"
 
     token: str
-    delay_ms: Long | None = None
+    delay_ms: int | None = None
 
 
 class GroupRenew(GroupCommand, frozen=True, kw_only=True, forbid_unknown_fields=True):
     AVRO_NAME = "keyload.command.GroupRenew"
 
     token: str
-    lease_ms: Long | None = None
+    lease_ms: int | None = None
 
 
 class GroupStatus(GroupCommand, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -324,8 +330,8 @@ class SeekGroup(GroupCommand, frozen=True, kw_only=True, forbid_unknown_fields=T
     AVRO_NAME = "keyload.command.SeekGroup"
 
     to: GroupStart
-    position: Long | None = None
-    expected_generation: Long | None = None
+    position: int | None = None
+    expected_generation: int | None = None
 
 
 class ConfigureGroup(GroupCommand, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -334,7 +340,7 @@ class ConfigureGroup(GroupCommand, frozen=True, kw_only=True, forbid_unknown_fie
 
     AVRO_NAME = "keyload.command.ConfigureGroup"
 
-    expected_generation: Long
+    expected_generation: int
     filter: GroupFilter | None = None
     policy: GroupPolicySpec | None = None
 
@@ -353,8 +359,8 @@ class PurgeTopic(AvroRecord, frozen=True, kw_only=True, forbid_unknown_fields=Tr
     AVRO_NAME = "keyload.command.PurgeTopic"
 
     topic: str
-    through: Long
-    expected_generation: Long
+    through: int
+    expected_generation: int
 
 
 class PutDocument(AvroRecord, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -364,7 +370,7 @@ class PutDocument(AvroRecord, frozen=True, kw_only=True, forbid_unknown_fields=T
 
     key: str
     value: bytes
-    expected_revision: Long | None = None
+    expected_revision: int | None = None
 
 
 class DeleteDocument(AvroRecord, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -373,7 +379,7 @@ class DeleteDocument(AvroRecord, frozen=True, kw_only=True, forbid_unknown_field
     AVRO_NAME = "keyload.command.DeleteDocument"
 
     key: str
-    expected_revision: Long | None = None
+    expected_revision: int | None = None
 
 
 class GetDocument(AvroRecord, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -389,8 +395,8 @@ class ListDocuments(AvroRecord, frozen=True, kw_only=True, forbid_unknown_fields
 
     prefix: str = ""
     after: str | None = None
-    max_documents: Int | None = None
-    max_bytes: Long | None = None
+    max_documents: int | None = None
+    max_bytes: int | None = None
 
 
 class BatchMutation(AvroRecord, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -416,7 +422,7 @@ class CompleteProcessing(AvroRecord, frozen=True, kw_only=True, forbid_unknown_f
 
     token: str
     handler_scope: str
-    execution_generation: Long
+    execution_generation: int
     effects: list[BatchMutation]
     topic: str | None = None
     group: str | None = None
@@ -427,8 +433,8 @@ class ConfigureInbox(AvroRecord, frozen=True, kw_only=True, forbid_unknown_field
 
     AVRO_NAME = "keyload.command.ConfigureInbox"
 
-    max_receipts: Long
-    max_bytes: Long
+    max_receipts: int
+    max_bytes: int
 
 
 class InboxSource(AvroRecord, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -437,7 +443,7 @@ class InboxSource(AvroRecord, frozen=True, kw_only=True, forbid_unknown_fields=T
     domain: str
     queue: str
     message_id: str
-    delivery_generation: Long
+    delivery_generation: int
 
 
 class CommitInbox(AvroRecord, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -447,7 +453,7 @@ class CommitInbox(AvroRecord, frozen=True, kw_only=True, forbid_unknown_fields=T
 
     source: InboxSource
     handler_scope: str
-    execution_generation: Long
+    execution_generation: int
     effects: list[BatchMutation]
 
 
@@ -459,13 +465,13 @@ class PrepareLargeSchedule(AvroRecord, frozen=True, kw_only=True, forbid_unknown
 
     queue: str
     message_id: str
-    length: Long
+    length: int
     sha256: Sha256
-    upload_window_ms: Long | None = None
+    upload_window_ms: int | None = None
     headers: dict[str, str]
     ordering_key: str | None = None
-    not_before_ms: Long | None = None
-    expires_at_ms: Long | None = None
+    not_before_ms: int | None = None
+    expires_at_ms: int | None = None
 
 
 class CancelLargeSchedule(AvroRecord, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -473,7 +479,7 @@ class CancelLargeSchedule(AvroRecord, frozen=True, kw_only=True, forbid_unknown_
 
     AVRO_NAME = "keyload.command.CancelLargeSchedule"
 
-    reservation_id: Long
+    reservation_id: int
 
 
 class PayloadCommitProof(AvroRecord, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -483,14 +489,14 @@ class PayloadCommitProof(AvroRecord, frozen=True, kw_only=True, forbid_unknown_f
     AVRO_NAME = "keyload.PayloadCommitProof"
 
     domain: str
-    reservation_id: Long
+    reservation_id: int
     object_key: str
     object_version: str
-    length: Long
+    length: int
     sha256: Sha256
-    trust_set_version: Long
+    trust_set_version: int
     key_id: str
-    attested_at_ms: Long
+    attested_at_ms: int
     signature: bytes
 
 
@@ -499,14 +505,14 @@ class CommitLargeSchedule(AvroRecord, frozen=True, kw_only=True, forbid_unknown_
 
     AVRO_NAME = "keyload.command.CommitLargeSchedule"
 
-    reservation_id: Long
+    reservation_id: int
     proof: PayloadCommitProof
 
 
 class InspectReservation(AvroRecord, frozen=True, kw_only=True, forbid_unknown_fields=True):
     AVRO_NAME = "keyload.command.InspectReservation"
 
-    reservation_id: Long
+    reservation_id: int
 
 
 class AdvanceRecoveryFloor(AvroRecord, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -515,7 +521,7 @@ class AdvanceRecoveryFloor(AvroRecord, frozen=True, kw_only=True, forbid_unknown
 
     AVRO_NAME = "keyload.command.AdvanceRecoveryFloor"
 
-    floor_offset: Long
+    floor_offset: int
 
 
 class ListRetention(AvroRecord, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -523,8 +529,8 @@ class ListRetention(AvroRecord, frozen=True, kw_only=True, forbid_unknown_fields
 
     AVRO_NAME = "keyload.command.ListRetention"
 
-    after_task: Long | None = None
-    limit: Int | None = None
+    after_task: int | None = None
+    limit: int | None = None
 
 
 class BeginDelete(AvroRecord, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -532,7 +538,7 @@ class BeginDelete(AvroRecord, frozen=True, kw_only=True, forbid_unknown_fields=T
 
     AVRO_NAME = "keyload.command.BeginDelete"
 
-    task_id: Long
+    task_id: int
 
 
 class DeleteConfirmed(AvroRecord, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -540,7 +546,7 @@ class DeleteConfirmed(AvroRecord, frozen=True, kw_only=True, forbid_unknown_fiel
 
     AVRO_NAME = "keyload.command.DeleteConfirmed"
 
-    task_id: Long
+    task_id: int
     deleted_versions: list[str]
 
 

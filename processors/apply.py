@@ -27,7 +27,6 @@ from keyload.processors.fingerprints import COMMAND, FINGERPRINT_BYTES, fingerpr
 from keyload.processors.groups import leases as group_leases
 from keyload.processors.outcomes import OUTCOME, new_outcome, reject
 from keyload.processors.queues import leases
-from keyload.processors.validation import read_body
 from keyload.projections import keys
 from keyload.projections.records import AvroRecord
 from keyload.projections.store import Staged
@@ -73,7 +72,7 @@ class Dispatch:
     def apply(self, stage: Staged, kind: str, body: Record, ctx: Context) -> tuple[str, Record] | None:
         """Run the kind's handler on its typed body: its (result branch, result), or None while it is deferred."""
         handler, result_type = self.handlers[kind]
-        result = handler(stage, read_body(self.bodies[kind], body), ctx)
+        result = handler(stage, self.bodies[kind].from_avro(body), ctx)
         return None if result is None else (result_type, result)
 
 

@@ -24,7 +24,6 @@ from keyload.commands import COMMANDS
 from keyload.log.codec import Record
 from keyload.processors.context import Context
 from keyload.processors.errors import ErrorCode, Rejected
-from keyload.processors.validation import read_body
 from keyload.projections.store import Staged
 
 Handler = Callable[[Staged, Any, Context], Record]
@@ -58,7 +57,7 @@ def apply_mutations(stage: Staged, mutations: list[BatchMutation], ctx: Context)
         kind, body = mutation.mutation
         handler, result_type = MUTATIONS[kind]
         try:
-            result = handler(stage, read_body(BODY_TYPES[kind], body), ctx)
+            result = handler(stage, BODY_TYPES[kind].from_avro(body), ctx)
         except Rejected as refusal:
             raise Rejected(refusal.code, f"mutation {index}: {refusal.detail}", index) from None
         results.append((result_type, result))

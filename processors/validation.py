@@ -2,26 +2,8 @@
 
 from __future__ import annotations
 
-from typing import TypeVar
-
-import msgspec
-
 from keyload.limits import INTEGER_FIELD_RANGES
-from keyload.log.codec import Record
-from keyload.processors.errors import ErrorCode, Rejected
-from keyload.projections.records import AvroRecord
-
-Body = TypeVar("Body", bound=AvroRecord)
-
-
-def read_body(kind: type[Body], body: Record) -> Body:
-    """A decoded command body as its class (keyload/bodies.py). Decoding checks no range, so a writer
-    that does not check can put a value past 32 bits into an Avro int: that body is refused
-    (Validation, naming the field), never a halt."""
-    try:
-        return kind.from_avro(body)
-    except msgspec.ValidationError as error:
-        raise Rejected(ErrorCode.VALIDATION, f"the body does not fit its schema: {error}") from None
+from keyload.processors.errors import Rejected
 
 
 def check_integer(field: str, value: int) -> None:

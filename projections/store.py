@@ -76,7 +76,9 @@ class Staged:
     Records (`get_record`/`put_record`) stay decoded while staged: a record that
     many commands of a group update (a queue's counters) is decoded once and
     encoded once per group. A child gets its own copy of a record it reads from
-    its parent, so a dropped child leaves the parent's records untouched.
+    its parent (`get_record`), so a dropped child leaves the parent's records
+    untouched; `peek_record` reads without copying, for a caller that only reads
+    (a typed load, which builds its own frozen record from it).
     """
 
     __slots__ = ("_base", "_loaded", "_order", "_writes")
@@ -125,16 +127,9 @@ class Staged:
     def peek_record(self, key: bytes, name: str) -> Record | None:
         """The decoded record at `key` for reading only: never mutate it (it may be a parent's).
         No copy is made, which is what a typed load wants: it builds its own frozen record."""
-        if key in self._writes or key in self._loaded:
+        if key in self._writes or key in self._loaded or not isinstance(self._base, Staged):
             return self._own_record(key, name)
-        if isinstance(self._base, Staged):
-            return self._base.peek_record(key, name)
-        raw = self._base.get(key)
-        if raw is None:
-            return None
-        record = REGISTRY.decode(name, raw)
-        self._loaded[key] = record
-        return record
+        return self._base.peek_record(key, name)
 
     def _own_record(self, key: bytes, name: str) -> Record | None:
         if key in self._writes:

@@ -28,8 +28,8 @@ from keyload.projections.records import STORED_RECORDS, AvroRecord, StoredRecord
 from keyload.sdk import results
 
 UNTYPED = {"keyload.Command", "keyload.Outcome"}
-"""Top-level types with no class of projections/records.py: command bodies (untyped yet) and outcomes
-(typed by keyload/sdk/results.py, checked below)."""
+"""Top-level types with no class of projections/records.py: commands and outcomes (their bodies and
+results are typed by keyload/bodies.py and keyload/sdk/results.py, checked below)."""
 
 AVRO_INT = (-(2**31), 2**31 - 1)
 AVRO_LONG = (-(2**63), 2**63 - 1)
@@ -56,6 +56,7 @@ class _Checker:
     def __init__(self) -> None:
         self.named: dict[str, dict[str, Any]] = {}
         self.problems: list[str] = []
+        self.in_body = False  # checking a class of keyload/bodies.py: its integers are plain int
 
     def resolve(self, avro: Any, namespace: str | None) -> tuple[Any, str | None]:
         """A named type referenced by name, as its definition (and that definition's namespace)."""
@@ -71,6 +72,13 @@ class _Checker:
         return avro, namespace
 
     def record(self, cls: type[AvroRecord], avro: dict[str, Any], namespace: str | None, path: str) -> None:
+        outer, self.in_body = self.in_body, cls.__module__ == bodies.__name__
+        try:
+            self._record(cls, avro, namespace, path)
+        finally:
+            self.in_body = outer
+
+    def _record(self, cls: type[AvroRecord], avro: dict[str, Any], namespace: str | None, path: str) -> None:
         full = _full_name(avro, namespace)
         space = _space(full)
         if full != cls.AVRO_NAME:
@@ -139,7 +147,11 @@ class _Checker:
             self.problems.append(f"{path}: `X | None` in the class, the schema's type {avro!r} is not optional")
             return
         kind = avro if isinstance(avro, str) else avro["type"]
-        if kind in ("long", "int"):
+        if kind in ("long", "int") and self.in_body:
+            # A command body's integers carry no range: the handlers refuse by the named ranges.
+            ok = isinstance(info, msgspec.inspect.IntType) and info == msgspec.inspect.IntType()
+            self.expect(ok, path, f"Avro {kind} of a command body: declare it int (keyload/bodies.py)")
+        elif kind in ("long", "int"):
             low, high = AVRO_LONG if kind == "long" else AVRO_INT
             ok = isinstance(info, msgspec.inspect.IntType) and (info.ge, info.le) == (low, high)
             self.expect(ok, path, f"Avro {kind}: declare it records.{'Long' if kind == 'long' else 'Int'}")

@@ -12,9 +12,9 @@ its record for people (below).
 
 The policies a client asks for (`QueuePolicySpec`, `GroupPolicySpec`, `TopicPolicySpec`: every
 field None takes its documented default) are command-body records (keyload/bodies.py), re-exported
-here; the policies a view reports (`QueuePolicy`, ...) are the resolved ones, every default filled in. Command inputs that are not
-schema records as given (`Event`, the batch mutations, `InboxSource`) are dataclasses that build
-their record.
+here; the policies a view reports (`QueuePolicy`, ...) are the resolved ones, every default filled
+in. Command inputs that are not schema records as given (`Event`, the batch mutations,
+`InboxSource`) are dataclasses that build their record.
 """
 
 from __future__ import annotations

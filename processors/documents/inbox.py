@@ -37,7 +37,7 @@ from keyload.processors.outcomes import OUTCOME
 from keyload.processors.queues import leases
 from keyload.processors.queues.state import check_message_id, check_name
 from keyload.projections import keys
-from keyload.projections.records import GroupRecord, InboxEntry, InboxRecord, load, save
+from keyload.projections.records import InboxEntry, InboxRecord, load, save
 from keyload.projections.store import Staged
 
 PROCESSING_RESULT = "keyload.result.ProcessingResult"
@@ -93,14 +93,14 @@ def complete_processing(stage: Staged, body: CompleteProcessing, ctx: Context) -
         raise Rejected(ErrorCode.VALIDATION, "a group's delivery names both its topic and its group")
     # The token's signature is verified once; the lease is checked before the effects and
     # again by the ack after them (they may have touched the delivery's queue or message).
-    if topic is None or group is None:  # both are, after the check above: a queue's delivery
+    if topic is None or group is None:  # a queue's delivery (the check above makes both None)
         queue, token = leases.verified_token(stage, ctx, body.token)
         incarnation = queue.view.incarnation
         check_live: Callable[[], object] = partial(leases.live_lease, stage, ctx, token)
         ack: Callable[[], object] = partial(leases.ack_lease, stage, ctx, token)
     else:
         subscription, token = group_leases.verified_group_token(stage, ctx, topic, group, body.token)
-        incarnation = GroupRecord.from_avro(subscription).view.incarnation
+        incarnation = subscription.view.incarnation
         check_live = partial(group_leases.live_group_lease, stage, ctx, topic, group, token)
         ack = partial(group_leases.group_ack_lease, stage, ctx, topic, group, token)
     row = keys.inbox_entry(

@@ -48,7 +48,7 @@ from keyload.processors.queues.state import (
     remove_index_row,
     with_timer,
 )
-from keyload.processors.topics.topic import load_topic
+from keyload.processors.topics.topic import topic_record
 from keyload.projections import keys
 from keyload.projections.records import (
     GroupFilter,
@@ -56,7 +56,6 @@ from keyload.projections.records import (
     GroupState,
     PositionMeta,
     PositionState,
-    TopicRecord,
     TopicView,
     load,
     save,
@@ -65,7 +64,6 @@ from keyload.projections.store import Staged
 
 GROUP_RECORD = "keyload.GroupRecord"
 POSITION_META = "keyload.PositionMeta"
-OUTSTANDING_STATES = ("leased", "retrying", "due")
 
 
 # -- loading and saving -------------------------------------------------------------------
@@ -94,8 +92,8 @@ class Working:
 
 
 def topic_view(stage: Staged, domain: str, topic_name: str) -> TopicView:
-    """The state of a named topic (processors/topics/topic.py `load_topic` still hands out dicts)."""
-    return TopicRecord.from_avro(load_topic(stage, domain, topic_name)).view
+    """The state of a named topic."""
+    return topic_record(stage, domain, topic_name).view
 
 
 def load_group(stage: Staged, domain: str, topic_name: str, group_name: str) -> tuple[TopicView, Working]:

@@ -37,7 +37,7 @@ from keyload.processors.key_rotation import JITTER, TOKEN, active_key
 from keyload.processors.queues.leases import settle_each
 from keyload.processors.queues.lifecycle import retry_delay_ms
 from keyload.processors.queues.state import bounded, due_timers, result_item_bytes
-from keyload.processors.topics.topic import EVENT_RECORD
+from keyload.processors.topics.topic import EVENT_RECORD, event_item
 from keyload.projections import keys
 from keyload.projections.records import GroupRecord, PositionMeta, PositionState, TopicRecord, TopicView, load
 from keyload.projections.store import Staged
@@ -200,8 +200,8 @@ def serve_waiters(stage: Staged, ctx: Context, topic_keys: list[bytes], group_ke
     served = 0
     for group_key in sorted(candidates):
         # Every record that touches a topic or group looks at each of its groups here, and
-        # most have no waiter: a dict read tells, and only a group with waiters is converted.
-        stored = stage.get_record(group_key, GROUP_RECORD)
+        # most have no waiter: a read of the staged dict tells, and only a group with waiters is converted.
+        stored = stage.peek_record(group_key, GROUP_RECORD)
         if stored is None or stored["waiting_receives"] == 0:
             continue
         work = Working(GroupRecord.from_avro(stored))
@@ -263,17 +263,7 @@ def _lease(
             lease_version=meta.lease_version,
         )
         deliveries.append(
-            {
-                "position": position,
-                "event_id": event["event_id"],
-                "type": event["type"],
-                "headers": event["headers"],
-                "body": event["body"],
-                "published_at_ms": event["published_at_ms"],
-                "token": token,
-                "attempts": meta.attempts,
-                "lease_until_ms": lease_until,
-            }
+            {**event_item(position, event), "token": token, "attempts": meta.attempts, "lease_until_ms": lease_until}
         )
     work.update(delivered_total=work.view.delivered_total + len(taken))
     return deliveries
@@ -297,11 +287,11 @@ def _verified_token(
 
 def verified_group_token(
     stage: Staged, ctx: Context, topic: str, group_name: str, token_text: str
-) -> tuple[Record, tokens.Token]:
+) -> tuple[GroupRecord, tokens.Token]:
     """(group record, token) of a token the group signed in its current generation for the
-    command's principal, or the refusal. The record is in dict form (processors/documents/inbox.py)."""
+    command's principal, or the refusal (processors/documents/inbox.py)."""
     work, token = _verified_token(stage, ctx, topic, group_name, token_text)
-    return work.record.to_avro(), token
+    return work.record, token
 
 
 def _check_group_lease(stage: Staged, ctx: Context, body: GroupRenew | GroupNack) -> tuple[Working, int, PositionMeta]:
@@ -339,11 +329,11 @@ def _live_lease(
 
 def live_group_lease(
     stage: Staged, ctx: Context, topic: str, group_name: str, token: tokens.Token
-) -> tuple[Record, int, Record]:
+) -> tuple[GroupRecord, int, PositionMeta]:
     """(group record, position, position meta) of the live lease a verified token names, read
-    afresh; else StaleLease or LeaseExpired. The records are in dict form (processors/documents/inbox.py)."""
+    afresh; else StaleLease or LeaseExpired (processors/documents/inbox.py)."""
     work, position, meta = _live_lease(stage, ctx, topic, group_name, token)
-    return work.record.to_avro(), position, meta.to_avro()
+    return work.record, position, meta
 
 
 def _lease_result(work: Working, position: int, meta: PositionMeta) -> Record:

@@ -124,7 +124,7 @@ def commit_large_schedule(stage: Staged, body: CommitLargeSchedule, ctx: Context
         sha256=reservation.sha256,
         read_handle=None,
     )
-    # admit reads the new message's fields (id, headers, ordering key, times) from a dict body.
+    # admit reads the new message's fields (id, headers, ordering key, times) from the reservation.
     admit(stage, work, reservation, ctx, b"", large)
     committed = close(stage, work.view.incarnation, reservation, ReservationState.committed, ctx)
     committed = replace(committed, object_version=proof.object_version)

@@ -36,7 +36,6 @@ from keyload.projections.records import (
 )
 from keyload.projections.store import Staged
 
-TOPIC_RECORD = TopicRecord.SCHEMA  # read by processors/groups/leases.py
 EVENT_RECORD = EventRecord.SCHEMA
 
 _U32 = struct.Struct(">I")
@@ -74,21 +73,6 @@ def topic_record(stage: Staged, domain: str, name: str) -> TopicRecord:
         raise Rejected(ErrorCode.NOT_FOUND, "topic does not exist")
     topic = record.view
     _check_retained(topic.incarnation, topic.retained_events, topic.first_available, topic.tail)
-    return record
-
-
-def load_topic(stage: Staged, domain: str, name: str) -> Record:
-    """`topic_record` as the stage's decoded dict, for the callers in processors/groups, which index it.
-
-    It reads the dict without converting it: a TopicRecord would cost every group command a
-    conversion there and back for four integers.
-    """
-    check_name("topic name", name, limits.MAX_TOPIC_NAME_CHARS, limits.TOPIC_NAME_PATTERN)
-    record = stage.get_record(keys.topic(domain, name), TOPIC_RECORD)
-    if record is None:
-        raise Rejected(ErrorCode.NOT_FOUND, "topic does not exist")
-    topic = record["view"]
-    _check_retained(topic["incarnation"], topic["retained_events"], topic["first_available"], topic["tail"])
     return record
 
 
@@ -271,7 +255,7 @@ def read_topic(stage: Staged, body: ReadTopic, ctx: Context) -> Record:
         if events and size + event["charged_bytes"] > max_bytes:
             break
         size += event["charged_bytes"]
-        events.append(_page_event(position, event))
+        events.append(event_item(position, event))
     else:
         if start + len(events) != tail + 1:
             raise Corruption(f"topic {topic_id} has no event at retained position {start + len(events)}")
@@ -285,7 +269,8 @@ def read_topic(stage: Staged, body: ReadTopic, ctx: Context) -> Record:
     }
 
 
-def _page_event(position: int, event: Record) -> Record:
+def event_item(position: int, event: Record) -> Record:
+    """A stored event as a result returns it (a TopicEvent; a group delivery adds its lease)."""
     return {
         "position": position,
         "event_id": event["event_id"],
