@@ -61,14 +61,28 @@ class BenchError(Exception):
     """The run did not do what it was meant to measure."""
 
 
-def encode_command(command_id: str, kind: str, body: dict[str, Any]) -> bytes:
+# What the bench principal may do in its domain, served by a `keyload run` with access control on.
+BENCH_CAPABILITIES = ("resource_manage", "enqueue", "consume", "inspect")
+
+
+def create_bench_principal(root: Path) -> None:
+    """The bench principal and its credential file, made by the administrator of a served directory:
+    benchmarks against `keyload run` act as it (`Client(root, principal=PRINCIPAL)`), as a service would."""
+    from keyload import Capability, Client, Grant
+
+    grants = [Grant(capability=Capability(name), domain=DOMAIN) for name in BENCH_CAPABILITIES]
+    with Client(root) as admin:
+        admin.create_principal(PRINCIPAL, grants)
+
+
+def encode_command(command_id: str, kind: str, body: dict[str, Any], principal: str = PRINCIPAL) -> bytes:
     """A Command envelope as the SDK writes it: one domain and principal, reply_to set."""
     return REGISTRY.encode(
         COMMAND,
         {
             "command_id": command_id,
             "domain": DOMAIN,
-            "principal": PRINCIPAL,
+            "principal": principal,
             "body": (kind, body),
             "reply_to": REPLY_TO,
             "client_time_ms": CLIENT_TIME_MS,

@@ -50,6 +50,7 @@ from pathlib import Path
 from typing import Any
 
 from keyload import limits
+from keyload.credentials import Credential, contents, credential_path
 from keyload.log.base import CommandLog, partition_for
 from keyload.log.codec import REGISTRY, Record
 from keyload.projections import keys
@@ -60,7 +61,7 @@ from keyload.service.doorbell import Doorbell
 from keyload.service.ticker import DEFAULT_TICK_INTERVAL_MS
 from keyload.storage.datadir import DataDir
 
-from .common import COMMAND, DOMAIN, OUTCOME, PRINCIPAL, BenchError, environment
+from .common import COMMAND, DOMAIN, OUTCOME, PRINCIPAL, BenchError, create_bench_principal, environment
 from .kafka import process_cpu_s
 
 RECEIVE = "keyload.command.Receive"
@@ -140,18 +141,20 @@ def wall_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
-def encode(command_id: str, kind: str, body: Record, reply_to: int) -> bytes:
-    """A Command envelope as the SDK writes it."""
-    return REGISTRY.encode(
-        COMMAND,
-        {
-            "command_id": command_id,
-            "domain": DOMAIN,
-            "principal": PRINCIPAL,
-            "body": (kind, body),
-            "reply_to": reply_to,
-            "client_time_ms": wall_ms(),
-        },
+def encode(signer: Credential, command_id: str, kind: str, body: Record, reply_to: int) -> bytes:
+    """A Command as the SDK writes it, signed by the bench principal."""
+    return signer.sign(
+        REGISTRY.encode(
+            COMMAND,
+            {
+                "command_id": command_id,
+                "domain": DOMAIN,
+                "principal": PRINCIPAL,
+                "body": (kind, body),
+                "reply_to": reply_to,
+                "client_time_ms": wall_ms(),
+            },
+        )
     )
 
 
@@ -181,7 +184,7 @@ class OutcomeTail:
                 continue
             now = wall_ms()
             for record in records:
-                outcome = REGISTRY.decode(OUTCOME, record.value)
+                outcome = REGISTRY.decode(OUTCOME, contents(record.value))
                 self.arrived[outcome["command_id"]] = Arrived(outcome, now)
                 self.cursor = record.offset + 1
 
@@ -348,7 +351,9 @@ class LeaseRun:
     drain_cpu_s: float | None  # CPU of `keyload run` over that time (None without /proc)
 
 
-def waiters_phase(data: DataDir, service: Service, count: int, queues: int, wait_ms: int, spread_ms: int) -> WaiterRun:
+def waiters_phase(
+    data: DataDir, service: Service, signer: Credential, count: int, queues: int, wait_ms: int, spread_ms: int
+) -> WaiterRun:
     names = [f"wait-{q}" for q in range(queues)]
     with Client(data.root, principal=PRINCIPAL, reply_partition=SETUP_REPLY) as client:
         for name in names:
@@ -356,7 +361,7 @@ def waiters_phase(data: DataDir, service: Service, count: int, queues: int, wait
     ids = [f"waiter-{i}" for i in range(count)]
     body: Record = {"max_messages": 1, "max_bytes": None, "lease_ms": None, "wait_ms": wait_ms}
     values = [
-        encode(command_id, RECEIVE, {"queue": names[i % queues], **body}, WAITER_REPLY)
+        encode(signer, command_id, RECEIVE, {"queue": names[i % queues], **body}, WAITER_REPLY)
         for i, command_id in enumerate(ids)
     ]
     appender, tail = Appender(data), OutcomeTail(data, WAITER_REPLY)
@@ -394,7 +399,9 @@ def waiters_phase(data: DataDir, service: Service, count: int, queues: int, wait
     )
 
 
-def leases_phase(data: DataDir, service: Service, count: int, queues: int, lease_ms: int) -> LeaseRun:
+def leases_phase(
+    data: DataDir, service: Service, signer: Credential, count: int, queues: int, lease_ms: int
+) -> LeaseRun:
     names = [f"lease-{q}" for q in range(queues)]
     per_queue = -(-count // queues)
     policy = QueuePolicySpec(
@@ -412,6 +419,7 @@ def leases_phase(data: DataDir, service: Service, count: int, queues: int, lease
     try:
         enqueues = [
             encode(
+                signer,
                 f"enqueue-{message_id}",
                 ENQUEUE,
                 {
@@ -439,7 +447,7 @@ def leases_phase(data: DataDir, service: Service, count: int, queues: int, lease
                 command_id = f"receive-{q}-{r}"
                 receive_ids.append(command_id)
                 body = {"queue": name, "max_messages": RECEIVE_BATCH, "max_bytes": None, "lease_ms": lease_ms}
-                receives.append(encode(command_id, RECEIVE, {**body, "wait_ms": None}, LEASE_REPLY))
+                receives.append(encode(signer, command_id, RECEIVE, {**body, "wait_ms": None}, LEASE_REPLY))
         last_receive = appender.append(receives)[-1]  # one append: one stamp, so the deadlines fall together
         lease_until: dict[tuple[str, str], int] = {}
         for command_id, arrived in tail.wait_for(receive_ids, wall_ms() + timeout_ms, service).items():
@@ -457,6 +465,7 @@ def leases_phase(data: DataDir, service: Service, count: int, queues: int, lease
         inspect_ids = [f"inspect-{message_id}" for _, message_id in messages]
         inspections = [
             encode(
+                signer,
                 command_id,
                 INSPECT_MESSAGE,
                 {"queue": queue, "message_id": message_id, "include_body": False},
@@ -616,10 +625,12 @@ def main(argv: list[str] | None = None) -> int:
         data = DataDir.create(root / "data")
         service = Service(data.root, args.tick_interval_ms)
         try:
+            create_bench_principal(data.root)
+            signer = Credential.load(credential_path(data.root, PRINCIPAL))
             if "waiters" in phases:
-                waiters = waiters_phase(data, service, args.waiters, args.queues, args.wait_ms, args.spread_ms)
+                waiters = waiters_phase(data, service, signer, args.waiters, args.queues, args.wait_ms, args.spread_ms)
             if "leases" in phases:
-                leases = leases_phase(data, service, args.leases, args.queues, args.lease_ms)
+                leases = leases_phase(data, service, signer, args.leases, args.queues, args.lease_ms)
         finally:
             status = service.stop()
         if status != 0 or any("halted" in line for line in service.lines):

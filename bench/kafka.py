@@ -52,6 +52,7 @@ from confluent_kafka.admin import AdminClient
 
 from devtools.broker import HEAP, KAFKA_VERSION, BrokerError, NativeBroker, native_broker_available
 from keyload import Client, limits
+from keyload.credentials import Credential, contents
 from keyload.errors import KeyloadError
 from keyload.log.base import LogError, partition_for
 from keyload.log.codec import REGISTRY
@@ -70,7 +71,7 @@ from keyload.processors.policy import INTEGER_FIELDS
 from keyload.sdk.results import QueuePolicySpec
 from keyload.storage.datadir import DEFAULT_OUTCOME_PARTITIONS, DEFAULT_PARTITIONS, DataDir, KafkaConfig
 
-from .common import COMMAND, DOMAIN, OUTCOME, PRINCIPAL, QUEUE, SEED, BenchError, environment
+from .common import COMMAND, DOMAIN, OUTCOME, PRINCIPAL, QUEUE, SEED, BenchError, create_bench_principal, environment
 
 ENQUEUE = "keyload.command.Enqueue"
 BOOTSTRAP_ENV = "KEYLOAD_KAFKA_BOOTSTRAP"
@@ -140,8 +141,13 @@ def make_plan(sequential: int, pipelined: int, clients: int, warmup: int, body_b
     return Plan(ids, bodies, reply_to, sequential_warmup, timed, pipelined_warmup, pipelined_timed)
 
 
+# The raw reference's records are signed like the client's, by a key of the same size: the same bytes
+# to move, and the raw processor never checks them.
+RAW_SIGNER = Credential(PRINCIPAL, "p-0000000000000000", bytes(32))
+
+
 def encode_enqueue(plan: Plan, index: int) -> bytes:
-    """The Command envelope exactly as Client.submit builds it for this Enqueue."""
+    """The signed Command exactly as Client.submit builds it for this Enqueue."""
     command_id = plan.ids[index]
     record: dict[str, Any] = {
         "queue": QUEUE,
@@ -160,7 +166,7 @@ def encode_enqueue(plan: Plan, index: int) -> bytes:
         "reply_to": plan.reply_to[index],
         "client_time_ms": time.time_ns() // 1_000_000,
     }
-    return REGISTRY.encode(COMMAND, envelope)
+    return RAW_SIGNER.sign(REGISTRY.encode(COMMAND, envelope))
 
 
 # -- measuring -------------------------------------------------------------------------
@@ -407,6 +413,7 @@ def keyload_phases(root: Path, bootstrap: str, prefix: str, plan: Plan, body_byt
     service = ProcessorService(root, data.partitions)
     try:
         policy = QueuePolicySpec(max_stored_messages=plan.commands, max_stored_bytes=max(1, plan.commands * body_bytes))
+        create_bench_principal(root)
         with Client(root, principal=PRINCIPAL, timeout_s=REQUEST_TIMEOUT_S, reply_partition=0) as client:
             client.create_queue(DOMAIN, QUEUE, policy)
         first = KeyloadRequester(root, plan, 0)
@@ -450,7 +457,7 @@ def read_outcomes(data: DataDir, plan: Plan) -> list[bytes]:
             while offset < end:
                 for record in log.read(partition, offset, DRAIN_BATCH):
                     offset = record.offset + 1
-                    outcome = REGISTRY.decode(OUTCOME, record.value)
+                    outcome = REGISTRY.decode(OUTCOME, contents(record.value))
                     index = wanted.get(outcome["command_id"])
                     if index is None:
                         continue  # the CreateQueue and InspectQueue

@@ -12,6 +12,11 @@ the loop named in each line:
 (c) raw writes: the exact key/value pairs of (a)'s projection, written with rocksdict
             WriteBatches of 512 commands' worth into a fresh Rdict with the Store's options.
 (d) raw read + decode: FileLog.read() of the same records, REGISTRY.decode of each value.
+(e) apply, access control on: (a) over a second directory whose log first turns access control
+            on and makes the bench principal (granted resource_manage and enqueue on the queue),
+            then holds the same commands, each signed with that principal's credential: every
+            record is verified (HMAC-SHA256), authorized and its outcome sealed. The line after
+            the ratios is the cost, CPU per record of (e) over (a).
 
 bench/README.md explains how to read the ratios a/c, a/d and b/c.
 """
@@ -34,17 +39,21 @@ from pathlib import Path
 from typing import Any
 
 from keyload import limits
+from keyload.credentials import ADMIN_PRINCIPAL, contents
 from keyload.log.base import CommandLog, partition_for
 from keyload.log.codec import REGISTRY
 from keyload.operations.recovery import replay
 from keyload.processors.policy import INTEGER_FIELDS, default_spec
 from keyload.projections.store import Store
+from keyload.service.access_control import enable_command
 from keyload.service.runtime import MAX_GROUP_RECORDS, PartitionProcessor
 from keyload.storage.datadir import DataDir
+from keyload.storage.principals import new_credential, system_credential
 
 from .common import (
     DOMAIN,
     OUTCOME,
+    PRINCIPAL,
     QUEUE,
     REPLY_TO,
     SEED,
@@ -59,6 +68,7 @@ from .common import (
 
 CREATE_QUEUE = "keyload.command.CreateQueue"
 ENQUEUE = "keyload.command.Enqueue"
+PUT_PRINCIPAL = "keyload.command.PutPrincipal"
 
 ID_CHARS = 36  # len(str(uuid4())): command ids and message ids, as the SDK makes them
 
@@ -117,18 +127,37 @@ def generate(commands: int, body_bytes: int, ids: list[str]) -> Iterator[bytes]:
         yield encode_command(command_id, ENQUEUE, body)
 
 
+def signed(data: DataDir, partition: int, values: Iterator[bytes], ids: list[str]) -> Iterator[bytes]:
+    """(e)'s log: access control turned on, the bench principal made, then `values` signed by it."""
+    ids.append("enable-access-control")
+    yield enable_command(data.root, partition, data.partitions)
+    credential = new_credential(data.root, PRINCIPAL)
+    grants = [
+        {"capability": capability, "domain": DOMAIN, "resource": QUEUE} for capability in ("resource_manage", "enqueue")
+    ]
+    body: dict[str, Any] = {"principal": PRINCIPAL, "key_id": credential.key_id, "grants": grants}
+    body |= {"enabled": None, "expected_revision": None}
+    ids.append("bench-principal")
+    yield system_credential(data.root, ADMIN_PRINCIPAL).sign(
+        encode_command(ids[-1], PUT_PRINCIPAL, body, principal=ADMIN_PRINCIPAL)
+    )
+    for value in values:
+        yield credential.sign(value)
+
+
 @dataclass(frozen=True)
 class Workload:
     root: Path
     data: DataDir
     partition: int
-    records: int  # CreateQueue + the Enqueues
+    records: int  # CreateQueue + the Enqueues (and, with access control, the two commands turning it on)
     ids: list[str]  # command id of each offset
+    unanswered: int = 0  # records whose outcome is not published (EnableAccessControl has no reply partition)
 
 
-def prepare(root: Path, commands: int, body_bytes: int) -> Workload:
+def prepare(root: Path, commands: int, body_bytes: int, access_control: bool = False) -> Workload:
     """Append the workload to a fresh data directory, one group's worth per append()."""
-    data = DataDir.create(root / "data")
+    data = DataDir.create(root / ("data-signed" if access_control else "data"))
     partition = partition_for(DOMAIN, data.partitions)
     ids: list[str] = []
     # The default fsync policy, as producers append: one fsync per append call. The
@@ -137,7 +166,8 @@ def prepare(root: Path, commands: int, body_bytes: int) -> Workload:
     log = data.command_log()
     try:
         chunk: list[bytes] = []
-        for value in generate(commands, body_bytes, ids):
+        values = generate(commands, body_bytes, ids)
+        for value in signed(data, partition, values, ids) if access_control else values:
             chunk.append(value)
             if len(chunk) == MAX_GROUP_RECORDS:
                 log.append(partition, chunk)
@@ -148,7 +178,7 @@ def prepare(root: Path, commands: int, body_bytes: int) -> Workload:
             raise BenchError("the command log does not hold the workload")
     finally:
         log.close()
-    return Workload(root, data, partition, len(ids), ids)
+    return Workload(root, data, partition, len(ids), ids, 1 if access_control else 0)
 
 
 # -- measurements ----------------------------------------------------------------------
@@ -208,13 +238,13 @@ def check_outcomes(outcomes: CommandLog, work: Workload) -> None:
     seen, offset = 0, 0
     while records := outcomes.read(REPLY_TO, offset, 4096):
         for record in records:
-            outcome = REGISTRY.decode(OUTCOME, record.value)
+            outcome = REGISTRY.decode(OUTCOME, contents(record.value))
             if outcome["status"] != "committed":
                 raise BenchError(f"command at offset {outcome['offset']} was {outcome['status']}: {outcome['detail']}")
         seen += len(records)
         offset = records[-1].offset + 1
-    if seen != work.records:
-        raise BenchError(f"{seen} outcomes published for {work.records} commands")
+    if seen != work.records - work.unanswered:
+        raise BenchError(f"{seen} outcomes published for {work.records - work.unanswered} commands")
 
 
 def replay_log(work: Workload) -> tuple[Stopwatch, str]:
@@ -272,6 +302,7 @@ LABELS = {
     "b": "replay into empty projection",
     "c": "raw rocksdict WriteBatch puts",
     "d": "raw file-log read + Avro decode",
+    "e": "processor apply, access control on",
 }
 RATIOS = (("a", "c"), ("a", "d"), ("b", "c"))
 
@@ -306,6 +337,11 @@ class Result:
     def peak_rss_kib(self) -> int:
         return max(phase.peak_rss_kib for phase in self.phases.values())
 
+    @property
+    def access_control_cost(self) -> float:
+        """CPU per record of (e) over (a), less one: what verifying, authorizing and sealing add."""
+        return self.phases["a"].cpu_rate / self.phases["e"].cpu_rate - 1
+
 
 def measure(root: Path, commands: int, body_bytes: int) -> Result:
     """One repetition of (a) to (d) on a fresh workload under `root`."""
@@ -335,6 +371,15 @@ def measure(root: Path, commands: int, body_bytes: int) -> Result:
     record("c", raw_writes(root / "raw", batches))
     del batches
     record("d", read_and_decode(work.data, work.partition, 0, group_sizes(work.records)))
+    guarded = prepare(root, commands, body_bytes, access_control=True)
+    outcomes = guarded.data.outcome_log()
+    try:
+        watch, store = apply_log(guarded, guarded.data.projection(guarded.partition), outcomes)
+        store.close()
+        phases["e"] = Phase("e", LABELS["e"], guarded.records, watch.seconds, watch.cpu_seconds, peak_rss_kib())
+        check_outcomes(outcomes, guarded)
+    finally:
+        outcomes.close()
     return Result(
         commands,
         work.records,
@@ -426,6 +471,7 @@ def to_json(result: Result, env: dict[str, Any]) -> dict[str, Any]:
         },
         "ratios": result.ratios,
         "cpu_ratios": result.cpu_ratios,
+        "access_control_cpu_cost": result.access_control_cost,
         "digest_equal": result.digests_equal,
         "digest_a": result.digest_a,
         "digest_b": result.digest_b,
@@ -458,6 +504,7 @@ def table(result: Result, env: dict[str, Any]) -> str:
         "",
         "ratios, wall:  " + "   ".join(f"{name} = {value:.3f}" for name, value in result.ratios.items()),
         "ratios, cpu:   " + "   ".join(f"{name} = {value:.3f}" for name, value in result.cpu_ratios.items()),
+        f"access control (e over a, CPU per record): {result.access_control_cost:+.1%}",
         f"digest (a) == (b): {'yes' if result.digests_equal else 'NO'}  ({result.digest_a[:16]}…; "
         f"one digest pass = {result.digest_seconds:.3f} s, included in (b))",
         f"(c) wrote {result.raw_pairs} distinct pairs, {result.raw_bytes / 2**20:.1f} MiB of keys+values",

@@ -17,6 +17,8 @@ from typing import TYPE_CHECKING, Any
 from keyload.version import __version__
 
 if TYPE_CHECKING:
+    from keyload.commands import Capability
+    from keyload.credentials import Credential
     from keyload.errors import CommandRejected, ErrorCode, KeyloadError, OutcomeTimeout
     from keyload.projections.records import MessageState, PositionState
     from keyload.sdk.client import Client
@@ -28,10 +30,12 @@ if TYPE_CHECKING:
         Document,
         EnqueueMessage,
         Event,
+        Grant,
         GroupDelivery,
         GroupPolicySpec,
         Mutation,
         ParkPendingMessage,
+        PrincipalView,
         PublishEvents,
         PutDocument,
         QueuePolicySpec,
@@ -40,6 +44,8 @@ if TYPE_CHECKING:
     )
 
 _HOMES = {
+    "Capability": "keyload.commands",
+    "Credential": "keyload.credentials",
     "CommandRejected": "keyload.errors",
     "ErrorCode": "keyload.errors",
     "KeyloadError": "keyload.errors",
@@ -62,9 +68,11 @@ def __getattr__(name: str) -> Any:
 
 __all__ = [
     "CancelMessage",
+    "Capability",
     "Client",
     "CommandRejected",
     "ConsumeStats",
+    "Credential",
     "DeleteDocument",
     "Delivery",
     "Document",
@@ -72,6 +80,7 @@ __all__ = [
     "ErrorCode",
     "Event",
     "ExactlyOnce",
+    "Grant",
     "GroupDelivery",
     "GroupPolicySpec",
     "KeyloadError",
@@ -80,6 +89,7 @@ __all__ = [
     "OutcomeTimeout",
     "ParkPendingMessage",
     "PositionState",
+    "PrincipalView",
     "PublishEvents",
     "PutDocument",
     "QueuePolicySpec",

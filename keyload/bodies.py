@@ -22,7 +22,7 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import Any
 
-from keyload.projections.records import AvroRecord, GroupFilter, Sha256
+from keyload.projections.records import AvroRecord, Grant, GroupFilter, Sha256
 
 Branch = tuple[str, dict[str, Any]]
 """A value of a union of records: (the record's full name, its decoded body)."""
@@ -550,6 +550,76 @@ class DeleteConfirmed(AvroRecord, frozen=True, kw_only=True, forbid_unknown_fiel
     deleted_versions: list[str]
 
 
+class PrincipalSpec(AvroRecord, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """A principal EnableAccessControl installs."""
+
+    AVRO_NAME = "keyload.command.PrincipalSpec"
+
+    principal: str
+    key_id: str
+    grants: list[Grant]
+
+
+class EnableAccessControl(AvroRecord, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Turn access control on in this partition with its first principals (an administrator and the service's
+    own). Signed with the key it installs for a principal holding admin on every domain; refused once access
+    control is on."""
+
+    AVRO_NAME = "keyload.command.EnableAccessControl"
+
+    principals: list[PrincipalSpec]
+
+
+class PutPrincipal(AvroRecord, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Create a principal (key_id required) or change one: each non-null field replaces its value, grants replace
+    every grant. Partition-wide: the SDK sends it to every partition."""
+
+    AVRO_NAME = "keyload.command.PutPrincipal"
+
+    principal: str
+    key_id: str | None = None
+    enabled: bool | None = None
+    grants: list[Grant] | None = None
+    expected_revision: int | None = None
+
+
+class GrantCapability(AvroRecord, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Add one grant to a principal (no change when it holds it already)."""
+
+    AVRO_NAME = "keyload.command.GrantCapability"
+
+    principal: str
+    grant: Grant
+
+
+class RevokeCapability(AvroRecord, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Remove one grant, exactly as granted (no change when the principal does not hold it)."""
+
+    AVRO_NAME = "keyload.command.RevokeCapability"
+
+    principal: str
+    grant: Grant
+
+
+class InspectPrincipal(AvroRecord, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """A principal's record and the partition's policy epoch; null: the caller's own (whoami), which needs no
+    capability."""
+
+    AVRO_NAME = "keyload.command.InspectPrincipal"
+
+    principal: str | None = None
+
+
+class CheckpointPublished(AvroRecord, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """The checkpoint publisher published a checkpoint of this partition at `offset` to the catalog: with access
+    control on, AdvanceRecoveryFloor may name only such an offset."""
+
+    AVRO_NAME = "keyload.command.CheckpointPublished"
+
+    offset: int
+    manifest_sha256: Sha256
+
+
 BODY_TYPES: dict[str, type[AvroRecord]] = {
     cls.AVRO_NAME: cls
     for cls in (
@@ -602,6 +672,12 @@ BODY_TYPES: dict[str, type[AvroRecord]] = {
         ListRetention,
         BeginDelete,
         DeleteConfirmed,
+        EnableAccessControl,
+        PutPrincipal,
+        GrantCapability,
+        RevokeCapability,
+        InspectPrincipal,
+        CheckpointPublished,
     )
 }
 """The class of every command kind's body, by its branch name (keyload/commands.py's `branch`)."""

@@ -28,22 +28,26 @@ COMMAND_NAMESPACE = "keyload.command"
 
 
 class Capability(StrEnum):
-    """What a principal may be granted per domain and resource (DESIGN.md §9)."""
+    """What a principal may be granted per domain and resource (DESIGN.md §9), the symbols of the
+    schema's `keyload.Capability`; `admin` implies every other."""
 
-    ENQUEUE = "enqueue"  # enqueue messages, schedule large payloads
-    CONSUME = "consume"  # receive, renew, ack, nack, complete processing (queues and groups)
-    INSPECT = "inspect"  # views of queues, messages (with bodies), topics, groups, reservations
-    DEAD_LETTER_READ = "dead-letter-read"
-    REDRIVE = "redrive"  # redrive dead letters, park pending messages
-    CANCEL = "cancel"
-    TOPIC_READ = "topic-read"
-    TOPIC_PUBLISH = "topic-publish"
-    SUBSCRIPTION_MANAGE = "subscription-manage"  # create, seek, configure, pause, resume groups
-    RESOURCE_MANAGE = "resource-manage"  # create, configure, purge queues, topics, inboxes
-    INBOX_WRITE = "inbox-write"
-    DOCUMENTS_READ = "documents-read"
-    DOCUMENTS_WRITE = "documents-write"
-    ADMIN = "admin"  # keys, retention, recovery floor, GC confirmations, ticks, checkpoints
+    enqueue = "enqueue"  # enqueue messages, schedule large payloads
+    consume = "consume"  # receive, renew, ack, nack, complete processing (queues and groups)
+    inspect = "inspect"  # views of queues, messages (with bodies), topics, groups, reservations
+    dead_letter_read = "dead_letter_read"
+    redrive = "redrive"  # redrive dead letters, park pending messages
+    cancel = "cancel"
+    topic_read = "topic_read"
+    topic_publish = "topic_publish"
+    subscription_manage = "subscription_manage"  # create, seek, configure, pause, resume groups
+    resource_manage = "resource_manage"  # create, configure, purge queues, topics, inboxes
+    inbox_write = "inbox_write"
+    documents_read = "documents_read"
+    documents_write = "documents_write"
+    tick = "tick"  # the ticker: advance log time
+    checkpoint = "checkpoint"  # the checkpoint publisher: record a published checkpoint
+    recovery = "recovery"  # the GC worker: retention, recovery floor, deletions and their confirmation
+    admin = "admin"  # principals, grants, keys, checkpoints, and every capability above
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,22 +58,39 @@ class Route:
     method: str
     path: str
 
+    @property
+    def fields(self) -> tuple[str, ...]:
+        """The `{name}` segments of the path, in order."""
+        return tuple(segment[1:-1] for segment in self.path.split("/") if segment.startswith("{"))
+
 
 @dataclass(frozen=True, slots=True)
 class CommandKind:
     name: str  # the body union branch is keyload.command.<name>
     handler: str  # "<module>:<function>" under keyload.processors
     result: str  # the Avro record of the outcome's result
-    capability: Capability | None  # None: each mutation's own (Batch)
+    capability: Capability | None  # None: only its parts' (Batch)
     sdk: str | None  # the keyload.Client method that sends it
     cli: tuple[str, str] | None  # noun, verb
     route: Route | None
     stored: bool = True  # the outcome is kept for repeats of the command id
     batchable: bool = False  # may be a mutation of a Batch or a CompleteProcessing
+    partition_wide: bool = False  # acts on the partition, not a domain: only grants on every domain ("*") allow it
+    parts: str | None = None  # the body field of mutations each authorized as the command it is (Batch, effects)
+    self_service: bool = False  # naming the caller itself (its `principal` field null or its own) needs no capability
 
     @property
     def branch(self) -> str:
         return f"{COMMAND_NAMESPACE}.{self.name}"
+
+    @property
+    def resource(self) -> str | None:
+        """The body field naming the resource a grant's resource pattern is matched against: the
+        first of RESOURCE_FIELDS in the route. None: the command names no resource before its
+        handler runs (a token's queue, a reservation's), so a grant of the capability on the domain
+        for any resource allows it, and a handler that finds the resource checks it then."""
+        fields = () if self.route is None else self.route.fields
+        return next((name for name in RESOURCE_FIELDS if name in fields), None)
 
     def resolve(self, package: str = "keyload.processors") -> Callable[..., Any]:
         """The handler function, imported (only now) from `<package>.<module>`."""
@@ -92,12 +113,31 @@ def _kind(
     *,
     stored: bool = True,
     batchable: bool = False,
+    partition_wide: bool = False,
+    parts: str | None = None,
+    self_service: bool = False,
 ) -> CommandKind:
     """A row, written compactly: `cli` as "noun verb", `route` as "METHOD /path"."""
     noun_verb = None if cli is None else tuple(cli.split())
     assert noun_verb is None or len(noun_verb) == 2, cli
     method_path = None if route is None else Route(*route.split(" ", 1))
-    return CommandKind(name, handler, result, capability, sdk, noun_verb, method_path, stored, batchable)
+    return CommandKind(
+        name,
+        handler,
+        result,
+        capability,
+        sdk,
+        noun_verb,
+        method_path,
+        stored,
+        batchable,
+        partition_wide,
+        parts,
+        self_service,
+    )
+
+
+RESOURCE_FIELDS = ("queue", "topic", "key")  # queues and their messages; topics and their groups; documents
 
 
 C = Capability
@@ -108,63 +148,70 @@ P = "/v1/partitions/{partition}"
 
 COMMANDS: tuple[CommandKind, ...] = (
     # Queues
-    _kind("CreateQueue", "queues.resource:create_queue", "keyload.QueueView", C.RESOURCE_MANAGE, "create_queue", "queue create", f"PUT {Q}"),
-    _kind("ConfigureQueue", "queues.resource:configure_queue", "keyload.QueueView", C.RESOURCE_MANAGE, "configure_queue", "queue configure", f"PUT {Q}/policy"),
-    _kind("InspectQueue", "queues.resource:inspect_queue", "keyload.QueueView", C.INSPECT, "inspect_queue", "queue inspect", f"GET {Q}"),
-    _kind("InspectMessage", "queues.resource:inspect_message", "keyload.MessageView", C.INSPECT, "inspect_message", "message inspect", f"GET {Q}/messages/{{message_id}}"),
-    _kind("Enqueue", "queues.resource:enqueue", "keyload.result.EnqueueResult", C.ENQUEUE, "enqueue", "queue enqueue", f"POST {Q}/messages", batchable=True),
-    _kind("Receive", "queues.leases:receive", "keyload.result.ReceiveResult", C.CONSUME, "receive", "queue receive", f"POST {Q}/receive"),
-    _kind("Renew", "queues.leases:renew", "keyload.result.LeaseResult", C.CONSUME, "renew", "lease renew", "POST /v1/domains/{domain}/leases/renew"),
-    _kind("Ack", "queues.leases:ack", "keyload.result.LeaseResult", C.CONSUME, "ack", "lease ack", "POST /v1/domains/{domain}/leases/ack"),
-    _kind("AckBatch", "queues.leases:ack_batch", "keyload.result.AckBatchResult", C.CONSUME, "ack_batch", "lease ack-batch", "POST /v1/domains/{domain}/leases/ack-batch"),
-    _kind("Nack", "queues.leases:nack", "keyload.result.LeaseResult", C.CONSUME, "nack", "lease nack", "POST /v1/domains/{domain}/leases/nack"),
-    _kind("ListDeadLetters", "queues.dead_letters:list_dead_letters", "keyload.result.DeadLetterPage", C.DEAD_LETTER_READ, "list_dead_letters", "dlq list", f"GET {Q}/dead-letters"),
-    _kind("Redrive", "queues.dead_letters:redrive", "keyload.MessageView", C.REDRIVE, "redrive", "message redrive", f"POST {Q}/messages/{{message_id}}/redrive", batchable=True),
-    _kind("Cancel", "queues.dead_letters:cancel", "keyload.MessageView", C.CANCEL, "cancel", "message cancel", f"POST {Q}/messages/{{message_id}}/cancel", batchable=True),
-    _kind("ParkPending", "queues.dead_letters:park_pending", "keyload.MessageView", C.REDRIVE, "park_pending", "message park", f"POST {Q}/messages/{{message_id}}/park", batchable=True),
+    _kind("CreateQueue", "queues.resource:create_queue", "keyload.QueueView", C.resource_manage, "create_queue", "queue create", f"PUT {Q}"),
+    _kind("ConfigureQueue", "queues.resource:configure_queue", "keyload.QueueView", C.resource_manage, "configure_queue", "queue configure", f"PUT {Q}/policy"),
+    _kind("InspectQueue", "queues.resource:inspect_queue", "keyload.QueueView", C.inspect, "inspect_queue", "queue inspect", f"GET {Q}"),
+    _kind("InspectMessage", "queues.resource:inspect_message", "keyload.MessageView", C.inspect, "inspect_message", "message inspect", f"GET {Q}/messages/{{message_id}}"),
+    _kind("Enqueue", "queues.resource:enqueue", "keyload.result.EnqueueResult", C.enqueue, "enqueue", "queue enqueue", f"POST {Q}/messages", batchable=True),
+    _kind("Receive", "queues.leases:receive", "keyload.result.ReceiveResult", C.consume, "receive", "queue receive", f"POST {Q}/receive"),
+    _kind("Renew", "queues.leases:renew", "keyload.result.LeaseResult", C.consume, "renew", "lease renew", "POST /v1/domains/{domain}/leases/renew"),
+    _kind("Ack", "queues.leases:ack", "keyload.result.LeaseResult", C.consume, "ack", "lease ack", "POST /v1/domains/{domain}/leases/ack"),
+    _kind("AckBatch", "queues.leases:ack_batch", "keyload.result.AckBatchResult", C.consume, "ack_batch", "lease ack-batch", "POST /v1/domains/{domain}/leases/ack-batch"),
+    _kind("Nack", "queues.leases:nack", "keyload.result.LeaseResult", C.consume, "nack", "lease nack", "POST /v1/domains/{domain}/leases/nack"),
+    _kind("ListDeadLetters", "queues.dead_letters:list_dead_letters", "keyload.result.DeadLetterPage", C.dead_letter_read, "list_dead_letters", "dlq list", f"GET {Q}/dead-letters"),
+    _kind("Redrive", "queues.dead_letters:redrive", "keyload.MessageView", C.redrive, "redrive", "message redrive", f"POST {Q}/messages/{{message_id}}/redrive", batchable=True),
+    _kind("Cancel", "queues.dead_letters:cancel", "keyload.MessageView", C.cancel, "cancel", "message cancel", f"POST {Q}/messages/{{message_id}}/cancel", batchable=True),
+    _kind("ParkPending", "queues.dead_letters:park_pending", "keyload.MessageView", C.redrive, "park_pending", "message park", f"POST {Q}/messages/{{message_id}}/park", batchable=True),
     # Topics
-    _kind("CreateTopic", "topics.topic:create_topic", "keyload.TopicView", C.RESOURCE_MANAGE, "create_topic", "topic create", f"PUT {T}"),
-    _kind("Publish", "topics.topic:publish", "keyload.result.PublishResult", C.TOPIC_PUBLISH, "publish", "topic publish", f"POST {T}/events", batchable=True),
-    _kind("ReadTopic", "topics.topic:read_topic", "keyload.result.TopicPage", C.TOPIC_READ, "read_topic", "topic read", f"GET {T}/events"),
-    _kind("InspectTopic", "topics.topic:inspect_topic", "keyload.TopicView", C.INSPECT, "inspect_topic", "topic inspect", f"GET {T}"),
-    _kind("PurgeTopic", "topics.topic:purge_topic", "keyload.TopicView", C.RESOURCE_MANAGE, "purge_topic", "topic purge", f"POST {T}/purge"),
+    _kind("CreateTopic", "topics.topic:create_topic", "keyload.TopicView", C.resource_manage, "create_topic", "topic create", f"PUT {T}"),
+    _kind("Publish", "topics.topic:publish", "keyload.result.PublishResult", C.topic_publish, "publish", "topic publish", f"POST {T}/events", batchable=True),
+    _kind("ReadTopic", "topics.topic:read_topic", "keyload.result.TopicPage", C.topic_read, "read_topic", "topic read", f"GET {T}/events"),
+    _kind("InspectTopic", "topics.topic:inspect_topic", "keyload.TopicView", C.inspect, "inspect_topic", "topic inspect", f"GET {T}"),
+    _kind("PurgeTopic", "topics.topic:purge_topic", "keyload.TopicView", C.resource_manage, "purge_topic", "topic purge", f"POST {T}/purge"),
     # Subscription groups
-    _kind("CreateGroup", "groups.group:create_group", "keyload.GroupView", C.SUBSCRIPTION_MANAGE, "create_group", "group create", f"PUT {G}"),
-    _kind("GroupReceive", "groups.leases:group_receive", "keyload.result.GroupReceiveResult", C.CONSUME, "group_receive", "group receive", f"POST {G}/receive"),
-    _kind("GroupAck", "groups.leases:group_ack", "keyload.result.GroupLeaseResult", C.CONSUME, "group_ack", "group ack", f"POST {G}/ack"),
-    _kind("GroupAckBatch", "groups.leases:group_ack_batch", "keyload.result.GroupAckBatchResult", C.CONSUME, "group_ack_batch", "group ack-batch", f"POST {G}/ack-batch"),
-    _kind("GroupNack", "groups.leases:group_nack", "keyload.result.GroupLeaseResult", C.CONSUME, "group_nack", "group nack", f"POST {G}/nack"),
-    _kind("GroupRenew", "groups.leases:group_renew", "keyload.result.GroupLeaseResult", C.CONSUME, "group_renew", "group renew", f"POST {G}/renew"),
-    _kind("GroupStatus", "groups.group:group_status", "keyload.GroupView", C.INSPECT, "group_status", "group status", f"GET {G}"),
-    _kind("SeekGroup", "groups.group:seek_group", "keyload.GroupView", C.SUBSCRIPTION_MANAGE, "seek_group", "group seek", f"POST {G}/seek"),
-    _kind("ConfigureGroup", "groups.group:configure_group", "keyload.GroupView", C.SUBSCRIPTION_MANAGE, "configure_group", "group configure", f"PUT {G}/policy"),
-    _kind("PauseGroup", "groups.group:pause_group", "keyload.GroupView", C.SUBSCRIPTION_MANAGE, "pause_group", "group pause", f"POST {G}/pause"),
-    _kind("ResumeGroup", "groups.group:resume_group", "keyload.GroupView", C.SUBSCRIPTION_MANAGE, "resume_group", "group resume", f"POST {G}/resume"),
+    _kind("CreateGroup", "groups.group:create_group", "keyload.GroupView", C.subscription_manage, "create_group", "group create", f"PUT {G}"),
+    _kind("GroupReceive", "groups.leases:group_receive", "keyload.result.GroupReceiveResult", C.consume, "group_receive", "group receive", f"POST {G}/receive"),
+    _kind("GroupAck", "groups.leases:group_ack", "keyload.result.GroupLeaseResult", C.consume, "group_ack", "group ack", f"POST {G}/ack"),
+    _kind("GroupAckBatch", "groups.leases:group_ack_batch", "keyload.result.GroupAckBatchResult", C.consume, "group_ack_batch", "group ack-batch", f"POST {G}/ack-batch"),
+    _kind("GroupNack", "groups.leases:group_nack", "keyload.result.GroupLeaseResult", C.consume, "group_nack", "group nack", f"POST {G}/nack"),
+    _kind("GroupRenew", "groups.leases:group_renew", "keyload.result.GroupLeaseResult", C.consume, "group_renew", "group renew", f"POST {G}/renew"),
+    _kind("GroupStatus", "groups.group:group_status", "keyload.GroupView", C.inspect, "group_status", "group status", f"GET {G}"),
+    _kind("SeekGroup", "groups.group:seek_group", "keyload.GroupView", C.subscription_manage, "seek_group", "group seek", f"POST {G}/seek"),
+    _kind("ConfigureGroup", "groups.group:configure_group", "keyload.GroupView", C.subscription_manage, "configure_group", "group configure", f"PUT {G}/policy"),
+    _kind("PauseGroup", "groups.group:pause_group", "keyload.GroupView", C.subscription_manage, "pause_group", "group pause", f"POST {G}/pause"),
+    _kind("ResumeGroup", "groups.group:resume_group", "keyload.GroupView", C.subscription_manage, "resume_group", "group resume", f"POST {G}/resume"),
     # Documents, batches, inboxes
-    _kind("PutDocument", "documents.document:put_document", "keyload.result.DocumentResult", C.DOCUMENTS_WRITE, "put_document", "doc put", "PUT /v1/domains/{domain}/documents/{key}", batchable=True),
-    _kind("DeleteDocument", "documents.document:delete_document", "keyload.result.DocumentResult", C.DOCUMENTS_WRITE, "delete_document", "doc delete", "DELETE /v1/domains/{domain}/documents/{key}", batchable=True),
-    _kind("GetDocument", "documents.document:get_document", "keyload.result.Document", C.DOCUMENTS_READ, "get_document", "doc get", "GET /v1/domains/{domain}/documents/{key}"),
-    _kind("ListDocuments", "documents.document:list_documents", "keyload.result.DocumentPage", C.DOCUMENTS_READ, "list_documents", "doc list", "GET /v1/domains/{domain}/documents"),
-    _kind("Batch", "batch:batch", "keyload.result.BatchResult", None, "batch", None, "POST /v1/domains/{domain}/batch"),
-    _kind("CompleteProcessing", "documents.inbox:complete_processing", "keyload.result.ProcessingResult", C.CONSUME, "complete_processing", None, "POST /v1/domains/{domain}/leases/complete"),
-    _kind("ConfigureInbox", "documents.inbox:configure_inbox", "keyload.result.InboxView", C.RESOURCE_MANAGE, "configure_inbox", "inbox configure", "PUT /v1/domains/{domain}/inbox"),
-    _kind("CommitInbox", "documents.inbox:commit_inbox", "keyload.result.ProcessingResult", C.INBOX_WRITE, "commit_inbox", None, "POST /v1/domains/{domain}/inbox/commits"),
+    _kind("PutDocument", "documents.document:put_document", "keyload.result.DocumentResult", C.documents_write, "put_document", "doc put", "PUT /v1/domains/{domain}/documents/{key}", batchable=True),
+    _kind("DeleteDocument", "documents.document:delete_document", "keyload.result.DocumentResult", C.documents_write, "delete_document", "doc delete", "DELETE /v1/domains/{domain}/documents/{key}", batchable=True),
+    _kind("GetDocument", "documents.document:get_document", "keyload.result.Document", C.documents_read, "get_document", "doc get", "GET /v1/domains/{domain}/documents/{key}"),
+    _kind("ListDocuments", "documents.document:list_documents", "keyload.result.DocumentPage", C.documents_read, "list_documents", "doc list", "GET /v1/domains/{domain}/documents"),
+    _kind("Batch", "batch:batch", "keyload.result.BatchResult", None, "batch", None, "POST /v1/domains/{domain}/batch", parts="mutations"),
+    _kind("CompleteProcessing", "documents.inbox:complete_processing", "keyload.result.ProcessingResult", C.consume, "complete_processing", None, "POST /v1/domains/{domain}/leases/complete", parts="effects"),
+    _kind("ConfigureInbox", "documents.inbox:configure_inbox", "keyload.result.InboxView", C.resource_manage, "configure_inbox", "inbox configure", "PUT /v1/domains/{domain}/inbox"),
+    _kind("CommitInbox", "documents.inbox:commit_inbox", "keyload.result.ProcessingResult", C.inbox_write, "commit_inbox", None, "POST /v1/domains/{domain}/inbox/commits", parts="effects"),
     # Large payloads
-    _kind("PrepareLargeSchedule", "payloads.schedule:prepare_large_schedule", "keyload.PayloadReservation", C.ENQUEUE, "prepare_large_schedule", None, f"POST {Q}/reservations"),
-    _kind("CommitLargeSchedule", "payloads.schedule:commit_large_schedule", "keyload.PayloadReservation", C.ENQUEUE, "commit_large_schedule", None, "POST /v1/domains/{domain}/reservations/{reservation_id}/commit"),
-    _kind("CancelLargeSchedule", "payloads.reservations:cancel_large_schedule", "keyload.PayloadReservation", C.ENQUEUE, "cancel_large_schedule", None, "POST /v1/domains/{domain}/reservations/{reservation_id}/cancel"),
-    _kind("InspectReservation", "payloads.reservations:inspect_reservation", "keyload.PayloadReservation", C.INSPECT, "inspect_reservation", None, "GET /v1/domains/{domain}/reservations/{reservation_id}"),
+    _kind("PrepareLargeSchedule", "payloads.schedule:prepare_large_schedule", "keyload.PayloadReservation", C.enqueue, "prepare_large_schedule", None, f"POST {Q}/reservations"),
+    _kind("CommitLargeSchedule", "payloads.schedule:commit_large_schedule", "keyload.PayloadReservation", C.enqueue, "commit_large_schedule", None, "POST /v1/domains/{domain}/reservations/{reservation_id}/commit"),
+    _kind("CancelLargeSchedule", "payloads.reservations:cancel_large_schedule", "keyload.PayloadReservation", C.enqueue, "cancel_large_schedule", None, "POST /v1/domains/{domain}/reservations/{reservation_id}/cancel"),
+    _kind("InspectReservation", "payloads.reservations:inspect_reservation", "keyload.PayloadReservation", C.inspect, "inspect_reservation", None, "GET /v1/domains/{domain}/reservations/{reservation_id}"),
     # Administration (partition-scoped commands name the partition, not a domain)
-    _kind("RotateKeys", "key_rotation:rotate_keys", "keyload.result.ActiveKeys", C.ADMIN, "rotate_keys", "keys rotate", "POST /v1/domains/{domain}/keys/rotate"),
-    _kind("Tick", "timers:tick", "keyload.result.TickResult", C.ADMIN, None, None, None, stored=False),
-    _kind("Checkpoint", "timers:checkpoint", "keyload.result.CheckpointResult", C.ADMIN, "request_checkpoint", None, f"POST {P}/checkpoints", stored=False),
-    _kind("ListRetention", "payloads.retention:list_retention", "keyload.result.RetentionPage", C.ADMIN, "list_retention", None, f"GET {P}/retention", stored=False),
-    _kind("AdvanceRecoveryFloor", "payloads.retention:advance_recovery_floor", "keyload.result.RetentionPage", C.ADMIN, "advance_recovery_floor", None, f"POST {P}/recovery-floor", stored=False),
-    _kind("BeginDelete", "payloads.retention:begin_delete", "keyload.result.RetentionStatus", C.ADMIN, "begin_delete", None, f"POST {P}/retention/{{task_id}}/begin-delete", stored=False),
-    _kind("DeleteConfirmed", "payloads.retention:delete_confirmed", "keyload.result.RetentionStatus", C.ADMIN, "delete_confirmed", None, f"POST {P}/retention/{{task_id}}/deleted", stored=False),
+    _kind("RotateKeys", "key_rotation:rotate_keys", "keyload.result.ActiveKeys", C.admin, "rotate_keys", "keys rotate", "POST /v1/domains/{domain}/keys/rotate", partition_wide=True),
+    _kind("Tick", "timers:tick", "keyload.result.TickResult", C.tick, None, None, None, stored=False, partition_wide=True),
+    _kind("Checkpoint", "timers:checkpoint", "keyload.result.CheckpointResult", C.admin, "request_checkpoint", None, f"POST {P}/checkpoints", stored=False, partition_wide=True),
+    _kind("ListRetention", "payloads.retention:list_retention", "keyload.result.RetentionPage", C.recovery, "list_retention", None, f"GET {P}/retention", stored=False, partition_wide=True),
+    _kind("AdvanceRecoveryFloor", "payloads.retention:advance_recovery_floor", "keyload.result.RetentionPage", C.recovery, "advance_recovery_floor", None, f"POST {P}/recovery-floor", stored=False, partition_wide=True),
+    _kind("BeginDelete", "payloads.retention:begin_delete", "keyload.result.RetentionStatus", C.recovery, "begin_delete", None, f"POST {P}/retention/{{task_id}}/begin-delete", stored=False, partition_wide=True),
+    _kind("DeleteConfirmed", "payloads.retention:delete_confirmed", "keyload.result.RetentionStatus", C.recovery, "delete_confirmed", None, f"POST {P}/retention/{{task_id}}/deleted", stored=False, partition_wide=True),
+    # Access control (partition-wide: the SDK sends each to every partition, under one command id)
+    _kind("EnableAccessControl", "principals:enable_access_control", "keyload.result.PrincipalView", C.admin, None, None, None, partition_wide=True),
+    _kind("PutPrincipal", "principals:put_principal", "keyload.result.PrincipalView", C.admin, "put_principal", None, "PUT /v1/principals/{principal}", partition_wide=True),
+    _kind("GrantCapability", "principals:grant_capability", "keyload.result.PrincipalView", C.admin, "grant", None, "POST /v1/principals/{principal}/grants", partition_wide=True),
+    _kind("RevokeCapability", "principals:revoke_capability", "keyload.result.PrincipalView", C.admin, "revoke", None, "POST /v1/principals/{principal}/revoke", partition_wide=True),
+    _kind("CheckpointPublished", "payloads.retention:checkpoint_published", "keyload.result.CheckpointResult", C.checkpoint, None, None, None, stored=False, partition_wide=True),
+    _kind("InspectPrincipal", "principals:inspect_principal", "keyload.result.PrincipalView", C.admin, "inspect_principal", None, "GET /v1/principals/{principal}", partition_wide=True, self_service=True),
 )  # fmt: skip
 
 BY_BRANCH: dict[str, CommandKind] = {kind.branch: kind for kind in COMMANDS}
 BY_NAME: dict[str, CommandKind] = {kind.name: kind for kind in COMMANDS}
 assert len(BY_BRANCH) == len(COMMANDS), "a command kind is declared twice"
-assert all(kind.capability is not None or kind.name == "Batch" for kind in COMMANDS)
+assert all(kind.capability is not None or kind.parts is not None for kind in COMMANDS), "a row allows nothing"

@@ -102,8 +102,10 @@ class OutcomeTimeout(KeyloadError):
     """No outcome arrived in time. The command may or may not have been applied:
     submit again with the same `command_id` to learn its outcome without applying it twice."""
 
-    def __init__(self, command_id: str, timeout_s: float) -> None:
-        super().__init__(f"no outcome for command {command_id!r} within {timeout_s:g}s (is `keyload run` running?)")
+    def __init__(self, command_id: str, timeout_s: float, note: str = "") -> None:
+        super().__init__(
+            f"no outcome for command {command_id!r} within {timeout_s:g}s (is `keyload run` running?){note}"
+        )
         self.command_id = command_id
 
 

@@ -34,6 +34,9 @@ MAX_OUTCOME_BYTES = 4 * 1024 * 1024
 RESULT_BYTES_BUDGET = 3 * 1024 * 1024
 RESULT_ITEM_OVERHEAD_BYTES = 2048  # per item beyond body, headers and ids: token (≤ 1024), counters, encoding
 MAX_KEY_ID_CHARS = 64
+MAX_GRANTS = 64  # grants one principal holds
+MAX_GRANT_PATTERN_CHARS = 256  # a grant's domain or resource pattern
+MAX_BOOTSTRAP_PRINCIPALS = 8  # principals one EnableAccessControl installs
 MIN_LEASE_MS = 100
 MAX_ACK_BATCH = 100  # tokens per AckBatch
 MAX_DEAD_LETTER_PAGE = 100  # messages per ListDeadLetters page
@@ -331,4 +334,7 @@ INTEGER_FIELD_RANGES: dict[str, IntegerRange] = {
     "ListRetention.limit": IntegerRange(1, MAX_RETENTION_PAGE),
     "BeginDelete.task_id": TASK_ID,
     "DeleteConfirmed.task_id": TASK_ID,
+    "CheckpointPublished.offset": IntegerRange(0, MAX_SEQUENCE, note="below the command's own offset"),
+    # access control
+    "PutPrincipal.expected_revision": REVISION,
 }

@@ -40,6 +40,8 @@ TOP_LEVEL = (
     "keyload.InboxRecord",
     "keyload.PayloadReservation",
     "keyload.RetentionTask",
+    "keyload.PrincipalRecord",
+    "keyload.Signed",
 )
 
 Record = dict[str, Any]

@@ -15,12 +15,13 @@ from dataclasses import dataclass
 from typing import Any, cast
 
 from keyload import commands, limits
-from keyload.bodies import BODY_TYPES
+from keyload.bodies import BODY_TYPES, EnableAccessControl
 from keyload.commands import CommandKind
+from keyload.credentials import SignedRecord, seal, unwrap
 from keyload.log.base import MAX_LOG_TIME_MS, MIN_LOG_TIME_MS, partition_for
 from keyload.log.codec import REGISTRY, CodecError, Record
 from keyload.processors import timers
-from keyload.processors.access import authorize
+from keyload.processors.access import authenticate, authorize, denied, key_of, load_principal, policy_epoch, verify
 from keyload.processors.context import Context
 from keyload.processors.errors import ErrorCode, Rejected
 from keyload.processors.fingerprints import COMMAND, FINGERPRINT_BYTES, fingerprint
@@ -28,7 +29,7 @@ from keyload.processors.groups import leases as group_leases
 from keyload.processors.outcomes import OUTCOME, new_outcome, reject
 from keyload.processors.queues import leases
 from keyload.projections import keys
-from keyload.projections.records import AvroRecord
+from keyload.projections.records import AvroRecord, PrincipalRecord
 from keyload.projections.store import Staged
 
 Handler = Callable[[Staged, Any, Context], Record | None]
@@ -50,6 +51,7 @@ class Dispatch:
     handlers: Mapping[str, tuple[Handler, str]]
     unstored: frozenset[str]
     bodies: Mapping[str, type[AvroRecord]]
+    rows: Mapping[str, CommandKind]
 
     @classmethod
     def from_table(
@@ -64,15 +66,20 @@ class Dispatch:
         handlers = {row.branch: (cast(Handler, row.resolve(package)), row.result) for row in rows}
         assert len(handlers) == len(rows), "a command kind is declared twice"
         unstored = frozenset(row.branch for row in rows if not row.stored)
-        return cls(handlers, unstored, {branch: bodies[branch] for branch in handlers})
+        by_branch = {row.branch: row for row in rows}
+        return cls(handlers, unstored, {branch: bodies[branch] for branch in handlers}, by_branch)
 
     def stored(self, kind: str) -> bool:
         return kind not in self.unstored
 
-    def apply(self, stage: Staged, kind: str, body: Record, ctx: Context) -> tuple[str, Record] | None:
+    def typed(self, kind: str, body: Record) -> AvroRecord:
+        """The decoded body read into its kind's class."""
+        return self.bodies[kind].from_avro(body)
+
+    def apply(self, stage: Staged, kind: str, body: AvroRecord, ctx: Context) -> tuple[str, Record] | None:
         """Run the kind's handler on its typed body: its (result branch, result), or None while it is deferred."""
         handler, result_type = self.handlers[kind]
-        result = handler(stage, self.bodies[kind].from_avro(body), ctx)
+        result = handler(stage, body, ctx)
         return None if result is None else (result_type, result)
 
 
@@ -108,12 +115,18 @@ def apply_record(
     Every record first lets log time advance: timers due by `now_ms` fire (within
     the tick budget) whatever the record turns out to be. After the record, queues
     and groups it changed serve their waiting long-poll receives.
+
+    A record is a Command, or a Signed record holding one (processors/access.py). Every outcome
+    published for a principal the policy knows is sealed with that principal's key.
     """
+    signed: SignedRecord | None = None
     try:
-        command: Record | None = REGISTRY.decode(COMMAND, value)
+        signed = unwrap(value)
+        command_bytes = value if signed is None else signed.record
+        command: Record | None = REGISTRY.decode(COMMAND, command_bytes)
         poison = None
     except CodecError as exc:
-        command, poison = None, str(exc)
+        command, command_bytes, poison = None, value, str(exc)
     if command is not None and not _valid_command_id(command["command_id"]):
         command, poison = None, "command id is not 1..128 printable ASCII characters"
     trigger = f"@{offset}" if command is None else command["command_id"]
@@ -122,10 +135,29 @@ def apply_record(
     if command is None:
         assert poison is not None
         _record_poison(stage, value, offset, now_ms, poison)
-        return Applied(tuple(ctx.outbox.published), None, False, poison)
-    own, kind, committed = _apply_command(stage, command, value, ctx, fired, partitions, dispatch)
+        return Applied(_sealed(stage, keyring, ctx.outbox.published), None, False, poison)
+    own, kind, committed = _apply_command(stage, command, command_bytes, signed, ctx, fired, partitions, dispatch)
     published = ((command["reply_to"], own),) if own is not None else ()
-    return Applied(published + tuple(ctx.outbox.published), kind, committed)
+    return Applied(published + _sealed(stage, keyring, ctx.outbox.published), kind, committed)
+
+
+def _sealed(
+    stage: Staged, keyring: Mapping[str, bytes], outcomes: Iterable[tuple[int | None, str, bytes]]
+) -> tuple[tuple[int | None, bytes], ...]:
+    """The outcomes of served long polls, each sealed for the principal that waits (published as
+    they are while access control is off)."""
+    found: dict[str, PrincipalRecord | None] = {}
+    published = []
+    for reply_to, principal, encoded in outcomes:
+        if principal not in found:
+            found[principal] = load_principal(stage, principal)
+        published.append((reply_to, sealed(found[principal], keyring, encoded)))
+    return tuple(published)
+
+
+def sealed(caller: PrincipalRecord | None, keyring: Mapping[str, bytes], encoded: bytes) -> bytes:
+    """An encoded outcome sealed with `caller`'s key (as it is when there is no caller)."""
+    return encoded if caller is None else seal(caller.key_id, key_of(keyring, caller), encoded)
 
 
 def apply_out_of_range(stage: Staged, value: bytes, offset: int, now_ms: int, timestamp_ms: int) -> Applied:
@@ -158,20 +190,28 @@ def _apply_command(
     stage: Staged,
     command: Record,
     value: bytes,
+    signed: SignedRecord | None,
     moment: Context,
     fired: Record,
     partitions: int,
     dispatch: Dispatch,
 ) -> tuple[bytes | None, str, bool]:
-    """(own outcome to publish, or None while deferred; kind; committed) of one decoded command."""
+    """(own outcome to publish, sealed for the command's principal once it is authenticated, or
+    None while deferred; kind; committed) of one decoded command."""
     command_id: str = command["command_id"]
     kind, body = command["body"]
     domain: str = command["domain"]
+    principal: str = command["principal"]
     outcome = new_outcome(command_id, domain, moment.partition, moment.offset, moment.now_ms)
+
+    def refused(rejection: Rejected, caller: PrincipalRecord | None = None) -> tuple[bytes, str, bool]:
+        """An outcome that is published, never stored: there is no key to store it under, or
+        storing it would let a sender block a command id it does not own."""
+        reject(outcome, rejection)
+        return sealed(caller, moment.keyring, REGISTRY.encode(OUTCOME, outcome)), kind, False
+
     if not valid_domain(domain):
-        # Without a valid domain there is no key to store the outcome under: it is published only.
-        reject(outcome, Rejected(ErrorCode.VALIDATION, DOMAIN_RULE))
-        return REGISTRY.encode(OUTCOME, outcome), kind, False
+        return refused(Rejected(ErrorCode.VALIDATION, DOMAIN_RULE))
     try:
         print_ = fingerprint(command, value)
     except (ValueError, TypeError, OverflowError):
@@ -179,35 +219,45 @@ def _apply_command(
         # bits): the canonical bytes cannot be written, so there is no fingerprint to store it under.
         fields = REGISTRY.mismatched_fields(COMMAND, command)
         where = f": {', '.join(fields[:MAX_FIELDS_NAMED])}" if fields else ""
-        reject(outcome, Rejected(ErrorCode.VALIDATION, OUT_OF_TYPE_RULE + where))
-        return REGISTRY.encode(OUTCOME, outcome), kind, False
-
-    stored = None if not dispatch.stored(kind) else stage.get(keys.outcome(domain, command_id))
-    if stored is not None:
-        if stored[:FINGERPRINT_BYTES] != print_:
-            reject(outcome, Rejected(ErrorCode.CONFLICT, "command id was used for a different command"))
-            return REGISTRY.encode(OUTCOME, outcome), kind, False
-        previous = stored[FINGERPRINT_BYTES:]
-        return (previous or None), kind, False  # empty: a long-poll receive still waiting
-
+        return refused(Rejected(ErrorCode.VALIDATION, OUT_OF_TYPE_RULE + where))
+    typed = dispatch.typed(kind, body)
+    try:
+        caller = _caller(stage, kind, typed, principal, signed, moment.keyring)
+    except Rejected as rejection:
+        return refused(rejection)
     ctx = Context(
         moment.partition,
         moment.offset,
         moment.now_ms,
         command_id,
         domain,
-        command["principal"],
+        principal,
         moment.keyring,
         fired,
         command["reply_to"],
         print_,
         moment.outbox,  # shared: outcomes of waiters this command serves go out with the record's
+        caller,
     )
+    row = dispatch.rows[kind]
+
+    stored = None if not dispatch.stored(kind) else stage.get(keys.outcome(domain, command_id))
+    if stored is not None:
+        if stored[:FINGERPRINT_BYTES] != print_:
+            return refused(Rejected(ErrorCode.CONFLICT, "command id was used for a different command"), caller)
+        try:
+            authorize(ctx, row, typed)  # the policy of now decides whether the repeat is answered
+        except Rejected as rejection:
+            return refused(rejection, caller)
+        previous = stored[FINGERPRINT_BYTES:]
+        # Empty: a long-poll receive still waiting.
+        return (sealed(caller, moment.keyring, previous) if previous else None), kind, False
+
     child = Staged(stage)
     try:
         _check_envelope(ctx, partitions)
-        authorize(ctx, kind)
-        result = dispatch.apply(child, kind, body, ctx)
+        authorize(ctx, row, typed)
+        result = dispatch.apply(child, kind, typed, ctx)
         encoded = None
         if result is not None:
             outcome["result"] = result
@@ -230,7 +280,30 @@ def _apply_command(
     encoded = encoded or REGISTRY.encode(OUTCOME, outcome)
     if dispatch.stored(kind):
         stage.put(keys.outcome(domain, command_id), print_ + encoded)
-    return encoded, kind, outcome["status"] == "committed"
+    return sealed(caller, moment.keyring, encoded), kind, outcome["status"] == "committed"
+
+
+def _caller(
+    stage: Staged,
+    kind: str,
+    body: AvroRecord,
+    principal: str,
+    signed: SignedRecord | None,
+    keyring: Mapping[str, bytes],
+) -> PrincipalRecord | None:
+    """The authenticated principal of a command; None while access control is off. The one
+    command that needs a signature then is EnableAccessControl, signed by a principal it installs."""
+    if policy_epoch(stage) is not None:
+        return authenticate(stage, principal, signed, keyring)
+    if isinstance(body, EnableAccessControl):
+        signer = next((spec for spec in body.principals if spec.principal == principal), None)
+        if signer is None:
+            raise denied("the signer must be a principal the command installs")
+        record = PrincipalRecord(
+            principal=principal, key_id=signer.key_id, enabled=True, revision=0, grants=signer.grants
+        )
+        return verify(record, signed, keyring)
+    return None
 
 
 def _valid_command_id(command_id: str) -> bool:

@@ -50,8 +50,8 @@ def check_domains(mutations: list[BatchMutation], ctx: Context, at_least: int = 
 
 
 def apply_mutations(stage: Staged, mutations: list[BatchMutation], ctx: Context) -> Record:
-    """Apply every mutation in order (checked by `check_domains`); a BatchResult, or the first
-    refusal with its index."""
+    """Apply every mutation in order (checked by `check_domains`, authorized by processors/access.py);
+    a BatchResult, or the first refusal with its index."""
     results = []
     for index, mutation in enumerate(mutations):
         kind, body = mutation.mutation

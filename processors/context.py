@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from keyload.processors.outcomes import Outbox
+from keyload.projections.records import PrincipalRecord
 
 
 @dataclass(frozen=True, slots=True)
@@ -22,3 +23,4 @@ class Context:
     reply_to: int | None = None
     fingerprint: bytes = b""
     outbox: Outbox = field(default_factory=Outbox)
+    caller: PrincipalRecord | None = None  # the authenticated principal; None while access control is off

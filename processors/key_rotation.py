@@ -58,6 +58,8 @@ def rotate_keys(stage: Staged, body: RotateKeys, ctx: Context) -> Record:
             continue
         if not 1 <= len(key_id) <= limits.MAX_KEY_ID_CHARS:
             raise Rejected(ErrorCode.VALIDATION, f"{name} must be 1..{limits.MAX_KEY_ID_CHARS} characters")
+        if stage.get(keys.principal_key(key_id)) is not None:
+            raise Rejected(ErrorCode.VALIDATION, f"{name} names a principal's key: its holder could sign with it")
         if key_id not in ctx.keyring:
             # Not a rejection: whether a key exists is configuration, and a replay with the
             # key present would decide differently. The runtime reloads the keyring or halts.

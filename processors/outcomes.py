@@ -19,7 +19,7 @@ class Outbox:
     serves it (or reaches its deadline) publishes that outcome from here.
     """
 
-    published: list[tuple[int | None, bytes]] = field(default_factory=list)
+    published: list[tuple[int | None, str, bytes]] = field(default_factory=list)  # reply partition, principal, outcome
     deferred: bool = False
 
 

@@ -106,8 +106,8 @@ def parse(token: str) -> Token:
     return Token(key_id, incarnation, generation, lease_version, message_id, principal, payload, mac)
 
 
-def verify_signature(keyring: Keyring, token: Token, domain: str, queue: str) -> None:
-    """TokenInvalidated unless a keyring key signed exactly this token for this queue."""
-    key = keyring.get(token.key_id)
+def verify_signature(key: bytes | None, token: Token, domain: str, queue: str) -> None:
+    """TokenInvalidated unless `key`, the service key the token names (None: it names none,
+    processors/access.py `service_key`), signed exactly this token for this queue."""
     if key is None or not hmac.compare_digest(_mac(key, token.payload, domain, queue), token.mac):
         raise _invalid()

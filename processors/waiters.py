@@ -92,7 +92,7 @@ def complete(
     outcome["result"] = result
     encoded = REGISTRY.encode(OUTCOME, outcome)
     stage.put(keys.outcome(waiter.domain, waiter.command_id), waiter.fingerprint + encoded)
-    ctx.outbox.published.append((waiter.reply_to, encoded))
+    ctx.outbox.published.append((waiter.reply_to, waiter.principal, encoded))
     stage.delete(keys.waiter(queue_id, sequence))
     remove_index_row(stage, keys.timer(queue_id, waiter.deadline_ms, keys.TIMER_WAITER, sequence), "")
     waiting = record.waiting_receives - 1

@@ -51,6 +51,9 @@ RESERVATION = b"R"  # R | reservation id u64                      -> PayloadRese
 # u | queue id u64 | message id -> u64 reservation id: a large message's identity, from its reservation on;
 #   kept after its history (MessageMeta) is reclaimed, so the id is never used again
 IDENTITY = b"u"
+PUBLISHED_CHECKPOINT = b"K"  # K | offset u64                   -> manifest SHA-256 (a published checkpoint, ≥ floor)
+PRINCIPAL_KEY = b"B"  # B | key id                                 -> principal name (a key ever a principal's)
+PRINCIPAL = b"A"  # A | principal name                             -> PrincipalRecord (every partition holds each)
 RETENTION_TASK = b"G"  # G | task id u64                          -> RetentionTask (a guarded object deletion)
 
 APPLIED_OFFSET = META + b"applied_offset"  # u64 offset of the last applied record
@@ -64,6 +67,7 @@ SCHEMA_SET = META + b"schema_set"  # SHA-256 naming the schemas the values are w
 NEXT_RESERVATION_ID = META + b"next_reservation_id"  # u64 allocator of payload reservations
 NEXT_TASK_ID = META + b"next_task_id"  # u64 allocator of retention tasks
 RECOVERY_FLOOR = META + b"recovery_floor"  # u64 floor offset as last logged by AdvanceRecoveryFloor (absent: none)
+POLICY_EPOCH = META + b"policy_epoch"  # u64 changes of principals and grants; present: access control is on
 RETIRED_IDENTITIES = META + b"retired_identities"  # u64 message ids whose history was reclaimed
 
 # Timer kinds, in the order they fire when due at the same instant.
@@ -123,6 +127,9 @@ FAMILY_VALUES: dict[bytes, RecordValue | None] = {
     RESERVATION: RecordValue("keyload.PayloadReservation"),
     IDENTITY: None,
     RETENTION_TASK: RecordValue("keyload.RetentionTask"),
+    PRINCIPAL: RecordValue("keyload.PrincipalRecord"),
+    PUBLISHED_CHECKPOINT: None,
+    PRINCIPAL_KEY: None,
 }
 # The family tags are this module's one-byte constants: a new one fails here until it is classified.
 _TAGS = [value for name, value in globals().items() if name.isupper() and isinstance(value, bytes) and len(value) == 1]
@@ -236,6 +243,18 @@ def parse_due_queue(key: bytes) -> tuple[int, int]:
 
 def outcome(domain: str, command_id: str) -> bytes:
     return OUTCOME + _domain(domain) + command_id.encode("utf-8")
+
+
+def published_checkpoint(offset: int) -> bytes:
+    return PUBLISHED_CHECKPOINT + u64(offset)
+
+
+def principal_key(key_id: str) -> bytes:
+    return PRINCIPAL_KEY + key_id.encode("utf-8")
+
+
+def principal(name: str) -> bytes:
+    return PRINCIPAL + name.encode("utf-8")
 
 
 def poison(offset: int) -> bytes:

@@ -33,6 +33,7 @@ from typing import Annotated, Any, ClassVar, Protocol, Self, TypeVar
 
 import msgspec
 
+from keyload.commands import Capability
 from keyload.log.codec import REGISTRY
 
 Int = Annotated[int, msgspec.Meta(ge=-(2**31), le=2**31 - 1)]
@@ -474,6 +475,26 @@ class RetentionTask(StoredRecord, frozen=True, kw_only=True, forbid_unknown_fiel
     deleted_versions: list[str] = []
 
 
+class Grant(AvroRecord, frozen=True, kw_only=True, forbid_unknown_fields=True, order=True):
+    """A capability on the domains and resources its patterns match (processors/access.py)."""
+
+    AVRO_NAME = "keyload.Grant"
+
+    capability: Capability
+    domain: str
+    resource: str = "*"
+
+
+class PrincipalRecord(StoredRecord, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    AVRO_NAME = SCHEMA = "keyload.PrincipalRecord"
+
+    principal: str
+    key_id: str
+    enabled: bool
+    revision: Long
+    grants: list[Grant]
+
+
 STORED_RECORDS: tuple[type[StoredRecord], ...] = (
     DocumentRecord,
     InboxRecord,
@@ -488,6 +509,7 @@ STORED_RECORDS: tuple[type[StoredRecord], ...] = (
     PositionMeta,
     PayloadReservation,
     RetentionTask,
+    PrincipalRecord,
 )
 """Every typed top-level record; the drift test checks each against its schema."""
 

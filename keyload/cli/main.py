@@ -34,10 +34,12 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
+from pathlib import Path
 from typing import TYPE_CHECKING
 
-from keyload.cli import commands, operations
+from keyload.cli import commands, operations, principals
 from keyload.cli.output import UsageError
 from keyload.errors import CommandRejected, KeyloadError, map_exceptions
 
@@ -56,9 +58,11 @@ log = logging.getLogger("keyload.cli")
 
 
 def client_of(args: argparse.Namespace) -> Client:
+    from keyload.credentials import Credential
     from keyload.sdk.client import Client
 
-    return Client(args.data, principal=args.principal, timeout_s=args.timeout)
+    credential = None if args.credential is None else Credential.load(Path(args.credential))
+    return Client(args.data, principal=args.acting_as, timeout_s=args.timeout, credential=credential)
 
 
 def exit_code(exc: KeyloadError) -> int:
@@ -73,7 +77,20 @@ def _common() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
         metavar="DIR",
         help="data directory (default: $KEYLOAD_DATA or ./keyload-data)",
     )
-    common.add_argument("--principal", default="anonymous", help="who the commands are from (default anonymous)")
+    common.add_argument(
+        "--as",
+        dest="acting_as",
+        default=None,
+        metavar="PRINCIPAL",
+        help="act as this principal, signing with its credential file DATA/credentials/PRINCIPAL.json "
+        "(default: the --credential file, else the administrator, keyload-admin)",
+    )
+    common.add_argument(
+        "--credential",
+        default=os.environ.get("KEYLOAD_CREDENTIAL"),
+        metavar="FILE",
+        help="the credential file to sign with (default: $KEYLOAD_CREDENTIAL)",
+    )
     common.add_argument(
         "--timeout",
         type=float,
@@ -128,6 +145,7 @@ def build_parser(table: commands.Table = commands.TABLE) -> argparse.ArgumentPar
     nouns = commands.add_table_commands(sub, [common, command], table)
     operations.add_keys_add(nouns["keys"], common)
     operations.add_parsers(sub, common, command)
+    principals.add_parsers(sub, common)
     return parser
 
 

@@ -19,6 +19,7 @@ A restore holds a pin on its entry (`pinned`) until the restored projection is o
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 import socket
@@ -28,9 +29,13 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from keyload.credentials import Credential
 from keyload.errors import KeyloadError
+from keyload.log.base import CommandLog
+from keyload.log.codec import REGISTRY
 from keyload.operations.catalog import CatalogEntry, CheckpointCatalog, RecoveryPin, recovery_floor
 from keyload.projections.store import CHECKPOINT_DB, MANIFEST, Manifest, Store, StoreError, verify_checkpoint
+from keyload.service.ticker import domain_for_partition
 from keyload.storage.object_store import ObjectStore, ObjectStoreError, ObjectVersion
 from keyload.version import __version__
 
@@ -242,3 +247,31 @@ class Checkpoints:
             return manifest
         finally:
             shutil.rmtree(local, ignore_errors=True)
+
+
+class Announcer:
+    """Records each checkpoint the service publishes in its partition's log (CheckpointPublished),
+    signed by the checkpoint publisher's principal: with access control on, the recovery floor may
+    name only a checkpoint a partition recorded so (processors/payloads/retention.py)."""
+
+    def __init__(self, log: CommandLog, credential: Credential) -> None:
+        self.log = log
+        self.credential = credential
+
+    def __call__(self, partition: int, entry: CatalogEntry) -> None:
+        offset = entry.manifest.offset
+        envelope = {
+            "command_id": f"checkpoint-published-p{partition}-{offset}",
+            "domain": domain_for_partition(partition, self.log.partitions),
+            "principal": self.credential.principal,
+            "body": (
+                "keyload.command.CheckpointPublished",
+                {
+                    "offset": offset,
+                    "manifest_sha256": hashlib.sha256(entry.manifest.to_json().encode("utf-8")).digest(),
+                },
+            ),
+            "reply_to": None,
+            "client_time_ms": None,
+        }
+        self.log.append(partition, [self.credential.sign(REGISTRY.encode("keyload.Command", envelope))])

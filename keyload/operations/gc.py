@@ -29,7 +29,7 @@ from threading import Event
 from typing import Protocol
 
 from keyload.bodies import ListRetention
-from keyload.errors import CommandRejected, KeyloadError
+from keyload.errors import CommandRejected, KeyloadError, NotFoundError
 from keyload.operations.catalog import CatalogError, recovery_floor
 from keyload.operations.checkpoints import CheckpointError, Checkpoints
 from keyload.processors.context import Context
@@ -168,10 +168,14 @@ class GcWorker:
         page = self.client.list_retention(partition)
         acted = False
         if floor is not None and (page.recovery_floor is None or floor > page.recovery_floor):
-            self.client.advance_recovery_floor(partition, floor)
-            done.floors_logged += 1
-            page = self.client.list_retention(partition)
-            acted = True
+            try:
+                self.client.advance_recovery_floor(partition, floor)
+            except NotFoundError:
+                pass  # the partition has not applied its record of that checkpoint yet: a later pass logs it
+            else:
+                done.floors_logged += 1
+                page = self.client.list_retention(partition)
+                acted = True
         wake: list[int] = []
         for _ in range(MAX_PAGES_PER_PASS):
             for status in page.tasks:

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal, TypeVar, Unpack
 
 from keyload import limits
 from keyload.commands import BY_NAME, CommandKind
+from keyload.credentials import ADMIN_PRINCIPAL, Credential, CredentialError, contents, credential_path
 from keyload.errors import CommandRejected, CommandTooLarge, InvalidCommand, KeyloadError, OutcomeTimeout, rejection
 from keyload.log.base import LogError, partition_for
 from keyload.log.codec import REGISTRY
@@ -34,6 +35,7 @@ from keyload.sdk.results import (
     DocumentResult,
     EnqueueResult,
     Event,
+    Grant,
     GroupAckBatchResult,
     GroupDelivery,
     GroupLeaseResult,
@@ -48,6 +50,7 @@ from keyload.sdk.results import (
     Outcome,
     PayloadReservation,
     PoisonEntry,
+    PrincipalView,
     ProcessingResult,
     PublishResult,
     QueuePolicySpec,
@@ -72,7 +75,6 @@ if TYPE_CHECKING:
     from keyload.sdk.payloads import PayloadGateway, Progress
 
 DEFAULT_TIMEOUT_S = 10.0
-DEFAULT_PRINCIPAL = "anonymous"
 OUTCOME_POLL_MIN_S = 0.0005  # first wait for an outcome; doubles while none comes
 OUTCOME_POLL_MAX_S = 0.010
 OUTCOME_READ_BATCH = 256
@@ -80,8 +82,10 @@ OUTCOME_READ_BATCH = 256
 T = TypeVar("T")
 MAX_LANES = 8
 COMMAND = "keyload.Command"
-# Both logs accept records up to the file log's limit (log/kafka_log.py MAX_RECORD_BYTES).
-MAX_COMMAND_BYTES = FILE_LOG_CONFIG.max_record_bytes
+# Both logs accept records up to the file log's limit (log/kafka_log.py MAX_RECORD_BYTES); a
+# command's signature takes up to this many bytes around it (key id, MAC, framing).
+SIGNATURE_BYTES = 128
+MAX_COMMAND_BYTES = FILE_LOG_CONFIG.max_record_bytes - SIGNATURE_BYTES
 POISON_PREVIEW_BYTES = 32  # how much of a poison record `poison_entries` returns
 DEFAULT_POISON_LIMIT = 100
 SHOWN_NAME_CHARS = 64  # of a caller's kind or event id quoted back in a client-side message
@@ -126,7 +130,8 @@ def encode_command(envelope: dict[str, Any]) -> bytes:
         raise InvalidCommand(f"{kind} does not match its schema{where}; nothing was appended") from None
     if len(value) > MAX_COMMAND_BYTES:
         raise CommandTooLarge(
-            f"the command is {len(value)} bytes, over the log's record limit of {MAX_COMMAND_BYTES} bytes; "
+            f"the command is {len(value)} bytes, over the {MAX_COMMAND_BYTES} bytes a command may take (the log's "
+            f"record limit of {FILE_LOG_CONFIG.max_record_bytes} bytes less {SIGNATURE_BYTES} for its signature); "
             "nothing was appended"
         )
     return value
@@ -156,6 +161,27 @@ def _refusal(kind: CommandKind, body: dict[str, Any], outcome: Outcome) -> Comma
         if branch == BY_NAME["Publish"].branch:
             return _naming_events(outcome, mutation["events"], f"mutation {failed}: ")
     return rejection(outcome)
+
+
+def _local_credential(root: Path, principal: str) -> Credential:
+    """The credential file of `principal` in the data directory; CredentialError saying how to make it."""
+    path = credential_path(root, principal)
+    if not path.exists():
+        how = "`keyload run` writes it" if principal == ADMIN_PRINCIPAL else f"`keyload principal create {principal}`"
+        raise CredentialError(f"no credential for principal {principal!r} at {path}: {how}, or pass a credential")
+    return Credential.load(path)
+
+
+def _unsealed_note(unsealed: Sequence[Outcome]) -> str:
+    """What the timeout says of outcomes for the command that were not sealed with the client's key."""
+    if not unsealed:
+        return ""
+    claim = f"{unsealed[0].error_code}: {unsealed[0].detail}" if unsealed[0].status != "committed" else "committed"
+    return (
+        f"; {len(unsealed)} outcome(s) for it were not sealed with this client's key and were ignored "
+        f"(unverified, the first says {claim!r}: the service answers so when it cannot authenticate a "
+        "command, for an unknown principal or key or a bad signature)"
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -199,6 +225,11 @@ class Client:
     Every command has a command id (generated unless given). Submitting the same
     command id again, with the same content, returns the original outcome and
     applies nothing twice; with different content it is rejected with `Conflict`.
+
+    A client acts as one principal and signs every command with that principal's credential:
+    `credential`, else the credential file of `principal` in the data directory
+    (DATA/credentials/<principal>.json), else the administrator's (the local operator's client).
+    It accepts only outcomes sealed with the same key (keyload/credentials.py).
     """
 
     # The command table by row name and the result classes it is typed by (keyload/commands.py).
@@ -208,12 +239,19 @@ class Client:
     def __init__(
         self,
         data_dir: str | os.PathLike[str],
-        principal: str = DEFAULT_PRINCIPAL,
+        principal: str | None = None,
         timeout_s: float = DEFAULT_TIMEOUT_S,
         reply_partition: int | None = None,
+        *,
+        credential: Credential | None = None,
     ) -> None:
         self.data = DataDir.open(data_dir)
-        self.principal = principal
+        if credential is None:
+            credential = _local_credential(self.data.root, principal or ADMIN_PRINCIPAL)
+        if principal is not None and credential.principal != principal:
+            raise CredentialError(f"the credential given is {credential.principal!r}'s, not {principal!r}'s")
+        self.credential = credential
+        self.principal = credential.principal
         self.timeout_s = timeout_s
         self._commands = self.data.command_log()
         self._outcomes = self.data.outcome_log()
@@ -267,7 +305,7 @@ class Client:
             "reply_to": self.reply_partition,
             "client_time_ms": time.time_ns() // 1_000_000,
         }
-        value = encode_command(envelope)
+        value = self.credential.sign(encode_command(envelope))
         if self._cursor is None:
             self._cursor = self._outcomes.end_offset(self.reply_partition)
         self._commands.append(partition_for(domain, self.data.partitions), [value])
@@ -276,17 +314,22 @@ class Client:
         return self._await(command_id, domain, self.timeout_s if timeout_s is None else timeout_s)
 
     def _await(self, command_id: str, domain: str, timeout_s: float) -> Outcome:
-        """Tail the reply partition for the outcome of (domain, command id).
+        """Tail the reply partition for the outcome of (domain, command id), sealed with this
+        client's key.
 
         The client reads on from where its last wait stopped (at most the
         partition's end, so nothing after the append is missed), which spares a
         broker round trip per command; outcomes of other clients sharing the
-        partition are passed over, most without decoding.
+        partition are passed over, most without decoding. An outcome for the
+        command that is not sealed with this client's key is not the service's
+        answer to it (or the service could not authenticate the command): it is
+        passed over, and named in the timeout's message if nothing else comes.
         """
         assert self._cursor is not None
         deadline = time.monotonic() + timeout_s
         pause = OUTCOME_POLL_MIN_S
         needle = command_id.encode()
+        unsealed: list[Outcome] = []
         while True:
             # Checked before the read: the last read starts after the deadline, so a process
             # paused past it still finds an outcome that arrived meanwhile.
@@ -296,15 +339,26 @@ class Client:
                 self._cursor = record.offset + 1
                 if needle not in record.value:
                     continue
-                decoded = REGISTRY.decode("keyload.Outcome", record.value)
-                if decoded["command_id"] == command_id and decoded["domain"] == domain:
-                    return Outcome.from_record(decoded)
+                found = self._matching(record.value, command_id, domain)
+                if found is not None:
+                    outcome, sealed = found
+                    if sealed:
+                        return outcome
+                    unsealed.append(outcome)
             if records:
                 continue
             if expired:
-                raise OutcomeTimeout(command_id, timeout_s)
+                raise OutcomeTimeout(command_id, timeout_s, _unsealed_note(unsealed))
             time.sleep(pause)
             pause = min(pause * 2, OUTCOME_POLL_MAX_S)
+
+    def _matching(self, value: bytes, command_id: str, domain: str) -> tuple[Outcome, bool] | None:
+        """(the outcome `value` holds, whether it is sealed with this client's key) when it is one
+        for (domain, command id); None when it answers another command."""
+        decoded = REGISTRY.decode("keyload.Outcome", contents(value))
+        if decoded["command_id"] != command_id or decoded["domain"] != domain:
+            return None
+        return Outcome.from_record(decoded), self.credential.seals(value)
 
     def send(
         self,
@@ -1036,6 +1090,75 @@ class Client:
         A new proof key starts a new trust-set version: reservations made before keep theirs."""
         body = {"token_key_id": token_key_id, "jitter_key_id": jitter_key_id, "proof_key_id": proof_key_id}
         return self._send_to(ActiveKeys, "RotateKeys", partition, body, command_id)
+
+    # -- principals and grants ----------------------------------------------------------------
+
+    def put_principal(
+        self,
+        principal: str,
+        *,
+        key_id: str | None = None,
+        enabled: bool | None = None,
+        grants: Sequence[Grant] | None = None,
+        expected_revision: int | None = None,
+        command_id: str | None = None,
+    ) -> PrincipalView:
+        """Create a principal (`key_id` required: a keyring key) or change it; None leaves a field as
+        it is, `grants` replaces every grant. Sent to every partition under one command id: the view
+        returned is partition 0's, and a failure part-way is mended by sending it again with the id."""
+        body = {
+            "principal": principal,
+            "key_id": key_id,
+            "enabled": enabled,
+            "grants": None if grants is None else [grant.to_avro() for grant in grants],
+            "expected_revision": expected_revision,
+        }
+        return self._send_everywhere("PutPrincipal", body, command_id)
+
+    def grant(self, principal: str, grant: Grant, *, command_id: str | None = None) -> PrincipalView:
+        """Add one grant to a principal, in every partition."""
+        return self._send_everywhere("GrantCapability", {"principal": principal, "grant": grant.to_avro()}, command_id)
+
+    def revoke(self, principal: str, grant: Grant, *, command_id: str | None = None) -> PrincipalView:
+        """Remove one grant, exactly as it was granted, in every partition."""
+        body = {"principal": principal, "grant": grant.to_avro()}
+        return self._send_everywhere("RevokeCapability", body, command_id)
+
+    def inspect_principal(
+        self, principal: str | None = None, *, partition: int = 0, command_id: str | None = None
+    ) -> PrincipalView:
+        """A principal as one partition's policy has it (admin), or this client's own (None: whoami)."""
+        return self._send_to(PrincipalView, "InspectPrincipal", partition, {"principal": principal}, command_id)
+
+    def whoami(self) -> PrincipalView:
+        """This client's principal, its grants and the policy epoch, as partition 0 has them."""
+        return self.inspect_principal()
+
+    def create_principal(self, principal: str, grants: Sequence[Grant] = ()) -> Credential:
+        """A new principal with a new keyring key and its credential file, DATA/credentials/<principal>.json
+        (0600): give that file to the principal's client. A local operator's call: it writes the keyring
+        of this data directory (in Kafka mode copy the keyring to every processor before the principal
+        sends a command)."""
+        from keyload.storage.principals import new_credential  # lazily: it writes the keyring
+
+        credential = new_credential(self.data.root, principal)
+        self.put_principal(principal, key_id=credential.key_id, grants=grants, expected_revision=0)
+        return credential
+
+    def rotate_credential(self, principal: str) -> Credential:
+        """A new key and credential file for `principal`; commands signed with the old key are refused
+        from the log position of the change on (the old key stays in the keyring for replays)."""
+        from keyload.storage.principals import new_credential  # lazily: it writes the keyring
+
+        credential = new_credential(self.data.root, principal)
+        self.put_principal(principal, key_id=credential.key_id)
+        return credential
+
+    def _send_everywhere(self, name: str, body: dict[str, Any], command_id: str | None) -> PrincipalView:
+        """Send a principal command to every partition under one command id; partition 0's view."""
+        command_id = command_id or str(uuid.uuid4())
+        views = [self._send_to(PrincipalView, name, p, body, command_id) for p in range(self.data.partitions)]
+        return views[0]
 
     def _send_to(
         self, result: type[T], name: str, partition: int, body: dict[str, Any], command_id: str | None = None

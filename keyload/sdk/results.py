@@ -28,11 +28,15 @@ from keyload.bodies import GroupPolicySpec as GroupPolicySpec
 from keyload.bodies import QueuePolicySpec as QueuePolicySpec
 from keyload.bodies import TopicPolicySpec as TopicPolicySpec
 from keyload.commands import COMMANDS, CommandKind
+from keyload.commands import Capability as Capability
 from keyload.errors import ErrorCode
 from keyload.log.codec import Record
 from keyload.projections.records import AvroRecord, GroupState, Int, Long
 
 # The stored records a result holds, re-exported as results (declared once, in projections/records.py).
+from keyload.projections.records import (
+    Grant as Grant,
+)
 from keyload.projections.records import (
     GroupPolicy as GroupPolicy,
 )
@@ -50,6 +54,9 @@ from keyload.projections.records import (
 )
 from keyload.projections.records import (
     PositionState as PositionState,
+)
+from keyload.projections.records import (
+    PrincipalRecord as PrincipalRecord,
 )
 from keyload.projections.records import (
     QueueCounters as QueueCounters,
@@ -528,6 +535,13 @@ class RetentionPage(AvroRecord, frozen=True, kw_only=True, forbid_unknown_fields
     retired_identities: Long
 
 
+class PrincipalView(AvroRecord, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    AVRO_NAME = "keyload.result.PrincipalView"
+
+    principal: PrincipalRecord
+    policy_epoch: Long
+
+
 # -- reading results ----------------------------------------------------------------------------
 
 
@@ -567,6 +581,7 @@ RESULT_CLASSES: tuple[type[ResultClass], ...] = (
     PayloadReservation,
     RetentionStatus,
     RetentionPage,
+    PrincipalView,
 )
 """The class of each result record of the command table (keyload/commands.py), and so of every
 branch of the Outcome's result union; a BatchResult's mutation results are among them."""
@@ -598,6 +613,7 @@ Result = (
     | PayloadReservation
     | RetentionStatus
     | RetentionPage
+    | PrincipalView
 )
 
 RESULT_TYPES: dict[str, type[Any]] = {cls.AVRO_NAME: cls for cls in RESULT_CLASSES}

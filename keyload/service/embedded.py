@@ -20,16 +20,25 @@ from threading import Event
 
 from keyload.errors import KeyloadError
 from keyload.log.base import LogCorruption
-from keyload.operations.checkpoints import CheckpointPolicy
+from keyload.operations.checkpoints import Announcer, CheckpointPolicy
 from keyload.operations.gc import DEFAULT_GC_INTERVAL_S, GcWorker, LocalRetention, run_worker
+from keyload.processors.access import policy_epoch
 from keyload.projections.store import Store
 from keyload.sdk.client import Client
+from keyload.service import access_control
 from keyload.service.doorbell import Listener
 from keyload.service.halts import Halt, clear_halt, record_halt
 from keyload.service.kafka import DEFAULT_SESSION_TIMEOUT_MS, KafkaService
 from keyload.service.runtime import PartitionProcessor, run_until
 from keyload.service.ticker import DEFAULT_TICK_INTERVAL_MS, Ticker
 from keyload.storage.datadir import DataDir
+from keyload.storage.principals import (
+    CHECKPOINTER_PRINCIPAL,
+    GC_PRINCIPAL,
+    TICKER_PRINCIPAL,
+    ensure_system,
+    system_credential,
+)
 
 IDLE_WAIT_MAX_S = 0.1  # with a doorbell, an idle service wakes at once for clients and at least this often
 GC_CLIENT_TIMEOUT_S = 2.0  # the in-service GC worker's outcome wait: short, so a stopping service is not held up
@@ -57,7 +66,8 @@ class _GcBeside:
     projections and appends only the commands that change something."""
 
     def __init__(self, data: DataDir, stores: list[Store], interval_s: float) -> None:
-        self.client = Client(data.root, principal="keyload-gc", timeout_s=GC_CLIENT_TIMEOUT_S)
+        credential = system_credential(data.root, GC_PRINCIPAL)
+        self.client = Client(data.root, credential=credential, timeout_s=GC_CLIENT_TIMEOUT_S)
         self.checkpoints = data.checkpoints()
         self.halt = Event()
         self.worker = GcWorker(LocalRetention(self.client, stores), self.checkpoints)
@@ -78,6 +88,7 @@ class _GcBeside:
 def serve(data: DataDir, settings: ServiceSettings, stop: Event) -> list[Halt]:
     """Serve `data` until `stop` is set; returns the partitions that halted."""
     with serving(data.root):
+        ensure_system(data.root)  # a directory made before access control gets its principals' keys now
         for partition in range(data.partitions):
             clear_halt(data.root, partition)  # a partition that halts again records it again
         with data.checkpoints() as checkpoints:
@@ -105,12 +116,17 @@ def serving(root: Path) -> Iterator[None]:
         os.close(fd)
 
 
+def access_is_off(store: Store) -> bool:
+    return policy_epoch(store) is None
+
+
 def _serve_embedded(data: DataDir, settings: ServiceSettings, stop: Event) -> list[Halt]:
     log = data.file_command_log()
     outcomes = data.outcome_log()
     checkpoints = data.checkpoints(settings.checkpoints)
     keys = data.keyring()
     stores: list[Store] = []
+    announce = Announcer(log, system_credential(data.root, CHECKPOINTER_PRINCIPAL))
     try:
         processors = []
         for partition in range(data.partitions):
@@ -128,9 +144,11 @@ def _serve_embedded(data: DataDir, settings: ServiceSettings, stop: Event) -> li
                     checkpoints=checkpoints,
                     keyring=keys,
                     keyring_loader=data.keyring,
+                    announce=announce,
                 )
             )
-        ticker = Ticker(log, settings.tick_interval_ms)
+        access_control.enable(data.root, log, [p for p, store in enumerate(stores) if access_is_off(store)])
+        ticker = Ticker(log, system_credential(data.root, TICKER_PRINCIPAL), settings.tick_interval_ms)
         try:
             listener = Listener(data.root)
         except OSError as exc:

@@ -36,12 +36,14 @@ from confluent_kafka import Consumer, KafkaError, TopicPartition
 from keyload.log.base import LogRecord
 from keyload.log.kafka_log import KafkaLog, KafkaSettings, ensure_topics, record_from_message
 from keyload.operations.catalog import CatalogEntry, NotPublished
-from keyload.operations.checkpoints import CheckpointError, Checkpoints, recovery_session
+from keyload.operations.checkpoints import Announcer, CheckpointError, Checkpoints, recovery_session
 from keyload.projections.store import Store
+from keyload.service import access_control
 from keyload.service.halts import Halt, record_halt
 from keyload.service.runtime import MAX_GROUP_RECORDS, PartitionProcessor, Stalls, report_halts
 from keyload.service.ticker import Ticker
 from keyload.storage.datadir import DataDir
+from keyload.storage.principals import CHECKPOINTER_PRINCIPAL, TICKER_PRINCIPAL, system_credential
 
 log = logging.getLogger("keyload.service.kafka")
 
@@ -100,7 +102,10 @@ class KafkaService:
         self.commands = KafkaLog.commands(self.settings)
         self.outcomes = KafkaLog.outcomes(self.settings)
         self.checkpoints = checkpoints
-        self.ticker = Ticker(self.commands, tick_interval_ms)
+        # Every service appends the same EnableAccessControl: a repeat in a partition that applied one.
+        access_control.enable(data.root, self.commands, range(self.commands.partitions))
+        self.ticker = Ticker(self.commands, system_credential(data.root, TICKER_PRINCIPAL), tick_interval_ms)
+        self.announce = Announcer(self.commands, system_credential(data.root, CHECKPOINTER_PRINCIPAL))
         self.keyring = data.keyring()
         self.owned: dict[int, Owned] = {}
         self._consumer = Consumer(
@@ -228,6 +233,7 @@ class KafkaService:
             keyring_loader=self.data.keyring,
             identity_log=self.commands,
             verify_on_resume=False,  # the feed cannot read behind itself; the consumer validates leader epochs
+            announce=self.announce,
         )
         start = self.commands.start_offset(partition)
         if processor.halt is None and processor.applied_offset + 1 < start:

@@ -117,10 +117,12 @@ class PartitionProcessor:
         keyring_loader: Callable[[], Mapping[str, bytes]] | None = None,
         identity_log: RecordSource | None = None,
         verify_on_resume: bool = True,
+        announce: Callable[[int, CatalogEntry], None] | None = None,
     ) -> None:
         """`identity_log` (default: `log`) is read to check the applied record when the processor
         opens; `verify_on_resume` checks it again on every resume, which a source that cannot
-        read behind what it handed out (Kafka mode's feed) turns off."""
+        read behind what it handed out (Kafka mode's feed) turns off. `announce` is told of every
+        checkpoint the processor publishes (the service's `Announcer` logs it)."""
         assert 1 <= group_records <= MAX_GROUP_RECORDS
         self.partition = partition
         self.partitions = partitions
@@ -131,6 +133,7 @@ class PartitionProcessor:
         self.group_records = group_records
         self.keyring = dict(keyring or {})
         self.keyring_loader = keyring_loader
+        self.announce = announce
         self.halt: Halt | None = None
         self.last_checkpoint: CatalogEntry | None = None
         self._applied = store.applied_offset
@@ -402,6 +405,13 @@ class PartitionProcessor:
         except (CheckpointError, CatalogError, ObjectStoreError, StoreError, OSError) as exc:
             log.warning("partition %d: checkpoint at offset %d failed: %s", self.partition, self._applied, exc)
             return None
+        if self.announce is not None:
+            try:
+                self.announce(self.partition, self.last_checkpoint)
+            except (LogError, OSError) as exc:  # the floor waits for a later checkpoint: never too early
+                log.warning(
+                    "partition %d: checkpoint at offset %d not recorded: %s", self.partition, self._applied, exc
+                )
         return self.last_checkpoint
 
     def _publishes_to(self, reply_to: int | None) -> TypeGuard[int]:

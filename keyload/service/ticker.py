@@ -28,6 +28,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+from keyload.credentials import Credential
 from keyload.log.base import Appended, CommandLog, partition_for
 from keyload.log.codec import REGISTRY
 
@@ -59,17 +60,20 @@ def domain_for_partition(partition: int, partitions: int) -> str:
     raise AssertionError("no domain maps to the partition")
 
 
-def tick_command(partition: int, partitions: int, command_id: str) -> bytes:
-    return REGISTRY.encode(
-        "keyload.Command",
-        {
-            "command_id": command_id,
-            "domain": domain_for_partition(partition, partitions),
-            "principal": "keyload-ticker",
-            "body": ("keyload.command.Tick", {}),
-            "reply_to": None,
-            "client_time_ms": None,
-        },
+def tick_command(partition: int, partitions: int, command_id: str, credential: Credential) -> bytes:
+    """A Tick signed by the ticker's principal (keyload/storage/principals.py)."""
+    return credential.sign(
+        REGISTRY.encode(
+            "keyload.Command",
+            {
+                "command_id": command_id,
+                "domain": domain_for_partition(partition, partitions),
+                "principal": credential.principal,
+                "body": ("keyload.command.Tick", {}),
+                "reply_to": None,
+                "client_time_ms": None,
+            },
+        )
     )
 
 
@@ -89,9 +93,10 @@ class Ticker:
     catching up on a backlog of due timers, else at the next look (module doc).
     """
 
-    def __init__(self, log: CommandLog, interval_ms: int = DEFAULT_TICK_INTERVAL_MS) -> None:
+    def __init__(self, log: CommandLog, credential: Credential, interval_ms: int = DEFAULT_TICK_INTERVAL_MS) -> None:
         assert interval_ms > 0
         self.log = log
+        self.credential = credential
         self.interval_ms = interval_ms
         self._partitions: dict[int, _Partition] = {}
         self._polled: list[_Partition] = []  # the partitions the last poll was given
@@ -137,6 +142,6 @@ class Ticker:
 
     def _append(self, processor: Timed, state: _Partition, now_ms: int) -> None:
         command_id = f"tick-{processor.partition}-{now_ms}"
-        value = tick_command(processor.partition, processor.partitions, command_id)
+        value = tick_command(processor.partition, processor.partitions, command_id, self.credential)
         [state.outstanding] = self.log.append(processor.partition, [value])
         state.next_look_ms = now_ms + self.interval_ms

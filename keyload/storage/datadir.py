@@ -205,11 +205,12 @@ class DataDir:
         elif object_store is not None:
             folder = object_store.root if isinstance(object_store, FileStoreConfig) else Path(object_store)
             config["object_store"] = str(folder.resolve())
-        from keyload.storage import keyring  # lazily: see the imports
+        from keyload.storage import keyring, principals  # lazily: see the imports
 
         if keyring_from is not None:
             keyring.copy(keyring_from, path)  # checked to be a keyring first
         keyring.create(path)
+        principals.ensure_system(path)
         # Written last: a directory with keyload.json is complete.
         keyring.write_private(path / CONFIG, (json.dumps(config, indent=2) + "\n").encode("utf-8"))
 

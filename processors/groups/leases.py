@@ -16,8 +16,9 @@ from msgspec.structs import replace
 
 from keyload import limits
 from keyload.bodies import GroupAck, GroupAckBatch, GroupNack, GroupReceive, GroupRenew
+from keyload.commands import Capability
 from keyload.log.codec import REGISTRY, Record
-from keyload.processors import tokens, waiters
+from keyload.processors import access, tokens, waiters
 from keyload.processors.context import Context
 from keyload.processors.errors import Corruption, ErrorCode, Rejected
 from keyload.processors.groups.group import (
@@ -277,11 +278,12 @@ def _verified_token(
     token = tokens.parse(token_text)
     if token.incarnation != group.incarnation:
         raise Rejected(ErrorCode.TOKEN_INVALIDATED, "delivery token is not valid")
-    tokens.verify_signature(ctx.keyring, token, group.domain, token_scope(group))
+    tokens.verify_signature(access.service_key(stage, ctx, token.key_id), token, group.domain, token_scope(group))
     if token.delivery_generation != group.generation:
         raise Rejected(ErrorCode.TOKEN_INVALIDATED, "delivery token is not valid")
     if token.principal != ctx.principal:
         raise Rejected(ErrorCode.PERMISSION_DENIED, "the delivery was issued to another principal")
+    access.require(ctx, Capability.consume, topic)  # a CompleteProcessing names its topic in no route
     return work, token
 
 

@@ -24,9 +24,10 @@ from __future__ import annotations
 from msgspec.structs import replace
 
 from keyload import limits
-from keyload.bodies import AdvanceRecoveryFloor, BeginDelete, DeleteConfirmed, ListRetention
+from keyload.bodies import AdvanceRecoveryFloor, BeginDelete, CheckpointPublished, DeleteConfirmed, ListRetention
 from keyload.log.codec import Record
 from keyload.processors import validation
+from keyload.processors.access import policy_epoch
 from keyload.processors.context import Context
 from keyload.processors.counters import adjusted_fields
 from keyload.processors.errors import Corruption, ErrorCode, Rejected
@@ -239,14 +240,35 @@ def delete_confirmed(stage: Staged, body: DeleteConfirmed, ctx: Context) -> Reco
     return _status(stage, task, ctx.now_ms)
 
 
+def checkpoint_published(stage: Staged, body: CheckpointPublished, ctx: Context) -> Record:
+    """Record a checkpoint the publisher published (below the floor it can no longer become it)."""
+    validation.check_integer("CheckpointPublished.offset", body.offset)
+    if body.offset >= ctx.offset:
+        raise Rejected(ErrorCode.VALIDATION, "offset must be below the command's own offset")
+    floor = recovery_floor(stage)
+    if floor is None or body.offset >= floor:
+        stage.put(keys.published_checkpoint(body.offset), body.manifest_sha256)
+    return {"offset": body.offset}
+
+
 def advance_recovery_floor(stage: Staged, body: AdvanceRecoveryFloor, ctx: Context) -> Record:
+    """Move the floor up. With access control on, only to a checkpoint the partition recorded as
+    published (CheckpointPublished): the floor lets objects be deleted, so a principal that may
+    send this (`recovery`) still cannot name a floor no published checkpoint is at. Without access
+    control (a log written before it), any offset below the command's own, as before."""
     floor = body.floor_offset
     validation.check_integer("AdvanceRecoveryFloor.floor_offset", floor)
     if floor >= ctx.offset:
         raise Rejected(ErrorCode.VALIDATION, "floor_offset must be below the command's own offset")
     current = recovery_floor(stage)
     if current is None or floor > current:
+        if policy_epoch(stage) is not None and stage.get(keys.published_checkpoint(floor)) is None:
+            raise Rejected(
+                ErrorCode.NOT_FOUND, "no published checkpoint at floor_offset was recorded in this partition"
+            )
         stage.put(keys.RECOVERY_FLOOR, keys.u64(floor))
+        for key, _ in list(stage.scan(keys.PUBLISHED_CHECKPOINT, keys.published_checkpoint(floor))):
+            stage.delete(key)  # no floor can go back to them
         _compact(stage, floor)
     return _page(stage, [], None)
 

@@ -16,8 +16,9 @@ from msgspec.structs import replace
 
 from keyload import limits
 from keyload.bodies import Ack, AckBatch, Nack, Receive, Renew
+from keyload.commands import Capability
 from keyload.log.codec import Record
-from keyload.processors import tokens, waiters
+from keyload.processors import access, tokens, waiters
 from keyload.processors.context import Context
 from keyload.processors.errors import Corruption, ErrorCode, Rejected
 from keyload.processors.key_rotation import TOKEN, active_key
@@ -192,9 +193,10 @@ def verified_token(stage: Staged, ctx: Context, token_text: str) -> tuple[QueueR
     record = load_queue_by_id(stage, token.incarnation)
     if record is None or record.view.domain != ctx.domain:
         raise Rejected(ErrorCode.TOKEN_INVALIDATED, "delivery token is not valid")
-    tokens.verify_signature(ctx.keyring, token, record.view.domain, record.view.queue)
+    tokens.verify_signature(access.service_key(stage, ctx, token.key_id), token, record.view.domain, record.view.queue)
     if token.principal != ctx.principal:
         raise Rejected(ErrorCode.PERMISSION_DENIED, "the delivery was issued to another principal")
+    access.require(ctx, Capability.consume, record.view.queue)  # the queue a token names is known only now
     return record, token
 
 

@@ -1,0 +1,95 @@
+"""Principal keys in the keyring, and the credential files clients are given.
+
+The service's own principals are declared here once (`SYSTEM_PRINCIPALS`): the administrator a
+new data directory comes with, the ticker and the GC worker, each with exactly the capability it
+needs on every domain (the checkpoint publisher records each checkpoint it publishes, which is what
+the GC worker's recovery floor may name). Their keys are keyring keys under fixed ids, so every processor given a
+copy of the keyring (`--keyring-from`) installs the same ones and appends the same
+EnableAccessControl command (keyload/service/access_control.py). The administrator's credential
+is also written to DATA/credentials/keyload-admin.json (0600): the local operator's `Client` and
+CLI use it unless told otherwise. The other system principals never leave the service: it signs
+with their keyring keys directly.
+
+A principal created later (`keyload principal create`) gets a new random keyring key and a
+credential file of its own. In Kafka mode every processor needs that key: copy the keyring to
+each of them before the principal signs its first command (a processor lacking a key the policy
+names halts its partition rather than decide differently from the others).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+from keyload.commands import Capability
+from keyload.credentials import ADMIN_PRINCIPAL, FOLDER, Credential, CredentialError, credential_path
+from keyload.storage import keyring
+
+TICKER_PRINCIPAL = "keyload-ticker"
+GC_PRINCIPAL = "keyload-gc"
+CHECKPOINTER_PRINCIPAL = "keyload-checkpointer"
+SYSTEM_PRINCIPALS: tuple[tuple[str, Capability], ...] = (
+    (ADMIN_PRINCIPAL, Capability.admin),  # listed first: it signs EnableAccessControl
+    (TICKER_PRINCIPAL, Capability.tick),
+    (GC_PRINCIPAL, Capability.recovery),
+    (CHECKPOINTER_PRINCIPAL, Capability.checkpoint),
+)
+FOLDER_MODE = 0o700
+# A principal with a credential file: its name is the file's name.
+FILE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+KEY_ID_RANDOM_BYTES = 8
+
+
+def system_key_id(principal: str) -> str:
+    return f"{principal}-1"
+
+
+def ensure_system(root: Path) -> None:
+    """Add the system principals' keys the keyring lacks, and write the administrator's credential
+    file if there is none (a directory created before access control gets them at its next run)."""
+    keys = keyring.load(root)
+    for principal, _ in SYSTEM_PRINCIPALS:
+        if system_key_id(principal) not in keys:
+            keyring.add(root, system_key_id(principal))
+    if not credential_path(root, ADMIN_PRINCIPAL).exists():
+        write_credential(root, system_credential(root, ADMIN_PRINCIPAL))
+
+
+def system_credential(root: Path, principal: str) -> Credential:
+    key_id = system_key_id(principal)
+    key = keyring.load(root).get(key_id)
+    if key is None:
+        raise CredentialError(f"the keyring of {root} has no key {key_id!r}; `keyload run` adds it")
+    return Credential(principal, key_id, key)
+
+
+def new_credential(root: Path, principal: str) -> Credential:
+    """A new random keyring key for `principal` and its credential file (0600), replacing an older
+    file; the key it replaces stays in the keyring (the log still holds commands it signed)."""
+    if FILE_NAME.fullmatch(principal) is None:
+        raise CredentialError(
+            "a principal with a credential file is named by 1..128 letters, digits, '.', '_' or '-', "
+            "starting with a letter or digit"
+        )
+    key_id = f"p-{os.urandom(KEY_ID_RANDOM_BYTES).hex()}"
+    keyring.add(root, key_id)
+    credential = Credential(principal, key_id, keyring.load(root)[key_id])
+    write_credential(root, credential)
+    return credential
+
+
+def write_credential(root: Path, credential: Credential) -> Path:
+    folder = root / FOLDER
+    folder.mkdir(FOLDER_MODE, exist_ok=True)
+    path = credential_path(root, credential.principal)
+    keyring.write_private(path, credential.to_json())
+    return path
+
+
+def load_credential(root: Path, principal: str) -> Credential:
+    path = credential_path(root, principal)
+    credential = Credential.load(path)
+    if credential.principal != principal:
+        raise CredentialError(f"{path} is the credential of another principal")
+    return credential

@@ -1,0 +1,176 @@
+"""Principals and grants: the logged policy that processors/access.py enforces.
+
+Each change (EnableAccessControl, PutPrincipal, a grant or revoke that changes something) bumps
+the principal's revision and the partition's policy epoch. Principal commands are partition-wide
+(the SDK sends each to every partition under one command id), so each partition holds every
+principal; a grant's patterns say which domains it reaches. Key material never enters the log:
+a principal names its key by id, and the keyring of the service holds the key.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import msgspec
+
+from keyload import limits
+from keyload.bodies import EnableAccessControl, GrantCapability, InspectPrincipal, PutPrincipal, RevokeCapability
+from keyload.log.codec import Record
+from keyload.processors import validation
+from keyload.processors.access import EVERYTHING, load_principal, policy_epoch
+from keyload.processors.context import Context
+from keyload.processors.errors import ErrorCode, Rejected
+from keyload.processors.key_rotation import JITTER, PROOF, TOKEN, active_key_id
+from keyload.projections import keys
+from keyload.projections.records import Grant, PrincipalRecord, save
+from keyload.projections.store import Staged
+
+FIRST_REVISION = 1
+SERVICE_KEYS = (TOKEN, JITTER, PROOF)  # the purposes the partition's own keys serve (processors/key_rotation.py)
+
+
+def _check_name(principal: str) -> None:
+    if not 1 <= len(principal) <= limits.MAX_PRINCIPAL_CHARS:
+        raise Rejected(ErrorCode.VALIDATION, f"a principal is 1..{limits.MAX_PRINCIPAL_CHARS} characters")
+
+
+def _check_key_id(key_id: str) -> None:
+    if not 1 <= len(key_id) <= limits.MAX_KEY_ID_CHARS or not key_id.isascii() or not key_id.isprintable():
+        raise Rejected(ErrorCode.VALIDATION, f"a key id is 1..{limits.MAX_KEY_ID_CHARS} printable ASCII characters")
+
+
+def _grants(grants: Iterable[Grant]) -> list[Grant]:
+    """Grants checked and in key order, each once."""
+    found = sorted(set(grants))
+    if len(found) > limits.MAX_GRANTS:
+        raise Rejected(ErrorCode.VALIDATION, f"a principal holds at most {limits.MAX_GRANTS} grants")
+    for grant in found:
+        for pattern in (grant.domain, grant.resource):
+            if not 1 <= len(pattern) <= limits.MAX_GRANT_PATTERN_CHARS:
+                raise Rejected(
+                    ErrorCode.VALIDATION, f"a grant pattern is 1..{limits.MAX_GRANT_PATTERN_CHARS} characters"
+                )
+            if EVERYTHING in pattern[:-1]:
+                raise Rejected(ErrorCode.VALIDATION, "a grant pattern has '*' only at its end")
+    return found
+
+
+def _bump_epoch(stage: Staged) -> None:
+    """One more policy change; the policy can change only once access control is on (the epoch's
+    presence is what turns it on: processors/access.py)."""
+    epoch = policy_epoch(stage)
+    if epoch is None:
+        raise Rejected(ErrorCode.CONFLICT, "access control is off in this partition; EnableAccessControl turns it on")
+    stage.put(keys.POLICY_EPOCH, keys.u64(epoch + 1))
+
+
+def _view(stage: Staged, record: PrincipalRecord) -> Record:
+    return {"principal": record.to_avro(), "policy_epoch": policy_epoch(stage) or 0}
+
+
+def _save(stage: Staged, record: PrincipalRecord) -> Record:
+    _bump_epoch(stage)
+    _install(stage, record)
+    return _view(stage, record)
+
+
+def _install(stage: Staged, record: PrincipalRecord) -> None:
+    """Save `record`, its key id claimed for it for good (`B | key id`): a key that is or was a
+    principal's never verifies a delivery token (access.service_key) nor becomes a service key
+    (RotateKeys), and no other principal may sign with it."""
+    owner = stage.get(keys.principal_key(record.key_id))
+    if owner is not None and owner.decode("utf-8") != record.principal:
+        raise Rejected(ErrorCode.CONFLICT, "the key id is another principal's")
+    if record.key_id in {active_key_id(stage, purpose) for purpose in SERVICE_KEYS}:
+        raise Rejected(ErrorCode.VALIDATION, "the key id is one the partition signs tokens, jitter or proofs with")
+    stage.put(keys.principal_key(record.key_id), record.principal.encode("utf-8"))
+    save(stage, keys.principal(record.principal), record)
+
+
+def _existing(stage: Staged, principal: str) -> PrincipalRecord:
+    _check_name(principal)
+    record = load_principal(stage, principal)
+    if record is None:
+        raise Rejected(ErrorCode.NOT_FOUND, "no such principal")
+    return record
+
+
+def enable_access_control(stage: Staged, body: EnableAccessControl, ctx: Context) -> Record:
+    """Install the first principals and turn enforcement on. The signature was checked against
+    the principal among them the command names, and its admin grant on every domain, before this
+    ran (processors/apply.py)."""
+    if policy_epoch(stage) is not None:
+        raise Rejected(ErrorCode.CONFLICT, "access control is already on in this partition")
+    if not 1 <= len(body.principals) <= limits.MAX_BOOTSTRAP_PRINCIPALS:
+        raise Rejected(ErrorCode.VALIDATION, f"1..{limits.MAX_BOOTSTRAP_PRINCIPALS} principals are installed")
+    if len({spec.principal for spec in body.principals}) != len(body.principals):
+        raise Rejected(ErrorCode.VALIDATION, "a principal is installed twice")
+    for spec in body.principals:
+        _check_name(spec.principal)
+        _check_key_id(spec.key_id)
+        record = PrincipalRecord(
+            principal=spec.principal,
+            key_id=spec.key_id,
+            enabled=True,
+            revision=FIRST_REVISION,
+            grants=_grants(spec.grants),
+        )
+        _install(stage, record)
+    stage.put(keys.POLICY_EPOCH, keys.u64(1))
+    signer = load_principal(stage, ctx.principal)
+    assert signer is not None, "apply.py authenticated the signer among the principals installed"
+    return _view(stage, signer)
+
+
+def put_principal(stage: Staged, body: PutPrincipal, ctx: Context) -> Record:
+    _check_name(body.principal)
+    existing = load_principal(stage, body.principal)
+    if body.expected_revision is not None:
+        validation.check_integer("PutPrincipal.expected_revision", body.expected_revision)
+        live = 0 if existing is None else existing.revision
+        if live != body.expected_revision:
+            raise Rejected(ErrorCode.REVISION_CONFLICT, f"the principal is at revision {live}")
+    if body.key_id is not None:
+        _check_key_id(body.key_id)
+    grants = None if body.grants is None else _grants(body.grants)
+    if existing is None:
+        if body.key_id is None:
+            raise Rejected(ErrorCode.VALIDATION, "a new principal needs a key_id")
+        record = PrincipalRecord(
+            principal=body.principal,
+            key_id=body.key_id,
+            enabled=True if body.enabled is None else body.enabled,
+            revision=FIRST_REVISION,
+            grants=grants or [],
+        )
+    else:
+        record = msgspec.structs.replace(
+            existing,
+            key_id=existing.key_id if body.key_id is None else body.key_id,
+            enabled=existing.enabled if body.enabled is None else body.enabled,
+            grants=existing.grants if grants is None else grants,
+            revision=existing.revision + 1,
+        )
+    return _save(stage, record)
+
+
+def grant_capability(stage: Staged, body: GrantCapability, ctx: Context) -> Record:
+    record = _existing(stage, body.principal)
+    if body.grant in record.grants:
+        return _view(stage, record)
+    grants = _grants([*record.grants, body.grant])
+    return _save(stage, msgspec.structs.replace(record, grants=grants, revision=record.revision + 1))
+
+
+def revoke_capability(stage: Staged, body: RevokeCapability, ctx: Context) -> Record:
+    record = _existing(stage, body.principal)
+    if body.grant not in record.grants:
+        return _view(stage, record)
+    grants = [grant for grant in record.grants if grant != body.grant]
+    return _save(stage, msgspec.structs.replace(record, grants=grants, revision=record.revision + 1))
+
+
+def inspect_principal(stage: Staged, body: InspectPrincipal, ctx: Context) -> Record:
+    """Anyone may inspect itself (whoami); another principal takes admin on every domain (the
+    table's row: self-service)."""
+    return _view(stage, _existing(stage, ctx.principal if body.principal is None else body.principal))
