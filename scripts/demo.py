@@ -2,7 +2,8 @@
 
 A work queue with a small retry policy (receive, ack, a nack retried on its
 backoff, a message failed until it is dead-lettered, then redriven), a topic
-read by two independent subscription groups, and two recovery drills: one from
+read by two independent subscription groups, a principal refused what it is not
+granted, and two recovery drills: one from
 offset 0, one from a checkpoint taken between the queue and the topic work (so
 it replays the topic's commands). Every step checks that keyload did what its
 line says; otherwise the demo stops with "demo FAILED: ..." and exit status 1.
@@ -19,7 +20,8 @@ import time
 from collections.abc import Sequence
 from typing import TypeVar
 
-from keyload import Client
+from keyload import Capability, Client, Grant
+from keyload.errors import PermissionDeniedError
 from keyload.sdk.results import Delivery, Event, QueuePolicySpec
 
 DOMAIN = "shop"
@@ -171,6 +173,20 @@ def topic_part(client: Client) -> None:
         check(client.group_status(DOMAIN, TOPIC, group).lag == 0, f"{group} is behind after its acks")
 
 
+def access_part(client: Client) -> None:
+    say("== access control: every command is signed by a principal and checked against its grants")
+    client.create_principal("packer", [Grant(capability=Capability.consume, domain=DOMAIN, resource=QUEUE)])
+    with Client(client.data.root, principal="packer") as packer:
+        check(packer.whoami().principal.grants[0].resource == QUEUE, "packer's grant is not the one given")
+        try:
+            packer.create_queue(DOMAIN, "returns")
+        except PermissionDeniedError as refused:
+            detail = refused.outcome.detail
+        else:
+            raise DemoFailed("packer created a queue without a resource_manage grant")
+    say(f"'packer' (may consume {DOMAIN}/{QUEUE}) creating a queue: PermissionDenied, {detail}")
+
+
 def keyload_cli(data: str, *args: str) -> None:
     """Run a keyload command over `data`, show it and its output; it must succeed."""
     say("$ keyload " + " ".join(args))
@@ -205,6 +221,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             checkpoint_part(args.data)
             say()
             topic_part(client)
+            say()
+            access_part(client)
         say()
         drill_part(args.data)
     except DemoFailed as failed:

@@ -18,7 +18,7 @@ from keyload.commands import BY_NAME, CommandKind
 from keyload.credentials import ADMIN_PRINCIPAL, Credential, CredentialError, contents, credential_path
 from keyload.errors import CommandRejected, CommandTooLarge, InvalidCommand, KeyloadError, OutcomeTimeout, rejection
 from keyload.log.base import LogError, partition_for
-from keyload.log.codec import REGISTRY
+from keyload.log.codec import REGISTRY, CodecError
 from keyload.log.file_log import DEFAULT_CONFIG as FILE_LOG_CONFIG
 from keyload.projections import keys
 from keyload.sdk.consumer import DEFAULT_WAIT_MS, ConsumeStats, Handled, WorkOptions, consume, subscribe
@@ -354,8 +354,12 @@ class Client:
 
     def _matching(self, value: bytes, command_id: str, domain: str) -> tuple[Outcome, bool] | None:
         """(the outcome `value` holds, whether it is sealed with this client's key) when it is one
-        for (domain, command id); None when it answers another command."""
-        decoded = REGISTRY.decode("keyload.Outcome", contents(value))
+        for (domain, command id); None when it answers another command or is no outcome at all (a
+        writer of the outcome stream that is not the service can append anything)."""
+        try:
+            decoded = REGISTRY.decode("keyload.Outcome", contents(value))
+        except CodecError:
+            return None
         if decoded["command_id"] != command_id or decoded["domain"] != domain:
             return None
         return Outcome.from_record(decoded), self.credential.seals(value)
