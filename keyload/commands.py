@@ -78,6 +78,7 @@ class CommandKind:
     partition_wide: bool = False  # acts on the partition, not a domain: only grants on every domain ("*") allow it
     parts: str | None = None  # the body field of mutations each authorized as the command it is (Batch, effects)
     self_service: bool = False  # naming the caller itself (its `principal` field null or its own) needs no capability
+    resource_in_handler: bool = False  # its resource (a token's queue, a reservation's) is checked by its handler
 
     @property
     def branch(self) -> str:
@@ -86,9 +87,9 @@ class CommandKind:
     @property
     def resource(self) -> str | None:
         """The body field naming the resource a grant's resource pattern is matched against: the
-        first of RESOURCE_FIELDS in the route. None: the command names no resource before its
-        handler runs (a token's queue, a reservation's), so a grant of the capability on the domain
-        for any resource allows it, and a handler that finds the resource checks it then."""
+        first of RESOURCE_FIELDS in the route. None: the command names no resource, so only a grant
+        on every resource ("*") allows it, unless its handler checks the resource it finds
+        (`resource_in_handler`: a grant on any resource lets it that far)."""
         fields = () if self.route is None else self.route.fields
         return next((name for name in RESOURCE_FIELDS if name in fields), None)
 
@@ -116,6 +117,7 @@ def _kind(
     partition_wide: bool = False,
     parts: str | None = None,
     self_service: bool = False,
+    resource_in_handler: bool = False,
 ) -> CommandKind:
     """A row, written compactly: `cli` as "noun verb", `route` as "METHOD /path"."""
     noun_verb = None if cli is None else tuple(cli.split())
@@ -134,6 +136,7 @@ def _kind(
         partition_wide,
         parts,
         self_service,
+        resource_in_handler,
     )
 
 
@@ -154,10 +157,10 @@ COMMANDS: tuple[CommandKind, ...] = (
     _kind("InspectMessage", "queues.resource:inspect_message", "keyload.MessageView", C.inspect, "inspect_message", "message inspect", f"GET {Q}/messages/{{message_id}}"),
     _kind("Enqueue", "queues.resource:enqueue", "keyload.result.EnqueueResult", C.enqueue, "enqueue", "queue enqueue", f"POST {Q}/messages", batchable=True),
     _kind("Receive", "queues.leases:receive", "keyload.result.ReceiveResult", C.consume, "receive", "queue receive", f"POST {Q}/receive"),
-    _kind("Renew", "queues.leases:renew", "keyload.result.LeaseResult", C.consume, "renew", "lease renew", "POST /v1/domains/{domain}/leases/renew"),
-    _kind("Ack", "queues.leases:ack", "keyload.result.LeaseResult", C.consume, "ack", "lease ack", "POST /v1/domains/{domain}/leases/ack"),
-    _kind("AckBatch", "queues.leases:ack_batch", "keyload.result.AckBatchResult", C.consume, "ack_batch", "lease ack-batch", "POST /v1/domains/{domain}/leases/ack-batch"),
-    _kind("Nack", "queues.leases:nack", "keyload.result.LeaseResult", C.consume, "nack", "lease nack", "POST /v1/domains/{domain}/leases/nack"),
+    _kind("Renew", "queues.leases:renew", "keyload.result.LeaseResult", C.consume, "renew", "lease renew", "POST /v1/domains/{domain}/leases/renew", resource_in_handler=True),
+    _kind("Ack", "queues.leases:ack", "keyload.result.LeaseResult", C.consume, "ack", "lease ack", "POST /v1/domains/{domain}/leases/ack", resource_in_handler=True),
+    _kind("AckBatch", "queues.leases:ack_batch", "keyload.result.AckBatchResult", C.consume, "ack_batch", "lease ack-batch", "POST /v1/domains/{domain}/leases/ack-batch", resource_in_handler=True),
+    _kind("Nack", "queues.leases:nack", "keyload.result.LeaseResult", C.consume, "nack", "lease nack", "POST /v1/domains/{domain}/leases/nack", resource_in_handler=True),
     _kind("ListDeadLetters", "queues.dead_letters:list_dead_letters", "keyload.result.DeadLetterPage", C.dead_letter_read, "list_dead_letters", "dlq list", f"GET {Q}/dead-letters"),
     _kind("Redrive", "queues.dead_letters:redrive", "keyload.MessageView", C.redrive, "redrive", "message redrive", f"POST {Q}/messages/{{message_id}}/redrive", batchable=True),
     _kind("Cancel", "queues.dead_letters:cancel", "keyload.MessageView", C.cancel, "cancel", "message cancel", f"POST {Q}/messages/{{message_id}}/cancel", batchable=True),
@@ -186,14 +189,14 @@ COMMANDS: tuple[CommandKind, ...] = (
     _kind("GetDocument", "documents.document:get_document", "keyload.result.Document", C.documents_read, "get_document", "doc get", "GET /v1/domains/{domain}/documents/{key}"),
     _kind("ListDocuments", "documents.document:list_documents", "keyload.result.DocumentPage", C.documents_read, "list_documents", "doc list", "GET /v1/domains/{domain}/documents"),
     _kind("Batch", "batch:batch", "keyload.result.BatchResult", None, "batch", None, "POST /v1/domains/{domain}/batch", parts="mutations"),
-    _kind("CompleteProcessing", "documents.inbox:complete_processing", "keyload.result.ProcessingResult", C.consume, "complete_processing", None, "POST /v1/domains/{domain}/leases/complete", parts="effects"),
+    _kind("CompleteProcessing", "documents.inbox:complete_processing", "keyload.result.ProcessingResult", C.consume, "complete_processing", None, "POST /v1/domains/{domain}/leases/complete", parts="effects", resource_in_handler=True),
     _kind("ConfigureInbox", "documents.inbox:configure_inbox", "keyload.result.InboxView", C.resource_manage, "configure_inbox", "inbox configure", "PUT /v1/domains/{domain}/inbox"),
     _kind("CommitInbox", "documents.inbox:commit_inbox", "keyload.result.ProcessingResult", C.inbox_write, "commit_inbox", None, "POST /v1/domains/{domain}/inbox/commits", parts="effects"),
     # Large payloads
     _kind("PrepareLargeSchedule", "payloads.schedule:prepare_large_schedule", "keyload.PayloadReservation", C.enqueue, "prepare_large_schedule", None, f"POST {Q}/reservations"),
-    _kind("CommitLargeSchedule", "payloads.schedule:commit_large_schedule", "keyload.PayloadReservation", C.enqueue, "commit_large_schedule", None, "POST /v1/domains/{domain}/reservations/{reservation_id}/commit"),
-    _kind("CancelLargeSchedule", "payloads.reservations:cancel_large_schedule", "keyload.PayloadReservation", C.enqueue, "cancel_large_schedule", None, "POST /v1/domains/{domain}/reservations/{reservation_id}/cancel"),
-    _kind("InspectReservation", "payloads.reservations:inspect_reservation", "keyload.PayloadReservation", C.inspect, "inspect_reservation", None, "GET /v1/domains/{domain}/reservations/{reservation_id}"),
+    _kind("CommitLargeSchedule", "payloads.schedule:commit_large_schedule", "keyload.PayloadReservation", C.enqueue, "commit_large_schedule", None, "POST /v1/domains/{domain}/reservations/{reservation_id}/commit", resource_in_handler=True),
+    _kind("CancelLargeSchedule", "payloads.reservations:cancel_large_schedule", "keyload.PayloadReservation", C.enqueue, "cancel_large_schedule", None, "POST /v1/domains/{domain}/reservations/{reservation_id}/cancel", resource_in_handler=True),
+    _kind("InspectReservation", "payloads.reservations:inspect_reservation", "keyload.PayloadReservation", C.inspect, "inspect_reservation", None, "GET /v1/domains/{domain}/reservations/{reservation_id}", resource_in_handler=True),
     # Administration (partition-scoped commands name the partition, not a domain)
     _kind("RotateKeys", "key_rotation:rotate_keys", "keyload.result.ActiveKeys", C.admin, "rotate_keys", "keys rotate", "POST /v1/domains/{domain}/keys/rotate", partition_wide=True),
     _kind("Tick", "timers:tick", "keyload.result.TickResult", C.tick, None, None, None, stored=False, partition_wide=True),
@@ -203,7 +206,7 @@ COMMANDS: tuple[CommandKind, ...] = (
     _kind("BeginDelete", "payloads.retention:begin_delete", "keyload.result.RetentionStatus", C.recovery, "begin_delete", None, f"POST {P}/retention/{{task_id}}/begin-delete", stored=False, partition_wide=True),
     _kind("DeleteConfirmed", "payloads.retention:delete_confirmed", "keyload.result.RetentionStatus", C.recovery, "delete_confirmed", None, f"POST {P}/retention/{{task_id}}/deleted", stored=False, partition_wide=True),
     # Access control (partition-wide: the SDK sends each to every partition, under one command id)
-    _kind("EnableAccessControl", "principals:enable_access_control", "keyload.result.PrincipalView", C.admin, None, None, None, partition_wide=True),
+    _kind("EnableAccessControl", "principals:enable_access_control", "keyload.result.PrincipalView", C.admin, None, None, None, stored=False, partition_wide=True),
     _kind("PutPrincipal", "principals:put_principal", "keyload.result.PrincipalView", C.admin, "put_principal", None, "PUT /v1/principals/{principal}", partition_wide=True),
     _kind("GrantCapability", "principals:grant_capability", "keyload.result.PrincipalView", C.admin, "grant", None, "POST /v1/principals/{principal}/grants", partition_wide=True),
     _kind("RevokeCapability", "principals:revoke_capability", "keyload.result.PrincipalView", C.admin, "revoke", None, "POST /v1/principals/{principal}/revoke", partition_wide=True),

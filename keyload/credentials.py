@@ -23,14 +23,13 @@ from __future__ import annotations
 
 import base64
 import binascii
-import hashlib
 import hmac
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from keyload.errors import KeyloadError
-from keyload.log.codec import REGISTRY
+from keyload.log.codec import HEADER_BYTES, REGISTRY, CodecError
 
 SIGNED = "keyload.Signed"
 FORMAT = 1
@@ -43,7 +42,7 @@ class CredentialError(KeyloadError):
 
 
 def mac(key: bytes, record: bytes) -> bytes:
-    return hmac.new(key, record, hashlib.sha256).digest()
+    return hmac.digest(key, record, "sha256")
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,7 +53,7 @@ class Credential:
 
     def sign(self, record: bytes) -> bytes:
         """`record` (a single-object-encoded Command) signed: the `keyload.Signed` log record."""
-        return REGISTRY.encode(SIGNED, {"key_id": self.key_id, "mac": mac(self.secret, record), "record": record})
+        return signed(self.key_id, self.secret, record)
 
     def seals(self, value: bytes) -> bool:
         """Whether `value`, an outcome record, is sealed with this credential's key: the service's answer."""
@@ -105,21 +104,64 @@ class SignedRecord:
         return hmac.compare_digest(mac(key, self.record), self.mac)
 
 
+# The Signed record is on every command's and outcome's path, so it is written and read here, field by
+# field, rather than through fastavro: three Avro `bytes`/`string` fields, each a zigzag varint length
+# and the bytes (tests/test_credentials.py checks both against the registry's codec).
+_HEADER = REGISTRY.encode(SIGNED, {"key_id": "", "mac": b"", "record": b""})[:HEADER_BYTES]
+
+
+def _length(value: int) -> bytes:
+    """The Avro long `value` (≥ 0), zigzag varint encoded."""
+    zigzag, out = value << 1, bytearray()
+    while zigzag > 0x7F:
+        out.append((zigzag & 0x7F) | 0x80)
+        zigzag >>= 7
+    out.append(zigzag)
+    return bytes(out)
+
+
+def signed(key_id: str, key: bytes, record: bytes) -> bytes:
+    """The `keyload.Signed` record of `record` (a Command, or an Outcome sealed for the principal
+    whose key this is) under the key `key_id` names."""
+    fields = (key_id.encode("utf-8"), mac(key, record), record)
+    return _HEADER + b"".join(_length(len(field)) + field for field in fields)
+
+
+def _field(value: bytes, at: int) -> tuple[bytes, int]:
+    """The Avro `bytes` at `at` and where the next field starts; CodecError when it is cut short."""
+    zigzag, shift = 0, 0
+    while True:
+        if at >= len(value) or shift > 63:
+            raise CodecError("malformed keyload.Signed body: a length is cut short")
+        byte = value[at]
+        at += 1
+        zigzag |= (byte & 0x7F) << shift
+        shift += 7
+        if byte < 0x80:
+            break
+    length = (zigzag >> 1) ^ -(zigzag & 1)
+    if length < 0 or at + length > len(value):
+        raise CodecError("malformed keyload.Signed body: a field runs past the record")
+    return value[at : at + length], at + length
+
+
 def unwrap(value: bytes) -> SignedRecord | None:
     """The signed record `value` is, or None when it is not one (a plain Command or Outcome).
     CodecError when it claims to be one and is malformed."""
-    if not REGISTRY.is_current(SIGNED, value):
+    if value[:HEADER_BYTES] != _HEADER:
         return None
-    decoded = REGISTRY.decode(SIGNED, value)
-    return SignedRecord(decoded["key_id"], decoded["mac"], decoded["record"])
+    key_id, at = _field(value, HEADER_BYTES)
+    digest, at = _field(value, at)
+    record, at = _field(value, at)
+    if at != len(value):
+        raise CodecError(f"malformed keyload.Signed body: {len(value) - at} trailing bytes")
+    try:
+        return SignedRecord(key_id.decode("utf-8"), digest, record)
+    except UnicodeDecodeError:
+        raise CodecError("malformed keyload.Signed body: the key id is not UTF-8") from None
 
 
 def contents(value: bytes) -> bytes:
     """The record a signed record holds, or `value` itself when it is not one."""
-    signed = unwrap(value)
-    return value if signed is None else signed.record
-
-
-def seal(key_id: str, key: bytes, outcome: bytes) -> bytes:
-    """An encoded Outcome sealed for the principal whose key this is."""
-    return REGISTRY.encode(SIGNED, {"key_id": key_id, "mac": mac(key, outcome), "record": outcome})
+    signed_record = unwrap(value)
+    return value if signed_record is None else signed_record.record

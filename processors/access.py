@@ -64,20 +64,24 @@ def authenticate(
     The refusals do not say which check failed beyond what the sender already knows."""
     record = load_principal(stage, principal)
     if record is None:
-        raise denied("no principal of this name is signed for by this key id")
+        raise denied(UNKNOWN_SIGNER)
     return verify(record, signed, keyring)
 
 
+UNKNOWN_SIGNER = "no enabled principal of this name signs with this key id"
+
+
 def verify(record: PrincipalRecord, signed: SignedRecord | None, keyring: Mapping[str, bytes]) -> PrincipalRecord:
-    """`record`, when `signed` is signed with its key and it is enabled; PermissionDenied otherwise."""
+    """`record`, when it is enabled and `signed` is signed with its key; PermissionDenied otherwise.
+    Whether the principal exists or is disabled is not told apart (the sender is not known yet),
+    and the key is looked up only for an enabled principal, so a record naming a principal whose
+    key the keyring lacks cannot halt the partition unless that principal may act."""
     if signed is None:
-        raise denied("the command is not signed; access control is on")
-    if record.key_id != signed.key_id:
-        raise denied("no principal of this name is signed for by this key id")
+        raise denied("the command is not signed")
+    if record.key_id != signed.key_id or not record.enabled:
+        raise denied(UNKNOWN_SIGNER)
     if not signed.verify(key_of(keyring, record)):
         raise denied("the signature does not match the command")
-    if not record.enabled:
-        raise denied("the principal is disabled")
     return record
 
 
@@ -111,16 +115,23 @@ def matches(pattern: str, name: str) -> bool:
 
 def allows(grants: Iterable[Grant], capability: Capability, domain: str | None, resource: str | None) -> bool:
     """Whether `grants` allow `capability` on `resource` of `domain`. A domain of None is the whole
-    partition (only "*" on "*" allows it); a resource of None, any resource of the domain."""
+    partition, which only a grant on "*" and "*" reaches. A resource is a name, EVERYTHING (a command
+    on every resource of its domain: only "*" covers it), or None (a command whose handler checks the
+    resource it finds: a grant on any resource of the domain lets it that far)."""
     for grant in grants:
         if grant.capability not in (capability, Capability.admin):
             continue
         if domain is None:
             if grant.domain == EVERYTHING and grant.resource == EVERYTHING:
                 return True
-        elif matches(grant.domain, domain) and (resource is None or matches(grant.resource, resource)):
+        elif matches(grant.domain, domain) and (resource is None or _covers(grant.resource, resource)):
             return True
     return False
+
+
+def _covers(pattern: str, resource: str) -> bool:
+    """A grant's resource pattern covers `resource`; only "*" covers EVERYTHING."""
+    return pattern == EVERYTHING if resource == EVERYTHING else matches(pattern, resource)
 
 
 def require(ctx: Context, capability: Capability, resource: str | None, *, partition_wide: bool = False) -> None:
@@ -130,7 +141,15 @@ def require(ctx: Context, capability: Capability, resource: str | None, *, parti
         return
     domain = None if partition_wide else ctx.domain
     if not allows(ctx.caller.grants, capability, domain, resource):
-        where = "every domain" if domain is None else ("this domain" if resource is None else "this resource")
+        where = (
+            "every domain"
+            if domain is None
+            else "this domain"
+            if resource is None
+            else "every resource of this domain"
+            if resource == EVERYTHING
+            else "this resource"
+        )
         raise denied(f"the principal holds no {capability.value} grant on {where}")
 
 
@@ -140,7 +159,10 @@ def authorize(ctx: Context, kind: CommandKind, body: Any) -> None:
     rejects the whole command with its index. A self-service kind (InspectPrincipal) naming the
     caller needs no capability of its own."""
     if kind.capability is not None and not (kind.self_service and body.principal in (None, ctx.principal)):
-        resource = None if kind.resource is None else getattr(body, kind.resource)
+        if kind.resource is not None:
+            resource: str | None = getattr(body, kind.resource)
+        else:
+            resource = None if kind.resource_in_handler else EVERYTHING
         require(ctx, kind.capability, resource, partition_wide=kind.partition_wide)
     if kind.parts is None or ctx.caller is None:
         return

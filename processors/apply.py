@@ -17,7 +17,7 @@ from typing import Any, cast
 from keyload import commands, limits
 from keyload.bodies import BODY_TYPES, EnableAccessControl
 from keyload.commands import CommandKind
-from keyload.credentials import SignedRecord, seal, unwrap
+from keyload.credentials import SignedRecord, signed, unwrap
 from keyload.log.base import MAX_LOG_TIME_MS, MIN_LOG_TIME_MS, partition_for
 from keyload.log.codec import REGISTRY, CodecError, Record
 from keyload.processors import timers
@@ -157,7 +157,7 @@ def _sealed(
 
 def sealed(caller: PrincipalRecord | None, keyring: Mapping[str, bytes], encoded: bytes) -> bytes:
     """An encoded outcome sealed with `caller`'s key (as it is when there is no caller)."""
-    return encoded if caller is None else seal(caller.key_id, key_of(keyring, caller), encoded)
+    return encoded if caller is None else signed(caller.key_id, key_of(keyring, caller), encoded)
 
 
 def apply_out_of_range(stage: Staged, value: bytes, offset: int, now_ms: int, timestamp_ms: int) -> Applied:
@@ -241,14 +241,16 @@ def _apply_command(
     )
     row = dispatch.rows[kind]
 
+    try:
+        # Before the command id is looked up, so a principal without the capability learns nothing
+        # of the id's use and cannot take an id; a repeat is decided by the policy of now.
+        authorize(ctx, row, typed)
+    except Rejected as rejection:
+        return refused(rejection, caller)
     stored = None if not dispatch.stored(kind) else stage.get(keys.outcome(domain, command_id))
     if stored is not None:
         if stored[:FINGERPRINT_BYTES] != print_:
             return refused(Rejected(ErrorCode.CONFLICT, "command id was used for a different command"), caller)
-        try:
-            authorize(ctx, row, typed)  # the policy of now decides whether the repeat is answered
-        except Rejected as rejection:
-            return refused(rejection, caller)
         previous = stored[FINGERPRINT_BYTES:]
         # Empty: a long-poll receive still waiting.
         return (sealed(caller, moment.keyring, previous) if previous else None), kind, False
@@ -256,7 +258,6 @@ def _apply_command(
     child = Staged(stage)
     try:
         _check_envelope(ctx, partitions)
-        authorize(ctx, row, typed)
         result = dispatch.apply(child, kind, typed, ctx)
         encoded = None
         if result is not None:
@@ -297,8 +298,10 @@ def _caller(
         return authenticate(stage, principal, signed, keyring)
     if isinstance(body, EnableAccessControl):
         signer = next((spec for spec in body.principals if spec.principal == principal), None)
-        if signer is None:
-            raise denied("the signer must be a principal the command installs")
+        if signer is None or signer.key_id not in keyring:
+            # Before access control anyone may append: naming a key this service lacks is refused,
+            # not a halt (the service's own EnableAccessControl names keys it added itself).
+            raise denied("the signer must be a principal the command installs, with a key of the keyring")
         record = PrincipalRecord(
             principal=principal, key_id=signer.key_id, enabled=True, revision=0, grants=signer.grants
         )

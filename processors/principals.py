@@ -20,7 +20,7 @@ from keyload.processors import validation
 from keyload.processors.access import EVERYTHING, load_principal, policy_epoch
 from keyload.processors.context import Context
 from keyload.processors.errors import ErrorCode, Rejected
-from keyload.processors.key_rotation import JITTER, PROOF, TOKEN, active_key_id
+from keyload.processors.key_rotation import JITTER, PROOF, TOKEN, MissingKey, active_key_id
 from keyload.projections import keys
 from keyload.projections.records import Grant, PrincipalRecord, save
 from keyload.projections.store import Staged
@@ -68,16 +68,20 @@ def _view(stage: Staged, record: PrincipalRecord) -> Record:
     return {"principal": record.to_avro(), "policy_epoch": policy_epoch(stage) or 0}
 
 
-def _save(stage: Staged, record: PrincipalRecord) -> Record:
+def _save(stage: Staged, record: PrincipalRecord, ctx: Context) -> Record:
     _bump_epoch(stage)
-    _install(stage, record)
+    _install(stage, record, ctx)
     return _view(stage, record)
 
 
-def _install(stage: Staged, record: PrincipalRecord) -> None:
+def _install(stage: Staged, record: PrincipalRecord, ctx: Context) -> None:
     """Save `record`, its key id claimed for it for good (`B | key id`): a key that is or was a
     principal's never verifies a delivery token (access.service_key) nor becomes a service key
     (RotateKeys), and no other principal may sign with it."""
+    if record.key_id not in ctx.keyring:
+        # As RotateKeys: whether a key exists is configuration, so not a refusal; the runtime
+        # reloads the keyring, else halts here, on the administrator's own command.
+        raise MissingKey(f"keyring has no key {record.key_id!r}")
     owner = stage.get(keys.principal_key(record.key_id))
     if owner is not None and owner.decode("utf-8") != record.principal:
         raise Rejected(ErrorCode.CONFLICT, "the key id is another principal's")
@@ -115,7 +119,7 @@ def enable_access_control(stage: Staged, body: EnableAccessControl, ctx: Context
             revision=FIRST_REVISION,
             grants=_grants(spec.grants),
         )
-        _install(stage, record)
+        _install(stage, record, ctx)
     stage.put(keys.POLICY_EPOCH, keys.u64(1))
     signer = load_principal(stage, ctx.principal)
     assert signer is not None, "apply.py authenticated the signer among the principals installed"
@@ -151,7 +155,7 @@ def put_principal(stage: Staged, body: PutPrincipal, ctx: Context) -> Record:
             grants=existing.grants if grants is None else grants,
             revision=existing.revision + 1,
         )
-    return _save(stage, record)
+    return _save(stage, record, ctx)
 
 
 def grant_capability(stage: Staged, body: GrantCapability, ctx: Context) -> Record:
@@ -159,7 +163,7 @@ def grant_capability(stage: Staged, body: GrantCapability, ctx: Context) -> Reco
     if body.grant in record.grants:
         return _view(stage, record)
     grants = _grants([*record.grants, body.grant])
-    return _save(stage, msgspec.structs.replace(record, grants=grants, revision=record.revision + 1))
+    return _save(stage, msgspec.structs.replace(record, grants=grants, revision=record.revision + 1), ctx)
 
 
 def revoke_capability(stage: Staged, body: RevokeCapability, ctx: Context) -> Record:
@@ -167,7 +171,7 @@ def revoke_capability(stage: Staged, body: RevokeCapability, ctx: Context) -> Re
     if body.grant not in record.grants:
         return _view(stage, record)
     grants = [grant for grant in record.grants if grant != body.grant]
-    return _save(stage, msgspec.structs.replace(record, grants=grants, revision=record.revision + 1))
+    return _save(stage, msgspec.structs.replace(record, grants=grants, revision=record.revision + 1), ctx)
 
 
 def inspect_principal(stage: Staged, body: InspectPrincipal, ctx: Context) -> Record:

@@ -470,8 +470,19 @@ def gc_status(args: argparse.Namespace) -> int:
 def gc_run(args: argparse.Namespace) -> int:
     from keyload.cli.main import client_of
     from keyload.operations.gc import GcWorker, run_worker
+    from keyload.sdk.client import Client
+    from keyload.storage.principals import GC_PRINCIPAL, system_credential
 
-    with client_of(args) as client, client.data.checkpoints() as checkpoints, GcWorker(client, checkpoints) as worker:
+    root = _data(args).root
+    if args.acting_as is None and args.credential is None:  # the GC worker's own principal: only `recovery`
+        opened = Client(root, credential=system_credential(root, GC_PRINCIPAL), timeout_s=args.timeout)
+    else:
+        opened = client_of(args)
+    with (
+        opened as client,
+        client.data.checkpoints() as checkpoints,
+        GcWorker(client, checkpoints) as worker,
+    ):
         if args.once:
             emit(args, worker.run_once())
             return 0

@@ -18,7 +18,7 @@ from keyload.commands import BY_NAME, CommandKind
 from keyload.credentials import ADMIN_PRINCIPAL, Credential, CredentialError, contents, credential_path
 from keyload.errors import CommandRejected, CommandTooLarge, InvalidCommand, KeyloadError, OutcomeTimeout, rejection
 from keyload.log.base import LogError, partition_for
-from keyload.log.codec import REGISTRY, CodecError
+from keyload.log.codec import REGISTRY
 from keyload.log.file_log import DEFAULT_CONFIG as FILE_LOG_CONFIG
 from keyload.projections import keys
 from keyload.sdk.consumer import DEFAULT_WAIT_MS, ConsumeStats, Handled, WorkOptions, consume, subscribe
@@ -355,14 +355,18 @@ class Client:
     def _matching(self, value: bytes, command_id: str, domain: str) -> tuple[Outcome, bool] | None:
         """(the outcome `value` holds, whether it is sealed with this client's key) when it is one
         for (domain, command id); None when it answers another command or is no outcome at all (a
-        writer of the outcome stream that is not the service can append anything)."""
+        writer of the outcome stream that is not the service can append anything: what is not
+        sealed is read only for the note a timeout gives)."""
+        sealed = self.credential.seals(value)
         try:
             decoded = REGISTRY.decode("keyload.Outcome", contents(value))
-        except CodecError:
+            if decoded["command_id"] != command_id or decoded["domain"] != domain:
+                return None
+            return Outcome.from_record(decoded), sealed
+        except Exception:  # only bytes no service wrote get here: a sealed outcome decodes
+            if sealed:
+                raise
             return None
-        if decoded["command_id"] != command_id or decoded["domain"] != domain:
-            return None
-        return Outcome.from_record(decoded), self.credential.seals(value)
 
     def send(
         self,
@@ -1140,22 +1144,27 @@ class Client:
 
     def create_principal(self, principal: str, grants: Sequence[Grant] = ()) -> Credential:
         """A new principal with a new keyring key and its credential file, DATA/credentials/<principal>.json
-        (0600): give that file to the principal's client. A local operator's call: it writes the keyring
-        of this data directory (in Kafka mode copy the keyring to every processor before the principal
-        sends a command)."""
-        from keyload.storage.principals import new_credential  # lazily: it writes the keyring
+        (0600), written once every partition has the principal: give that file to the principal's
+        client. A local operator's call: it writes the keyring of this data directory (in Kafka mode
+        copy the keyring to every processor before the principal sends a command). An existing
+        principal is refused (RevisionConflict) and its file left as it is."""
+        from keyload.storage.principals import new_credential, write_credential  # lazily: they write the keyring
 
         credential = new_credential(self.data.root, principal)
         self.put_principal(principal, key_id=credential.key_id, grants=grants, expected_revision=0)
+        write_credential(self.data.root, credential)
         return credential
 
     def rotate_credential(self, principal: str) -> Credential:
-        """A new key and credential file for `principal`; commands signed with the old key are refused
-        from the log position of the change on (the old key stays in the keyring for replays)."""
-        from keyload.storage.principals import new_credential  # lazily: it writes the keyring
+        """A new key and credential file for an existing principal; commands signed with the old key
+        are refused from the log position of the change on (the old key stays in the keyring for
+        replays). NotFound for a principal that does not exist."""
+        from keyload.storage.principals import new_credential, write_credential  # lazily: they write the keyring
 
+        current = self.inspect_principal(principal).principal
         credential = new_credential(self.data.root, principal)
-        self.put_principal(principal, key_id=credential.key_id)
+        self.put_principal(principal, key_id=credential.key_id, expected_revision=current.revision)
+        write_credential(self.data.root, credential)
         return credential
 
     def _send_everywhere(self, name: str, body: dict[str, Any], command_id: str | None) -> PrincipalView:

@@ -19,7 +19,7 @@ from pathlib import Path
 from threading import Event
 
 from keyload.errors import KeyloadError
-from keyload.log.base import LogCorruption
+from keyload.log.base import CommandLog, LogCorruption
 from keyload.operations.checkpoints import Announcer, CheckpointPolicy
 from keyload.operations.gc import DEFAULT_GC_INTERVAL_S, GcWorker, LocalRetention, run_worker
 from keyload.processors.access import policy_epoch
@@ -116,8 +116,26 @@ def serving(root: Path) -> Iterator[None]:
         os.close(fd)
 
 
-def access_is_off(store: Store) -> bool:
-    return policy_epoch(store) is None
+class AccessControlOff(KeyloadError):
+    """A partition refused to turn access control on; the service does not serve it open."""
+
+
+def _turn_access_control_on(data: DataDir, log: CommandLog, processors: list[PartitionProcessor]) -> None:
+    """Append EnableAccessControl to every partition that has not applied one and apply each of
+    them up to it, before anything is served: a partition still without a policy epoch then (its
+    EnableAccessControl refused: see `keyload status`, or the log's record) stops the service
+    rather than let it serve unauthenticated commands."""
+    off = [processor for processor in processors if policy_epoch(processor.store) is None]
+    ends = {processor.partition: log.end_offset(processor.partition) for processor in off}
+    access_control.enable(data.root, log, [processor.partition for processor in off])
+    for processor in off:
+        while processor.applied_offset < ends[processor.partition] and processor.step():
+            pass
+        if processor.halt is None and policy_epoch(processor.store) is None:
+            raise AccessControlOff(
+                f"partition {processor.partition} did not turn access control on (its EnableAccessControl at "
+                f"offset {ends[processor.partition]} was refused); it is not served open"
+            )
 
 
 def _serve_embedded(data: DataDir, settings: ServiceSettings, stop: Event) -> list[Halt]:
@@ -147,7 +165,7 @@ def _serve_embedded(data: DataDir, settings: ServiceSettings, stop: Event) -> li
                     announce=announce,
                 )
             )
-        access_control.enable(data.root, log, [p for p, store in enumerate(stores) if access_is_off(store)])
+        _turn_access_control_on(data, log, processors)
         ticker = Ticker(log, system_credential(data.root, TICKER_PRINCIPAL), settings.tick_interval_ms)
         try:
             listener = Listener(data.root)

@@ -65,8 +65,10 @@ def system_credential(root: Path, principal: str) -> Credential:
 
 
 def new_credential(root: Path, principal: str) -> Credential:
-    """A new random keyring key for `principal` and its credential file (0600), replacing an older
-    file; the key it replaces stays in the keyring (the log still holds commands it signed)."""
+    """A new random keyring key for `principal`, as a credential not yet written anywhere else: the
+    caller writes its file (`write_credential`) once the principal signs with it, so a refused
+    change never replaces a working credential file. Keys are never removed from the keyring (the
+    log still holds commands they signed)."""
     if FILE_NAME.fullmatch(principal) is None:
         raise CredentialError(
             "a principal with a credential file is named by 1..128 letters, digits, '.', '_' or '-', "
@@ -74,22 +76,13 @@ def new_credential(root: Path, principal: str) -> Credential:
         )
     key_id = f"p-{os.urandom(KEY_ID_RANDOM_BYTES).hex()}"
     keyring.add(root, key_id)
-    credential = Credential(principal, key_id, keyring.load(root)[key_id])
-    write_credential(root, credential)
-    return credential
+    return Credential(principal, key_id, keyring.load(root)[key_id])
 
 
 def write_credential(root: Path, credential: Credential) -> Path:
+    """The credential's file, DATA/credentials/<principal>.json (0600, in a 0700 folder)."""
     folder = root / FOLDER
     folder.mkdir(FOLDER_MODE, exist_ok=True)
     path = credential_path(root, credential.principal)
     keyring.write_private(path, credential.to_json())
     return path
-
-
-def load_credential(root: Path, principal: str) -> Credential:
-    path = credential_path(root, principal)
-    credential = Credential.load(path)
-    if credential.principal != principal:
-        raise CredentialError(f"{path} is the credential of another principal")
-    return credential

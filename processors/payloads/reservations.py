@@ -13,7 +13,9 @@ from msgspec.structs import replace
 
 from keyload import limits
 from keyload.bodies import CancelLargeSchedule, InspectReservation
+from keyload.commands import Capability
 from keyload.log.codec import Record
+from keyload.processors import access
 from keyload.processors.context import Context
 from keyload.processors.errors import Corruption, ErrorCode, Rejected
 from keyload.processors.payloads import retention
@@ -39,13 +41,16 @@ def view(reservation: PayloadReservation, now_ms: int) -> Record:
     return dict(reservation.to_avro(), state=effective_state(reservation, now_ms).value)
 
 
-def load_reservation(stage: Staged, ctx: Context, reservation_id: int) -> PayloadReservation:
+def load_reservation(stage: Staged, ctx: Context, reservation_id: int, capability: Capability) -> PayloadReservation:
+    """The reservation of the command's domain, once its principal holds `capability` (its command's)
+    on the reservation's queue: the id names no resource a grant could be checked against before."""
     # An id outside its range (limits.RESERVATION_ID) names no reservation: never packed into a key.
     if not limits.RESERVATION_ID.contains(reservation_id):
         raise Rejected(ErrorCode.NOT_FOUND, "reservation does not exist")
     reservation = load(stage, keys.reservation(reservation_id), PayloadReservation)
     if reservation is None or reservation.domain != ctx.domain:
         raise Rejected(ErrorCode.NOT_FOUND, "reservation does not exist")
+    access.require(ctx, capability, reservation.queue)
     return reservation
 
 
@@ -81,7 +86,7 @@ def close(
 
 
 def cancel_large_schedule(stage: Staged, body: CancelLargeSchedule, ctx: Context) -> Record:
-    reservation = load_reservation(stage, ctx, body.reservation_id)
+    reservation = load_reservation(stage, ctx, body.reservation_id, Capability.enqueue)
     if reservation.state == ReservationState.cancelled:
         return view(reservation, ctx.now_ms)
     refuse_closed(reservation, ctx.now_ms)
@@ -109,4 +114,4 @@ def expire_reservation(stage: Staged, queue: QueueView, ctx: Context, reservatio
 
 
 def inspect_reservation(stage: Staged, body: InspectReservation, ctx: Context) -> Record:
-    return view(load_reservation(stage, ctx, body.reservation_id), ctx.now_ms)
+    return view(load_reservation(stage, ctx, body.reservation_id, Capability.inspect), ctx.now_ms)

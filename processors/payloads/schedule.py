@@ -18,6 +18,7 @@ from msgspec.structs import replace
 
 from keyload import limits
 from keyload.bodies import CommitLargeSchedule, PayloadCommitProof, PrepareLargeSchedule
+from keyload.commands import Capability
 from keyload.log.codec import Record
 from keyload.processors.context import Context
 from keyload.processors.errors import ErrorCode, Rejected
@@ -105,7 +106,7 @@ def check_proof(reservation: PayloadReservation, proof: PayloadCommitProof, ctx:
 
 
 def commit_large_schedule(stage: Staged, body: CommitLargeSchedule, ctx: Context) -> Record:
-    reservation = load_reservation(stage, ctx, body.reservation_id)
+    reservation = load_reservation(stage, ctx, body.reservation_id, Capability.enqueue)
     proof = body.proof
     check_proof(reservation, proof, ctx)
     if reservation.state == ReservationState.committed:
