@@ -79,19 +79,15 @@ class CommandKind:
     parts: str | None = None  # the body field of mutations each authorized as the command it is (Batch, effects)
     self_service: bool = False  # naming the caller itself (its `principal` field null or its own) needs no capability
     resource_in_handler: bool = False  # its resource (a token's queue, a reservation's) is checked by its handler
+    # The body field naming the resource a grant's resource pattern is matched against: the first of
+    # RESOURCE_FIELDS in the route (`_kind` finds it). None: the command names no resource, so only a
+    # grant on every resource ("*") allows it, unless its handler checks the resource it finds
+    # (`resource_in_handler`: a grant on any resource lets it that far).
+    resource: str | None = None
 
     @property
     def branch(self) -> str:
         return f"{COMMAND_NAMESPACE}.{self.name}"
-
-    @property
-    def resource(self) -> str | None:
-        """The body field naming the resource a grant's resource pattern is matched against: the
-        first of RESOURCE_FIELDS in the route. None: the command names no resource, so only a grant
-        on every resource ("*") allows it, unless its handler checks the resource it finds
-        (`resource_in_handler`: a grant on any resource lets it that far)."""
-        fields = () if self.route is None else self.route.fields
-        return next((name for name in RESOURCE_FIELDS if name in fields), None)
 
     def resolve(self, package: str = "keyload.processors") -> Callable[..., Any]:
         """The handler function, imported (only now) from `<package>.<module>`."""
@@ -123,6 +119,7 @@ def _kind(
     noun_verb = None if cli is None else tuple(cli.split())
     assert noun_verb is None or len(noun_verb) == 2, cli
     method_path = None if route is None else Route(*route.split(" ", 1))
+    fields = () if method_path is None else method_path.fields
     return CommandKind(
         name,
         handler,
@@ -137,6 +134,7 @@ def _kind(
         parts,
         self_service,
         resource_in_handler,
+        next((name for name in RESOURCE_FIELDS if name in fields), None),
     )
 
 
