@@ -33,6 +33,8 @@ free of SDK imports):
     ├── EnvironmentFault (also OSError)   an OSError met on the way, translated by `map_exceptions`
     ├── BrokerError                       a Kafka client exception, translated by `map_exceptions`
     ├── AlreadyServed                     keyload.service.embedded: another `keyload run` serves the data directory
+    ├── AccessControlOff                  keyload.service.embedded: a partition refused to turn access control on
+    ├── CredentialError                   keyload.credentials: a credential file is missing or malformed
     ├── Stalled                           keyload.service.runtime: a partition could not make its group durable
     └── UsageError                        keyload.cli: bad command-line input (the CLI exits 2)
 

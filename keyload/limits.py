@@ -28,12 +28,15 @@ RECEIVE_EXAMINATION_BUDGET = 256  # ready rows one Receive looks at (held keys a
 MAX_DETAIL_CHARS = 512  # an outcome's error detail is cut to this
 # An outcome is one log record, and both logs take records up to 4 MiB: a larger
 # result is refused (BudgetExceeded) rather than left to fail its publication.
-MAX_OUTCOME_BYTES = 4 * 1024 * 1024
+SIGNATURE_BYTES = 128  # what a Signed record adds around a command or an outcome (key id ≤ 64, MAC, framing)
+MAX_OUTCOME_BYTES = 4 * 1024 * 1024 - SIGNATURE_BYTES  # an outcome, sealed, is still one record
 # Receives and dead-letter pages stop adding items past this many result bytes
 # (the first item always goes), so they stay inside MAX_OUTCOME_BYTES.
 RESULT_BYTES_BUDGET = 3 * 1024 * 1024
 RESULT_ITEM_OVERHEAD_BYTES = 2048  # per item beyond body, headers and ids: token (≤ 1024), counters, encoding
 MAX_KEY_ID_CHARS = 64
+# A Signed record: header 10, key id (1 + ≤ 64 ASCII), MAC (1 + 32), the record's length (≤ 4 bytes).
+assert 10 + 1 + MAX_KEY_ID_CHARS + 1 + 32 + 4 <= SIGNATURE_BYTES
 MAX_GRANTS = 64  # grants one principal holds
 MAX_GRANT_PATTERN_CHARS = 256  # a grant's domain or resource pattern
 MAX_BOOTSTRAP_PRINCIPALS = 8  # principals one EnableAccessControl installs

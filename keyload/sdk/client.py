@@ -84,8 +84,7 @@ MAX_LANES = 8
 COMMAND = "keyload.Command"
 # Both logs accept records up to the file log's limit (log/kafka_log.py MAX_RECORD_BYTES); a
 # command's signature takes up to this many bytes around it (key id, MAC, framing).
-SIGNATURE_BYTES = 128
-MAX_COMMAND_BYTES = FILE_LOG_CONFIG.max_record_bytes - SIGNATURE_BYTES
+MAX_COMMAND_BYTES = FILE_LOG_CONFIG.max_record_bytes - limits.SIGNATURE_BYTES
 POISON_PREVIEW_BYTES = 32  # how much of a poison record `poison_entries` returns
 DEFAULT_POISON_LIMIT = 100
 SHOWN_NAME_CHARS = 64  # of a caller's kind or event id quoted back in a client-side message
@@ -130,9 +129,9 @@ def encode_command(envelope: dict[str, Any]) -> bytes:
         raise InvalidCommand(f"{kind} does not match its schema{where}; nothing was appended") from None
     if len(value) > MAX_COMMAND_BYTES:
         raise CommandTooLarge(
-            f"the command is {len(value)} bytes, over the {MAX_COMMAND_BYTES} bytes a command may take (the log's "
-            f"record limit of {FILE_LOG_CONFIG.max_record_bytes} bytes less {SIGNATURE_BYTES} for its signature); "
-            "nothing was appended"
+            f"the command is {len(value)} bytes, over the {MAX_COMMAND_BYTES} bytes a command may take (the "
+            f"log's record limit of {FILE_LOG_CONFIG.max_record_bytes} bytes less {limits.SIGNATURE_BYTES} for "
+            "its signature); nothing was appended"
         )
     return value
 
