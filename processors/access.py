@@ -134,6 +134,17 @@ def _covers(pattern: str, resource: str) -> bool:
     return pattern == EVERYTHING if resource == EVERYTHING else matches(pattern, resource)
 
 
+def may_still(stage: Staged, principal: str, capability: Capability, domain: str, resource: str) -> bool:
+    """Whether a principal that asked earlier (a long poll waiting) may still be given `capability`'s
+    answer now: access control is off, or it is enabled and holds the grant. The waiter was
+    authorized when it was recorded; a disabled principal or a revoked grant since must not get
+    messages, or their bodies, afterwards."""
+    if policy_epoch(stage) is None:
+        return True
+    record = load_principal(stage, principal)
+    return record is not None and record.enabled and allows(record.grants, capability, domain, resource)
+
+
 def require(ctx: Context, capability: Capability, resource: str | None, *, partition_wide: bool = False) -> None:
     """PermissionDenied, naming the capability, unless the command's principal holds it here.
     Nothing is checked while access control is off (`ctx.caller` is None)."""

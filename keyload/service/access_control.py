@@ -4,7 +4,8 @@ partition that has not applied one (processors/access.py says what it changes).
 The command is the same bytes in every service over one log: a fixed command id per partition,
 the system principals of keyload/storage/principals.py under their fixed key ids, signed with
 the administrator's keyring key. So a second service (or a restart before the first was applied)
-appends a repeat that the partition answers from its stored outcome, changing nothing.
+appends a repeat, which the partition refuses (`Conflict`: access control is on), changing nothing;
+its outcome is not stored, so no command before it can take its id.
 """
 
 from __future__ import annotations

@@ -214,9 +214,13 @@ def serve_waiters(stage: Staged, ctx: Context, topic_keys: list[bytes], group_ke
             if not oldest:
                 raise Corruption(f"group {group.incarnation} counts waiting receives it has no row for")
             [(sequence, waiter)] = oldest
+            changed = True
+            if not access.may_still(stage, waiter.principal, Capability.consume, group.domain, group.topic):
+                empty = {"deliveries": [], "window_full": False, "budget_exhausted": False}
+                work.record = waiters.complete(stage, work.record, ctx, sequence, waiter, (GROUP_RECEIVE_RESULT, empty))
+                continue  # answered empty: its principal's next GroupReceive gets its PermissionDenied
             wanted = _Wanted(waiter.max_messages, waiter.max_bytes, waiter.lease_ms)
             result = _claim(stage, topic, work, ctx, waiter.principal, wanted)
-            changed = True
             if not result["deliveries"]:
                 break
             work.record = waiters.complete(stage, work.record, ctx, sequence, waiter, (GROUP_RECEIVE_RESULT, result))

@@ -173,6 +173,9 @@ def serve_waiters(stage: Staged, ctx: Context, queue_keys: list[bytes]) -> None:
         work = Working(record)
         work.record, oldest = waiters.oldest(stage, work.record, limits.MAX_WAITERS_SERVED - served)
         for sequence, waiter in oldest:
+            if not access.may_still(stage, waiter.principal, Capability.consume, waiter.domain, work.view.queue):
+                work.record = waiters.complete(stage, work.record, ctx, sequence, waiter, receive_result([]))
+                continue  # answered empty: its principal's next Receive gets its PermissionDenied
             if work.view.counters.ready == 0:
                 break
             wanted = ReceiveLimits(waiter.max_messages, waiter.max_bytes, waiter.lease_ms)
