@@ -13,14 +13,21 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from keyload.commands import Capability
+from keyload.credentials import ADMIN_PRINCIPAL, Credential, contents
 from keyload.log.base import partition_for
 from keyload.log.codec import REGISTRY
 from keyload.processors.policy import default_group_spec, default_spec, default_topic_spec
 from keyload.projections import keys
+from keyload.projections.records import Grant
 from keyload.projections.store import Store
+from keyload.sdk.client import Client
 from keyload.sdk.results import Outcome
+from keyload.service.access_control import enable_command
 from keyload.service.runtime import PartitionProcessor
+from keyload.service.ticker import Ticker
 from keyload.storage.datadir import DataDir
+from keyload.storage.principals import TICKER_PRINCIPAL, system_credential
 
 CREATE_QUEUE = "keyload.command.CreateQueue"
 CONFIGURE_QUEUE = "keyload.command.ConfigureQueue"
@@ -79,6 +86,18 @@ def command(
             "client_time_ms": None,
         },
     )
+
+
+def signed_command(
+    credential: Credential,
+    domain: str,
+    kind: str,
+    body: dict[str, Any],
+    command_id: str | None = None,
+    reply_to: int | None = None,
+) -> bytes:
+    """`command` of `credential`'s principal, signed with it: a log record access control accepts."""
+    return credential.sign(command(domain, kind, body, command_id, principal=credential.principal, reply_to=reply_to))
 
 
 def create_queue_body(queue: str, **policy: Any) -> dict[str, Any]:
@@ -235,6 +254,10 @@ class Embedded:
     def partition(self, domain: str) -> int:
         return partition_for(domain, self.data.partitions)
 
+    def ticker(self, interval_ms: int) -> Ticker:
+        """The service's ticker over this log, signing as the ticker's principal."""
+        return Ticker(self.log, system_credential(self.data.root, TICKER_PRINCIPAL), interval_ms)
+
     def append(self, domain: str, value: bytes) -> int:
         [position] = self.log.append(self.partition(domain), [value])
         return position.offset
@@ -243,16 +266,33 @@ class Embedded:
         while sum(p.step() for p in self.processors):
             pass
 
+    def enable_access_control(self) -> Credential:
+        """Turn access control on in every partition, as `keyload run` does; the administrator's credential."""
+        for partition in range(self.data.partitions):
+            self.log.append(partition, [enable_command(self.data.root, partition, self.data.partitions)])
+        self.run()
+        return system_credential(self.data.root, ADMIN_PRINCIPAL)
+
     def submit(
-        self, domain: str, kind: str, body: dict[str, Any], command_id: str | None = None, principal: str = "tester"
+        self,
+        domain: str,
+        kind: str,
+        body: dict[str, Any],
+        command_id: str | None = None,
+        principal: str = "tester",
+        credential: Credential | None = None,
     ) -> Outcome:
-        """Append, apply, and return the outcome as published to reply partition 0."""
+        """Append, apply, and return the outcome as published to reply partition 0 (sealed or not).
+        With a `credential` the command is its principal's, signed with it."""
         command_id = command_id or str(uuid.uuid4())
         cursor = self.outcomes.end_offset(0)
-        self.append(domain, command(domain, kind, body, command_id, principal=principal, reply_to=0))
+        if credential is None:
+            self.append(domain, command(domain, kind, body, command_id, principal=principal, reply_to=0))
+        else:
+            self.append(domain, signed_command(credential, domain, kind, body, command_id, reply_to=0))
         self.run()
         for record in self.outcomes.read(0, cursor, 1_000):
-            decoded = REGISTRY.decode("keyload.Outcome", record.value)
+            decoded = REGISTRY.decode("keyload.Outcome", contents(record.value))
             if decoded["command_id"] == command_id:
                 return Outcome.from_record(decoded)
         raise AssertionError(f"no outcome published for {command_id}")
@@ -387,6 +427,19 @@ def start_service(data: Path, *args: str) -> subprocess.Popen[bytes]:
     assert line.startswith("keyload: serving"), "".join(seen)
     threading.Thread(target=process.stdout.read, daemon=True).start()  # drained: a full pipe would block it
     return process
+
+
+def create_principals(root: Path, *names: str) -> None:
+    """Create the principals `names`, each with its credential file DATA/credentials/NAME.json, as the
+    administrator of the data directory `root` served by `keyload run` (which turns access control on):
+    each may do everything on every domain but what only the service's own principals and the
+    administrator may (admin, tick, recovery). Call it after the service serves, before a client of
+    one of them (`Client(root, principal=NAME)`) sends its first command."""
+    reserved = {Capability.admin, Capability.tick, Capability.recovery}
+    grants = [Grant(capability=capability, domain="*") for capability in Capability if capability not in reserved]
+    with Client(root) as administrator:
+        for name in names:
+            administrator.create_principal(name, grants)
 
 
 def stop_service(process: subprocess.Popen[bytes], timeout_s: float = 10.0) -> int:

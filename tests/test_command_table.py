@@ -256,7 +256,7 @@ def test_a_new_kind_is_dispatched_typed_and_sent_from_its_row(tmp_path: Path) ->
         stage = Staged(store)
         ctx = Context(0, 7, 1_000, "c1", "acme", "alice", {})
         kind, body = command["body"]
-        applied = dispatch.apply(stage, kind, body, ctx)
+        applied = dispatch.apply(stage, kind, dispatch.typed(kind, body), ctx)
         assert applied == ("test.EchoResult", {"said": "hi", "offset": 7})
         assert stage.get(b"echo|hi") == b"1"
     finally:
@@ -339,9 +339,8 @@ def test_a_new_kind_is_a_cli_command_from_its_row(tmp_path: Path, capsys: pytest
     store = Store(tmp_path / "projection")
     try:
         ctx = Context(0, 7, 1_000, "c9", "acme", "anonymous", {})
-        applied = Dispatch.from_table((ECHO,), package="tests", bodies=ECHO_BODIES).apply(
-            Staged(store), ECHO.branch, body, ctx
-        )
+        dispatch = Dispatch.from_table((ECHO,), package="tests", bodies=ECHO_BODIES)
+        applied = dispatch.apply(Staged(store), ECHO.branch, dispatch.typed(ECHO.branch, body), ctx)
         assert applied == ("test.EchoResult", {"said": "hi", "offset": 7})
     finally:
         store.close()

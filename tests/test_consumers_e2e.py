@@ -17,7 +17,7 @@ from keyload.operations.recovery import drill
 from keyload.sdk.results import QueuePolicySpec
 from keyload.storage.datadir import DataDir
 
-from .support import start_service, stop_service
+from .support import create_principals, start_service, stop_service
 
 pytestmark = pytest.mark.slow
 
@@ -68,6 +68,7 @@ def test_consumer_processes_drain_a_producer_exactly_once_or_dead_letter(tmp_pat
     client = Client(root)
     consumers: list[subprocess.Popen[bytes]] = []
     try:
+        create_principals(root, "producer", *(f"consumer-{n}" for n in range(CONSUMERS)))
         client.create_queue(
             "shop", "jobs", QueuePolicySpec(max_attempts=MAX_ATTEMPTS, retry_base_ms=10, retry_max_ms=50)
         )

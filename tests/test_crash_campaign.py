@@ -60,7 +60,7 @@ from keyload.sdk.client import Client
 from keyload.sdk.results import QueuePolicySpec, ReceiveResult
 from keyload.storage.datadir import DataDir
 
-from .support import spread_domains
+from .support import create_principals, spread_domains
 
 T = TypeVar("T")
 
@@ -426,7 +426,8 @@ class Operator:
 
     def run(self) -> None:
         try:
-            with Client(self.root, principal="operator", timeout_s=OUTCOME_TIMEOUT_S) as client:
+            # The administrator's client: a checkpoint is an admin's request.
+            with Client(self.root, timeout_s=OUTCOME_TIMEOUT_S) as client:
                 while not self.stop.wait(self.rng.uniform(*CHECKPOINT_REQUEST_S)):
                     partition = self.rng.randrange(PARTITIONS)
                     command_id = f"checkpoint-{self.requested}"
@@ -590,6 +591,8 @@ def test_crash_campaign_loses_nothing_and_duplicates_nothing(tmp_path: Path) -> 
     try:
         service.start()
         wait_for(service.serving, 60, failed("the first keyload run to serve"))
+        names = [f"{role}{k}" for role in ("producer", "consumer") for k in range(2)]
+        create_principals(root, "setup", "verifier", *names)
         with Client(root, principal="setup", timeout_s=OUTCOME_TIMEOUT_S) as setup:
             policy = QueuePolicySpec(max_attempts=1_000, retry_base_ms=50, retry_max_ms=200)
             for domain in domains:

@@ -38,6 +38,7 @@ NARRATED = (
     "$ keyload checkpoint --domain shop",
     "billing   2 behind, received evt-1, evt-2, acked both",
     "shipping  still 2 behind, received evt-1, evt-2, acked both",
+    "creating a queue: PermissionDenied, the principal holds no resource_manage grant",
     "$ keyload drill --domain shop --quiet",
     "$ keyload drill --domain shop --from-checkpoint latest --quiet",
     "demo: all steps behaved as shown",

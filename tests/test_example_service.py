@@ -37,7 +37,7 @@ from typing import Any
 
 import pytest
 
-from keyload import Client
+from keyload import Capability, Client, Grant
 from keyload.log.base import partition_for
 from keyload.sdk.results import EnqueueMessage, PutDocument, QueuePolicySpec, QueueView
 from keyload.storage.datadir import DataDir
@@ -191,10 +191,17 @@ def test_order_service_processes_each_order_once_through_crashes_and_a_zombie(tm
     root = tmp_path / "data"
     started = time.monotonic()
     instances: list[Instance] = []
-    with keyload_run(root, tmp_path / "keyload-run.log"), Client(root, principal="test") as client:
+    with keyload_run(root, tmp_path / "keyload-run.log"), Client(root) as client:
         data = DataDir.open(root)
         partition = partition_for(DOMAIN, data.partitions)
         try:
+            # The service's principal, as examples/README.md makes it: only what the service does.
+            grants = [
+                Grant(capability=Capability.consume, domain=DOMAIN, resource="orders"),
+                Grant(capability=Capability.documents_write, domain=DOMAIN),
+                Grant(capability=Capability.enqueue, domain=DOMAIN, resource="shipments"),
+            ]
+            client.create_principal("order-service", grants)
             client.create_queue(
                 DOMAIN, "orders", QueuePolicySpec(max_attempts=1_000, retry_base_ms=10, retry_max_ms=100)
             )

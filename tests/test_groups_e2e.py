@@ -14,7 +14,7 @@ import pytest
 from keyload import Client
 from keyload.sdk.results import GroupPolicySpec
 
-from .support import run_keyload, start_service, stop_service, wait_until
+from .support import create_principals, run_keyload, start_service, stop_service, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -86,6 +86,7 @@ def test_two_groups_each_complete_every_matching_event_once(tmp_path: Path) -> N
     subscribers: list[tuple[str, Path, subprocess.Popen[bytes]]] = []
     try:
         policy = GroupPolicySpec(max_window=64, max_attempts=MAX_ATTEMPTS, retry_base_ms=50, retry_max_ms=200)
+        create_principals(root, "publisher", "subscriber-all", "subscriber-orders")
         with Client(root) as client:
             client.create_topic(DOMAIN, TOPIC)
             client.create_group(DOMAIN, TOPIC, "all", policy=policy)

@@ -4,13 +4,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from keyload.credentials import Credential
+
 from .support import CREATE_QUEUE, ENQUEUE, INSPECT_QUEUE, Embedded, create_queue_body, enqueue_body
 
 D = "acme"
 
 
-def stored_messages(embedded: Embedded) -> int:
-    result = embedded.submit(D, INSPECT_QUEUE, {"queue": "jobs"}).result
+def stored_messages(embedded: Embedded, credential: Credential | None = None) -> int:
+    result = embedded.submit(D, INSPECT_QUEUE, {"queue": "jobs"}, credential=credential).result
     return result.counters.stored_messages  # type: ignore[union-attr]
 
 
@@ -72,12 +74,14 @@ def test_client_resubmission_after_a_lost_response(tmp_path: Path) -> None:
 
     embedded = Embedded(tmp_path / "data")
     embedded.submit(D, CREATE_QUEUE, create_queue_body("jobs"))
-    client = Client(tmp_path / "data", principal="tester", reply_partition=3)
+    # As under `keyload run`: the client accepts only outcomes sealed for its principal, the administrator.
+    admin = embedded.enable_access_control()
+    client = Client(tmp_path / "data", reply_partition=3)
     try:
         # First submission: the processor applies it, but nobody is reading (response lost).
-        from .support import command
+        from .support import signed_command
 
-        embedded.append(D, command(D, ENQUEUE, enqueue_body("jobs", "m1", b"a"), "lost-1", reply_to=3))
+        embedded.append(D, signed_command(admin, D, ENQUEUE, enqueue_body("jobs", "m1", b"a"), "lost-1", reply_to=3))
         embedded.run()
         # The client resubmits with the same id; the processor runs again and republishes.
         import threading
@@ -87,7 +91,7 @@ def test_client_resubmission_after_a_lost_response(tmp_path: Path) -> None:
         result = client.enqueue(D, "jobs", b"a", message_id="m1", command_id="lost-1")
         runner.join()
         assert result.message_id == "m1" and result.enqueue_sequence == 1
-        assert stored_messages(embedded) == 1
+        assert stored_messages(embedded, admin) == 1
     finally:
         client.close()
         embedded.close()

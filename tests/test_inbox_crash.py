@@ -38,7 +38,7 @@ from keyload.errors import ConflictError, LeaseExpiredError, NotFoundError, Outc
 from keyload.sdk.results import EnqueueMessage, Mutation, ProcessingResult, PutDocument, QueuePolicySpec
 from keyload.storage.datadir import DataDir
 
-from .support import assert_live_equals_replay, keyload_command
+from .support import assert_live_equals_replay, create_principals, keyload_command
 
 pytestmark = pytest.mark.slow
 
@@ -272,6 +272,7 @@ def test_kill_9_mid_complete_processing_leaves_all_or_nothing(tmp_path: Path) ->
     kills = 0
     try:
         service.start()
+        create_principals(root, "setup", PRINCIPAL)
         with Client(root, principal="setup", timeout_s=OUTCOME_TIMEOUT_S) as setup:
             setup.create_queue(DOMAIN, "in", QueuePolicySpec(max_attempts=1_000))
             setup.create_queue(DOMAIN, "out")

@@ -460,6 +460,14 @@ BASES: dict[str, Builder] = {
     "keyload.command.ListRetention": lambda w: {"after_task": None, "limit": None},
     "keyload.command.BeginDelete": lambda w: {"task_id": 1},
     "keyload.command.DeleteConfirmed": lambda w: {"task_id": 1, "deleted_versions": []},
+    "keyload.command.CheckpointPublished": lambda w: {"offset": 0, "manifest_sha256": bytes(32)},
+    "keyload.command.PutPrincipal": lambda w: {
+        "principal": w.fresh("p"),
+        "key_id": "k0",
+        "enabled": None,
+        "grants": None,
+        "expected_revision": None,
+    },
 }
 # What a kind's body needs once the field under test is set.
 FINISH: dict[str, Callable[[World, dict[str, Any]], dict[str, Any]]] = {

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from keyload.credentials import ADMIN_PRINCIPAL
 from keyload.log.base import MAX_LOG_TIME_MS, LogError, LogRecord, partition_for, record_identity
 from keyload.log.codec import REGISTRY
 from keyload.log.file_log import FileLog, FileLogConfig, FsyncPolicy
@@ -23,6 +24,7 @@ from keyload.sdk.client import Client
 from keyload.service.halts import recorded_halts
 from keyload.service.runtime import STALL_RETRY_MIN_S, PartitionProcessor, Stalled, Stalls
 from keyload.storage.datadir import DataDir
+from keyload.storage.principals import system_credential
 
 from .support import (
     CHECKPOINT,
@@ -32,6 +34,7 @@ from .support import (
     create_queue_body,
     enqueue_body,
     keyload_command,
+    signed_command,
     spread_domains,
     stop_service,
     wait_until,
@@ -449,9 +452,11 @@ def test_a_full_disk_stalls_the_service_which_resumes_by_itself(tmp_path: Path) 
                 client.create_queue(DOMAIN, QUEUE)
                 client.enqueue(DOMAIN, QUEUE, b"before", message_id="before")
             filler = _fill(projections)
+            admin = system_credential(root, ADMIN_PRINCIPAL)  # access control is on: records must be signed
             with FileLog(root / "log" / "commands", 1) as log:
                 for n in range(200):
-                    log.append(0, [enqueue(f"m{n}")])
+                    body = enqueue_body(QUEUE, f"m{n}")
+                    log.append(0, [signed_command(admin, DOMAIN, ENQUEUE, body, command_id=f"enqueue-m{n}")])
             wait_until(lambda: "cannot commit" in service.output(), timeout_s=60, what="the stall line")
             assert service.process.poll() is None  # still running
             filler.unlink()

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from keyload import Client
+from keyload.credentials import contents
 from keyload.log.base import partition_for
 from keyload.log.codec import REGISTRY
 from keyload.log.kafka_log import KafkaLog
@@ -69,7 +70,7 @@ def kafka_data(root: Path, bootstrap: str, prefix: str, objects: Path, keyring_f
 
 
 def command_records(data: DataDir) -> list[dict[str, object]]:
-    """Every command in the command topic, decoded (ticks included)."""
+    """Every command in the command topic, decoded (ticks included), signed or not."""
     log = KafkaLog.commands(data.kafka_settings())
     found = []
     try:
@@ -77,7 +78,7 @@ def command_records(data: DataDir) -> list[dict[str, object]]:
             offset, end = log.start_offset(partition), log.end_offset(partition)
             while offset < end:
                 for record in log.read(partition, offset, 500):
-                    found.append(REGISTRY.decode("keyload.Command", record.value))
+                    found.append(REGISTRY.decode("keyload.Command", contents(record.value)))
                     offset = record.offset + 1
     finally:
         log.close()

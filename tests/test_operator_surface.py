@@ -14,7 +14,10 @@ import pytest
 
 from keyload import Client
 from keyload.cli import main
+from keyload.commands import BY_NAME
+from keyload.credentials import contents
 from keyload.log.base import LogCorruption
+from keyload.log.codec import REGISTRY
 from keyload.log.file_log import HEADER_BYTES, FileLog
 from keyload.sdk.results import PoisonEntry
 from keyload.service.halts import Halt, record_halt
@@ -55,9 +58,23 @@ def append_raw(data: Path, partitions: int, partition: int, *values: bytes) -> N
         log.close()
 
 
+def assert_only_the_service_record(data: Path, partitions: int) -> None:
+    """Each partition holds one record, the EnableAccessControl `keyload run` appends before it
+    serves (docs/ARCHITECTURE.md §5a): what another process appends comes after it, from offset 1."""
+    log = FileLog(data / "log" / "commands", partitions)
+    try:
+        for partition in range(partitions):
+            [record] = log.read(partition, 0, 10)
+            kind, _ = REGISTRY.decode("keyload.Command", contents(record.value))["body"]
+            assert (record.offset, kind) == (0, BY_NAME["EnableAccessControl"].branch), partition
+    finally:
+        log.close()
+
+
 def test_poison_list_shows_records_another_process_appended(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     data = tmp_path / "data"
     run_until_idle(data, "--partitions", "2")
+    assert_only_the_service_record(data, 2)
     append_raw(data, 2, 1, GARBAGE, UNKNOWN_SCHEMA)
     run_until_idle(data)
 
@@ -68,7 +85,7 @@ def test_poison_list_shows_records_another_process_appended(tmp_path: Path, caps
     assert listed == [
         {
             "partition": 1,
-            "offset": 0,
+            "offset": 1,
             "reason": "not an Avro single-object encoded value",
             "size": len(GARBAGE),
             "sha256": hashlib.sha256(GARBAGE).hexdigest(),
@@ -76,7 +93,7 @@ def test_poison_list_shows_records_another_process_appended(tmp_path: Path, caps
         },
         {
             "partition": 1,
-            "offset": 1,
+            "offset": 2,
             "reason": "unknown writer schema fingerprint 0000000000000000",
             "size": len(UNKNOWN_SCHEMA),
             "sha256": hashlib.sha256(UNKNOWN_SCHEMA).hexdigest(),
@@ -84,7 +101,7 @@ def test_poison_list_shows_records_another_process_appended(tmp_path: Path, caps
         },
     ]
     code, out, _ = keyload_main(capsys, "poison", "list", "--data", str(data), "--partition", "1", "--limit", "1")
-    assert code == 0 and [entry["offset"] for entry in json.loads(out)] == [0]
+    assert code == 0 and [entry["offset"] for entry in json.loads(out)] == [1]
     code, out, _ = keyload_main(capsys, "poison", "list", "--data", str(data), "--partition", "0")
     assert (code, json.loads(out)) == (0, [])
     code, out, err = keyload_main(capsys, "poison", "list", "--data", str(data), "--partition", "2")
@@ -96,20 +113,20 @@ def test_poison_list_shows_records_another_process_appended(tmp_path: Path, caps
         assert client.poison_entries(0) == [] and client.poison_entries(limit=1) == [first]
     assert first == PoisonEntry(
         partition=1,
-        offset=0,
+        offset=1,
         timestamp_ms=first.timestamp_ms,
         size=len(GARBAGE),
         sha256=hashlib.sha256(GARBAGE).hexdigest(),
         reason="not an Avro single-object encoded value",
         first_bytes=GARBAGE[:32],
     )
-    assert (second.offset, second.first_bytes) == (1, UNKNOWN_SCHEMA)
+    assert (second.offset, second.first_bytes) == (2, UNKNOWN_SCHEMA)
 
     code, out, _ = keyload_main(capsys, "status", "--data", str(data))
     assert code == 0
     assert out.splitlines()[1:] == [
-        "  p0: log empty, applied nothing, lag 0, no checkpoints, recovery floor none, poison 0",
-        "  p1: log 0..1, applied through 1, lag 0, no checkpoints, recovery floor none, poison 2",
+        "  p0: log 0..0, applied through 0, lag 0, no checkpoints, recovery floor none, poison 0",
+        "  p1: log 0..2, applied through 2, lag 0, no checkpoints, recovery floor none, poison 2",
     ]
 
 
@@ -118,11 +135,14 @@ def test_status_names_an_empty_a_halted_and_a_corrupt_partition(
 ) -> None:
     data = tmp_path / "data"
     run_until_idle(data, "--partitions", "3")
+    # Partition 0 keeps nothing but the service's own record; the others get garbage after it.
+    assert_only_the_service_record(data, 3)
     append_raw(data, 3, 1, GARBAGE)
     append_raw(data, 3, 2, GARBAGE, GARBAGE + b"!")
     run_until_idle(data)
-    # Partition 1 halts (as `keyload run` records it); partition 2's first frame is damaged afterwards.
-    record_halt(data, Halt(1, 1, "Corruption: queue 7 counter ready would go negative"))
+    # Partition 1 halts at its next record (as `keyload run` records it); partition 2's first frame is
+    # damaged afterwards.
+    record_halt(data, Halt(1, 2, "Corruption: queue 7 counter ready would go negative"))
     [segment] = (data / "log" / "commands" / "p-0002").glob("*.seg")
     damaged = bytearray(segment.read_bytes())
     damaged[HEADER_BYTES + 3] ^= 0xFF
@@ -136,10 +156,10 @@ def test_status_names_an_empty_a_halted_and_a_corrupt_partition(
     assert (code, err) == (0, "")
     assert out.splitlines() == [
         f"{data}: embedded file log, 3 partitions, 8 outcome partitions",
-        "  p0: log empty, applied nothing, lag 0, no checkpoints, recovery floor none, poison 0",
-        "  p1: log 0..0, applied through 0, lag 0, no checkpoints, recovery floor none, poison 1, "
-        "HALTED at offset 1: Corruption: queue 7 counter ready would go negative",
-        "  p2: log unreadable, applied through 1, lag unknown, no checkpoints, recovery floor none, poison 2, "
+        "  p0: log 0..0, applied through 0, lag 0, no checkpoints, recovery floor none, poison 0",
+        "  p1: log 0..1, applied through 1, lag 0, no checkpoints, recovery floor none, poison 1, "
+        "HALTED at offset 2: Corruption: queue 7 counter ready would go negative",
+        "  p2: log unreadable, applied through 2, lag unknown, no checkpoints, recovery floor none, poison 2, "
         f"LOG CORRUPT: {corruption.value}",
     ]
     partitions = "\n".join(out.splitlines()[1:])

@@ -460,7 +460,9 @@ def test_kill_9_of_processor_and_gc_keeps_payload_objects_exact(tmp_path: Path) 
     killer: Killer | None = None
     try:
         gc.start()
-        with Client(root, principal="payload-crash", timeout_s=CLIENT_TIMEOUT_S) as client:
+        # The administrator's client: besides the workload it requests checkpoints (admin) and
+        # lists retention tasks (recovery), which no other principal may do.
+        with Client(root, timeout_s=CLIENT_TIMEOUT_S) as client:
             partition_of = {domain: partition_for(domain, PARTITIONS) for domain in domains}
             assert sorted(partition_of.values()) == list(range(PARTITIONS))
             for domain in domains:

@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from keyload.credentials import ADMIN_PRINCIPAL, Credential, contents
 from keyload.log.base import CommandLog, partition_for
 from keyload.log.codec import REGISTRY
 from keyload.log.file_log import FileLog
@@ -25,14 +26,16 @@ from keyload.projections import keys
 from keyload.projections.store import Store
 from keyload.sdk.client import Client
 from keyload.storage.datadir import DataDir, KafkaConfig
+from keyload.storage.principals import system_credential
 
 from .support import (
     CREATE_QUEUE,
     ENQUEUE,
     assert_live_equals_replay,
-    command,
+    create_principals,
     create_queue_body,
     enqueue_body,
+    signed_command,
     spread_domains,
     start_service,
     stop_service,
@@ -99,7 +102,8 @@ def running(root: Path) -> Iterator[subprocess.Popen[bytes]]:
 
 
 def published_outcomes(data: DataDir) -> list[tuple[int, bytes]]:
-    """Every record of every outcome partition, as (reply partition, encoded Outcome)."""
+    """Every record of every outcome partition, as (reply partition, record): an encoded Outcome, or one
+    sealed for the authenticated principal whose command it answers (`decode_outcome` reads either)."""
     log = data.outcome_log()
     found = []
     try:
@@ -114,22 +118,24 @@ def published_outcomes(data: DataDir) -> list[tuple[int, bytes]]:
         log.close()
 
 
-def stored_outcomes(data: DataDir) -> list[tuple[int, str, bytes]]:
-    """Every key of the OUTCOME family of every partition, as (partition, command id, fingerprint + Outcome)."""
+def stored_outcomes(data: DataDir) -> list[tuple[int, str, str, bytes]]:
+    """Every key of the OUTCOME family of every partition, as (partition, domain, command id, fingerprint +
+    Outcome)."""
     stored = []
     for partition in range(data.partitions):
         store = Store(data.projection(partition), read_only=True)
         try:
             for key, value in store.scan(keys.OUTCOME, keys.prefix_end(keys.OUTCOME)):
                 domain_length = key[len(keys.OUTCOME)]
-                stored.append((partition, key[len(keys.OUTCOME) + 1 + domain_length :].decode(), value))
+                domain = key[len(keys.OUTCOME) + 1 : len(keys.OUTCOME) + 1 + domain_length].decode()
+                stored.append((partition, domain, key[len(keys.OUTCOME) + 1 + domain_length :].decode(), value))
         finally:
             store.close()
     return stored
 
 
 def decode_outcome(value: bytes) -> dict[str, Any]:
-    return REGISTRY.decode("keyload.Outcome", value)
+    return REGISTRY.decode("keyload.Outcome", contents(value))
 
 
 def lag(data: DataDir, log: CommandLog) -> list[int]:
@@ -186,6 +192,7 @@ def test_several_processes_every_command_gets_one_outcome(
     }
 
     with running(root) as service:
+        create_principals(root, *(f"producer{k}" for k in range(PRODUCERS)))
         with Client(root) as client:
             for domain in domains:
                 client.create_queue(domain, QUEUE)
@@ -222,12 +229,15 @@ def test_several_processes_every_command_gets_one_outcome(
         assert line["partition"] == partition_for(expected[command_id], PARTITIONS), line
 
     # The outcome stream holds only identical copies of each command's outcome, matching what producers saw.
-    streamed: dict[str, set[bytes]] = defaultdict(set)
+    # A command is its command id in its domain: the administrator's principal commands (partition-wide)
+    # reuse one command id in each partition's domain.
+    streamed: dict[tuple[str, str], set[bytes]] = defaultdict(set)
     for _, value in published_outcomes(data):
-        streamed[decode_outcome(value)["command_id"]].add(value)
-    assert {command_id: len(values) for command_id, values in streamed.items() if len(values) > 1} == {}
+        outcome = decode_outcome(value)
+        streamed[(outcome["domain"], outcome["command_id"])].add(value)
+    assert {command: len(values) for command, values in streamed.items() if len(values) > 1} == {}
     for command_id, line in printed.items():
-        [value] = streamed[command_id]
+        [value] = streamed[(expected[command_id], command_id)]
         outcome = decode_outcome(value)
         assert (outcome["status"], outcome["partition"], outcome["offset"]) == (
             line["status"],
@@ -235,14 +245,14 @@ def test_several_processes_every_command_gets_one_outcome(
             line["offset"],
         )
 
-    # Each projection stores one outcome per command id, the one that was published.
+    # Each projection stores one outcome per command, the one that was published.
     stored = stored_outcomes(data)
-    assert [command_id for command_id, n in Counter(c for _, c, _ in stored).items() if n > 1] == []
-    by_id = {command_id: (partition, value) for partition, command_id, value in stored}
+    assert [command for command, n in Counter((d, c) for _, d, c, _ in stored).items() if n > 1] == []
+    by_id = {(domain, command_id): (partition, value) for partition, domain, command_id, value in stored}
     for command_id, line in printed.items():
-        partition, value = by_id[command_id]
+        partition, value = by_id[(expected[command_id], command_id)]
         assert partition == line["partition"]
-        assert {value[FINGERPRINT_BYTES:]} == streamed[command_id]
+        assert {value[FINGERPRINT_BYTES:]} == {contents(v) for v in streamed[(expected[command_id], command_id)]}
 
     enqueued = PRODUCERS * MESSAGES_PER_DOMAIN
     for queue_counters in counters:
@@ -264,9 +274,9 @@ class Planned:
         """Whether the two have the same fingerprint (reply_to is informational)."""
         return (self.domain, self.message_id, self.payload) == (other.domain, other.message_id, other.payload)
 
-    def encode(self) -> bytes:
+    def encode(self, credential: Credential) -> bytes:
         body = enqueue_body(queue_for(self.domain), self.message_id, self.payload)
-        return command(self.domain, ENQUEUE, body, self.command_id, reply_to=self.reply_to)
+        return signed_command(credential, self.domain, ENQUEUE, body, self.command_id, reply_to=self.reply_to)
 
 
 def queue_for(domain: str) -> str:
@@ -379,14 +389,17 @@ def test_kill_9_during_workload_loses_nothing_and_applies_nothing_twice(tmp_path
     quotas = {domain: SMALL_QUOTA if domain == domains[0] else 100_000 for domain in domains}
     workload = plan_workload(rng, domains, data.outcome_partitions)
     model = run_model(workload, quotas)
-    values = [planned.encode() for planned in workload]
+    # Signed by the administrator: `keyload run` turns access control on before it serves, so records
+    # appended after its EnableAccessControl must be signed (those before it apply either way).
+    admin = system_credential(root, ADMIN_PRINCIPAL)
+    values = [planned.encode(admin) for planned in workload]
     log = data.command_log()
     try:
         created: dict[str, tuple[str, int]] = {}  # domain -> (command id, offset) of its CreateQueue
         for domain in domains:
             command_id = f"create-{domain}"
             body = create_queue_body(queue_for(domain), max_stored_messages=quotas[domain])
-            value = command(domain, CREATE_QUEUE, body, command_id, reply_to=0)
+            value = signed_command(admin, domain, CREATE_QUEUE, body, command_id, reply_to=0)
             [position] = log.append(partition_of[domain], [value])
             created[domain] = (command_id, position.offset)
         appender = Appender(log, [partition_of[planned.domain] for planned in workload], values, rng)
@@ -423,9 +436,12 @@ def test_kill_9_during_workload_loses_nothing_and_applies_nothing_twice(tmp_path
 
     # Stored outcomes: exactly one per command id, decided by its first occurrence.
     stored = stored_outcomes(data)
-    assert [command_id for command_id, n in Counter(c for _, c, _ in stored).items() if n > 1] == []
-    by_id = {command_id: (partition, value) for partition, command_id, value in stored}
-    assert by_id.keys() == set(model.first) | {command_id for command_id, _ in created.values()}
+    assert [command_id for command_id, n in Counter(c for _, _, c, _ in stored).items() if n > 1] == []
+    by_id = {command_id: (partition, value) for partition, _, command_id, value in stored}
+    # `keyload run`'s own EnableAccessControl commands aside (whether their outcomes are stored is the service's
+    # business), the stored outcomes are the workload's and the CreateQueues'.
+    service_own = {f"enable-access-control-p{partition}" for partition in range(PARTITIONS)}
+    assert by_id.keys() - service_own == set(model.first) | {command_id for command_id, _ in created.values()}
     for domain, (command_id, offset) in created.items():
         outcome = decode_outcome(by_id[command_id][1][FINGERPRINT_BYTES:])
         assert (outcome["status"], outcome["partition"], outcome["offset"]) == (
@@ -437,12 +453,12 @@ def test_kill_9_during_workload_loses_nothing_and_applies_nothing_twice(tmp_path
     for command_id, index in model.first.items():
         partition, value = by_id[command_id]
         outcome = decode_outcome(value[FINGERPRINT_BYTES:])
-        original = REGISTRY.decode("keyload.Command", values[index])
+        original = REGISTRY.decode("keyload.Command", contents(values[index]))
         actual = (partition, value[:FINGERPRINT_BYTES], outcome["offset"], outcome["status"], outcome["error_code"])
         expected = model.published[index][1]
         want = (
             partition_of[workload[index].domain],
-            fingerprint(original, values[index]),
+            fingerprint(original, contents(values[index])),
             offsets[index],
             expected.status,
             expected.error_code,
@@ -451,7 +467,9 @@ def test_kill_9_during_workload_loses_nothing_and_applies_nothing_twice(tmp_path
             wrong.append((command_id, actual, want))
     assert wrong == []
 
-    # Published outcomes: every record's outcome reached its reply partition, and copies are identical.
+    # Published outcomes: every record's outcome reached its reply partition, and copies are identical
+    # Outcomes (a copy published before the partition applied EnableAccessControl is plain, one after
+    # it sealed for the administrator).
     want_published = {
         (0, command_id, partition_of[domain], offset): COMMITTED for domain, (command_id, offset) in created.items()
     }
@@ -462,7 +480,7 @@ def test_kill_9_during_workload_loses_nothing_and_applies_nothing_twice(tmp_path
     copies: dict[tuple[int, str, int, int], set[bytes]] = defaultdict(set)
     for reply_partition, value in published:
         outcome = decode_outcome(value)
-        copies[(reply_partition, outcome["command_id"], outcome["partition"], outcome["offset"])].add(value)
+        copies[(reply_partition, outcome["command_id"], outcome["partition"], outcome["offset"])].add(contents(value))
     assert [key for key, found in copies.items() if len(found) > 1] == []
     seen = {}
     for key, [value] in copies.items():

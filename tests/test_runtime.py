@@ -6,7 +6,6 @@ from pathlib import Path
 
 from keyload.log.codec import REGISTRY
 from keyload.projections import keys
-from keyload.service.ticker import Ticker
 
 from .support import (
     CHECKPOINT,
@@ -79,7 +78,7 @@ def test_ticker_appends_a_tick_only_when_a_timer_is_due(embedded: Embedded) -> N
     partition = embedded.partition(D)
     due = embedded.now_ms + 1_000
     embedded.submit(D, ENQUEUE, enqueue_body("jobs", "later", not_before_ms=due))
-    ticker = Ticker(embedded.log, interval_ms=100)
+    ticker = embedded.ticker(100)
     end = embedded.log.end_offset(partition)
     assert ticker.poll(embedded.processors, due - 1_000) == 0
     assert embedded.log.end_offset(partition) == end

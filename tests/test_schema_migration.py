@@ -24,6 +24,7 @@ from keyload.processors.outcomes import OUTCOME, new_outcome
 from keyload.projections import keys
 from keyload.projections.migration import UPCASTS
 from keyload.projections.store import Staged, Store, StoreError
+from keyload.service.access_control import enable_command
 
 from .payloads import PREPARE, prepare_body
 from .support import (
@@ -65,7 +66,7 @@ def released_version(name: str, version: int) -> Released:
 def run_workload(embedded: Embedded) -> None:
     """Every family that holds a record gets rows: queues, messages, a waiter, a poison entry,
     topics, events, a group with outstanding and parked positions, stored and deferred outcomes,
-    documents, inbox entries, a payload reservation and a retention task."""
+    documents, inbox entries, a payload reservation, a retention task and principals."""
 
     def ok(kind: str, body: Record) -> Any:
         return expect(submit_unhalted(embedded, D, kind, body), None)
@@ -102,6 +103,9 @@ def run_workload(embedded: Embedded) -> None:
         "keyload.command.CommitInbox",
         {"source": source, "handler_scope": "svc", "execution_generation": 0, "effects": []},
     )
+    partition = embedded.partition(D)
+    embedded.append(D, enable_command(embedded.data.root, partition, embedded.data.partitions))  # principals
+    embedded.run()
 
 
 @pytest.fixture(scope="module")

@@ -17,6 +17,7 @@ from typing import Unpack
 import pytest
 
 from keyload import Client
+from keyload.credentials import contents
 from keyload.errors import OutcomeTimeout, RevisionConflictError
 from keyload.log.base import LogRecord, partition_for
 from keyload.log.codec import REGISTRY
@@ -167,7 +168,7 @@ def test_an_idle_subscriber_waits_in_the_log_and_a_publish_wakes_it(client: Clie
     def records_after(offset: int, kind: str) -> list[LogRecord]:
         records = log.read(partition, offset + 1, 10_000)
         wanted = f"keyload.command.{kind}"
-        return [r for r in records if REGISTRY.decode("keyload.Command", r.value)["body"][0] == wanted]
+        return [r for r in records if REGISTRY.decode("keyload.Command", contents(r.value))["body"][0] == wanted]
 
     def next_receive(after: int) -> LogRecord:
         wait_until(lambda: records_after(after, "GroupReceive"), timeout_s=60, what="a GroupReceive")

@@ -88,7 +88,7 @@ def test_a_backlog_far_beyond_one_budget_drains_without_waiting_an_interval_per_
     due = embedded.now_ms + 5_000
     schedule(embedded, D, count, due)
     partition = embedded.partition(D)
-    ticker = Ticker(embedded.log, interval_ms=INTERVAL_MS)
+    ticker = embedded.ticker(INTERVAL_MS)
     assert ticker.poll(embedded.processors, due - 1) == 0  # not due yet
     # The wall clock stands still at the due time: no interval ever passes, yet every timer fires,
     # one Tick per budget, each appended as soon as the one before it was applied.
@@ -107,7 +107,7 @@ def test_catch_up_continues_while_due_timers_remain_and_stops_when_none_is_due(e
     schedule(embedded, D, count, start + 1_000)
     embedded.append(D, command(D, ENQUEUE, enqueue_body("jobs", "later", not_before_ms=start + 1_500)))
     embedded.run()
-    ticker = Ticker(embedded.log, interval_ms=INTERVAL_MS)
+    ticker = embedded.ticker(INTERVAL_MS)
     assert drive(embedded, ticker, embedded.processors, start + 1_000, rounds=4) == [1, 1, 0, 0]
     assert ready(embedded, D) == count
     # "later" is due at +1,500: the next ordinary look is one interval after the last Tick.
@@ -123,7 +123,7 @@ def test_at_most_one_tick_is_outstanding_per_partition(embedded: Embedded) -> No
     due = embedded.now_ms + 100
     for domain in (first, second):
         schedule(embedded, domain, limits.TICK_EXAMINATION_BUDGET * 3, due)
-    ticker = Ticker(embedded.log, interval_ms=INTERVAL_MS)
+    ticker = embedded.ticker(INTERVAL_MS)
     embedded.now_ms = due
     ends = [embedded.log.end_offset(p) for p in range(embedded.data.partitions)]
     assert ticker.poll(embedded.processors, due) == 2  # one each
@@ -144,7 +144,7 @@ def test_at_most_one_tick_is_outstanding_per_partition(embedded: Embedded) -> No
 def test_an_idle_partition_gets_no_tick_and_is_looked_at_once_an_interval(embedded: Embedded) -> None:
     embedded.submit(D, CREATE_QUEUE, create_queue_body("jobs"))  # a queue, no timer anywhere
     processors = [Counted(p) for p in embedded.processors]
-    ticker = Ticker(embedded.log, interval_ms=INTERVAL_MS)
+    ticker = embedded.ticker(INTERVAL_MS)
     start = embedded.now_ms
     ends = [embedded.log.end_offset(p) for p in range(embedded.data.partitions)]
     for step_ms in range(0, 10 * INTERVAL_MS, 10):  # a poll every 10 ms for ten intervals
@@ -163,7 +163,7 @@ def test_a_known_timer_is_ticked_at_its_due_time_then_at_most_once_an_interval(e
         embedded.append(D, command(D, ENQUEUE, enqueue_body("jobs", f"m{i}", not_before_ms=start + 250 + 100 * i)))
     embedded.run()
     partition = embedded.partition(D)
-    ticker = Ticker(embedded.log, interval_ms=INTERVAL_MS)
+    ticker = embedded.ticker(INTERVAL_MS)
     tick_times = []
     for step_ms in range(0, 3_000, 10):
         if drive(embedded, ticker, embedded.processors, start + step_ms, rounds=1) == [1]:
@@ -183,7 +183,7 @@ def test_every_waiter_is_answered_within_one_interval_of_its_deadline(embedded: 
     arrivals = {37 * i: f"w{i}" for i in range(40)}  # a Receive every 37 ms, each waiting 500 ms
     body = {"queue": "q", "max_messages": 1, "max_bytes": None, "lease_ms": None, "wait_ms": 500}
     deadlines = {}
-    ticker = Ticker(embedded.log, interval_ms=interval)
+    ticker = embedded.ticker(interval)
     for step_ms in range(3_000):
         embedded.now_ms = start + step_ms
         if step_ms in arrivals:

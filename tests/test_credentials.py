@@ -1,0 +1,61 @@
+"""The Signed record's hand-written codec (keyload/credentials.py) is the registry's, byte for byte."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from keyload.credentials import SIGNED, Credential, signed, unwrap
+from keyload.log.codec import REGISTRY, CodecError
+
+KEY_IDS = st.text(min_size=0, max_size=80)
+RECORDS = st.binary(max_size=3000)
+
+
+@given(key_id=KEY_IDS, key=st.binary(min_size=16, max_size=64), record=RECORDS)
+def test_a_signed_record_is_what_the_registry_writes_and_reads(key_id: str, key: bytes, record: bytes) -> None:
+    value = signed(key_id, key, record)
+    decoded = REGISTRY.decode(SIGNED, value)
+    assert REGISTRY.encode(SIGNED, decoded) == value
+    found = unwrap(value)
+    assert found is not None
+    assert (found.key_id, found.mac, found.record) == (decoded["key_id"], decoded["mac"], decoded["record"])
+    assert found.record == record and found.verify(key)
+
+
+@given(record=RECORDS, cut=st.integers(min_value=1, max_value=30))
+def test_a_cut_or_padded_signed_record_is_malformed(record: bytes, cut: int) -> None:
+    value = Credential("p", "k", bytes(32)).sign(record)  # at least 46 bytes: the header stays whole
+    with pytest.raises(CodecError):
+        unwrap(value[:-cut])
+    with pytest.raises(CodecError):
+        unwrap(value + b"\x00")
+
+
+def test_a_record_of_another_type_is_not_a_signed_one() -> None:
+    command = REGISTRY.encode(
+        "keyload.Command",
+        {
+            "command_id": "c",
+            "domain": "d",
+            "principal": "p",
+            "body": ("keyload.command.Tick", {}),
+            "reply_to": None,
+            "client_time_ms": None,
+        },
+    )
+    assert unwrap(command) is None
+    assert unwrap(b"") is None
+
+
+@given(record=RECORDS)
+def test_a_credential_signs_and_accepts_exactly_what_signed_writes_under_its_key(record: bytes) -> None:
+    """`signed` is the one writer: a credential's signature of a command, and an outcome the service
+    seals for its principal, are the same bytes; another key id or key is not this credential's seal."""
+    credential = Credential("p", "k", bytes(range(32)))
+    value = signed("k", credential.secret, record)
+    assert credential.sign(record) == value and credential.seals(value)
+    assert not credential.seals(signed("k2", credential.secret, record))
+    assert not credential.seals(signed("k", bytes(32), record))
+    assert not credential.seals(record)
