@@ -20,7 +20,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import IO
 
@@ -224,6 +224,11 @@ class NativeBroker(DevServer):
 
     start() returns once the broker serves (BrokerProbe). Ports it picked itself that turn out taken when the JVM binds
     are picked again; a port the broker's clients know (given, or used before) is waited for instead.
+
+    With `sasl_users` (name → password) the broker also listens for SASL/PLAIN clients on `sasl_bootstrap` and turns on
+    Kafka's StandardAuthorizer with no ACLs, so a SASL user may do only what ACLs then grant it. The PLAINTEXT
+    listener stays open as the harness's own door: it is the super user ANONYMOUS, for the readiness probe and for
+    creating those ACLs.
     """
 
     NAME = "broker"
@@ -231,9 +236,17 @@ class NativeBroker(DevServer):
     START_TIMEOUT_S = 180.0  # two JVMs' start-up, topic creation and a group join, on a loaded two-core machine
     STOP_TIMEOUT_S = 60.0  # a clean shutdown, so a restart needs no log recovery
 
-    def __init__(self, workdir: Path, port: int | None = None, *, quick_jit: bool = False) -> None:
+    def __init__(
+        self,
+        workdir: Path,
+        port: int | None = None,
+        *,
+        quick_jit: bool = False,
+        sasl_users: Mapping[str, str] | None = None,
+    ) -> None:
         super().__init__(workdir)
         self.quick_jit = quick_jit
+        self.sasl_users = dict(sasl_users or {})
         self._class_dump = self.workdir / "classes.jsa.tmp"  # a class archive the running JVM writes when it exits
         self._class_dump_target: Path | None = None
         self._ports_path = self.workdir / "ports"
@@ -242,12 +255,18 @@ class NativeBroker(DevServer):
         self.controller_port = saved[1] if saved else listen_port(frozenset({self.port}))
         # Ports that may not change: one clients were given, or one the broker already served on.
         self._fixed = {self.port, self.controller_port} if saved else ({self.port} if port else set())
+        self.sasl_port = saved[2] if len(saved) > 2 else listen_port(frozenset({self.port, self.controller_port}))
         self._save_ports()
         self._launch_log_start: int | None = None  # where the latest launch's output starts in the log
 
     @property
     def bootstrap(self) -> str:
         return f"127.0.0.1:{self.port}"
+
+    @property
+    def sasl_bootstrap(self) -> str:
+        """Where SASL/PLAIN clients connect (a broker made with `sasl_users`)."""
+        return f"127.0.0.1:{self.sasl_port}"
 
     @property
     def address(self) -> str:
@@ -272,7 +291,7 @@ class NativeBroker(DevServer):
                 else:
                     self._repick(taken)
                 continue
-            self._fixed = {self.port, self.controller_port}
+            self._fixed = {self.port, self.controller_port, *([self.sasl_port] if self.sasl_users else [])}
             return
 
     def stop(self, timeout_s: float | None = None) -> None:
@@ -301,15 +320,17 @@ class NativeBroker(DevServer):
         self._class_dump.unlink(missing_ok=True)
 
     def _repick(self, taken: int) -> None:
-        fresh = listen_port(frozenset({self.port, self.controller_port}))
+        fresh = listen_port(frozenset({self.port, self.controller_port, self.sasl_port}))
         if taken == self.port:
             self.port = fresh
-        else:
+        elif taken == self.controller_port:
             self.controller_port = fresh
+        else:
+            self.sasl_port = fresh
         self._save_ports()
 
     def _save_ports(self) -> None:
-        self._ports_path.write_text(f"{self.port} {self.controller_port}\n")
+        self._ports_path.write_text(f"{self.port} {self.controller_port} {self.sasl_port}\n")
 
     def _port_taken_at_launch(self) -> int | None:
         """The port the latest launch could not bind because another socket had it, if that is why it exited."""
@@ -323,7 +344,7 @@ class NativeBroker(DevServer):
             return None
         for match in re.finditer(r"failed to bind to [^\s:]*:(\d+): Address already in use", text):
             port = int(match.group(1))
-            if port in (self.port, self.controller_port):
+            if port in (self.port, self.controller_port, self.sasl_port):
                 return port
         return None
 
@@ -398,8 +419,28 @@ class NativeBroker(DevServer):
             "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
             "log.dirs": str(self.workdir / "data"),
             **SINGLE_NODE_SETTINGS,
+            **self._sasl_properties(),
         }
         return "".join(f"{key}={value}\n" for key, value in settings.items())
+
+    def _sasl_properties(self) -> dict[str, str]:
+        if not self.sasl_users:
+            return {}
+        users = " ".join(f'user_{name}="{password}"' for name, password in self.sasl_users.items())
+        plain = f"PLAINTEXT://127.0.0.1:{self.port}"
+        sasl = f"SASL_PLAINTEXT://127.0.0.1:{self.sasl_port}"
+        return {
+            "listeners": f"{plain},{sasl},CONTROLLER://127.0.0.1:{self.controller_port}",
+            "advertised.listeners": f"{plain},{sasl}",
+            "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,SASL_PLAINTEXT:SASL_PLAINTEXT,CONTROLLER:PLAINTEXT",
+            "sasl.enabled.mechanisms": "PLAIN",
+            "listener.name.sasl_plaintext.plain.sasl.jaas.config": (
+                f"org.apache.kafka.common.security.plain.PlainLoginModule required {users};"
+            ),
+            "authorizer.class.name": "org.apache.kafka.metadata.authorizer.StandardAuthorizer",
+            "super.users": "User:ANONYMOUS",  # the PLAINTEXT and CONTROLLER listeners: the harness and the node itself
+            "allow.everyone.if.no.acl.found": "false",
+        }
 
 
 class BrokerProbe:

@@ -63,7 +63,7 @@ from keyload.sdk.results import (
 from keyload.service.access_control import enable_command
 from keyload.service.halts import Halt
 from keyload.service.runtime import PartitionProcessor
-from keyload.service.ticker import domain_for_partition
+from keyload.service.system_commands import domain_for_partition
 from keyload.storage import keyring
 from keyload.storage.datadir import DataDir
 from keyload.storage.principals import CHECKPOINTER_PRINCIPAL, GC_PRINCIPAL, new_credential, system_credential

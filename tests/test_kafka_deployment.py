@@ -21,7 +21,17 @@ from keyload.projections.store import Store
 from keyload.storage.datadir import DataDir, KafkaConfig
 from keyload.storage.keyring import FILE as KEYRING_FILE
 
-from .support import assert_live_equals_replay, keyload_command, run_keyload, spread_domains, stop_service, wait_until
+from .support import (
+    ENQUEUE,
+    assert_live_equals_replay,
+    enqueue_body,
+    keyload_command,
+    run_keyload,
+    signed_command,
+    spread_domains,
+    stop_service,
+    wait_until,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -250,26 +260,8 @@ def test_a_retry_after_a_lost_acknowledgement_has_one_effect(
             # The producer's acknowledgement was lost: the same command is appended again, twice.
             log = KafkaLog.commands(data.kafka_settings())
             try:
-                envelope = {
-                    "command_id": "retried",
-                    "domain": domain,
-                    "principal": client.principal,
-                    "body": (
-                        "keyload.command.Enqueue",
-                        {
-                            "queue": QUEUE,
-                            "message_id": "once",
-                            "body": b"body",
-                            "headers": {},
-                            "ordering_key": None,
-                            "not_before_ms": None,
-                            "expires_at_ms": None,
-                        },
-                    ),
-                    "reply_to": None,
-                    "client_time_ms": None,
-                }
-                value = REGISTRY.encode("keyload.Command", envelope)
+                body = enqueue_body(QUEUE, "once", b"body")
+                value = signed_command(client.credential, domain, ENQUEUE, body, command_id="retried")
                 log.append(partition_for(domain, PARTITIONS), [value, value])
             finally:
                 log.close()

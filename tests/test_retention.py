@@ -16,7 +16,7 @@ from keyload.operations.gc import GcPass, GcWorker
 from keyload.projections import keys
 from keyload.projections.store import Store
 from keyload.sdk.results import RetentionPage, RetentionStatus
-from keyload.service.ticker import domain_for_partition
+from keyload.service.system_commands import domain_for_partition
 from keyload.storage.datadir import DataDir
 from keyload.storage.object_store import FileObjectStore, ObjectStoreError
 

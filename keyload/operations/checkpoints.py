@@ -32,10 +32,9 @@ from pathlib import Path
 from keyload.credentials import Credential
 from keyload.errors import KeyloadError
 from keyload.log.base import CommandLog
-from keyload.log.codec import REGISTRY
 from keyload.operations.catalog import CatalogEntry, CheckpointCatalog, RecoveryPin, recovery_floor
 from keyload.projections.store import CHECKPOINT_DB, MANIFEST, Manifest, Store, StoreError, verify_checkpoint
-from keyload.service.ticker import domain_for_partition
+from keyload.service.system_commands import system_command
 from keyload.storage.object_store import ObjectStore, ObjectStoreError, ObjectVersion
 from keyload.version import __version__
 
@@ -260,18 +259,11 @@ class Announcer:
 
     def __call__(self, partition: int, entry: CatalogEntry) -> None:
         offset = entry.manifest.offset
-        envelope = {
-            "command_id": f"checkpoint-published-p{partition}-{offset}",
-            "domain": domain_for_partition(partition, self.log.partitions),
-            "principal": self.credential.principal,
-            "body": (
-                "keyload.command.CheckpointPublished",
-                {
-                    "offset": offset,
-                    "manifest_sha256": hashlib.sha256(entry.manifest.to_json().encode("utf-8")).digest(),
-                },
-            ),
-            "reply_to": None,
-            "client_time_ms": None,
+        body = {
+            "offset": offset,
+            "manifest_sha256": hashlib.sha256(entry.manifest.to_json().encode("utf-8")).digest(),
         }
-        self.log.append(partition, [self.credential.sign(REGISTRY.encode("keyload.Command", envelope))])
+        command_id = f"checkpoint-published-p{partition}-{offset}"
+        branch = "keyload.command.CheckpointPublished"
+        record = system_command(self.credential, partition, self.log.partitions, command_id, branch, body)
+        self.log.append(partition, [record])

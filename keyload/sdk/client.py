@@ -65,7 +65,7 @@ from keyload.sdk.results import (
     mutation_record,
 )
 from keyload.service.doorbell import Doorbell
-from keyload.service.ticker import domain_for_partition
+from keyload.service.system_commands import domain_for_partition
 from keyload.storage.datadir import DataDir
 
 # The SDK does not load the engine: RocksDB (read by `poison_entries`) and the payload gateway (which

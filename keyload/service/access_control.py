@@ -16,8 +16,7 @@ from pathlib import Path
 from keyload.commands import BY_NAME
 from keyload.credentials import ADMIN_PRINCIPAL
 from keyload.log.base import CommandLog
-from keyload.log.codec import REGISTRY
-from keyload.service.ticker import domain_for_partition
+from keyload.service.system_commands import system_command
 from keyload.storage.principals import SYSTEM_PRINCIPALS, system_credential, system_key_id
 
 EVERYTHING = "*"
@@ -33,15 +32,11 @@ def enable_command(root: Path, partition: int, partitions: int) -> bytes:
         }
         for principal, capability in SYSTEM_PRINCIPALS
     ]
-    envelope = {
-        "command_id": f"enable-access-control-p{partition}",
-        "domain": domain_for_partition(partition, partitions),
-        "principal": ADMIN_PRINCIPAL,
-        "body": (BY_NAME["EnableAccessControl"].branch, {"principals": principals}),
-        "reply_to": None,
-        "client_time_ms": None,
-    }
-    return system_credential(root, ADMIN_PRINCIPAL).sign(REGISTRY.encode("keyload.Command", envelope))
+    administrator = system_credential(root, ADMIN_PRINCIPAL)
+    branch = BY_NAME["EnableAccessControl"].branch
+    return system_command(
+        administrator, partition, partitions, f"enable-access-control-p{partition}", branch, {"principals": principals}
+    )
 
 
 def enable(root: Path, log: CommandLog, partitions: Iterable[int]) -> None:

@@ -29,11 +29,10 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from keyload.credentials import Credential
-from keyload.log.base import Appended, CommandLog, partition_for
-from keyload.log.codec import REGISTRY
+from keyload.log.base import Appended, CommandLog
+from keyload.service.system_commands import system_command
 
 DEFAULT_TICK_INTERVAL_MS = 100
-MAX_TICKER_DOMAIN_PROBES = 1_000_000
 
 
 class Timed(Protocol):
@@ -51,30 +50,9 @@ class Timed(Protocol):
     def next_timer_ms(self) -> int | None: ...
 
 
-def domain_for_partition(partition: int, partitions: int) -> str:
-    """A stable domain name that maps to `partition`, for partition-wide commands (Tick)."""
-    for n in range(MAX_TICKER_DOMAIN_PROBES):
-        candidate = f"keyload-system-{n}"
-        if partition_for(candidate, partitions) == partition:
-            return candidate
-    raise AssertionError("no domain maps to the partition")
-
-
 def tick_command(partition: int, partitions: int, command_id: str, credential: Credential) -> bytes:
     """A Tick signed by the ticker's principal (keyload/storage/principals.py)."""
-    return credential.sign(
-        REGISTRY.encode(
-            "keyload.Command",
-            {
-                "command_id": command_id,
-                "domain": domain_for_partition(partition, partitions),
-                "principal": credential.principal,
-                "body": ("keyload.command.Tick", {}),
-                "reply_to": None,
-                "client_time_ms": None,
-            },
-        )
-    )
+    return system_command(credential, partition, partitions, command_id, "keyload.command.Tick", {})
 
 
 @dataclass

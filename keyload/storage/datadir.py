@@ -18,6 +18,10 @@ projections) with the same Kafka settings, a copy of the same keyring, and one
 shared object store: a folder on shared storage, or an S3 bucket. S3 credentials
 never go into keyload.json: boto3's usual chain (AWS_* environment variables,
 profiles, instance roles) provides them, so a data directory can be copied safely.
+Kafka credentials never go into it either: $KEYLOAD_KAFKA_CLIENT_CONFIG names a
+file of librdkafka settings (`key=value` lines, `#` comments; SASL user and
+password, TLS files) that every Kafka client of the process uses, so processors,
+clients and the GC worker each connect as their own Kafka user.
 
 A data directory keyload creates is mode 0700, and keyload.json and keyring.json
 (a `--keyring-from` copy too) are 0600, written so that no wider mode ever exists.
@@ -53,6 +57,7 @@ MAX_SEGMENT_BYTES = 2**31
 FORMAT = 1
 CONFIG = "keyload.json"
 DIRECTORY_MODE = 0o700  # a data directory keyload creates: the owner only (its files are 0600)
+KAFKA_CLIENT_CONFIG_ENV = "KEYLOAD_KAFKA_CLIENT_CONFIG"
 
 
 class DataDirError(KeyloadError):
@@ -231,6 +236,7 @@ class DataDir:
             outcome_partitions=self.outcome_partitions,
             replication_factor=self.kafka.replication_factor,
             min_insync_replicas=self.kafka.min_insync_replicas,
+            client_config=kafka_client_config(),
         )
 
     def file_command_log(self, config: FileLogConfig | None = None) -> FileLog:
@@ -336,3 +342,24 @@ def _count(raw: dict[str, object], name: str, path: Path) -> int:
     if not isinstance(value, int) or not 1 <= value <= MAX_PARTITIONS:
         raise DataDirError(f"{path / CONFIG}: {name} must be 1..{MAX_PARTITIONS}")
     return value
+
+
+def kafka_client_config() -> dict[str, str]:
+    """The librdkafka settings of the file $KEYLOAD_KAFKA_CLIENT_CONFIG names (none when it is unset)."""
+    name = os.environ.get(KAFKA_CLIENT_CONFIG_ENV)
+    if not name:
+        return {}
+    try:
+        text = Path(name).read_text("utf-8")
+    except OSError as exc:
+        raise DataDirError(f"${KAFKA_CLIENT_CONFIG_ENV}: cannot read {name}: {exc}") from None
+    settings: dict[str, str] = {}
+    for number, line in enumerate(text.splitlines(), 1):
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        key, equals, value = line.partition("=")
+        if not equals or not key.strip():
+            raise DataDirError(f"${KAFKA_CLIENT_CONFIG_ENV}: {name} line {number} is not key=value")
+        settings[key.strip()] = value.strip()
+    return settings
