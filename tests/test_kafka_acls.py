@@ -26,7 +26,7 @@ from confluent_kafka.admin import (  # type: ignore[attr-defined]
 from devtools.broker import NativeBroker, native_broker_available
 from keyload import Client
 from keyload.operations.catalog import CatalogError
-from keyload.storage.datadir import KAFKA_CLIENT_CONFIG_ENV, DataDir, KafkaConfig
+from keyload.storage.datadir import KAFKA_CLIENT_CONFIG_ENV, DataDir, DataDirError, KafkaConfig, kafka_client_config
 
 from .kafka import unavailable
 from .support import start_service, stop_service, wait_until
@@ -172,3 +172,16 @@ def test_the_documented_acls_are_enough_and_what_they_withhold_is_refused(
     stranger = produce_error(sasl_broker, "intruder", COMMANDS)
     assert stranger is not None and stranger.code() == authorization, stranger
     assert produce_error(sasl_broker, "client", COMMANDS) is None  # the client's own right, for contrast
+
+
+def test_the_client_config_file_is_read_as_key_value_lines(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = tmp_path / "client.properties"
+    path.write_text("# the processors' user\nsecurity.protocol = SASL_SSL\n\nsasl.password=a=b\n")
+    monkeypatch.setenv(KAFKA_CLIENT_CONFIG_ENV, str(path))
+    assert kafka_client_config() == {"security.protocol": "SASL_SSL", "sasl.password": "a=b"}
+    path.write_text("security.protocol\n")
+    with pytest.raises(DataDirError, match="line 1 is not key=value"):
+        kafka_client_config()
+    monkeypatch.setenv(KAFKA_CLIENT_CONFIG_ENV, str(tmp_path / "missing"))
+    with pytest.raises(DataDirError, match="cannot read"):
+        kafka_client_config()
