@@ -210,8 +210,14 @@ def _apply_command(
         reject(outcome, rejection)
         return sealed(caller, moment.keyring, REGISTRY.encode(OUTCOME, outcome)), kind, False
 
+    typed = dispatch.typed(kind, body)
+    try:
+        # First, so that every later refusal reaches the sender sealed (an SDK accepts no other).
+        caller = _caller(stage, kind, typed, principal, signed, moment.keyring)
+    except Rejected as rejection:
+        return refused(rejection)
     if not valid_domain(domain):
-        return refused(Rejected(ErrorCode.VALIDATION, DOMAIN_RULE))
+        return refused(Rejected(ErrorCode.VALIDATION, DOMAIN_RULE), caller)
     try:
         print_ = fingerprint(command, value)
     except (ValueError, TypeError, OverflowError):
@@ -219,12 +225,7 @@ def _apply_command(
         # bits): the canonical bytes cannot be written, so there is no fingerprint to store it under.
         fields = REGISTRY.mismatched_fields(COMMAND, command)
         where = f": {', '.join(fields[:MAX_FIELDS_NAMED])}" if fields else ""
-        return refused(Rejected(ErrorCode.VALIDATION, OUT_OF_TYPE_RULE + where))
-    typed = dispatch.typed(kind, body)
-    try:
-        caller = _caller(stage, kind, typed, principal, signed, moment.keyring)
-    except Rejected as rejection:
-        return refused(rejection)
+        return refused(Rejected(ErrorCode.VALIDATION, OUT_OF_TYPE_RULE + where), caller)
     ctx = Context(
         moment.partition,
         moment.offset,

@@ -934,6 +934,14 @@ def test_after_a_credential_rotation_the_old_key_is_refused(secured: Secured) ->
     assert not old.seals(secured.published)
 
 
+def test_a_bad_domain_of_an_authenticated_sender_is_refused_sealed(secured: Secured) -> None:
+    """A domain the rules refuse is checked before any handler runs, yet after authentication, so the
+    Validation refusal is sealed for its sender (a client accepts no other) and takes no command id."""
+    alice = secured.principal("alice", can(Capability.enqueue))
+    outcome = secured.refused(alice, "Not A Domain!", ENQUEUE, enqueue_body("jobs", "m1"), "Validation", stored=False)
+    assert (outcome.detail or "").startswith("domain must be")
+
+
 # -- 7. repeats of stored outcomes -------------------------------------------------------------------------------
 
 
