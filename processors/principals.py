@@ -15,9 +15,10 @@ import msgspec
 
 from keyload import limits
 from keyload.bodies import EnableAccessControl, GrantCapability, InspectPrincipal, PutPrincipal, RevokeCapability
+from keyload.commands import Capability
 from keyload.log.codec import Record
 from keyload.processors import validation
-from keyload.processors.access import EVERYTHING, load_principal, policy_epoch
+from keyload.processors.access import EVERYTHING, allows, load_principal, policy_epoch
 from keyload.processors.context import Context
 from keyload.processors.errors import ErrorCode, Rejected
 from keyload.processors.key_rotation import JITTER, PROOF, TOKEN, MissingKey, active_key_id
@@ -70,8 +71,31 @@ def _view(stage: Staged, record: PrincipalRecord) -> Record:
 
 def _save(stage: Staged, record: PrincipalRecord, ctx: Context) -> Record:
     _bump_epoch(stage)
+    previous = load_principal(stage, record.principal)
+    taken = previous is not None and _administers(previous) and not _administers(record)
+    if taken and not _another_administrator(stage, record.principal):
+        # Nobody could change the policy again: principals, grants and keys would stay as they are.
+        raise Rejected(
+            ErrorCode.CONFLICT,
+            "it would leave no enabled principal with admin on every domain: give another principal that first",
+        )
     _install(stage, record, ctx)
     return _view(stage, record)
+
+
+def _administers(record: PrincipalRecord) -> bool:
+    """Whether `record` may change the policy: enabled, with admin on every domain and resource."""
+    return record.enabled and allows(record.grants, Capability.admin, None, EVERYTHING)
+
+
+def _another_administrator(stage: Staged, principal: str) -> bool:
+    """Whether a principal other than `principal` administers the partition: a scan of every
+    principal, made only for a change that takes an administrator's admin away (a rare command)."""
+    for _key, value in stage.scan(keys.PRINCIPAL, keys.prefix_end(keys.PRINCIPAL)):
+        other = PrincipalRecord.decode(value)
+        if other.principal != principal and _administers(other):
+            return True
+    return False
 
 
 def _install(stage: Staged, record: PrincipalRecord, ctx: Context) -> None:

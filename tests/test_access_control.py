@@ -119,6 +119,8 @@ ROTATE_KEYS = BY_NAME["RotateKeys"].branch
 CHECKPOINT = BY_NAME["Checkpoint"].branch
 INSPECT_PRINCIPAL = BY_NAME["InspectPrincipal"].branch
 GRANT_CAPABILITY = BY_NAME["GrantCapability"].branch
+PUT_PRINCIPAL = BY_NAME["PutPrincipal"].branch
+REVOKE_CAPABILITY = BY_NAME["RevokeCapability"].branch
 
 R = TypeVar("R")
 
@@ -678,6 +680,21 @@ def test_an_administrator_of_one_domain_cannot_change_principals(secured: Secure
     secured.refused(ops, system, INSPECT_PRINCIPAL, {"principal": ADMIN_PRINCIPAL}, stored=False)
     me = typed(secured.ok(ops, system, INSPECT_PRINCIPAL, {"principal": None}), PrincipalView)
     assert me.principal.grants == [can(Capability.admin)]
+
+
+def test_the_last_administrator_cannot_be_disabled_or_lose_admin(secured: Secured) -> None:
+    """Nobody could change the policy again: the change is a Conflict and nothing moves, until another
+    principal holds admin on every domain; then the first one may go."""
+    system = secured.system_domain(0)
+    everything = can(Capability.admin, domain="*")
+    disable = {"principal": ADMIN_PRINCIPAL, "key_id": None, "enabled": False, "grants": None}
+    revoke = {"principal": ADMIN_PRINCIPAL, "grant": everything.to_avro()}
+    for kind, body in ((PUT_PRINCIPAL, disable | {"expected_revision": None}), (REVOKE_CAPABILITY, revoke)):
+        outcome = secured.refused(secured.admin, system, kind, body, "Conflict", stored=True)
+        assert "no enabled principal with admin on every domain" in (outcome.detail or "")
+    secured.principal("root", everything)
+    secured.put(ADMIN_PRINCIPAL, enabled=False)
+    secured.refused(secured.admin, A, ENQUEUE, enqueue_body("jobs", "m1"), DENIED)
 
 
 def test_rotate_keys_needs_admin_on_every_domain(secured: Secured) -> None:
