@@ -40,6 +40,7 @@ from keyload.processors import tokens
 from keyload.processors.access import policy_epoch
 from keyload.processors.errors import ErrorCode, Rejected
 from keyload.processors.outcomes import OUTCOME, new_outcome, reject
+from keyload.processors.payloads import proofs
 from keyload.projections import keys
 from keyload.projections.records import MessageMeta
 from keyload.sdk.client import Client
@@ -1181,6 +1182,33 @@ def test_a_minted_token_cannot_settle_another_principals_lease(secured: Secured)
     forged = minted(mallory, "jobs", "m1", delivery.token)
     secured.refused(mallory, A, ACK, {"token": forged}, code="TokenInvalidated")
     assert secured.meta(A, "jobs", "m1").lease_owner == "alice"
+
+
+def test_a_payload_proof_minted_by_a_client_cannot_commit(secured: Secured) -> None:
+    """A producer that uploaded nothing signs a PayloadCommitProof itself, with the only secret it has
+    (its credential's): under its own key id, and under the reservation's trust-set key id. Both are
+    TokenInvalidated, and the reservation stays reserved, its quota held."""
+    secured.queue(A, "media")
+    producer = secured.principal("producer", can(Capability.enqueue), can(Capability.inspect))
+    body = prepare_body("ghost", b"never uploaded", queue="media")
+    receipt = typed(secured.ok(producer, A, PREPARE, body), PayloadReservation)
+    for key_id in (producer.key_id, receipt.trust_key_id):
+        proof: dict[str, Any] = {
+            "domain": A,
+            "reservation_id": receipt.reservation_id,
+            "object_key": receipt.object_key,
+            "object_version": "v1",
+            "length": receipt.length,
+            "sha256": receipt.sha256,
+            "trust_set_version": receipt.trust_set_version,
+            "key_id": key_id,
+            "attested_at_ms": 0,
+        }
+        proof["signature"] = proofs.sign(producer.secret, proof)
+        commit = {"reservation_id": receipt.reservation_id, "proof": proof}
+        secured.refused(producer, A, COMMIT, commit, "TokenInvalidated", stored=True)
+    inspect = {"reservation_id": receipt.reservation_id}
+    assert typed(secured.ok(producer, A, INSPECT_RESERVATION, inspect), PayloadReservation).state == "reserved"
 
 
 # -- 10. replay determinism ---------------------------------------------------------------------------------
