@@ -112,6 +112,8 @@ _HEADER = REGISTRY.encode(SIGNED, {"key_id": "", "mac": b"", "record": b""})[:HE
 
 def _length(value: int) -> bytes:
     """The Avro long `value` (≥ 0), zigzag varint encoded."""
+    if value < 0x40:  # one byte: a key id, a MAC
+        return bytes((value << 1,))
     zigzag, out = value << 1, bytearray()
     while zigzag > 0x7F:
         out.append((zigzag & 0x7F) | 0x80)
@@ -129,6 +131,11 @@ def signed(key_id: str, key: bytes, record: bytes) -> bytes:
 
 def _field(value: bytes, at: int) -> tuple[bytes, int]:
     """The Avro `bytes` at `at` and where the next field starts; CodecError when it is cut short."""
+    if at < len(value) and value[at] < 0x80 and not value[at] & 1:  # one byte, not negative: a key id, a MAC
+        length, at = value[at] >> 1, at + 1
+        if at + length > len(value):
+            raise CodecError("malformed keyload.Signed body: a field runs past the record")
+        return value[at : at + length], at + length
     zigzag, shift = 0, 0
     while True:
         if at >= len(value) or shift > 63:
