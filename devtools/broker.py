@@ -253,9 +253,12 @@ class NativeBroker(DevServer):
         saved = [int(p) for p in self._ports_path.read_text().split()] if self._ports_path.exists() else []
         self.port = port or (saved[0] if saved else listen_port())
         self.controller_port = saved[1] if saved else listen_port(frozenset({self.port}))
-        # Ports that may not change: one clients were given, or one the broker already served on.
-        self._fixed = {self.port, self.controller_port} if saved else ({self.port} if port else set())
         self.sasl_port = saved[2] if len(saved) > 2 else listen_port(frozenset({self.port, self.controller_port}))
+        # Ports that may not change: one clients were given, or one the broker already served on.
+        if saved:
+            self._fixed = self._served_ports() if len(saved) > 2 else {self.port, self.controller_port}
+        else:
+            self._fixed = {self.port} if port else set()
         self._save_ports()
         self._launch_log_start: int | None = None  # where the latest launch's output starts in the log
 
@@ -291,7 +294,7 @@ class NativeBroker(DevServer):
                 else:
                     self._repick(taken)
                 continue
-            self._fixed = {self.port, self.controller_port, *([self.sasl_port] if self.sasl_users else [])}
+            self._fixed = self._served_ports()
             return
 
     def stop(self, timeout_s: float | None = None) -> None:
@@ -318,6 +321,9 @@ class NativeBroker(DevServer):
             except OSError:  # no archive, then: the next broker starts without one and writes one in its turn
                 staged.unlink(missing_ok=True)
         self._class_dump.unlink(missing_ok=True)
+
+    def _served_ports(self) -> set[int]:
+        return {self.port, self.controller_port, *([self.sasl_port] if self.sasl_users else [])}
 
     def _repick(self, taken: int) -> None:
         fresh = listen_port(frozenset({self.port, self.controller_port, self.sasl_port}))
@@ -408,31 +414,34 @@ class NativeBroker(DevServer):
         return str(self.workdir / "server.properties") in args  # a JVM running our config
 
     def _server_properties(self) -> str:
+        plain, controller = f"PLAINTEXT://127.0.0.1:{self.port}", f"CONTROLLER://127.0.0.1:{self.controller_port}"
+        sasl = [f"SASL_PLAINTEXT://127.0.0.1:{self.sasl_port}"] if self.sasl_users else []
+        protocols = [
+            "PLAINTEXT:PLAINTEXT",
+            *(["SASL_PLAINTEXT:SASL_PLAINTEXT"] if sasl else []),
+            "CONTROLLER:PLAINTEXT",
+        ]
         settings = {
             "process.roles": "broker,controller",
             "node.id": "1",
             "controller.quorum.voters": f"1@127.0.0.1:{self.controller_port}",
-            "listeners": f"PLAINTEXT://127.0.0.1:{self.port},CONTROLLER://127.0.0.1:{self.controller_port}",
-            "advertised.listeners": f"PLAINTEXT://127.0.0.1:{self.port}",
+            "listeners": ",".join([plain, *sasl, controller]),
+            "advertised.listeners": ",".join([plain, *sasl]),
             "controller.listener.names": "CONTROLLER",
             "inter.broker.listener.name": "PLAINTEXT",
-            "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
+            "listener.security.protocol.map": ",".join(protocols),
             "log.dirs": str(self.workdir / "data"),
             **SINGLE_NODE_SETTINGS,
-            **self._sasl_properties(),
+            **self._authorizer_properties(),
         }
         return "".join(f"{key}={value}\n" for key, value in settings.items())
 
-    def _sasl_properties(self) -> dict[str, str]:
+    def _authorizer_properties(self) -> dict[str, str]:
+        """SASL/PLAIN users (test passwords: quotes and backslashes are not expected) and ACLs enforced."""
         if not self.sasl_users:
             return {}
         users = " ".join(f'user_{name}="{password}"' for name, password in self.sasl_users.items())
-        plain = f"PLAINTEXT://127.0.0.1:{self.port}"
-        sasl = f"SASL_PLAINTEXT://127.0.0.1:{self.sasl_port}"
         return {
-            "listeners": f"{plain},{sasl},CONTROLLER://127.0.0.1:{self.controller_port}",
-            "advertised.listeners": f"{plain},{sasl}",
-            "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,SASL_PLAINTEXT:SASL_PLAINTEXT,CONTROLLER:PLAINTEXT",
             "sasl.enabled.mechanisms": "PLAIN",
             "listener.name.sasl_plaintext.plain.sasl.jaas.config": (
                 f"org.apache.kafka.common.security.plain.PlainLoginModule required {users};"

@@ -86,7 +86,8 @@ class KafkaSettings:
     outcome_partitions: int = 8
     replication_factor: int = 1
     min_insync_replicas: int = 1
-    client_config: Mapping[str, str] = field(default_factory=dict)  # extra librdkafka settings (security, say)
+    # Extra librdkafka settings (security: a SASL password, say), so never in a repr.
+    client_config: Mapping[str, str] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
         if self.partitions < 1 or self.outcome_partitions < 1:

@@ -69,15 +69,15 @@ def _view(stage: Staged, record: PrincipalRecord) -> Record:
     return {"principal": record.to_avro(), "policy_epoch": policy_epoch(stage) or 0}
 
 
-def _save(stage: Staged, record: PrincipalRecord, ctx: Context) -> Record:
+def _save(stage: Staged, record: PrincipalRecord, previous: PrincipalRecord | None, ctx: Context) -> Record:
+    """Store `record`, which replaces `previous` (None: a new principal), as one policy change."""
     _bump_epoch(stage)
-    previous = load_principal(stage, record.principal)
     taken = previous is not None and _administers(previous) and not _administers(record)
     if taken and not _another_administrator(stage, record.principal):
         # Nobody could change the policy again: principals, grants and keys would stay as they are.
         raise Rejected(
             ErrorCode.CONFLICT,
-            "it would leave no enabled principal with admin on every domain: give another principal that first",
+            "it would leave no enabled principal with admin on every domain: grant another principal that first",
         )
     _install(stage, record, ctx)
     return _view(stage, record)
@@ -179,7 +179,7 @@ def put_principal(stage: Staged, body: PutPrincipal, ctx: Context) -> Record:
             grants=existing.grants if grants is None else grants,
             revision=existing.revision + 1,
         )
-    return _save(stage, record, ctx)
+    return _save(stage, record, existing, ctx)
 
 
 def grant_capability(stage: Staged, body: GrantCapability, ctx: Context) -> Record:
@@ -187,7 +187,7 @@ def grant_capability(stage: Staged, body: GrantCapability, ctx: Context) -> Reco
     if body.grant in record.grants:
         return _view(stage, record)
     grants = _grants([*record.grants, body.grant])
-    return _save(stage, msgspec.structs.replace(record, grants=grants, revision=record.revision + 1), ctx)
+    return _save(stage, msgspec.structs.replace(record, grants=grants, revision=record.revision + 1), record, ctx)
 
 
 def revoke_capability(stage: Staged, body: RevokeCapability, ctx: Context) -> Record:
@@ -195,7 +195,7 @@ def revoke_capability(stage: Staged, body: RevokeCapability, ctx: Context) -> Re
     if body.grant not in record.grants:
         return _view(stage, record)
     grants = [grant for grant in record.grants if grant != body.grant]
-    return _save(stage, msgspec.structs.replace(record, grants=grants, revision=record.revision + 1), ctx)
+    return _save(stage, msgspec.structs.replace(record, grants=grants, revision=record.revision + 1), record, ctx)
 
 
 def inspect_principal(stage: Staged, body: InspectPrincipal, ctx: Context) -> Record:

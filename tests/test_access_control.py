@@ -42,7 +42,7 @@ from keyload.processors.errors import ErrorCode, Rejected
 from keyload.processors.outcomes import OUTCOME, new_outcome, reject
 from keyload.processors.payloads import proofs
 from keyload.projections import keys
-from keyload.projections.records import MessageMeta
+from keyload.projections.records import MessageMeta, QueueView
 from keyload.sdk.client import Client
 from keyload.sdk.results import (
     ActiveKeys,
@@ -104,10 +104,12 @@ from .support import (
     mutation,
     publish_body,
     put_document_body,
+    read_body,
     receive_body,
     start_service,
     stop_service,
 )
+from .test_integer_ranges import encode as wide_command
 
 A = "acme"  # the domain grants name
 B = "globex"  # another tenant's domain
@@ -684,18 +686,34 @@ def test_an_administrator_of_one_domain_cannot_change_principals(secured: Secure
 
 
 def test_the_last_administrator_cannot_be_disabled_or_lose_admin(secured: Secured) -> None:
-    """Nobody could change the policy again: the change is a Conflict and nothing moves, until another
-    principal holds admin on every domain; then the first one may go."""
+    """Nobody could change the policy again: disabling it, revoking its grant or replacing its grants is
+    a Conflict and nothing moves, while no other enabled principal holds admin on every domain (an
+    admin of one domain does not count, nor a disabled one); then the first one may go, and the
+    other administers."""
     system = secured.system_domain(0)
     everything = can(Capability.admin, domain="*")
-    disable = {"principal": ADMIN_PRINCIPAL, "key_id": None, "enabled": False, "grants": None}
-    revoke = {"principal": ADMIN_PRINCIPAL, "grant": everything.to_avro()}
-    for kind, body in ((PUT_PRINCIPAL, disable | {"expected_revision": None}), (REVOKE_CAPABILITY, revoke)):
-        outcome = secured.refused(secured.admin, system, kind, body, "Conflict", stored=True)
-        assert "no enabled principal with admin on every domain" in (outcome.detail or "")
-    secured.principal("root", everything)
+    put = {"principal": ADMIN_PRINCIPAL, "key_id": None, "enabled": None, "grants": None, "expected_revision": None}
+    changes = [
+        (PUT_PRINCIPAL, put | {"enabled": False}),
+        (PUT_PRINCIPAL, put | {"grants": [can(Capability.admin).to_avro()]}),
+        (REVOKE_CAPABILITY, {"principal": ADMIN_PRINCIPAL, "grant": everything.to_avro()}),
+    ]
+
+    def all_refused() -> None:
+        for kind, body in changes:
+            outcome = secured.refused(secured.admin, system, kind, body, "Conflict", stored=True)
+            assert "no enabled principal with admin on every domain" in (outcome.detail or "")
+
+    all_refused()
+    secured.principal("tenant-admin", can(Capability.admin))  # admin of domain A only
+    root = secured.principal("root", everything)
+    secured.put("root", enabled=False)
+    all_refused()
+    secured.put("root", enabled=True)
     secured.put(ADMIN_PRINCIPAL, enabled=False)
     secured.refused(secured.admin, A, ENQUEUE, enqueue_body("jobs", "m1"), DENIED)
+    secured.everywhere("PutPrincipal", put | {"enabled": True}, credential=root)  # root administers
+    secured.ok(secured.admin, system, INSPECT_PRINCIPAL, {"principal": "root"})
 
 
 def test_rotate_keys_needs_admin_on_every_domain(secured: Secured) -> None:
@@ -960,6 +978,24 @@ def test_a_bad_domain_of_an_authenticated_sender_is_refused_sealed(secured: Secu
     assert (outcome.detail or "").startswith("domain must be")
 
 
+def test_an_int_past_its_avro_type_from_an_authenticated_sender_is_refused_sealed(secured: Secured) -> None:
+    """A foreign writer's 64-bit value in an int field of a kind whose canonical bytes are rebuilt (a
+    ReadTopic's max_events) has no fingerprint: Validation, sealed for its sender, nothing stored."""
+    alice = secured.principal("alice", can(Capability.topic_read))
+    envelope = {
+        "command_id": "wide-1",
+        "domain": A,
+        "principal": "alice",
+        "body": (BY_NAME["ReadTopic"].branch, read_body("events", max_events=2**40)),
+        "reply_to": 0,
+        "client_time_ms": None,
+    }
+    outcome, sealed = secured.deliver(alice.sign(wide_command(envelope)), A, "wide-1", alice)
+    assert (outcome.status, outcome.error_code, sealed) == ("rejected", "Validation", True), outcome
+    assert "outside the range of its Avro type" in (outcome.detail or "")
+    assert secured.embedded.stored_outcome(A, "wide-1") is None
+
+
 # -- 7. repeats of stored outcomes -------------------------------------------------------------------------------
 
 
@@ -1192,7 +1228,11 @@ def test_a_payload_proof_minted_by_a_client_cannot_commit(secured: Secured) -> N
     producer = secured.principal("producer", can(Capability.enqueue), can(Capability.inspect))
     body = prepare_body("ghost", b"never uploaded", queue="media")
     receipt = typed(secured.ok(producer, A, PREPARE, body), PayloadReservation)
-    for key_id in (producer.key_id, receipt.trust_key_id):
+    refusals = {
+        producer.key_id: "the proof is not signed by the reservation's trust set",
+        receipt.trust_key_id: "the proof's signature is not valid",
+    }
+    for key_id, detail in refusals.items():
         proof: dict[str, Any] = {
             "domain": A,
             "reservation_id": receipt.reservation_id,
@@ -1206,9 +1246,15 @@ def test_a_payload_proof_minted_by_a_client_cannot_commit(secured: Secured) -> N
         }
         proof["signature"] = proofs.sign(producer.secret, proof)
         commit = {"reservation_id": receipt.reservation_id, "proof": proof}
-        secured.refused(producer, A, COMMIT, commit, "TokenInvalidated", stored=True)
+        assert secured.refused(producer, A, COMMIT, commit, "TokenInvalidated", stored=True).detail == detail
     inspect = {"reservation_id": receipt.reservation_id}
     assert typed(secured.ok(producer, A, INSPECT_RESERVATION, inspect), PayloadReservation).state == "reserved"
+    counters = typed(secured.ok(secured.admin, A, INSPECT_QUEUE, {"queue": "media"}), QueueView).counters
+    assert (counters.stored_messages, counters.reserved_messages, counters.reserved_bytes) == (
+        0,
+        1,
+        len(b"never uploaded"),
+    )
 
 
 # -- 10. replay determinism ---------------------------------------------------------------------------------

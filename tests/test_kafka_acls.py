@@ -13,12 +13,13 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import (  # type: ignore[attr-defined]
     AclBinding,
     AclOperation,
     AclPermissionType,
     AdminClient,
+    NewTopic,
     ResourcePatternType,
     ResourceType,
 )
@@ -26,7 +27,7 @@ from confluent_kafka.admin import (  # type: ignore[attr-defined]
 from devtools.broker import NativeBroker, native_broker_available
 from keyload import Client
 from keyload.operations.catalog import CatalogError
-from keyload.storage.datadir import KAFKA_CLIENT_CONFIG_ENV, DataDir, DataDirError, KafkaConfig, kafka_client_config
+from keyload.storage.datadir import KAFKA_CLIENT_CONFIG_ENV, DataDir, KafkaConfig
 
 from .kafka import unavailable
 from .support import start_service, stop_service, wait_until
@@ -52,6 +53,7 @@ TABLE: dict[str, list[tuple[ResourceType, str, ResourcePatternType, list[AclOper
     "client": [
         (ResourceType.TOPIC, COMMANDS, ResourcePatternType.LITERAL, [Op.WRITE, Op.DESCRIBE]),
         (ResourceType.TOPIC, OUTCOMES, ResourcePatternType.LITERAL, [Op.READ, Op.DESCRIBE]),
+        (ResourceType.GROUP, f"{PREFIX}.reader", ResourcePatternType.LITERAL, [Op.DESCRIBE]),
     ],
 }
 
@@ -75,6 +77,19 @@ def grant_table(broker: NativeBroker) -> None:
     ]
     for future in admin.create_acls(bindings, request_timeout=30).values():
         future.result(timeout=30)
+    # The broker applies ACLs from the metadata log a moment after the controller commits them: wait
+    # until one of them (the processor's Create on the prefix) is in force.
+    probe = AdminClient(sasl_config(broker, "processor"))
+
+    def created() -> bool:
+        [future] = probe.create_topics([NewTopic(f"{PREFIX}.probe", 1, 1)], request_timeout=10).values()
+        try:
+            future.result(timeout=15)
+        except KafkaException as exc:
+            return exc.args[0].code() == KafkaError.TOPIC_ALREADY_EXISTS
+        return True
+
+    wait_until(created, 60, "the ACLs in force")
 
 
 def sasl_config(broker: NativeBroker, user: str) -> dict[str, str]:
@@ -148,7 +163,8 @@ def test_the_documented_acls_are_enough_and_what_they_withhold_is_refused(
         finally:
             catalog.close()
     finally:
-        assert stop_service(service, 30) == 0
+        stopped = stop_service(service, 30)
+    assert stopped == 0
     service = start_service(root)  # a restart reads the catalog, now not empty, before it fetches
     try:
         connect_as(monkeypatch, sasl_broker, "client", tmp_path)
@@ -156,7 +172,8 @@ def test_the_documented_acls_are_enough_and_what_they_withhold_is_refused(
             client.enqueue("shop", "orders", b"two", message_id="m-2")
             assert [d.body for d in client.receive("shop", "orders").deliveries] == [b"two"]
     finally:
-        assert stop_service(service, 30) == 0
+        stopped = stop_service(service, 30)
+    assert stopped == 0
 
     authorization = KafkaError.TOPIC_AUTHORIZATION_FAILED
     forged = produce_error(sasl_broker, "client", OUTCOMES)
@@ -172,16 +189,3 @@ def test_the_documented_acls_are_enough_and_what_they_withhold_is_refused(
     stranger = produce_error(sasl_broker, "intruder", COMMANDS)
     assert stranger is not None and stranger.code() == authorization, stranger
     assert produce_error(sasl_broker, "client", COMMANDS) is None  # the client's own right, for contrast
-
-
-def test_the_client_config_file_is_read_as_key_value_lines(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    path = tmp_path / "client.properties"
-    path.write_text("# the processors' user\nsecurity.protocol = SASL_SSL\n\nsasl.password=a=b\n")
-    monkeypatch.setenv(KAFKA_CLIENT_CONFIG_ENV, str(path))
-    assert kafka_client_config() == {"security.protocol": "SASL_SSL", "sasl.password": "a=b"}
-    path.write_text("security.protocol\n")
-    with pytest.raises(DataDirError, match="line 1 is not key=value"):
-        kafka_client_config()
-    monkeypatch.setenv(KAFKA_CLIENT_CONFIG_ENV, str(tmp_path / "missing"))
-    with pytest.raises(DataDirError, match="cannot read"):
-        kafka_client_config()

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from keyload import Client
-from keyload.credentials import contents
+from keyload.credentials import Credential, contents
 from keyload.log.base import partition_for
 from keyload.log.codec import REGISTRY
 from keyload.log.kafka_log import KafkaLog
@@ -92,6 +92,31 @@ def command_records(data: DataDir) -> list[dict[str, object]]:
                     offset = record.offset + 1
     finally:
         log.close()
+    return found
+
+
+def outcome_end(data: DataDir, partition: int) -> int:
+    outcomes = KafkaLog.outcomes(data.kafka_settings())
+    try:
+        return outcomes.end_offset(partition)
+    finally:
+        outcomes.close()
+
+
+def retried_outcomes(data: DataDir, partition: int, since: int, credential: Credential) -> list[bytes]:
+    """The outcome records for command id "retried" in a reply partition from `since`, each sealed for `credential`."""
+    outcomes = KafkaLog.outcomes(data.kafka_settings())
+    found = []
+    try:
+        offset, end = since, outcomes.end_offset(partition)
+        while offset < end:
+            for record in outcomes.read(partition, offset, 500):
+                offset = record.offset + 1
+                if REGISTRY.decode("keyload.Outcome", contents(record.value))["command_id"] == "retried":
+                    assert credential.seals(record.value)
+                    found.append(record.value)
+    finally:
+        outcomes.close()
     return found
 
 
@@ -261,12 +286,17 @@ def test_a_retry_after_a_lost_acknowledgement_has_one_effect(
             log = KafkaLog.commands(data.kafka_settings())
             try:
                 body = enqueue_body(QUEUE, "once", b"body")
-                value = signed_command(client.credential, domain, ENQUEUE, body, command_id="retried")
+                reply_to = client.reply_partition
+                value = signed_command(client.credential, domain, ENQUEUE, body, "retried", reply_to)
+                cursor = outcome_end(data, reply_to)
                 log.append(partition_for(domain, PARTITIONS), [value, value])
             finally:
                 log.close()
             again = client.enqueue(domain, QUEUE, b"body", message_id="once", command_id="retried")
             assert again == first
+            # Each duplicate was answered as the retry it is: the first outcome again, sealed for the client.
+            answers = retried_outcomes(data, reply_to, cursor, client.credential)
+            assert len(answers) == 3 and len(set(answers)) == 1, answers
             counters = client.inspect_queue(domain, QUEUE).counters
             assert (counters.stored_messages, counters.enqueued_total) == (1, 1)
         assert stop_service(service.process, 30) == 0

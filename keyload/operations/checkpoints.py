@@ -263,7 +263,12 @@ class Announcer:
             "offset": offset,
             "manifest_sha256": hashlib.sha256(entry.manifest.to_json().encode("utf-8")).digest(),
         }
-        command_id = f"checkpoint-published-p{partition}-{offset}"
-        branch = "keyload.command.CheckpointPublished"
-        record = system_command(self.credential, partition, self.log.partitions, command_id, branch, body)
+        record = system_command(
+            self.credential,
+            "CheckpointPublished",
+            body,
+            partition=partition,
+            partitions=self.log.partitions,
+            command_id=f"checkpoint-published-p{partition}-{offset}",
+        )
         self.log.append(partition, [record])

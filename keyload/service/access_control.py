@@ -13,7 +13,6 @@ from __future__ import annotations
 from collections.abc import Iterable
 from pathlib import Path
 
-from keyload.commands import BY_NAME
 from keyload.credentials import ADMIN_PRINCIPAL
 from keyload.log.base import CommandLog
 from keyload.service.system_commands import system_command
@@ -32,10 +31,13 @@ def enable_command(root: Path, partition: int, partitions: int) -> bytes:
         }
         for principal, capability in SYSTEM_PRINCIPALS
     ]
-    administrator = system_credential(root, ADMIN_PRINCIPAL)
-    branch = BY_NAME["EnableAccessControl"].branch
     return system_command(
-        administrator, partition, partitions, f"enable-access-control-p{partition}", branch, {"principals": principals}
+        system_credential(root, ADMIN_PRINCIPAL),
+        "EnableAccessControl",
+        {"principals": principals},
+        partition=partition,
+        partitions=partitions,
+        command_id=f"enable-access-control-p{partition}",
     )
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from keyload.commands import BY_NAME
 from keyload.credentials import Credential
 from keyload.log.base import partition_for
 from keyload.log.codec import REGISTRY
@@ -26,14 +27,15 @@ def domain_for_partition(partition: int, partitions: int) -> str:
 
 
 def system_command(
-    credential: Credential, partition: int, partitions: int, command_id: str, branch: str, body: dict[str, Any]
+    credential: Credential, name: str, body: dict[str, Any], *, partition: int, partitions: int, command_id: str
 ) -> bytes:
-    """The signed record of a partition-wide command `branch` (a keyload.command.* name) of `credential`'s principal."""
+    """The signed record of the partition-wide command `name` (a row of the command table) that
+    `credential`'s principal sends to `partition` of `partitions`."""
     envelope = {
         "command_id": command_id,
         "domain": domain_for_partition(partition, partitions),
         "principal": credential.principal,
-        "body": (branch, body),
+        "body": (BY_NAME[name].branch, body),
         "reply_to": None,
         "client_time_ms": None,
     }

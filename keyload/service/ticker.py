@@ -52,7 +52,7 @@ class Timed(Protocol):
 
 def tick_command(partition: int, partitions: int, command_id: str, credential: Credential) -> bytes:
     """A Tick signed by the ticker's principal (keyload/storage/principals.py)."""
-    return system_command(credential, partition, partitions, command_id, "keyload.command.Tick", {})
+    return system_command(credential, "Tick", {}, partition=partition, partitions=partitions, command_id=command_id)
 
 
 @dataclass

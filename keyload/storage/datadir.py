@@ -19,9 +19,9 @@ shared object store: a folder on shared storage, or an S3 bucket. S3 credentials
 never go into keyload.json: boto3's usual chain (AWS_* environment variables,
 profiles, instance roles) provides them, so a data directory can be copied safely.
 Kafka credentials never go into it either: $KEYLOAD_KAFKA_CLIENT_CONFIG names a
-file of librdkafka settings (`key=value` lines, `#` comments; SASL user and
+file of librdkafka settings (`key=value` lines, `#` comment lines; SASL user and
 password, TLS files) that every Kafka client of the process uses, so processors,
-clients and the GC worker each connect as their own Kafka user.
+clients and the GC worker each connect as their own Kafka user (kafka_client_config).
 
 A data directory keyload creates is mode 0700, and keyload.json and keyring.json
 (a `--keyring-from` copy too) are 0600, written so that no wider mode ever exists.
@@ -344,8 +344,15 @@ def _count(raw: dict[str, object], name: str, path: Path) -> int:
     return value
 
 
+# Settings of the deployment (keyload.json) or of keyload itself, which a client config may not change.
+KAFKA_OWN_SETTINGS = frozenset({"bootstrap.servers", "group.id"})
+
+
 def kafka_client_config() -> dict[str, str]:
-    """The librdkafka settings of the file $KEYLOAD_KAFKA_CLIENT_CONFIG names (none when it is unset)."""
+    """The librdkafka settings of the file $KEYLOAD_KAFKA_CLIENT_CONFIG names (none when it is unset
+    or empty). One `key=value` per line, both stripped of surrounding spaces (a value is the rest of
+    the line after the first `=`); a line whose first character past spaces is `#` is a comment, and
+    blank lines are skipped. A key given twice, or one of KAFKA_OWN_SETTINGS, is a DataDirError."""
     name = os.environ.get(KAFKA_CLIENT_CONFIG_ENV)
     if not name:
         return {}
@@ -358,8 +365,12 @@ def kafka_client_config() -> dict[str, str]:
         line = line.strip()
         if not line or line.startswith("#"):
             continue
-        key, equals, value = line.partition("=")
-        if not equals or not key.strip():
+        key, equals, value = (part.strip() for part in line.partition("="))
+        if not equals or not key:
             raise DataDirError(f"${KAFKA_CLIENT_CONFIG_ENV}: {name} line {number} is not key=value")
-        settings[key.strip()] = value.strip()
+        if key in KAFKA_OWN_SETTINGS:
+            raise DataDirError(f"${KAFKA_CLIENT_CONFIG_ENV}: {name} line {number}: {key} is keyload's own setting")
+        if key in settings:
+            raise DataDirError(f"${KAFKA_CLIENT_CONFIG_ENV}: {name} line {number}: {key} is given twice")
+        settings[key] = value
     return settings
