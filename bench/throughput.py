@@ -16,8 +16,8 @@ the loop named in each line:
             on and makes the bench principal (granted resource_manage and enqueue on the queue),
             then holds the same commands, each signed with that principal's credential: every
             record is verified (HMAC-SHA256), authorized and its outcome sealed. The line after
-            the ratios is the cost, CPU per record of (e) over (a). It runs right after (a), before
-            (b)-(d) grow the heap, so that both apply in the same state of the process.
+            the ratios is the cost, CPU per record of (e) over (a). The two processors are stepped in
+            turns (one group each), before (b)-(d) grow the heap, so both apply in the same conditions.
 
 bench/README.md explains how to read the ratios a/c, a/d and b/c.
 """
@@ -31,10 +31,11 @@ import math
 import pstats
 import random
 import shutil
+import statistics
 import sys
 import tempfile
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -203,35 +204,48 @@ class Phase:
         return self.records / self.cpu_seconds if self.cpu_seconds > 0 else math.inf
 
 
-def apply_log(
-    work: Workload, projection: Path, outcomes: CommandLog, profiler: cProfile.Profile | None = None
-) -> tuple[Stopwatch, Store]:
-    """(a): step a processor over the whole log; returns the apply loop's time and the open store."""
-    log = work.data.command_log()
-    store = Store(projection)
-    watch = Stopwatch()
+def apply_logs(
+    works: Sequence[Workload], outcomes: Sequence[CommandLog], profiler: cProfile.Profile | None = None
+) -> list[tuple[Stopwatch, Store]]:
+    """(a), and (e) beside it: a processor per workload, stepped in turn (one group of records each)
+    until every one has caught up, each step timed on its own workload's Stopwatch. In turns, the
+    machine's drift (this one's speed varies by tens of percent from one run to the next) falls on
+    every workload alike. Returns each one's apply time and open store."""
+    logs = [work.data.command_log() for work in works]
+    stores: list[Store] = []
     try:
-        processor = PartitionProcessor(
-            work.partition, work.data.partitions, log, store, outcomes, keyring=work.data.keyring()
-        )
-        target = work.records - 1
+        for work in works:
+            stores.append(Store(work.data.projection(work.partition)))
+        processors = [
+            PartitionProcessor(work.partition, work.data.partitions, log, store, out, keyring=work.data.keyring())
+            for work, log, store, out in zip(works, logs, stores, outcomes, strict=True)
+        ]
+        watches = [Stopwatch() for _ in works]
+        pending = list(range(len(works)))
         if profiler is not None:
             profiler.enable()
-        watch.start()
-        while processor.applied_offset < target and processor.step() > 0:
-            pass
-        watch.stop()
+        while pending:
+            for index in list(pending):
+                processor, watch = processors[index], watches[index]
+                watch.start()
+                stepped = processor.step()
+                watch.stop()
+                if processor.applied_offset >= works[index].records - 1 or stepped == 0:
+                    pending.remove(index)
         if profiler is not None:
             profiler.disable()
+        for work, processor in zip(works, processors, strict=True):
+            target = work.records - 1
+            if processor.halt is not None or processor.applied_offset != target:
+                raise BenchError(f"apply stopped at offset {processor.applied_offset} of {target}: {processor.halt}")
     except BaseException:
-        store.close()
+        for store in stores:
+            store.close()
         raise
     finally:
-        log.close()
-    if processor.halt is not None or processor.applied_offset != target:
-        store.close()
-        raise BenchError(f"apply stopped at offset {processor.applied_offset} of {target}: {processor.halt}")
-    return watch, store
+        for log in logs:
+            log.close()
+    return list(zip(watches, stores, strict=True))
 
 
 def check_outcomes(outcomes: CommandLog, work: Workload) -> None:
@@ -321,6 +335,9 @@ class Result:
     digest_seconds: float  # one Store.digest() pass over (a)'s projection; (b) includes one
     raw_pairs: int
     raw_bytes: int
+    # Per repetition, CPU per record of its (e) over its own (a), less one: paired runs side by side,
+    # so that a machine whose speed drifts between repetitions still compares like with like.
+    access_control_costs: tuple[float, ...]
 
     @property
     def digests_equal(self) -> bool:
@@ -340,8 +357,9 @@ class Result:
 
     @property
     def access_control_cost(self) -> float:
-        """CPU per record of (e) over (a), less one: what verifying, authorizing and sealing add."""
-        return self.phases["a"].cpu_rate / self.phases["e"].cpu_rate - 1
+        """What verifying, authorizing and sealing add: the median over repetitions of (e)'s CPU per
+        record over (a)'s in the same repetition, less one."""
+        return statistics.median(self.access_control_costs)
 
 
 def measure(root: Path, commands: int, body_bytes: int) -> Result:
@@ -353,24 +371,20 @@ def measure(root: Path, commands: int, body_bytes: int) -> Result:
         phases[key] = Phase(key, LABELS[key], work.records, watch.seconds, watch.cpu_seconds, peak_rss_kib())
 
     guarded = prepare(root, commands, body_bytes, access_control=True)
-    # (e) right after (a): both apply in the same state of the process (the heap (c) leaves behind
-    # slows what runs after it), so their ratio is the cost of access control alone.
-    outcomes = work.data.outcome_log()
+    # (e) beside (a), in turns, before (b)-(d) grow the heap: their ratio is the cost of access control.
+    outcomes = [work.data.outcome_log(), guarded.data.outcome_log()]
     try:
-        watch, store = apply_log(work, work.data.projection(work.partition), outcomes)
-        record("a", watch)
-        check_outcomes(outcomes, work)
+        applied = apply_logs([work, guarded], outcomes)
+        for (watch, store), key, workload in zip(applied, "ae", (work, guarded), strict=True):
+            store.close()
+            phases[key] = Phase(key, LABELS[key], workload.records, watch.seconds, watch.cpu_seconds, peak_rss_kib())
+        check_outcomes(outcomes[0], work)
+        check_outcomes(outcomes[1], guarded)
     finally:
-        outcomes.close()
+        for out in outcomes:
+            out.close()
+    store = Store(work.data.projection(work.partition))  # (a)'s projection again
     try:
-        outcomes = guarded.data.outcome_log()
-        try:
-            watch, guarded_store = apply_log(guarded, guarded.data.projection(guarded.partition), outcomes)
-            guarded_store.close()
-            phases["e"] = Phase("e", LABELS["e"], guarded.records, watch.seconds, watch.cpu_seconds, peak_rss_kib())
-            check_outcomes(outcomes, guarded)
-        finally:
-            outcomes.close()
         digest_watch = Stopwatch()
         digest_watch.start()
         digest_a = store.digest()
@@ -395,6 +409,7 @@ def measure(root: Path, commands: int, body_bytes: int) -> Result:
         digest_watch.seconds,
         pairs,
         size,
+        (phases["a"].cpu_rate / phases["e"].cpu_rate - 1,),
     )
 
 
@@ -426,6 +441,7 @@ def best_of(results: list[Result]) -> Result:
         min(result.digest_seconds for result in results),
         first.raw_pairs,
         first.raw_bytes,
+        tuple(cost for result in results for cost in result.access_control_costs),
     )
 
 
@@ -435,7 +451,7 @@ def profile_apply(root: Path, commands: int, body_bytes: int, lines: int, out: P
     outcomes = work.data.outcome_log()
     profiler = cProfile.Profile()
     try:
-        watch, store = apply_log(work, work.data.projection(work.partition), outcomes, profiler)
+        [(watch, store)] = apply_logs([work], [outcomes], profiler)
         store.close()
     finally:
         outcomes.close()
@@ -475,6 +491,7 @@ def to_json(result: Result, env: dict[str, Any]) -> dict[str, Any]:
         "ratios": result.ratios,
         "cpu_ratios": result.cpu_ratios,
         "access_control_cpu_cost": result.access_control_cost,
+        "access_control_cpu_costs": list(result.access_control_costs),
         "digest_equal": result.digests_equal,
         "digest_a": result.digest_a,
         "digest_b": result.digest_b,
@@ -489,6 +506,7 @@ def to_json(result: Result, env: dict[str, Any]) -> dict[str, Any]:
 def table(result: Result, env: dict[str, Any]) -> str:
     warmup = env["warmup_commands"]
     repeats = f"best of {result.repeats}" if result.repeats > 1 else "1 run"
+    runs = ", ".join(f"{cost:+.1%}" for cost in result.access_control_costs)
     lines = [
         f"keyload bench.throughput: {result.commands} Enqueue + 1 CreateQueue = {result.records} records, "
         f"body {result.body_bytes} B, group {MAX_GROUP_RECORDS}, 1 domain (1 of {result.partitions} partitions)",
@@ -507,7 +525,8 @@ def table(result: Result, env: dict[str, Any]) -> str:
         "",
         "ratios, wall:  " + "   ".join(f"{name} = {value:.3f}" for name, value in result.ratios.items()),
         "ratios, cpu:   " + "   ".join(f"{name} = {value:.3f}" for name, value in result.cpu_ratios.items()),
-        f"access control (e over a, CPU per record): {result.access_control_cost:+.1%}",
+        f"access control (e over a, CPU per record, median of {len(result.access_control_costs)} paired runs): "
+        f"{result.access_control_cost:+.1%}  (runs: {runs})",
         f"digest (a) == (b): {'yes' if result.digests_equal else 'NO'}  ({result.digest_a[:16]}…; "
         f"one digest pass = {result.digest_seconds:.3f} s, included in (b))",
         f"(c) wrote {result.raw_pairs} distinct pairs, {result.raw_bytes / 2**20:.1f} MiB of keys+values",

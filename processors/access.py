@@ -27,6 +27,7 @@ the command id too), and the queue a delivery token names is checked when the to
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -37,10 +38,11 @@ from keyload.processors.context import Context
 from keyload.processors.errors import ErrorCode, Rejected
 from keyload.processors.key_rotation import MissingKey
 from keyload.projections import keys
-from keyload.projections.records import Grant, PrincipalRecord, load
+from keyload.projections.records import Grant, PrincipalRecord
 from keyload.projections.store import Readable, Staged
 
 EVERYTHING = "*"
+PRINCIPALS_DECODED = 1024  # principal records kept decoded (frozen, so shared safely)
 
 
 def policy_epoch(stage: Readable) -> int | None:
@@ -54,7 +56,15 @@ def denied(detail: str) -> Rejected:
 
 
 def load_principal(stage: Staged, name: str) -> PrincipalRecord | None:
-    return load(stage, keys.principal(name), PrincipalRecord)
+    """The principal `name`; read on every authenticated command, so its stored bytes are decoded
+    once (a principal changes rarely: a new revision is new bytes)."""
+    raw = stage.get(keys.principal(name))
+    return None if raw is None else _principal(raw)
+
+
+@functools.lru_cache(maxsize=PRINCIPALS_DECODED)
+def _principal(raw: bytes) -> PrincipalRecord:
+    return PrincipalRecord.decode(raw)
 
 
 def authenticate(
