@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import queue
 import re
 import signal
 import subprocess
@@ -11,7 +12,7 @@ import threading
 import time
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from keyload.commands import Capability
 from keyload.credentials import ADMIN_PRINCIPAL, Credential, contents
@@ -406,26 +407,45 @@ def spread_domains(count: int, partitions: int) -> list[str]:
     return chosen
 
 
+SERVICE_START_TIMEOUT_S = 120.0  # a Kafka service's first start on a loaded machine takes seconds, never this long
+
+
 def start_service(data: Path, *args: str) -> subprocess.Popen[bytes]:
     """Start `keyload run` over `data` and wait until it serves.
 
     Its stderr is merged into its stdout, and librdkafka writes log lines of its own there (such as
     "%6|...|BGQUEUE|...| Purging 1 unserved events from background queue" when an admin client goes away):
-    those may come before the serving line, and are passed over."""
+    those may come before the serving line, and are passed over. A service that does not serve within
+    SERVICE_START_TIMEOUT_S is killed and the test fails with its output, rather than hanging."""
     process = subprocess.Popen(
         keyload_command("run", "--data", str(data), *args),
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
     )
     assert process.stdout is not None
+    lines: queue.Queue[str] = queue.Queue()
+
+    def read(stdout: IO[bytes]) -> None:  # drains the pipe for good: a full pipe would block the service
+        for raw in stdout:
+            lines.put(raw.decode())
+        lines.put("")  # the service's output ended
+
+    threading.Thread(target=read, args=(process.stdout,), daemon=True).start()
     seen: list[str] = []
+    deadline = time.monotonic() + SERVICE_START_TIMEOUT_S
     while True:
-        line = process.stdout.readline().decode()
+        try:
+            line = lines.get(timeout=max(deadline - time.monotonic(), 0.0))
+        except queue.Empty:
+            process.kill()
+            process.wait()
+            raise AssertionError(
+                f"keyload run did not serve in {SERVICE_START_TIMEOUT_S} s:\n{''.join(seen)}"
+            ) from None
         seen.append(line)
         if not re.match(r"%\d\|", line):
             break
     assert line.startswith("keyload: serving"), "".join(seen)
-    threading.Thread(target=process.stdout.read, daemon=True).start()  # drained: a full pipe would block it
     return process
 
 
