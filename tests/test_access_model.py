@@ -318,6 +318,29 @@ class AccessMachine(RuleBasedStateMachine):
         self.model.epoch += 1
         self.check_view(outcome, name)
 
+    @rule()
+    def the_administrator_steps_down_and_is_restored(self) -> None:
+        """keyload-admin disables itself: a Conflict that changes nothing while no principal of the
+        model is enabled with admin on every domain; otherwise it is disabled, and such a principal
+        enables it again."""
+        successors = [name for name in PRINCIPALS if self.model.allows_everywhere(name, Capability.admin)]
+        body = {"principal": ADMIN_PRINCIPAL, "key_id": None, "enabled": False, "grants": None}
+        body["expected_revision"] = None
+        outcome = self.admin_sends(PUT_PRINCIPAL, body)
+        if not successors:
+            assert (outcome.status, outcome.error_code) == ("rejected", "Conflict"), outcome
+            self.check_self_view(self.admin, ADMIN_DOMAIN)  # still the administrator, at the same epoch
+            return
+        assert outcome.status == "committed", outcome
+        self.model.epoch += 1
+        restore = body | {"enabled": True}
+        again, sealed = self.send(
+            self.credentials[successors[0]], ADMIN_DOMAIN, PUT_PRINCIPAL, restore, self.fresh_id()
+        )
+        assert sealed and again.status == "committed", again
+        self.model.epoch += 1
+        self.check_self_view(self.admin, ADMIN_DOMAIN)
+
     # -- principals at work -------------------------------------------------------------------
 
     def body_of(self, kind: str, queue: str) -> dict[str, Any]:
