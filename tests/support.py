@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import io
 import queue
 import re
 import signal
@@ -14,10 +15,12 @@ import uuid
 from pathlib import Path
 from typing import IO, Any
 
+from fastavro import parse_schema, schemaless_writer
+
 from keyload.commands import Capability
 from keyload.credentials import ADMIN_PRINCIPAL, Credential, contents
 from keyload.log.base import partition_for
-from keyload.log.codec import REGISTRY
+from keyload.log.codec import HEADER_BYTES, REGISTRY, expanded_current
 from keyload.processors.policy import default_group_spec, default_spec, default_topic_spec
 from keyload.projections import keys
 from keyload.projections.records import Grant
@@ -68,6 +71,9 @@ CONFIGURE_INBOX = "keyload.command.ConfigureInbox"
 COMMIT_INBOX = "keyload.command.CommitInbox"
 
 
+COMMAND = "keyload.Command"
+
+
 def command(
     domain: str,
     kind: str,
@@ -77,7 +83,7 @@ def command(
     reply_to: int | None = None,
 ) -> bytes:
     return REGISTRY.encode(
-        "keyload.Command",
+        COMMAND,
         {
             "command_id": command_id or str(uuid.uuid4()),
             "domain": domain,
@@ -477,3 +483,47 @@ def wait_until(predicate: Any, timeout_s: float = 20.0, what: str = "condition")
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out waiting for {what}")
         time.sleep(0.01)
+
+
+# -- a foreign writer ------------------------------------------------------------------------------
+
+
+def _widened(node: Any) -> Any:
+    """A schema with every int a long: the same varint on the wire, so the same bytes for values
+    that fit, and 64-bit values where a foreign writer put them."""
+    if isinstance(node, str):
+        return "long" if node == "int" else node
+    if isinstance(node, list):
+        return [_widened(branch) for branch in node]
+    if node.get("type") == "record":
+        return dict(node, fields=[dict(f, type=_widened(f["type"])) for f in node["fields"]])
+    if node.get("type") == "array":
+        return dict(node, items=_widened(node["items"]))
+    if node.get("type") == "map":
+        return dict(node, values=_widened(node["values"]))
+    if node.get("type") == "int":
+        return dict(node, type="long")
+    return node
+
+
+_WIDE_COMMAND = parse_schema(_widened(expanded_current(COMMAND)))
+_COMMAND_HEADER = REGISTRY.encode(  # the single-object header: the schema's fingerprint
+    COMMAND,
+    {
+        "command_id": "x",
+        "domain": "d",
+        "principal": "p",
+        "body": ("keyload.command.Tick", {}),
+        "reply_to": None,
+        "client_time_ms": None,
+    },
+)[:HEADER_BYTES]
+
+
+def wide_command(envelope: dict[str, Any]) -> bytes:
+    """A Command record as a writer that does not check ranges writes it: any 64-bit value in an int
+    field (the registry's encoder refuses those)."""
+    out = io.BytesIO()
+    out.write(_COMMAND_HEADER)
+    schemaless_writer(out, _WIDE_COMMAND, envelope)
+    return out.getvalue()

@@ -108,8 +108,8 @@ from .support import (
     receive_body,
     start_service,
     stop_service,
+    wide_command,
 )
-from .test_integer_ranges import encode as wide_command
 
 A = "acme"  # the domain grants name
 B = "globex"  # another tenant's domain

@@ -18,7 +18,6 @@ current schema with every `int` widened to `long`, as a foreign producer could.
 from __future__ import annotations
 
 import hashlib
-import io
 import itertools
 import tempfile
 import uuid
@@ -28,13 +27,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fastavro import parse_schema, schemaless_writer
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from keyload import limits
 from keyload.log.base import MAX_LOG_TIME_MS, MIN_LOG_TIME_MS
-from keyload.log.codec import HEADER_BYTES, REGISTRY, expanded_current
+from keyload.log.codec import REGISTRY, expanded_current
 from keyload.processors.apply import UNSTORED_KINDS
 from keyload.processors.errors import ErrorCode
 from keyload.processors.fingerprints import CHANGED_KINDS
@@ -44,6 +42,7 @@ from keyload.projections import keys
 
 from .support import (
     CANCEL,
+    COMMAND,
     CONFIGURE_INBOX,
     CREATE_GROUP,
     CREATE_QUEUE,
@@ -69,10 +68,10 @@ from .support import (
     put_document_body,
     read_body,
     receive_body,
+    wide_command,
 )
 
 D = "acme"
-COMMAND = "keyload.Command"
 ENVELOPE = "envelope"  # the kind of the envelope's own fields: tested with every kind below
 PARK_PENDING = "keyload.command.ParkPending"
 PREPARE = "keyload.command.PrepareLargeSchedule"
@@ -168,45 +167,6 @@ BODY_FIELDS = [f for f in FIELDS if f.kind != ENVELOPE]
 ENVELOPE_FIELDS = [f for f in FIELDS if f.kind == ENVELOPE]
 
 
-def _widened(node: Any) -> Any:
-    """A schema with every int a long: the same varint on the wire, so the same bytes for values
-    that fit, and 64-bit values where a foreign writer put them."""
-    if isinstance(node, str):
-        return "long" if node == "int" else node
-    if isinstance(node, list):
-        return [_widened(branch) for branch in node]
-    if node.get("type") == "record":
-        return dict(node, fields=[dict(f, type=_widened(f["type"])) for f in node["fields"]])
-    if node.get("type") == "array":
-        return dict(node, items=_widened(node["items"]))
-    if node.get("type") == "map":
-        return dict(node, values=_widened(node["values"]))
-    if node.get("type") == "int":
-        return dict(node, type="long")
-    return node
-
-
-WIDE = parse_schema(_widened(SCHEMA))
-HEADER = REGISTRY.encode(
-    COMMAND,
-    {
-        "command_id": "x",
-        "domain": D,
-        "principal": "p",
-        "body": ("keyload.command.Tick", {}),
-        "reply_to": None,
-        "client_time_ms": None,
-    },
-)[:HEADER_BYTES]
-
-
-def encode(envelope: dict[str, Any]) -> bytes:
-    out = io.BytesIO()
-    out.write(HEADER)
-    schemaless_writer(out, WIDE, envelope)
-    return out.getvalue()
-
-
 # -- driving the embedded deployment ------------------------------------------------------------------
 
 Outcome = dict[str, Any]
@@ -238,7 +198,7 @@ class World:
             "client_time_ms": client_time_ms,
         }
         cursor = embedded.outcomes.end_offset(0)
-        offset = embedded.append(D, encode(envelope))
+        offset = embedded.append(D, wide_command(envelope))
         embedded.run()
         halted = [p.halt for p in embedded.processors if p.halt is not None]
         assert not halted, halted
@@ -583,7 +543,7 @@ def test_widened_encoding_is_the_registry_encoding_for_values_that_fit() -> None
         "reply_to": 3,
         "client_time_ms": -(2**40),
     }
-    assert encode(envelope) == REGISTRY.encode(COMMAND, envelope)
+    assert wide_command(envelope) == REGISTRY.encode(COMMAND, envelope)
 
 
 @pytest.mark.parametrize("field", BODY_FIELDS, ids=lambda f: f.id)
