@@ -37,6 +37,7 @@ SIGNED = "keyload.Signed"
 FORMAT = 1
 FOLDER = "credentials"
 ADMIN_PRINCIPAL = "keyload-admin"  # the administrator a new data directory is created with
+BEARER_PARTS = 3  # principal, key id, secret
 
 
 class CredentialError(KeyloadError):
@@ -74,6 +75,26 @@ class Credential:
         """Whether `value`, an outcome record, is sealed with this credential's key: the service's answer."""
         signed = unwrap(value)
         return signed is not None and signed.key_id == self.key_id and signed.verify(self.secret)
+
+    @property
+    def bearer_token(self) -> str:
+        """The credential as the HTTP API's bearer token: `PRINCIPAL:KEY_ID:SECRET`, the secret in
+        unpadded base64url (`Authorization: Bearer <token>`, docs/ARCHITECTURE.md §10a)."""
+        secret = base64.urlsafe_b64encode(self.secret).rstrip(b"=").decode("ascii")
+        return f"{self.principal}:{self.key_id}:{secret}"
+
+    @classmethod
+    def from_bearer_token(cls, token: str) -> Credential:
+        """The credential a bearer token carries; CredentialError (never echoing it) when malformed."""
+        parts = token.split(":")
+        if len(parts) != BEARER_PARTS or not all(parts):
+            raise CredentialError("a bearer token is PRINCIPAL:KEY_ID:SECRET")
+        principal, key_id, secret = parts
+        try:
+            key = base64.urlsafe_b64decode(secret + "=" * (-len(secret) % 4))
+        except (binascii.Error, ValueError):
+            raise CredentialError("the bearer token's secret is not base64url") from None
+        return cls(principal, key_id, key)
 
     def to_json(self) -> bytes:
         secret = base64.b64encode(self.secret).decode("ascii")

@@ -55,7 +55,7 @@ def denied(detail: str) -> Rejected:
     return Rejected(ErrorCode.PERMISSION_DENIED, detail)
 
 
-def load_principal(stage: Staged, name: str) -> PrincipalRecord | None:
+def load_principal(stage: Readable, name: str) -> PrincipalRecord | None:
     """The principal `name`; read on every authenticated command, so its stored bytes are decoded
     once (a principal changes rarely: a new revision is new bytes)."""
     raw = stage.get(keys.principal(name))

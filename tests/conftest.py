@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -13,6 +14,10 @@ from .payloads import Large, large_deployment
 from .s3 import S3Endpoint, s3_server
 from .s3 import unavailable as s3_unavailable
 from .support import Embedded
+
+# Every `keyload run` a test starts serves its HTTP API on a free port (DATA/server.json names it), so
+# services of concurrent tests never compete for the default one.
+os.environ.setdefault("KEYLOAD_LISTEN", "127.0.0.1:0")
 
 
 @pytest.fixture

@@ -76,10 +76,11 @@ def test_the_cli_states_the_engines_defaults_and_choices() -> None:
     from keyload.operations import checkpoints, gc
     from keyload.processors.policy import ENUM_FIELDS, GROUP_ENUM_FIELDS
     from keyload.sdk import client
+    from keyload.server import runner
     from keyload.service import kafka, ticker
     from keyload.storage import datadir
 
-    assert DEFAULTS == {
+    assert {
         "partitions": datadir.DEFAULT_PARTITIONS,
         "tick_interval_ms": ticker.DEFAULT_TICK_INTERVAL_MS,
         "session_timeout_ms": kafka.DEFAULT_SESSION_TIMEOUT_MS,
@@ -89,7 +90,9 @@ def test_the_cli_states_the_engines_defaults_and_choices() -> None:
         "gc_interval_s": gc.DEFAULT_GC_INTERVAL_S,
         "timeout": client.DEFAULT_TIMEOUT_S,
         "poison_limit": client.DEFAULT_POISON_LIMIT,
-    }
+        "listen": f"{runner.DEFAULT_HOST}:{runner.DEFAULT_PORT}",
+        "listen_env": runner.LISTEN_ENV,
+    } == DEFAULTS
     assert {**ENUM_FIELDS, **GROUP_ENUM_FIELDS} == cli_commands.CHOICES
 
 

@@ -44,6 +44,8 @@ DEFAULTS: dict[str, Any] = {
     "gc_interval_s": 10.0,  # keyload.operations.gc.DEFAULT_GC_INTERVAL_S
     "timeout": 10.0,  # keyload.sdk.client.DEFAULT_TIMEOUT_S
     "poison_limit": 100,  # keyload.sdk.client.DEFAULT_POISON_LIMIT
+    "listen": "127.0.0.1:7411",  # keyload.server.runner.DEFAULT_HOST, DEFAULT_PORT
+    "listen_env": "KEYLOAD_LISTEN",  # keyload.server.runner.LISTEN_ENV
 }
 
 
@@ -112,8 +114,17 @@ def run(args: argparse.Namespace) -> int:
         keyring_from=args.keyring_from,
         segment_bytes=args.segment_bytes,
     )
+    listen = None
+    if args.listen != "none":
+        from keyload.server.runner import Listen
+
+        try:
+            listen = Listen.parse(args.listen, args.tls_cert, args.tls_key)
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
     settings = ServiceSettings(
         checkpoints=CheckpointPolicy(args.checkpoint_every, args.checkpoint_interval_s, args.checkpoint_retain),
+        listen=listen,
         tick_interval_ms=args.tick_interval_ms,
         gc_interval_s=args.gc_interval_s,
         session_timeout_ms=args.session_timeout_ms,
@@ -653,6 +664,15 @@ def _add_run(sub: Any, common: argparse.ArgumentParser) -> None:
         default=d["tick_interval_ms"],
         help=f"milliseconds between ticks that fire due timers (default {d['tick_interval_ms']})",
     )
+    run_.add_argument(
+        "--listen",
+        metavar="HOST:PORT",
+        default=os.environ.get(d["listen_env"], d["listen"]),
+        help=f"serve the HTTP API here (embedded mode; port 0 picks a free one, written to DATA/server.json), "
+        f"or 'none' (default ${d['listen_env']}, else {d['listen']})",
+    )
+    run_.add_argument("--tls-cert", type=Path, metavar="PEM", help="serve HTTPS with this certificate (and --tls-key)")
+    run_.add_argument("--tls-key", type=Path, metavar="PEM", help="the private key of --tls-cert")
     run_.add_argument("--until-idle", action="store_true", help="exit once every partition is caught up (embedded)")
     run_.add_argument(
         "--fail-fast",

@@ -15,6 +15,7 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from threading import Event
 
@@ -25,6 +26,8 @@ from keyload.operations.gc import DEFAULT_GC_INTERVAL_S, GcWorker, LocalRetentio
 from keyload.processors.access import policy_epoch
 from keyload.projections.store import Store
 from keyload.sdk.client import Client
+from keyload.server.runner import SERVER_REPLY_PARTITION, HttpServer, Listen
+from keyload.server.writer import OutcomeWaiters
 from keyload.service import access_control
 from keyload.service.doorbell import Listener
 from keyload.service.halts import Halt, clear_halt, record_halt
@@ -58,6 +61,7 @@ class ServiceSettings:
     gc_interval_s: float = DEFAULT_GC_INTERVAL_S  # 0: no GC worker beside the processors
     session_timeout_ms: int = DEFAULT_SESSION_TIMEOUT_MS  # Kafka mode's consumer-group session
     until_idle: bool = False  # stop once every partition is caught up (tests, batch jobs)
+    listen: Listen | None = None  # where the HTTP API is served (embedded mode); None: not served
     fail_fast: bool = False  # exit on a write that fails (a full disk) instead of retrying until it succeeds
 
 
@@ -145,6 +149,8 @@ def _serve_embedded(data: DataDir, settings: ServiceSettings, stop: Event) -> li
     keys = data.keyring()
     stores: list[Store] = []
     announce = Announcer(log, system_credential(data.root, CHECKPOINTER_PRINCIPAL))
+    waiters = OutcomeWaiters(SERVER_REPLY_PARTITION)
+    http: HttpServer | None = None
     try:
         processors = []
         for partition in range(data.partitions):
@@ -163,6 +169,7 @@ def _serve_embedded(data: DataDir, settings: ServiceSettings, stop: Event) -> li
                     keyring=keys,
                     keyring_loader=data.keyring,
                     announce=announce,
+                    on_published=waiters.published,
                 )
             )
         _turn_access_control_on(data, log, processors)
@@ -173,8 +180,13 @@ def _serve_embedded(data: DataDir, settings: ServiceSettings, stop: Event) -> li
             raise KeyloadError(f"another `keyload run` serves {data.root} ({exc.strerror})") from None
         positions = ", ".join(f"p{p.partition}@{p.applied_offset}" for p in processors)
         print(f"keyload: serving {data.root} ({data.partitions} partitions; applied {positions})", flush=True)
-        collector = _GcBeside(data, stores, settings.gc_interval_s) if settings.gc_interval_s > 0 else None
+        collector = None
         try:
+            if settings.listen is not None:
+                http = HttpServer(data, settings.listen, stores, waiters, partial(_halt_reason, processors))
+                http.start()
+                print(f"keyload: HTTP API on {http.url}", flush=True)
+            collector = _GcBeside(data, stores, settings.gc_interval_s) if settings.gc_interval_s > 0 else None
             halts = run_until(
                 processors,
                 stop,
@@ -192,11 +204,18 @@ def _serve_embedded(data: DataDir, settings: ServiceSettings, stop: Event) -> li
         print("keyload: stopped", flush=True)
         return halts
     finally:
+        if http is not None:
+            http.stop()
         for store in stores:
             store.close()
         log.close()
         outcomes.close()
         checkpoints.close()
+
+
+def _halt_reason(processors: list[PartitionProcessor], partition: int) -> str | None:
+    halt = processors[partition].halt
+    return None if halt is None else f"at offset {halt.offset}: {halt.reason}"
 
 
 def _serve_kafka(data: DataDir, settings: ServiceSettings, stop: Event) -> list[Halt]:

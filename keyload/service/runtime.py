@@ -118,11 +118,14 @@ class PartitionProcessor:
         identity_log: RecordSource | None = None,
         verify_on_resume: bool = True,
         announce: Callable[[int, CatalogEntry], None] | None = None,
+        on_published: Callable[[int, list[bytes]], None] | None = None,
     ) -> None:
         """`identity_log` (default: `log`) is read to check the applied record when the processor
         opens; `verify_on_resume` checks it again on every resume, which a source that cannot
         read behind what it handed out (Kafka mode's feed) turns off. `announce` is told of every
-        checkpoint the processor publishes (the service's `Announcer` logs it)."""
+        checkpoint the processor publishes (the service's `Announcer` logs it). `on_published` is
+        told of the outcomes of each reply partition once they are published (the HTTP server
+        answers its requests from it)."""
         assert 1 <= group_records <= MAX_GROUP_RECORDS
         self.partition = partition
         self.partitions = partitions
@@ -134,6 +137,7 @@ class PartitionProcessor:
         self.keyring = dict(keyring or {})
         self.keyring_loader = keyring_loader
         self.announce = announce
+        self.on_published = on_published
         self.halt: Halt | None = None
         self.last_checkpoint: CatalogEntry | None = None
         self._applied = store.applied_offset
@@ -317,6 +321,8 @@ class PartitionProcessor:
                     exc,
                     reply_to,
                 )
+            if self.on_published is not None:  # durable already: every outcome is stored, or recomputed on replay
+                self.on_published(reply_to, outcomes)
 
     def _reopen_store(self) -> None:
         """Reopen the projection after a failed write; it may hold the failed group after all

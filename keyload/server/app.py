@@ -1,0 +1,293 @@
+"""The HTTP API: one route per row of the command table that declares one (keyload/commands.py),
+every route funnelled into one path: authenticate, build the command, append it, await its outcome.
+
+A request becomes a command this way (docs/ARCHITECTURE.md §10a):
+- the route names the command kind; `{domain}` its domain, `{partition}` the partition of a
+  partition-wide command; every other path segment, query parameter and member of the JSON body
+  is a field of the command's body record (a field given twice is refused);
+- a body whose record has a top-level `bytes` field `body` (Enqueue) may instead be sent raw with
+  `Content-Type: application/octet-stream`, its other fields in the query string;
+- `Idempotency-Key` is the command id (default: a new UUID); a repeat returns the stored outcome;
+- the response is the command's outcome as JSON, with the HTTP status of its error code.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from keyload.commands import COMMANDS, CommandKind
+from keyload.credentials import Credential
+from keyload.errors import ErrorCode, InvalidCommand
+from keyload.log.base import partition_for
+from keyload.projections.store import Store
+from keyload.sdk.client import check_command_id, encode_command
+from keyload.server import statuses
+from keyload.server.auth import Authenticator, Unauthenticated
+from keyload.server.wire import Names, WireError, field_schema, from_text, names, to_avro, to_json
+from keyload.server.writer import Answer, CommandWriter, OutcomeWaiters
+from keyload.service.system_commands import domain_for_partition
+
+MAX_REQUEST_BYTES = 8 * 1024 * 1024  # a JSON body: a command at the log's record limit, in base64, fits
+OUTCOME_WAIT_S = 30.0  # how long a request waits for its outcome, beyond a long poll's wait_ms
+IDEMPOTENCY_HEADER = "idempotency-key"
+COMMAND_ID_HEADER = "keyload-command-id"  # on every response to a request that became a command
+SLASHED_FIELDS = frozenset({"message_id", "key"})  # path fields that may hold '/' (ids and document keys)
+RAW_BODY_FIELD = "body"
+RAW_BODY_TYPE = "application/octet-stream"
+PARTITION_QUERY = "partition"  # a partition-wide GET without {partition} in its path: which one (default 0)
+
+
+class Halted(Exception):
+    """The partition a request goes to is halted or stalled (HTTP 503)."""
+
+
+@dataclass
+class Engine:
+    """What the API needs of the running service."""
+
+    partitions: int
+    stores: Sequence[Store]
+    authenticator: Authenticator
+    waiters: OutcomeWaiters
+    halt_of: Callable[[int], str | None]  # why partition P is halted, or None
+    writer: CommandWriter | None = None  # set when the event loop starts
+    ready: Callable[[], bool] = field(default=lambda: True)
+
+
+def _error(pair: tuple[str, int], detail: str, command_id: str | None = None) -> JSONResponse:
+    code, status = pair
+    body = {"status": "error", "error_code": code, "detail": detail, "command_id": command_id}
+    headers = {COMMAND_ID_HEADER: command_id} if command_id else None
+    return JSONResponse(body, status_code=status, headers=headers)
+
+
+def outcome_response(names_: Names, answer: Answer) -> JSONResponse:
+    """The outcome as JSON (the result unwrapped from its union), with its error code's status."""
+    record = answer.record
+    body = to_json(names_, names_.types["keyload.Outcome"], record)
+    if body["result"] is not None:
+        (body["result"],) = body["result"].values()
+    code = record["error_code"]
+    status = 200 if code is None else statuses.HTTP_STATUS[ErrorCode(code)]
+    return JSONResponse(body, status_code=status, headers={COMMAND_ID_HEADER: record["command_id"]})
+
+
+class CommandRoute:
+    """The endpoint of one command kind."""
+
+    def __init__(self, engine: Engine, kind: CommandKind) -> None:
+        assert kind.route is not None
+        self.engine = engine
+        self.kind = kind
+        self.commands = names("keyload.Command")
+        self.outcomes = names("keyload.Outcome")
+        self.record = self.commands.types[kind.branch]
+        self.method = kind.route.method
+        self.path_fields = kind.route.fields
+        self.everywhere = (
+            kind.partition_wide and "partition" not in self.path_fields and "domain" not in self.path_fields
+        )
+        self.raw_body = any(f["name"] == RAW_BODY_FIELD and f["type"] == "bytes" for f in self.record["fields"])
+
+    async def respond(self, request: Request) -> Response:
+        try:
+            command_id = request.headers.get(IDEMPOTENCY_HEADER) or str(uuid.uuid4())
+            check_command_id(command_id)
+            body, raw = await self._body(request)
+            targets = self._targets(request)
+            credential = self.engine.authenticator.credential(
+                request.headers.get("authorization"), self.engine.stores[targets[0][1]]
+            )
+            datum = to_avro(self.commands, self.record, body, "")
+            if raw is not None:
+                datum[RAW_BODY_FIELD] = raw
+            wait_ms = datum.get("wait_ms") or 0
+            answer: Answer | None = None
+            for domain, partition in targets:  # a principal command goes to every partition, 0 first
+                answer = await self._submit(credential, command_id, domain, partition, datum, wait_ms)
+                if answer.record["status"] != "committed":
+                    break
+            assert answer is not None
+            return outcome_response(self.outcomes, answer)
+        except Unauthenticated as exc:
+            return _error(statuses.UNAUTHENTICATED, str(exc))
+        except InvalidCommand as exc:
+            return _error(statuses.BAD_REQUEST, str(exc))
+        except Halted as exc:
+            return _error(statuses.UNAVAILABLE, str(exc), command_id)
+        except TimeoutError:
+            detail = (
+                f"no outcome within {OUTCOME_WAIT_S:g} s; the command may still apply: "
+                "send it again with the same Idempotency-Key to learn its outcome"
+            )
+            return _error(statuses.TIMEOUT, detail, command_id)
+        except OSError as exc:  # the append failed (a full disk): nothing of it applies
+            return _error(statuses.UNAVAILABLE, f"the command could not be appended: {exc.strerror or exc}", command_id)
+        except _TooLarge:
+            return _error(statuses.TOO_LARGE, f"the request body is over {MAX_REQUEST_BYTES} bytes")
+
+    async def _body(self, request: Request) -> tuple[dict[str, Any], bytes | None]:
+        """The command body's fields (JSON form) from the JSON body, the query and the path; and the
+        raw body when it stands for the `body` field."""
+        raw: bytes | None = await _read_capped(request)
+        assert raw is not None
+        fields: dict[str, Any] = {}
+        content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
+        if self.raw_body and content_type == RAW_BODY_TYPE:
+            fields[RAW_BODY_FIELD] = ""  # a placeholder: the raw bytes replace it once the fields are read
+        elif raw.strip():
+            try:
+                fields = json.loads(raw)
+            except (ValueError, UnicodeDecodeError):
+                raise WireError("the request body is not JSON") from None
+            if not isinstance(fields, dict):
+                raise WireError("the request body must be a JSON object")
+            raw = None
+        else:
+            raw = None
+        given: dict[str, Any] = {}
+        for name, text in request.query_params.multi_items():
+            if name == PARTITION_QUERY and self.everywhere:
+                continue
+            given[name] = self._text(name, text)
+        for name, text in request.path_params.items():
+            if name not in ("domain", "partition"):
+                given[name] = self._text(name, text)
+        for name, value in given.items():
+            if name in fields:
+                raise WireError(f"{name} is given twice (path, query or body)")
+            fields[name] = value
+        return fields, raw
+
+    def _text(self, name: str, text: str) -> Any:
+        try:
+            schema = field_schema(self.commands, self.record, name)
+        except KeyError:
+            raise WireError(f"{name[:64]} is not a field of {self.kind.name}") from None
+        return from_text(self.commands, schema, text, name)
+
+    def _targets(self, request: Request) -> list[tuple[str, int]]:
+        """(domain, partition) of each command the request sends."""
+        params = request.path_params
+        partitions = self.engine.partitions
+        if "domain" in params:
+            domain = params["domain"]
+            return [(domain, partition_for(domain, partitions))]
+        if "partition" in params or not self.everywhere or self.method == "GET":
+            text = params.get("partition", request.query_params.get(PARTITION_QUERY, "0"))
+            if not text.isdigit() or not 0 <= int(text) < partitions:
+                raise WireError(f"partition must be 0..{partitions - 1}")
+            partition = int(text)
+            return [(domain_for_partition(partition, partitions), partition)]
+        return [(domain_for_partition(p, partitions), p) for p in range(partitions)]
+
+    async def _submit(
+        self, credential: Credential, command_id: str, domain: str, partition: int, datum: dict[str, Any], wait_ms: int
+    ) -> Answer:
+        halt = self.engine.halt_of(partition)
+        if halt is not None:
+            raise Halted(f"partition {partition} is halted: {halt}")
+        envelope = {
+            "command_id": command_id,
+            "domain": domain,
+            "principal": credential.principal,
+            "body": (self.kind.branch, datum),
+            "reply_to": self.engine.waiters.reply_partition,
+            "client_time_ms": None,
+        }
+        value = credential.sign(encode_command(envelope))
+        writer = self.engine.writer
+        assert writer is not None, "the server appends only once its event loop runs"
+        waiters = self.engine.waiters
+        future = waiters.expect(domain, command_id)
+        try:
+            await writer.append(partition, value)
+            return await asyncio.wait_for(asyncio.shield(future), OUTCOME_WAIT_S + wait_ms / 1000)
+        finally:
+            waiters.forget(domain, command_id, future)
+
+
+class _TooLarge(Exception):
+    pass
+
+
+async def _read_capped(request: Request) -> bytes:
+    length = request.headers.get("content-length")
+    if length is not None and length.isdigit() and int(length) > MAX_REQUEST_BYTES:
+        raise _TooLarge
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > MAX_REQUEST_BYTES:
+            raise _TooLarge
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def starlette_path(kind: CommandKind) -> str:
+    """The route's path for Starlette: fields that may hold '/' take the rest of their place."""
+    assert kind.route is not None
+    path = kind.route.path
+    for name in SLASHED_FIELDS:
+        path = path.replace(f"{{{name}}}", f"{{{name}:path}}")
+    return path
+
+
+def command_routes(engine: Engine) -> list[Route]:
+    return [
+        Route(starlette_path(kind), CommandRoute(engine, kind).respond, methods=[kind.route.method], name=kind.name)
+        for kind in COMMANDS
+        if kind.route is not None
+    ]
+
+
+def application(
+    engine: Engine,
+    on_start: Callable[[asyncio.AbstractEventLoop], Awaitable[None]],
+    on_stop: Callable[[], Awaitable[None]],
+    openapi: Mapping[str, Any],
+) -> Starlette:
+    async def healthz(_: Request) -> Response:
+        return JSONResponse({"status": "ok"})
+
+    async def readyz(_: Request) -> Response:
+        halted = {p: reason for p in range(engine.partitions) if (reason := engine.halt_of(p)) is not None}
+        ready = engine.ready() and not halted
+        body = {"status": "ready" if ready else "unavailable", "halted": {str(p): r for p, r in halted.items()}}
+        return JSONResponse(body, status_code=200 if ready else 503)
+
+    async def openapi_document(_: Request) -> Response:
+        return JSONResponse(openapi)
+
+    async def not_found(request: Request, exc: Exception) -> Response:
+        return _error(statuses.NO_ROUTE, f"no route {request.url.path[:256]}")
+
+    async def wrong_method(request: Request, exc: Exception) -> Response:
+        return _error(statuses.WRONG_METHOD, f"{request.method} is not a method of {request.url.path[:256]}")
+
+    @asynccontextmanager
+    async def lifespan(_: Starlette) -> AsyncIterator[None]:
+        await on_start(asyncio.get_running_loop())
+        try:
+            yield
+        finally:
+            await on_stop()
+
+    routes = [
+        Route("/healthz", healthz, methods=["GET"]),
+        Route("/readyz", readyz, methods=["GET"]),
+        Route("/v1/openapi.json", openapi_document, methods=["GET"]),
+        *command_routes(engine),
+    ]
+    return Starlette(routes=routes, lifespan=lifespan, exception_handlers={404: not_found, 405: wrong_method})

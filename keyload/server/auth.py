@@ -1,0 +1,66 @@
+"""Authentication at the edge: a request's bearer token is a principal's credential, checked against
+the service's keyring and policy before anything is appended.
+
+The check mirrors the processor's (`keyload.processors.access.verify`): the key id must be in the
+keyring with exactly the secret presented, and the partition's policy must hold the principal
+enabled and signing with that key id. Anything else is 401 with one detail that does not say which
+part failed, and nothing is appended. The processor still authenticates and authorizes the
+command the server signs with the credential (the policy may change between this check and the
+command's log position): that decision is the authoritative one.
+"""
+
+from __future__ import annotations
+
+import hmac
+import os
+from pathlib import Path
+
+from keyload.credentials import Credential, CredentialError
+from keyload.processors.access import UNKNOWN_SIGNER, load_principal
+from keyload.projections.store import Readable
+from keyload.storage import keyring
+
+
+class Unauthenticated(Exception):
+    """The request carries no credential, or one the service does not accept (HTTP 401)."""
+
+
+class Authenticator:
+    def __init__(self, root: Path) -> None:
+        self._root = root
+        self._version = self._stamp()
+        self._keyring = keyring.load(root)
+
+    def credential(self, authorization: str | None, store: Readable) -> Credential:
+        """The credential of an `Authorization` header, proven against the keyring and the policy
+        of `store` (the projection of the partition the command goes to)."""
+        if authorization is None:
+            raise Unauthenticated("the request has no credential: send Authorization: Bearer PRINCIPAL:KEY_ID:SECRET")
+        scheme, _, token = authorization.partition(" ")
+        if scheme.lower() != "bearer" or not token.strip():
+            raise Unauthenticated("the Authorization header must be Bearer PRINCIPAL:KEY_ID:SECRET")
+        try:
+            credential = Credential.from_bearer_token(token.strip())
+        except CredentialError as exc:
+            raise Unauthenticated(str(exc)) from None
+        key = self._key(credential.key_id)
+        if key is None or not hmac.compare_digest(key, credential.secret):
+            raise Unauthenticated(UNKNOWN_SIGNER)
+        record = load_principal(store, credential.principal)
+        if record is None or not record.enabled or record.key_id != credential.key_id:
+            raise Unauthenticated(UNKNOWN_SIGNER)
+        return credential
+
+    def _key(self, key_id: str) -> bytes | None:
+        """The keyring's key `key_id`; a key added since (a new principal, a rotated credential) is
+        found by reading the keyring again when its file changed (a stat per unknown key id)."""
+        key = self._keyring.get(key_id)
+        if key is None and self._stamp() != self._version:
+            self._version = self._stamp()
+            self._keyring = keyring.load(self._root)
+            key = self._keyring.get(key_id)
+        return key
+
+    def _stamp(self) -> tuple[int, int]:
+        status = os.stat(self._root / keyring.FILE)
+        return status.st_mtime_ns, status.st_ino

@@ -1,0 +1,186 @@
+"""The OpenAPI document of the HTTP API, derived from the command table and the Avro schemas.
+
+`docs/openapi.json` is this document, checked in for clients in other languages; the server serves
+it at `/v1/openapi.json`, and tests/test_server_openapi.py fails when the file drifts from what this
+module derives. Regenerate with `python -m keyload.server.openapi > docs/openapi.json`.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any
+
+from keyload.commands import COMMANDS, CommandKind
+from keyload.server import statuses
+from keyload.server.app import COMMAND_ID_HEADER, PARTITION_QUERY, RAW_BODY_FIELD, RAW_BODY_TYPE
+from keyload.server.wire import json_schema, names
+from keyload.version import __version__
+
+_SCALARS = ("string", "int", "long", "boolean")
+
+
+def _path_parameter(name: str) -> dict[str, Any]:
+    kind = "integer" if name == "partition" else "string"
+    return {"name": name, "in": "path", "required": True, "schema": {"type": kind}}
+
+
+def _scalar(schema: Any) -> bool:
+    if isinstance(schema, list):
+        rest = [b for b in schema if b != "null"]
+        return len(rest) == 1 and _scalar(rest[0])
+    return schema in _SCALARS or (isinstance(schema, dict) and schema.get("type") == "enum")
+
+
+def _operation(kind: CommandKind, refs: dict[str, Any]) -> dict[str, Any]:
+    assert kind.route is not None
+    commands = names("keyload.Command")
+    record = commands.types[kind.branch]
+    in_path = set(kind.route.fields)
+    parameters = [_path_parameter(name) for name in kind.route.fields]
+    parameters.append(
+        {
+            "name": "Idempotency-Key",
+            "in": "header",
+            "required": False,
+            "description": "the command id (1..128 printable ASCII): a repeat returns the stored outcome",
+            "schema": {"type": "string"},
+        }
+    )
+    everywhere = kind.partition_wide and not in_path & {"partition", "domain"}
+    if everywhere and kind.route.method == "GET":
+        parameters.append(
+            {
+                "name": PARTITION_QUERY,
+                "in": "query",
+                "required": False,
+                "description": "the partition whose view to read (default 0)",
+                "schema": {"type": "integer"},
+            }
+        )
+    body_fields = [f for f in record["fields"] if f["name"] not in in_path]
+    operation: dict[str, Any] = {
+        "operationId": kind.name,
+        "summary": record.get("doc", kind.name),
+        "tags": [_family(kind)],
+        "parameters": parameters,
+        "responses": _responses(kind, refs),
+    }
+    if kind.route.method in ("GET", "DELETE"):
+        for f in body_fields:
+            if _scalar(f["type"]):
+                described = json_schema(commands, f["type"], refs)
+                parameters.append(
+                    {"name": f["name"], "in": "query", "required": "default" not in f, "schema": described}
+                )
+    elif body_fields:
+        properties = {f["name"]: json_schema(commands, f["type"], refs) for f in body_fields}
+        schema = {
+            "type": "object",
+            "properties": properties,
+            "required": [f["name"] for f in body_fields if "default" not in f],
+            "additionalProperties": False,
+        }
+        content: dict[str, Any] = {"application/json": {"schema": schema}}
+        if any(f["name"] == RAW_BODY_FIELD and f["type"] == "bytes" for f in body_fields):
+            content[RAW_BODY_TYPE] = {"schema": {"type": "string", "format": "binary"}}
+        operation["requestBody"] = {"required": False, "content": content}
+    return operation
+
+
+def _family(kind: CommandKind) -> str:
+    assert kind.route is not None
+    segments = kind.route.path.split("/")
+    families = ("groups", "topics", "queues", "leases", "documents", "inbox", "reservations", "keys", "batch")
+    return next((family for family in families if family in segments), segments[2])
+
+
+def _responses(kind: CommandKind, refs: dict[str, Any]) -> dict[str, Any]:
+    outcomes = names("keyload.Outcome")
+    result = json_schema(outcomes, outcomes.types[kind.result], refs)
+    outcome = {"allOf": [{"$ref": "#/components/schemas/Outcome"}, {"properties": {"result": result}}]}
+    headers = {COMMAND_ID_HEADER: {"schema": {"type": "string"}, "description": "the command id"}}
+    return {
+        "200": {
+            "description": "committed: the outcome, its result",
+            "headers": headers,
+            "content": {"application/json": {"schema": outcome}},
+        },
+        "default": {
+            "description": "refused: a rejected outcome (status rejected) with its error code's HTTP status, "
+            "or an error of the HTTP layer (status error: nothing was appended, or no outcome came in time)",
+            "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Refusal"}}},
+        },
+    }
+
+
+def _components(refs: dict[str, Any]) -> dict[str, Any]:
+    outcomes = names("keyload.Outcome")
+    outcome = outcomes.types["keyload.Outcome"]
+    properties = {f["name"]: json_schema(outcomes, f["type"], refs) for f in outcome["fields"] if f["name"] != "result"}
+    properties["result"] = {"description": "the command's result record (see each operation), null when refused"}
+    codes = sorted({code for code, _ in _HTTP_ERRORS} | {str(code) for code in statuses.HTTP_STATUS})
+    refusal = {
+        "type": "object",
+        "properties": {
+            "status": {"type": "string", "enum": ["rejected", "error"]},
+            "error_code": {"type": "string", "enum": codes},
+            "detail": {"type": "string"},
+            "command_id": {"type": ["string", "null"]},
+        },
+        "required": ["status", "error_code", "detail"],
+    }
+    return {
+        "schemas": {"Outcome": {"type": "object", "properties": properties}, "Refusal": refusal, **refs},
+        "securitySchemes": {
+            "bearer": {
+                "type": "http",
+                "scheme": "bearer",
+                "description": "a principal's credential, PRINCIPAL:KEY_ID:SECRET (secret in unpadded base64url)",
+            }
+        },
+    }
+
+
+_HTTP_ERRORS = (
+    statuses.UNAUTHENTICATED,
+    statuses.BAD_REQUEST,
+    statuses.TOO_LARGE,
+    statuses.NO_ROUTE,
+    statuses.WRONG_METHOD,
+    statuses.UNAVAILABLE,
+    statuses.TIMEOUT,
+)
+
+
+def document() -> dict[str, Any]:
+    refs: dict[str, Any] = {}
+    paths: dict[str, dict[str, Any]] = {}
+    for kind in COMMANDS:
+        if kind.route is not None:
+            paths.setdefault(kind.route.path, {})[kind.route.method.lower()] = _operation(kind, refs)
+    health = {"200": {"description": "serving"}, "503": {"description": "a partition is halted, or not ready yet"}}
+    paths["/healthz"] = {"get": {"operationId": "healthz", "security": [], "responses": {"200": {"description": "up"}}}}
+    paths["/readyz"] = {"get": {"operationId": "readyz", "security": [], "responses": health}}
+    return {
+        "openapi": "3.1.0",
+        "info": {
+            "title": "keyload",
+            "version": __version__,
+            "description": "keyload's HTTP API: one operation per command (docs/ARCHITECTURE.md §10a). Bytes are "
+            "base64 in JSON; an optional field is null or its value; a union of records is an object with one "
+            "member named by the record.",
+        },
+        "security": [{"bearer": []}],
+        "paths": dict(sorted(paths.items())),
+        "components": _components(refs),
+    }
+
+
+def text() -> str:
+    """The document as checked in: sorted keys, two-space indents, one trailing newline."""
+    return json.dumps(document(), indent=2, sort_keys=True) + "\n"
+
+
+if __name__ == "__main__":
+    sys.stdout.write(text())

@@ -1,0 +1,153 @@
+"""Running the HTTP API beside the processors of an embedded `keyload run`.
+
+uvicorn serves the Starlette application on a thread of its own (its event loop); the processors
+keep the service's main thread. The listening socket is bound before the thread starts, so a port
+in use is an error of `keyload run` itself, and port 0 picks a free one. The address served is
+written to DATA/server.json (0600) for local tools and tests, and removed when the server stops.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import socket
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import uvicorn
+
+from keyload.errors import KeyloadError
+from keyload.log.file_log import FileLogConfig, FsyncPolicy
+from keyload.projections.store import Store
+from keyload.server import openapi
+from keyload.server.app import Engine, application
+from keyload.server.auth import Authenticator
+from keyload.server.writer import CommandWriter, OutcomeWaiters
+from keyload.service.doorbell import Doorbell
+from keyload.storage.datadir import DataDir
+from keyload.storage.keyring import write_private
+
+DEFAULT_HOST = "127.0.0.1"
+DEFAULT_PORT = 7411
+ADDRESS_FILE = "server.json"  # DATA/server.json: {"url": ...} while a server runs
+LISTEN_ENV = "KEYLOAD_LISTEN"  # the default of `keyload run --listen`
+STARTUP_TIMEOUT_S = 30.0
+SHUTDOWN_TIMEOUT_S = 10.0
+SERVER_REPLY_PARTITION = 0  # the outcome partition the server's commands name as reply_to
+
+
+class ServerError(KeyloadError):
+    """The HTTP API could not start (a port in use, a bad certificate)."""
+
+
+@dataclass(frozen=True)
+class Listen:
+    """Where `keyload run` serves its HTTP API; TLS when given a certificate and its key."""
+
+    host: str = DEFAULT_HOST
+    port: int = DEFAULT_PORT
+    tls_cert: Path | None = None
+    tls_key: Path | None = None
+
+    @classmethod
+    def parse(cls, text: str, tls_cert: Path | None = None, tls_key: Path | None = None) -> Listen:
+        """HOST:PORT (an IPv6 host in brackets); ValueError when malformed."""
+        host, sep, port = text.rpartition(":")
+        if not sep or not port.isdigit() or not 0 <= int(port) <= 65535 or not host:
+            raise ValueError(f"--listen takes HOST:PORT, not {text[:64]!r}")
+        if (tls_cert is None) != (tls_key is None):
+            raise ValueError("TLS needs both --tls-cert and --tls-key")
+        return cls(host.strip("[]"), int(port), tls_cert, tls_key)
+
+    @property
+    def scheme(self) -> str:
+        return "http" if self.tls_cert is None else "https"
+
+
+class HttpServer:
+    """The API server of one data directory: started by `start`, stopped by `stop`."""
+
+    def __init__(
+        self,
+        data: DataDir,
+        listen: Listen,
+        stores: Sequence[Store],
+        waiters: OutcomeWaiters,
+        halt_of: Callable[[int], str | None],
+    ) -> None:
+        self.data = data
+        self.listen = listen
+        self.engine = Engine(data.partitions, stores, Authenticator(data.root), waiters, halt_of)
+        self._writer: CommandWriter | None = None
+        app = application(self.engine, self._on_start, self._on_stop, openapi.document())
+        config = uvicorn.Config(
+            app,
+            log_level="warning",
+            access_log=False,
+            lifespan="on",
+            ssl_certfile=None if listen.tls_cert is None else str(listen.tls_cert),
+            ssl_keyfile=None if listen.tls_key is None else str(listen.tls_key),
+        )
+        self._server = uvicorn.Server(config)
+        self._socket = _bind(listen)
+        self._thread = threading.Thread(target=self._run, name="keyload-http", daemon=True)
+        self._failure: BaseException | None = None
+
+    @property
+    def url(self) -> str:
+        host, port = self._socket.getsockname()[:2]
+        shown = f"[{host}]" if ":" in host else host
+        return f"{self.listen.scheme}://{shown}:{port}"
+
+    def start(self) -> None:
+        self._thread.start()
+        with contextlib.suppress(TimeoutError):
+            self._await_start()
+        if not self._server.started:
+            self.stop()
+            raise ServerError(f"the HTTP API did not start on {self.url}: {self._failure or 'timed out'}")
+        write_private(self.data.root / ADDRESS_FILE, (json.dumps({"url": self.url}) + "\n").encode())
+
+    def _await_start(self) -> None:
+        waited = 0.0
+        while not self._server.started and self._thread.is_alive() and waited < STARTUP_TIMEOUT_S:
+            self._thread.join(0.01)
+            waited += 0.01
+
+    def stop(self) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(self.data.root / ADDRESS_FILE)
+        self._server.should_exit = True
+        self._thread.join(SHUTDOWN_TIMEOUT_S)
+        self._socket.close()
+
+    def _run(self) -> None:
+        try:
+            self._server.run(sockets=[self._socket])
+        except BaseException as exc:  # reported by start(); a running server's failure ends the thread
+            self._failure = exc
+
+    async def _on_start(self, loop: asyncio.AbstractEventLoop) -> None:
+        log = self.data.file_command_log(FileLogConfig(segment_bytes=self.data.segment_bytes, fsync=FsyncPolicy.NONE))
+        self._writer = CommandWriter(log, Doorbell(self.data.root), loop)
+        self.engine.writer = self._writer
+        self.engine.waiters.attach(loop)
+
+    async def _on_stop(self) -> None:
+        if self._writer is not None:
+            self._writer.close()
+
+
+def _bind(listen: Listen) -> socket.socket:
+    family = socket.AF_INET6 if ":" in listen.host else socket.AF_INET
+    try:
+        return socket.create_server((listen.host, listen.port), family=family, backlog=1024)
+    except OSError as exc:
+        raise ServerError(
+            f"cannot listen on {listen.host}:{listen.port}: {exc.strerror or exc} "
+            f"(keyload run --listen HOST:PORT, or --listen none)"
+        ) from None

@@ -1,0 +1,300 @@
+"""The HTTP API's JSON form of keyload's Avro records, derived from the schemas.
+
+One rule set, used both ways (request bodies into command records, outcomes into responses) and
+by the OpenAPI document (`json_schema`):
+
+- records are JSON objects with the schema's field names; a field with a default may be left out;
+- `bytes` and `fixed` values are base64 strings (RFC 4648, standard alphabet, padded);
+- `int` and `long` are JSON integers, `boolean` is true/false, enums are their symbol as a string;
+- an optional field (a union with `null`) is `null` or the value itself;
+- a union of several records (a batch mutation, an outcome's result) is an object with one
+  member named by the record's short name: `{"Enqueue": {...}}`;
+- maps are JSON objects, arrays JSON arrays.
+
+A value that does not fit raises `WireError` naming the path of the field (`mutations[0].Enqueue.body`),
+never the value, so a rejected request never echoes what the caller sent.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+from collections.abc import Iterator
+from functools import cache
+from typing import Any
+
+from keyload.errors import InvalidCommand
+from keyload.log.codec import expanded_current
+
+Schema = Any  # an Avro schema as parsed JSON: a name, a union (list) or a dict
+
+_INTEGERS = {"int": (-(2**31), 2**31 - 1), "long": (-(2**63), 2**63 - 1)}
+
+
+class WireError(InvalidCommand):
+    """A request body or parameter that does not match the command's schema (HTTP 400)."""
+
+
+class Names:
+    """The named types of one top-level schema, so that a type referenced by name after its first
+    definition resolves to that definition."""
+
+    def __init__(self, top: Schema) -> None:
+        self.types: dict[str, dict[str, Any]] = {}
+        self._collect(top, "")
+
+    def _collect(self, schema: Schema, namespace: str) -> None:
+        if isinstance(schema, list):
+            for branch in schema:
+                self._collect(branch, namespace)
+        elif isinstance(schema, dict):
+            kind = schema.get("type")
+            if kind in ("record", "enum", "fixed"):
+                namespace = schema.get("namespace", namespace)
+                self.types.setdefault(full_name(schema, namespace), schema)
+                for field in schema.get("fields", []):
+                    self._collect(field["type"], namespace)
+            elif kind == "array":
+                self._collect(schema["items"], namespace)
+            elif kind == "map":
+                self._collect(schema["values"], namespace)
+
+    def resolve(self, schema: Schema) -> Schema:
+        if isinstance(schema, str) and schema in self.types:
+            return self.types[schema]
+        if isinstance(schema, dict) and schema.get("type") in self.types:
+            return self.types[schema["type"]]
+        return schema
+
+
+def full_name(schema: dict[str, Any], namespace: str = "") -> str:
+    name: str = schema["name"]
+    if "." in name:
+        return name
+    own = schema.get("namespace", namespace)
+    return f"{own}.{name}" if own else name
+
+
+def short_name(name: str) -> str:
+    return name.rsplit(".", 1)[-1]
+
+
+@cache
+def names(top: str) -> Names:
+    """The named types of the current schema of `top` (keyload.Command, keyload.Outcome)."""
+    return Names(expanded_current(top))
+
+
+def _kind(schema: Schema) -> str:
+    if isinstance(schema, list):
+        return "union"
+    if isinstance(schema, str):
+        return schema
+    kind: str = schema["type"]
+    return kind
+
+
+def _branches(names_: Names, union: list[Any]) -> list[Schema]:
+    return [names_.resolve(branch) for branch in union if branch != "null"]
+
+
+def to_avro(names_: Names, schema: Schema, value: Any, path: str) -> Any:
+    """The Avro datum (as fastavro writes it) of `value`, the JSON form of `schema`."""
+    schema = names_.resolve(schema)
+    kind = _kind(schema)
+    if kind == "union":
+        if value is None and "null" in schema:
+            return None
+        branches = _branches(names_, schema)
+        if len(branches) == 1:
+            return to_avro(names_, branches[0], value, path)
+        by_name = {short_name(full_name(branch)): branch for branch in branches}
+        if not isinstance(value, dict) or len(value) != 1 or next(iter(value)) not in by_name:
+            raise WireError(f"{path} must be an object with one member, one of {', '.join(by_name)}")
+        ((member, inner),) = value.items()
+        branch = by_name[member]
+        return (full_name(branch), to_avro(names_, branch, inner, f"{path}.{member}"))
+    if kind == "record":
+        if not isinstance(value, dict):
+            raise WireError(f"{path or 'the body'} must be a JSON object")
+        known = {field["name"] for field in schema["fields"]}
+        unknown = sorted(set(value) - known)
+        if unknown:
+            raise WireError(f"{_join(path, unknown[0][:64])} is not a field of {short_name(full_name(schema))}")
+        record = {}
+        for field in schema["fields"]:
+            name = field["name"]
+            if name in value:
+                record[name] = to_avro(names_, field["type"], value[name], _join(path, name))
+            elif "default" in field:
+                record[name] = field["default"]
+            else:
+                raise WireError(f"{_join(path, name)} is required")
+        return record
+    if kind == "enum":
+        if value not in schema["symbols"]:
+            raise WireError(f"{path} must be one of {', '.join(schema['symbols'])}")
+        return value
+    if kind == "array":
+        if not isinstance(value, list):
+            raise WireError(f"{path} must be a JSON array")
+        return [to_avro(names_, schema["items"], item, f"{path}[{i}]") for i, item in enumerate(value)]
+    if kind == "map":
+        if not isinstance(value, dict):
+            raise WireError(f"{path} must be a JSON object")
+        return {key: to_avro(names_, schema["values"], item, f"{path}.{key[:64]}") for key, item in value.items()}
+    if kind in ("bytes", "fixed"):
+        if not isinstance(value, str):
+            raise WireError(f"{path} must be a base64 string")
+        try:
+            decoded = base64.b64decode(value, validate=True)
+        except (binascii.Error, ValueError):
+            raise WireError(f"{path} is not valid base64") from None
+        if kind == "fixed" and len(decoded) != schema["size"]:
+            raise WireError(f"{path} must be {schema['size']} bytes")
+        return decoded
+    if kind in _INTEGERS:
+        low, high = _INTEGERS[kind]
+        if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
+            raise WireError(f"{path} must be an integer in {low}..{high}")
+        return value
+    if kind == "boolean":
+        if not isinstance(value, bool):
+            raise WireError(f"{path} must be true or false")
+        return value
+    if kind == "string":
+        if not isinstance(value, str):
+            raise WireError(f"{path} must be a string")
+        return value
+    if kind == "null":
+        if value is not None:
+            raise WireError(f"{path} must be null")
+        return None
+    raise TypeError(f"no JSON form for Avro type {kind!r}")  # a schema type the API does not use
+
+
+def to_json(names_: Names, schema: Schema, datum: Any) -> Any:
+    """The JSON form of `datum`, an Avro value of `schema` as the registry decodes it
+    (a union of several records as a (full name, value) pair)."""
+    schema = names_.resolve(schema)
+    kind = _kind(schema)
+    if kind == "union":
+        if datum is None:
+            return None
+        branches = _branches(names_, schema)
+        if len(branches) == 1:
+            return to_json(names_, branches[0], datum)
+        name, inner = datum
+        branch = next(b for b in branches if full_name(b) == name)
+        return {short_name(name): to_json(names_, branch, inner)}
+    if kind == "record":
+        return {field["name"]: to_json(names_, field["type"], datum[field["name"]]) for field in schema["fields"]}
+    if kind == "array":
+        return [to_json(names_, schema["items"], item) for item in datum]
+    if kind == "map":
+        return {key: to_json(names_, schema["values"], item) for key, item in datum.items()}
+    if kind in ("bytes", "fixed"):
+        return base64.b64encode(datum).decode("ascii")
+    return datum
+
+
+def from_text(names_: Names, schema: Schema, text: str, path: str) -> Any:
+    """The JSON value of a path segment or query parameter `text` for a field of `schema`: integers
+    and booleans are parsed, strings taken as they are, anything else is JSON."""
+    kind = _kind(names_.resolve(schema))
+    if kind == "union":
+        branches = _branches(names_, schema)
+        if text == "null" and "null" in schema:
+            return None
+        if len(branches) == 1:
+            return from_text(names_, branches[0], text, path)
+    if kind in _INTEGERS:
+        try:
+            return int(text)
+        except ValueError:
+            raise WireError(f"{path} must be an integer") from None
+    if kind == "boolean":
+        if text not in ("true", "false"):
+            raise WireError(f"{path} must be true or false")
+        return text == "true"
+    if kind in ("string", "enum", "bytes", "fixed"):
+        return text
+    raise WireError(f"{path} cannot be given as a query parameter; send it in a JSON body")
+
+
+def field_schema(names_: Names, record: Schema, name: str) -> Schema:
+    """The schema of field `name` of `record`; KeyError when it has none."""
+    for field in names_.resolve(record)["fields"]:
+        if field["name"] == name:
+            return field["type"]
+    raise KeyError(name)
+
+
+def _join(path: str, name: str) -> str:
+    return f"{path}.{name}" if path else name
+
+
+def json_schema(names_: Names, schema: Schema, refs: dict[str, Any]) -> dict[str, Any]:
+    """The JSON Schema (OpenAPI 3.1) of the JSON form of `schema`; named records and enums go into
+    `refs` (components/schemas, by full name) and are referenced."""
+    schema = names_.resolve(schema)
+    kind = _kind(schema)
+    if kind == "union":
+        branches = _branches(names_, schema)
+        if len(branches) == 1:
+            inner = json_schema(names_, branches[0], refs)
+        else:
+            inner = {
+                "oneOf": [
+                    {
+                        "type": "object",
+                        "properties": {short_name(full_name(b)): json_schema(names_, b, refs)},
+                        "required": [short_name(full_name(b))],
+                        "additionalProperties": False,
+                    }
+                    for b in branches
+                ]
+            }
+        return {"anyOf": [inner, {"type": "null"}]} if "null" in schema else inner
+    if kind in ("record", "enum"):
+        name = full_name(schema)
+        if name not in refs:
+            refs[name] = {}  # placed first: a record that contains itself refers to its own entry
+            refs[name] = _named_schema(names_, schema, refs)
+        return {"$ref": f"#/components/schemas/{name}"}
+    if kind == "array":
+        return {"type": "array", "items": json_schema(names_, schema["items"], refs)}
+    if kind == "map":
+        return {"type": "object", "additionalProperties": json_schema(names_, schema["values"], refs)}
+    if kind in ("bytes", "fixed"):
+        return {"type": "string", "contentEncoding": "base64"}
+    if kind in _INTEGERS:
+        return {"type": "integer", "format": "int32" if kind == "int" else "int64"}
+    return {"type": {"string": "string", "boolean": "boolean", "null": "null"}[kind]}
+
+
+def _named_schema(names_: Names, schema: dict[str, Any], refs: dict[str, Any]) -> dict[str, Any]:
+    described: dict[str, Any]
+    if schema["type"] == "enum":
+        described = {"type": "string", "enum": list(schema["symbols"])}
+    else:
+        described = {
+            "type": "object",
+            "properties": {f["name"]: _field_schema(names_, f, refs) for f in schema["fields"]},
+            "required": [f["name"] for f in schema["fields"] if "default" not in f],
+            "additionalProperties": False,
+        }
+    if "doc" in schema:
+        described["description"] = schema["doc"]
+    return described
+
+
+def _field_schema(names_: Names, field: dict[str, Any], refs: dict[str, Any]) -> dict[str, Any]:
+    described = json_schema(names_, field["type"], refs)
+    if "doc" in field:
+        described = {**described, "description": field["doc"]}
+    return described
+
+
+def fields(names_: Names, record: Schema) -> Iterator[dict[str, Any]]:
+    yield from names_.resolve(record)["fields"]
