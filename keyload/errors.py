@@ -10,6 +10,7 @@ free of SDK imports):
     ├── CommandRejected                   the command was applied and rejected (`outcome` is its receipt)
     │   └── ValidationError, NotFoundError, ConflictError, ... one per error code (`BY_CODE`)
     ├── OutcomeTimeout                    no outcome in time: resubmit with the same command id
+    ├── ServiceUnavailable                a keyload server cannot take the command now: resubmit with the same id
     ├── InvalidCommand (also ValueError)  refused by the client before appending: nothing was appended
     │   └── CommandTooLarge               the encoded command is over the log's record limit
     ├── DataDirError                      keyload.storage.datadir: the data directory is missing or unreadable
@@ -109,6 +110,12 @@ class OutcomeTimeout(KeyloadError):
             f"no outcome for command {command_id!r} within {timeout_s:g}s (is `keyload run` running?){note}"
         )
         self.command_id = command_id
+
+
+class ServiceUnavailable(KeyloadError):
+    """A keyload server could not take the command now: it cannot be reached, the partition is halted,
+    or its log cannot be written. Nothing may have been applied, or it may: resubmit with the same
+    `command_id` to learn its outcome without applying it twice."""
 
 
 class CommandRejected(KeyloadError):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import json
 import queue
 import re
 import signal
@@ -527,3 +528,17 @@ def wide_command(envelope: dict[str, Any]) -> bytes:
     out.write(_COMMAND_HEADER)
     schemaless_writer(out, _WIDE_COMMAND, envelope)
     return out.getvalue()
+
+
+def served_url(root: Path, timeout_s: float = SERVICE_START_TIMEOUT_S) -> str:
+    """The URL of the HTTP API `keyload run` serves for `root` (DATA/server.json, written once it listens)."""
+    address = root / "server.json"
+    wait_until(address.exists, timeout_s, f"{address}")
+    url: str = json.loads(address.read_text())["url"]
+    return url
+
+
+def bearer(root: Path, principal: str = ADMIN_PRINCIPAL) -> dict[str, str]:
+    """The Authorization header of `principal` (its credential file in DATA/credentials)."""
+    credential = Credential.load(root / "credentials" / f"{principal}.json")
+    return {"Authorization": f"Bearer {credential.bearer_token}"}

@@ -10,13 +10,15 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from functools import partial
 from itertools import pairwise
 from pathlib import Path
 from typing import Unpack
 
 import pytest
 
-from keyload import Client
+from keyload import Client, Credential
 from keyload.credentials import contents
 from keyload.errors import OutcomeTimeout, RevisionConflictError
 from keyload.log.base import LogRecord, partition_for
@@ -26,32 +28,58 @@ from keyload.sdk.consumer import ConsumeStats, ExactlyOnce, Handled, WorkOptions
 from keyload.sdk.results import Delivery, EnqueueMessage, Event, GroupDelivery, Mutation, PutDocument, QueuePolicySpec
 from keyload.storage.datadir import DataDir, KafkaConfig
 
-from .support import start_service, stop_service, wait_until
+from .support import served_url, start_service, stop_service, wait_until
 
 pytestmark = pytest.mark.slow
 
 
-@pytest.fixture(params=["file", "kafka"])
-def served(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[Client, subprocess.Popen[bytes]]]:
-    """A client of a running `keyload run`, and that service's process."""
+@dataclass(frozen=True)
+class Served:
+    """A client of a running `keyload run`, that service's process, and how to connect another client
+    the same way (over the same transport, as the same principal)."""
+
+    client: Client
+    service: subprocess.Popen[bytes]
+    connect: Callable[..., Client]
+
+
+def _serve(request: pytest.FixtureRequest, root: Path) -> Iterator[Served]:
+    """`keyload run` over the file log or Kafka, its client local (appending to the log) or over HTTP."""
     if request.param == "kafka":
         bootstrap: str = request.getfixturevalue("kafka_bootstrap")
-        DataDir.create(tmp_path / "data", kafka=KafkaConfig(bootstrap, f"sdk-{uuid.uuid4().hex[:10]}"))
-    service = start_service(tmp_path / "data", "--tick-interval-ms", "50")
-    sdk = Client(tmp_path / "data")
+        DataDir.create(root, kafka=KafkaConfig(bootstrap, f"sdk-{uuid.uuid4().hex[:10]}"))
+    service = start_service(root, "--tick-interval-ms", "50")
+    if request.param == "http":
+        credential = Credential.load(root / "credentials" / "keyload-admin.json")
+        connect: Callable[..., Client] = partial(Client, served_url(root), credential=credential)
+    else:
+        connect = partial(Client, root)
+    sdk = connect()
     try:
-        yield sdk, service
+        yield Served(sdk, service, connect)
     finally:
         sdk.close()
         assert stop_service(service) == 0
 
 
+@pytest.fixture(params=["file", "kafka", "http"])
+def served(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Served]:
+    yield from _serve(request, tmp_path / "data")
+
+
+@pytest.fixture(params=["file", "kafka"])
+def local(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Served]:
+    """For tests that read the command log themselves: a local client only."""
+    yield from _serve(request, tmp_path / "data")
+
+
 @pytest.fixture
-def client(served: tuple[Client, subprocess.Popen[bytes]]) -> Client:
-    return served[0]
+def client(served: Served) -> Client:
+    return served.client
 
 
-def test_an_idle_long_poll_appends_one_command_and_an_enqueue_completes_it(client: Client, tmp_path: Path) -> None:
+def test_an_idle_long_poll_appends_one_command_and_an_enqueue_completes_it(local: Served) -> None:
+    client = local.client
     client.create_queue("shop", "jobs")
     log = client.data.command_log()
     partition = partition_for("shop", client.data.partitions)
@@ -63,7 +91,7 @@ def test_an_idle_long_poll_appends_one_command_and_an_enqueue_completes_it(clien
     ticks = sum(1 for r in log.read(partition, before, 1_000) if b"keyload-ticker" in r.value)
     assert log.end_offset(partition) - before - ticks == 1
     # A message enqueued during a wait completes it at once.
-    producer = Client(tmp_path / "data")
+    producer = local.connect()
     timer = threading.Timer(0.3, lambda: producer.enqueue("shop", "jobs", b"hi", message_id="m1"))
     timer.start()
     result = client.receive("shop", "jobs", wait_ms=20_000)
@@ -103,12 +131,13 @@ def test_a_lane_without_an_outcome_is_unknown(tmp_path: Path) -> None:
 
 
 def consume_until_settled(
-    client: Client, queue: str, handler: Callable[[Delivery], Handled], settled: int, **options: Unpack[WorkOptions]
+    served: Served, queue: str, handler: Callable[[Delivery], Handled], settled: int, **options: Unpack[WorkOptions]
 ) -> ConsumeStats:
     """Run the consumer helper (its own Client, a thread) until `settled` messages of `queue` are
     acked or dead-lettered (at most 60 s), then stop it; its stats."""
+    client = served.client
     stop = options["stop"] = threading.Event()
-    consumer = Client(client.data.root)
+    consumer = served.connect()
     results: list[ConsumeStats] = []
     thread = threading.Thread(
         target=lambda: results.append(consumer.consume("shop", queue, handler, wait_ms=500, **options))
@@ -127,7 +156,8 @@ def consume_until_settled(
     return stats
 
 
-def test_consumer_helper_acks_nacks_and_renews(client: Client) -> None:
+def test_consumer_helper_acks_nacks_and_renews(served: Served) -> None:
+    client = served.client
     client.create_queue(
         "shop", "jobs", QueuePolicySpec(max_attempts=2, retry_base_ms=10, retry_max_ms=10, lease_ms=3_000)
     )
@@ -145,7 +175,7 @@ def test_consumer_helper_acks_nacks_and_renews(client: Client) -> None:
             raise RuntimeError("handler failure")
 
     client.enqueue("shop", "jobs", b"slow", message_id="slow")
-    stats = consume_until_settled(client, "jobs", handler, 41, concurrency=4, lease_ms=3_000)
+    stats = consume_until_settled(served, "jobs", handler, 41, concurrency=4, lease_ms=3_000)
     counters = client.inspect_queue("shop", "jobs").counters
     assert (counters.acked_total, counters.dead_lettered) == (37, 4)  # m3, m13, m23, m33 fail twice
     assert seen["slow"] == 1 and stats.lost_leases == 0  # renewed, never redelivered
@@ -153,7 +183,8 @@ def test_consumer_helper_acks_nacks_and_renews(client: Client) -> None:
     assert (stats.acked, stats.nacked) == (37, 8)
 
 
-def test_an_idle_subscriber_waits_in_the_log_and_a_publish_wakes_it(client: Client, tmp_path: Path) -> None:
+def test_an_idle_subscriber_waits_in_the_log_and_a_publish_wakes_it(local: Served) -> None:
+    client = local.client
     """Idle, a subscriber appends one GroupReceive per wait, each after the previous one expired
     in log time (it waits in the log, it does not poll); a publish that lands while a receive
     waits is delivered by that very receive. Asserted on log order and log time, so a loaded
@@ -184,12 +215,12 @@ def test_an_idle_subscriber_waits_in_the_log_and_a_publish_wakes_it(client: Clie
         release.acquire(timeout=60)  # holds the only handler slot: no receive is appended meanwhile
 
     subscriber = threading.Thread(
-        target=lambda: Client(tmp_path / "data").subscribe(
+        target=lambda: local.connect().subscribe(
             "shop", "events", "g", handle, wait_ms=wait_ms, concurrency=1, stop=stop
         )
     )
     subscriber.start()
-    publisher = Client(tmp_path / "data")
+    publisher = local.connect()
     try:
         wait_until(lambda: len(records_after(before - 1, "GroupReceive")) >= 3, timeout_s=60, what="3 receives")
         idle = records_after(before - 1, "GroupReceive")
@@ -246,7 +277,8 @@ def test_operator_moves_are_fenced_by_the_view_they_were_decided_on(client: Clie
     assert (counters.dead_lettered, counters.pending_dead_letter, counters.cancelled_total) == (1, 0, 1)
 
 
-def test_exactly_once_consumer_commits_effects_with_the_ack(client: Client) -> None:
+def test_exactly_once_consumer_commits_effects_with_the_ack(served: Served) -> None:
+    client = served.client
     client.create_queue("shop", "orders", QueuePolicySpec(max_attempts=3, retry_base_ms=10, retry_max_ms=10))
     client.create_queue("shop", "shipments")
     client.put_document("shop", "order/o7", b"taken", expected_revision=0)  # o7's effect will conflict
@@ -260,7 +292,7 @@ def test_exactly_once_consumer_commits_effects_with_the_ack(client: Client) -> N
             EnqueueMessage("shipments", f"ship-{order}", delivery.body),
         ]
 
-    stats = consume_until_settled(client, "orders", handle, 20, exactly_once=ExactlyOnce("order-service"))
+    stats = consume_until_settled(served, "orders", handle, 20, exactly_once=ExactlyOnce("order-service"))
     orders = client.inspect_queue("shop", "orders").counters
     assert (orders.acked_total, orders.dead_lettered) == (19, 1)  # o7: RevisionConflict on every attempt
     assert (stats.acked, stats.nacked, stats.already_processed) == (19, 3, 0)
@@ -270,10 +302,8 @@ def test_exactly_once_consumer_commits_effects_with_the_ack(client: Client) -> N
     assert {d.revision for d in page.documents} == {1}
 
 
-def test_the_consumer_helper_rides_out_a_processor_pause_longer_than_its_timeout(
-    served: tuple[Client, subprocess.Popen[bytes]],
-) -> None:
-    client, service = served
+def test_the_consumer_helper_rides_out_a_processor_pause_longer_than_its_timeout(served: Served) -> None:
+    client, service = served.client, served.service
     client.create_queue("shop", "jobs", QueuePolicySpec(lease_ms=60_000))
     for i in range(30):
         client.enqueue("shop", "jobs", b"job", message_id=f"m{i}")
@@ -288,7 +318,7 @@ def test_the_consumer_helper_rides_out_a_processor_pause_longer_than_its_timeout
             threading.Timer(3.0, os.kill, (service.pid, signal.SIGCONT)).start()
 
     stop = threading.Event()
-    consumer = Client(client.data.root, timeout_s=1.0)
+    consumer = served.connect(timeout_s=1.0)
     results: list[ConsumeStats] = []
     thread = threading.Thread(
         target=lambda: results.append(consumer.consume("shop", "jobs", handler, wait_ms=500, stop=stop))

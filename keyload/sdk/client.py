@@ -11,17 +11,17 @@ import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar, Literal, TypeVar, Unpack
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol, TypeGuard, TypeVar, Unpack
 
-from keyload import limits
 from keyload.commands import BY_NAME, CommandKind
-from keyload.credentials import ADMIN_PRINCIPAL, Credential, CredentialError, contents, credential_path
-from keyload.errors import CommandRejected, CommandTooLarge, InvalidCommand, KeyloadError, OutcomeTimeout, rejection
+from keyload.credentials import ADMIN_PRINCIPAL, Credential, CredentialError, credential_path
+from keyload.errors import CommandRejected, InvalidCommand, KeyloadError, OutcomeTimeout, rejection
 from keyload.log.base import LogError, partition_for
 from keyload.log.codec import REGISTRY
-from keyload.log.file_log import DEFAULT_CONFIG as FILE_LOG_CONFIG
 from keyload.projections import keys
 from keyload.sdk.consumer import DEFAULT_WAIT_MS, ConsumeStats, Handled, WorkOptions, consume, subscribe
+from keyload.sdk.envelope import check_command_id, shown
+from keyload.sdk.log_transport import LogTransport
 from keyload.sdk.results import (
     RESULT_TYPES,
     AckBatchResult,
@@ -64,7 +64,6 @@ from keyload.sdk.results import (
     TopicView,
     mutation_record,
 )
-from keyload.service.doorbell import Doorbell
 from keyload.service.system_commands import domain_for_partition
 from keyload.storage.datadir import DataDir
 
@@ -72,68 +71,18 @@ from keyload.storage.datadir import DataDir
 # signs with the processors' proofs and handles) are imported where they are used.
 if TYPE_CHECKING:
     from keyload.projections.store import Store
+    from keyload.sdk.http_transport import HttpTransport
     from keyload.sdk.payloads import PayloadGateway, Progress
 
 DEFAULT_TIMEOUT_S = 10.0
-OUTCOME_POLL_MIN_S = 0.0005  # first wait for an outcome; doubles while none comes
-OUTCOME_POLL_MAX_S = 0.010
-OUTCOME_READ_BATCH = 256
 
 T = TypeVar("T")
 MAX_LANES = 8
-COMMAND = "keyload.Command"
-# Both logs accept records up to the file log's limit (log/kafka_log.py MAX_RECORD_BYTES); a
-# command's signature takes up to this many bytes around it (key id, MAC, framing).
-MAX_COMMAND_BYTES = FILE_LOG_CONFIG.max_record_bytes - limits.SIGNATURE_BYTES
 POISON_PREVIEW_BYTES = 32  # how much of a poison record `poison_entries` returns
 DEFAULT_POISON_LIMIT = 100
-SHOWN_NAME_CHARS = 64  # of a caller's kind or event id quoted back in a client-side message
-_FIELDS_SHOWN = 3
 # A publish's refusal names events by index (a stored detail never echoes client-chosen strings);
 # the client maps them back to the ids it was given.
 _EVENT_INDEXES = re.compile(r"(?P<word>events?) (?P<first>\d+)(?: and (?P<second>\d+))?\b")
-
-
-def _command_kinds() -> frozenset[str]:
-    body = next(f for f in REGISTRY.schema(COMMAND)["fields"] if f["name"] == "body")
-    return frozenset(branch["name"] for branch in body["type"])
-
-
-COMMAND_KINDS = _command_kinds()
-
-
-def _shown(name: str) -> str:
-    """A caller's own name, quoted and cut short for an error message."""
-    return repr(name if len(name) <= SHOWN_NAME_CHARS else name[:SHOWN_NAME_CHARS] + "…")
-
-
-def _mismatched_fields(envelope: dict[str, Any]) -> str:
-    """Which schema fields a command does not match, named by schema path (never by value)."""
-    found = REGISTRY.mismatched_fields(COMMAND, envelope)
-    if not found:
-        return ""
-    more = f" and {len(found) - _FIELDS_SHOWN} more" if len(found) > _FIELDS_SHOWN else ""
-    return f" at {', '.join(found[:_FIELDS_SHOWN])}{more}"
-
-
-def encode_command(envelope: dict[str, Any]) -> bytes:
-    """The command's log record; InvalidCommand (short, nothing echoed but names) when it cannot be one."""
-    kind = envelope["body"][0]
-    if not isinstance(kind, str) or kind not in COMMAND_KINDS:
-        shown = _shown(kind) if isinstance(kind, str) else type(kind).__name__
-        raise InvalidCommand(f"unknown command kind {shown}; nothing was appended")
-    try:
-        value = REGISTRY.encode(COMMAND, envelope)
-    except Exception:  # fastavro raises ValueError, TypeError, ... whose text may hold the schema or the body
-        where = _mismatched_fields(envelope)
-        raise InvalidCommand(f"{kind} does not match its schema{where}; nothing was appended") from None
-    if len(value) > MAX_COMMAND_BYTES:
-        raise CommandTooLarge(
-            f"the command is {len(value)} bytes, over the {MAX_COMMAND_BYTES} bytes a command may take (the "
-            f"log's record limit of {FILE_LOG_CONFIG.max_record_bytes} bytes less {limits.SIGNATURE_BYTES} for "
-            "its signature); nothing was appended"
-        )
-    return value
 
 
 def _naming_events(outcome: Outcome, events: Sequence[dict[str, Any]], prefix: str = "") -> CommandRejected:
@@ -144,7 +93,7 @@ def _naming_events(outcome: Outcome, events: Sequence[dict[str, Any]], prefix: s
     if match is not None:
         indexes = [int(found) for found in (match["first"], match["second"]) if found is not None]
         if all(index < len(events) for index in indexes):
-            named = " and ".join(_shown(events[index]["event_id"]) for index in indexes)
+            named = " and ".join(shown(events[index]["event_id"]) for index in indexes)
             detail = f"{detail[: match.start()]}{match['word']} {named}{detail[match.end() :]}"
     return rejection(outcome, f"{outcome.error_code}: {detail}")
 
@@ -169,18 +118,6 @@ def _local_credential(root: Path, principal: str) -> Credential:
         how = "`keyload run` writes it" if principal == ADMIN_PRINCIPAL else f"`keyload principal create {principal}`"
         raise CredentialError(f"no credential for principal {principal!r} at {path}: {how}, or pass a credential")
     return Credential.load(path)
-
-
-def _unsealed_note(unsealed: Sequence[Outcome]) -> str:
-    """What the timeout says of outcomes for the command that were not sealed with the client's key."""
-    if not unsealed:
-        return ""
-    claim = f"{unsealed[0].error_code}: {unsealed[0].detail}" if unsealed[0].status != "committed" else "committed"
-    return (
-        f"; {len(unsealed)} outcome(s) for it were not sealed with this client's key and were ignored "
-        f"(unverified, the first says {claim!r}: the service answers so when it cannot authenticate a "
-        "command, for an unknown principal or key or a bad signature)"
-    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -212,23 +149,38 @@ def _group_start(start: Literal["beginning", "end"] | int) -> tuple[str, int | N
     return start, None
 
 
-def check_command_id(command_id: str) -> None:
-    """The processor's rule, checked before appending: a bad id would never get an outcome."""
-    if not 1 <= len(command_id) <= limits.MAX_COMMAND_ID_CHARS or not limits.ID_PATTERN.fullmatch(command_id):
-        raise InvalidCommand(f"command id must be 1..{limits.MAX_COMMAND_ID_CHARS} printable ASCII characters")
+class Transport(Protocol):
+    """How a client's commands reach the service: `LogTransport` appends to the log itself,
+    `HttpTransport` sends them to a keyload server."""
+
+    @property
+    def partitions(self) -> int: ...
+
+    def submit(self, domain: str, kind: str, body: dict[str, Any], command_id: str, timeout_s: float) -> Outcome: ...
+
+    def close(self) -> None: ...
+
+
+def is_server_url(target: str | os.PathLike[str]) -> TypeGuard[str]:
+    return isinstance(target, str) and target.startswith(("http://", "https://"))
 
 
 class Client:
-    """Submits commands to a keyload data directory served by `keyload run`.
+    """Submits commands to keyload: to a keyload server (`Client("http://host:7411", credential=...)`)
+    or, for local operators, straight into the log of a data directory that `keyload run` serves
+    (`Client("./keyload-data")`).
 
     Every command has a command id (generated unless given). Submitting the same
     command id again, with the same content, returns the original outcome and
     applies nothing twice; with different content it is rejected with `Conflict`.
 
-    A client acts as one principal and signs every command with that principal's credential:
-    `credential`, else the credential file of `principal` in the data directory
-    (DATA/credentials/<principal>.json), else the administrator's (the local operator's client).
-    It accepts only outcomes sealed with the same key (keyload/credentials.py).
+    A client acts as one principal. Over HTTP it presents `credential` to the server, which signs
+    its commands with it; it trusts the outcomes the server answers with (use https:// off this
+    machine). Locally it signs every command with the principal's credential itself: `credential`,
+    else the credential file of `principal` in the data directory (DATA/credentials/<principal>.json),
+    else the administrator's (the local operator's client), and accepts only outcomes sealed with
+    the same key (keyload/credentials.py). `verify` is the TLS verification of an https:// server
+    (True, False, or a CA bundle's path).
     """
 
     # The command table by row name and the result classes it is typed by (keyload/commands.py).
@@ -237,47 +189,73 @@ class Client:
 
     def __init__(
         self,
-        data_dir: str | os.PathLike[str],
+        target: str | os.PathLike[str],
         principal: str | None = None,
         timeout_s: float = DEFAULT_TIMEOUT_S,
         reply_partition: int | None = None,
         *,
         credential: Credential | None = None,
+        verify: bool | str = True,
     ) -> None:
-        self.data = DataDir.open(data_dir)
-        if credential is None:
-            credential = _local_credential(self.data.root, principal or ADMIN_PRINCIPAL)
+        self.timeout_s = timeout_s
+        self._payloads: PayloadGateway | None = None
+        self._transport: Transport
+        if is_server_url(target):
+            if credential is None:
+                raise CredentialError("a client of a keyload server needs its credential: Client(url, credential=...)")
+            if reply_partition is not None:
+                raise InvalidCommand("reply_partition is for a client of a data directory; a server answers directly")
+            from keyload.sdk.http_transport import HttpTransport  # lazily: httpx is for clients of a server
+
+            self._transport = HttpTransport(target, credential, verify=verify)
+        else:
+            data = DataDir.open(target)
+            if credential is None:
+                credential = _local_credential(data.root, principal or ADMIN_PRINCIPAL)
+            self._transport = LogTransport(data, credential, reply_partition)
         if principal is not None and credential.principal != principal:
+            self._transport.close()
             raise CredentialError(f"the credential given is {credential.principal!r}'s, not {principal!r}'s")
         self.credential = credential
         self.principal = credential.principal
-        self.timeout_s = timeout_s
-        self._commands = self.data.command_log()
-        self._outcomes = self.data.outcome_log()
-        # Kafka processors block in their fetch and wake on new records; only the
-        # embedded service listens for a doorbell.
-        self._doorbell = Doorbell(self.data.root) if self.data.kafka is None else None
-        self._cursor: int | None = None  # the next outcome to read of the reply partition
-        self._payloads: PayloadGateway | None = None
-        partitions = self.data.outcome_partitions
-        self.reply_partition = (
-            int.from_bytes(os.urandom(2), "big") % partitions if reply_partition is None else reply_partition
-        )
-        if not 0 <= self.reply_partition < partitions:
-            self.close()
-            raise InvalidCommand(f"reply_partition must be 0..{partitions - 1}")
+
+    @property
+    def reply_partition(self) -> int | None:
+        """The outcome partition a local client waits on (None over HTTP)."""
+        return self._transport.reply_partition if isinstance(self._transport, LogTransport) else None
+
+    @property
+    def data(self) -> DataDir:
+        """The data directory of a local client (KeyloadError for a client of a server)."""
+        return self._local("the data directory").data
+
+    @property
+    def partitions(self) -> int:
+        """The service's partition count."""
+        return self._transport.partitions
 
     def close(self) -> None:
-        self._commands.close()
-        self._outcomes.close()
-        if self._doorbell is not None:
-            self._doorbell.close()
+        self._transport.close()
 
     def __enter__(self) -> Client:
         return self
 
     def __exit__(self, *_: object) -> None:
         self.close()
+
+    def _local(self, what: str) -> LogTransport:
+        """The local transport, for calls that need the data directory itself."""
+        if not isinstance(self._transport, LogTransport):
+            raise KeyloadError(f"{what} needs a local data directory: Client(DATA), not a server URL")
+        return self._transport
+
+    def _http(self, what: str) -> HttpTransport:
+        """The HTTP transport, for calls a server answers outside commands."""
+        from keyload.sdk.http_transport import HttpTransport  # lazily: httpx is for clients of a server
+
+        if not isinstance(self._transport, HttpTransport):
+            raise KeyloadError(f"{what} over HTTP needs a client of a server")
+        return self._transport
 
     # -- the generic path -------------------------------------------------------------
 
@@ -289,83 +267,16 @@ class Client:
         command_id: str | None = None,
         timeout_s: float | None = None,
     ) -> Outcome:
-        """Append one command and wait for its outcome (committed or rejected).
+        """Send one command and wait for its outcome (committed or rejected).
 
-        A command that cannot be appended as given (unknown `kind`, a `body` that does not match the
+        A command that cannot be sent as given (unknown `kind`, a `body` that does not match the
         kind's schema, over the log's record limit, a bad command id) raises `InvalidCommand` and
-        appends nothing."""
+        nothing is appended."""
         command_id = command_id or str(uuid.uuid4())
         check_command_id(command_id)
-        envelope = {
-            "command_id": command_id,
-            "domain": domain,
-            "principal": self.principal,
-            "body": (kind, body),
-            "reply_to": self.reply_partition,
-            "client_time_ms": time.time_ns() // 1_000_000,
-        }
-        value = self.credential.sign(encode_command(envelope))
-        if self._cursor is None:
-            self._cursor = self._outcomes.end_offset(self.reply_partition)
-        self._commands.append(partition_for(domain, self.data.partitions), [value])
-        if self._doorbell is not None:
-            self._doorbell.ring()
-        return self._await(command_id, domain, self.timeout_s if timeout_s is None else timeout_s)
-
-    def _await(self, command_id: str, domain: str, timeout_s: float) -> Outcome:
-        """Tail the reply partition for the outcome of (domain, command id), sealed with this
-        client's key.
-
-        The client reads on from where its last wait stopped (at most the
-        partition's end, so nothing after the append is missed), which spares a
-        broker round trip per command; outcomes of other clients sharing the
-        partition are passed over, most without decoding. An outcome for the
-        command that is not sealed with this client's key is not the service's
-        answer to it (or the service could not authenticate the command): it is
-        passed over, and named in the timeout's message if nothing else comes.
-        """
-        assert self._cursor is not None
-        deadline = time.monotonic() + timeout_s
-        pause = OUTCOME_POLL_MIN_S
-        needle = command_id.encode()
-        unsealed: list[Outcome] = []
-        while True:
-            # Checked before the read: the last read starts after the deadline, so a process
-            # paused past it still finds an outcome that arrived meanwhile.
-            expired = time.monotonic() >= deadline
-            records = self._outcomes.read(self.reply_partition, self._cursor, OUTCOME_READ_BATCH)
-            for record in records:
-                self._cursor = record.offset + 1
-                if needle not in record.value:
-                    continue
-                found = self._matching(record.value, command_id, domain)
-                if found is not None:
-                    outcome, sealed = found
-                    if sealed:
-                        return outcome
-                    unsealed.append(outcome)
-            if records:
-                continue
-            if expired:
-                raise OutcomeTimeout(command_id, timeout_s, _unsealed_note(unsealed))
-            time.sleep(pause)
-            pause = min(pause * 2, OUTCOME_POLL_MAX_S)
-
-    def _matching(self, value: bytes, command_id: str, domain: str) -> tuple[Outcome, bool] | None:
-        """(the outcome `value` holds, whether it is sealed with this client's key) when it is one
-        for (domain, command id); None when it answers another command or is no outcome at all (a
-        writer of the outcome stream that is not the service can append anything: what is not
-        sealed is read only for the note a timeout gives)."""
-        sealed = self.credential.seals(value)
-        try:
-            decoded = REGISTRY.decode("keyload.Outcome", contents(value))
-            if decoded["command_id"] != command_id or decoded["domain"] != domain:
-                return None
-            return Outcome.from_record(decoded), sealed
-        except Exception:  # only bytes no service wrote get here: a sealed outcome decodes
-            if sealed:
-                raise
-            return None
+        return self._transport.submit(
+            domain, kind, body, command_id, self.timeout_s if timeout_s is None else timeout_s
+        )
 
     def send(
         self,
@@ -379,7 +290,7 @@ class Client:
         its typed result; `CommandRejected` when it is refused. Every typed method below goes through here."""
         kind = self.commands.get(name)
         if kind is None:
-            raise InvalidCommand(f"unknown command {_shown(name)}; nothing was appended")
+            raise InvalidCommand(f"unknown command {shown(name)}; nothing was appended")
         outcome = self.submit(domain, kind.branch, body, command_id, timeout_s)
         if outcome.status != "committed":
             raise _refusal(kind, body, outcome)
@@ -964,7 +875,8 @@ class Client:
         if self._payloads is None:
             from keyload.sdk.payloads import PayloadGateway  # lazily: see the imports
 
-            self._payloads = PayloadGateway(self.data.object_store(), self.data.keyring())
+            data = self._local("the payload gateway").data
+            self._payloads = PayloadGateway(data.object_store(), data.keyring())
         return self._payloads
 
     def prepare_large_schedule(
@@ -1040,7 +952,8 @@ class Client:
 
         resuming = request_id is not None
         request_id = request_id or str(uuid.uuid4())
-        with staged_source(source, self.data.root / "scratch" / "payloads") as path:
+        data = self._local("schedule_large").data
+        with staged_source(source, data.root / "scratch" / "payloads") as path:
             digest = digest_of(path)
             receipt = self.prepare_large_schedule(
                 domain,
@@ -1061,7 +974,7 @@ class Client:
                 current = self.inspect_reservation(domain, receipt.reservation_id)
                 if current.state == "committed":
                     return current
-            handle = self.payloads.upload_handle(receipt, partition_for(domain, self.data.partitions))
+            handle = self.payloads.upload_handle(receipt, partition_for(domain, data.partitions))
             self.payloads.upload(handle, path, progress)
             proof = self.payloads.attest(handle)
         # A new command id each time: the proof (its attestation time) differs between attempts.
@@ -1074,7 +987,7 @@ class Client:
         if into is not None:
             self.payloads.read(delivery.payload.read_handle, Path(into))
             return None
-        scratch = self.data.root / "scratch"
+        scratch = self._local("read_payload").data.root / "scratch"
         scratch.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(dir=scratch) as folder:
             target = Path(folder) / "payload"
@@ -1142,34 +1055,45 @@ class Client:
         return self.inspect_principal()
 
     def create_principal(self, principal: str, grants: Sequence[Grant] = ()) -> Credential:
-        """A new principal with a new keyring key and its credential file, DATA/credentials/<principal>.json
-        (0600), written once every partition has the principal: give that file to the principal's
-        client. A local operator's call: it writes the keyring of this data directory (in Kafka mode
-        copy the keyring to every processor before the principal sends a command). An existing
-        principal is refused (RevisionConflict) and its file left as it is."""
-        from keyload.storage.principals import new_credential, write_credential  # lazily: they write the keyring
+        """A new principal with a new keyring key; its credential is returned, and a local client
+        also writes its file DATA/credentials/<principal>.json (0600) once every partition has the
+        principal: give that file (or the credential) to the principal's client. A local operator
+        writes the keyring of this data directory (in Kafka mode copy the keyring to every processor
+        before the principal sends a command); a client of a server asks the server, which makes the
+        key (admin on every domain). An existing principal is refused (RevisionConflict) and its
+        credential left as it is."""
+        if isinstance(self._transport, LogTransport):
+            from keyload.storage.principals import new_credential, write_credential  # lazily: they write the keyring
 
-        credential = new_credential(self.data.root, principal)
-        self.put_principal(principal, key_id=credential.key_id, grants=grants, expected_revision=0)
-        write_credential(self.data.root, credential)
-        return credential
+            root = self._transport.data.root
+            credential = new_credential(root, principal)
+            self.put_principal(principal, key_id=credential.key_id, grants=grants, expected_revision=0)
+            write_credential(root, credential)
+            return credential
+        return self._http("create_principal").issue_credential(
+            principal, [grant.to_avro() for grant in grants], str(uuid.uuid4()), self.timeout_s
+        )
 
     def rotate_credential(self, principal: str) -> Credential:
-        """A new key and credential file for an existing principal; commands signed with the old key
-        are refused from the log position of the change on (the old key stays in the keyring for
-        replays). NotFound for a principal that does not exist."""
-        from keyload.storage.principals import new_credential, write_credential  # lazily: they write the keyring
+        """A new key and credential for an existing principal (a local client also replaces its file);
+        commands signed with the old key are refused from the log position of the change on (the old
+        key stays in the keyring for replays). NotFound or RevisionConflict for a principal that does
+        not exist."""
+        if isinstance(self._transport, LogTransport):
+            from keyload.storage.principals import new_credential, write_credential  # lazily: they write the keyring
 
-        current = self.inspect_principal(principal).principal
-        credential = new_credential(self.data.root, principal)
-        self.put_principal(principal, key_id=credential.key_id, expected_revision=current.revision)
-        write_credential(self.data.root, credential)
-        return credential
+            root = self._transport.data.root
+            current = self.inspect_principal(principal).principal
+            credential = new_credential(root, principal)
+            self.put_principal(principal, key_id=credential.key_id, expected_revision=current.revision)
+            write_credential(root, credential)
+            return credential
+        return self._http("rotate_credential").issue_credential(principal, None, str(uuid.uuid4()), self.timeout_s)
 
     def _send_everywhere(self, name: str, body: dict[str, Any], command_id: str | None) -> PrincipalView:
         """Send a principal command to every partition under one command id; partition 0's view."""
         command_id = command_id or str(uuid.uuid4())
-        views = [self._send_to(PrincipalView, name, p, body, command_id) for p in range(self.data.partitions)]
+        views = [self._send_to(PrincipalView, name, p, body, command_id) for p in range(self.partitions)]
         return views[0]
 
     def _send_to(
@@ -1180,8 +1104,14 @@ class Client:
 
     def partition_domain(self, partition: int) -> str:
         """The system domain partition-wide commands (`send` of Checkpoint, ListRetention, ...) are sent under."""
-        self.data.check_partition(partition)
-        return domain_for_partition(partition, self.data.partitions)
+        self._check_partition(partition)
+        return domain_for_partition(partition, self.partitions)
+
+    def _check_partition(self, partition: int) -> None:
+        if isinstance(self._transport, LogTransport):
+            self._transport.data.check_partition(partition)
+        elif not 0 <= partition < self.partitions:
+            raise InvalidCommand(f"partition must be 0..{self.partitions - 1}")
 
     def poison_entries(self, partition: int | None = None, *, limit: int = DEFAULT_POISON_LIMIT) -> list[PoisonEntry]:
         """Command-log records no command could be read from (undecodable bytes, an unknown schema, a
@@ -1196,11 +1126,12 @@ class Client:
 
         if limit < 1:
             raise InvalidCommand("limit must be >= 1")
+        data = self._local("poison_entries").data
         if partition is not None:
-            self.data.check_partition(partition)
+            data.check_partition(partition)
         entries: list[PoisonEntry] = []
-        for number in range(self.data.partitions) if partition is None else [partition]:
-            path = self.data.projection(number)
+        for number in range(data.partitions) if partition is None else [partition]:
+            path = data.projection(number)
             if len(entries) == limit:
                 break
             if not path.is_dir():
@@ -1228,7 +1159,7 @@ class Client:
     def _record_start(self, partition: int, offset: int) -> bytes | None:
         """The first bytes of a command-log record; None once it is truncated away or unreadable."""
         try:
-            records = self._commands.read(partition, offset, 1)
+            records = self._local("poison_entries").commands.read(partition, offset, 1)
         except LogError:
             return None
         if not records or records[0].offset != offset:

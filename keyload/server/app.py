@@ -18,7 +18,7 @@ import json
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from starlette.applications import Starlette
@@ -26,22 +26,34 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from keyload.bodies import Branch
 from keyload.commands import COMMANDS, CommandKind
 from keyload.credentials import Credential
 from keyload.errors import ErrorCode, InvalidCommand
-from keyload.log.base import partition_for
+from keyload.log.base import LogError, partition_for
 from keyload.projections.store import Store
-from keyload.sdk.client import check_command_id, encode_command
+from keyload.sdk.envelope import check_command_id, encode_command
 from keyload.server import statuses
 from keyload.server.auth import Authenticator, Unauthenticated
-from keyload.server.wire import Names, WireError, field_schema, from_text, names, to_avro, to_json
 from keyload.server.writer import Answer, CommandWriter, OutcomeWaiters
 from keyload.service.system_commands import domain_for_partition
+from keyload.version import __version__
+from keyload.wire import (
+    COMMAND_ID_HEADER,
+    ENVELOPE_PATH,
+    IDEMPOTENCY_HEADER,
+    SERVICE_PATH,
+    Names,
+    WireError,
+    field_schema,
+    from_text,
+    names,
+    to_avro,
+    to_json,
+)
 
 MAX_REQUEST_BYTES = 8 * 1024 * 1024  # a JSON body: a command at the log's record limit, in base64, fits
 OUTCOME_WAIT_S = 30.0  # how long a request waits for its outcome, beyond a long poll's wait_ms
-IDEMPOTENCY_HEADER = "idempotency-key"
-COMMAND_ID_HEADER = "keyload-command-id"  # on every response to a request that became a command
 SLASHED_FIELDS = frozenset({"message_id", "key"})  # path fields that may hold '/' (ids and document keys)
 RAW_BODY_FIELD = "body"
 RAW_BODY_TYPE = "application/octet-stream"
@@ -52,9 +64,13 @@ class Halted(Exception):
     """The partition a request goes to is halted or stalled (HTTP 503)."""
 
 
+class Forbidden(Exception):
+    """The caller may not ask for what the server does itself, outside a command (HTTP 403)."""
+
+
 @dataclass
 class Engine:
-    """What the API needs of the running service."""
+    """What the API needs of the running service, and the one path every request's command takes."""
 
     partitions: int
     stores: Sequence[Store]
@@ -62,10 +78,55 @@ class Engine:
     waiters: OutcomeWaiters
     halt_of: Callable[[int], str | None]  # why partition P is halted, or None
     writer: CommandWriter | None = None  # set when the event loop starts
-    ready: Callable[[], bool] = field(default=lambda: True)
+
+    async def submit_all(
+        self, credential: Credential, command_id: str, targets: Sequence[tuple[str, int]], body: Branch
+    ) -> Answer:
+        """Submit the command to each (domain, partition) in turn under one command id (a principal
+        command goes to every partition, 0 first): the first refusal, else the first target's answer."""
+        answers = []
+        for domain, partition in targets:
+            answer = await self.submit(credential, command_id, domain, partition, body)
+            if answer.record["status"] != "committed":
+                return answer
+            answers.append(answer)
+        return answers[0]
+
+    def everywhere(self) -> list[tuple[str, int]]:
+        """(domain, partition) of every partition: where a principal command goes."""
+        return [(domain_for_partition(p, self.partitions), p) for p in range(self.partitions)]
+
+    def caller(self, request: Request, partition: int) -> Credential:
+        """The credential the request is authenticated by, against `partition`'s policy."""
+        return self.authenticator.credential(request.headers.get("authorization"), self.stores[partition])
+
+    async def submit(
+        self, credential: Credential, command_id: str, domain: str, partition: int, body: Branch
+    ) -> Answer:
+        """Sign the command (branch, datum) for `credential`, append it, and await its outcome."""
+        halt = self.halt_of(partition)
+        if halt is not None:
+            raise Halted(f"partition {partition} is halted {halt}")
+        envelope = {
+            "command_id": command_id,
+            "domain": domain,
+            "principal": credential.principal,
+            "body": body,
+            "reply_to": self.waiters.reply_partition,
+            "client_time_ms": None,
+        }
+        value = credential.sign(encode_command(envelope))
+        assert self.writer is not None, "the server appends only once its event loop runs"
+        wait_ms = body[1].get("wait_ms") or 0
+        future = self.waiters.expect(domain, command_id)
+        try:
+            await self.writer.append(partition, value)
+            return await asyncio.wait_for(asyncio.shield(future), OUTCOME_WAIT_S + wait_ms / 1000)
+        finally:
+            self.waiters.forget(domain, command_id, future)
 
 
-def _error(pair: tuple[str, int], detail: str, command_id: str | None = None) -> JSONResponse:
+def error_response(pair: tuple[str, int], detail: str, command_id: str | None = None) -> JSONResponse:
     code, status = pair
     body = {"status": "error", "error_code": code, "detail": detail, "command_id": command_id}
     headers = {COMMAND_ID_HEADER: command_id} if command_id else None
@@ -91,7 +152,6 @@ class CommandRoute:
         self.engine = engine
         self.kind = kind
         self.commands = names("keyload.Command")
-        self.outcomes = names("keyload.Outcome")
         self.record = self.commands.types[kind.branch]
         self.method = kind.route.method
         self.path_fields = kind.route.fields
@@ -101,46 +161,21 @@ class CommandRoute:
         self.raw_body = any(f["name"] == RAW_BODY_FIELD and f["type"] == "bytes" for f in self.record["fields"])
 
     async def respond(self, request: Request) -> Response:
-        try:
-            command_id = request.headers.get(IDEMPOTENCY_HEADER) or str(uuid.uuid4())
-            check_command_id(command_id)
+        async def answer(command_id: str) -> Answer:
             body, raw = await self._body(request)
             targets = self._targets(request)
-            credential = self.engine.authenticator.credential(
-                request.headers.get("authorization"), self.engine.stores[targets[0][1]]
-            )
+            credential = self.engine.caller(request, targets[0][1])
             datum = to_avro(self.commands, self.record, body, "")
             if raw is not None:
                 datum[RAW_BODY_FIELD] = raw
-            wait_ms = datum.get("wait_ms") or 0
-            answer: Answer | None = None
-            for domain, partition in targets:  # a principal command goes to every partition, 0 first
-                answer = await self._submit(credential, command_id, domain, partition, datum, wait_ms)
-                if answer.record["status"] != "committed":
-                    break
-            assert answer is not None
-            return outcome_response(self.outcomes, answer)
-        except Unauthenticated as exc:
-            return _error(statuses.UNAUTHENTICATED, str(exc))
-        except InvalidCommand as exc:
-            return _error(statuses.BAD_REQUEST, str(exc))
-        except Halted as exc:
-            return _error(statuses.UNAVAILABLE, str(exc), command_id)
-        except TimeoutError:
-            detail = (
-                f"no outcome within {OUTCOME_WAIT_S:g} s; the command may still apply: "
-                "send it again with the same Idempotency-Key to learn its outcome"
-            )
-            return _error(statuses.TIMEOUT, detail, command_id)
-        except OSError as exc:  # the append failed (a full disk): nothing of it applies
-            return _error(statuses.UNAVAILABLE, f"the command could not be appended: {exc.strerror or exc}", command_id)
-        except _TooLarge:
-            return _error(statuses.TOO_LARGE, f"the request body is over {MAX_REQUEST_BYTES} bytes")
+            return await self.engine.submit_all(credential, command_id, targets, (self.kind.branch, datum))
+
+        return await answered(request, answer)
 
     async def _body(self, request: Request) -> tuple[dict[str, Any], bytes | None]:
         """The command body's fields (JSON form) from the JSON body, the query and the path; and the
         raw body when it stands for the `body` field."""
-        raw: bytes | None = await _read_capped(request)
+        raw: bytes | None = await read_capped(request)
         assert raw is not None
         fields: dict[str, Any] = {}
         content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
@@ -190,39 +225,74 @@ class CommandRoute:
                 raise WireError(f"partition must be 0..{partitions - 1}")
             partition = int(text)
             return [(domain_for_partition(partition, partitions), partition)]
-        return [(domain_for_partition(p, partitions), p) for p in range(partitions)]
-
-    async def _submit(
-        self, credential: Credential, command_id: str, domain: str, partition: int, datum: dict[str, Any], wait_ms: int
-    ) -> Answer:
-        halt = self.engine.halt_of(partition)
-        if halt is not None:
-            raise Halted(f"partition {partition} is halted: {halt}")
-        envelope = {
-            "command_id": command_id,
-            "domain": domain,
-            "principal": credential.principal,
-            "body": (self.kind.branch, datum),
-            "reply_to": self.engine.waiters.reply_partition,
-            "client_time_ms": None,
-        }
-        value = credential.sign(encode_command(envelope))
-        writer = self.engine.writer
-        assert writer is not None, "the server appends only once its event loop runs"
-        waiters = self.engine.waiters
-        future = waiters.expect(domain, command_id)
-        try:
-            await writer.append(partition, value)
-            return await asyncio.wait_for(asyncio.shield(future), OUTCOME_WAIT_S + wait_ms / 1000)
-        finally:
-            waiters.forget(domain, command_id, future)
+        return self.engine.everywhere()
 
 
 class _TooLarge(Exception):
     pass
 
 
-async def _read_capped(request: Request) -> bytes:
+async def answered(request: Request, answer: Callable[[str], Awaitable[Answer | Response]]) -> Response:
+    """The response to a request whose command `answer` submits under the request's command id: its
+    outcome (or the response `answer` makes of it), or the error of the HTTP layer that kept it
+    from having one."""
+    command_id = request.headers.get(IDEMPOTENCY_HEADER) or str(uuid.uuid4())
+    try:
+        check_command_id(command_id)
+        answer_or_response = await answer(command_id)
+        if isinstance(answer_or_response, Response):
+            return answer_or_response
+        return outcome_response(names("keyload.Outcome"), answer_or_response)
+    except Unauthenticated as exc:
+        return error_response(statuses.UNAUTHENTICATED, str(exc))
+    except Forbidden as exc:
+        return error_response(statuses.FORBIDDEN, str(exc))
+    except InvalidCommand as exc:
+        return error_response(statuses.BAD_REQUEST, str(exc))
+    except _TooLarge:
+        return error_response(statuses.TOO_LARGE, f"the request body is over {MAX_REQUEST_BYTES} bytes")
+    except Halted as exc:
+        return error_response(statuses.UNAVAILABLE, str(exc), command_id)
+    except TimeoutError:
+        detail = (
+            f"no outcome within {OUTCOME_WAIT_S:g} s; the command may still apply: "
+            "send it again with the same Idempotency-Key to learn its outcome"
+        )
+        return error_response(statuses.TIMEOUT, detail, command_id)
+    except (OSError, LogError) as exc:  # the append failed (a full disk): nothing of it applies
+        return error_response(statuses.UNAVAILABLE, f"the command could not be appended: {exc}", command_id)
+
+
+class EnvelopeRoute:
+    """`POST /v1/commands`: any command as the log takes it, `{"domain": D, "body": {"Kind": {...}}}`,
+    sent to its domain's partition as is (no fan-out). The SDK's HTTP transport speaks this."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        self.commands = names("keyload.Command")
+        self.union = field_schema(self.commands, self.commands.types["keyload.Command"], "body")
+
+    async def respond(self, request: Request) -> Response:
+        async def answer(command_id: str) -> Answer:
+            raw = await read_capped(request)
+            try:
+                envelope = json.loads(raw)
+            except (ValueError, UnicodeDecodeError):
+                raise WireError("the request body is not JSON") from None
+            if not isinstance(envelope, dict) or set(envelope) != {"domain", "body"}:
+                raise WireError('the request body must be {"domain": DOMAIN, "body": {"Kind": {...}}}')
+            domain = envelope["domain"]
+            if not isinstance(domain, str):
+                raise WireError("domain must be a string")
+            partition = partition_for(domain, self.engine.partitions)
+            credential = self.engine.caller(request, partition)
+            body = to_avro(self.commands, self.union, envelope["body"], "body")
+            return await self.engine.submit(credential, command_id, domain, partition, body)
+
+        return await answered(request, answer)
+
+
+async def read_capped(request: Request) -> bytes:
     length = request.headers.get("content-length")
     if length is not None and length.isdigit() and int(length) > MAX_REQUEST_BYTES:
         raise _TooLarge
@@ -245,11 +315,12 @@ def starlette_path(kind: CommandKind) -> str:
 
 
 def command_routes(engine: Engine) -> list[Route]:
-    return [
+    routes = [
         Route(starlette_path(kind), CommandRoute(engine, kind).respond, methods=[kind.route.method], name=kind.name)
         for kind in COMMANDS
         if kind.route is not None
     ]
+    return [*routes, Route(ENVELOPE_PATH, EnvelopeRoute(engine).respond, methods=["POST"], name="commands")]
 
 
 def application(
@@ -257,24 +328,31 @@ def application(
     on_start: Callable[[asyncio.AbstractEventLoop], Awaitable[None]],
     on_stop: Callable[[], Awaitable[None]],
     openapi: Mapping[str, Any],
+    more_routes: Sequence[Route] = (),
 ) -> Starlette:
+    """The API: the command routes, `more_routes` (what the server does outside commands), health,
+    the service's description and its OpenAPI document."""
+
     async def healthz(_: Request) -> Response:
         return JSONResponse({"status": "ok"})
 
     async def readyz(_: Request) -> Response:
         halted = {p: reason for p in range(engine.partitions) if (reason := engine.halt_of(p)) is not None}
-        ready = engine.ready() and not halted
+        ready = not halted
         body = {"status": "ready" if ready else "unavailable", "halted": {str(p): r for p, r in halted.items()}}
         return JSONResponse(body, status_code=200 if ready else 503)
+
+    async def service(_: Request) -> Response:
+        return JSONResponse({"version": __version__, "partitions": engine.partitions})
 
     async def openapi_document(_: Request) -> Response:
         return JSONResponse(openapi)
 
     async def not_found(request: Request, exc: Exception) -> Response:
-        return _error(statuses.NO_ROUTE, f"no route {request.url.path[:256]}")
+        return error_response(statuses.NO_ROUTE, f"no route {request.url.path[:256]}")
 
     async def wrong_method(request: Request, exc: Exception) -> Response:
-        return _error(statuses.WRONG_METHOD, f"{request.method} is not a method of {request.url.path[:256]}")
+        return error_response(statuses.WRONG_METHOD, f"{request.method} is not a method of {request.url.path[:256]}")
 
     @asynccontextmanager
     async def lifespan(_: Starlette) -> AsyncIterator[None]:
@@ -288,6 +366,8 @@ def application(
         Route("/healthz", healthz, methods=["GET"]),
         Route("/readyz", readyz, methods=["GET"]),
         Route("/v1/openapi.json", openapi_document, methods=["GET"]),
+        Route(SERVICE_PATH, service, methods=["GET"]),
         *command_routes(engine),
+        *more_routes,
     ]
     return Starlette(routes=routes, lifespan=lifespan, exception_handlers={404: not_found, 405: wrong_method})

@@ -13,9 +13,18 @@ from typing import Any
 
 from keyload.commands import COMMANDS, CommandKind
 from keyload.server import statuses
-from keyload.server.app import COMMAND_ID_HEADER, PARTITION_QUERY, RAW_BODY_FIELD, RAW_BODY_TYPE
-from keyload.server.wire import json_schema, names
+from keyload.server.app import PARTITION_QUERY, RAW_BODY_FIELD, RAW_BODY_TYPE
+from keyload.server.principals import CREATE_PATH, ROTATE_PATH
 from keyload.version import __version__
+from keyload.wire import (
+    COMMAND_ID_HEADER,
+    ENVELOPE_PATH,
+    IDEMPOTENCY_HEADER,
+    SERVICE_PATH,
+    field_schema,
+    json_schema,
+    names,
+)
 
 _SCALARS = ("string", "int", "long", "boolean")
 
@@ -38,15 +47,7 @@ def _operation(kind: CommandKind, refs: dict[str, Any]) -> dict[str, Any]:
     record = commands.types[kind.branch]
     in_path = set(kind.route.fields)
     parameters = [_path_parameter(name) for name in kind.route.fields]
-    parameters.append(
-        {
-            "name": "Idempotency-Key",
-            "in": "header",
-            "required": False,
-            "description": "the command id (1..128 printable ASCII): a repeat returns the stored outcome",
-            "schema": {"type": "string"},
-        }
-    )
+    parameters.append(_idempotency_parameter())
     everywhere = kind.partition_wide and not in_path & {"partition", "domain"}
     if everywhere and kind.route.method == "GET":
         parameters.append(
@@ -106,11 +107,7 @@ def _responses(kind: CommandKind, refs: dict[str, Any]) -> dict[str, Any]:
             "headers": headers,
             "content": {"application/json": {"schema": outcome}},
         },
-        "default": {
-            "description": "refused: a rejected outcome (status rejected) with its error code's HTTP status, "
-            "or an error of the HTTP layer (status error: nothing was appended, or no outcome came in time)",
-            "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Refusal"}}},
-        },
+        "default": _refused(),
     }
 
 
@@ -153,6 +150,102 @@ _HTTP_ERRORS = (
 )
 
 
+def _envelope_operation(refs: dict[str, Any]) -> dict[str, Any]:
+    commands = names("keyload.Command")
+    union = field_schema(commands, commands.types["keyload.Command"], "body")
+    envelope = {
+        "type": "object",
+        "properties": {"domain": {"type": "string"}, "body": json_schema(commands, union, refs)},
+        "required": ["domain", "body"],
+        "additionalProperties": False,
+    }
+    outcome = {"$ref": "#/components/schemas/Outcome"}
+    return {
+        "operationId": "command",
+        "summary": "any command as the log takes it: its domain and its body, one member named by its kind",
+        "tags": ["commands"],
+        "parameters": [_idempotency_parameter()],
+        "requestBody": {"required": True, "content": {"application/json": {"schema": envelope}}},
+        "responses": {
+            "200": {"description": "committed", "content": {"application/json": {"schema": outcome}}},
+            "default": _refused(),
+        },
+    }
+
+
+def _credential_operations(refs: dict[str, Any]) -> dict[str, Any]:
+    """POST /v1/principals and /v1/principals/{principal}/credential (keyload/server/principals.py)."""
+    commands = names("keyload.Command")
+    outcomes = names("keyload.Outcome")
+    issued = {
+        "type": "object",
+        "properties": {
+            "principal": json_schema(outcomes, "keyload.result.PrincipalView", refs),
+            "credential": {
+                "type": "object",
+                "properties": {
+                    "principal": {"type": "string"},
+                    "key_id": {"type": "string"},
+                    "secret": {"type": "string", "contentEncoding": "base64"},
+                },
+            },
+            "bearer_token": {"type": "string"},
+        },
+    }
+    responses = {
+        "200": {"description": "the credential, given once", "content": {"application/json": {"schema": issued}}},
+        "default": _refused(),
+    }
+    create_body = {
+        "type": "object",
+        "properties": {
+            "principal": {"type": "string"},
+            "grants": {"type": "array", "items": json_schema(commands, "keyload.Grant", refs)},
+        },
+        "required": ["principal"],
+        "additionalProperties": False,
+    }
+    return {
+        CREATE_PATH: {
+            "post": {
+                "operationId": "create_principal",
+                "summary": "a new principal with a new key (admin on every domain); its credential is answered once",
+                "tags": ["principals"],
+                "parameters": [_idempotency_parameter()],
+                "requestBody": {"required": True, "content": {"application/json": {"schema": create_body}}},
+                "responses": responses,
+            }
+        },
+        ROTATE_PATH: {
+            "post": {
+                "operationId": "rotate_credential",
+                "summary": "a new key for an existing principal (admin on every domain); the old one is refused",
+                "tags": ["principals"],
+                "parameters": [_path_parameter("principal"), _idempotency_parameter()],
+                "responses": responses,
+            }
+        },
+    }
+
+
+def _idempotency_parameter() -> dict[str, Any]:
+    return {
+        "name": IDEMPOTENCY_HEADER,
+        "in": "header",
+        "required": False,
+        "description": "the command id (1..128 printable ASCII): a repeat returns the stored outcome",
+        "schema": {"type": "string"},
+    }
+
+
+def _refused() -> dict[str, Any]:
+    return {
+        "description": "refused: a rejected outcome (status rejected) with its error code's HTTP status, "
+        "or an error of the HTTP layer (status error: nothing was appended, or no outcome came in time)",
+        "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Refusal"}}},
+    }
+
+
 def document() -> dict[str, Any]:
     refs: dict[str, Any] = {}
     paths: dict[str, dict[str, Any]] = {}
@@ -160,6 +253,16 @@ def document() -> dict[str, Any]:
         if kind.route is not None:
             paths.setdefault(kind.route.path, {})[kind.route.method.lower()] = _operation(kind, refs)
     health = {"200": {"description": "serving"}, "503": {"description": "a partition is halted, or not ready yet"}}
+    paths[ENVELOPE_PATH] = {"post": _envelope_operation(refs)}
+    paths.update(_credential_operations(refs))
+    paths[SERVICE_PATH] = {
+        "get": {
+            "operationId": "service",
+            "security": [],
+            "summary": "the server's version and partition count",
+            "responses": {"200": {"description": '{"version": V, "partitions": N}'}},
+        }
+    }
     paths["/healthz"] = {"get": {"operationId": "healthz", "security": [], "responses": {"200": {"description": "up"}}}}
     paths["/readyz"] = {"get": {"operationId": "readyz", "security": [], "responses": health}}
     return {

@@ -26,6 +26,7 @@ from keyload.projections.store import Store
 from keyload.server import openapi
 from keyload.server.app import Engine, application
 from keyload.server.auth import Authenticator
+from keyload.server.principals import credential_routes
 from keyload.server.writer import CommandWriter, OutcomeWaiters
 from keyload.service.doorbell import Doorbell
 from keyload.storage.datadir import DataDir
@@ -83,7 +84,8 @@ class HttpServer:
         self.listen = listen
         self.engine = Engine(data.partitions, stores, Authenticator(data.root), waiters, halt_of)
         self._writer: CommandWriter | None = None
-        app = application(self.engine, self._on_start, self._on_stop, openapi.document())
+        routes = credential_routes(self.engine, data.root)
+        app = application(self.engine, self._on_start, self._on_stop, openapi.document(), routes)
         config = uvicorn.Config(
             app,
             log_level="warning",

@@ -28,6 +28,7 @@ assert set(HTTP_STATUS) == set(ErrorCode), "every error code has its HTTP status
 # Errors of the HTTP layer itself: the request got no outcome (nothing was appended, or no answer came
 # in time). The body names one of these in `error_code`, with `status` "error".
 UNAUTHENTICATED = ("Unauthenticated", 401)  # no credential, or one the service does not accept
+FORBIDDEN = ("PermissionDenied", 403)  # the caller may not ask the server for this (issuing credentials: admin)
 BAD_REQUEST = ("Validation", 400)  # the request does not make a command: bad JSON, a field that does not fit
 TOO_LARGE = ("Validation", 413)  # the request body is over MAX_REQUEST_BYTES
 NO_ROUTE = ("NotFound", 404)  # no route has this path

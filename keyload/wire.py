@@ -1,4 +1,5 @@
-"""The HTTP API's JSON form of keyload's Avro records, derived from the schemas.
+"""The JSON form of keyload's Avro records on the HTTP API, derived from the schemas: the server
+(keyload/server/) and the SDK's HTTP transport both speak it.
 
 One rule set, used both ways (request bodies into command records, outcomes into responses) and
 by the OpenAPI document (`json_schema`):
@@ -19,7 +20,6 @@ from __future__ import annotations
 
 import base64
 import binascii
-from collections.abc import Iterator
 from functools import cache
 from typing import Any
 
@@ -27,6 +27,12 @@ from keyload.errors import InvalidCommand
 from keyload.log.codec import expanded_current
 
 Schema = Any  # an Avro schema as parsed JSON: a name, a union (list) or a dict
+
+# The HTTP API's own names (docs/ARCHITECTURE.md §10a), shared by the server and the SDK.
+ENVELOPE_PATH = "/v1/commands"  # POST {"domain": D, "body": {"Kind": {...}}}: any command, as the log takes it
+SERVICE_PATH = "/v1/service"  # GET: {"version", "partitions"}
+IDEMPOTENCY_HEADER = "Idempotency-Key"  # the command id
+COMMAND_ID_HEADER = "Keyload-Command-Id"  # on every response to a request that became a command
 
 _INTEGERS = {"int": (-(2**31), 2**31 - 1), "long": (-(2**63), 2**63 - 1)}
 
@@ -294,7 +300,3 @@ def _field_schema(names_: Names, field: dict[str, Any], refs: dict[str, Any]) ->
     if "doc" in field:
         described = {**described, "description": field["doc"]}
     return described
-
-
-def fields(names_: Names, record: Schema) -> Iterator[dict[str, Any]]:
-    yield from names_.resolve(record)["fields"]

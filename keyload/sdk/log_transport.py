@@ -1,0 +1,125 @@
+"""The local transport: a client that appends its signed commands to the log itself and tails its
+reply partition of the outcome stream for the answers (a local operator's tools, same machine and
+clock on the embedded log; any producer on Kafka)."""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+from keyload.credentials import Credential, contents
+from keyload.errors import InvalidCommand, OutcomeTimeout
+from keyload.log.base import partition_for
+from keyload.log.codec import REGISTRY
+from keyload.sdk.envelope import encode_command, unsealed_note
+from keyload.sdk.results import Outcome
+from keyload.service.doorbell import Doorbell
+from keyload.storage.datadir import DataDir
+
+OUTCOME_POLL_MIN_S = 0.0005  # first wait for an outcome; doubles while none comes
+OUTCOME_POLL_MAX_S = 0.010
+OUTCOME_READ_BATCH = 256
+
+
+class LogTransport:
+    """Appends to the data directory's command log and waits on one reply partition."""
+
+    def __init__(self, data: DataDir, credential: Credential, reply_partition: int | None = None) -> None:
+        self.data = data
+        self.credential = credential
+        self.commands = data.command_log()
+        self._outcomes = data.outcome_log()
+        # Kafka processors block in their fetch and wake on new records; only the
+        # embedded service listens for a doorbell.
+        self._doorbell = Doorbell(data.root) if data.kafka is None else None
+        self._cursor: int | None = None  # the next outcome to read of the reply partition
+        partitions = data.outcome_partitions
+        self.reply_partition = (
+            int.from_bytes(os.urandom(2), "big") % partitions if reply_partition is None else reply_partition
+        )
+        if not 0 <= self.reply_partition < partitions:
+            self.close()
+            raise InvalidCommand(f"reply_partition must be 0..{partitions - 1}")
+
+    @property
+    def partitions(self) -> int:
+        return self.data.partitions
+
+    def close(self) -> None:
+        self.commands.close()
+        self._outcomes.close()
+        if self._doorbell is not None:
+            self._doorbell.close()
+
+    def submit(self, domain: str, kind: str, body: dict[str, Any], command_id: str, timeout_s: float) -> Outcome:
+        envelope = {
+            "command_id": command_id,
+            "domain": domain,
+            "principal": self.credential.principal,
+            "body": (kind, body),
+            "reply_to": self.reply_partition,
+            "client_time_ms": time.time_ns() // 1_000_000,
+        }
+        value = self.credential.sign(encode_command(envelope))
+        if self._cursor is None:
+            self._cursor = self._outcomes.end_offset(self.reply_partition)
+        self.commands.append(partition_for(domain, self.data.partitions), [value])
+        if self._doorbell is not None:
+            self._doorbell.ring()
+        return self._await(command_id, domain, timeout_s)
+
+    def _await(self, command_id: str, domain: str, timeout_s: float) -> Outcome:
+        """Tail the reply partition for the outcome of (domain, command id), sealed with this
+        client's key.
+
+        The client reads on from where its last wait stopped (at most the
+        partition's end, so nothing after the append is missed), which spares a
+        broker round trip per command; outcomes of other clients sharing the
+        partition are passed over, most without decoding. An outcome for the
+        command that is not sealed with this client's key is not the service's
+        answer to it (or the service could not authenticate the command): it is
+        passed over, and named in the timeout's message if nothing else comes.
+        """
+        assert self._cursor is not None
+        deadline = time.monotonic() + timeout_s
+        pause = OUTCOME_POLL_MIN_S
+        needle = command_id.encode()
+        unsealed: list[Outcome] = []
+        while True:
+            # Checked before the read: the last read starts after the deadline, so a process
+            # paused past it still finds an outcome that arrived meanwhile.
+            expired = time.monotonic() >= deadline
+            records = self._outcomes.read(self.reply_partition, self._cursor, OUTCOME_READ_BATCH)
+            for record in records:
+                self._cursor = record.offset + 1
+                if needle not in record.value:
+                    continue
+                found = self._matching(record.value, command_id, domain)
+                if found is not None:
+                    outcome, sealed = found
+                    if sealed:
+                        return outcome
+                    unsealed.append(outcome)
+            if records:
+                continue
+            if expired:
+                raise OutcomeTimeout(command_id, timeout_s, unsealed_note(unsealed))
+            time.sleep(pause)
+            pause = min(pause * 2, OUTCOME_POLL_MAX_S)
+
+    def _matching(self, value: bytes, command_id: str, domain: str) -> tuple[Outcome, bool] | None:
+        """(the outcome `value` holds, whether it is sealed with this client's key) when it is one
+        for (domain, command id); None when it answers another command or is no outcome at all (a
+        writer of the outcome stream that is not the service can append anything: what is not
+        sealed is read only for the note a timeout gives)."""
+        sealed = self.credential.seals(value)
+        try:
+            decoded = REGISTRY.decode("keyload.Outcome", contents(value))
+            if decoded["command_id"] != command_id or decoded["domain"] != domain:
+                return None
+            return Outcome.from_record(decoded), sealed
+        except Exception:  # only bytes no service wrote get here: a sealed outcome decodes
+            if sealed:
+                raise
+            return None

@@ -1,0 +1,121 @@
+"""Issuing principals' credentials over HTTP (docs/ARCHITECTURE.md §10a).
+
+A credential's key lives in the service's keyring, which only the service writes. So an
+administrator's client of the server cannot make one itself, as a local operator's does: it asks
+the server, which checks that the caller administers every domain (before it adds anything to the
+keyring), makes the key, sends the PutPrincipal naming it to every partition under the request's
+command id, and answers the credential once. It is not kept anywhere else: a lost answer is mended
+by rotating again.
+
+    POST /v1/principals                           {"principal": NAME, "grants": [Grant, ...]}: create
+    POST /v1/principals/{principal}/credential    a new key for an existing principal: rotate
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+from pathlib import Path
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from keyload.commands import BY_NAME, Capability
+from keyload.credentials import Credential
+from keyload.processors.access import EVERYTHING, allows, load_principal
+from keyload.server.app import Engine, Forbidden, answered, outcome_response, read_capped
+from keyload.server.writer import Answer
+from keyload.storage.principals import new_credential
+from keyload.wire import COMMAND_ID_HEADER, WireError, names, to_avro, to_json
+
+PUT_PRINCIPAL = BY_NAME["PutPrincipal"]
+CREATE_PATH = "/v1/principals"
+ROTATE_PATH = "/v1/principals/{principal}/credential"
+GRANTS = {"type": "array", "items": "keyload.Grant"}
+
+
+class CredentialIssuer:
+    def __init__(self, engine: Engine, root: Path) -> None:
+        self.engine = engine
+        self.root = root
+        self.commands = names("keyload.Command")
+        self.outcomes = names("keyload.Outcome")
+
+    async def create(self, request: Request) -> Response:
+        async def answer(command_id: str) -> Response:
+            caller = self._administrator(request)
+            fields = await _json_object(request)
+            if set(fields) - {"principal", "grants"} or not isinstance(fields.get("principal"), str):
+                raise WireError('the request body must be {"principal": NAME, "grants": [Grant, ...]}')
+            grants = to_avro(self.commands, GRANTS, fields.get("grants", []), "grants")
+            return await self._issue(caller, command_id, fields["principal"], grants, expected_revision=0)
+
+        return await answered(request, answer)
+
+    async def rotate(self, request: Request) -> Response:
+        async def answer(command_id: str) -> Response:
+            caller = self._administrator(request)
+            principal = request.path_params["principal"]
+            current = load_principal(self.engine.stores[0], principal)
+            revision = 0 if current is None else current.revision  # 0 for no principal: refused, RevisionConflict
+            return await self._issue(caller, command_id, principal, None, expected_revision=revision)
+
+        return await answered(request, answer)
+
+    def _administrator(self, request: Request) -> Credential:
+        """The caller, when it holds admin on every domain (what PutPrincipal needs): checked before a
+        key is added to the keyring, so nobody else can grow it."""
+        caller = self.engine.caller(request, 0)
+        record = load_principal(self.engine.stores[0], caller.principal)
+        if record is None or not allows(record.grants, Capability.admin, None, EVERYTHING):
+            raise Forbidden("issuing credentials needs admin on every domain")
+        return caller
+
+    async def _issue(
+        self, caller: Credential, command_id: str, principal: str, grants: Any, *, expected_revision: int
+    ) -> Response:
+        credential = await asyncio.to_thread(new_credential, self.root, principal)
+        body = {
+            "principal": principal,
+            "key_id": credential.key_id,
+            "enabled": None,
+            "grants": grants,
+            "expected_revision": expected_revision,
+        }
+        answer: Answer = await self.engine.submit_all(
+            caller, command_id, self.engine.everywhere(), (PUT_PRINCIPAL.branch, body)
+        )
+        if answer.record["status"] != "committed":
+            return outcome_response(self.outcomes, answer)
+        (view,) = to_json(self.outcomes, self.outcomes.types["keyload.Outcome"], answer.record)["result"].values()
+        issued = {
+            "principal": view["principal"],
+            "credential": {
+                "principal": credential.principal,
+                "key_id": credential.key_id,
+                "secret": base64.b64encode(credential.secret).decode("ascii"),
+            },
+            "bearer_token": credential.bearer_token,
+        }
+        return JSONResponse(issued, headers={COMMAND_ID_HEADER: command_id})
+
+
+async def _json_object(request: Request) -> dict[str, Any]:
+    try:
+        value = json.loads(await read_capped(request) or b"{}")
+    except (ValueError, UnicodeDecodeError):
+        raise WireError("the request body is not JSON") from None
+    if not isinstance(value, dict):
+        raise WireError("the request body must be a JSON object")
+    return value
+
+
+def credential_routes(engine: Engine, root: Path) -> list[Route]:
+    issuer = CredentialIssuer(engine, root)
+    return [
+        Route(CREATE_PATH, issuer.create, methods=["POST"], name="create_principal"),
+        Route(ROTATE_PATH, issuer.rotate, methods=["POST"], name="rotate_credential"),
+    ]

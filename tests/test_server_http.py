@@ -1,0 +1,357 @@
+"""The HTTP API (docs/ARCHITECTURE.md §10a) against one real `keyload run`, driven by a real HTTP client.
+
+What a user of the API notices: the outcome of each command as JSON with its HTTP status, idempotent
+repeats by Idempotency-Key, long polls answered by a later enqueue, credentials refused at the edge
+with nothing appended, refusals of the policy with their code, malformed requests refused with a
+message that names the field, and the OpenAPI document served as checked in.
+
+Every test uses a domain of its own, so the tests share one service without interfering.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from keyload import Capability, Client, Credential, Grant
+from keyload.credentials import CredentialError
+from keyload.errors import (
+    InvalidCommand,
+    KeyloadError,
+    NotFoundError,
+    PermissionDeniedError,
+    RevisionConflictError,
+    ServiceUnavailable,
+)
+from keyload.log.base import partition_for
+from keyload.server import openapi
+from keyload.storage.datadir import DataDir
+
+from .support import bearer, served_url, start_service, stop_service
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, str]]:
+    root = tmp_path_factory.mktemp("http") / "data"
+    process = start_service(root)
+    try:
+        yield root, served_url(root)
+    finally:
+        assert stop_service(process) == 0
+
+
+@pytest.fixture
+def api(served: tuple[Path, str]) -> Iterator[httpx.Client]:
+    root, url = served
+    with httpx.Client(base_url=url, headers=bearer(root), timeout=60) as client:
+        yield client
+
+
+def b64(data: bytes) -> str:
+    return base64.b64encode(data).decode("ascii")
+
+
+def domain() -> str:
+    return f"http-{uuid.uuid4().hex[:12]}"
+
+
+def log_end(root: Path, of_domain: str) -> int:
+    data = DataDir.open(root)
+    with data.file_command_log() as log:
+        return log.end_offset(partition_for(of_domain, data.partitions))
+
+
+def committed(response: httpx.Response) -> dict[str, Any]:
+    assert response.status_code == 200, response.text
+    body: dict[str, Any] = response.json()
+    assert body["status"] == "committed"
+    assert response.headers["keyload-command-id"] == body["command_id"]
+    result: dict[str, Any] = body["result"]
+    return result
+
+
+def test_enqueue_receive_ack(api: httpx.Client) -> None:
+    d = domain()
+    queue = f"/v1/domains/{d}/queues/orders"
+    assert committed(api.put(queue, json={"policy": {"max_attempts": 3}}))["policy"]["max_attempts"] == 3
+    enqueued = committed(api.post(f"{queue}/messages", json={"message_id": "m-1", "body": b64(b"\x00\xffhello")}))
+    assert (enqueued["message_id"], enqueued["state"], enqueued["stored_messages"]) == ("m-1", "ready", 1)
+    raw = api.post(
+        f"{queue}/messages",
+        params={"message_id": "m-2"},
+        content=b"raw \x01",
+        headers={"content-type": "application/octet-stream"},
+    )
+    assert committed(raw)["stored_bytes"] == len(b"\x00\xffhello") + len(b"raw \x01")
+    deliveries = committed(api.post(f"{queue}/receive", json={"max_messages": 5}))["deliveries"]
+    assert [(m["message_id"], base64.b64decode(m["body"]), m["attempts"]) for m in deliveries] == [
+        ("m-1", b"\x00\xffhello", 1),
+        ("m-2", b"raw \x01", 1),
+    ]
+    for delivery in deliveries:
+        assert committed(api.post(f"/v1/domains/{d}/leases/ack", json={"token": delivery["token"]}))["state"] == "acked"
+    again = api.post(f"/v1/domains/{d}/leases/ack", json={"token": deliveries[0]["token"]})
+    assert again.status_code == 409
+    assert (again.json()["status"], again.json()["error_code"]) == ("rejected", "StaleLease")
+    view = committed(api.get(queue))
+    assert view["counters"]["stored_messages"] == 0
+
+
+def test_nack_retries_and_dead_letters_over_http(api: httpx.Client) -> None:
+    d = domain()
+    queue = f"/v1/domains/{d}/queues/work"
+    committed(api.put(queue, json={"policy": {"max_attempts": 2, "retry_base_ms": 1, "retry_max_ms": 1}}))
+    committed(api.post(f"{queue}/messages", json={"message_id": "job", "body": b64(b"x")}))
+    first = committed(api.post(f"{queue}/receive", json={}))["deliveries"][0]
+    committed(api.post(f"/v1/domains/{d}/leases/nack", json={"token": first["token"], "delay_ms": 1}))
+    second = committed(api.post(f"{queue}/receive", json={"wait_ms": 5000}))["deliveries"]
+    assert [(m["message_id"], m["attempts"]) for m in second] == [("job", 2)]
+    committed(api.post(f"/v1/domains/{d}/leases/nack", json={"token": second[0]["token"]}))
+    dead = committed(api.get(f"{queue}/dead-letters"))["messages"]
+    assert [m["message_id"] for m in dead] == ["job"]
+
+
+def test_idempotency_key_returns_the_stored_outcome(served: tuple[Path, str], api: httpx.Client) -> None:
+    root, _ = served
+    d = domain()
+    queue = f"/v1/domains/{d}/queues/q"
+    committed(api.put(queue, json={"policy": {}}))
+    key = {"Idempotency-Key": "order-17"}
+    body = {"message_id": "m", "body": b64(b"once")}
+    first = api.post(f"{queue}/messages", json=body, headers=key)
+    repeat = api.post(f"{queue}/messages", json=body, headers=key)
+    assert committed(first) == committed(repeat)
+    assert first.json()["offset"] == repeat.json()["offset"]
+    assert committed(api.get(queue))["counters"]["stored_messages"] == 1
+    other = api.post(f"{queue}/messages", json={"message_id": "m2", "body": b64(b"x")}, headers=key)
+    assert (other.status_code, other.json()["error_code"]) == (409, "Conflict")
+    before = log_end(root, d)
+    bad = api.post(f"{queue}/messages", json=body, headers={"Idempotency-Key": "with space"})
+    assert (bad.status_code, bad.json()["error_code"], bad.json()["status"]) == (400, "Validation", "error")
+    assert log_end(root, d) == before
+
+
+def test_long_poll_is_answered_by_a_later_enqueue(api: httpx.Client, served: tuple[Path, str]) -> None:
+    root, url = served
+    d = domain()
+    queue = f"/v1/domains/{d}/queues/jobs"
+    committed(api.put(queue, json={"policy": {}}))
+    answered: list[httpx.Response] = []
+
+    def poll() -> None:
+        with httpx.Client(base_url=url, headers=bearer(root), timeout=60) as own:
+            answered.append(own.post(f"{queue}/receive", json={"wait_ms": 20_000}))
+
+    waiting = threading.Thread(target=poll)
+    started = time.monotonic()
+    waiting.start()
+    time.sleep(0.5)  # the receive is recorded as a waiter first
+    committed(api.post(f"{queue}/messages", json={"message_id": "late", "body": b64(b"hi")}))
+    waiting.join(30)
+    assert time.monotonic() - started < 15, "answered by the enqueue, not by the wait's deadline"
+    assert [m["message_id"] for m in committed(answered[0])["deliveries"]] == ["late"]
+
+
+@pytest.mark.parametrize(
+    "header",
+    [
+        None,
+        "Basic a2V5bG9hZA==",
+        "Bearer nonsense",
+        "Bearer keyload-admin:keyload-admin-1:AAAA",  # the right key id, a wrong secret
+        "Bearer nobody:keyload-admin-1:AAAA",
+    ],
+)
+def test_a_missing_or_wrong_credential_is_401_and_appends_nothing(served: tuple[Path, str], header: str | None) -> None:
+    root, url = served
+    d = domain()
+    before = log_end(root, d)
+    headers = {} if header is None else {"Authorization": header}
+    response = httpx.post(
+        f"{url}/v1/domains/{d}/queues/q/messages", json={"message_id": "m", "body": ""}, headers=headers
+    )
+    assert response.status_code == 401
+    assert (response.json()["status"], response.json()["error_code"]) == ("error", "Unauthenticated")
+    assert "AAAA" not in response.text
+    assert log_end(root, d) == before
+
+
+def test_a_principal_is_authorized_by_its_grants(served: tuple[Path, str], api: httpx.Client) -> None:
+    root, url = served
+    d = domain()
+    name = f"svc-{uuid.uuid4().hex[:8]}"
+    committed(api.put(f"/v1/domains/{d}/queues/in", json={"policy": {}}))
+    with Client(root) as admin:
+        credential = admin.create_principal(name, [Grant(capability=Capability.enqueue, domain=d, resource="in")])
+    service = {"Authorization": f"Bearer {credential.bearer_token}"}
+    with httpx.Client(base_url=url, headers=service, timeout=60) as client:
+        committed(client.post(f"/v1/domains/{d}/queues/in/messages", json={"message_id": "a", "body": ""}))
+        refused = client.post(f"/v1/domains/{d}/queues/in/receive", json={})
+        assert refused.status_code == 403
+        assert refused.json()["error_code"] == "PermissionDenied"
+        assert "consume" in refused.json()["detail"]
+        whoami = committed(client.get(f"/v1/principals/{name}"))
+        assert whoami["principal"]["principal"] == name
+        granted = api.post(
+            f"/v1/principals/{name}/grants", json={"grant": {"capability": "consume", "domain": d, "resource": "*"}}
+        )
+        assert committed(granted)["principal"]["revision"] == 2
+        assert len(committed(client.post(f"/v1/domains/{d}/queues/in/receive", json={}))["deliveries"]) == 1
+        disabled = api.put(f"/v1/principals/{name}", json={"enabled": False})
+        assert committed(disabled)["principal"]["enabled"] is False
+        before = log_end(root, d)
+        gone = client.post(f"/v1/domains/{d}/queues/in/messages", json={"message_id": "b", "body": ""})
+        assert (gone.status_code, gone.json()["error_code"]) == (401, "Unauthenticated")
+        assert log_end(root, d) == before
+
+
+@pytest.mark.parametrize(
+    ("content", "named"),
+    [
+        (b"{not json", "not JSON"),
+        (b"[1, 2]", "JSON object"),
+        (json.dumps({"message_id": "m"}).encode(), "body is required"),
+        (json.dumps({"message_id": "m", "body": "%%%"}).encode(), "body is not valid base64"),
+        (json.dumps({"message_id": 7, "body": ""}).encode(), "message_id must be a string"),
+        (json.dumps({"message_id": "m", "body": "", "colour": "red"}).encode(), "colour is not a field of Enqueue"),
+        (json.dumps({"message_id": "m", "body": "", "queue": "other"}).encode(), "queue is given twice"),
+        (
+            json.dumps({"message_id": "m", "body": "", "not_before_ms": "soon"}).encode(),
+            "not_before_ms must be an integer",
+        ),
+    ],
+)
+def test_a_malformed_request_is_400_naming_the_field(
+    served: tuple[Path, str], api: httpx.Client, content: bytes, named: str
+) -> None:
+    root, _ = served
+    d = domain()
+    before = log_end(root, d)
+    response = api.post(
+        f"/v1/domains/{d}/queues/q/messages", content=content, headers={"content-type": "application/json"}
+    )
+    assert response.status_code == 400, response.text
+    assert (response.json()["status"], response.json()["error_code"]) == ("error", "Validation")
+    assert named in response.json()["detail"]
+    assert log_end(root, d) == before
+
+
+def test_routes_methods_and_sizes(api: httpx.Client) -> None:
+    assert api.get("/v1/nowhere").status_code == 404
+    assert api.get("/v1/nowhere").json()["error_code"] == "NotFound"
+    wrong = api.delete(f"/v1/domains/{domain()}/queues/q/receive")
+    assert (wrong.status_code, wrong.json()["status"]) == (405, "error")
+    huge = api.post(f"/v1/domains/{domain()}/queues/q/messages", content=b"x" * (8 * 1024 * 1024 + 1))
+    assert huge.status_code == 413
+    assert api.get("/healthz").json() == {"status": "ok"}
+    assert api.get("/readyz").json() == {"status": "ready", "halted": {}}
+
+
+def test_keyload_codes_map_to_statuses(api: httpx.Client) -> None:
+    d = domain()
+    assert (api.get(f"/v1/domains/{d}/queues/missing").status_code, "NotFound") == (404, "NotFound")
+    topic = f"/v1/domains/{d}/topics/t"
+    committed(api.put(topic, json={"policy": {}}))
+    event = {"event_id": "e1", "type": "created", "body": b64(b"{}")}
+    committed(api.post(f"{topic}/events", json={"events": [event]}))
+    duplicate = api.post(f"{topic}/events", json={"events": [event]})
+    assert (duplicate.status_code, duplicate.json()["error_code"]) == (409, "DuplicateEventId")
+    invalid = api.put(f"/v1/domains/{d}/queues/{'x' * 300}", json={"policy": {}})
+    assert (invalid.status_code, invalid.json()["error_code"], invalid.json()["status"]) == (
+        400,
+        "Validation",
+        "rejected",
+    )
+
+
+def test_documents_keys_and_message_ids_may_hold_slashes(api: httpx.Client) -> None:
+    d = domain()
+    put = api.put(f"/v1/domains/{d}/documents/orders/42/lines", json={"value": b64(b"v1"), "expected_revision": 0})
+    assert committed(put)["revision"] == 1
+    got = committed(api.get(f"/v1/domains/{d}/documents/orders/42/lines"))
+    assert (got["key"], base64.b64decode(got["value"])) == ("orders/42/lines", b"v1")
+    queue = f"/v1/domains/{d}/queues/q"
+    committed(api.put(queue, json={"policy": {}}))
+    committed(api.post(f"{queue}/messages", json={"message_id": "a/b", "body": ""}))
+    assert committed(api.get(f"{queue}/messages/a/b"))["message_id"] == "a/b"
+
+
+def test_batches_take_a_union_of_records_by_name(api: httpx.Client) -> None:
+    d = domain()
+    committed(api.put(f"/v1/domains/{d}/queues/q", json={"policy": {}}))
+    mutations = [
+        {"mutation": {"PutDocument": {"key": "k", "value": b64(b"v")}}},
+        {"mutation": {"Enqueue": {"queue": "q", "message_id": "m", "body": b64(b"b")}}},
+    ]
+    result = committed(api.post(f"/v1/domains/{d}/batch", json={"mutations": mutations}))
+    assert len(result["results"]) == 2
+    bad = api.post(f"/v1/domains/{d}/batch", json={"mutations": [{"mutation": {"Shout": {}}}]})
+    assert bad.status_code == 400
+    assert "mutations[0].mutation must be an object with one member" in bad.json()["detail"]
+
+
+def test_partition_scoped_operator_routes(api: httpx.Client) -> None:
+    checkpoint = committed(api.post("/v1/partitions/0/checkpoints", json={}))
+    assert checkpoint["offset"] >= 0
+    out_of_range = api.post("/v1/partitions/99/checkpoints", json={})
+    assert (out_of_range.status_code, out_of_range.json()["error_code"]) == (400, "Validation")
+
+
+def test_the_openapi_document_is_served_and_checked_in(api: httpx.Client) -> None:
+    checked_in = (REPO / "docs" / "openapi.json").read_text()
+    assert checked_in == openapi.text(), (
+        "docs/openapi.json drifted: python -m keyload.server.openapi > docs/openapi.json"
+    )
+    assert api.get("/v1/openapi.json").json() == json.loads(checked_in)
+
+
+def test_the_sdk_speaks_http_with_typed_results_and_errors(served: tuple[Path, str]) -> None:
+    root, url = served
+    d = domain()
+    admin_credential = Credential.load(root / "credentials" / "keyload-admin.json")
+    with Client(url, credential=admin_credential) as admin:
+        assert admin.partitions == DataDir.open(root).partitions
+        admin.create_queue(d, "q")
+        name = f"remote-{uuid.uuid4().hex[:8]}"
+        issued = admin.create_principal(name, [Grant(capability=Capability.consume, domain=d)])
+        assert not (root / "credentials" / f"{name}.json").exists(), "a server's credential goes to the caller only"
+        with pytest.raises(RevisionConflictError):
+            admin.create_principal(name)
+        enqueued = admin.enqueue(d, "q", b"\x00bytes", message_id="m1", command_id="enq-1")
+        assert admin.enqueue(d, "q", b"\x00bytes", message_id="m1", command_id="enq-1") == enqueued
+        with pytest.raises(NotFoundError):
+            admin.inspect_queue(d, "missing")
+        with pytest.raises(InvalidCommand):
+            admin.send("Enqueue", d, {"queue": "q"})
+        with pytest.raises(KeyloadError, match="needs a local data directory"):
+            admin.poison_entries()
+        assert admin.request_checkpoint(0).offset >= 0
+    with Client(url, credential=issued) as consumer:
+        assert consumer.whoami().principal.principal == name
+        [delivery] = consumer.receive(d, "q").deliveries
+        assert delivery.body == b"\x00bytes"
+        consumer.ack(d, delivery.token)
+        with pytest.raises(PermissionDeniedError):
+            consumer.enqueue(d, "q", b"x")
+        with Client(url, credential=admin_credential) as admin:
+            rotated = admin.rotate_credential(name)
+        with pytest.raises(CredentialError):
+            consumer.receive(d, "q")
+    with Client(url, credential=rotated) as consumer:
+        assert consumer.receive(d, "q").deliveries == []
+    stranger = Credential("keyload-admin", "keyload-admin-1", b"\x01" * 32)
+    with Client(url, credential=stranger) as client, pytest.raises(CredentialError):
+        client.inspect_queue(d, "q")
+    with Client("http://127.0.0.1:9", credential=admin_credential) as client, pytest.raises(ServiceUnavailable):
+        client.inspect_queue(d, "q")
