@@ -11,6 +11,7 @@ Every test uses a domain of its own, so the tests share one service without inte
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
 import threading
 import time
@@ -337,6 +338,15 @@ def test_the_sdk_speaks_http_with_typed_results_and_errors(served: tuple[Path, s
         with pytest.raises(KeyloadError, match="needs a local data directory"):
             admin.poison_entries()
         assert admin.request_checkpoint(0).offset >= 0
+        admin.create_queue(d, "media")
+        large = bytes(range(256)) * 3000
+        seen: list[tuple[int, int]] = []
+        committed_reservation = admin.schedule_large(
+            d, "media", large, message_id="clip", progress=lambda *p: seen.append(p)
+        )
+        assert committed_reservation.state == "committed" and seen[-1] == (len(large), len(large))
+        [clip] = admin.receive(d, "media").deliveries
+        assert admin.read_payload(clip) == large
     with Client(url, credential=issued) as consumer:
         assert consumer.whoami().principal.principal == name
         [delivery] = consumer.receive(d, "q").deliveries
@@ -355,3 +365,44 @@ def test_the_sdk_speaks_http_with_typed_results_and_errors(served: tuple[Path, s
         client.inspect_queue(d, "q")
     with Client("http://127.0.0.1:9", credential=admin_credential) as client, pytest.raises(ServiceUnavailable):
         client.inspect_queue(d, "q")
+
+
+def test_large_payloads_are_uploaded_attested_and_read_by_the_service(
+    served: tuple[Path, str], api: httpx.Client
+) -> None:
+    root, url = served
+    d = domain()
+    queue = f"/v1/domains/{d}/queues/media"
+    committed(api.put(queue, json={"policy": {}}))
+    payload = bytes(range(256)) * 4096  # 1 MiB
+    reserve = {
+        "message_id": "video-1",
+        "length": len(payload),
+        "sha256": b64(hashlib.sha256(payload).digest()),
+        "headers": {},
+    }
+    reservation = committed(api.post(f"{queue}/reservations", json=reserve))
+    content = f"/v1/domains/{d}/reservations/{reservation['reservation_id']}/content"
+    raw = {"content-type": "application/octet-stream"}
+    wrong = api.put(content, content=payload[:-1] + b"\x00", headers=raw)
+    assert (wrong.status_code, wrong.json()["error_code"]) == (409, "Conflict")
+    assert committed(api.put(content, content=payload, headers=raw))["state"] == "committed"
+    assert committed(api.put(content, content=payload, headers=raw))["state"] == "committed"  # idempotent
+    [delivery] = committed(api.post(f"{queue}/receive", json={}))["deliveries"]
+    assert delivery["payload"]["length"] == len(payload)
+    handle = delivery["payload"]["read_handle"]
+    read = api.post("/v1/payloads/read", json={"read_handle": handle})
+    assert (read.status_code, read.content) == (200, payload)
+    forged = api.post("/v1/payloads/read", json={"read_handle": handle[:-4] + "AAAA"})
+    assert (forged.status_code, forged.json()["error_code"]) == (400, "Validation")
+    missing = api.put(f"/v1/domains/{d}/reservations/999999/content", content=b"x", headers=raw)
+    assert (missing.status_code, missing.json()["error_code"]) == (404, "NotFound")
+    name = f"reader-{uuid.uuid4().hex[:8]}"
+    with Client(root) as admin:
+        reader = admin.create_principal(name, [Grant(capability=Capability.consume, domain=d)])
+    second = committed(api.post(f"{queue}/reservations", json={**reserve, "message_id": "video-2"}))
+    with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {reader.bearer_token}"}) as other:
+        refused = other.put(
+            f"/v1/domains/{d}/reservations/{second['reservation_id']}/content", content=payload, headers=raw
+        )
+        assert (refused.status_code, refused.json()["error_code"]) == (403, "PermissionDenied")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import itertools
 import os
 import re
@@ -952,8 +953,9 @@ class Client:
 
         resuming = request_id is not None
         request_id = request_id or str(uuid.uuid4())
-        data = self._local("schedule_large").data
-        with staged_source(source, data.root / "scratch" / "payloads") as path:
+        local = isinstance(self._transport, LogTransport)
+        scratch = self.data.root / "scratch" / "payloads" if local else Path(tempfile.gettempdir())
+        with staged_source(source, scratch) as path:
             digest = digest_of(path)
             receipt = self.prepare_large_schedule(
                 domain,
@@ -974,7 +976,12 @@ class Client:
                 current = self.inspect_reservation(domain, receipt.reservation_id)
                 if current.state == "committed":
                     return current
-            handle = self.payloads.upload_handle(receipt, partition_for(domain, data.partitions))
+            if not local:  # the server uploads, attests and commits (keyload/server/payloads.py)
+                outcome = self._http("schedule_large").upload_payload(
+                    domain, receipt.reservation_id, path, progress, self.timeout_s
+                )
+                return self._result(outcome, PayloadReservation)
+            handle = self.payloads.upload_handle(receipt, partition_for(domain, self.partitions))
             self.payloads.upload(handle, path, progress)
             proof = self.payloads.attest(handle)
         # A new command id each time: the proof (its attestation time) differs between attempts.
@@ -984,14 +991,21 @@ class Client:
         """A large delivery's bytes (verified against its SHA-256); with `into`, written to that file."""
         if delivery.payload is None or delivery.payload.read_handle is None:
             raise InvalidCommand("the delivery has no large payload: its bytes are in `body`")
+        handle = delivery.payload.read_handle
+        local = isinstance(self._transport, LogTransport)
+        read: Callable[[Path], object] = (
+            functools.partial(self.payloads.read, handle)
+            if local
+            else functools.partial(self._http("read_payload").read_payload, handle, timeout_s=self.timeout_s)
+        )
         if into is not None:
-            self.payloads.read(delivery.payload.read_handle, Path(into))
+            read(Path(into))
             return None
-        scratch = self._local("read_payload").data.root / "scratch"
+        scratch = self.data.root / "scratch" if local else Path(tempfile.gettempdir())
         scratch.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(dir=scratch) as folder:
             target = Path(folder) / "payload"
-            self.payloads.read(delivery.payload.read_handle, target)
+            read(target)
             return target.read_bytes()
 
     # -- operations -----------------------------------------------------------------------

@@ -6,6 +6,8 @@ from the response (docs/ARCHITECTURE.md §10a). The body travels in the API's JS
 from __future__ import annotations
 
 import base64
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -13,6 +15,7 @@ import httpx
 from keyload.commands import BY_BRANCH
 from keyload.credentials import Credential, CredentialError
 from keyload.errors import InvalidCommand, KeyloadError, OutcomeTimeout, ServiceUnavailable, rejection
+from keyload.sdk.payloads import PayloadError, Progress
 from keyload.sdk.results import Outcome
 from keyload.wire import (
     ENVELOPE_PATH,
@@ -27,6 +30,10 @@ from keyload.wire import (
 
 CONNECT_TIMEOUT_S = 10.0  # to open a connection to the server
 PRINCIPALS_PATH = "/v1/principals"
+PAYLOAD_CONTENT_PATH = "/v1/domains/{domain}/reservations/{reservation_id}/content"
+PAYLOAD_READ_PATH = "/v1/payloads/read"
+UPLOAD_CHUNK_BYTES = 1024 * 1024
+RESERVATION = "keyload.PayloadReservation"
 PRINCIPAL_VIEW = "keyload.result.PrincipalView"
 
 
@@ -101,6 +108,39 @@ class HttpTransport:
         issued = response.json()["credential"]
         return Credential(issued["principal"], issued["key_id"], base64.b64decode(issued["secret"]))
 
+    def upload_payload(
+        self, domain: str, reservation_id: int, source: Path, progress: Progress | None, timeout_s: float
+    ) -> Outcome:
+        """Send a reservation's bytes to the server, which stores, attests and commits them: the
+        CommitLargeSchedule's outcome (keyload/server/payloads.py). No time limit but the connect's
+        and `timeout_s` for the answer once the bytes are sent."""
+        path = PAYLOAD_CONTENT_PATH.format(domain=domain, reservation_id=reservation_id)
+        response = self._request(
+            "PUT",
+            path,
+            content=_chunks(source, progress),
+            headers={"Content-Type": "application/octet-stream"},
+            timeout=httpx.Timeout(None, connect=CONNECT_TIMEOUT_S, read=timeout_s),
+        )
+        return self._outcome(response, RESERVATION, f"upload of reservation {reservation_id}", timeout_s)
+
+    def read_payload(self, read_handle: str, into: Path, timeout_s: float) -> None:
+        """Copy a large delivery's bytes into a file (the server verifies them against their SHA-256)."""
+        try:
+            with self._http.stream(
+                "POST", PAYLOAD_READ_PATH, json={"read_handle": read_handle}, timeout=timeout_s
+            ) as response:
+                if response.status_code != 200:
+                    response.read()
+                    raise _http_error(response.status_code, response.json(), "read_payload", timeout_s)
+                with into.open("wb") as out:
+                    for chunk in response.iter_bytes():
+                        out.write(chunk)
+        except httpx.TimeoutException:
+            raise OutcomeTimeout("read_payload", timeout_s, "; the server did not answer in time") from None
+        except httpx.HTTPError as exc:
+            raise ServiceUnavailable(f"the keyload server at {self._http.base_url} cannot be reached: {exc}") from None
+
     def _request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
         try:
             return self._http.request(method, path, **kwargs)
@@ -110,6 +150,17 @@ class HttpTransport:
             raise ServiceUnavailable(f"the keyload server at {self._http.base_url} cannot be reached: {exc}") from None
 
 
+def _chunks(source: Path, progress: Progress | None) -> Iterator[bytes]:
+    total = source.stat().st_size
+    sent = 0
+    with source.open("rb") as file:
+        while chunk := file.read(UPLOAD_CHUNK_BYTES):
+            yield chunk
+            sent += len(chunk)
+            if progress is not None:
+                progress(sent, total)
+
+
 def _http_error(status: int, answer: dict[str, Any], command_id: str, timeout_s: float) -> KeyloadError:
     """The SDK's exception for an error of the HTTP layer (`status` "error": the request has no outcome)."""
     detail = str(answer.get("detail", ""))
@@ -117,6 +168,8 @@ def _http_error(status: int, answer: dict[str, Any], command_id: str, timeout_s:
         return CredentialError(f"the server refused the credential: {detail}")
     if status in (400, 413):
         return InvalidCommand(f"{detail}; nothing was appended")
+    if status in (404, 409, 410):  # a payload's reservation, bytes or handle (keyload/server/payloads.py)
+        return PayloadError(detail)
     if status == 504:
         return OutcomeTimeout(command_id, timeout_s, f"; the server says: {detail}")
     if status == 503:

@@ -68,6 +68,14 @@ class Forbidden(Exception):
     """The caller may not ask for what the server does itself, outside a command (HTTP 403)."""
 
 
+class Refused(Exception):
+    """What the server does itself, outside a command, cannot be done: its error code and status."""
+
+    def __init__(self, pair: tuple[str, int], detail: str) -> None:
+        super().__init__(detail)
+        self.pair = pair
+
+
 @dataclass
 class Engine:
     """What the API needs of the running service, and the one path every request's command takes."""
@@ -247,6 +255,8 @@ async def answered(request: Request, answer: Callable[[str], Awaitable[Answer | 
         return error_response(statuses.UNAUTHENTICATED, str(exc))
     except Forbidden as exc:
         return error_response(statuses.FORBIDDEN, str(exc))
+    except Refused as exc:
+        return error_response(exc.pair, str(exc), command_id)
     except InvalidCommand as exc:
         return error_response(statuses.BAD_REQUEST, str(exc))
     except _TooLarge:

@@ -12,13 +12,11 @@ command's log position): that decision is the authoritative one.
 from __future__ import annotations
 
 import hmac
-import os
-from pathlib import Path
 
 from keyload.credentials import Credential, CredentialError
 from keyload.processors.access import UNKNOWN_SIGNER, load_principal
 from keyload.projections.store import Readable
-from keyload.storage import keyring
+from keyload.storage.keyring import LiveKeyring
 
 
 class Unauthenticated(Exception):
@@ -26,10 +24,8 @@ class Unauthenticated(Exception):
 
 
 class Authenticator:
-    def __init__(self, root: Path) -> None:
-        self._root = root
-        self._version = self._stamp()
-        self._keyring = keyring.load(root)
+    def __init__(self, keys: LiveKeyring) -> None:
+        self.keys = keys
 
     def credential(self, authorization: str | None, store: Readable) -> Credential:
         """The credential of an `Authorization` header, proven against the keyring and the policy
@@ -43,24 +39,10 @@ class Authenticator:
             credential = Credential.from_bearer_token(token.strip())
         except CredentialError as exc:
             raise Unauthenticated(str(exc)) from None
-        key = self._key(credential.key_id)
+        key = self.keys.get(credential.key_id)
         if key is None or not hmac.compare_digest(key, credential.secret):
             raise Unauthenticated(UNKNOWN_SIGNER)
         record = load_principal(store, credential.principal)
         if record is None or not record.enabled or record.key_id != credential.key_id:
             raise Unauthenticated(UNKNOWN_SIGNER)
         return credential
-
-    def _key(self, key_id: str) -> bytes | None:
-        """The keyring's key `key_id`; a key added since (a new principal, a rotated credential) is
-        found by reading the keyring again when its file changed (a stat per unknown key id)."""
-        key = self._keyring.get(key_id)
-        if key is None and self._stamp() != self._version:
-            self._version = self._stamp()
-            self._keyring = keyring.load(self._root)
-            key = self._keyring.get(key_id)
-        return key
-
-    def _stamp(self) -> tuple[int, int]:
-        status = os.stat(self._root / keyring.FILE)
-        return status.st_mtime_ns, status.st_ino

@@ -14,6 +14,7 @@ from typing import Any
 from keyload.commands import COMMANDS, CommandKind
 from keyload.server import statuses
 from keyload.server.app import PARTITION_QUERY, RAW_BODY_FIELD, RAW_BODY_TYPE
+from keyload.server.payloads import READ_PATH, UPLOAD_PATH
 from keyload.server.principals import CREATE_PATH, ROTATE_PATH
 from keyload.version import __version__
 from keyload.wire import (
@@ -116,7 +117,7 @@ def _components(refs: dict[str, Any]) -> dict[str, Any]:
     outcome = outcomes.types["keyload.Outcome"]
     properties = {f["name"]: json_schema(outcomes, f["type"], refs) for f in outcome["fields"] if f["name"] != "result"}
     properties["result"] = {"description": "the command's result record (see each operation), null when refused"}
-    codes = sorted({code for code, _ in _HTTP_ERRORS} | {str(code) for code in statuses.HTTP_STATUS})
+    codes = sorted({code for code, _ in statuses.HTTP_ERRORS} | {str(code) for code in statuses.HTTP_STATUS})
     refusal = {
         "type": "object",
         "properties": {
@@ -137,17 +138,6 @@ def _components(refs: dict[str, Any]) -> dict[str, Any]:
             }
         },
     }
-
-
-_HTTP_ERRORS = (
-    statuses.UNAUTHENTICATED,
-    statuses.BAD_REQUEST,
-    statuses.TOO_LARGE,
-    statuses.NO_ROUTE,
-    statuses.WRONG_METHOD,
-    statuses.UNAVAILABLE,
-    statuses.TIMEOUT,
-)
 
 
 def _envelope_operation(refs: dict[str, Any]) -> dict[str, Any]:
@@ -228,6 +218,47 @@ def _credential_operations(refs: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def _payload_operations(refs: dict[str, Any]) -> dict[str, Any]:
+    """The payload routes the server answers itself (keyload/server/payloads.py)."""
+    outcomes = names("keyload.Outcome")
+    reservation = json_schema(outcomes, "keyload.PayloadReservation", refs)
+    outcome = {"allOf": [{"$ref": "#/components/schemas/Outcome"}, {"properties": {"result": reservation}}]}
+    raw = {"schema": {"type": "string", "format": "binary"}}
+    handle = {
+        "type": "object",
+        "properties": {"read_handle": {"type": "string"}},
+        "required": ["read_handle"],
+        "additionalProperties": False,
+    }
+    return {
+        UPLOAD_PATH: {
+            "put": {
+                "operationId": "upload_payload",
+                "summary": "a reservation's bytes: the service stores, attests and commits them (the commit's outcome)",
+                "tags": ["reservations"],
+                "parameters": [_path_parameter("domain"), _path_parameter("reservation_id")],
+                "requestBody": {"required": True, "content": {"application/octet-stream": raw}},
+                "responses": {
+                    "200": {"description": "committed", "content": {"application/json": {"schema": outcome}}},
+                    "default": _refused(),
+                },
+            }
+        },
+        READ_PATH: {
+            "post": {
+                "operationId": "read_payload",
+                "summary": "a large delivery's bytes, by its read handle, while its lease lasts",
+                "tags": ["payloads"],
+                "requestBody": {"required": True, "content": {"application/json": {"schema": handle}}},
+                "responses": {
+                    "200": {"description": "the bytes", "content": {"application/octet-stream": raw}},
+                    "default": _refused(),
+                },
+            }
+        },
+    }
+
+
 def _idempotency_parameter() -> dict[str, Any]:
     return {
         "name": IDEMPOTENCY_HEADER,
@@ -255,6 +286,7 @@ def document() -> dict[str, Any]:
     health = {"200": {"description": "serving"}, "503": {"description": "a partition is halted, or not ready yet"}}
     paths[ENVELOPE_PATH] = {"post": _envelope_operation(refs)}
     paths.update(_credential_operations(refs))
+    paths.update(_payload_operations(refs))
     paths[SERVICE_PATH] = {
         "get": {
             "operationId": "service",

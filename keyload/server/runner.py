@@ -26,11 +26,12 @@ from keyload.projections.store import Store
 from keyload.server import openapi
 from keyload.server.app import Engine, application
 from keyload.server.auth import Authenticator
+from keyload.server.payloads import payload_routes
 from keyload.server.principals import credential_routes
 from keyload.server.writer import CommandWriter, OutcomeWaiters
 from keyload.service.doorbell import Doorbell
 from keyload.storage.datadir import DataDir
-from keyload.storage.keyring import write_private
+from keyload.storage.keyring import LiveKeyring, write_private
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 7411
@@ -82,9 +83,10 @@ class HttpServer:
     ) -> None:
         self.data = data
         self.listen = listen
-        self.engine = Engine(data.partitions, stores, Authenticator(data.root), waiters, halt_of)
+        keyring = LiveKeyring(data.root)
+        self.engine = Engine(data.partitions, stores, Authenticator(keyring), waiters, halt_of)
         self._writer: CommandWriter | None = None
-        routes = credential_routes(self.engine, data.root)
+        routes = [*credential_routes(self.engine, data.root), *payload_routes(self.engine, data, keyring)]
         app = application(self.engine, self._on_start, self._on_stop, openapi.document(), routes)
         config = uvicorn.Config(
             app,

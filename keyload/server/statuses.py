@@ -33,5 +33,7 @@ BAD_REQUEST = ("Validation", 400)  # the request does not make a command: bad JS
 TOO_LARGE = ("Validation", 413)  # the request body is over MAX_REQUEST_BYTES
 NO_ROUTE = ("NotFound", 404)  # no route has this path
 WRONG_METHOD = ("NotFound", 405)  # the path exists for other methods
+GONE = ("Gone", 410)  # a payload handle or reservation past its deadline, or an object no longer stored
 UNAVAILABLE = ("Unavailable", 503)  # the partition is halted or cannot take appends now; retry later
 TIMEOUT = ("Timeout", 504)  # no outcome in time: retry with the same Idempotency-Key to learn it
+HTTP_ERRORS = (UNAUTHENTICATED, FORBIDDEN, BAD_REQUEST, TOO_LARGE, NO_ROUTE, WRONG_METHOD, GONE, UNAVAILABLE, TIMEOUT)

@@ -14,6 +14,7 @@ import base64
 import binascii
 import json
 import os
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 from keyload.errors import KeyloadError
@@ -116,3 +117,39 @@ def _parse(data: bytes, path: Path) -> dict[str, bytes]:
             raise KeyringError(f"{path}: key {key_id!r} is shorter than {MIN_KEY_BYTES} bytes")
         keyring[key_id] = material
     return keyring
+
+
+class LiveKeyring(Mapping[str, bytes]):
+    """The keyring of a running service as a mapping: a key id it lacks makes it read the file again
+    when the file has changed since (a principal created, a key added for RotateKeys), so a
+    long-running reader sees new keys without rereading the file on every lookup."""
+
+    def __init__(self, root: Path) -> None:
+        self._root = root
+        self._stamp = self._file_stamp()
+        self._keys = load(root)
+
+    def __getitem__(self, key_id: str) -> bytes:
+        if key_id not in self._keys and self._file_stamp() != self._stamp:
+            self._stamp = self._file_stamp()
+            self._keys = load(self._root)
+        return self._keys[key_id]
+
+    def __contains__(self, key_id: object) -> bool:
+        if not isinstance(key_id, str):
+            return False
+        try:
+            self[key_id]
+        except KeyError:
+            return False
+        return True
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._keys)
+
+    def __len__(self) -> int:
+        return len(self._keys)
+
+    def _file_stamp(self) -> tuple[int, int]:
+        status = os.stat(self._root / FILE)
+        return status.st_mtime_ns, status.st_ino
