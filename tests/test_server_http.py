@@ -406,3 +406,38 @@ def test_large_payloads_are_uploaded_attested_and_read_by_the_service(
             f"/v1/domains/{d}/reservations/{second['reservation_id']}/content", content=payload, headers=raw
         )
         assert (refused.status_code, refused.json()["error_code"]) == (403, "PermissionDenied")
+
+
+def test_metrics_report_partitions_queues_groups_and_requests(served: tuple[Path, str], api: httpx.Client) -> None:
+    root, url = served
+    d = domain()
+    queue = f"/v1/domains/{d}/queues/depth"
+    committed(api.put(queue, json={"policy": {}}))
+    for i in range(3):
+        committed(api.post(f"{queue}/messages", json={"message_id": f"m{i}", "body": ""}))
+    committed(api.post(f"{queue}/receive", json={"max_messages": 1}))
+    topic = f"/v1/domains/{d}/topics/t"
+    committed(api.put(topic, json={"policy": {}}))
+    committed(api.put(f"{topic}/groups/g", json={"start": "beginning", "filter": {}, "policy": {}}))
+    committed(api.post(f"{topic}/events", json={"events": [{"event_id": "e", "type": "x", "body": ""}]}))
+    scraped = api.get("/metrics")
+    assert scraped.status_code == 200
+    samples = {
+        line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1])
+        for line in scraped.text.splitlines()
+        if line and not line.startswith("#")
+    }
+    assert samples[f'keyload_queue_messages{{domain="{d}",queue="depth",state="ready"}}'] == 2
+    assert samples[f'keyload_queue_messages{{domain="{d}",queue="depth",state="leased"}}'] == 1
+    assert samples[f'keyload_group_backlog_events{{domain="{d}",group="g",topic="t"}}'] == 1
+    partition = partition_for(d, DataDir.open(root).partitions)
+    assert samples[f'keyload_partition_halted{{partition="{partition}"}}'] == 0
+    assert samples[f'keyload_lag_records{{partition="{partition}"}}'] >= 0
+    assert samples['keyload_http_requests_total{method="POST",status="200"}'] >= 4
+    assert samples['keyload_outcome_latency_seconds_count{kind="Enqueue"}'] >= 3
+    assert httpx.get(f"{url}/metrics").status_code == 401
+    name = f"narrow-{uuid.uuid4().hex[:8]}"
+    with Client(root) as admin:
+        narrow = admin.create_principal(name, [Grant(capability=Capability.inspect, domain=d)])
+    refused = httpx.get(f"{url}/metrics", headers={"Authorization": f"Bearer {narrow.bearer_token}"})
+    assert (refused.status_code, refused.json()["error_code"]) == (403, "PermissionDenied")

@@ -15,26 +15,30 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
 
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from keyload.bodies import Branch
-from keyload.commands import COMMANDS, CommandKind
+from keyload.commands import COMMANDS, Capability, CommandKind
 from keyload.credentials import Credential
 from keyload.errors import ErrorCode, InvalidCommand
 from keyload.log.base import LogError, partition_for
+from keyload.processors.access import EVERYTHING, allows, load_principal
 from keyload.projections.store import Store
 from keyload.sdk.envelope import check_command_id, encode_command
 from keyload.server import statuses
 from keyload.server.auth import Authenticator, Unauthenticated
+from keyload.server.metrics import ServerMetrics
 from keyload.server.writer import Answer, CommandWriter, OutcomeWaiters
 from keyload.service.system_commands import domain_for_partition
 from keyload.version import __version__
@@ -48,6 +52,7 @@ from keyload.wire import (
     field_schema,
     from_text,
     names,
+    short_name,
     to_avro,
     to_json,
 )
@@ -57,6 +62,7 @@ OUTCOME_WAIT_S = 30.0  # how long a request waits for its outcome, beyond a long
 SLASHED_FIELDS = frozenset({"message_id", "key"})  # path fields that may hold '/' (ids and document keys)
 RAW_BODY_FIELD = "body"
 RAW_BODY_TYPE = "application/octet-stream"
+METRICS_PATH = "/metrics"
 PARTITION_QUERY = "partition"  # a partition-wide GET without {partition} in its path: which one (default 0)
 
 
@@ -85,6 +91,7 @@ class Engine:
     authenticator: Authenticator
     waiters: OutcomeWaiters
     halt_of: Callable[[int], str | None]  # why partition P is halted, or None
+    metrics: ServerMetrics
     writer: CommandWriter | None = None  # set when the event loop starts
 
     async def submit_all(
@@ -127,11 +134,14 @@ class Engine:
         assert self.writer is not None, "the server appends only once its event loop runs"
         wait_ms = body[1].get("wait_ms") or 0
         future = self.waiters.expect(domain, command_id)
+        started = time.perf_counter()
         try:
             await self.writer.append(partition, value)
-            return await asyncio.wait_for(asyncio.shield(future), OUTCOME_WAIT_S + wait_ms / 1000)
+            answer = await asyncio.wait_for(asyncio.shield(future), OUTCOME_WAIT_S + wait_ms / 1000)
         finally:
             self.waiters.forget(domain, command_id, future)
+        self.metrics.outcome_latency.labels(short_name(body[0])).observe(time.perf_counter() - started)
+        return answer
 
 
 def error_response(pair: tuple[str, int], detail: str, command_id: str | None = None) -> JSONResponse:
@@ -244,6 +254,13 @@ async def answered(request: Request, answer: Callable[[str], Awaitable[Answer | 
     """The response to a request whose command `answer` submits under the request's command id: its
     outcome (or the response `answer` makes of it), or the error of the HTTP layer that kept it
     from having one."""
+    response = await _answer(request, answer)
+    engine: Engine = request.app.state.engine
+    engine.metrics.requests.labels(request.method, str(response.status_code)).inc()
+    return response
+
+
+async def _answer(request: Request, answer: Callable[[str], Awaitable[Answer | Response]]) -> Response:
     command_id = request.headers.get(IDEMPOTENCY_HEADER) or str(uuid.uuid4())
     try:
         check_command_id(command_id)
@@ -358,6 +375,18 @@ def application(
     async def openapi_document(_: Request) -> Response:
         return JSONResponse(openapi)
 
+    async def metrics(request: Request) -> Response:
+        """Prometheus metrics, for a principal that may inspect every domain (they name every queue)."""
+        try:
+            caller = engine.caller(request, 0)
+        except Unauthenticated as exc:
+            return error_response(statuses.UNAUTHENTICATED, str(exc))
+        record = load_principal(engine.stores[0], caller.principal)
+        if record is None or not allows(record.grants, Capability.inspect, None, EVERYTHING):
+            return error_response(statuses.FORBIDDEN, "metrics need inspect on every domain")
+        text = await asyncio.to_thread(generate_latest, engine.metrics.registry)
+        return Response(text, media_type=CONTENT_TYPE_LATEST)
+
     async def not_found(request: Request, exc: Exception) -> Response:
         return error_response(statuses.NO_ROUTE, f"no route {request.url.path[:256]}")
 
@@ -377,7 +406,10 @@ def application(
         Route("/readyz", readyz, methods=["GET"]),
         Route("/v1/openapi.json", openapi_document, methods=["GET"]),
         Route(SERVICE_PATH, service, methods=["GET"]),
+        Route(METRICS_PATH, metrics, methods=["GET"]),
         *command_routes(engine),
         *more_routes,
     ]
-    return Starlette(routes=routes, lifespan=lifespan, exception_handlers={404: not_found, 405: wrong_method})
+    app = Starlette(routes=routes, lifespan=lifespan, exception_handlers={404: not_found, 405: wrong_method})
+    app.state.engine = engine
+    return app

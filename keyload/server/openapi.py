@@ -13,7 +13,7 @@ from typing import Any
 
 from keyload.commands import COMMANDS, CommandKind
 from keyload.server import statuses
-from keyload.server.app import PARTITION_QUERY, RAW_BODY_FIELD, RAW_BODY_TYPE
+from keyload.server.app import METRICS_PATH, PARTITION_QUERY, RAW_BODY_FIELD, RAW_BODY_TYPE
 from keyload.server.payloads import READ_PATH, UPLOAD_PATH
 from keyload.server.principals import CREATE_PATH, ROTATE_PATH
 from keyload.version import __version__
@@ -293,6 +293,13 @@ def document() -> dict[str, Any]:
             "security": [],
             "summary": "the server's version and partition count",
             "responses": {"200": {"description": '{"version": V, "partitions": N}'}},
+        }
+    }
+    paths[METRICS_PATH] = {
+        "get": {
+            "operationId": "metrics",
+            "summary": "Prometheus metrics (text exposition format), for a principal with inspect on every domain",
+            "responses": {"200": {"description": "metrics", "content": {"text/plain": {"schema": {"type": "string"}}}}},
         }
     }
     paths["/healthz"] = {"get": {"operationId": "healthz", "security": [], "responses": {"200": {"description": "up"}}}}

@@ -26,6 +26,7 @@ from keyload.projections.store import Store
 from keyload.server import openapi
 from keyload.server.app import Engine, application
 from keyload.server.auth import Authenticator
+from keyload.server.metrics import ServerMetrics
 from keyload.server.payloads import payload_routes
 from keyload.server.principals import credential_routes
 from keyload.server.writer import CommandWriter, OutcomeWaiters
@@ -84,7 +85,8 @@ class HttpServer:
         self.data = data
         self.listen = listen
         keyring = LiveKeyring(data.root)
-        self.engine = Engine(data.partitions, stores, Authenticator(keyring), waiters, halt_of)
+        metrics = ServerMetrics(data.file_command_log(), stores, halt_of)
+        self.engine = Engine(data.partitions, stores, Authenticator(keyring), waiters, halt_of, metrics)
         self._writer: CommandWriter | None = None
         routes = [*credential_routes(self.engine, data.root), *payload_routes(self.engine, data, keyring)]
         app = application(self.engine, self._on_start, self._on_stop, openapi.document(), routes)
@@ -128,6 +130,7 @@ class HttpServer:
         self._server.should_exit = True
         self._thread.join(SHUTDOWN_TIMEOUT_S)
         self._socket.close()
+        self.engine.metrics.close()
 
     def _run(self) -> None:
         try:

@@ -1,0 +1,119 @@
+"""Prometheus metrics of a running service (`GET /metrics`, DESIGN.md §10).
+
+Two kinds: what the server counts as requests pass (requests by method and status, the time from
+a command's append to its outcome, by command kind), and what is read from the partitions when
+scraped (applied offset, log end and lag, halts, poison records, and per queue and group their
+depth, dead letters and backlog). The second kind reads the live projections read-only, so a
+scrape costs a scan of the queue, group and poison rows of every partition: at most
+MAX_SCRAPED_RESOURCES queues and as many groups per partition are reported.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from typing import TypeVar
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from keyload.log.file_log import FileLog
+from keyload.projections import keys
+from keyload.projections.records import GroupRecord, QueueRecord, TopicRecord
+from keyload.projections.store import Store
+
+MAX_SCRAPED_RESOURCES = 1000  # queues, and groups, reported per partition and scrape
+LATENCY_BUCKETS_S = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+QUEUE_STATES = ("ready", "scheduled", "leased", "dead_lettered", "pending_dead_letter")
+
+
+class ServerMetrics:
+    """The service's registry: request counters, outcome latencies and the partitions' state."""
+
+    def __init__(self, log: FileLog, stores: Sequence[Store], halt_of: Callable[[int], str | None]) -> None:
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.requests = Counter(
+            "keyload_http_requests", "HTTP requests answered", ["method", "status"], registry=self.registry
+        )
+        self.outcome_latency = Histogram(
+            "keyload_outcome_latency_seconds",
+            "from a command's append by the server to its outcome",
+            ["kind"],
+            buckets=LATENCY_BUCKETS_S,
+            registry=self.registry,
+        )
+        self.partitions = PartitionCollector(log, stores, halt_of)
+        self.registry.register(self.partitions)
+
+    def close(self) -> None:
+        self.partitions.log.close()
+
+
+class PartitionCollector(Collector):
+    """The partitions' state, read when scraped (one scrape at a time: the log is read by one thread)."""
+
+    def __init__(self, log: FileLog, stores: Sequence[Store], halt_of: Callable[[int], str | None]) -> None:
+        self.log = log  # an instance of its own, for the log's end offsets
+        self.stores = stores
+        self.halt_of = halt_of
+        self._lock = threading.Lock()
+
+    def collect(self) -> Iterator[Metric]:
+        with self._lock:
+            yield from self._collect()
+
+    def _collect(self) -> Iterator[Metric]:
+        applied = GaugeMetricFamily("keyload_applied_offset", "last applied command offset", labels=["partition"])
+        end = GaugeMetricFamily("keyload_log_end_offset", "next offset of the command log", labels=["partition"])
+        lag = GaugeMetricFamily("keyload_lag_records", "records appended but not applied yet", labels=["partition"])
+        halted = GaugeMetricFamily("keyload_partition_halted", "1 when the partition is halted", labels=["partition"])
+        poison = GaugeMetricFamily(
+            "keyload_poison_records", "records no command could be read from", labels=["partition"]
+        )
+        depth = GaugeMetricFamily(
+            "keyload_queue_messages", "stored messages by state", labels=["domain", "queue", "state"]
+        )
+        acked = GaugeMetricFamily("keyload_queue_acked_total", "messages acked", labels=["domain", "queue"])
+        backlog = GaugeMetricFamily(
+            "keyload_group_backlog_events", "events past the group's checkpoint", labels=["domain", "topic", "group"]
+        )
+        outstanding = GaugeMetricFamily(
+            "keyload_group_outstanding_deliveries", "deliveries leased or retrying", labels=["domain", "topic", "group"]
+        )
+        parked = GaugeMetricFamily(
+            "keyload_group_parked_events", "parked positions", labels=["domain", "topic", "group"]
+        )
+        for partition, store in enumerate(self.stores):
+            label = str(partition)
+            applied.add_metric([label], store.applied_offset)
+            log_end = self.log.end_offset(partition)
+            end.add_metric([label], log_end)
+            lag.add_metric([label], max(log_end - 1 - store.applied_offset, 0))
+            halted.add_metric([label], 0 if self.halt_of(partition) is None else 1)
+            poison.add_metric([label], sum(1 for _ in store.scan(keys.POISON, keys.prefix_end(keys.POISON))))
+            for queue in _records(store, keys.QUEUE, QueueRecord):
+                view = queue.view
+                counters = view.counters
+                for state in QUEUE_STATES:
+                    depth.add_metric([view.domain, view.queue, state], getattr(counters, state))
+                acked.add_metric([view.domain, view.queue], counters.acked_total)
+            for group in _records(store, keys.GROUP, GroupRecord):
+                seen = group.view
+                topic_row = store.get(keys.topic(seen.domain, seen.topic))
+                tail = 0 if topic_row is None else TopicRecord.decode(topic_row).view.tail
+                names = [seen.domain, seen.topic, seen.group]
+                backlog.add_metric(names, max(tail - seen.checkpoint, 0))
+                outstanding.add_metric(names, seen.outstanding)
+                parked.add_metric(names, seen.parked_count)
+        yield from (applied, end, lag, halted, poison, depth, acked, backlog, outstanding, parked)
+
+
+R = TypeVar("R", QueueRecord, GroupRecord)
+
+
+def _records(store: Store, family: bytes, kind: type[R]) -> Iterator[R]:
+    for count, (_, value) in enumerate(store.scan(family, keys.prefix_end(family))):
+        if count == MAX_SCRAPED_RESOURCES:
+            return
+        yield kind.decode(value)
