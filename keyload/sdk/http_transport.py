@@ -6,6 +6,7 @@ from the response (docs/ARCHITECTURE.md §10a). The body travels in the API's JS
 from __future__ import annotations
 
 import base64
+import ssl
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -44,7 +45,7 @@ class HttpTransport:
         self._http = httpx.Client(
             base_url=url,
             headers={"Authorization": f"Bearer {credential.bearer_token}"},
-            verify=verify,
+            verify=ssl.create_default_context(cafile=verify) if isinstance(verify, str) else verify,
             timeout=httpx.Timeout(None, connect=CONNECT_TIMEOUT_S),
         )
         self._commands = names("keyload.Command")

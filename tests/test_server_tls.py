@@ -1,0 +1,72 @@
+"""The HTTP API over TLS: `keyload run --tls-cert --tls-key` serves https://, and a client that
+trusts the certificate uses it with the same typed API; one that does not refuses the server."""
+
+from __future__ import annotations
+
+import datetime
+import ipaddress
+from pathlib import Path
+
+import httpx
+import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
+
+from keyload import Client, Credential
+from keyload.errors import ServiceUnavailable
+
+from .support import run_keyload, served_url, start_service, stop_service
+
+
+def self_signed(folder: Path) -> tuple[Path, Path]:
+    """A certificate for 127.0.0.1 and its key, as PEM files."""
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "keyload test")])
+    now = datetime.datetime.now(datetime.UTC)
+    certificate = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), False)
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .sign(key, hashes.SHA256())
+    )
+    cert_path, key_path = folder / "cert.pem", folder / "key.pem"
+    cert_path.write_bytes(certificate.public_bytes(serialization.Encoding.PEM))
+    key_path.write_bytes(
+        key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+    )
+    return cert_path, key_path
+
+
+def test_https_with_a_trusted_certificate(tmp_path: Path) -> None:
+    cert, key = self_signed(tmp_path)
+    root = tmp_path / "data"
+    process = start_service(root, "--listen", "127.0.0.1:0", "--tls-cert", str(cert), "--tls-key", str(key))
+    try:
+        url = served_url(root)
+        assert url.startswith("https://127.0.0.1:")
+        credential = Credential.load(root / "credentials" / "keyload-admin.json")
+        with Client(url, credential=credential, verify=str(cert)) as client:
+            client.create_queue("tls", "q")
+            client.enqueue("tls", "q", b"secret body", message_id="m")
+            assert client.receive("tls", "q").deliveries[0].body == b"secret body"
+        with Client(url, credential=credential) as untrusting, pytest.raises(ServiceUnavailable):
+            untrusting.inspect_queue("tls", "q")
+        with pytest.raises(httpx.HTTPError):
+            httpx.get(url.replace("https://", "http://") + "/healthz", timeout=5)
+    finally:
+        assert stop_service(process) == 0
+
+
+def test_tls_needs_a_certificate_and_its_key(tmp_path: Path) -> None:
+    cert, _ = self_signed(tmp_path)
+    refused = run_keyload("run", "--data", str(tmp_path / "data"), "--tls-cert", str(cert))
+    assert refused.returncode == 2
+    assert "TLS needs both --tls-cert and --tls-key" in refused.stderr
