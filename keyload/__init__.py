@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from keyload.credentials import Credential
     from keyload.errors import CommandRejected, ErrorCode, KeyloadError, OutcomeTimeout
     from keyload.projections.records import MessageState, PositionState
+    from keyload.sdk.async_client import AsyncClient
     from keyload.sdk.client import Client
     from keyload.sdk.consumer import ConsumeStats, ExactlyOnce
     from keyload.sdk.results import (
@@ -53,6 +54,7 @@ _HOMES = {
     "MessageState": "keyload.projections.records",
     "PositionState": "keyload.projections.records",
     "Client": "keyload.sdk.client",
+    "AsyncClient": "keyload.sdk.async_client",
     "ConsumeStats": "keyload.sdk.consumer",
     "ExactlyOnce": "keyload.sdk.consumer",
 }
@@ -67,6 +69,7 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = [
+    "AsyncClient",
     "CancelMessage",
     "Capability",
     "Client",

@@ -10,6 +10,7 @@ Every test uses a domain of its own, so the tests share one service without inte
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import hashlib
 import json
@@ -23,7 +24,7 @@ from typing import Any
 import httpx
 import pytest
 
-from keyload import Capability, Client, Credential, Grant
+from keyload import AsyncClient, Capability, Client, Credential, Grant
 from keyload.credentials import CredentialError
 from keyload.errors import (
     InvalidCommand,
@@ -441,3 +442,28 @@ def test_metrics_report_partitions_queues_groups_and_requests(served: tuple[Path
         narrow = admin.create_principal(name, [Grant(capability=Capability.inspect, domain=d)])
     refused = httpx.get(f"{url}/metrics", headers={"Authorization": f"Bearer {narrow.bearer_token}"})
     assert (refused.status_code, refused.json()["error_code"]) == (403, "PermissionDenied")
+
+
+def test_the_asyncio_client_runs_calls_concurrently(served: tuple[Path, str]) -> None:
+    root, url = served
+    d = domain()
+    credential = Credential.load(root / "credentials" / "keyload-admin.json")
+
+    async def scenario() -> None:
+        async with AsyncClient(url, credential=credential) as client:
+            await client.create_queue(d, "jobs")
+            waiting = asyncio.create_task(client.receive(d, "jobs", max_messages=1, wait_ms=20_000))
+            await asyncio.sleep(0.3)  # the long poll waits on the server; the loop goes on
+            receipts = await asyncio.gather(
+                *(client.enqueue(d, "jobs", f"job {i}".encode(), message_id=f"j{i}") for i in range(50))
+            )
+            assert sorted(r.message_id for r in receipts) == sorted(f"j{i}" for i in range(50))
+            [delivery] = (await asyncio.wait_for(waiting, 15)).deliveries
+            await client.ack(d, delivery.token)
+            with pytest.raises(NotFoundError):
+                await client.inspect_queue(d, "missing")
+            assert (await client.inspect_queue(d, "jobs")).counters.stored_messages == 49
+
+    asyncio.run(scenario())
+    with pytest.raises(InvalidCommand):
+        AsyncClient(str(root), credential=credential)

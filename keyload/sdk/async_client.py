@@ -1,0 +1,135 @@
+"""`AsyncClient`: the typed API of `Client` for asyncio programs, over a keyload server.
+
+Every method is the `Client` method of the same name, run on a worker thread of the client's own
+pool, so the event loop is never blocked while a command waits for its outcome (a long poll
+included) and up to `max_concurrency` calls are in flight at once over one kept-alive HTTP
+connection pool (httpx.Client is thread-safe; a client of a server keeps no other state between
+calls). Results, exceptions and arguments are exactly `Client`'s.
+
+    async with AsyncClient("http://127.0.0.1:7411", credential=Credential.load(path)) as client:
+        await client.enqueue("shop", "orders", b"...")
+        batch = await client.receive("shop", "orders", wait_ms=20_000)
+
+`consume` and `subscribe` run the consumer helper on a worker thread until its `stop` is set.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+from collections.abc import Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Concatenate, ParamSpec, TypeVar
+
+from keyload.credentials import Credential
+from keyload.errors import InvalidCommand
+from keyload.sdk.client import DEFAULT_TIMEOUT_S, Client, is_server_url
+
+P = ParamSpec("P")
+T = TypeVar("T")
+DEFAULT_MAX_CONCURRENCY = 64  # calls in flight at once (worker threads)
+
+
+def _on_thread(method: Callable[Concatenate[Client, P], T]) -> Callable[Concatenate[AsyncClient, P], Awaitable[T]]:
+    """`Client.method`, awaited on the async client's pool."""
+
+    async def run(self: AsyncClient, /, *args: P.args, **kwargs: P.kwargs) -> T:
+        call = functools.partial(method, self.client, *args, **kwargs)
+        return await asyncio.get_running_loop().run_in_executor(self._pool, call)
+
+    run.__name__, run.__qualname__, run.__doc__ = method.__name__, f"AsyncClient.{method.__name__}", method.__doc__
+    return run
+
+
+class AsyncClient:
+    def __init__(
+        self,
+        url: str,
+        *,
+        credential: Credential,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+        verify: bool | str = True,
+        max_concurrency: int = DEFAULT_MAX_CONCURRENCY,
+    ) -> None:
+        if not is_server_url(url):
+            raise InvalidCommand("AsyncClient speaks to a keyload server: give its http:// or https:// URL")
+        self.client = Client(url, credential=credential, timeout_s=timeout_s, verify=verify)
+        self._pool = ThreadPoolExecutor(max_workers=max_concurrency, thread_name_prefix="keyload-async")
+
+    async def close(self) -> None:
+        await asyncio.get_running_loop().run_in_executor(self._pool, self.client.close)
+        self._pool.shutdown(wait=False)
+
+    async def __aenter__(self) -> AsyncClient:
+        return self
+
+    async def __aexit__(self, *_: Any) -> None:
+        await self.close()
+
+    @property
+    def principal(self) -> str:
+        return self.client.principal
+
+    # The typed API, method for method (keyload/sdk/client.py).
+    submit = _on_thread(Client.submit)
+    send = _on_thread(Client.send)
+    create_queue = _on_thread(Client.create_queue)
+    configure_queue = _on_thread(Client.configure_queue)
+    enqueue = _on_thread(Client.enqueue)
+    inspect_queue = _on_thread(Client.inspect_queue)
+    inspect_message = _on_thread(Client.inspect_message)
+    receive = _on_thread(Client.receive)
+    receive_across = _on_thread(Client.receive_across)
+    renew = _on_thread(Client.renew)
+    ack = _on_thread(Client.ack)
+    ack_batch = _on_thread(Client.ack_batch)
+    nack = _on_thread(Client.nack)
+    consume = _on_thread(Client.consume)
+    subscribe = _on_thread(Client.subscribe)
+    list_dead_letters = _on_thread(Client.list_dead_letters)
+    redrive = _on_thread(Client.redrive)
+    cancel = _on_thread(Client.cancel)
+    park_pending = _on_thread(Client.park_pending)
+    create_topic = _on_thread(Client.create_topic)
+    publish = _on_thread(Client.publish)
+    read_topic = _on_thread(Client.read_topic)
+    inspect_topic = _on_thread(Client.inspect_topic)
+    purge_topic = _on_thread(Client.purge_topic)
+    create_group = _on_thread(Client.create_group)
+    group_receive = _on_thread(Client.group_receive)
+    group_ack = _on_thread(Client.group_ack)
+    group_ack_batch = _on_thread(Client.group_ack_batch)
+    group_nack = _on_thread(Client.group_nack)
+    group_renew = _on_thread(Client.group_renew)
+    group_status = _on_thread(Client.group_status)
+    seek_group = _on_thread(Client.seek_group)
+    configure_group = _on_thread(Client.configure_group)
+    pause_group = _on_thread(Client.pause_group)
+    resume_group = _on_thread(Client.resume_group)
+    put_document = _on_thread(Client.put_document)
+    delete_document = _on_thread(Client.delete_document)
+    get_document = _on_thread(Client.get_document)
+    list_documents = _on_thread(Client.list_documents)
+    batch = _on_thread(Client.batch)
+    complete_processing = _on_thread(Client.complete_processing)
+    configure_inbox = _on_thread(Client.configure_inbox)
+    commit_inbox = _on_thread(Client.commit_inbox)
+    prepare_large_schedule = _on_thread(Client.prepare_large_schedule)
+    commit_large_schedule = _on_thread(Client.commit_large_schedule)
+    cancel_large_schedule = _on_thread(Client.cancel_large_schedule)
+    inspect_reservation = _on_thread(Client.inspect_reservation)
+    schedule_large = _on_thread(Client.schedule_large)
+    read_payload = _on_thread(Client.read_payload)
+    rotate_keys = _on_thread(Client.rotate_keys)
+    put_principal = _on_thread(Client.put_principal)
+    grant = _on_thread(Client.grant)
+    revoke = _on_thread(Client.revoke)
+    inspect_principal = _on_thread(Client.inspect_principal)
+    whoami = _on_thread(Client.whoami)
+    create_principal = _on_thread(Client.create_principal)
+    rotate_credential = _on_thread(Client.rotate_credential)
+    list_retention = _on_thread(Client.list_retention)
+    advance_recovery_floor = _on_thread(Client.advance_recovery_floor)
+    begin_delete = _on_thread(Client.begin_delete)
+    delete_confirmed = _on_thread(Client.delete_confirmed)
+    request_checkpoint = _on_thread(Client.request_checkpoint)
