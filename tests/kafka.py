@@ -11,9 +11,9 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import NoReturn
 
-import pytest
-
 from devtools.broker import SINGLE_NODE_SETTINGS, NativeBroker, native_broker_available, wait_serving
+
+from .support import unavailable_in_ci
 
 BOOTSTRAP_ENV = "KEYLOAD_KAFKA_BOOTSTRAP"
 
@@ -67,6 +67,4 @@ def kafka_broker(workdir: Path) -> Iterator[str]:
 
 def unavailable(reason: str) -> NoReturn:
     """Fail under CI, where a missing broker is a broken setup; skip elsewhere."""
-    if os.environ.get("CI") == "true":
-        pytest.fail(f"no Kafka broker for the tests: {reason}", pytrace=False)
-    pytest.skip(f"no Kafka broker: {reason}")
+    unavailable_in_ci("Kafka broker", reason)

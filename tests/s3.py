@@ -13,10 +13,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NoReturn
 
-import pytest
-
 from devtools.s3_server import MotoS3Server, S3ServerError, moto_server_available
 from keyload.storage.object_store import S3ObjectStore
+
+from .support import unavailable_in_ci
 
 ENDPOINT_ENV = "KEYLOAD_S3_ENDPOINT"
 
@@ -50,6 +50,4 @@ def s3_server(workdir: Path) -> Iterator[S3Endpoint]:
 
 def unavailable(reason: str) -> NoReturn:
     """Fail under CI, where a missing S3 server is a broken setup; skip elsewhere."""
-    if os.environ.get("CI") == "true":
-        pytest.fail(f"no S3 server for the tests: {reason}", pytrace=False)
-    pytest.skip(f"no S3 server: {reason}")
+    unavailable_in_ci("S3 server", reason)

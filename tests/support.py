@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import os
 import queue
 import re
 import signal
@@ -14,8 +15,9 @@ import threading
 import time
 import uuid
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, NoReturn
 
+import pytest
 from fastavro import parse_schema, schemaless_writer
 
 from keyload.commands import Capability
@@ -542,3 +544,11 @@ def bearer(root: Path, principal: str = ADMIN_PRINCIPAL) -> dict[str, str]:
     """The Authorization header of `principal` (its credential file in DATA/credentials)."""
     credential = Credential.load(root / "credentials" / f"{principal}.json")
     return {"Authorization": f"Bearer {credential.bearer_token}"}
+
+
+def unavailable_in_ci(what: str, reason: str) -> NoReturn:
+    """Fail under CI, where a missing `what` (a Kafka broker, an S3 server, Node.js) is a broken setup;
+    skip elsewhere, saying why."""
+    if os.environ.get("CI") == "true":
+        pytest.fail(f"no {what} for the tests: {reason}", pytrace=False)
+    pytest.skip(f"no {what}: {reason}")

@@ -25,12 +25,12 @@ from confluent_kafka.admin import (  # type: ignore[attr-defined]
 )
 
 from devtools.broker import NativeBroker, native_broker_available
-from keyload import Client
+from keyload import Client, Credential
 from keyload.operations.catalog import CatalogError
 from keyload.storage.datadir import KAFKA_CLIENT_CONFIG_ENV, DataDir, KafkaConfig
 
 from .kafka import unavailable
-from .support import start_service, stop_service, wait_until
+from .support import served_url, start_service, stop_service, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -43,7 +43,8 @@ Op = AclOperation
 TABLE: dict[str, list[tuple[ResourceType, str, ResourcePatternType, list[AclOperation]]]] = {
     "processor": [
         (ResourceType.TOPIC, COMMANDS, ResourcePatternType.LITERAL, [Op.READ, Op.WRITE, Op.DESCRIBE]),
-        (ResourceType.TOPIC, OUTCOMES, ResourcePatternType.LITERAL, [Op.WRITE, Op.DESCRIBE]),
+        # Write: the outcomes; Read: the HTTP API's answers, from the processor's reply partition
+        (ResourceType.TOPIC, OUTCOMES, ResourcePatternType.LITERAL, [Op.READ, Op.WRITE, Op.DESCRIBE]),
         (ResourceType.TOPIC, CATALOG, ResourcePatternType.LITERAL, [Op.READ, Op.WRITE, Op.DESCRIBE]),
         # ensure_topics: create what is missing, check the settings of what is there
         (ResourceType.TOPIC, f"{PREFIX}.", ResourcePatternType.PREFIXED, [Op.CREATE, Op.DESCRIBE_CONFIGS]),
@@ -171,6 +172,11 @@ def test_the_documented_acls_are_enough_and_what_they_withhold_is_refused(
         with Client(root, timeout_s=60) as client:
             client.enqueue("shop", "orders", b"two", message_id="m-2")
             assert [d.body for d in client.receive("shop", "orders").deliveries] == [b"two"]
+        # The processor's HTTP API, which produces as the processor and reads its answers from the outcomes.
+        administrator = Credential.load(root / "credentials" / "keyload-admin.json")
+        with Client(served_url(root), credential=administrator, timeout_s=60) as remote:
+            remote.enqueue("shop", "orders", b"three", message_id="m-3")
+            assert [d.body for d in remote.receive("shop", "orders").deliveries] == [b"three"]
     finally:
         stopped = stop_service(service, 30)
     assert stopped == 0

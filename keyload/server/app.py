@@ -34,7 +34,7 @@ from keyload.credentials import Credential
 from keyload.errors import ErrorCode, InvalidCommand
 from keyload.log.base import LogError, partition_for
 from keyload.processors.access import EVERYTHING, allows, load_principal
-from keyload.projections.store import Store
+from keyload.projections.store import Readable
 from keyload.sdk.envelope import check_command_id, encode_command
 from keyload.server import statuses
 from keyload.server.auth import Authenticator, Unauthenticated
@@ -87,7 +87,10 @@ class Engine:
     """What the API needs of the running service, and the one path every request's command takes."""
 
     partitions: int
-    stores: Sequence[Store]
+    # The projection whose policy authenticates a request to partition P: the embedded service holds
+    # every partition's; a Kafka service's projections come and go with its partitions, so there the
+    # keyring alone authenticates at the edge and the processor's decision is the only policy check.
+    policy: Callable[[int], Readable | None]
     authenticator: Authenticator
     waiters: OutcomeWaiters
     halt_of: Callable[[int], str | None]  # why partition P is halted, or None
@@ -113,7 +116,7 @@ class Engine:
 
     def caller(self, request: Request, partition: int) -> Credential:
         """The credential the request is authenticated by, against `partition`'s policy."""
-        return self.authenticator.credential(request.headers.get("authorization"), self.stores[partition])
+        return self.authenticator.credential(request.headers.get("authorization"), self.policy(partition))
 
     async def submit(
         self, credential: Credential, command_id: str, domain: str, partition: int, body: Branch
@@ -381,8 +384,9 @@ def application(
             caller = engine.caller(request, 0)
         except Unauthenticated as exc:
             return error_response(statuses.UNAUTHENTICATED, str(exc))
-        record = load_principal(engine.stores[0], caller.principal)
-        if record is None or not allows(record.grants, Capability.inspect, None, EVERYTHING):
+        policy = engine.policy(0)
+        record = None if policy is None else load_principal(policy, caller.principal)
+        if policy is not None and (record is None or not allows(record.grants, Capability.inspect, None, EVERYTHING)):
             return error_response(statuses.FORBIDDEN, "metrics need inspect on every domain")
         text = await asyncio.to_thread(generate_latest, engine.metrics.registry)
         return Response(text, media_type=CONTENT_TYPE_LATEST)

@@ -27,9 +27,9 @@ class Authenticator:
     def __init__(self, keys: LiveKeyring) -> None:
         self.keys = keys
 
-    def credential(self, authorization: str | None, store: Readable) -> Credential:
+    def credential(self, authorization: str | None, policy: Readable | None) -> Credential:
         """The credential of an `Authorization` header, proven against the keyring and the policy
-        of `store` (the projection of the partition the command goes to)."""
+        of `policy` (the projection of the partition the command goes to; None: the keyring alone)."""
         if authorization is None:
             raise Unauthenticated("the request has no credential: send Authorization: Bearer PRINCIPAL:KEY_ID:SECRET")
         scheme, _, token = authorization.partition(" ")
@@ -42,7 +42,9 @@ class Authenticator:
         key = self.keys.get(credential.key_id)
         if key is None or not hmac.compare_digest(key, credential.secret):
             raise Unauthenticated(UNKNOWN_SIGNER)
-        record = load_principal(store, credential.principal)
+        if policy is None:
+            return credential
+        record = load_principal(policy, credential.principal)
         if record is None or not record.enabled or record.key_id != credential.key_id:
             raise Unauthenticated(UNKNOWN_SIGNER)
         return credential

@@ -11,14 +11,14 @@ MAX_SCRAPED_RESOURCES queues and as many groups per partition are reported.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import TypeVar
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from keyload.log.file_log import FileLog
+from keyload.log.base import CommandLog
 from keyload.projections import keys
 from keyload.projections.records import GroupRecord, QueueRecord, TopicRecord
 from keyload.projections.store import Store
@@ -31,7 +31,13 @@ QUEUE_STATES = ("ready", "scheduled", "leased", "dead_lettered", "pending_dead_l
 class ServerMetrics:
     """The service's registry: request counters, outcome latencies and the partitions' state."""
 
-    def __init__(self, log: FileLog, stores: Sequence[Store], halt_of: Callable[[int], str | None]) -> None:
+    def __init__(
+        self,
+        log: CommandLog,
+        applied: Callable[[], Mapping[int, int]],
+        stores: Sequence[Store],
+        halt_of: Callable[[int], str | None],
+    ) -> None:
         self.registry = CollectorRegistry(auto_describe=False)
         self.requests = Counter(
             "keyload_http_requests", "HTTP requests answered", ["method", "status"], registry=self.registry
@@ -43,7 +49,7 @@ class ServerMetrics:
             buckets=LATENCY_BUCKETS_S,
             registry=self.registry,
         )
-        self.partitions = PartitionCollector(log, stores, halt_of)
+        self.partitions = PartitionCollector(log, applied, stores, halt_of)
         self.registry.register(self.partitions)
 
     def close(self) -> None:
@@ -51,10 +57,20 @@ class ServerMetrics:
 
 
 class PartitionCollector(Collector):
-    """The partitions' state, read when scraped (one scrape at a time: the log is read by one thread)."""
+    """The partitions' state, read when scraped (one scrape at a time: the log is read by one thread):
+    the applied offset of every partition this process serves (`applied`), and what the projections
+    in `stores` hold (every partition's on the embedded log; none on Kafka, where projections come
+    and go with the partitions)."""
 
-    def __init__(self, log: FileLog, stores: Sequence[Store], halt_of: Callable[[int], str | None]) -> None:
+    def __init__(
+        self,
+        log: CommandLog,
+        applied: Callable[[], Mapping[int, int]],
+        stores: Sequence[Store],
+        halt_of: Callable[[int], str | None],
+    ) -> None:
         self.log = log  # an instance of its own, for the log's end offsets
+        self.applied = applied
         self.stores = stores
         self.halt_of = halt_of
         self._lock = threading.Lock()
@@ -84,13 +100,15 @@ class PartitionCollector(Collector):
         parked = GaugeMetricFamily(
             "keyload_group_parked_events", "parked positions", labels=["domain", "topic", "group"]
         )
-        for partition, store in enumerate(self.stores):
+        for partition, offset in sorted(self.applied().items()):
             label = str(partition)
-            applied.add_metric([label], store.applied_offset)
+            applied.add_metric([label], offset)
             log_end = self.log.end_offset(partition)
             end.add_metric([label], log_end)
-            lag.add_metric([label], max(log_end - 1 - store.applied_offset, 0))
+            lag.add_metric([label], max(log_end - 1 - offset, 0))
             halted.add_metric([label], 0 if self.halt_of(partition) is None else 1)
+        for partition, store in enumerate(self.stores):
+            label = str(partition)
             poison.add_metric([label], sum(1 for _ in store.scan(keys.POISON, keys.prefix_end(keys.POISON))))
             for queue in _records(store, keys.QUEUE, QueueRecord):
                 view = queue.view

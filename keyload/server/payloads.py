@@ -27,6 +27,7 @@ import json
 import os
 import tempfile
 import uuid
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -41,7 +42,7 @@ from keyload.processors.access import allows, load_principal
 from keyload.processors.payloads.handles import HandleError, ReadHandle, open_handle
 from keyload.projections import keys
 from keyload.projections.records import PayloadReservation, ReservationState, load
-from keyload.projections.store import Staged
+from keyload.projections.store import Staged, Store
 from keyload.sdk.payloads import PayloadConflict, PayloadError, PayloadGateway
 from keyload.server import statuses
 from keyload.server.app import Engine, Forbidden, Refused, answered, outcome_response, read_capped
@@ -60,8 +61,9 @@ STORE_UNAVAILABLE = ("Unavailable", 503)  # the object store failed: retry the u
 
 
 class PayloadRoutes:
-    def __init__(self, engine: Engine, data: DataDir, keyring: LiveKeyring) -> None:
+    def __init__(self, engine: Engine, data: DataDir, keyring: LiveKeyring, stores: Sequence[Store]) -> None:
         self.engine = engine
+        self.stores = stores
         self.data = data
         self.keyring = keyring
         self.scratch = data.root.joinpath(*SCRATCH)
@@ -113,13 +115,13 @@ class PayloadRoutes:
         return await answered(request, answer)
 
     def _reservation(self, partition: int, domain: str, reservation_id: int) -> PayloadReservation:
-        reservation = load(Staged(self.engine.stores[partition]), keys.reservation(reservation_id), PayloadReservation)
+        reservation = load(Staged(self.stores[partition]), keys.reservation(reservation_id), PayloadReservation)
         if reservation is None or reservation.domain != domain:
             raise Refused(NO_RESERVATION, "reservation does not exist")
         return reservation
 
     def _require(self, principal: str, partition: int, capability: Capability, domain: str, queue: str) -> None:
-        record = load_principal(self.engine.stores[partition], principal)
+        record = load_principal(self.stores[partition], principal)
         if record is None or not allows(record.grants, capability, domain, queue):
             raise Forbidden(f"the principal holds no {capability.value} grant on this resource")
 
@@ -173,8 +175,9 @@ def _read_handle(raw: bytes) -> str:
     return value["read_handle"]
 
 
-def payload_routes(engine: Engine, data: DataDir, keyring: LiveKeyring) -> list[Route]:
-    routes = PayloadRoutes(engine, data, keyring)
+def payload_routes(engine: Engine, data: DataDir, keyring: LiveKeyring, stores: Sequence[Store]) -> list[Route]:
+    """The embedded service's: they read reservations from the projections it holds."""
+    routes = PayloadRoutes(engine, data, keyring, stores)
     return [
         Route(UPLOAD_PATH, routes.upload, methods=["PUT"], name="upload_payload"),
         Route(READ_PATH, routes.read, methods=["POST"], name="read_payload"),

@@ -26,6 +26,7 @@ from starlette.routing import Route
 from keyload.commands import BY_NAME, Capability
 from keyload.credentials import Credential
 from keyload.processors.access import EVERYTHING, allows, load_principal
+from keyload.projections.store import Readable
 from keyload.server.app import Engine, Forbidden, answered, outcome_response, read_capped
 from keyload.server.writer import Answer
 from keyload.storage.principals import new_credential
@@ -38,9 +39,10 @@ GRANTS = {"type": "array", "items": "keyload.Grant"}
 
 
 class CredentialIssuer:
-    def __init__(self, engine: Engine, root: Path) -> None:
+    def __init__(self, engine: Engine, root: Path, policy: Readable) -> None:
         self.engine = engine
         self.root = root
+        self.policy = policy  # partition 0's projection: who administers, a principal's revision
         self.commands = names("keyload.Command")
         self.outcomes = names("keyload.Outcome")
 
@@ -59,7 +61,7 @@ class CredentialIssuer:
         async def answer(command_id: str) -> Response:
             caller = self._administrator(request)
             principal = request.path_params["principal"]
-            current = load_principal(self.engine.stores[0], principal)
+            current = load_principal(self.policy, principal)
             revision = 0 if current is None else current.revision  # 0 for no principal: refused, RevisionConflict
             return await self._issue(caller, command_id, principal, None, expected_revision=revision)
 
@@ -69,7 +71,7 @@ class CredentialIssuer:
         """The caller, when it holds admin on every domain (what PutPrincipal needs): checked before a
         key is added to the keyring, so nobody else can grow it."""
         caller = self.engine.caller(request, 0)
-        record = load_principal(self.engine.stores[0], caller.principal)
+        record = load_principal(self.policy, caller.principal)
         if record is None or not allows(record.grants, Capability.admin, None, EVERYTHING):
             raise Forbidden("issuing credentials needs admin on every domain")
         return caller
@@ -113,8 +115,9 @@ async def _json_object(request: Request) -> dict[str, Any]:
     return value
 
 
-def credential_routes(engine: Engine, root: Path) -> list[Route]:
-    issuer = CredentialIssuer(engine, root)
+def credential_routes(engine: Engine, root: Path, policy: Readable) -> list[Route]:
+    """The embedded service's: its keyring is the only one (on Kafka every processor needs each key)."""
+    issuer = CredentialIssuer(engine, root, policy)
     return [
         Route(CREATE_PATH, issuer.create, methods=["POST"], name="create_principal"),
         Route(ROTATE_PATH, issuer.rotate, methods=["POST"], name="rotate_credential"),

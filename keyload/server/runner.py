@@ -14,14 +14,17 @@ import json
 import os
 import socket
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import uvicorn
+from starlette.routing import Route
 
 from keyload.errors import KeyloadError
+from keyload.log.base import CommandLog
 from keyload.log.file_log import FileLogConfig, FsyncPolicy
+from keyload.log.kafka_log import KafkaLog
 from keyload.projections.store import Store
 from keyload.server import openapi
 from keyload.server.app import Engine, application
@@ -29,7 +32,7 @@ from keyload.server.auth import Authenticator
 from keyload.server.metrics import ServerMetrics
 from keyload.server.payloads import payload_routes
 from keyload.server.principals import credential_routes
-from keyload.server.writer import CommandWriter, OutcomeWaiters
+from keyload.server.writer import CommandWriter, OutcomeTail, OutcomeWaiters
 from keyload.service.doorbell import Doorbell
 from keyload.storage.datadir import DataDir
 from keyload.storage.keyring import LiveKeyring, write_private
@@ -71,25 +74,30 @@ class Listen:
         return "http" if self.tls_cert is None else "https"
 
 
-class HttpServer:
-    """The API server of one data directory: started by `start`, stopped by `stop`."""
+@dataclass(frozen=True)
+class LogSide:
+    """How the server reaches the log: the writer's log (an instance of its own), how it wakes the
+    processors after appending, whether an append blocks (Kafka's acks), and, on Kafka, the
+    outcomes topic it tails for answers."""
 
-    def __init__(
-        self,
-        data: DataDir,
-        listen: Listen,
-        stores: Sequence[Store],
-        waiters: OutcomeWaiters,
-        halt_of: Callable[[int], str | None],
-    ) -> None:
+    open_log: Callable[[], CommandLog]
+    wake: Callable[[], None]
+    blocking: bool
+    outcomes: Callable[[], CommandLog] | None = None
+
+
+class HttpServer:
+    """The API server of one data directory: started by `start`, stopped by `stop`. `embedded` and
+    `on_kafka` build it for the two kinds of service."""
+
+    def __init__(self, data: DataDir, listen: Listen, engine: Engine, side: LogSide, routes: Sequence[Route]) -> None:
         self.data = data
         self.listen = listen
-        keyring = LiveKeyring(data.root)
-        metrics = ServerMetrics(data.file_command_log(), stores, halt_of)
-        self.engine = Engine(data.partitions, stores, Authenticator(keyring), waiters, halt_of, metrics)
+        self.engine = engine
+        self.side = side
         self._writer: CommandWriter | None = None
-        routes = [*credential_routes(self.engine, data.root), *payload_routes(self.engine, data, keyring)]
-        app = application(self.engine, self._on_start, self._on_stop, openapi.document(), routes)
+        self._tail: OutcomeTail | None = None
+        app = application(engine, self._on_start, self._on_stop, openapi.document(), routes)
         config = uvicorn.Config(
             app,
             log_level="warning",
@@ -102,6 +110,54 @@ class HttpServer:
         self._socket = _bind(listen)
         self._thread = threading.Thread(target=self._run, name="keyload-http", daemon=True)
         self._failure: BaseException | None = None
+
+    @classmethod
+    def embedded(
+        cls,
+        data: DataDir,
+        listen: Listen,
+        stores: Sequence[Store],
+        waiters: OutcomeWaiters,
+        halt_of: Callable[[int], str | None],
+    ) -> HttpServer:
+        """The embedded service's server: the file log's writer, answered in process; it holds every
+        partition's projection, so it authenticates against the policy and serves payloads and
+        credentials itself."""
+        keyring = LiveKeyring(data.root)
+
+        def applied() -> dict[int, int]:
+            return {partition: store.applied_offset for partition, store in enumerate(stores)}
+
+        metrics = ServerMetrics(data.file_command_log(), applied, stores, halt_of)
+        engine = Engine(data.partitions, stores.__getitem__, Authenticator(keyring), waiters, halt_of, metrics)
+        doorbell = Doorbell(data.root)
+        side = LogSide(
+            lambda: data.file_command_log(FileLogConfig(segment_bytes=data.segment_bytes, fsync=FsyncPolicy.NONE)),
+            doorbell.ring,
+            blocking=False,
+        )
+        routes = [*credential_routes(engine, data.root, stores[0]), *payload_routes(engine, data, keyring, stores)]
+        return cls(data, listen, engine, side, routes)
+
+    @classmethod
+    def on_kafka(
+        cls,
+        data: DataDir,
+        listen: Listen,
+        waiters: OutcomeWaiters,
+        halt_of: Callable[[int], str | None],
+        applied: Callable[[], Mapping[int, int]],
+    ) -> HttpServer:
+        """A Kafka processor's server: it produces to the command topic and tails its reply partition
+        of the outcomes topic, whichever process owns a command's partition; the keyring alone
+        authenticates at the edge (the processor decides the policy)."""
+        settings = data.kafka_settings()
+        metrics = ServerMetrics(KafkaLog.commands(settings), applied, (), halt_of)
+        engine = Engine(data.partitions, _no_policy, Authenticator(LiveKeyring(data.root)), waiters, halt_of, metrics)
+        side = LogSide(
+            lambda: KafkaLog.commands(settings), _nothing, blocking=True, outcomes=lambda: KafkaLog.outcomes(settings)
+        )
+        return cls(data, listen, engine, side, ())
 
     @property
     def url(self) -> str:
@@ -139,14 +195,25 @@ class HttpServer:
             self._failure = exc
 
     async def _on_start(self, loop: asyncio.AbstractEventLoop) -> None:
-        log = self.data.file_command_log(FileLogConfig(segment_bytes=self.data.segment_bytes, fsync=FsyncPolicy.NONE))
-        self._writer = CommandWriter(log, Doorbell(self.data.root), loop)
+        self._writer = CommandWriter(self.side.open_log(), loop, self.side.wake, blocking=self.side.blocking)
         self.engine.writer = self._writer
         self.engine.waiters.attach(loop)
+        if self.side.outcomes is not None:
+            self._tail = OutcomeTail(self.side.outcomes(), self.engine.waiters)
 
     async def _on_stop(self) -> None:
+        if self._tail is not None:
+            self._tail.close()
         if self._writer is not None:
             self._writer.close()
+
+
+def _no_policy(_: int) -> None:
+    return None
+
+
+def _nothing() -> None:
+    return None
 
 
 def _bind(listen: Listen) -> socket.socket:

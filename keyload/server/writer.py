@@ -1,12 +1,14 @@
-"""The server's side of the embedded log: it appends the commands of HTTP requests and answers
-each request when the processor publishes its outcome.
+"""The server's side of the log: it appends the commands of HTTP requests and answers each request
+when its outcome is published.
 
 Why it is fast where a local client is slow: a local client fsyncs its own append, rings the
-doorbell and polls the outcome stream. The server appends without an fsync (the processor's
-`sync_through` makes the records durable before any outcome is published, so one fsync covers
-every request appended meanwhile: group commit), gathers the appends of all requests that arrive
-in one turn of the event loop into one write per partition, and is told of each published outcome
-in-process (`OutcomeWaiters.published`, called by the runtime), so nothing polls.
+doorbell and polls the outcome stream. On the embedded log the server appends without an fsync
+(the processor's `sync_through` makes the records durable before any outcome is published, so one
+fsync covers every request appended meanwhile: group commit), gathers the appends of all requests
+that arrive in one turn of the event loop into one write per partition, and is told of each
+published outcome in-process (`OutcomeWaiters.published`, called by the runtime), so nothing
+polls. On Kafka it produces to the command topic and tails its reply partition of the outcomes
+topic (`OutcomeTail`), since another process may own the command's partition.
 
 Threads: requests run on the server's event loop; the processors run on the service's main thread
 and call `published` from there. Waiters are added and removed on the event loop only; the
@@ -16,16 +18,24 @@ processor thread hands outcomes over with `call_soon_threadsafe`.
 from __future__ import annotations
 
 import asyncio
+import logging
+import threading
 from collections import defaultdict
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from keyload.credentials import contents
+from keyload.log.base import CommandLog, LogError
 from keyload.log.codec import REGISTRY, Record
-from keyload.log.file_log import FileLog
-from keyload.service.doorbell import Doorbell
 
 OUTCOME = "keyload.Outcome"
+TAIL_READ_RECORDS = 256  # outcomes the Kafka outcome tail reads at a time
+TAIL_RETRY_S = 1.0  # after a failed read of the outcomes topic
 _Key = tuple[str, str]  # (domain, command id): command ids are scoped by domain
+_Pending = dict[int, list[tuple[bytes, "asyncio.Future[None]"]]]
+
+log = logging.getLogger("keyload.server")
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,18 +92,25 @@ class OutcomeWaiters:
 
 class CommandWriter:
     """Appends the commands of concurrent requests: those submitted in one turn of the event loop go
-    out together, one write per partition, then the processor is rung."""
+    out together, one append per partition, then the processors are woken (`wake`).
 
-    def __init__(self, log: FileLog, doorbell: Doorbell, loop: asyncio.AbstractEventLoop) -> None:
+    On the file log an append is a write() with no fsync: it is made inline, on the event loop. On
+    Kafka an append waits for the brokers' acknowledgements (acks=all), so `blocking` runs it on a
+    writer thread of its own while the loop goes on gathering the next turn's commands."""
+
+    def __init__(
+        self, log: CommandLog, loop: asyncio.AbstractEventLoop, wake: Callable[[], None], *, blocking: bool
+    ) -> None:
         self.log = log
-        self.doorbell = doorbell
         self.loop = loop
-        self._pending: dict[int, list[tuple[bytes, asyncio.Future[None]]]] = defaultdict(list)
+        self.wake = wake
+        self._thread = ThreadPoolExecutor(1, thread_name_prefix="keyload-writer") if blocking else None
+        self._pending: _Pending = defaultdict(list)
         self._scheduled = False
 
     def append(self, partition: int, value: bytes) -> asyncio.Future[None]:
-        """A future that completes when `value` is written to `partition` (not yet durable: the
-        processor makes it so before publishing anything that depends on it)."""
+        """A future that completes when `value` is appended to `partition` (on the file log not yet
+        durable: the processor makes it so before publishing anything that depends on it)."""
         future: asyncio.Future[None] = self.loop.create_future()
         self._pending[partition].append((value, future))
         if not self._scheduled:
@@ -104,17 +121,69 @@ class CommandWriter:
     def _flush(self) -> None:
         self._scheduled = False
         pending, self._pending = self._pending, defaultdict(list)
+        if self._thread is None:
+            _settle(pending, self._append_each(pending))
+        else:
+            done = self.loop.run_in_executor(self._thread, self._append_each, pending)
+            done.add_done_callback(lambda finished: _settle(pending, finished.result()))
+
+    def _append_each(self, pending: _Pending) -> dict[int, Exception]:
+        """Append each partition's values; what failed (a full disk, a damaged tail, a broker that
+        refuses), by partition: those requests fail, the other partitions' go on."""
+        failed: dict[int, Exception] = {}
         for partition, entries in pending.items():
             try:
                 self.log.append(partition, [value for value, _ in entries])
-            except Exception as exc:  # a full disk, a damaged tail: these requests fail, others go on
-                for _, future in entries:
-                    future.set_exception(exc)
-                continue
-            for _, future in entries:
-                future.set_result(None)
-        self.doorbell.ring()
+            except Exception as exc:
+                failed[partition] = exc
+        self.wake()
+        return failed
 
     def close(self) -> None:
+        if self._thread is not None:
+            self._thread.shutdown(wait=True)
         self.log.close()
-        self.doorbell.close()
+
+
+def _settle(pending: _Pending, failed: dict[int, Exception]) -> None:
+    for partition, entries in pending.items():
+        for _, future in entries:
+            if future.done():
+                continue
+            if partition in failed:
+                future.set_exception(failed[partition])
+            else:
+                future.set_result(None)
+
+
+class OutcomeTail:
+    """Kafka mode: the server's reply partition of the outcomes topic, read on a thread of its own,
+    every outcome handed to the waiters. Outcomes of partitions that other processes own reach the
+    server this way (those of its own processors also come in process, `OutcomeWaiters.published`,
+    whichever is first answers)."""
+
+    def __init__(self, outcomes: CommandLog, waiters: OutcomeWaiters) -> None:
+        self.outcomes = outcomes
+        self.waiters = waiters
+        self._cursor = outcomes.end_offset(waiters.reply_partition)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="keyload-outcomes", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        partition = self.waiters.reply_partition
+        while not self._stop.is_set():
+            try:
+                records = self.outcomes.read(partition, self._cursor, TAIL_READ_RECORDS)
+            except LogError as exc:  # the broker is away: the waiting requests time out, the tail retries
+                log.warning("outcome tail of partition %d: %s", partition, exc)
+                self._stop.wait(TAIL_RETRY_S)
+                continue
+            if records:
+                self._cursor = records[-1].offset + 1
+                self.waiters.published(partition, [record.value for record in records])
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(TAIL_RETRY_S * 2)
+        self.outcomes.close()

@@ -183,7 +183,7 @@ def _serve_embedded(data: DataDir, settings: ServiceSettings, stop: Event) -> li
         collector = None
         try:
             if settings.listen is not None:
-                http = HttpServer(data, settings.listen, stores, waiters, partial(_halt_reason, processors))
+                http = HttpServer.embedded(data, settings.listen, stores, waiters, partial(_halt_reason, processors))
                 http.start()
                 print(f"keyload: HTTP API on {http.url}", flush=True)
             collector = _GcBeside(data, stores, settings.gc_interval_s) if settings.gc_interval_s > 0 else None
@@ -215,16 +215,32 @@ def _serve_embedded(data: DataDir, settings: ServiceSettings, stop: Event) -> li
 
 def _halt_reason(processors: list[PartitionProcessor], partition: int) -> str | None:
     halt = processors[partition].halt
-    return None if halt is None else f"at offset {halt.offset}: {halt.reason}"
+    return None if halt is None else halt.where
 
 
 def _serve_kafka(data: DataDir, settings: ServiceSettings, stop: Event) -> list[Halt]:
+    # Each processor's server has a reply partition of its own choosing, so servers of the group do not
+    # read one another's answers.
+    waiters = OutcomeWaiters(int.from_bytes(os.urandom(2), "big") % data.outcome_partitions)
     service = KafkaService(
-        data, data.checkpoints(settings.checkpoints), settings.tick_interval_ms, settings.session_timeout_ms
+        data,
+        data.checkpoints(settings.checkpoints),
+        settings.tick_interval_ms,
+        settings.session_timeout_ms,
+        on_published=waiters.published,
     )
     print(
         f"keyload: serving {data.describe_log()} as group {service.group_id} ({data.partitions} partitions)", flush=True
     )
-    halts = service.run(stop)
+    http = None
+    try:
+        if settings.listen is not None:
+            http = HttpServer.on_kafka(data, settings.listen, waiters, service.halt_of, service.applied_offsets)
+            http.start()
+            print(f"keyload: HTTP API on {http.url}", flush=True)
+        halts = service.run(stop)
+    finally:
+        if http is not None:
+            http.stop()
     print("keyload: stopped", flush=True)
     return halts

@@ -27,6 +27,11 @@ class Halt:
     offset: int
     reason: str
 
+    @property
+    def where(self) -> str:
+        """`at offset X: reason`, as the HTTP API reports it."""
+        return f"at offset {self.offset}: {self.reason}"
+
 
 def _path(root: Path, partition: int) -> Path:
     return root / HALTS_DIR / FILE_FORMAT.format(partition)

@@ -95,8 +95,10 @@ class KafkaService:
         checkpoints: Checkpoints,
         tick_interval_ms: int,
         session_timeout_ms: int = DEFAULT_SESSION_TIMEOUT_MS,
+        on_published: Callable[[int, list[bytes]], None] | None = None,
     ) -> None:
         self.data = data
+        self.on_published = on_published  # the HTTP server's in-process answers
         self.settings: KafkaSettings = data.kafka_settings()
         ensure_topics(self.settings)
         self.commands = KafkaLog.commands(self.settings)
@@ -124,6 +126,16 @@ class KafkaService:
     @property
     def topic(self) -> str:
         return self.settings.commands_topic
+
+    def halt_of(self, partition: int) -> str | None:
+        """Why an owned partition halted (None: serving, or owned by another process)."""
+        owned = self.owned.get(partition)
+        halt = None if owned is None else owned.processor.halt
+        return None if halt is None else halt.where
+
+    def applied_offsets(self) -> dict[int, int]:
+        """The applied offset of each partition this process owns now."""
+        return {partition: owned.processor.applied_offset for partition, owned in list(self.owned.items())}
 
     @property
     def group_id(self) -> str:
@@ -234,6 +246,7 @@ class KafkaService:
             identity_log=self.commands,
             verify_on_resume=False,  # the feed cannot read behind itself; the consumer validates leader epochs
             announce=self.announce,
+            on_published=self.on_published,
         )
         start = self.commands.start_offset(partition)
         if processor.halt is None and processor.applied_offset + 1 < start:

@@ -1,0 +1,978 @@
+"""The HTTP API's live path against the local SDK's, both served by one `keyload run` in one run.
+
+    python -m bench.server [--cycles N] [--concurrency K] [--messages M] [--body-bytes B] [--rounds R] [--json]
+
+One `keyload run --data DIR --listen 127.0.0.1:0` child process serves a fresh data directory on the
+embedded file log (its URL from DIR/server.json). (a) and (b) share one domain, so one partition and
+its processor; (c) and (d) use a domain of another partition. Both paths act as the administrator.
+
+(a) SDK cycles: one keyload.Client(DIR): it appends each command to the file log itself (one fsync
+            per append), rings the doorbell and polls its reply partition for the outcome. N cycles,
+            one at a time: enqueue → receive(max_messages=1) → ack.
+(b) HTTP cycles: one httpx.Client with the administrator's bearer token, the same N cycles against
+            the API: the server appends without an fsync (the processor's sync_through before it
+            publishes is the one fsync of every record appended meanwhile) and answers each request
+            in-process when its outcome is published.
+            (a) and (b) run in R rounds of N/R cycles each, taking turns at going first.
+(c) HTTP fan-in: K threads, each with its own httpx.Client, M Enqueues each, one at a time, all
+            released together; against one client doing M Enqueues, in R rounds taking turns at
+            going first. K / 1 shows what the group commit gives concurrent clients.
+(d) fsyncs per message (untimed; needs strace): strace -f -c -e trace=fsync,fdatasync attached to
+            `keyload run` while one SDK client, one HTTP client and K HTTP clients enqueue; the SDK
+            client runs in a child process under strace of its own, to count its fsyncs too.
+
+Latency is per request, from the call until its outcome is in hand; CPU is per cycle or Enqueue, of this
+process and of `keyload run` (split into its main thread, which runs the processors, and the others: the
+HTTP API's event loop, the GC worker), from /proc. The figures to compare are the ratios against a
+reference measured in the same run (HTTP / SDK, K clients / 1). bench/README.md explains the columns.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import contextlib
+import importlib.metadata
+import itertools
+import json
+import math
+import os
+import random
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from abc import ABC, abstractmethod
+from collections import Counter
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar
+
+import httpx
+
+from keyload import Client, limits
+from keyload.credentials import ADMIN_PRINCIPAL, Credential, credential_path
+from keyload.errors import KeyloadError
+from keyload.log.base import partition_for
+from keyload.processors.policy import INTEGER_FIELDS
+from keyload.sdk.results import QueuePolicySpec
+from keyload.server.runner import ADDRESS_FILE, SERVER_REPLY_PARTITION
+from keyload.storage.datadir import DataDir
+
+from .common import DOMAIN, QUEUE, SEED, BenchError, environment
+from .kafka import percentile
+
+FANIN_QUEUE = "bench-fanin"  # (c) and (d) enqueue here, in a domain of another partition, and never receive
+
+DEFAULT_CYCLES = 2_000  # per path
+DEFAULT_CONCURRENCY = 8
+DEFAULT_MESSAGES = 500  # per client of (c)
+DEFAULT_BODY_BYTES = 1024
+DEFAULT_ROUNDS = 4
+DEFAULT_WARMUP = 50  # untimed cycles per path before the first round
+DEFAULT_FSYNC_MESSAGES = 400  # per workload of (d)
+FANIN_WARMUP = 2  # untimed Enqueues per client of (c) per round, before the start line: its connection
+
+SERVER_START_S = 60.0
+SERVER_STOP_S = 15.0
+REQUEST_TIMEOUT_S = 60.0  # one request: far beyond any latency measured, so only a hang fails
+STRACE_ATTACH_S = 10.0
+STRACE_STOP_S = 15.0
+IDLE_WINDOW_S = 1.0  # (d): fsyncs of the server with nothing sent
+OUTPUT_TAIL_LINES = 40
+REPO = Path(__file__).resolve().parent.parent
+
+Samples = list[float]  # seconds
+
+
+# -- the service -------------------------------------------------------------------------
+
+
+class Server:
+    """`keyload run --data ROOT --listen 127.0.0.1:0` as a child process, its output collected; serving
+    once ROOT/server.json names its URL. stop() always ends it."""
+
+    def __init__(self, root: Path) -> None:
+        command = [sys.executable, "-m", "keyload.cli", "run", "--data", str(root), "--listen", "127.0.0.1:0"]
+        self.lines: list[str] = []
+        self.process = subprocess.Popen(
+            command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        )
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+        address = root / ADDRESS_FILE
+        deadline = time.monotonic() + SERVER_START_S
+        while True:
+            with contextlib.suppress(OSError, ValueError, KeyError):
+                self.url: str = json.loads(address.read_text())["url"]
+                break
+            if self.process.poll() is not None or time.monotonic() > deadline:
+                self.stop()
+                raise BenchError(f"`keyload run` did not write {address}:\n{self.tail()}")
+            time.sleep(0.02)
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def _read(self) -> None:
+        assert self.process.stdout is not None
+        for line in self.process.stdout:
+            self.lines.append(line.rstrip())
+
+    def tail(self) -> str:
+        return "\n".join(self.lines[-OUTPUT_TAIL_LINES:])
+
+    def check_alive(self) -> None:
+        if self.process.poll() is not None:
+            raise BenchError(f"`keyload run` exited with status {self.process.returncode}:\n{self.tail()}")
+
+    def stop(self) -> int:
+        """SIGTERM for the clean shutdown; SIGKILL after SERVER_STOP_S."""
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(SERVER_STOP_S)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        self._reader.join(SERVER_STOP_S)
+        return self.process.returncode
+
+
+# -- the workload ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Message:
+    message_id: str  # also the command id of its Enqueue (the HTTP path: its Idempotency-Key)
+    body: bytes
+    encoded: str  # the body in base64, as the JSON route takes it (made before the clock starts)
+
+
+class Messages:
+    """Seeded UUID4 ids and seeded random bodies, as the other benchmarks make them."""
+
+    def __init__(self, body_bytes: int) -> None:
+        self.rng = random.Random(SEED)
+        self.body_bytes = body_bytes
+        self.lock = threading.Lock()
+
+    def take(self, count: int) -> list[Message]:
+        with self.lock:
+            taken = []
+            for _ in range(count):
+                body = self.rng.randbytes(self.body_bytes)
+                message_id = str(uuid.UUID(int=self.rng.getrandbits(128), version=4))
+                taken.append(Message(message_id, body, base64.b64encode(body).decode("ascii")))
+            return taken
+
+
+def split(count: int, parts: int) -> list[int]:
+    """`count` in `parts` near-equal shares."""
+    return [count // parts + (1 if part < count % parts else 0) for part in range(parts)]
+
+
+# -- the two paths -----------------------------------------------------------------------
+
+
+class Side(ABC):
+    """A client of one path: enqueue a message, receive one (its id, body and token), ack a token.
+    Each call returns once the command's outcome is in hand; a refusal or a wrong answer is a BenchError."""
+
+    name: ClassVar[str]
+
+    @abstractmethod
+    def enqueue(self, domain: str, queue: str, message: Message) -> None: ...
+
+    @abstractmethod
+    def receive(self) -> tuple[str, bytes, str]: ...
+
+    @abstractmethod
+    def ack(self, token: str) -> None: ...
+
+    @abstractmethod
+    def close(self) -> None: ...
+
+
+class SdkPath(Side):
+    """keyload.Client(DIR): the file log appended to by this process (an fsync per append), the outcome
+    polled for on its own reply partition (not the server's)."""
+
+    name = "SDK"
+
+    def __init__(self, root: Path, reply_partition: int) -> None:
+        self.client = Client(root, timeout_s=REQUEST_TIMEOUT_S, reply_partition=reply_partition)
+
+    def enqueue(self, domain: str, queue: str, message: Message) -> None:
+        try:
+            result = self.client.enqueue(
+                domain, queue, message.body, message_id=message.message_id, command_id=message.message_id
+            )
+        except KeyloadError as exc:
+            raise BenchError(f"SDK enqueue {message.message_id}: {type(exc).__name__}: {exc}") from exc
+        if result.message_id != message.message_id:
+            raise BenchError(f"SDK enqueue {message.message_id} answered for message {result.message_id}")
+
+    def receive(self) -> tuple[str, bytes, str]:
+        try:
+            deliveries = self.client.receive(DOMAIN, QUEUE, max_messages=1).deliveries
+        except KeyloadError as exc:
+            raise BenchError(f"SDK receive: {type(exc).__name__}: {exc}") from exc
+        if len(deliveries) != 1:
+            raise BenchError(f"SDK receive(max_messages=1) delivered {len(deliveries)} messages, not 1")
+        return deliveries[0].message_id, deliveries[0].body, deliveries[0].token
+
+    def ack(self, token: str) -> None:
+        try:
+            state = self.client.ack(DOMAIN, token).state
+        except KeyloadError as exc:
+            raise BenchError(f"SDK ack: {type(exc).__name__}: {exc}") from exc
+        if state != "acked":
+            raise BenchError(f"an SDK ack left its message {state}")
+
+    def close(self) -> None:
+        self.client.close()
+
+
+class HttpPath(Side):
+    """One httpx.Client (one keep-alive connection) on the API, with the administrator's bearer token."""
+
+    name = "HTTP"
+
+    def __init__(self, url: str, token: str) -> None:
+        self.http = httpx.Client(base_url=url, headers={"Authorization": f"Bearer {token}"}, timeout=REQUEST_TIMEOUT_S)
+        self.statuses: Counter[int] = Counter()
+
+    def _post(self, what: str, path: str, body: dict[str, Any], headers: dict[str, str] | None = None) -> Any:
+        """The committed result of a POST; any other answer (a non-200 status, a refusal) is a BenchError."""
+        try:
+            response = self.http.post(path, json=body, headers=headers)
+        except httpx.HTTPError as exc:
+            raise BenchError(f"HTTP {what}: {type(exc).__name__}: {exc}") from exc
+        self.statuses[response.status_code] += 1
+        if response.status_code != 200:
+            raise BenchError(f"HTTP {what}: status {response.status_code}: {response.text[:1000]}")
+        outcome = response.json()
+        if outcome.get("status") != "committed":
+            raise BenchError(f"HTTP {what}: status 200 with outcome {response.text[:1000]}")
+        return outcome["result"]
+
+    def enqueue(self, domain: str, queue: str, message: Message) -> None:
+        result = self._post(
+            f"enqueue {message.message_id}",
+            f"/v1/domains/{domain}/queues/{queue}/messages",
+            {"message_id": message.message_id, "body": message.encoded},
+            {"Idempotency-Key": message.message_id},
+        )
+        if result["message_id"] != message.message_id:
+            raise BenchError(f"HTTP enqueue {message.message_id} answered for message {result['message_id']}")
+
+    def receive(self) -> tuple[str, bytes, str]:
+        deliveries = self._post("receive", f"/v1/domains/{DOMAIN}/queues/{QUEUE}/receive", {"max_messages": 1})[
+            "deliveries"
+        ]
+        if len(deliveries) != 1:
+            raise BenchError(f"HTTP receive (max_messages 1) delivered {len(deliveries)} messages, not 1")
+        delivery = deliveries[0]
+        return delivery["message_id"], base64.b64decode(delivery["body"]), delivery["token"]
+
+    def ack(self, token: str) -> None:
+        state = self._post("ack", f"/v1/domains/{DOMAIN}/leases/ack", {"token": token})["state"]
+        if state != "acked":
+            raise BenchError(f"an HTTP ack left its message {state}")
+
+    def close(self) -> None:
+        self.http.close()
+
+
+# -- measuring -------------------------------------------------------------------------
+
+
+@dataclass
+class Tally:
+    """A measured phase, summed over its rounds."""
+
+    count: int = 0  # cycles, or Enqueues
+    seconds: float = 0.0  # wall clock of the timed loops
+    client_cpu_s: float = 0.0  # this process, all threads, over the timed loops
+    server_cpu_s: float | None = 0.0  # `keyload run`, all threads (None without /proc)
+    processors_cpu_s: float | None = 0.0  # its main thread, which runs the processors (None without /proc)
+    latencies: dict[str, Samples] = field(default_factory=dict)  # per measured step, seconds
+    round_p50_ms: list[float] = field(default_factory=list)  # of the whole cycle (of an Enqueue), per round
+
+    def add(self, count: int, seconds: float, cpu: Cpu) -> None:
+        self.count += count
+        self.seconds += seconds
+        self.client_cpu_s += cpu.client
+        if cpu.server is None or self.server_cpu_s is None or self.processors_cpu_s is None:
+            self.server_cpu_s = self.processors_cpu_s = None
+        else:
+            self.server_cpu_s += cpu.server[0]
+            self.processors_cpu_s += cpu.server[1]
+
+    @property
+    def rate(self) -> float:
+        return self.count / self.seconds if self.seconds > 0 else math.inf
+
+    def ms(self, step: str, q: int) -> float:
+        return 1000 * percentile(self.latencies[step], q)
+
+    def max_ms(self, step: str) -> float:
+        return 1000 * max(self.latencies[step])
+
+    def cpu_us(self, seconds: float | None) -> float | None:
+        return None if seconds is None else 1e6 * seconds / self.count
+
+
+def server_cpu_s(pid: int) -> tuple[float, float] | None:
+    """CPU of `keyload run`: all its threads (exited ones included), and its main thread alone, which runs
+    the processors (the others: the HTTP API's event loop, the GC worker). None where there is no /proc."""
+    main = process_cpu_s(pid, pid)
+    every = process_cpu_s(pid)
+    return None if main is None or every is None else (every, main)
+
+
+def process_cpu_s(pid: int, thread: int | None = None) -> float | None:
+    """User + system CPU of a process (all threads) or of one of its threads, from /proc."""
+    try:
+        stat = Path(f"/proc/{pid}/stat" if thread is None else f"/proc/{pid}/task/{thread}/stat").read_text()
+    except OSError:
+        return None
+    fields = stat.rsplit(")", 1)[1].split()  # after the command name, which may hold spaces
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+@dataclass(frozen=True)
+class Cpu:
+    client: float  # this process
+    server: tuple[float, float] | None  # `keyload run`: (all threads, main thread)
+
+
+class CpuWatch:
+    """CPU of this process and of `keyload run` from here on."""
+
+    def __init__(self, server_pid: int) -> None:
+        self.server_pid = server_pid
+        self.client = time.process_time()
+        self.server = server_cpu_s(server_pid)
+
+    def spent(self) -> Cpu:
+        client, server = time.process_time(), server_cpu_s(self.server_pid)
+        if server is None or self.server is None:
+            return Cpu(client - self.client, None)
+        return Cpu(client - self.client, (server[0] - self.server[0], server[1] - self.server[1]))
+
+
+CYCLE_STEPS = ("enqueue", "received", "ack", "cycle")
+
+
+def run_cycles(path: Side, messages: list[Message], tally: Tally | None, server_pid: int) -> None:
+    """Cycles one at a time: enqueue → receive(max_messages=1) → ack; each received message must be the
+    one just enqueued, with its body. Timed into `tally` (None: untimed)."""
+    clock = time.perf_counter
+    steps: list[Samples] = [[] for _ in CYCLE_STEPS]
+    enqueued, received, acked, whole = steps
+    cpu = CpuWatch(server_pid)
+    start = clock()
+    for message in messages:
+        sent = clock()
+        path.enqueue(DOMAIN, QUEUE, message)
+        in_hand = clock()
+        message_id, body, token = path.receive()
+        delivered = clock()
+        path.ack(token)
+        done = clock()
+        if message_id != message.message_id or body != message.body:
+            raise BenchError(
+                f"{path.name} received {message_id} after enqueueing {message.message_id}, or another body"
+            )
+        enqueued.append(in_hand - sent)
+        received.append(delivered - sent)  # produce → received: from the enqueue call to the delivery in hand
+        acked.append(done - delivered)
+        whole.append(done - sent)
+    seconds = clock() - start
+    if tally is not None:
+        tally.add(len(messages), seconds, cpu.spent())
+        tally.round_p50_ms.append(1000 * percentile(whole, 50))
+        for name, samples in zip(CYCLE_STEPS, steps, strict=True):
+            tally.latencies.setdefault(name, []).extend(samples)
+
+
+def run_fanin(
+    url: str, token: str, domain: str, per_client: list[list[Message]], tally: Tally | None, server_pid: int
+) -> Counter[int]:
+    """One thread per client, each with its own httpx.Client: FANIN_WARMUP untimed Enqueues (the connection),
+    then all released together on their own messages, one at a time. Wall clock from the release until the
+    last client finishes. Returns the HTTP statuses seen."""
+    clients = len(per_client)
+    start_line, finish_line = threading.Barrier(clients + 1), threading.Barrier(clients + 1)
+    samples: list[Samples] = [[] for _ in range(clients)]
+    finished = [0.0] * clients
+    statuses: list[Counter[int]] = [Counter() for _ in range(clients)]
+    failures: list[str] = []
+    clock = time.perf_counter
+
+    def work(client: int, warmup: list[Message]) -> None:
+        path: HttpPath | None = None
+        try:
+            path = HttpPath(url, token)
+            for message in warmup:
+                path.enqueue(domain, FANIN_QUEUE, message)
+            start_line.wait()
+            mine = samples[client]
+            for message in per_client[client]:
+                sent = clock()
+                path.enqueue(domain, FANIN_QUEUE, message)
+                mine.append(clock() - sent)
+            finished[client] = clock()
+            finish_line.wait()
+        except threading.BrokenBarrierError:
+            pass  # another client failed first and said why
+        except Exception as exc:
+            failures.append(f"client {client}: {type(exc).__name__}: {exc}")
+            start_line.abort()
+            finish_line.abort()
+        finally:
+            if path is not None:
+                statuses[client] = path.statuses
+                path.close()
+
+    warmups = [messages[:FANIN_WARMUP] for messages in per_client]
+    per_client = [messages[FANIN_WARMUP:] for messages in per_client]
+    threads = [
+        threading.Thread(target=work, args=(client, warmups[client]), name=f"fanin-{client}")
+        for client in range(clients)
+    ]
+    for thread in threads:
+        thread.start()
+    with contextlib.suppress(threading.BrokenBarrierError):
+        start_line.wait()
+    cpu, start = CpuWatch(server_pid), clock()
+    with contextlib.suppress(threading.BrokenBarrierError):
+        finish_line.wait()
+    spent = cpu.spent()
+    for thread in threads:
+        thread.join()
+    if failures:
+        raise BenchError(f"(c) {failures[0]}")
+    if tally is not None:
+        tally.add(sum(len(messages) for messages in per_client), max(finished) - start, spent)
+        merged = [sample for mine in samples for sample in mine]
+        tally.latencies.setdefault("enqueue", []).extend(merged)
+        tally.round_p50_ms.append(1000 * percentile(merged, 50))
+    return sum(statuses, Counter())
+
+
+# -- (d): fsyncs, counted by strace -------------------------------------------------------
+
+
+def strace_calls(summary: Path) -> int:
+    """fsync + fdatasync calls in a `strace -c` summary."""
+    calls = 0
+    for line in summary.read_text().splitlines():
+        fields = line.split()
+        if len(fields) >= 5 and fields[-1] in ("fsync", "fdatasync"):
+            calls += int(fields[3])
+    return calls
+
+
+STRACE = ["strace", "-f", "-c", "-e", "trace=fsync,fdatasync"]  # every thread; a summary of the calls
+
+
+@contextlib.contextmanager
+def traced(pid: int, summary: Path) -> Iterator[None]:
+    """strace -f -c -e trace=fsync,fdatasync attached to every thread of `pid` for the block; its summary
+    goes to `summary` (read it after the block)."""
+    tracer = subprocess.Popen(
+        [*STRACE, "-o", str(summary), "-p", str(pid)],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    lines: list[str] = []
+
+    def read() -> None:
+        assert tracer.stderr is not None
+        for line in tracer.stderr:
+            lines.append(line.rstrip())
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    try:
+        deadline = time.monotonic() + STRACE_ATTACH_S
+        while not any("attached" in line for line in list(lines)):  # strace says so once it holds every thread
+            if tracer.poll() is not None or time.monotonic() > deadline:
+                raise BenchError(f"strace did not attach to process {pid}: {' / '.join(lines)}")
+            time.sleep(0.01)
+        yield
+    finally:
+        if tracer.poll() is None:
+            tracer.send_signal(signal.SIGINT)  # detaches and writes the summary
+            try:
+                tracer.wait(STRACE_STOP_S)
+            except subprocess.TimeoutExpired:
+                tracer.kill()
+                tracer.wait()
+        reader.join(STRACE_STOP_S)
+
+
+SDK_CHILD = "import sys; from bench.server import sdk_enqueues; sdk_enqueues(*sys.argv[1:])"
+
+
+def sdk_enqueues(root: str, domain: str, queue: str, count: str, body_bytes: str) -> None:
+    """(d)'s SDK workload, run in a child process under strace: `count` Enqueues one at a time."""
+    messages = Messages(int(body_bytes))
+    messages.rng.seed(f"{SEED}-fsync")
+    path = SdkPath(Path(root), sdk_reply_partition(DataDir.open(root)))
+    try:
+        for message in messages.take(int(count)):
+            path.enqueue(domain, queue, message)
+    finally:
+        path.close()
+
+
+def fanin_domain(partitions: int) -> str:
+    """The domain of (c) and (d): on another partition than (a) and (b)'s, so that their processor does not
+    step over the rows the cycles' acked leases left behind (bench/README.md: bench.cycle's caveats)."""
+    for number in itertools.count():
+        domain = f"bench-fanin-{number}"
+        if partitions == 1 or partition_for(domain, partitions) != partition_for(DOMAIN, partitions):
+            return domain
+    raise AssertionError("unreachable")
+
+
+def sdk_reply_partition(data: DataDir) -> int:
+    """A reply partition of the SDK client's own, so it never tails the server's outcomes."""
+    return (SERVER_REPLY_PARTITION + 1) % data.outcome_partitions
+
+
+@dataclass(frozen=True)
+class FsyncCount:
+    label: str
+    messages: int
+    server: int  # fsync + fdatasync calls of `keyload run`, all threads
+    client: int | None  # of the client process, when it is not this one (the SDK child)
+
+
+def count_fsyncs(
+    root: Path, work: Path, server: Server, token: str, domain: str, messages: Messages, count: int, clients: int
+) -> tuple[list[FsyncCount], int, Counter[int]]:
+    """(d): per workload, the fsyncs of the server (and of the SDK client) while it runs; then the
+    server's over IDLE_WINDOW_S with nothing sent. Untimed."""
+    counts = []
+    statuses: Counter[int] = Counter()
+    server_summary, client_summary = work / "strace-server-sdk.txt", work / "strace-client-sdk.txt"
+    with traced(server.pid, server_summary):
+        sdk_child = [sys.executable, "-c", SDK_CHILD, str(root), domain, FANIN_QUEUE, str(count)]
+        sdk_child.append(str(messages.body_bytes))
+        child = subprocess.run(
+            [*STRACE, "-o", str(client_summary), "--", *sdk_child],
+            cwd=REPO,
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+    if child.returncode != 0:
+        raise BenchError(f"(d) the SDK client under strace exited with status {child.returncode}:\n{child.stderr}")
+    counts.append(FsyncCount("SDK, 1 client", count, strace_calls(server_summary), strace_calls(client_summary)))
+
+    for label, fanin in (("HTTP, 1 client", 1), (f"HTTP, {clients} clients", clients)):
+        summary = work / f"strace-server-http-{fanin}.txt"
+        shares = split(count, fanin)
+        with traced(server.pid, summary):
+            per_client = [messages.take(FANIN_WARMUP + n) for n in shares]
+            statuses += run_fanin(server.url, token, domain, per_client, None, server.pid)
+        # the warm-up Enqueues were traced too: they count as messages
+        counts.append(FsyncCount(label, count + FANIN_WARMUP * fanin, strace_calls(summary), None))
+
+    idle = work / "strace-server-idle.txt"
+    with traced(server.pid, idle):
+        time.sleep(IDLE_WINDOW_S)
+    return counts, strace_calls(idle), statuses
+
+
+# -- the run -----------------------------------------------------------------------------
+
+
+@dataclass
+class Result:
+    cycles: int
+    clients: int
+    messages: int
+    body_bytes: int
+    rounds: int
+    warmup: int
+    url: str
+    partition: int  # of DOMAIN: (a) and (b)
+    fanin_domain: str
+    fanin_partition: int
+    partitions: int
+    sdk_reply_partition: int
+    sdk: Tally
+    http: Tally
+    one: Tally  # (c) with one client
+    many: Tally  # (c) with K clients
+    fsyncs: list[FsyncCount] | None  # None: no strace
+    idle_fsyncs: int | None
+    statuses: Counter[int]
+    acked_total: int
+    fanin_enqueued: int
+    fanin_sent: int
+
+    def cycle_ratios(self) -> dict[str, float]:
+        """HTTP / SDK: above 1 for a rate, below 1 for a latency, means HTTP is faster."""
+        ratios = {"cycles_per_s": self.http.rate / self.sdk.rate}
+        for step in CYCLE_STEPS:
+            for q in (50, 99):
+                ratios[f"{step}_p{q}"] = self.http.ms(step, q) / self.sdk.ms(step, q)
+        return ratios
+
+    def fanin_ratios(self) -> dict[str, float]:
+        return {
+            "enqueues_per_s": self.many.rate / self.one.rate,
+            "enqueue_p50": self.many.ms("enqueue", 50) / self.one.ms("enqueue", 50),
+            "enqueue_p99": self.many.ms("enqueue", 99) / self.one.ms("enqueue", 99),
+        }
+
+
+def measure(root: Path, work: Path, args: argparse.Namespace) -> Result:
+    server = Server(root)
+    try:
+        data = DataDir.open(root)
+        token = Credential.load(credential_path(root, ADMIN_PRINCIPAL)).bearer_token
+        messages = Messages(args.body_bytes)
+        total = fanin_total(args)
+        fanin = fanin_domain(data.partitions)
+        reply = sdk_reply_partition(data)
+        sdk = SdkPath(root, reply)
+        http = HttpPath(server.url, token)
+        try:
+            sdk.client.create_queue(DOMAIN, QUEUE)
+            policy = QueuePolicySpec(max_stored_messages=total, max_stored_bytes=max(1, total * args.body_bytes))
+            sdk.client.create_queue(fanin, FANIN_QUEUE, policy)
+            sides: tuple[Side, Side] = (sdk, http)
+            for path in sides:
+                run_cycles(path, messages.take(args.warmup), None, server.pid)
+            results = {"SDK": Tally(), "HTTP": Tally()}
+            for turn, size in enumerate(split(args.cycles, args.rounds)):
+                for path in sides if turn % 2 == 0 else sides[::-1]:
+                    run_cycles(path, messages.take(size), results[path.name], server.pid)
+                    server.check_alive()
+            statuses = Counter(http.statuses)
+            counters = sdk.client.inspect_queue(DOMAIN, QUEUE).counters
+        finally:
+            sdk.close()
+            http.close()
+
+        one, many = Tally(), Tally()
+        pairs = ((1, one), (args.concurrency, many))
+        fanin_sent = 0
+        for turn, size in enumerate(split(args.messages, args.rounds)):
+            for clients, tally in pairs if turn % 2 == 0 else pairs[::-1]:
+                per_client = [messages.take(FANIN_WARMUP + size) for _ in range(clients)]
+                statuses += run_fanin(server.url, token, fanin, per_client, tally, server.pid)
+                fanin_sent += clients * (FANIN_WARMUP + size)
+                server.check_alive()
+
+        fsyncs = idle = None
+        if shutil.which("strace") is not None and not args.no_strace:
+            fsyncs, idle, seen = count_fsyncs(
+                root, work, server, token, fanin, messages, args.fsync_messages, args.concurrency
+            )
+            statuses += seen
+            fanin_sent += sum(count.messages for count in fsyncs)
+        with Client(root, timeout_s=REQUEST_TIMEOUT_S, reply_partition=reply) as client:
+            fanin_counters = client.inspect_queue(fanin, FANIN_QUEUE).counters
+    finally:
+        status = server.stop()
+    if status != 0 or any("halted" in line for line in server.lines):
+        raise BenchError(f"`keyload run` exited with status {status}:\n{server.tail()}")
+    cycles = 2 * (args.cycles + args.warmup)
+    if (counters.acked_total, counters.stored_messages, counters.leased) != (cycles, 0, 0):
+        raise BenchError(
+            f"the cycles' queue counts {counters.acked_total} acked, {counters.stored_messages} stored and "
+            f"{counters.leased} leased after {cycles} cycles"
+        )
+    if fanin_counters.enqueued_total != fanin_sent or fanin_counters.stored_messages != fanin_sent:
+        raise BenchError(
+            f"the fan-in queue counts {fanin_counters.enqueued_total} enqueued and {fanin_counters.stored_messages} "
+            f"stored for {fanin_sent} Enqueues"
+        )
+    return Result(
+        args.cycles,
+        args.concurrency,
+        args.messages,
+        args.body_bytes,
+        args.rounds,
+        args.warmup,
+        server.url,
+        partition_for(DOMAIN, data.partitions),
+        fanin,
+        partition_for(fanin, data.partitions),
+        data.partitions,
+        reply,
+        results["SDK"],
+        results["HTTP"],
+        one,
+        many,
+        fsyncs,
+        idle,
+        statuses,
+        counters.acked_total,
+        fanin_counters.enqueued_total,
+        fanin_sent,
+    )
+
+
+# -- reporting -------------------------------------------------------------------------
+
+
+def _opt(value: float | None) -> str:
+    return "n/a" if value is None else f"{round(value):,}"  # round(): no "-0"
+
+
+def tally_json(tally: Tally, steps: Sequence[str]) -> dict[str, Any]:
+    return {
+        "count": tally.count,
+        "seconds": tally.seconds,
+        "per_s": tally.rate,
+        "round_p50_ms": tally.round_p50_ms,
+        "latency_ms": {
+            step: {"p50": tally.ms(step, 50), "p99": tally.ms(step, 99), "max": tally.max_ms(step)} for step in steps
+        },
+        "client_cpu_us_per_item": tally.cpu_us(tally.client_cpu_s),
+        "server_cpu_us_per_item": tally.cpu_us(tally.server_cpu_s),
+        "server_main_thread_cpu_us_per_item": tally.cpu_us(tally.processors_cpu_s),
+    }
+
+
+def to_json(result: Result, command: str, env: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "benchmark": "bench.server",
+        "command": command,
+        "cycles_per_path": result.cycles,
+        "concurrency": result.clients,
+        "messages_per_client": result.messages,
+        "body_bytes": result.body_bytes,
+        "rounds": result.rounds,
+        "warmup_cycles": result.warmup,
+        "partition": result.partition,
+        "fanin_domain": result.fanin_domain,
+        "fanin_partition": result.fanin_partition,
+        "partitions": result.partitions,
+        "cycles": {"sdk": tally_json(result.sdk, CYCLE_STEPS), "http": tally_json(result.http, CYCLE_STEPS)},
+        "cycle_ratios_http_over_sdk": result.cycle_ratios(),
+        "fanin": {"1": tally_json(result.one, ["enqueue"]), str(result.clients): tally_json(result.many, ["enqueue"])},
+        "fanin_ratios_k_over_1": result.fanin_ratios(),
+        "fsyncs": None
+        if result.fsyncs is None
+        else {
+            "workloads": [
+                {"label": c.label, "messages": c.messages, "server": c.server, "client": c.client}
+                for c in result.fsyncs
+            ],
+            "idle_server_per_s": (result.idle_fsyncs or 0) / IDLE_WINDOW_S,
+        },
+        "http_statuses": {str(code): n for code, n in sorted(result.statuses.items())},
+        "checks": {"cycles_acked": result.acked_total, "fanin_enqueued": result.fanin_enqueued},
+        "versions": {
+            "keyload": importlib.metadata.version("keyload"),
+            "httpx": importlib.metadata.version("httpx"),
+            "uvicorn": importlib.metadata.version("uvicorn"),
+        },
+        "environment": env,
+    }
+
+
+STEP_LABELS = {"enqueue": "enqueue", "received": "enq→received", "ack": "ack", "cycle": "cycle"}
+LABEL = 34  # the first column of the tables
+
+
+def _row(label: str, values: Sequence[str]) -> str:
+    return f"{label:<{LABEL}}" + "".join(f" {value:>11}" for value in values)
+
+
+def _tally_rows(tallies: Sequence[Tally], steps: Sequence[str], unit: str, ratios: dict[str, float]) -> list[str]:
+    """The rows of one comparison: a column per tally, then the ratio of the last to the first."""
+
+    def ratio(key: str) -> str:
+        return f"{ratios[key]:.2f}" if key in ratios else ""
+
+    rows = [
+        _row(f"{unit}s", [f"{t.count:,}" for t in tallies] + [""]),
+        _row("wall s", [f"{t.seconds:.2f}" for t in tallies] + [""]),
+        _row(f"{unit}s/s", [f"{t.rate:,.0f}" for t in tallies] + [ratio("per_s")]),
+    ]
+    for step in steps:
+        for q in (50, 99):
+            rows.append(
+                _row(
+                    f"{STEP_LABELS[step]} p{q} ms", [f"{t.ms(step, q):.2f}" for t in tallies] + [ratio(f"{step}_p{q}")]
+                )
+            )
+        rows.append(_row(f"{STEP_LABELS[step]} max ms", [f"{t.max_ms(step):.1f}" for t in tallies] + [""]))
+    headline = STEP_LABELS[steps[-1]]
+    for turn, p50s in enumerate(zip(*(t.round_p50_ms for t in tallies), strict=True)):
+        rows.append(
+            _row(f"{headline} p50 ms, round {turn + 1}", [f"{p50:.2f}" for p50 in p50s] + [f"{p50s[-1] / p50s[0]:.2f}"])
+        )
+
+    def cpu(seconds: Callable[[Tally], float | None]) -> list[str]:
+        return [_opt(t.cpu_us(seconds(t))) for t in tallies] + [""]
+
+    def others(t: Tally) -> float | None:
+        return None if t.server_cpu_s is None or t.processors_cpu_s is None else t.server_cpu_s - t.processors_cpu_s
+
+    rows += [
+        _row(f"client cpu µs/{unit}", cpu(lambda t: t.client_cpu_s)),
+        _row(f"server cpu µs/{unit}", cpu(lambda t: t.server_cpu_s)),
+        _row("  main thread (processors)", cpu(lambda t: t.processors_cpu_s)),
+        _row("  other threads (HTTP API, GC)", cpu(others)),
+    ]
+    return rows
+
+
+def table(result: Result, command: str, env: dict[str, Any]) -> str:
+    k = result.clients
+    cycle_ratios = {key.replace("cycles_per_s", "per_s"): value for key, value in result.cycle_ratios().items()}
+    fanin_ratios = {key.replace("enqueues_per_s", "per_s"): value for key, value in result.fanin_ratios().items()}
+    lines = [
+        "keyload bench.server: the HTTP API against the local SDK, one `keyload run --listen` on the embedded file "
+        f"log, body {result.body_bytes} B",
+        f"{result.url}; {result.partitions} partitions: (a) and (b) in domain {DOMAIN} (partition {result.partition}), "
+        f"(c) and (d) in {result.fanin_domain} (partition {result.fanin_partition}); outcomes: the SDK client's on "
+        f"partition {result.sdk_reply_partition}, the server's on {SERVER_REPLY_PARTITION}",
+        f"python {env['python']}, httpx {importlib.metadata.version('httpx')}, "
+        f"uvicorn {importlib.metadata.version('uvicorn')}, {env['cpus']} cpus, load {env['load_average_1m']:.2f}; "
+        f"{result.rounds} rounds, taking turns at going first; warm-up of {result.warmup} cycles per path excluded",
+        "",
+        _row(f"cycles, one at a time ({result.cycles})", ["(a) SDK", "(b) HTTP", "HTTP / SDK"]),
+        *_tally_rows([result.sdk, result.http], CYCLE_STEPS, "cycle", cycle_ratios),
+        "(a cycle: enqueue → receive(max_messages=1) → ack. Latency: from the call until its outcome is in hand; "
+        "enq→received: from the enqueue call until the receive that delivered it returned. cpu: over the timed "
+        "loops, all threads of this process (client) and of `keyload run` (server))",
+        "",
+        _row(f"(c) HTTP fan-in ({result.messages} each)", ["1 client", f"{k} clients", f"{k} / 1"]),
+        *_tally_rows([result.one, result.many], ["enqueue"], "enqueue", fanin_ratios),
+        "(Enqueues one at a time per client, each client a thread with its own httpx.Client, all released together; "
+        "wall: from the release until the last client finished)",
+        "",
+    ]
+    if result.fsyncs is None:
+        lines.append("(d) fsyncs per message: not counted (no strace on PATH, or --no-strace)")
+    else:
+        lines.append(_row("(d) fsyncs per message", ["messages", "server", "per message", "client", "per message"]))
+        for c in result.fsyncs:
+            client = "n/a" if c.client is None else f"{c.client / c.messages:.3f}"
+            values = [f"{c.messages:,}", f"{c.server:,}", f"{c.server / c.messages:.3f}", _opt(c.client), client]
+            lines.append(_row(c.label, values))
+        lines.append(
+            "(strace -f -c -e trace=fsync,fdatasync attached to `keyload run`, untimed; it slows the traced process, "
+            "which may batch more than in (c). The SDK client runs in a child process under strace of its own; the "
+            f"HTTP clients are this process, which never fsyncs. Idle server: {result.idle_fsyncs} fsyncs in "
+            f"{IDLE_WINDOW_S:g} s)"
+        )
+    lines += [
+        "",
+        "checks: every response 200 and committed (HTTP statuses: "
+        + ", ".join(f"{code}: {n:,}" for code, n in sorted(result.statuses.items()))
+        + "); each receive delivered the message just enqueued, with its body; the cycles' queue: "
+        f"{result.acked_total:,} acked, none stored; the fan-in queue: {result.fanin_enqueued:,} enqueued; "
+        "`keyload run` exited 0",
+        f"command: {command}",
+    ]
+    return "\n".join(lines)
+
+
+# -- the command line --------------------------------------------------------------------
+
+
+def fanin_total(args: argparse.Namespace) -> int:
+    """Every Enqueue of (c) and (d), warm-ups included: the fan-in queue's quota."""
+    clients: int = args.concurrency
+    per_client: int = args.messages + (args.rounds + 1) * FANIN_WARMUP
+    fsync_messages: int = args.fsync_messages
+    return (clients + 1) * per_client + 3 * fsync_messages
+
+
+def _check_sizes(args: argparse.Namespace) -> None:
+    if args.rounds < 1 or args.cycles < args.rounds or args.messages < args.rounds:
+        raise BenchError("--rounds must be >= 1, and --cycles and --messages at least --rounds")
+    if args.concurrency < 1 or args.warmup < 0 or args.fsync_messages < 1:
+        raise BenchError("--concurrency and --fsync-messages must be >= 1, --warmup >= 0")
+    if not 0 <= args.body_bytes <= limits.MAX_INLINE_BODY_BYTES:
+        raise BenchError(f"--body-bytes must be 0..{limits.MAX_INLINE_BODY_BYTES}")
+    total = fanin_total(args)
+    if total > INTEGER_FIELDS["max_stored_messages"].maximum:
+        raise BenchError("more fan-in Enqueues than the largest max_stored_messages a queue may have")
+    if total * args.body_bytes > INTEGER_FIELDS["max_stored_bytes"].maximum:
+        raise BenchError("the fan-in Enqueues' bodies exceed the largest max_stored_bytes a queue may have")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.server", description=__doc__.split("\n\n")[0])
+    parser.add_argument(
+        "--cycles", type=int, default=DEFAULT_CYCLES, help="cycles of (a) and of (b) (default %(default)s)"
+    )
+    parser.add_argument(
+        "--concurrency", type=int, default=DEFAULT_CONCURRENCY, help="HTTP clients of (c) (default %(default)s)"
+    )
+    parser.add_argument(
+        "--messages", type=int, default=DEFAULT_MESSAGES, help="Enqueues per client of (c) (default %(default)s)"
+    )
+    parser.add_argument(
+        "--body-bytes", type=int, default=DEFAULT_BODY_BYTES, help="message body size (default %(default)s)"
+    )
+    parser.add_argument(
+        "--rounds", type=int, default=DEFAULT_ROUNDS, help="rounds (a)/(b) and (c) are split into (default %(default)s)"
+    )
+    parser.add_argument(
+        "--warmup", type=int, default=DEFAULT_WARMUP, help="untimed cycles per path first (default %(default)s)"
+    )
+    parser.add_argument(
+        "--fsync-messages",
+        type=int,
+        default=DEFAULT_FSYNC_MESSAGES,
+        help="Enqueues per workload of (d) (default %(default)s)",
+    )
+    parser.add_argument("--no-strace", action="store_true", help="skip (d), the fsync count")
+    parser.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
+    parser.add_argument("--dir", type=Path, default=None, help="parent of the temporary directory (default: $TMPDIR)")
+    parser.add_argument("--keep", action="store_true", help="keep the temporary directory")
+    args = parser.parse_args(argv)
+    try:
+        _check_sizes(args)
+    except BenchError as exc:
+        parser.error(str(exc))
+    command = shlex.join(["python", "-m", "bench.server", *(sys.argv[1:] if argv is None else argv)])
+
+    root = Path(tempfile.mkdtemp(prefix="keyload-bench-server-", dir=args.dir))
+    try:
+        result = measure(root / "data", root, args)
+        env = environment(args.warmup, root)
+        print(
+            json.dumps(to_json(result, command, env), indent=2) if args.json else table(result, command, env),
+            flush=True,
+        )
+    except BenchError as exc:
+        print(f"bench.server: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        if args.keep:
+            print(f"kept {root}", file=sys.stderr)
+        else:
+            shutil.rmtree(root, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
