@@ -630,8 +630,13 @@ class FileLog(ClosedOnExit):
             if len(records) == max_records:
                 return records
             if not sealed:
-                if self._list_segments(state)[-1] == cursor.base:
+                # A successor starts at the next offset to read, if the appender rolled meanwhile (an
+                # empty segment has none: that name is its own): one stat per read at the end of the
+                # log, not a listing of the directory.
+                successor = cursor.next_offset
+                if successor == cursor.base or not os.path.exists(self._segment_path(state, successor)):
                     return records
+                self._list_segments(state)
                 continue  # it was sealed meanwhile: read its last frames before moving on
             next_base = state.segments[bisect.bisect_right(state.segments, cursor.base)]
             if scanner.torn or cursor.next_offset != next_base:

@@ -581,11 +581,12 @@ def test_crash_campaign_loses_nothing_and_duplicates_nothing(tmp_path: Path) -> 
         assert operator.error is None, failed(f"operator: {operator.error!r}")
 
     def check_run(outcome: str, expected: str = "killed") -> None:
-        """The run ended as expected (it did not die by itself) and printed nothing but its start and stop."""
+        """The run ended as expected (it did not die by itself) and printed nothing but its start (the
+        serving line and its HTTP API's) and stop."""
         text = service.output()
         assert outcome == expected, failed(f"keyload run {service.starts} ended {outcome!r}:\n{text[-4000:]}")
         for line in text.splitlines():
-            if line.strip() and not line.startswith(("keyload: serving", "keyload: stopped")):
+            if line.strip() and not line.startswith(("keyload: serving", "keyload: HTTP API on", "keyload: stopped")):
                 problems.append(failed(f"run {service.starts} said: {line}"))
 
     try:
