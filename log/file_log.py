@@ -519,25 +519,45 @@ class FileLog(ClosedOnExit):
 
     def _refresh_tail(self, partition: int, state: _Partition, repair: bool) -> _Tail | None:
         """Brings the cached tail up to date by scanning what other processes appended;
-        with `repair` (only under the lock) a torn tail is truncated. None: no segments."""
+        with `repair` (only under the lock) a torn tail is truncated. None: no segments.
+
+        The directory is listed only when there is no cached tail or another process rolled
+        it (a segment exists at the offset after its last frame), not on every append."""
+        tail = state.tail
+        if tail is not None:
+            scanner = self._scan_tail(partition, tail)
+            if not self._rolled(state, tail.base, tail.next_offset):
+                return self._repaired(tail, scanner, repair)
         bases = self._list_segments(state)
         if not bases:
             return None
-        tail = state.tail
         if tail is None or tail.base != bases[-1]:
             self._drop_tail(state)
             fd = os.open(self._segment_path(state, bases[-1]), os.O_RDWR | os.O_APPEND)
             tail = state.tail = _Tail(fd, bases[-1], 0, bases[-1], None)
+        return self._repaired(tail, self._scan_tail(partition, tail), repair)
+
+    def _scan_tail(self, partition: int, tail: _Tail) -> _Scanner:
         scanner = _Scanner(partition, tail.fd, tail.size, tail.next_offset, self._config.max_record_bytes)
         scanner.scan_to_end()
-        if scanner.torn and repair:
-            os.ftruncate(tail.fd, scanner.position)
-            os.fsync(tail.fd)
         tail.size = scanner.position
         tail.next_offset = scanner.next_offset
         if scanner.last_timestamp_ms is not None:
             tail.last_timestamp_ms = scanner.last_timestamp_ms
+        return scanner
+
+    @staticmethod
+    def _repaired(tail: _Tail, scanner: _Scanner, repair: bool) -> _Tail:
+        if scanner.torn and repair:
+            os.ftruncate(tail.fd, scanner.position)
+            os.fsync(tail.fd)
         return tail
+
+    def _rolled(self, state: _Partition, base: int, next_offset: int) -> bool:
+        """Whether the segment at `base`, read through `next_offset`, has a successor: it can only
+        start at that offset (offsets are dense and a segment is named by its first), and an empty
+        segment has none (that name is its own). One stat instead of listing the directory."""
+        return next_offset != base and os.path.exists(self._segment_path(state, next_offset))
 
     def _drop_tail(self, state: _Partition) -> None:
         tail = state.tail
@@ -630,11 +650,7 @@ class FileLog(ClosedOnExit):
             if len(records) == max_records:
                 return records
             if not sealed:
-                # A successor starts at the next offset to read, if the appender rolled meanwhile (an
-                # empty segment has none: that name is its own): one stat per read at the end of the
-                # log, not a listing of the directory.
-                successor = cursor.next_offset
-                if successor == cursor.base or not os.path.exists(self._segment_path(state, successor)):
+                if not self._rolled(state, cursor.base, cursor.next_offset):
                     return records
                 self._list_segments(state)
                 continue  # it was sealed meanwhile: read its last frames before moving on
