@@ -13,7 +13,6 @@ import contextlib
 import json
 import os
 import socket
-import sys
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -45,9 +44,6 @@ LISTEN_ENV = "KEYLOAD_LISTEN"  # the default of `keyload run --listen`
 STARTUP_TIMEOUT_S = 30.0
 SHUTDOWN_TIMEOUT_S = 10.0
 SERVER_REPLY_PARTITION = 0  # the outcome partition the server's commands name as reply_to
-# The server's event loop and the processors share the interpreter's lock: a request that arrives
-# while a processor runs Python waits for the lock up to this long (CPython's default is 5 ms).
-GIL_SWITCH_INTERVAL_S = 0.0005
 
 
 class ServerError(KeyloadError):
@@ -170,7 +166,6 @@ class HttpServer:
         return f"{self.listen.scheme}://{shown}:{port}"
 
     def start(self) -> None:
-        sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
         self._thread.start()
         with contextlib.suppress(TimeoutError):
             self._await_start()
