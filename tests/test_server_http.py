@@ -467,3 +467,33 @@ def test_the_asyncio_client_runs_calls_concurrently(served: tuple[Path, str]) ->
     asyncio.run(scenario())
     with pytest.raises(InvalidCommand):
         AsyncClient(str(root), credential=credential)
+
+
+def test_two_principals_with_one_command_id_are_each_answered_their_own_outcome(
+    served: tuple[Path, str], api: httpx.Client
+) -> None:
+    root, url = served
+    d = domain()
+    queue = f"/v1/domains/{d}/queues/shared"
+    committed(api.put(queue, json={"policy": {}}))
+    with Client(root) as admin:
+        other = admin.create_principal(
+            f"other-{uuid.uuid4().hex[:8]}", [Grant(capability=Capability.consume, domain=d)]
+        )
+    same_key = {"Idempotency-Key": "shared-id"}
+    answered: list[httpx.Response] = []
+
+    def wait_as_admin() -> None:
+        with httpx.Client(base_url=url, headers=bearer(root), timeout=60) as own:
+            answered.append(own.post(f"{queue}/receive", json={"wait_ms": 20_000}, headers=same_key))
+
+    waiting = threading.Thread(target=wait_as_admin)
+    waiting.start()
+    time.sleep(0.5)  # the administrator's long poll is recorded and waits under the command id
+    with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {other.bearer_token}"}, timeout=60) as theirs:
+        clash = theirs.post(f"{queue}/receive", json={"wait_ms": 20_000}, headers=same_key)
+    assert (clash.status_code, clash.json()["error_code"]) == (409, "Conflict")
+    committed(api.post(f"{queue}/messages", json={"message_id": "m", "body": b64(b"mine")}))
+    waiting.join(30)
+    deliveries = committed(answered[0])["deliveries"]
+    assert [base64.b64decode(m["body"]) for m in deliveries] == [b"mine"]

@@ -136,7 +136,7 @@ class Engine:
         value = credential.sign(encode_command(envelope))
         assert self.writer is not None, "the server appends only once its event loop runs"
         wait_ms = body[1].get("wait_ms") or 0
-        future = self.waiters.expect(domain, command_id)
+        future = self.waiters.expect(domain, command_id, credential)
         started = time.perf_counter()
         try:
             await self.writer.append(partition, value)

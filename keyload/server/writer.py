@@ -25,9 +25,9 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-from keyload.credentials import contents
+from keyload.credentials import Credential, unwrap
 from keyload.log.base import CommandLog, LogError
-from keyload.log.codec import REGISTRY, Record
+from keyload.log.codec import REGISTRY, CodecError, Record
 
 OUTCOME = "keyload.Outcome"
 TAIL_READ_RECORDS = 256  # outcomes the Kafka outcome tail reads at a time
@@ -46,31 +46,40 @@ class Answer:
 
 
 class OutcomeWaiters:
-    """Requests waiting for their outcome, by (domain, command id)."""
+    """Requests waiting for their outcome, by (domain, command id), each with the credential it was
+    sent under.
+
+    An outcome answers a waiter only when it is sealed with the waiter's key (the answer to that
+    principal's command), or when it is an unsealed refusal (the processor could not authenticate
+    the command: a principal disabled since the server checked it; a refusal carries no data). Two
+    principals that send the same command id to the same domain at once are so each answered with
+    their own outcome (the second one's is a Conflict, §5), never with the other's."""
 
     def __init__(self, reply_partition: int) -> None:
         self.reply_partition = reply_partition
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._waiting: dict[_Key, list[asyncio.Future[Answer]]] = defaultdict(list)
+        self._waiting: dict[_Key, list[tuple[Credential, asyncio.Future[Answer]]]] = defaultdict(list)
 
     def attach(self, loop: asyncio.AbstractEventLoop) -> None:
         """The event loop the waiting requests run on (the server's, once it starts)."""
         self._loop = loop
 
-    def expect(self, domain: str, command_id: str) -> asyncio.Future[Answer]:
-        """A future the outcome of (domain, command id) resolves; register before appending."""
+    def expect(self, domain: str, command_id: str, credential: Credential) -> asyncio.Future[Answer]:
+        """A future the outcome of (domain, command id) sent under `credential` resolves; register
+        before appending."""
         assert self._loop is not None, "attach the event loop first"
         future: asyncio.Future[Answer] = self._loop.create_future()
-        self._waiting[(domain, command_id)].append(future)
+        self._waiting[(domain, command_id)].append((credential, future))
         return future
 
     def forget(self, domain: str, command_id: str, future: asyncio.Future[Answer]) -> None:
-        """Stop waiting (the request timed out or its client went away)."""
-        waiting = self._waiting.get((domain, command_id))
-        if waiting is not None and future in waiting:
-            waiting.remove(future)
-            if not waiting:
-                del self._waiting[(domain, command_id)]
+        """Stop waiting (answered, timed out, or its client went away)."""
+        key = (domain, command_id)
+        remaining = [entry for entry in self._waiting.get(key, ()) if entry[1] is not future]
+        if remaining:
+            self._waiting[key] = remaining
+        else:
+            self._waiting.pop(key, None)
 
     def published(self, reply_partition: int, outcomes: list[bytes]) -> None:
         """Called by the runtime (processor thread) with outcomes it has published: those for the
@@ -83,10 +92,14 @@ class OutcomeWaiters:
         for value in outcomes:
             if not self._waiting:
                 return
-            record = REGISTRY.decode(OUTCOME, contents(value))
-            waiting = self._waiting.pop((record["domain"], record["command_id"]), None)
-            for future in waiting or ():
-                if not future.done():
+            try:
+                signed = unwrap(value)
+                record = REGISTRY.decode(OUTCOME, value if signed is None else signed.record)
+            except CodecError:  # not an outcome the service wrote (a stray record on the outcomes topic)
+                continue
+            refusal = signed is None and record["status"] != "committed"
+            for credential, future in self._waiting.get((record["domain"], record["command_id"]), ()):
+                if not future.done() and (refusal or credential.seals(value)):
                     future.set_result(Answer(record))
 
 
