@@ -257,7 +257,7 @@ def test_routes_methods_and_sizes(api: httpx.Client) -> None:
     huge = api.post(f"/v1/domains/{domain()}/queues/q/messages", content=b"x" * (8 * 1024 * 1024 + 1))
     assert huge.status_code == 413
     assert api.get("/healthz").json() == {"status": "ok"}
-    assert api.get("/readyz").json() == {"status": "ready", "halted": {}}
+    assert api.get("/readyz").json() == {"status": "ready", "catching_up": {}, "halted": {}}
 
 
 def test_keyload_codes_map_to_statuses(api: httpx.Client) -> None:
@@ -421,13 +421,7 @@ def test_metrics_report_partitions_queues_groups_and_requests(served: tuple[Path
     committed(api.put(topic, json={"policy": {}}))
     committed(api.put(f"{topic}/groups/g", json={"start": "beginning", "filter": {}, "policy": {}}))
     committed(api.post(f"{topic}/events", json={"events": [{"event_id": "e", "type": "x", "body": ""}]}))
-    scraped = api.get("/metrics")
-    assert scraped.status_code == 200
-    samples = {
-        line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1])
-        for line in scraped.text.splitlines()
-        if line and not line.startswith("#")
-    }
+    samples = scrape(api)
     assert samples[f'keyload_queue_messages{{domain="{d}",queue="depth",state="ready"}}'] == 2
     assert samples[f'keyload_queue_messages{{domain="{d}",queue="depth",state="leased"}}'] == 1
     assert samples[f'keyload_group_backlog_events{{domain="{d}",group="g",topic="t"}}'] == 1
@@ -442,6 +436,30 @@ def test_metrics_report_partitions_queues_groups_and_requests(served: tuple[Path
         narrow = admin.create_principal(name, [Grant(capability=Capability.inspect, domain=d)])
     refused = httpx.get(f"{url}/metrics", headers={"Authorization": f"Bearer {narrow.bearer_token}"})
     assert (refused.status_code, refused.json()["error_code"]) == (403, "PermissionDenied")
+    # Under load the figures move with it: depth, applied offsets, latencies.
+    ready = f'keyload_queue_messages{{domain="{d}",queue="depth",state="ready"}}'
+    applied = f'keyload_applied_offset{{partition="{partition}"}}'
+    latencies = 'keyload_outcome_latency_seconds_count{kind="Enqueue"}'
+    for i in range(30):
+        committed(api.post(f"{queue}/messages", json={"message_id": f"load-{i}", "body": ""}))
+    loaded = scrape(api)
+    assert loaded[ready] == samples[ready] + 30
+    assert loaded[applied] >= samples[applied] + 30
+    assert loaded[latencies] >= samples[latencies] + 30
+    for delivery in committed(api.post(f"{queue}/receive", json={"max_messages": 10}))["deliveries"]:
+        committed(api.post(f"/v1/domains/{d}/leases/ack", json={"token": delivery["token"]}))
+    assert scrape(api)[ready] == loaded[ready] - 10
+
+
+def scrape(api: httpx.Client) -> dict[str, float]:
+    """The samples of one /metrics scrape, by name and labels."""
+    scraped = api.get("/metrics")
+    assert scraped.status_code == 200
+    return {
+        line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1])
+        for line in scraped.text.splitlines()
+        if line and not line.startswith("#")
+    }
 
 
 def test_the_asyncio_client_runs_calls_concurrently(served: tuple[Path, str]) -> None:

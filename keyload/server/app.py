@@ -95,6 +95,9 @@ class Engine:
     waiters: OutcomeWaiters
     halt_of: Callable[[int], str | None]  # why partition P is halted, or None
     metrics: ServerMetrics
+    # The end of each partition's log when the server started: the backlog the processors replay
+    # before the service is ready (`/readyz`); empty on Kafka, whose partitions come and go.
+    backlog: Mapping[int, int]
     writer: CommandWriter | None = None  # set when the event loop starts
 
     async def submit_all(
@@ -367,10 +370,16 @@ def application(
         return JSONResponse({"status": "ok"})
 
     async def readyz(_: Request) -> Response:
-        halted = {p: reason for p in range(engine.partitions) if (reason := engine.halt_of(p)) is not None}
-        ready = not halted
-        body = {"status": "ready" if ready else "unavailable", "halted": {str(p): r for p, r in halted.items()}}
-        return JSONResponse(body, status_code=200 if ready else 503)
+        """Ready once every partition has applied the backlog it had at start, or is halted (a halted
+        partition stops alone: the others serve); both are listed."""
+        halted = {str(p): reason for p in range(engine.partitions) if (reason := engine.halt_of(p)) is not None}
+        catching_up = {
+            str(p): f"applied through {applied} of {engine.backlog[p] - 1}"
+            for p, applied in engine.metrics.partitions.applied().items()
+            if str(p) not in halted and applied < engine.backlog.get(p, 0) - 1
+        }
+        body = {"status": "unavailable" if catching_up else "ready", "catching_up": catching_up, "halted": halted}
+        return JSONResponse(body, status_code=503 if catching_up else 200)
 
     async def service(_: Request) -> Response:
         return JSONResponse({"version": __version__, "partitions": engine.partitions})

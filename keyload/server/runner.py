@@ -128,8 +128,10 @@ class HttpServer:
         def applied() -> dict[int, int]:
             return {partition: store.applied_offset for partition, store in enumerate(stores)}
 
-        metrics = ServerMetrics(data.file_command_log(), applied, stores, halt_of)
-        engine = Engine(data.partitions, stores.__getitem__, Authenticator(keyring), waiters, halt_of, metrics)
+        log = data.file_command_log()
+        backlog = {partition: log.end_offset(partition) for partition in range(data.partitions)}
+        metrics = ServerMetrics(log, applied, stores, halt_of)
+        engine = Engine(data.partitions, stores.__getitem__, Authenticator(keyring), waiters, halt_of, metrics, backlog)
         doorbell = Doorbell(data.root)
         side = LogSide(
             lambda: data.file_command_log(FileLogConfig(segment_bytes=data.segment_bytes, fsync=FsyncPolicy.NONE)),
@@ -153,7 +155,8 @@ class HttpServer:
         authenticates at the edge (the processor decides the policy)."""
         settings = data.kafka_settings()
         metrics = ServerMetrics(KafkaLog.commands(settings), applied, (), halt_of)
-        engine = Engine(data.partitions, _no_policy, Authenticator(LiveKeyring(data.root)), waiters, halt_of, metrics)
+        authenticator = Authenticator(LiveKeyring(data.root))
+        engine = Engine(data.partitions, _no_policy, authenticator, waiters, halt_of, metrics, {})
         side = LogSide(
             lambda: KafkaLog.commands(settings), _nothing, blocking=True, outcomes=lambda: KafkaLog.outcomes(settings)
         )
