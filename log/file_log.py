@@ -393,7 +393,10 @@ class FileLog(ClosedOnExit):
                     os.fsync(cursor.fd)
                 else:
                     self._fsync_segment(state, base)
-            if last > first:
+            # A segment begun since the last sync (a roll, or the partition's first) needs its
+            # directory entry made durable too: an appender with the NONE policy (the HTTP
+            # server's) did not sync it.
+            if last > first or bases[max(first, 0)] == state.synced_through + 1:
                 fsync_directory(state.directory)
         state.synced_through = offset
 

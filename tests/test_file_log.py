@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from keyload.log import file_log
 from keyload.log.base import LogCorruption, LogError, LogRecord
 from keyload.log.file_log import (
     HEADER_BYTES,
@@ -469,3 +470,30 @@ def test_log_files_are_private(tmp_path: Path) -> None:
     assert partition.stat().st_mode & 0o777 == 0o700
     for path in partition.iterdir():
         assert path.stat().st_mode & 0o777 == 0o600, path.name
+
+
+def test_a_segment_an_unsyncing_appender_began_is_made_durable_by_the_reader(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The HTTP server appends with the NONE policy; the processor's sync_through must then make the
+    directory entry of every segment begun since its last sync durable, a roll or the first segment."""
+    synced: list[str] = []
+    real = file_log.fsync_directory
+    monkeypatch.setattr(file_log, "fsync_directory", lambda path: (synced.append(path), real(path))[1])
+    writer = FileLog(tmp_path, 1, FileLogConfig(segment_bytes=4096, fsync=FsyncPolicy.NONE))
+    reader = FileLog(tmp_path, 1)
+    writer.append(0, [b"a" * 100])
+    synced.clear()
+    [record] = reader.read(0, 0, 10)
+    reader.sync_through(0, record.offset)
+    assert len(synced) == 1, "the partition's first segment"
+    writer.append(0, [b"b" * 3000])
+    writer.append(0, [b"c" * 3000])  # rolls: the new segment starts at offset 2
+    synced.clear()
+    records = reader.read(0, 1, 10)
+    reader.sync_through(0, 1)  # the caught-up reader syncs the old segment: nothing new in it
+    assert synced == []
+    reader.sync_through(0, records[-1].offset)
+    assert len(synced) == 1, "the rolled segment's entry"
+    writer.close()
+    reader.close()

@@ -35,6 +35,7 @@ from keyload.errors import (
     ServiceUnavailable,
 )
 from keyload.log.base import partition_for
+from keyload.sdk.envelope import encode_command
 from keyload.server import openapi
 from keyload.storage.datadir import DataDir
 
@@ -515,3 +516,38 @@ def test_two_principals_with_one_command_id_are_each_answered_their_own_outcome(
     waiting.join(30)
     deliveries = committed(answered[0])["deliveries"]
     assert [base64.b64decode(m["body"]) for m in deliveries] == [b"mine"]
+
+
+def test_an_unsigned_record_under_a_waiting_command_id_answers_nobody(
+    served: tuple[Path, str], api: httpx.Client
+) -> None:
+    root, url = served
+    d = domain()
+    queue = f"/v1/domains/{d}/queues/q"
+    committed(api.put(queue, json={"policy": {}}))
+    answered: list[httpx.Response] = []
+
+    def wait() -> None:
+        with httpx.Client(base_url=url, headers=bearer(root), timeout=60) as own:
+            key = {"Idempotency-Key": "k-9"}
+            answered.append(own.post(f"{queue}/receive", json={"wait_ms": 20_000}, headers=key))
+
+    waiting = threading.Thread(target=wait)
+    waiting.start()
+    time.sleep(0.5)
+    data = DataDir.open(root)
+    forged = {
+        "command_id": "k-9",
+        "domain": d,
+        "principal": "keyload-admin",
+        "body": ("keyload.command.Receive", {"queue": "q", **dict.fromkeys(("max_messages", "max_bytes", "lease_ms"))}),
+        "reply_to": 0,  # the server's reply partition
+        "client_time_ms": None,
+    }
+    with data.file_command_log() as log:  # anyone who can append: no signature
+        log.append(partition_for(d, data.partitions), [encode_command(forged)])
+    time.sleep(0.5)
+    assert answered == [], "the unsigned record's refusal answered the waiting request"
+    committed(api.post(f"{queue}/messages", json={"message_id": "m", "body": b64(b"real")}))
+    waiting.join(30)
+    assert [base64.b64decode(m["body"]) for m in committed(answered[0])["deliveries"]] == [b"real"]

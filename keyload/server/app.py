@@ -139,13 +139,13 @@ class Engine:
         value = credential.sign(encode_command(envelope))
         assert self.writer is not None, "the server appends only once its event loop runs"
         wait_ms = body[1].get("wait_ms") or 0
-        future = self.waiters.expect(domain, command_id, credential)
+        waiter = self.waiters.expect(domain, command_id, credential)
         started = time.perf_counter()
         try:
-            await self.writer.append(partition, value)
-            answer = await asyncio.wait_for(asyncio.shield(future), OUTCOME_WAIT_S + wait_ms / 1000)
+            waiter.position = (partition, await self.writer.append(partition, value))
+            answer = await asyncio.wait_for(asyncio.shield(waiter.future), OUTCOME_WAIT_S + wait_ms / 1000)
         finally:
-            self.waiters.forget(domain, command_id, future)
+            self.waiters.forget(domain, command_id, waiter)
         self.metrics.outcome_latency.labels(short_name(body[0])).observe(time.perf_counter() - started)
         return answer
 

@@ -18,6 +18,7 @@ processor thread hands outcomes over with `call_soon_threadsafe`.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import threading
 from collections import defaultdict
@@ -25,7 +26,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-from keyload.credentials import Credential, unwrap
+from keyload.credentials import Credential, SignedRecord, unwrap
 from keyload.log.base import CommandLog, LogError
 from keyload.log.codec import REGISTRY, CodecError, Record
 
@@ -33,7 +34,7 @@ OUTCOME = "keyload.Outcome"
 TAIL_READ_RECORDS = 256  # outcomes the Kafka outcome tail reads at a time
 TAIL_RETRY_S = 1.0  # after a failed read of the outcomes topic
 _Key = tuple[str, str]  # (domain, command id): command ids are scoped by domain
-_Pending = dict[int, list[tuple[bytes, "asyncio.Future[None]"]]]
+_Pending = dict[int, list[tuple[bytes, "asyncio.Future[int]"]]]
 
 log = logging.getLogger("keyload.server")
 
@@ -45,37 +46,53 @@ class Answer:
     record: Record
 
 
-class OutcomeWaiters:
-    """Requests waiting for their outcome, by (domain, command id), each with the credential it was
-    sent under.
+@dataclass(slots=True)
+class Waiter:
+    """A request waiting for the outcome of its command: the credential it was sent under, and the
+    command's log position once it is appended."""
 
-    An outcome answers a waiter only when it is sealed with the waiter's key (the answer to that
-    principal's command), or when it is an unsealed refusal (the processor could not authenticate
-    the command: a principal disabled since the server checked it; a refusal carries no data). Two
-    principals that send the same command id to the same domain at once are so each answered with
-    their own outcome (the second one's is a Conflict, §5), never with the other's."""
+    credential: Credential
+    future: asyncio.Future[Answer]
+    position: tuple[int, int] | None = None  # (partition, offset)
+
+    def answered_by(self, value: bytes, signed: SignedRecord | None, record: Record) -> bool:
+        """An outcome sealed with the waiter's key answers it (the reply to that principal's
+        command); so does an unsealed refusal of its own record (the processor could not
+        authenticate it: a principal disabled since the server checked it), and nothing else: two
+        principals sending one command id to one domain are each answered with their own outcome
+        (the second one's a Conflict, §5), and an unsigned record someone appended under the same
+        id cannot answer anyone."""
+        if signed is not None:
+            return self.credential.seals(value)
+        own = self.position == (record["partition"], record["offset"])
+        return own and record["status"] != "committed"
+
+
+class OutcomeWaiters:
+    """Requests waiting for their outcome, by (domain, command id) (`Waiter` says which outcome
+    answers which)."""
 
     def __init__(self, reply_partition: int) -> None:
         self.reply_partition = reply_partition
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._waiting: dict[_Key, list[tuple[Credential, asyncio.Future[Answer]]]] = defaultdict(list)
+        self._waiting: dict[_Key, list[Waiter]] = defaultdict(list)
 
     def attach(self, loop: asyncio.AbstractEventLoop) -> None:
         """The event loop the waiting requests run on (the server's, once it starts)."""
         self._loop = loop
 
-    def expect(self, domain: str, command_id: str, credential: Credential) -> asyncio.Future[Answer]:
-        """A future the outcome of (domain, command id) sent under `credential` resolves; register
+    def expect(self, domain: str, command_id: str, credential: Credential) -> Waiter:
+        """A waiter the outcome of (domain, command id) sent under `credential` answers; register
         before appending."""
         assert self._loop is not None, "attach the event loop first"
-        future: asyncio.Future[Answer] = self._loop.create_future()
-        self._waiting[(domain, command_id)].append((credential, future))
-        return future
+        waiter = Waiter(credential, self._loop.create_future())
+        self._waiting[(domain, command_id)].append(waiter)
+        return waiter
 
-    def forget(self, domain: str, command_id: str, future: asyncio.Future[Answer]) -> None:
+    def forget(self, domain: str, command_id: str, waiter: Waiter) -> None:
         """Stop waiting (answered, timed out, or its client went away)."""
         key = (domain, command_id)
-        remaining = [entry for entry in self._waiting.get(key, ()) if entry[1] is not future]
+        remaining = [entry for entry in self._waiting.get(key, ()) if entry is not waiter]
         if remaining:
             self._waiting[key] = remaining
         else:
@@ -97,10 +114,9 @@ class OutcomeWaiters:
                 record = REGISTRY.decode(OUTCOME, value if signed is None else signed.record)
             except CodecError:  # not an outcome the service wrote (a stray record on the outcomes topic)
                 continue
-            refusal = signed is None and record["status"] != "committed"
-            for credential, future in self._waiting.get((record["domain"], record["command_id"]), ()):
-                if not future.done() and (refusal or credential.seals(value)):
-                    future.set_result(Answer(record))
+            for waiter in self._waiting.get((record["domain"], record["command_id"]), ()):
+                if not waiter.future.done() and waiter.answered_by(value, signed, record):
+                    waiter.future.set_result(Answer(record))
 
 
 class CommandWriter:
@@ -121,10 +137,10 @@ class CommandWriter:
         self._pending: _Pending = defaultdict(list)
         self._scheduled = False
 
-    def append(self, partition: int, value: bytes) -> asyncio.Future[None]:
-        """A future that completes when `value` is appended to `partition` (on the file log not yet
+    def append(self, partition: int, value: bytes) -> asyncio.Future[int]:
+        """A future of the offset `value` is appended at in `partition` (on the file log not yet
         durable: the processor makes it so before publishing anything that depends on it)."""
-        future: asyncio.Future[None] = self.loop.create_future()
+        future: asyncio.Future[int] = self.loop.create_future()
         self._pending[partition].append((value, future))
         if not self._scheduled:
             self._scheduled = True
@@ -140,17 +156,21 @@ class CommandWriter:
             done = self.loop.run_in_executor(self._thread, self._append_each, pending)
             done.add_done_callback(lambda finished: _settle(pending, finished.result()))
 
-    def _append_each(self, pending: _Pending) -> dict[int, Exception]:
-        """Append each partition's values; what failed (a full disk, a damaged tail, a broker that
-        refuses), by partition: those requests fail, the other partitions' go on."""
-        failed: dict[int, Exception] = {}
-        for partition, entries in pending.items():
-            try:
-                self.log.append(partition, [value for value, _ in entries])
-            except Exception as exc:
-                failed[partition] = exc
-        self.wake()
-        return failed
+    def _append_each(self, pending: _Pending) -> dict[int, list[int] | Exception]:
+        """Append each partition's values: their offsets, or what failed (a full disk, a damaged
+        tail, a broker that refuses), by partition: those requests fail, the other partitions' go on."""
+        results: dict[int, list[int] | Exception] = {}
+        try:
+            for partition, entries in pending.items():
+                try:
+                    appended = self.log.append(partition, [value for value, _ in entries])
+                    results[partition] = [record.offset for record in appended]
+                except Exception as exc:
+                    results[partition] = exc
+        finally:
+            with contextlib.suppress(OSError):  # a lost ring costs the processors one idle wait
+                self.wake()
+        return results
 
     def close(self) -> None:
         if self._thread is not None:
@@ -158,15 +178,16 @@ class CommandWriter:
         self.log.close()
 
 
-def _settle(pending: _Pending, failed: dict[int, Exception]) -> None:
+def _settle(pending: _Pending, results: dict[int, list[int] | Exception]) -> None:
     for partition, entries in pending.items():
-        for _, future in entries:
+        result = results.get(partition, LogError("the append was not made"))
+        for index, (_, future) in enumerate(entries):
             if future.done():
                 continue
-            if partition in failed:
-                future.set_exception(failed[partition])
+            if isinstance(result, Exception):
+                future.set_exception(result)
             else:
-                future.set_result(None)
+                future.set_result(result[index])
 
 
 class OutcomeTail:

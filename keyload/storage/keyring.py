@@ -12,9 +12,13 @@ from __future__ import annotations
 
 import base64
 import binascii
+import fcntl
 import json
 import os
+import tempfile
+import threading
 from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 
 from keyload.errors import KeyloadError
@@ -22,6 +26,7 @@ from keyload.limits import MAX_KEY_ID_CHARS
 from keyload.processors.key_rotation import DEFAULT_KEY_ID
 
 FILE = "keyring.json"
+LOCK_FILE = "keyring.lock"
 FORMAT = 1
 KEY_BYTES = 32
 MIN_KEY_BYTES = 16
@@ -51,12 +56,11 @@ def copy(source: Path, root: Path) -> None:
 def write_private(path: Path, data: bytes) -> None:
     """Replace `path` with `data` atomically, readable by the owner only (0600) from the first byte.
 
-    The bytes go to a temporary created with mode 0600 (a leftover one is removed first: an
-    existing file would keep its mode), are fsynced, and the temporary is renamed over `path`.
+    The bytes go to a temporary of a name of its own (so concurrent writers never share one),
+    created with mode 0600, are fsynced, and the temporary is renamed over `path`.
     """
-    temporary = path.with_name(path.name + ".tmp")
-    temporary.unlink(missing_ok=True)
-    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, PRIVATE_MODE)
+    fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")  # mode 0600
+    temporary = Path(name)
     try:
         with os.fdopen(fd, "wb") as file:
             file.write(data)
@@ -77,15 +81,31 @@ def _write(root: Path, keys: dict[str, str]) -> None:
     write_private(root / FILE, (json.dumps({"format": FORMAT, "keys": keys}, indent=2) + "\n").encode("utf-8"))
 
 
-def add(root: Path, key_id: str) -> None:
-    """Add a new random key; existing keys are never replaced (logs may still reference them)."""
-    current = {k: base64.b64encode(v).decode("ascii") for k, v in load(root).items()}
-    if key_id in current:
-        raise KeyringError(f"key {key_id!r} already exists")
+def add(root: Path, key_id: str) -> bytes:
+    """Add a new random key and return it; existing keys are never replaced (logs may still
+    reference them). Writers of the keyring (processes, threads) take turns on DATA/keyring.lock,
+    so two additions at once both land."""
     if not 1 <= len(key_id) <= MAX_KEY_ID_CHARS or not key_id.isascii() or not key_id.isprintable():
         raise KeyringError(f"key ids are 1..{MAX_KEY_ID_CHARS} printable ASCII characters")
-    current[key_id] = base64.b64encode(os.urandom(KEY_BYTES)).decode("ascii")
-    _write(root, current)
+    with _writing(root):
+        current = {k: base64.b64encode(v).decode("ascii") for k, v in load(root).items()}
+        if key_id in current:
+            raise KeyringError(f"key {key_id!r} already exists")
+        key = os.urandom(KEY_BYTES)
+        current[key_id] = base64.b64encode(key).decode("ascii")
+        _write(root, current)
+    return key
+
+
+@contextmanager
+def _writing(root: Path) -> Iterator[None]:
+    """An exclusive lock on DATA/keyring.lock, held across a read-modify-write of the keyring."""
+    fd = os.open(root / LOCK_FILE, os.O_RDWR | os.O_CREAT, PRIVATE_MODE)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
 
 
 def load(root: Path) -> dict[str, bytes]:
@@ -126,14 +146,20 @@ class LiveKeyring(Mapping[str, bytes]):
 
     def __init__(self, root: Path) -> None:
         self._root = root
+        self._lock = threading.Lock()  # readers on several threads (the event loop, its workers)
         self._stamp = self._file_stamp()
         self._keys = load(root)
 
     def __getitem__(self, key_id: str) -> bytes:
-        if key_id not in self._keys and self._file_stamp() != self._stamp:
-            self._stamp = self._file_stamp()
-            self._keys = load(self._root)
-        return self._keys[key_id]
+        keys = self._keys
+        if key_id not in keys:
+            with self._lock:
+                stamp = self._file_stamp()
+                if stamp != self._stamp:
+                    self._keys = load(self._root)  # the stamp moves only once the new keys are read
+                    self._stamp = stamp
+                keys = self._keys
+        return keys[key_id]
 
     def __contains__(self, key_id: object) -> bool:
         if not isinstance(key_id, str):

@@ -75,8 +75,7 @@ def new_credential(root: Path, principal: str) -> Credential:
             "starting with a letter or digit"
         )
     key_id = f"p-{os.urandom(KEY_ID_RANDOM_BYTES).hex()}"
-    keyring.add(root, key_id)
-    return Credential(principal, key_id, keyring.load(root)[key_id])
+    return Credential(principal, key_id, keyring.add(root, key_id))
 
 
 def write_credential(root: Path, credential: Credential) -> Path:
