@@ -10,6 +10,7 @@ import threading
 import time
 from pathlib import Path
 
+import httpx
 import pytest
 
 from keyload import Client, Credential
@@ -18,7 +19,7 @@ from keyload.log.base import partition_for
 from keyload.operations.recovery import drill
 from keyload.storage.datadir import DataDir
 
-from .support import start_service, stop_service, wait_until
+from .support import served_url, start_service, stop_service, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -100,3 +101,26 @@ def test_a_killed_server_loses_and_duplicates_nothing(tmp_path: Path) -> None:
     data = DataDir.open(root)
     report = drill(data, partition_for(DOMAIN, data.partitions), tmp_path / "drill", progress=False)
     assert report.passed, report
+
+
+def test_a_stopping_server_answers_waiting_requests_503(tmp_path: Path) -> None:
+    root = tmp_path / "data"
+    service = start_service(root)
+    url = served_url(root)
+    credential = Credential.load(root / "credentials" / "keyload-admin.json")
+    with Client(url, credential=credential) as admin:
+        admin.create_queue(DOMAIN, "idle")
+    answered: list[httpx.Response] = []
+
+    def long_poll() -> None:
+        with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {credential.bearer_token}"}) as client:
+            answered.append(client.post(f"/v1/domains/{DOMAIN}/queues/idle/receive", json={"wait_ms": 20_000}))
+
+    waiting = threading.Thread(target=long_poll)
+    waiting.start()
+    time.sleep(0.5)
+    started = time.monotonic()
+    assert stop_service(service, 30) == 0
+    waiting.join(30)
+    assert time.monotonic() - started < 10
+    assert (answered[0].status_code, answered[0].json()["error_code"]) == (503, "Unavailable")

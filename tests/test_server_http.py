@@ -551,3 +551,21 @@ def test_an_unsigned_record_under_a_waiting_command_id_answers_nobody(
     committed(api.post(f"{queue}/messages", json={"message_id": "m", "body": b64(b"real")}))
     waiting.join(30)
     assert [base64.b64decode(m["body"]) for m in committed(answered[0])["deliveries"]] == [b"real"]
+
+
+def test_credential_issuing_refuses_what_it_must(api: httpx.Client) -> None:
+    missing = api.post("/v1/principals/nobody-here/credential")
+    assert (missing.status_code, missing.json()["error_code"]) == (404, "NotFound")
+    for service_principal in ("keyload-ticker", "keyload-gc", "keyload-admin"):
+        refused = api.post(f"/v1/principals/{service_principal}/credential")
+        assert (refused.status_code, refused.json()["error_code"]) == (403, "PermissionDenied")
+    bad_name = api.post("/v1/principals", json={"principal": "bad name!", "grants": []})
+    assert (bad_name.status_code, bad_name.json()["error_code"]) == (400, "Validation")
+    assert api.get("/healthz").status_code == 200  # the connection is still good
+
+
+def test_non_ascii_digits_are_not_numbers(api: httpx.Client) -> None:
+    partition = api.post("/v1/partitions/%C2%B2/checkpoints", json={})
+    assert (partition.status_code, partition.json()["error_code"]) == (400, "Validation")
+    reservation = api.put(f"/v1/domains/{domain()}/reservations/%C2%B2/content", content=b"x")
+    assert (reservation.status_code, reservation.json()["error_code"]) == (400, "Validation")

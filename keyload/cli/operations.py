@@ -668,7 +668,7 @@ def _add_run(sub: Any, common: argparse.ArgumentParser) -> None:
         "--listen",
         metavar="HOST:PORT",
         default=os.environ.get(d["listen_env"], d["listen"]),
-        help=f"serve the HTTP API here (embedded mode; port 0 picks a free one, written to DATA/server.json), "
+        help=f"serve the HTTP API here (port 0 picks a free one, written to DATA/server.json), "
         f"or 'none' (default ${d['listen_env']}, else {d['listen']})",
     )
     run_.add_argument("--tls-cert", type=Path, metavar="PEM", help="serve HTTPS with this certificate (and --tls-key)")

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
@@ -31,7 +32,7 @@ from starlette.routing import Route
 from keyload.bodies import Branch
 from keyload.commands import COMMANDS, Capability, CommandKind
 from keyload.credentials import Credential
-from keyload.errors import ErrorCode, InvalidCommand
+from keyload.errors import ErrorCode, InvalidCommand, KeyloadError
 from keyload.log.base import LogError, partition_for
 from keyload.processors.access import EVERYTHING, allows, load_principal
 from keyload.projections.store import Readable
@@ -66,12 +67,11 @@ METRICS_PATH = "/metrics"
 PARTITION_QUERY = "partition"  # a partition-wide GET without {partition} in its path: which one (default 0)
 
 
+log = logging.getLogger("keyload.server")
+
+
 class Halted(Exception):
-    """The partition a request goes to is halted or stalled (HTTP 503)."""
-
-
-class Forbidden(Exception):
-    """The caller may not ask for what the server does itself, outside a command (HTTP 403)."""
+    """The partition a request goes to is halted, or the service is stopping (HTTP 503)."""
 
 
 class Refused(Exception):
@@ -199,22 +199,14 @@ class CommandRoute:
     async def _body(self, request: Request) -> tuple[dict[str, Any], bytes | None]:
         """The command body's fields (JSON form) from the JSON body, the query and the path; and the
         raw body when it stands for the `body` field."""
-        raw: bytes | None = await read_capped(request)
-        assert raw is not None
-        fields: dict[str, Any] = {}
+        body = await read_capped(request)
+        raw: bytes | None = None
         content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
         if self.raw_body and content_type == RAW_BODY_TYPE:
-            fields[RAW_BODY_FIELD] = ""  # a placeholder: the raw bytes replace it once the fields are read
-        elif raw.strip():
-            try:
-                fields = json.loads(raw)
-            except (ValueError, UnicodeDecodeError):
-                raise WireError("the request body is not JSON") from None
-            if not isinstance(fields, dict):
-                raise WireError("the request body must be a JSON object")
-            raw = None
+            fields: dict[str, Any] = {RAW_BODY_FIELD: ""}  # a placeholder: the raw bytes replace it at the end
+            raw = body
         else:
-            raw = None
+            fields = json_object(body)
         given: dict[str, Any] = {}
         for name, text in request.query_params.multi_items():
             if name == PARTITION_QUERY and self.everywhere:
@@ -245,7 +237,7 @@ class CommandRoute:
             return [(domain, partition_for(domain, partitions))]
         if "partition" in params or not self.everywhere or self.method == "GET":
             text = params.get("partition", request.query_params.get(PARTITION_QUERY, "0"))
-            if not text.isdigit() or not 0 <= int(text) < partitions:
+            if not is_number(text) or not 0 <= int(text) < partitions:
                 raise WireError(f"partition must be 0..{partitions - 1}")
             partition = int(text)
             return [(domain_for_partition(partition, partitions), partition)]
@@ -276,8 +268,6 @@ async def _answer(request: Request, answer: Callable[[str], Awaitable[Answer | R
         return outcome_response(names("keyload.Outcome"), answer_or_response)
     except Unauthenticated as exc:
         return error_response(statuses.UNAUTHENTICATED, str(exc))
-    except Forbidden as exc:
-        return error_response(statuses.FORBIDDEN, str(exc))
     except Refused as exc:
         return error_response(exc.pair, str(exc), command_id)
     except InvalidCommand as exc:
@@ -294,6 +284,11 @@ async def _answer(request: Request, answer: Callable[[str], Awaitable[Answer | R
         return error_response(statuses.TIMEOUT, detail, command_id)
     except (OSError, LogError) as exc:  # the append failed (a full disk): nothing of it applies
         return error_response(statuses.UNAVAILABLE, f"the command could not be appended: {exc}", command_id)
+    except KeyloadError as exc:  # a request the server cannot act on as given (a bad principal name)
+        return error_response(statuses.BAD_REQUEST, str(exc))
+    except Exception:  # a bug: the request fails alone, in the API's own form
+        log.exception("%s %s failed", request.method, request.url.path[:256])
+        return error_response(statuses.INTERNAL, "the server failed to answer this request (see its log)", command_id)
 
 
 class EnvelopeRoute:
@@ -307,12 +302,8 @@ class EnvelopeRoute:
 
     async def respond(self, request: Request) -> Response:
         async def answer(command_id: str) -> Answer:
-            raw = await read_capped(request)
-            try:
-                envelope = json.loads(raw)
-            except (ValueError, UnicodeDecodeError):
-                raise WireError("the request body is not JSON") from None
-            if not isinstance(envelope, dict) or set(envelope) != {"domain", "body"}:
+            envelope = json_object(await read_capped(request))
+            if set(envelope) != {"domain", "body"}:
                 raise WireError('the request body must be {"domain": DOMAIN, "body": {"Kind": {...}}}')
             domain = envelope["domain"]
             if not isinstance(domain, str):
@@ -325,9 +316,27 @@ class EnvelopeRoute:
         return await answered(request, answer)
 
 
+def json_object(raw: bytes) -> dict[str, Any]:
+    """A request body that is a JSON object (an empty body is an empty object); WireError otherwise."""
+    if not raw.strip():
+        return {}
+    try:
+        value = json.loads(raw)
+    except (ValueError, UnicodeDecodeError):
+        raise WireError("the request body is not JSON") from None
+    if not isinstance(value, dict):
+        raise WireError("the request body must be a JSON object")
+    return value
+
+
+def is_number(text: str) -> bool:
+    """Whether `text` is a decimal integer of ASCII digits (str.isdigit takes '²' too)."""
+    return text.isascii() and text.isdigit()
+
+
 async def read_capped(request: Request) -> bytes:
     length = request.headers.get("content-length")
-    if length is not None and length.isdigit() and int(length) > MAX_REQUEST_BYTES:
+    if length is not None and is_number(length) and int(length) > MAX_REQUEST_BYTES:
         raise _TooLarge
     chunks, size = [], 0
     async for chunk in request.stream():

@@ -1,7 +1,7 @@
 """The OpenAPI document of the HTTP API, derived from the command table and the Avro schemas.
 
 `docs/openapi.json` is this document, checked in for clients in other languages; the server serves
-it at `/v1/openapi.json`, and tests/test_server_openapi.py fails when the file drifts from what this
+it at `/v1/openapi.json`, and tests/test_server_http.py fails when the file drifts from what this
 module derives. Regenerate with `python -m keyload.server.openapi > docs/openapi.json`.
 """
 

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import json
 import os
 import tempfile
 import uuid
@@ -45,7 +44,7 @@ from keyload.projections.records import PayloadReservation, ReservationState, lo
 from keyload.projections.store import Staged, Store
 from keyload.sdk.payloads import PayloadConflict, PayloadError, PayloadGateway
 from keyload.server import statuses
-from keyload.server.app import Engine, Forbidden, Refused, answered, outcome_response, read_capped
+from keyload.server.app import Engine, Refused, answered, is_number, json_object, outcome_response, read_capped
 from keyload.storage.datadir import DataDir
 from keyload.storage.keyring import LiveKeyring
 from keyload.storage.object_store import ObjectStore, ObjectStoreError
@@ -123,7 +122,7 @@ class PayloadRoutes:
     def _require(self, principal: str, partition: int, capability: Capability, domain: str, queue: str) -> None:
         record = load_principal(self.stores[partition], principal)
         if record is None or not allows(record.grants, capability, domain, queue):
-            raise Forbidden(f"the principal holds no {capability.value} grant on this resource")
+            raise Refused(statuses.FORBIDDEN, f"the principal holds no {capability.value} grant on this resource")
 
     async def _store(self, request: Request, reservation: PayloadReservation, partition: int) -> dict[str, Any]:
         """Stage the request body, check it is the reserved bytes, store and attest it: the proof."""
@@ -160,17 +159,14 @@ class PayloadRoutes:
 
 
 def _reservation_id(text: str) -> int:
-    if not text.isdigit():
+    if not is_number(text):
         raise WireError("reservation_id must be an integer")
     return int(text)
 
 
 def _read_handle(raw: bytes) -> str:
-    try:
-        value = json.loads(raw)
-    except (ValueError, UnicodeDecodeError):
-        raise WireError("the request body is not JSON") from None
-    if not isinstance(value, dict) or set(value) != {"read_handle"} or not isinstance(value["read_handle"], str):
+    value = json_object(raw)
+    if set(value) != {"read_handle"} or not isinstance(value["read_handle"], str):
         raise WireError('the request body must be {"read_handle": HANDLE}')
     return value["read_handle"]
 

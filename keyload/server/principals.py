@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import json
 from pathlib import Path
 from typing import Any
 
@@ -27,15 +26,18 @@ from keyload.commands import BY_NAME, Capability
 from keyload.credentials import Credential
 from keyload.processors.access import EVERYTHING, allows, load_principal
 from keyload.projections.store import Readable
-from keyload.server.app import Engine, Forbidden, answered, outcome_response, read_capped
+from keyload.server import statuses
+from keyload.server.app import Engine, Refused, answered, json_object, outcome_response, read_capped
 from keyload.server.writer import Answer
-from keyload.storage.principals import new_credential
+from keyload.storage.principals import SYSTEM_PRINCIPALS, new_credential
 from keyload.wire import COMMAND_ID_HEADER, WireError, names, to_avro, to_json
 
 PUT_PRINCIPAL = BY_NAME["PutPrincipal"]
 CREATE_PATH = "/v1/principals"
 ROTATE_PATH = "/v1/principals/{principal}/credential"
 GRANTS = {"type": "array", "items": "keyload.Grant"}
+NO_PRINCIPAL = ("NotFound", 404)
+SERVICE_PRINCIPALS = frozenset(name for name, _ in SYSTEM_PRINCIPALS)  # the administrator and the service's actors
 
 
 class CredentialIssuer:
@@ -49,7 +51,7 @@ class CredentialIssuer:
     async def create(self, request: Request) -> Response:
         async def answer(command_id: str) -> Response:
             caller = self._administrator(request)
-            fields = await _json_object(request)
+            fields = json_object(await read_capped(request))
             if set(fields) - {"principal", "grants"} or not isinstance(fields.get("principal"), str):
                 raise WireError('the request body must be {"principal": NAME, "grants": [Grant, ...]}')
             grants = to_avro(self.commands, GRANTS, fields.get("grants", []), "grants")
@@ -62,8 +64,9 @@ class CredentialIssuer:
             caller = self._administrator(request)
             principal = request.path_params["principal"]
             current = load_principal(self.policy, principal)
-            revision = 0 if current is None else current.revision  # 0 for no principal: refused, RevisionConflict
-            return await self._issue(caller, command_id, principal, None, expected_revision=revision)
+            if current is None:
+                raise Refused(NO_PRINCIPAL, "principal does not exist")
+            return await self._issue(caller, command_id, principal, None, expected_revision=current.revision)
 
         return await answered(request, answer)
 
@@ -73,12 +76,14 @@ class CredentialIssuer:
         caller = self.engine.caller(request, 0)
         record = load_principal(self.policy, caller.principal)
         if record is None or not allows(record.grants, Capability.admin, None, EVERYTHING):
-            raise Forbidden("issuing credentials needs admin on every domain")
+            raise Refused(statuses.FORBIDDEN, "issuing credentials needs admin on every domain")
         return caller
 
     async def _issue(
         self, caller: Credential, command_id: str, principal: str, grants: Any, *, expected_revision: int
     ) -> Response:
+        if principal in SERVICE_PRINCIPALS:
+            raise Refused(statuses.FORBIDDEN, "the service's own principals keep the keys the service signs with")
         credential = await asyncio.to_thread(new_credential, self.root, principal)
         body = {
             "principal": principal,
@@ -103,16 +108,6 @@ class CredentialIssuer:
             "bearer_token": credential.bearer_token,
         }
         return JSONResponse(issued, headers={COMMAND_ID_HEADER: command_id})
-
-
-async def _json_object(request: Request) -> dict[str, Any]:
-    try:
-        value = json.loads(await read_capped(request) or b"{}")
-    except (ValueError, UnicodeDecodeError):
-        raise WireError("the request body is not JSON") from None
-    if not isinstance(value, dict):
-        raise WireError("the request body must be a JSON object")
-    return value
 
 
 def credential_routes(engine: Engine, root: Path, policy: Readable) -> list[Route]:

@@ -27,7 +27,7 @@ from keyload.log.file_log import FileLogConfig, FsyncPolicy
 from keyload.log.kafka_log import KafkaLog
 from keyload.projections.store import Store
 from keyload.server import openapi
-from keyload.server.app import Engine, application
+from keyload.server.app import Engine, Halted, application
 from keyload.server.auth import Authenticator
 from keyload.server.metrics import ServerMetrics
 from keyload.server.payloads import payload_routes
@@ -43,6 +43,7 @@ ADDRESS_FILE = "server.json"  # DATA/server.json: {"url": ...} while a server ru
 LISTEN_ENV = "KEYLOAD_LISTEN"  # the default of `keyload run --listen`
 STARTUP_TIMEOUT_S = 30.0
 SHUTDOWN_TIMEOUT_S = 10.0
+GRACEFUL_SHUTDOWN_S = 5  # connections still open this long after a stop are closed
 SERVER_REPLY_PARTITION = 0  # the outcome partition the server's commands name as reply_to
 
 
@@ -84,6 +85,7 @@ class LogSide:
     wake: Callable[[], None]
     blocking: bool
     outcomes: Callable[[], CommandLog] | None = None
+    close: Callable[[], None] = lambda: None  # what `wake` holds open (the doorbell's socket)
 
 
 class HttpServer:
@@ -103,6 +105,7 @@ class HttpServer:
             log_level="warning",
             access_log=False,
             lifespan="on",
+            timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
             ssl_certfile=None if listen.tls_cert is None else str(listen.tls_cert),
             ssl_keyfile=None if listen.tls_key is None else str(listen.tls_key),
         )
@@ -137,6 +140,7 @@ class HttpServer:
             lambda: data.file_command_log(FileLogConfig(segment_bytes=data.segment_bytes, fsync=FsyncPolicy.NONE)),
             doorbell.ring,
             blocking=False,
+            close=doorbell.close,
         )
         routes = [*credential_routes(engine, data.root, stores[0]), *payload_routes(engine, data, keyring, stores)]
         return cls(data, listen, engine, side, routes)
@@ -184,12 +188,15 @@ class HttpServer:
             waited += 0.01
 
     def stop(self) -> None:
+        """Answer the requests still waiting 503 (retry by command id), then stop serving."""
         with contextlib.suppress(FileNotFoundError):
             os.remove(self.data.root / ADDRESS_FILE)
+        self.engine.waiters.abandon(Halted("the service is stopping"))
         self._server.should_exit = True
         self._thread.join(SHUTDOWN_TIMEOUT_S)
         self._socket.close()
         self.engine.metrics.close()
+        self.side.close()
 
     def _run(self) -> None:
         try:

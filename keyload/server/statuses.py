@@ -36,4 +36,16 @@ WRONG_METHOD = ("NotFound", 405)  # the path exists for other methods
 GONE = ("Gone", 410)  # a payload handle or reservation past its deadline, or an object no longer stored
 UNAVAILABLE = ("Unavailable", 503)  # the partition is halted or cannot take appends now; retry later
 TIMEOUT = ("Timeout", 504)  # no outcome in time: retry with the same Idempotency-Key to learn it
-HTTP_ERRORS = (UNAUTHENTICATED, FORBIDDEN, BAD_REQUEST, TOO_LARGE, NO_ROUTE, WRONG_METHOD, GONE, UNAVAILABLE, TIMEOUT)
+INTERNAL = ("Internal", 500)  # a fault of the server's own: the request fails alone; its log says why
+HTTP_ERRORS = (
+    UNAUTHENTICATED,
+    FORBIDDEN,
+    BAD_REQUEST,
+    TOO_LARGE,
+    NO_ROUTE,
+    WRONG_METHOD,
+    GONE,
+    UNAVAILABLE,
+    TIMEOUT,
+    INTERNAL,
+)

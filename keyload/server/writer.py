@@ -27,12 +27,13 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from keyload.credentials import Credential, SignedRecord, unwrap
-from keyload.log.base import CommandLog, LogError
+from keyload.log.base import CommandLog, LogError, LogTruncated
 from keyload.log.codec import REGISTRY, CodecError, Record
 
 OUTCOME = "keyload.Outcome"
 TAIL_READ_RECORDS = 256  # outcomes the Kafka outcome tail reads at a time
 TAIL_RETRY_S = 1.0  # after a failed read of the outcomes topic
+TAIL_CLOSE_S = 35.0  # a read in progress waits for the broker up to its fetch timeout (30 s)
 _Key = tuple[str, str]  # (domain, command id): command ids are scoped by domain
 _Pending = dict[int, list[tuple[bytes, "asyncio.Future[int]"]]]
 
@@ -98,6 +99,18 @@ class OutcomeWaiters:
         else:
             self._waiting.pop(key, None)
 
+    def abandon(self, reason: Exception) -> None:
+        """Fail every waiting request with `reason` (the service is stopping): thread-safe."""
+        loop = self._loop
+        if loop is not None and not loop.is_closed():
+            loop.call_soon_threadsafe(self._abandon, reason)
+
+    def _abandon(self, reason: Exception) -> None:
+        for waiters in self._waiting.values():
+            for waiter in waiters:
+                if not waiter.future.done():
+                    waiter.future.set_exception(reason)
+
     def published(self, reply_partition: int, outcomes: list[bytes]) -> None:
         """Called by the runtime (processor thread) with outcomes it has published: those for the
         server's reply partition are handed to the event loop. Cheap when nobody waits."""
@@ -152,9 +165,13 @@ class CommandWriter:
         pending, self._pending = self._pending, defaultdict(list)
         if self._thread is None:
             _settle(pending, self._append_each(pending))
-        else:
+            return
+        try:
             done = self.loop.run_in_executor(self._thread, self._append_each, pending)
-            done.add_done_callback(lambda finished: _settle(pending, finished.result()))
+        except RuntimeError as exc:  # the writer thread is shut down: the server is stopping
+            _settle(pending, dict.fromkeys(pending, LogError(f"the server is stopping: {exc}")))
+            return
+        done.add_done_callback(lambda finished: _settle(pending, finished.result()))
 
     def _append_each(self, pending: _Pending) -> dict[int, list[int] | Exception]:
         """Append each partition's values: their offsets, or what failed (a full disk, a damaged
@@ -209,7 +226,10 @@ class OutcomeTail:
         while not self._stop.is_set():
             try:
                 records = self.outcomes.read(partition, self._cursor, TAIL_READ_RECORDS)
-            except LogError as exc:  # the broker is away: the waiting requests time out, the tail retries
+            except LogTruncated:  # retention passed the cursor: what is left to answer is newer
+                self._cursor = self.outcomes.start_offset(partition)
+                continue
+            except Exception as exc:  # the broker is away: the waiting requests time out, the tail retries
                 log.warning("outcome tail of partition %d: %s", partition, exc)
                 self._stop.wait(TAIL_RETRY_S)
                 continue
@@ -218,6 +238,8 @@ class OutcomeTail:
                 self.waiters.published(partition, [record.value for record in records])
 
     def close(self) -> None:
+        """Stop reading; the reader's consumer is closed once its read in progress returns."""
         self._stop.set()
-        self._thread.join(TAIL_RETRY_S * 2)
-        self.outcomes.close()
+        self._thread.join(TAIL_CLOSE_S)
+        if not self._thread.is_alive():
+            self.outcomes.close()
