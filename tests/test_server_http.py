@@ -75,6 +75,21 @@ def log_end(root: Path, of_domain: str) -> int:
         return log.end_offset(partition_for(of_domain, data.partitions))
 
 
+def long_poll(url: str, headers: dict[str, str], path: str) -> tuple[threading.Thread, list[httpx.Response]]:
+    """A 20 s long-poll receive sent from a thread with `headers`, once it is recorded as a waiter:
+    the thread, and the list its response lands in."""
+    answered: list[httpx.Response] = []
+
+    def poll() -> None:
+        with httpx.Client(base_url=url, headers=headers, timeout=60) as own:
+            answered.append(own.post(path, json={"wait_ms": 20_000}))
+
+    waiting = threading.Thread(target=poll)
+    waiting.start()
+    time.sleep(0.5)  # the receive is recorded as a waiter first
+    return waiting, answered
+
+
 def committed(response: httpx.Response) -> dict[str, Any]:
     assert response.status_code == 200, response.text
     body: dict[str, Any] = response.json()
@@ -150,16 +165,8 @@ def test_long_poll_is_answered_by_a_later_enqueue(api: httpx.Client, served: tup
     d = domain()
     queue = f"/v1/domains/{d}/queues/jobs"
     committed(api.put(queue, json={"policy": {}}))
-    answered: list[httpx.Response] = []
-
-    def poll() -> None:
-        with httpx.Client(base_url=url, headers=bearer(root), timeout=60) as own:
-            answered.append(own.post(f"{queue}/receive", json={"wait_ms": 20_000}))
-
-    waiting = threading.Thread(target=poll)
     started = time.monotonic()
-    waiting.start()
-    time.sleep(0.5)  # the receive is recorded as a waiter first
+    waiting, answered = long_poll(url, bearer(root), f"{queue}/receive")
     committed(api.post(f"{queue}/messages", json={"message_id": "late", "body": b64(b"hi")}))
     waiting.join(30)
     assert time.monotonic() - started < 15, "answered by the enqueue, not by the wait's deadline"
@@ -500,15 +507,7 @@ def test_two_principals_with_one_command_id_are_each_answered_their_own_outcome(
             f"other-{uuid.uuid4().hex[:8]}", [Grant(capability=Capability.consume, domain=d)]
         )
     same_key = {"Idempotency-Key": "shared-id"}
-    answered: list[httpx.Response] = []
-
-    def wait_as_admin() -> None:
-        with httpx.Client(base_url=url, headers=bearer(root), timeout=60) as own:
-            answered.append(own.post(f"{queue}/receive", json={"wait_ms": 20_000}, headers=same_key))
-
-    waiting = threading.Thread(target=wait_as_admin)
-    waiting.start()
-    time.sleep(0.5)  # the administrator's long poll is recorded and waits under the command id
+    waiting, answered = long_poll(url, {**bearer(root), **same_key}, f"{queue}/receive")
     with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {other.bearer_token}"}, timeout=60) as theirs:
         clash = theirs.post(f"{queue}/receive", json={"wait_ms": 20_000}, headers=same_key)
     assert (clash.status_code, clash.json()["error_code"]) == (409, "Conflict")
@@ -525,16 +524,7 @@ def test_an_unsigned_record_under_a_waiting_command_id_answers_nobody(
     d = domain()
     queue = f"/v1/domains/{d}/queues/q"
     committed(api.put(queue, json={"policy": {}}))
-    answered: list[httpx.Response] = []
-
-    def wait() -> None:
-        with httpx.Client(base_url=url, headers=bearer(root), timeout=60) as own:
-            key = {"Idempotency-Key": "k-9"}
-            answered.append(own.post(f"{queue}/receive", json={"wait_ms": 20_000}, headers=key))
-
-    waiting = threading.Thread(target=wait)
-    waiting.start()
-    time.sleep(0.5)
+    waiting, answered = long_poll(url, {**bearer(root), "Idempotency-Key": "k-9"}, f"{queue}/receive")
     data = DataDir.open(root)
     forged = {
         "command_id": "k-9",

@@ -31,13 +31,7 @@ QUEUE_STATES = ("ready", "scheduled", "leased", "dead_lettered", "pending_dead_l
 class ServerMetrics:
     """The service's registry: request counters, outcome latencies and the partitions' state."""
 
-    def __init__(
-        self,
-        log: CommandLog,
-        applied: Callable[[], Mapping[int, int]],
-        stores: Sequence[Store],
-        halt_of: Callable[[int], str | None],
-    ) -> None:
+    def __init__(self, partitions: PartitionCollector) -> None:
         self.registry = CollectorRegistry(auto_describe=False)
         self.requests = Counter(
             "keyload_http_requests", "HTTP requests answered", ["method", "status"], registry=self.registry
@@ -49,8 +43,8 @@ class ServerMetrics:
             buckets=LATENCY_BUCKETS_S,
             registry=self.registry,
         )
-        self.partitions = PartitionCollector(log, applied, stores, halt_of)
-        self.registry.register(self.partitions)
+        self.partitions = partitions
+        self.registry.register(partitions)
 
     def close(self) -> None:
         self.partitions.log.close()

@@ -29,7 +29,7 @@ from keyload.projections.store import Store
 from keyload.server import openapi
 from keyload.server.app import Engine, Halted, application
 from keyload.server.auth import Authenticator
-from keyload.server.metrics import ServerMetrics
+from keyload.server.metrics import PartitionCollector, ServerMetrics
 from keyload.server.payloads import payload_routes
 from keyload.server.principals import credential_routes
 from keyload.server.writer import CommandWriter, OutcomeTail, OutcomeWaiters
@@ -133,7 +133,7 @@ class HttpServer:
 
         log = data.file_command_log()
         backlog = {partition: log.end_offset(partition) for partition in range(data.partitions)}
-        metrics = ServerMetrics(log, applied, stores, halt_of)
+        metrics = ServerMetrics(PartitionCollector(log, applied, stores, halt_of))
         engine = Engine(data.partitions, stores.__getitem__, Authenticator(keyring), waiters, halt_of, metrics, backlog)
         doorbell = Doorbell(data.root)
         side = LogSide(
@@ -158,7 +158,7 @@ class HttpServer:
         of the outcomes topic, whichever process owns a command's partition; the keyring alone
         authenticates at the edge (the processor decides the policy)."""
         settings = data.kafka_settings()
-        metrics = ServerMetrics(KafkaLog.commands(settings), applied, (), halt_of)
+        metrics = ServerMetrics(PartitionCollector(KafkaLog.commands(settings), applied, (), halt_of))
         authenticator = Authenticator(LiveKeyring(data.root))
         engine = Engine(data.partitions, _no_policy, authenticator, waiters, halt_of, metrics, {})
         side = LogSide(
