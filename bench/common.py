@@ -20,8 +20,10 @@ import pstats
 import random
 import resource
 import shutil
+import subprocess
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from abc import ABC, abstractmethod
@@ -59,6 +61,65 @@ Commit = tuple[dict[bytes, bytes | None], int, int]  # (writes, applied offset, 
 
 class BenchError(Exception):
     """The run did not do what it was meant to measure."""
+
+
+KEYLOAD_RUN = [sys.executable, "-m", "keyload.cli", "run"]
+OUTPUT_TAIL_LINES = 40  # of a child's output, in an error
+
+
+class ServiceProcess:
+    """`keyload run` (`KEYLOAD_RUN` + its arguments) as a child process, its output collected line by
+    line; `wait_for` until it says what the benchmark waits for, `stop` always ends it."""
+
+    def __init__(self, arguments: Sequence[str], stop_s: float) -> None:
+        self.stop_s = stop_s
+        self.lines: list[str] = []
+        self.process = subprocess.Popen(
+            [*KEYLOAD_RUN, *arguments],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def _read(self) -> None:
+        assert self.process.stdout is not None
+        for line in self.process.stdout:
+            self.lines.append(line.rstrip())
+
+    def wait_for(self, ready: Callable[[], bool], timeout_s: float, what: str) -> None:
+        """Until `ready()`; BenchError naming `what` (stopping the child) if it exits or time runs out."""
+        deadline = time.monotonic() + timeout_s
+        while not ready():
+            if self.process.poll() is not None or time.monotonic() > deadline:
+                self.stop()
+                raise BenchError(f"`keyload run` {what}:\n{self.tail()}")
+            time.sleep(0.02)
+
+    def tail(self) -> str:
+        return "\n".join(self.lines[-OUTPUT_TAIL_LINES:])
+
+    def check_alive(self) -> None:
+        if self.process.poll() is not None:
+            raise BenchError(f"`keyload run` exited with status {self.process.returncode}:\n{self.tail()}")
+
+    def stop(self) -> int:
+        """SIGTERM for the clean shutdown; SIGKILL after `stop_s`; the exit status."""
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(self.stop_s)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        self._reader.join(self.stop_s)
+        return self.process.returncode
 
 
 # What the bench principal may do in its domain, served by a `keyload run` with access control on.

@@ -39,7 +39,6 @@ import argparse
 import json
 import math
 import shutil
-import subprocess
 import sys
 import tempfile
 import threading
@@ -61,7 +60,7 @@ from keyload.service.doorbell import Doorbell
 from keyload.service.ticker import DEFAULT_TICK_INTERVAL_MS
 from keyload.storage.datadir import DataDir
 
-from .common import COMMAND, DOMAIN, OUTCOME, PRINCIPAL, BenchError, create_bench_principal, environment
+from .common import COMMAND, DOMAIN, OUTCOME, PRINCIPAL, BenchError, ServiceProcess, create_bench_principal, environment
 from .kafka import process_cpu_s
 
 RECEIVE = "keyload.command.Receive"
@@ -86,55 +85,23 @@ LEASE_POLL_S = 0.2  # read-only looks at the projection from the last lease dead
 READ_BATCH = 4096
 BOUND_MS = 1_000
 TICKER_PRINCIPAL = b"keyload-ticker"  # how a Tick record is told apart without decoding it
-OUTPUT_TAIL_LINES = 40
 
 
 # -- the service and the client side --------------------------------------------------------
 
 
-class Service:
-    """`keyload run --data ROOT` as a child process, its output collected; stop() always ends it."""
+class Service(ServiceProcess):
+    """`keyload run --data ROOT` as a child process, serving once it says so."""
 
     def __init__(self, root: Path, tick_interval_ms: int | None) -> None:
-        command = [sys.executable, "-m", "keyload.cli", "run", "--data", str(root)]
+        arguments = ["--data", str(root)]
         if tick_interval_ms is not None:
-            command += ["--tick-interval-ms", str(tick_interval_ms)]
-        self.lines: list[str] = []
-        self.process = subprocess.Popen(
-            command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+            arguments += ["--tick-interval-ms", str(tick_interval_ms)]
+        super().__init__(arguments, SERVICE_STOP_S)
+        serving = "keyload: serving"
+        self.wait_for(
+            lambda: any(line.startswith(serving) for line in list(self.lines)), SERVICE_START_S, "did not serve"
         )
-        self._reader = threading.Thread(target=self._read, daemon=True)
-        self._reader.start()
-        deadline = time.monotonic() + SERVICE_START_S
-        while not any(line.startswith("keyload: serving") for line in list(self.lines)):
-            if self.process.poll() is not None or time.monotonic() > deadline:
-                self.stop()
-                raise BenchError(f"`keyload run` did not start serving:\n{self.tail()}")
-            time.sleep(0.02)
-
-    def _read(self) -> None:
-        assert self.process.stdout is not None
-        for line in self.process.stdout:
-            self.lines.append(line.rstrip())
-
-    def tail(self) -> str:
-        return "\n".join(self.lines[-OUTPUT_TAIL_LINES:])
-
-    def check_alive(self) -> None:
-        if self.process.poll() is not None:
-            raise BenchError(f"`keyload run` exited with status {self.process.returncode}:\n{self.tail()}")
-
-    def stop(self) -> int:
-        """SIGTERM for the clean shutdown; SIGKILL after SERVICE_STOP_S."""
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(SERVICE_STOP_S)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
-        self._reader.join(SERVICE_STOP_S)
-        return self.process.returncode
 
 
 def wall_ms() -> int:

@@ -34,7 +34,6 @@ import os
 import random
 import shlex
 import shutil
-import subprocess
 import sys
 import tempfile
 import threading
@@ -71,7 +70,18 @@ from keyload.processors.policy import INTEGER_FIELDS
 from keyload.sdk.results import QueuePolicySpec
 from keyload.storage.datadir import DEFAULT_OUTCOME_PARTITIONS, DEFAULT_PARTITIONS, DataDir, KafkaConfig
 
-from .common import COMMAND, DOMAIN, OUTCOME, PRINCIPAL, QUEUE, SEED, BenchError, create_bench_principal, environment
+from .common import (
+    COMMAND,
+    DOMAIN,
+    OUTCOME,
+    PRINCIPAL,
+    QUEUE,
+    SEED,
+    BenchError,
+    ServiceProcess,
+    create_bench_principal,
+    environment,
+)
 
 ENQUEUE = "keyload.command.Enqueue"
 BOOTSTRAP_ENV = "KEYLOAD_KAFKA_BOOTSTRAP"
@@ -88,7 +98,6 @@ PROCESSOR_STOP_S = 30.0
 REQUEST_TIMEOUT_S = 60.0  # one round trip, keyload's or raw: far beyond any latency measured, so only a hang fails
 RAW_POLL_S = 0.1  # the raw processor's longest wait before it checks whether to stop
 TOPIC_DELETE_S = 30.0
-OUTPUT_TAIL_LINES = 40
 
 Samples = list[float]  # per-command latencies in seconds
 
@@ -342,35 +351,15 @@ class KeyloadRequester:
         self.client.close()
 
 
-class ProcessorService:
-    """`keyload run --data ROOT` as a child process; its output is collected line by line."""
+class ProcessorService(ServiceProcess):
+    """`keyload run --data ROOT` on Kafka as a child process, serving once it owns every partition."""
 
     def __init__(self, root: Path, partitions: int) -> None:
-        self.lines: list[str] = []
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "keyload.cli", "run", "--data", str(root)],
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
+        super().__init__(["--data", str(root)], PROCESSOR_STOP_S)
+        everything = set(range(partitions))
+        self.wait_for(
+            lambda: self.owned() == everything, PROCESSOR_START_S, f"did not come to own all {partitions} partitions"
         )
-        self._reader = threading.Thread(target=self._read, daemon=True)
-        self._reader.start()
-        deadline = time.monotonic() + PROCESSOR_START_S
-        while self.owned() != set(range(partitions)):
-            if self.process.poll() is not None or time.monotonic() > deadline:
-                self.stop()
-                raise BenchError(f"`keyload run` did not come to own all {partitions} partitions:\n{self.tail()}")
-            time.sleep(0.05)
-
-    @property
-    def pid(self) -> int:
-        return self.process.pid
-
-    def _read(self) -> None:
-        assert self.process.stdout is not None
-        for line in self.process.stdout:
-            self.lines.append(line.rstrip())
 
     def owned(self) -> set[int]:
         owned: set[int] = set()
@@ -380,21 +369,6 @@ class ProcessorService:
             elif line.startswith("keyload: released p"):
                 owned.discard(int(line.split()[2][1:]))
         return owned
-
-    def tail(self) -> str:
-        return "\n".join(self.lines[-OUTPUT_TAIL_LINES:])
-
-    def stop(self) -> int:
-        """SIGTERM for the clean shutdown; the exit status (SIGKILL after PROCESSOR_STOP_S)."""
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(PROCESSOR_STOP_S)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
-        self._reader.join(PROCESSOR_STOP_S)
-        return self.process.returncode
 
 
 @dataclass(frozen=True)

@@ -1,10 +1,12 @@
 """The HTTP API's live path against the local SDK's, both served by one `keyload run` in one run.
 
-    python -m bench.server [--cycles N] [--concurrency K] [--messages M] [--body-bytes B] [--rounds R] [--json]
+    python -m bench.server [--cycles N] [--batches C] [--concurrency K] [--messages M] [--body-bytes B]
+                           [--rounds R] [--json]
 
 One `keyload run --data DIR --listen 127.0.0.1:0` child process serves a fresh data directory on the
 embedded file log (its URL from DIR/server.json). (a) and (b) share one domain, so one partition and
-its processor; (c) and (d) use a domain of another partition. Both paths act as the administrator.
+its processor; (c) and (d) use a domain of another partition, (e) one of a third. Both paths act as
+the administrator.
 
 (a) SDK cycles: one keyload.Client(DIR): it appends each command to the file log itself (one fsync
             per append), rings the doorbell and polls its reply partition for the outcome. N cycles,
@@ -14,12 +16,25 @@ its processor; (c) and (d) use a domain of another partition. Both paths act as 
             publishes is the one fsync of every record appended meanwhile) and answers each request
             in-process when its outcome is published.
             (a) and (b) run in R rounds of N/R cycles each, taking turns at going first.
-(c) HTTP fan-in: K threads, each with its own httpx.Client, M Enqueues each, one at a time, all
-            released together; against one client doing M Enqueues, in R rounds taking turns at
-            going first. K / 1 shows what the group commit gives concurrent clients.
+(c) HTTP fan-in: K threads (default 16), each with its own httpx.Client, M Enqueues each, one at a
+            time, all released together; against one client doing M Enqueues, in R rounds taking
+            turns at going first. K / 1 shows what the group commit gives concurrent clients.
 (d) fsyncs per message (untimed; needs strace): strace -f -c -e trace=fsync,fdatasync attached to
             `keyload run` while one SDK client, one HTTP client and K HTTP clients enqueue; the SDK
             client runs in a child process under strace of its own, to count its fsyncs too.
+(e) HTTP batched cycles: one httpx.Client, C cycles of 100 messages in R rounds: one POST …/batch of 100
+            Enqueue mutations (one command) → POST …/receive {"max_messages": 100} → one POST
+            …/leases/ack-batch of the 100 tokens. Rated in messages/s.
+(f) processor-only references: bench.cycle's cycles `1` and `100`, run in this process through its own
+            QueueDriver (rounds of 500, its default), each on as many messages as (a)+(b)'s queue, or
+            (e)'s, saw; their step() loops' wall-clock msg/s. Played a share of their rounds after each
+            round of (a)/(b) (cycle `1`) or of (e) (cycle `100`), `keyload run` idle meanwhile.
+(g) fsync on this disk: os.fsync after a 1 KiB append to a file in the bench's temporary directory, a
+            share of the tries after each round of (a)/(b).
+
+The report ends with the issue's targets, as ratios in this run: (b)'s cycles/s against (f)'s cycle `1`
+(≥ 0.5), (b)'s produce → received p50 against (g)'s p50 (≤ 3), K clients' enqueues/s against one's in
+(c) (≥ 4); and (e) against (f)'s cycle `100` (no target).
 
 Latency is per request, from the call until its outcome is in hand; CPU is per cycle or Enqueue, of this
 process and of `keyload run` (split into its main thread, which runs the processors, and the others: the
@@ -65,19 +80,33 @@ from keyload.sdk.results import QueuePolicySpec
 from keyload.server.runner import ADDRESS_FILE, SERVER_REPLY_PARTITION
 from keyload.storage.datadir import DataDir
 
-from .common import DOMAIN, QUEUE, SEED, BenchError, environment
+from .common import DOMAIN, QUEUE, SEED, BenchError, ServiceProcess, environment, rounds
+from .cycle import CYCLES as REFERENCE_CYCLES
+from .cycle import DEFAULTS as CYCLE_DEFAULTS
+from .cycle import QueueDriver
 from .kafka import percentile
 
 FANIN_QUEUE = "bench-fanin"  # (c) and (d) enqueue here, in a domain of another partition, and never receive
+BATCH_QUEUE = "bench-batch"  # (e), in a domain of a third partition
+BATCH = 100  # messages per batched cycle: Enqueue mutations per Batch, max_messages, tokens per AckBatch
+assert min(limits.MAX_BATCH_MUTATIONS, limits.MAX_ACK_BATCH, limits.MAX_RECEIVE_MESSAGES) >= BATCH
 
 DEFAULT_CYCLES = 2_000  # per path
-DEFAULT_CONCURRENCY = 8
+DEFAULT_BATCHES = 40  # batched cycles of (e), BATCH messages each
+DEFAULT_CONCURRENCY = 16
 DEFAULT_MESSAGES = 500  # per client of (c)
 DEFAULT_BODY_BYTES = 1024
 DEFAULT_ROUNDS = 4
 DEFAULT_WARMUP = 50  # untimed cycles per path before the first round
 DEFAULT_FSYNC_MESSAGES = 400  # per workload of (d)
 FANIN_WARMUP = 2  # untimed Enqueues per client of (c) per round, before the start line: its connection
+BATCH_WARMUP = 1  # untimed batched cycles of (e) before the first round
+DEFAULT_FSYNC_TRIES = 300  # (g)
+FSYNC_APPEND_BYTES = 1024  # (g): appended before each timed fsync
+FSYNC_WARMUP = 10  # (g): untimed tries first
+REFERENCE_WINDOW = CYCLE_DEFAULTS.window  # (f): bench.cycle's messages per round
+REFERENCE_WARMUP = CYCLE_DEFAULTS.warmup  # (f): messages per cycle of a discarded run first, as bench.cycle does
+REFERENCE_KEYS = ("1", "100")  # (f): bench.cycle's cycles, against (a)/(b) and against (e)
 
 SERVER_START_S = 60.0
 SERVER_STOP_S = 15.0
@@ -85,7 +114,6 @@ REQUEST_TIMEOUT_S = 60.0  # one request: far beyond any latency measured, so onl
 STRACE_ATTACH_S = 10.0
 STRACE_STOP_S = 15.0
 IDLE_WINDOW_S = 1.0  # (d): fsyncs of the server with nothing sent
-OUTPUT_TAIL_LINES = 40
 REPO = Path(__file__).resolve().parent.parent
 
 Samples = list[float]  # seconds
@@ -94,56 +122,21 @@ Samples = list[float]  # seconds
 # -- the service -------------------------------------------------------------------------
 
 
-class Server:
-    """`keyload run --data ROOT --listen 127.0.0.1:0` as a child process, its output collected; serving
-    once ROOT/server.json names its URL. stop() always ends it."""
+class Server(ServiceProcess):
+    """`keyload run --data ROOT --listen 127.0.0.1:0` as a child process; serving once ROOT/server.json
+    names its URL."""
 
     def __init__(self, root: Path) -> None:
-        command = [sys.executable, "-m", "keyload.cli", "run", "--data", str(root), "--listen", "127.0.0.1:0"]
-        self.lines: list[str] = []
-        self.process = subprocess.Popen(
-            command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-        )
-        self._reader = threading.Thread(target=self._read, daemon=True)
-        self._reader.start()
+        super().__init__(["--data", str(root), "--listen", "127.0.0.1:0"], SERVER_STOP_S)
+        self.url = ""
         address = root / ADDRESS_FILE
-        deadline = time.monotonic() + SERVER_START_S
-        while True:
+
+        def listening() -> bool:
             with contextlib.suppress(OSError, ValueError, KeyError):
-                self.url: str = json.loads(address.read_text())["url"]
-                break
-            if self.process.poll() is not None or time.monotonic() > deadline:
-                self.stop()
-                raise BenchError(f"`keyload run` did not write {address}:\n{self.tail()}")
-            time.sleep(0.02)
+                self.url = json.loads(address.read_text())["url"]
+            return bool(self.url)
 
-    @property
-    def pid(self) -> int:
-        return self.process.pid
-
-    def _read(self) -> None:
-        assert self.process.stdout is not None
-        for line in self.process.stdout:
-            self.lines.append(line.rstrip())
-
-    def tail(self) -> str:
-        return "\n".join(self.lines[-OUTPUT_TAIL_LINES:])
-
-    def check_alive(self) -> None:
-        if self.process.poll() is not None:
-            raise BenchError(f"`keyload run` exited with status {self.process.returncode}:\n{self.tail()}")
-
-    def stop(self) -> int:
-        """SIGTERM for the clean shutdown; SIGKILL after SERVER_STOP_S."""
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(SERVER_STOP_S)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
-        self._reader.join(SERVER_STOP_S)
-        return self.process.returncode
+        self.wait_for(listening, SERVER_START_S, f"did not write {address}")
 
 
 # -- the workload ------------------------------------------------------------------------
@@ -288,6 +281,40 @@ class HttpPath(Side):
         if state != "acked":
             raise BenchError(f"an HTTP ack left its message {state}")
 
+    # (e): the batched cycle
+
+    def enqueue_batch(self, domain: str, queue: str, messages: Sequence[Message]) -> None:
+        """One Batch command of an Enqueue mutation per message (its Idempotency-Key: the first message's id)."""
+        mutations = [
+            {"mutation": {"Enqueue": {"queue": queue, "message_id": message.message_id, "body": message.encoded}}}
+            for message in messages
+        ]
+        command_id = f"batch-{messages[0].message_id}"
+        results = self._post(
+            f"batch {command_id}",
+            f"/v1/domains/{domain}/batch",
+            {"mutations": mutations},
+            {"Idempotency-Key": command_id},
+        )["results"]
+        ids = [result.get("EnqueueResult", {}).get("message_id") for result in results]
+        if ids != [message.message_id for message in messages]:
+            raise BenchError(f"HTTP batch {command_id} of {len(messages)} Enqueues answered {str(results)[:1000]}")
+
+    def receive_many(self, domain: str, queue: str, count: int) -> list[tuple[str, bytes, str]]:
+        """One Receive of up to `count` messages: (id, body, token) of each delivery."""
+        deliveries = self._post(
+            f"receive (max_messages {count})", f"/v1/domains/{domain}/queues/{queue}/receive", {"max_messages": count}
+        )["deliveries"]
+        return [(d["message_id"], base64.b64decode(d["body"]), d["token"]) for d in deliveries]
+
+    def ack_batch(self, domain: str, tokens: list[str]) -> None:
+        results = self._post(
+            f"ack-batch of {len(tokens)}", f"/v1/domains/{domain}/leases/ack-batch", {"tokens": tokens}
+        )["results"]
+        refused = [result for result in results if result["status"] != "committed"]
+        if len(results) != len(tokens) or refused:
+            raise BenchError(f"HTTP ack-batch of {len(tokens)} tokens: {len(results)} results, refused {refused[:3]}")
+
     def close(self) -> None:
         self.http.close()
 
@@ -400,6 +427,41 @@ def run_cycles(path: Side, messages: list[Message], tally: Tally | None, server_
     seconds = clock() - start
     if tally is not None:
         tally.add(len(messages), seconds, cpu.spent())
+        tally.round_p50_ms.append(1000 * percentile(whole, 50))
+        for name, samples in zip(CYCLE_STEPS, steps, strict=True):
+            tally.latencies.setdefault(name, []).extend(samples)
+
+
+def run_batches(
+    http: HttpPath, domain: str, batches: list[list[Message]], tally: Tally | None, server_pid: int
+) -> None:
+    """(e): batched cycles one at a time: one Batch of Enqueues → one Receive of as many → one AckBatch of
+    their tokens; the Receive must deliver exactly the batch's messages, in order, with their bodies.
+    Timed into `tally` (None: untimed); its count is messages, its latencies per batched cycle."""
+    clock = time.perf_counter
+    steps: list[Samples] = [[] for _ in CYCLE_STEPS]
+    enqueued, received, acked, whole = steps
+    count = 0
+    cpu = CpuWatch(server_pid)
+    start = clock()
+    for batch in batches:
+        sent = clock()
+        http.enqueue_batch(domain, BATCH_QUEUE, batch)
+        in_hand = clock()
+        deliveries = http.receive_many(domain, BATCH_QUEUE, len(batch))
+        delivered = clock()
+        http.ack_batch(domain, [token for _, _, token in deliveries])
+        done = clock()
+        if [(message_id, body) for message_id, body, _ in deliveries] != [(m.message_id, m.body) for m in batch]:
+            raise BenchError(f"HTTP receive of {len(batch)} did not deliver the batch just enqueued, in order")
+        count += len(batch)
+        enqueued.append(in_hand - sent)
+        received.append(delivered - sent)
+        acked.append(done - delivered)
+        whole.append(done - sent)
+    seconds = clock() - start
+    if tally is not None:
+        tally.add(count, seconds, cpu.spent())
         tally.round_p50_ms.append(1000 * percentile(whole, 50))
         for name, samples in zip(CYCLE_STEPS, steps, strict=True):
             tally.latencies.setdefault(name, []).extend(samples)
@@ -539,12 +601,15 @@ def sdk_enqueues(root: str, domain: str, queue: str, count: str, body_bytes: str
         path.close()
 
 
-def fanin_domain(partitions: int) -> str:
-    """The domain of (c) and (d): on another partition than (a) and (b)'s, so that their processor does not
-    step over the rows the cycles' acked leases left behind (bench/README.md: bench.cycle's caveats)."""
+def spare_domain(prefix: str, partitions: int, taken: Sequence[str]) -> str:
+    """A domain on a partition none of `taken` is on, where there is one: (c) and (d)'s, then (e)'s, so that
+    their processor does not step over the rows the cycles' acked leases left behind (bench/README.md:
+    bench.cycle's caveats). With too few partitions, one shared with as few of `taken` as any."""
+    busy = Counter(partition_for(domain, partitions) for domain in taken)
+    fewest = min(busy.get(partition, 0) for partition in range(partitions))
     for number in itertools.count():
-        domain = f"bench-fanin-{number}"
-        if partitions == 1 or partition_for(domain, partitions) != partition_for(DOMAIN, partitions):
+        domain = f"{prefix}-{number}"
+        if busy.get(partition_for(domain, partitions), 0) == fewest:
             return domain
     raise AssertionError("unreachable")
 
@@ -600,7 +665,146 @@ def count_fsyncs(
     return counts, strace_calls(idle), statuses
 
 
+# -- (f) and (g): the references, measured in this process --------------------------------
+
+
+@dataclass(frozen=True)
+class Reference:
+    """(f): bench.cycle's processor-only apply of one of its cycles."""
+
+    key: str  # bench.cycle's cycle key: "1" or "100"
+    label: str
+    messages: int
+    window: int
+    records: int  # commands applied in the timed loops
+    seconds: float  # wall clock of the step() loops
+    cpu_seconds: float  # this thread's CPU in them
+
+    @property
+    def rate(self) -> float:
+        return self.messages / self.seconds if self.seconds > 0 else math.inf
+
+    @property
+    def cpu_rate(self) -> float:
+        return self.messages / self.cpu_seconds if self.cpu_seconds > 0 else math.inf
+
+
+def warm_references(work: Path, body_bytes: int) -> None:
+    """A discarded run of REFERENCE_WARMUP messages of each of (f)'s cycles, as bench.cycle's warm-up: imports,
+    schema parsing, RocksDB start-up, allocator growth."""
+    if REFERENCE_WARMUP:
+        for key in REFERENCE_KEYS:
+            run = ReferenceRun(work / f"reference-{key}-warmup", key, REFERENCE_WARMUP, body_bytes)
+            try:
+                run.play(len(run.pending))
+                run.finish()
+            finally:
+                run.close()
+
+
+class ReferenceRun:
+    """(f): bench.cycle's (a) for one of its cycles on `messages` messages in rounds of REFERENCE_WINDOW, with
+    its QueueDriver on a fresh data directory (removed by close()), played a share of its rounds at a time
+    between the live rounds, so that the machine's drift falls on both sides of the ratio. As in bench.cycle,
+    only the processor's step() loops are timed, and the driver checks every outcome and, in finish(), the
+    drained queue."""
+
+    def __init__(self, directory: Path, key: str, messages: int, body_bytes: int) -> None:
+        self.directory = directory
+        self.cycle = {cycle.key: cycle for cycle in REFERENCE_CYCLES}[key]
+        self.messages = messages
+        self.window = min(REFERENCE_WINDOW, messages)
+        self.pending = list(rounds(messages, self.window))  # the sizes of the rounds still to play
+        self.driver = QueueDriver(directory, self.cycle, body_bytes)
+        self.closed = False
+        try:
+            self.driver.setup(messages, self.window)
+        except BaseException:
+            self.close()
+            raise
+
+    def play(self, count: int) -> None:
+        """The next `count` rounds (fewer if fewer are left)."""
+        for items in self.pending[:count]:
+            self.driver.round(items)
+        del self.pending[:count]
+
+    def finish(self) -> Reference:
+        """The rounds left, the drained-queue check, and the timing of every round's step() loops."""
+        self.play(len(self.pending))
+        self.driver.check_drained(self.messages)
+        commits = self.driver.store.commits
+        assert commits
+        watches = self.driver.watches.values()
+        return Reference(
+            self.cycle.key,
+            self.cycle.label,
+            self.messages,
+            self.window,
+            commits[-1][1] - self.driver.first_timed + 1,
+            sum(watch.seconds for watch in watches),
+            sum(watch.cpu_seconds for watch in watches),
+        )
+
+    def close(self) -> None:
+        if not self.closed:
+            self.closed = True
+            try:
+                self.driver.close()
+            finally:
+                shutil.rmtree(self.directory, ignore_errors=True)
+
+
+def fsync_cost(directory: Path, tries: int) -> Samples:
+    """(g): os.fsync of a file in `directory` right after appending FSYNC_APPEND_BYTES to it, `tries` times
+    (after FSYNC_WARMUP untimed ones); the seconds of each fsync."""
+    path = directory / "fsync-probe"
+    payload = random.Random(SEED).randbytes(FSYNC_APPEND_BYTES)
+    samples: Samples = []
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    try:
+        os.fsync(fd)
+        for attempt in range(FSYNC_WARMUP + tries):
+            if os.write(fd, payload) != len(payload):
+                raise BenchError(f"a short write to {path}")
+            start = time.perf_counter()
+            os.fsync(fd)
+            if attempt >= FSYNC_WARMUP:
+                samples.append(time.perf_counter() - start)
+    finally:
+        os.close(fd)
+        path.unlink(missing_ok=True)
+    return samples
+
+
 # -- the run -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Target:
+    """One of the issue's targets: a ratio measured in this run, against its bound."""
+
+    key: str
+    label: str
+    measured: str  # the two figures of the ratio, with their unit
+    ratio: float
+    bound: float | None  # None: reported, no target
+    at_least: bool  # the ratio should be >= bound (else <=)
+
+    @property
+    def met(self) -> bool | None:
+        if self.bound is None:
+            return None
+        return self.ratio >= self.bound if self.at_least else self.ratio <= self.bound
+
+    def json(self) -> dict[str, Any]:
+        return {
+            "label": self.label,
+            "measured": self.measured,
+            "ratio": self.ratio,
+            "target": None if self.bound is None else f"{'>=' if self.at_least else '<='} {self.bound:g}",
+            "met": self.met,
+        }
 
 
 @dataclass
@@ -608,6 +812,7 @@ class Result:
     cycles: int
     clients: int
     messages: int
+    batches: int
     body_bytes: int
     rounds: int
     warmup: int
@@ -615,18 +820,24 @@ class Result:
     partition: int  # of DOMAIN: (a) and (b)
     fanin_domain: str
     fanin_partition: int
+    batch_domain: str
+    batch_partition: int
     partitions: int
     sdk_reply_partition: int
     sdk: Tally
     http: Tally
     one: Tally  # (c) with one client
     many: Tally  # (c) with K clients
+    batched: Tally  # (e): counts messages; latencies per batched cycle
     fsyncs: list[FsyncCount] | None  # None: no strace
     idle_fsyncs: int | None
     statuses: Counter[int]
     acked_total: int
+    batch_acked: int
     fanin_enqueued: int
     fanin_sent: int
+    fsync: Samples = field(default_factory=list)  # (g), seconds
+    references: dict[str, Reference] = field(default_factory=dict)  # (f), by bench.cycle's cycle key
 
     def cycle_ratios(self) -> dict[str, float]:
         """HTTP / SDK: above 1 for a rate, below 1 for a latency, means HTTP is faster."""
@@ -643,15 +854,92 @@ class Result:
             "enqueue_p99": self.many.ms("enqueue", 99) / self.one.ms("enqueue", 99),
         }
 
+    def fsync_ms(self, q: int) -> float:
+        return 1000 * percentile(self.fsync, q)
+
+    def targets(self) -> list[Target]:
+        single, batched = self.references["1"], self.references["100"]
+        received, fsync = self.http.ms("received", 50), self.fsync_ms(50)
+        return [
+            Target(
+                "live_cycle_over_processor_only",
+                "(b) HTTP cycles/s, one at a time / (f) cycle 1 msg/s",
+                f"{self.http.rate:,.0f} / {single.rate:,.0f}",
+                self.http.rate / single.rate,
+                0.5,
+                True,
+            ),
+            Target(
+                "round_trip_p50_over_fsync_p50",
+                "(b) HTTP produce→received p50 / (g) fsync p50",
+                f"{received:.2f} / {fsync:.2f} ms",
+                received / fsync,
+                3.0,
+                False,
+            ),
+            Target(
+                "fanin_k_over_1",
+                f"(c) {self.clients} producers / 1, enqueues/s",
+                f"{self.many.rate:,.0f} / {self.one.rate:,.0f}",
+                self.many.rate / self.one.rate,
+                4.0,
+                True,
+            ),
+            Target(
+                "batched_over_processor_only",
+                "(e) HTTP batched msg/s / (f) cycle 100 msg/s",
+                f"{self.batched.rate:,.0f} / {batched.rate:,.0f}",
+                self.batched.rate / batched.rate,
+                None,
+                True,
+            ),
+        ]
+
+
+class Interleaved:
+    """(f) and (g), played a share at a time after each round of (a)/(b) (cycle `1` and the fsyncs) and of (e)
+    (cycle `100`), with `keyload run` up and idle, so that the machine's drift falls on both sides of a ratio."""
+
+    def __init__(self, work: Path, single: ReferenceRun, batched: ReferenceRun, args: argparse.Namespace) -> None:
+        self.work = work
+        self.single, self.batched = single, batched
+        self.single_shares = split(len(single.pending), args.rounds)
+        self.batched_shares = split(len(batched.pending), args.rounds)
+        self.fsync_shares = split(args.fsync_tries, args.rounds)
+        self.fsync: Samples = []
+
+    def after_cycles(self, turn: int) -> None:
+        self.single.play(self.single_shares[turn])
+        self.fsync += fsync_cost(self.work, self.fsync_shares[turn])
+
+    def after_batches(self, turn: int) -> None:
+        self.batched.play(self.batched_shares[turn])
+
 
 def measure(root: Path, work: Path, args: argparse.Namespace) -> Result:
+    """(f)'s warm-up, then the live run with (f) and (g) interleaved, then (f)'s checks."""
+    warm_references(work, args.body_bytes)
+    with contextlib.ExitStack() as stack:
+        single = ReferenceRun(work / "reference-1", "1", 2 * (args.cycles + args.warmup), args.body_bytes)
+        stack.callback(single.close)
+        batched = ReferenceRun(work / "reference-100", "100", BATCH * (args.batches + BATCH_WARMUP), args.body_bytes)
+        stack.callback(batched.close)
+        between = Interleaved(work, single, batched, args)
+        result = measure_live(root, work, args, between)
+        result.fsync = between.fsync
+        result.references = {"1": single.finish(), "100": batched.finish()}
+    return result
+
+
+def measure_live(root: Path, work: Path, args: argparse.Namespace, between: Interleaved) -> Result:
     server = Server(root)
     try:
         data = DataDir.open(root)
         token = Credential.load(credential_path(root, ADMIN_PRINCIPAL)).bearer_token
         messages = Messages(args.body_bytes)
         total = fanin_total(args)
-        fanin = fanin_domain(data.partitions)
+        fanin = spare_domain("bench-fanin", data.partitions, [DOMAIN])
+        batch_domain = spare_domain("bench-batch", data.partitions, [DOMAIN, fanin])
         reply = sdk_reply_partition(data)
         sdk = SdkPath(root, reply)
         http = HttpPath(server.url, token)
@@ -659,6 +947,7 @@ def measure(root: Path, work: Path, args: argparse.Namespace) -> Result:
             sdk.client.create_queue(DOMAIN, QUEUE)
             policy = QueuePolicySpec(max_stored_messages=total, max_stored_bytes=max(1, total * args.body_bytes))
             sdk.client.create_queue(fanin, FANIN_QUEUE, policy)
+            sdk.client.create_queue(batch_domain, BATCH_QUEUE, QueuePolicySpec(receive_max_messages=BATCH))
             sides: tuple[Side, Side] = (sdk, http)
             for path in sides:
                 run_cycles(path, messages.take(args.warmup), None, server.pid)
@@ -667,8 +956,17 @@ def measure(root: Path, work: Path, args: argparse.Namespace) -> Result:
                 for path in sides if turn % 2 == 0 else sides[::-1]:
                     run_cycles(path, messages.take(size), results[path.name], server.pid)
                     server.check_alive()
+                between.after_cycles(turn)
+
+            batched = Tally()
+            run_batches(http, batch_domain, [messages.take(BATCH) for _ in range(BATCH_WARMUP)], None, server.pid)
+            for turn, size in enumerate(split(args.batches, args.rounds)):
+                run_batches(http, batch_domain, [messages.take(BATCH) for _ in range(size)], batched, server.pid)
+                server.check_alive()
+                between.after_batches(turn)
             statuses = Counter(http.statuses)
             counters = sdk.client.inspect_queue(DOMAIN, QUEUE).counters
+            batch_counters = sdk.client.inspect_queue(batch_domain, BATCH_QUEUE).counters
         finally:
             sdk.close()
             http.close()
@@ -702,6 +1000,12 @@ def measure(root: Path, work: Path, args: argparse.Namespace) -> Result:
             f"the cycles' queue counts {counters.acked_total} acked, {counters.stored_messages} stored and "
             f"{counters.leased} leased after {cycles} cycles"
         )
+    batch_messages = BATCH * (args.batches + BATCH_WARMUP)
+    if (batch_counters.acked_total, batch_counters.stored_messages, batch_counters.leased) != (batch_messages, 0, 0):
+        raise BenchError(
+            f"the batched cycles' queue counts {batch_counters.acked_total} acked, {batch_counters.stored_messages} "
+            f"stored and {batch_counters.leased} leased after {batch_messages} messages"
+        )
     if fanin_counters.enqueued_total != fanin_sent or fanin_counters.stored_messages != fanin_sent:
         raise BenchError(
             f"the fan-in queue counts {fanin_counters.enqueued_total} enqueued and {fanin_counters.stored_messages} "
@@ -711,6 +1015,7 @@ def measure(root: Path, work: Path, args: argparse.Namespace) -> Result:
         args.cycles,
         args.concurrency,
         args.messages,
+        args.batches,
         args.body_bytes,
         args.rounds,
         args.warmup,
@@ -718,16 +1023,20 @@ def measure(root: Path, work: Path, args: argparse.Namespace) -> Result:
         partition_for(DOMAIN, data.partitions),
         fanin,
         partition_for(fanin, data.partitions),
+        batch_domain,
+        partition_for(batch_domain, data.partitions),
         data.partitions,
         reply,
         results["SDK"],
         results["HTTP"],
         one,
         many,
+        batched,
         fsyncs,
         idle,
         statuses,
         counters.acked_total,
+        batch_counters.acked_total,
         fanin_counters.enqueued_total,
         fanin_sent,
     )
@@ -762,17 +1071,43 @@ def to_json(result: Result, command: str, env: dict[str, Any]) -> dict[str, Any]
         "cycles_per_path": result.cycles,
         "concurrency": result.clients,
         "messages_per_client": result.messages,
+        "batched_cycles": result.batches,
+        "batch_messages": BATCH,
         "body_bytes": result.body_bytes,
         "rounds": result.rounds,
         "warmup_cycles": result.warmup,
         "partition": result.partition,
         "fanin_domain": result.fanin_domain,
         "fanin_partition": result.fanin_partition,
+        "batch_domain": result.batch_domain,
+        "batch_partition": result.batch_partition,
         "partitions": result.partitions,
         "cycles": {"sdk": tally_json(result.sdk, CYCLE_STEPS), "http": tally_json(result.http, CYCLE_STEPS)},
         "cycle_ratios_http_over_sdk": result.cycle_ratios(),
         "fanin": {"1": tally_json(result.one, ["enqueue"]), str(result.clients): tally_json(result.many, ["enqueue"])},
         "fanin_ratios_k_over_1": result.fanin_ratios(),
+        "batched": tally_json(result.batched, CYCLE_STEPS),
+        "processor_only": {
+            key: {
+                "label": ref.label,
+                "messages": ref.messages,
+                "window": ref.window,
+                "records": ref.records,
+                "seconds": ref.seconds,
+                "cpu_seconds": ref.cpu_seconds,
+                "messages_per_s": ref.rate,
+                "messages_per_cpu_s": ref.cpu_rate,
+            }
+            for key, ref in result.references.items()
+        },
+        "fsync_ms": {
+            "tries": len(result.fsync),
+            "append_bytes": FSYNC_APPEND_BYTES,
+            "p50": result.fsync_ms(50),
+            "p99": result.fsync_ms(99),
+            "max": 1000 * max(result.fsync),
+        },
+        "targets": {target.key: target.json() for target in result.targets()},
         "fsyncs": None
         if result.fsyncs is None
         else {
@@ -783,7 +1118,11 @@ def to_json(result: Result, command: str, env: dict[str, Any]) -> dict[str, Any]
             "idle_server_per_s": (result.idle_fsyncs or 0) / IDLE_WINDOW_S,
         },
         "http_statuses": {str(code): n for code, n in sorted(result.statuses.items())},
-        "checks": {"cycles_acked": result.acked_total, "fanin_enqueued": result.fanin_enqueued},
+        "checks": {
+            "cycles_acked": result.acked_total,
+            "batched_acked": result.batch_acked,
+            "fanin_enqueued": result.fanin_enqueued,
+        },
         "versions": {
             "keyload": importlib.metadata.version("keyload"),
             "httpx": importlib.metadata.version("httpx"),
@@ -794,40 +1133,47 @@ def to_json(result: Result, command: str, env: dict[str, Any]) -> dict[str, Any]
 
 
 STEP_LABELS = {"enqueue": "enqueue", "received": "enq→received", "ack": "ack", "cycle": "cycle"}
+BATCH_STEP_LABELS = {"enqueue": "batch", "received": "batch→received", "ack": "ack-batch", "cycle": "cycle"}
 LABEL = 34  # the first column of the tables
 
 
 def _row(label: str, values: Sequence[str]) -> str:
-    return f"{label:<{LABEL}}" + "".join(f" {value:>11}" for value in values)
+    return (f"{label:<{LABEL}}" + "".join(f" {value:>11}" for value in values)).rstrip()
 
 
-def _tally_rows(tallies: Sequence[Tally], steps: Sequence[str], unit: str, ratios: dict[str, float]) -> list[str]:
-    """The rows of one comparison: a column per tally, then the ratio of the last to the first."""
+def _tally_rows(
+    tallies: Sequence[Tally],
+    steps: Sequence[str],
+    unit: str,
+    ratios: dict[str, float],
+    labels: dict[str, str] = STEP_LABELS,
+) -> list[str]:
+    """The rows of one comparison: a column per tally, then the ratio of the last to the first (when there
+    is more than one)."""
+    compared = len(tallies) > 1
+    blank = [""] if compared else []
 
-    def ratio(key: str) -> str:
-        return f"{ratios[key]:.2f}" if key in ratios else ""
+    def ratio(key: str) -> list[str]:
+        return [f"{ratios[key]:.2f}" if key in ratios else ""] if compared else []
 
     rows = [
-        _row(f"{unit}s", [f"{t.count:,}" for t in tallies] + [""]),
-        _row("wall s", [f"{t.seconds:.2f}" for t in tallies] + [""]),
-        _row(f"{unit}s/s", [f"{t.rate:,.0f}" for t in tallies] + [ratio("per_s")]),
+        _row(f"{unit}s", [f"{t.count:,}" for t in tallies] + blank),
+        _row("wall s", [f"{t.seconds:.2f}" for t in tallies] + blank),
+        _row(f"{unit}s/s", [f"{t.rate:,.0f}" for t in tallies] + ratio("per_s")),
     ]
     for step in steps:
         for q in (50, 99):
             rows.append(
-                _row(
-                    f"{STEP_LABELS[step]} p{q} ms", [f"{t.ms(step, q):.2f}" for t in tallies] + [ratio(f"{step}_p{q}")]
-                )
+                _row(f"{labels[step]} p{q} ms", [f"{t.ms(step, q):.2f}" for t in tallies] + ratio(f"{step}_p{q}"))
             )
-        rows.append(_row(f"{STEP_LABELS[step]} max ms", [f"{t.max_ms(step):.1f}" for t in tallies] + [""]))
-    headline = STEP_LABELS[steps[-1]]
+        rows.append(_row(f"{labels[step]} max ms", [f"{t.max_ms(step):.1f}" for t in tallies] + blank))
+    headline = labels[steps[-1]]
     for turn, p50s in enumerate(zip(*(t.round_p50_ms for t in tallies), strict=True)):
-        rows.append(
-            _row(f"{headline} p50 ms, round {turn + 1}", [f"{p50:.2f}" for p50 in p50s] + [f"{p50s[-1] / p50s[0]:.2f}"])
-        )
+        last = [f"{p50s[-1] / p50s[0]:.2f}"] if compared else []
+        rows.append(_row(f"{headline} p50 ms, round {turn + 1}", [f"{p50:.2f}" for p50 in p50s] + last))
 
     def cpu(seconds: Callable[[Tally], float | None]) -> list[str]:
-        return [_opt(t.cpu_us(seconds(t))) for t in tallies] + [""]
+        return [_opt(t.cpu_us(seconds(t))) for t in tallies] + blank
 
     def others(t: Tally) -> float | None:
         return None if t.server_cpu_s is None or t.processors_cpu_s is None else t.server_cpu_s - t.processors_cpu_s
@@ -849,7 +1195,8 @@ def table(result: Result, command: str, env: dict[str, Any]) -> str:
         "keyload bench.server: the HTTP API against the local SDK, one `keyload run --listen` on the embedded file "
         f"log, body {result.body_bytes} B",
         f"{result.url}; {result.partitions} partitions: (a) and (b) in domain {DOMAIN} (partition {result.partition}), "
-        f"(c) and (d) in {result.fanin_domain} (partition {result.fanin_partition}); outcomes: the SDK client's on "
+        f"(c) and (d) in {result.fanin_domain} (partition {result.fanin_partition}), (e) in {result.batch_domain} "
+        f"(partition {result.batch_partition}); outcomes: the SDK client's on "
         f"partition {result.sdk_reply_partition}, the server's on {SERVER_REPLY_PARTITION}",
         f"python {env['python']}, httpx {importlib.metadata.version('httpx')}, "
         f"uvicorn {importlib.metadata.version('uvicorn')}, {env['cpus']} cpus, load {env['load_average_1m']:.2f}; "
@@ -883,14 +1230,61 @@ def table(result: Result, command: str, env: dict[str, Any]) -> str:
         )
     lines += [
         "",
+        _row(f"(e) HTTP batched cycles ({result.batches} x {BATCH})", ["(e) HTTP"]),
+        *_tally_rows([result.batched], CYCLE_STEPS, "message", {}, BATCH_STEP_LABELS),
+        f"(a batched cycle: one POST …/batch of {BATCH} Enqueue mutations (one command) → one POST …/receive "
+        f'{{"max_messages": {BATCH}}} → one POST …/leases/ack-batch of its {BATCH} tokens. Latencies are per batched '
+        "cycle (batch→received: from the batch call until the receive returned); rates and cpu per message)",
+        "",
+        *_reference_rows(result),
+        "",
+        *_target_rows(result.targets()),
+        "",
         "checks: every response 200 and committed (HTTP statuses: "
         + ", ".join(f"{code}: {n:,}" for code, n in sorted(result.statuses.items()))
-        + "); each receive delivered the message just enqueued, with its body; the cycles' queue: "
-        f"{result.acked_total:,} acked, none stored; the fan-in queue: {result.fanin_enqueued:,} enqueued; "
-        "`keyload run` exited 0",
+        + "); each receive delivered the message(s) just enqueued, with their bodies; the cycles' queue: "
+        f"{result.acked_total:,} acked, the batched cycles' {result.batch_acked:,}, none stored; the fan-in queue: "
+        f"{result.fanin_enqueued:,} enqueued; `keyload run` exited 0; (f) checked as bench.cycle checks it",
         f"command: {command}",
     ]
     return "\n".join(lines)
+
+
+def _reference_rows(result: Result) -> list[str]:
+    """(f) and (g)."""
+    rows = [_row("(f) processor-only (bench.cycle)", ["messages", "records", "wall s", "msg/s", "cpu s", "msg/cpu-s"])]
+    for ref in result.references.values():
+        values = [f"{ref.messages:,}", f"{ref.records:,}", f"{ref.seconds:.2f}", f"{ref.rate:,.0f}"]
+        rows.append(_row(f"`{ref.key}` {ref.label}", [*values, f"{ref.cpu_seconds:.2f}", f"{ref.cpu_rate:,.0f}"]))
+    rows += [
+        "(bench.cycle's cycles in this process, through its QueueDriver: rounds of "
+        f"{REFERENCE_WINDOW} messages (its default), each cycle on as many messages as its live queue saw, warm-ups "
+        f"included ((a)+(b)'s for `1`, (e)'s for `100`), after a discarded run of {REFERENCE_WARMUP}; played a share "
+        "of the rounds after each round of (a)/(b) (`1`) or of (e) (`100`), `keyload run` idle meanwhile. Timed: "
+        "PartitionProcessor.step() only (no appends or their fsyncs, no HTTP); msg/s is by wall clock, as the live "
+        "rates are)",
+        f"(g) fsync after a {FSYNC_APPEND_BYTES} B append, {len(result.fsync)} tries: "
+        f"p50 {result.fsync_ms(50):.3f} ms, p99 {result.fsync_ms(99):.3f} ms, max {1000 * max(result.fsync):.3f} ms "
+        "(os.fsync of a file in the bench's temporary directory, next to the data directory; a share of the tries "
+        "after each round of (a)/(b))",
+    ]
+    return rows
+
+
+def _target_rows(targets: Sequence[Target]) -> list[str]:
+    """The issue's targets: each ratio measured in this run against its bound."""
+    width = max(len(target.label) for target in targets)
+    measured = max(len(target.measured) for target in targets)
+
+    def row(label: str, values: Sequence[str]) -> str:
+        return f"{label:<{width}}  {values[0]:>{measured}}  {values[1]:>7}  {values[2]:>7}  {values[3]}"
+
+    rows = [row("targets, as ratios in this run", ["measured", "ratio", "target", "met"])]
+    for target in targets:
+        bound = "none" if target.bound is None else f"{'≥' if target.at_least else '≤'} {target.bound:g}"
+        met = {True: "met", False: "NOT MET", None: "-"}[target.met]
+        rows.append(row(target.label, [target.measured, f"{target.ratio:.2f}", bound, met]))
+    return rows
 
 
 # -- the command line --------------------------------------------------------------------
@@ -905,10 +1299,10 @@ def fanin_total(args: argparse.Namespace) -> int:
 
 
 def _check_sizes(args: argparse.Namespace) -> None:
-    if args.rounds < 1 or args.cycles < args.rounds or args.messages < args.rounds:
-        raise BenchError("--rounds must be >= 1, and --cycles and --messages at least --rounds")
-    if args.concurrency < 1 or args.warmup < 0 or args.fsync_messages < 1:
-        raise BenchError("--concurrency and --fsync-messages must be >= 1, --warmup >= 0")
+    if args.rounds < 1 or min(args.cycles, args.messages, args.batches) < args.rounds:
+        raise BenchError("--rounds must be >= 1, and --cycles, --messages and --batches at least --rounds")
+    if min(args.concurrency, args.fsync_messages, args.fsync_tries) < 1 or args.warmup < 0:
+        raise BenchError("--concurrency, --fsync-messages and --fsync-tries must be >= 1, --warmup >= 0")
     if not 0 <= args.body_bytes <= limits.MAX_INLINE_BODY_BYTES:
         raise BenchError(f"--body-bytes must be 0..{limits.MAX_INLINE_BODY_BYTES}")
     total = fanin_total(args)
@@ -924,6 +1318,12 @@ def main(argv: list[str] | None = None) -> int:
         "--cycles", type=int, default=DEFAULT_CYCLES, help="cycles of (a) and of (b) (default %(default)s)"
     )
     parser.add_argument(
+        "--batches",
+        type=int,
+        default=DEFAULT_BATCHES,
+        help=f"batched cycles of {BATCH} messages of (e) (default %(default)s)",
+    )
+    parser.add_argument(
         "--concurrency", type=int, default=DEFAULT_CONCURRENCY, help="HTTP clients of (c) (default %(default)s)"
     )
     parser.add_argument(
@@ -933,7 +1333,10 @@ def main(argv: list[str] | None = None) -> int:
         "--body-bytes", type=int, default=DEFAULT_BODY_BYTES, help="message body size (default %(default)s)"
     )
     parser.add_argument(
-        "--rounds", type=int, default=DEFAULT_ROUNDS, help="rounds (a)/(b) and (c) are split into (default %(default)s)"
+        "--rounds",
+        type=int,
+        default=DEFAULT_ROUNDS,
+        help="rounds (a)/(b), (c) and (e) are split into (default %(default)s)",
     )
     parser.add_argument(
         "--warmup", type=int, default=DEFAULT_WARMUP, help="untimed cycles per path first (default %(default)s)"
@@ -943,6 +1346,9 @@ def main(argv: list[str] | None = None) -> int:
         type=int,
         default=DEFAULT_FSYNC_MESSAGES,
         help="Enqueues per workload of (d) (default %(default)s)",
+    )
+    parser.add_argument(
+        "--fsync-tries", type=int, default=DEFAULT_FSYNC_TRIES, help="timed fsyncs of (g) (default %(default)s)"
     )
     parser.add_argument("--no-strace", action="store_true", help="skip (d), the fsync count")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
