@@ -68,7 +68,7 @@ def murmur2_partition(key: bytes, partitions: int) -> int:
 
 
 def registry_fingerprints() -> dict[str, str]:
-    """The writer fingerprint (little-endian hex) keyload's registry puts in each single-object header."""
+    """The 8 fingerprint bytes (hex) keyload's registry puts in each single-object header."""
     records: dict[str, dict[str, Any]] = {
         "keyload.Command": {
             "command_id": "x",
@@ -147,6 +147,7 @@ class Deployment:
         done = subprocess.run(
             [java, "-jar", str(self.jar), *arguments, *flags], capture_output=True, text=True, timeout=RUN_TIMEOUT_S
         )
+        print(f"$ java -jar {self.jar.name} ... {domain} {' '.join(flags)}\n{done.stdout}")  # shown on a failure
         return Run(done)
 
 
@@ -163,8 +164,10 @@ class Run:
         assert len(found) == 1, f"expected one {word!r} line\n{self.text}"
         return found[0]
 
-    def fingerprints(self) -> dict[str, str]:
-        return dict(line.split()[1:3] for line in self.stdout.splitlines() if line.startswith("fingerprint "))
+    def fingerprints(self) -> dict[str, tuple[str, str]]:
+        """Per schema, the fingerprint bytes the program writes in its headers and those Avro's encoder writes."""
+        found = re.findall(r"^fingerprint (\S+) (\S+) avro=(\S+)$", self.stdout, re.MULTILINE)
+        return {name: (written, avro) for name, written, avro in found}
 
     def produced(self) -> dict[str, int]:
         """The `produced` line's key=value numbers: partition, offset, keyload_partition, murmur2_partition, ..."""
@@ -192,7 +195,14 @@ def test_a_java_client_enqueues_through_the_command_topic(kafka_bootstrap: str, 
             body = f"from Java {uuid.uuid4().hex}"
             run = deployment.run_java(domain, "m-direct", body)
             assert run.code == 0, run.text
-            assert run.fingerprints() == registry_fingerprints(), run.text
+            registry = registry_fingerprints()
+            written = {name: pair[0] for name, pair in run.fingerprints().items()}
+            assert written == registry, run.text
+            # Avro's single-object encoding (the specification, BinaryMessageEncoder) writes the fingerprint
+            # little-endian; keyload's registry writes it big-endian, so the program reverses those 8 bytes.
+            # Once keyload follows the specification this fails: then set KEYLOAD_REVERSES_FINGERPRINT false.
+            avro = {name: pair[1] for name, pair in run.fingerprints().items()}
+            assert avro == {name: bytes.fromhex(hex_fp)[::-1].hex() for name, hex_fp in registry.items()}, run.text
             command_id, status, error_code = run.outcome()
             assert command_id.startswith("java-") and (status, error_code) == ("committed", "-"), run.text
             produced = run.produced()

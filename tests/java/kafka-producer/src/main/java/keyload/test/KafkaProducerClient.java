@@ -217,9 +217,9 @@ public final class KafkaProducerClient {
         Schema commandSchema = schema(schemas, "keyload.Command");
         Schema outcomeSchema = schema(schemas, "keyload.Outcome");
         Schema signedSchema = schema(schemas, "keyload.Signed");
-        ByteOrder written = KEYLOAD_REVERSES_FINGERPRINT ? ByteOrder.BIG_ENDIAN : ByteOrder.LITTLE_ENDIAN;
+        ByteOrder headerOrder = KEYLOAD_REVERSES_FINGERPRINT ? ByteOrder.BIG_ENDIAN : ByteOrder.LITTLE_ENDIAN;
         for (Schema s : List.of(commandSchema, outcomeSchema, signedSchema)) {
-            System.out.println("fingerprint " + s.getFullName() + " " + fingerprintHex(s, written)
+            System.out.println("fingerprint " + s.getFullName() + " " + fingerprintHex(s, headerOrder)
                     + " avro=" + fingerprintHex(s, ByteOrder.LITTLE_ENDIAN));
         }
 
@@ -280,7 +280,7 @@ public final class KafkaProducerClient {
                     + written.offset() + " keyload_partition=" + keyloadPartition + " murmur2_partition=" + murmur2
                     + " reply_to=" + replyTo + " from_offset=" + start);
 
-            GenericRecord outcome = awaitOutcome(consumer, credential, commandId, signedDecoder, outcomeDecoder);
+            GenericRecord outcome = awaitOutcome(consumer, credential, domain, commandId, signedDecoder, outcomeDecoder);
             if (outcome == null) {
                 System.out.println("outcome " + commandId + " timeout - partition=" + written.partition()
                         + " offset=" + written.offset());
@@ -309,10 +309,11 @@ public final class KafkaProducerClient {
         }
     }
 
-    /** The outcome of `commandId` on the assigned partition, once its MAC verifies; null after the timeout. */
+    /** The outcome of (domain, command id) on the assigned partition, once its MAC verifies; null after the timeout. */
     static GenericRecord awaitOutcome(
             KafkaConsumer<byte[], byte[]> consumer,
             Credential credential,
+            String domain,
             String commandId,
             BinaryMessageDecoder<GenericRecord> signedDecoder,
             BinaryMessageDecoder<GenericRecord> outcomeDecoder) {
@@ -335,7 +336,8 @@ public final class KafkaProducerClient {
                     System.err.println("offset " + published.offset() + ": not a keyload.Outcome record: " + e);
                     continue;
                 }
-                if (!commandId.equals(outcome.get("command_id").toString())) {
+                if (!commandId.equals(outcome.get("command_id").toString())
+                        || !domain.equals(outcome.get("domain").toString())) { // command ids are scoped by domain
                     continue;
                 }
                 boolean ours = credential.keyId().equals(sealed.get("key_id").toString());
