@@ -1,6 +1,8 @@
 """Avro single-object encoding over a registry of every historical writer schema.
 
-Each encoded value is `C3 01 | CRC-64-AVRO fingerprint (8 bytes, little-endian) | body`.
+Each encoded value is `C3 01 | CRC-64-AVRO fingerprint (8 bytes, big-endian) | body`. The Avro
+specification writes the fingerprint little-endian; keyload's logs and projections hold it reversed
+since their first release, and it is part of the contract (docs/ARCHITECTURE.md §10a).
 The fingerprint names the writer schema; a value written under any version in
 `schemas/history/` decodes under the current schema by Avro schema resolution.
 """
@@ -72,7 +74,7 @@ class Released:
 
 def _fingerprint(schema: Any) -> bytes:
     hex_fp: str = fingerprint(to_parsing_canonical_form(schema), "CRC-64-AVRO")
-    return bytes.fromhex(hex_fp)[::-1]  # the spec writes it little-endian
+    return bytes.fromhex(hex_fp)[::-1]  # fastavro gives the spec's little-endian bytes: reversed, as ever written
 
 
 def expanded_current(name: str) -> Any:
