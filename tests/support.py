@@ -510,17 +510,15 @@ def _widened(node: Any) -> Any:
 
 
 _WIDE_COMMAND = parse_schema(_widened(expanded_current(COMMAND)))
-_COMMAND_HEADER = REGISTRY.encode(  # the single-object header: the schema's fingerprint
-    COMMAND,
-    {
-        "command_id": "x",
-        "domain": "d",
-        "principal": "p",
-        "body": ("keyload.command.Tick", {}),
-        "reply_to": None,
-        "client_time_ms": None,
-    },
-)[:HEADER_BYTES]
+SAMPLE_COMMAND: dict[str, Any] = {  # any Command: what its single-object header holds is the schema's
+    "command_id": "x",
+    "domain": "d",
+    "principal": "p",
+    "body": ("keyload.command.Tick", {}),
+    "reply_to": None,
+    "client_time_ms": None,
+}
+_COMMAND_HEADER = REGISTRY.encode(COMMAND, SAMPLE_COMMAND)[:HEADER_BYTES]  # the schema's fingerprint
 
 
 def wide_command(envelope: dict[str, Any]) -> bytes:

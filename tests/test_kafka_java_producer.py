@@ -27,7 +27,7 @@ from keyload.log.codec import HEADER_BYTES, MAGIC, REGISTRY, expanded_current
 from keyload.processors.outcomes import new_outcome
 from keyload.storage.datadir import DataDir, KafkaConfig
 
-from .support import start_service, stop_service, unavailable_in_ci
+from .support import SAMPLE_COMMAND, start_service, stop_service, unavailable_in_ci
 
 pytestmark = pytest.mark.slow
 
@@ -70,14 +70,7 @@ def murmur2_partition(key: bytes, partitions: int) -> int:
 def registry_fingerprints() -> dict[str, str]:
     """The 8 fingerprint bytes (hex) keyload's registry puts in each single-object header."""
     records: dict[str, dict[str, Any]] = {
-        "keyload.Command": {
-            "command_id": "x",
-            "domain": "d",
-            "principal": "p",
-            "body": ("keyload.command.Tick", {}),
-            "reply_to": None,
-            "client_time_ms": None,
-        },
+        "keyload.Command": SAMPLE_COMMAND,
         "keyload.Outcome": new_outcome("x", "d", 0, 0, 0),
         "keyload.Signed": {"key_id": "", "mac": b"", "record": b""},
     }
