@@ -11,6 +11,7 @@ import threading
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 
 from keyload.credentials import ADMIN_PRINCIPAL
@@ -30,10 +31,12 @@ from .support import (
     CHECKPOINT,
     CREATE_QUEUE,
     ENQUEUE,
+    bearer,
     command,
     create_queue_body,
     enqueue_body,
     keyload_command,
+    served_url,
     signed_command,
     spread_domains,
     stop_service,
@@ -378,6 +381,12 @@ def test_a_corrupt_partition_halts_alone_and_status_names_it(tmp_path: Path) -> 
         assert status.returncode == 0, status.stderr
         [line] = [line for line in status.stdout.splitlines() if line.strip().startswith(f"p{partition}:")]
         assert f"halted at offset {halt.offset}" in line.lower()
+        # The HTTP API serves on: ready (a halted partition stops alone), the halt named and counted.
+        url = served_url(root)
+        ready = httpx.get(f"{url}/readyz", timeout=30)
+        assert ready.status_code == 200 and str(partition) in ready.json()["halted"]
+        scraped = httpx.get(f"{url}/metrics", headers=bearer(root), timeout=30).text
+        assert f'keyload_partition_halted{{partition="{partition}"}} 1.0' in scraped
     finally:
         service.stop()
     assert f"partition {partition} halted at offset {halt.offset}" in service.output()

@@ -18,7 +18,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from keyload.log.base import CommandLog
+from keyload.log.base import CommandLog, LogError
 from keyload.projections import keys
 from keyload.projections.records import GroupRecord, QueueRecord, TopicRecord
 from keyload.projections.store import Store
@@ -97,10 +97,13 @@ class PartitionCollector(Collector):
         for partition, offset in sorted(self.applied().items()):
             label = str(partition)
             applied.add_metric([label], offset)
-            log_end = self.log.end_offset(partition)
+            halted.add_metric([label], 0 if self.halt_of(partition) is None else 1)
+            try:
+                log_end = self.log.end_offset(partition)
+            except LogError:  # a damaged log (its partition halts), a broker away: no figure this time
+                continue
             end.add_metric([label], log_end)
             lag.add_metric([label], max(log_end - 1 - offset, 0))
-            halted.add_metric([label], 0 if self.halt_of(partition) is None else 1)
         for partition, store in enumerate(self.stores):
             label = str(partition)
             poison.add_metric([label], sum(1 for _ in store.scan(keys.POISON, keys.prefix_end(keys.POISON))))

@@ -22,7 +22,7 @@ import uvicorn
 from starlette.routing import Route
 
 from keyload.errors import KeyloadError
-from keyload.log.base import CommandLog
+from keyload.log.base import CommandLog, LogError
 from keyload.log.file_log import FileLogConfig, FsyncPolicy
 from keyload.log.kafka_log import KafkaLog
 from keyload.projections.store import Store
@@ -132,7 +132,7 @@ class HttpServer:
             return {partition: store.applied_offset for partition, store in enumerate(stores)}
 
         log = data.file_command_log()
-        backlog = {partition: log.end_offset(partition) for partition in range(data.partitions)}
+        backlog = {partition: _end_or_nothing(log, partition) for partition in range(data.partitions)}
         metrics = ServerMetrics(PartitionCollector(log, applied, stores, halt_of))
         engine = Engine(data.partitions, stores.__getitem__, Authenticator(keyring), waiters, halt_of, metrics, backlog)
         doorbell = Doorbell(data.root)
@@ -216,6 +216,15 @@ class HttpServer:
             self._tail.close()
         if self._writer is not None:
             self._writer.close()
+
+
+def _end_or_nothing(log: CommandLog, partition: int) -> int:
+    """The partition's log end; 0 for a log that cannot be read (its processor halts on it: a halted
+    partition does not hold readiness back)."""
+    try:
+        return log.end_offset(partition)
+    except LogError:
+        return 0
 
 
 def _no_policy(_: int) -> None:
