@@ -90,6 +90,14 @@ def long_poll(url: str, headers: dict[str, str], path: str) -> tuple[threading.T
     return waiting, answered
 
 
+def new_queue(api: httpx.Client, name: str, policy: dict[str, Any] | None = None) -> tuple[str, str]:
+    """A queue of a domain of its own: (the domain, the queue's path)."""
+    d = domain()
+    queue = f"/v1/domains/{d}/queues/{name}"
+    committed(api.put(queue, json={"policy": policy or {}}))
+    return d, queue
+
+
 def committed(response: httpx.Response) -> dict[str, Any]:
     assert response.status_code == 200, response.text
     body: dict[str, Any] = response.json()
@@ -127,9 +135,7 @@ def test_enqueue_receive_ack(api: httpx.Client) -> None:
 
 
 def test_nack_retries_and_dead_letters_over_http(api: httpx.Client) -> None:
-    d = domain()
-    queue = f"/v1/domains/{d}/queues/work"
-    committed(api.put(queue, json={"policy": {"max_attempts": 2, "retry_base_ms": 1, "retry_max_ms": 1}}))
+    d, queue = new_queue(api, "work", {"max_attempts": 2, "retry_base_ms": 1, "retry_max_ms": 1})
     committed(api.post(f"{queue}/messages", json={"message_id": "job", "body": b64(b"x")}))
     first = committed(api.post(f"{queue}/receive", json={}))["deliveries"][0]
     committed(api.post(f"/v1/domains/{d}/leases/nack", json={"token": first["token"], "delay_ms": 1}))
@@ -142,9 +148,7 @@ def test_nack_retries_and_dead_letters_over_http(api: httpx.Client) -> None:
 
 def test_idempotency_key_returns_the_stored_outcome(served: tuple[Path, str], api: httpx.Client) -> None:
     root, _ = served
-    d = domain()
-    queue = f"/v1/domains/{d}/queues/q"
-    committed(api.put(queue, json={"policy": {}}))
+    d, queue = new_queue(api, "q")
     key = {"Idempotency-Key": "order-17"}
     body = {"message_id": "m", "body": b64(b"once")}
     first = api.post(f"{queue}/messages", json=body, headers=key)
@@ -162,9 +166,7 @@ def test_idempotency_key_returns_the_stored_outcome(served: tuple[Path, str], ap
 
 def test_long_poll_is_answered_by_a_later_enqueue(api: httpx.Client, served: tuple[Path, str]) -> None:
     root, url = served
-    d = domain()
-    queue = f"/v1/domains/{d}/queues/jobs"
-    committed(api.put(queue, json={"policy": {}}))
+    _, queue = new_queue(api, "jobs")
     started = time.monotonic()
     waiting, answered = long_poll(url, bearer(root), f"{queue}/receive")
     committed(api.post(f"{queue}/messages", json={"message_id": "late", "body": b64(b"hi")}))
@@ -380,9 +382,7 @@ def test_large_payloads_are_uploaded_attested_and_read_by_the_service(
     served: tuple[Path, str], api: httpx.Client
 ) -> None:
     root, url = served
-    d = domain()
-    queue = f"/v1/domains/{d}/queues/media"
-    committed(api.put(queue, json={"policy": {}}))
+    d, queue = new_queue(api, "media")
     payload = bytes(range(256)) * 4096  # 1 MiB
     reserve = {
         "message_id": "video-1",
@@ -419,9 +419,7 @@ def test_large_payloads_are_uploaded_attested_and_read_by_the_service(
 
 def test_metrics_report_partitions_queues_groups_and_requests(served: tuple[Path, str], api: httpx.Client) -> None:
     root, url = served
-    d = domain()
-    queue = f"/v1/domains/{d}/queues/depth"
-    committed(api.put(queue, json={"policy": {}}))
+    d, queue = new_queue(api, "depth")
     for i in range(3):
         committed(api.post(f"{queue}/messages", json={"message_id": f"m{i}", "body": ""}))
     committed(api.post(f"{queue}/receive", json={"max_messages": 1}))
@@ -499,9 +497,7 @@ def test_two_principals_with_one_command_id_are_each_answered_their_own_outcome(
     served: tuple[Path, str], api: httpx.Client
 ) -> None:
     root, url = served
-    d = domain()
-    queue = f"/v1/domains/{d}/queues/shared"
-    committed(api.put(queue, json={"policy": {}}))
+    d, queue = new_queue(api, "shared")
     with Client(root) as admin:
         other = admin.create_principal(
             f"other-{uuid.uuid4().hex[:8]}", [Grant(capability=Capability.consume, domain=d)]
@@ -521,9 +517,7 @@ def test_an_unsigned_record_under_a_waiting_command_id_answers_nobody(
     served: tuple[Path, str], api: httpx.Client
 ) -> None:
     root, url = served
-    d = domain()
-    queue = f"/v1/domains/{d}/queues/q"
-    committed(api.put(queue, json={"policy": {}}))
+    d, queue = new_queue(api, "q")
     waiting, answered = long_poll(url, {**bearer(root), "Idempotency-Key": "k-9"}, f"{queue}/receive")
     data = DataDir.open(root)
     forged = {
