@@ -425,7 +425,8 @@ def start_service(data: Path, *args: str) -> subprocess.Popen[bytes]:
     Its stderr is merged into its stdout, and librdkafka writes log lines of its own there (such as
     "%6|...|BGQUEUE|...| Purging 1 unserved events from background queue" when an admin client goes away):
     those may come before the serving line, and are passed over. A service that does not serve within
-    SERVICE_START_TIMEOUT_S is killed and the test fails with its output, rather than hanging."""
+    SERVICE_START_TIMEOUT_S is killed and the test fails with its output, rather than hanging. A service
+    that serves the HTTP API (every one unless `--listen none`) is waited for until the API listens."""
     process = subprocess.Popen(
         keyload_command("run", "--data", str(data), *args),
         stdout=subprocess.PIPE,
@@ -442,19 +443,26 @@ def start_service(data: Path, *args: str) -> subprocess.Popen[bytes]:
     threading.Thread(target=read, args=(process.stdout,), daemon=True).start()
     seen: list[str] = []
     deadline = time.monotonic() + SERVICE_START_TIMEOUT_S
-    while True:
-        try:
-            line = lines.get(timeout=max(deadline - time.monotonic(), 0.0))
-        except queue.Empty:
-            process.kill()
-            process.wait()
-            raise AssertionError(
-                f"keyload run did not serve in {SERVICE_START_TIMEOUT_S} s:\n{''.join(seen)}"
-            ) from None
-        seen.append(line)
-        if not re.match(r"%\d\|", line):
-            break
-    assert line.startswith("keyload: serving"), "".join(seen)
+
+    def next_line() -> str:
+        """The service's next line of its own (librdkafka's are passed over)."""
+        while True:
+            try:
+                line = lines.get(timeout=max(deadline - time.monotonic(), 0.0))
+            except queue.Empty:
+                process.kill()
+                process.wait()
+                raise AssertionError(
+                    f"keyload run did not serve in {SERVICE_START_TIMEOUT_S} s:\n{''.join(seen)}"
+                ) from None
+            seen.append(line)
+            if not re.match(r"%\d\|", line):
+                return line
+
+    assert next_line().startswith("keyload: serving"), "".join(seen)
+    listen = args[args.index("--listen") + 1] if "--listen" in args else os.environ.get("KEYLOAD_LISTEN")
+    if listen != "none":  # serving includes the HTTP API, which says so once it listens
+        assert next_line().startswith("keyload: HTTP API on"), "".join(seen)
     return process
 
 
