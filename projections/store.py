@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Protocol
 
-from rocksdict import AccessType, Checkpoint, Options, Rdict, WriteBatch, WriteOptions
+from rocksdict import AccessType, Checkpoint, Options, Rdict, ReadOptions, WriteBatch, WriteOptions
 
 from keyload.errors import KeyloadError
 from keyload.log.codec import REGISTRY, CodecError, Record
@@ -269,12 +269,14 @@ class Store:
         return value
 
     def scan(self, start: bytes, end: bytes) -> Iterator[tuple[bytes, bytes]]:
-        key: bytes
-        value: bytes
-        for key, value in self._db.items(from_key=start):  # type: ignore[assignment]
-            if key >= end:
-                return
-            yield key, value
+        """The iterator is bounded at `end` inside RocksDB: a range emptied by deletions ends at its
+        bound, where an unbounded iterator would walk on past it, through every tombstone after the
+        range up to the next live key (the rows settled messages leave behind, which grow with
+        every message ever processed)."""
+        bounded = ReadOptions()
+        bounded.set_iterate_upper_bound(end)
+        pairs: Iterator[tuple[bytes, bytes]] = self._db.items(from_key=start, read_opt=bounded)
+        yield from pairs
 
     def first(self, start: bytes, end: bytes) -> tuple[bytes, bytes] | None:
         return next(self.scan(start, end), None)
