@@ -275,8 +275,10 @@ class Store:
         every message ever processed)."""
         bounded = ReadOptions()
         bounded.set_iterate_upper_bound(end)
-        pairs: Iterator[tuple[bytes, bytes]] = self._db.items(from_key=start, read_opt=bounded)
-        yield from pairs
+        key: bytes
+        value: bytes
+        for key, value in self._db.items(from_key=start, read_opt=bounded):  # type: ignore[assignment]
+            yield key, value
 
     def first(self, start: bytes, end: bytes) -> tuple[bytes, bytes] | None:
         return next(self.scan(start, end), None)
