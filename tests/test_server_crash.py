@@ -103,6 +103,47 @@ def test_a_killed_server_loses_and_duplicates_nothing(tmp_path: Path) -> None:
     assert report.passed, report
 
 
+def test_a_request_in_flight_when_the_service_is_stopped_gets_its_outcome(tmp_path: Path) -> None:
+    """SIGTERM drains the API before the processors stop: a long poll waiting at the signal is still
+    answered by a message a local operator enqueues during the drain (200, with the message), and
+    the server takes no new connection meanwhile."""
+    root = tmp_path / "data"
+    service = start_service(root)
+    url = served_url(root)
+    credential = Credential.load(root / "credentials" / "keyload-admin.json")
+    with Client(url, credential=credential) as admin:
+        admin.create_queue(DOMAIN, "jobs")
+    answered: list[httpx.Response] = []
+    waiting = threading.Thread(target=long_poll, args=(url, credential, "jobs", answered))
+    waiting.start()
+    time.sleep(0.5)
+    service.send_signal(signal.SIGTERM)
+    wait_until(lambda: refused(url), what="the server to stop taking connections")
+    with Client(root) as operator:  # the local path: straight into the file log
+        operator.enqueue(DOMAIN, "jobs", b"sent during the drain", message_id="late")
+    waiting.join(30)
+    assert stop_service(service, 30) == 0
+    response = answered[0]
+    assert response.status_code == 200
+    (delivery,) = response.json()["result"]["deliveries"]
+    assert (delivery["message_id"], delivery["body"]) == ("late", "c2VudCBkdXJpbmcgdGhlIGRyYWlu")
+
+
+def long_poll(url: str, credential: Credential, queue: str, answered: list[httpx.Response]) -> None:
+    """A receive of queue in DOMAIN waiting up to 20 s: its response goes to `answered`."""
+    headers = {"Authorization": f"Bearer {credential.bearer_token}"}
+    with httpx.Client(base_url=url, headers=headers, timeout=30) as client:
+        answered.append(client.post(f"/v1/domains/{DOMAIN}/queues/{queue}/receive", json={"wait_ms": 20_000}))
+
+
+def refused(url: str) -> bool:
+    try:
+        httpx.get(f"{url}/healthz", timeout=1.0)
+    except httpx.ConnectError:
+        return True
+    return False
+
+
 def test_a_stopping_server_answers_waiting_requests_503(tmp_path: Path) -> None:
     root = tmp_path / "data"
     service = start_service(root)
@@ -111,12 +152,7 @@ def test_a_stopping_server_answers_waiting_requests_503(tmp_path: Path) -> None:
     with Client(url, credential=credential) as admin:
         admin.create_queue(DOMAIN, "idle")
     answered: list[httpx.Response] = []
-
-    def long_poll() -> None:
-        with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {credential.bearer_token}"}) as client:
-            answered.append(client.post(f"/v1/domains/{DOMAIN}/queues/idle/receive", json={"wait_ms": 20_000}))
-
-    waiting = threading.Thread(target=long_poll)
+    waiting = threading.Thread(target=long_poll, args=(url, credential, "idle", answered))
     waiting.start()
     time.sleep(0.5)
     started = time.monotonic()

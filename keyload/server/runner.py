@@ -43,7 +43,10 @@ ADDRESS_FILE = "server.json"  # DATA/server.json: {"url": ...} while a server ru
 LISTEN_ENV = "KEYLOAD_LISTEN"  # the default of `keyload run --listen`
 STARTUP_TIMEOUT_S = 30.0
 SHUTDOWN_TIMEOUT_S = 10.0
-GRACEFUL_SHUTDOWN_S = 5  # connections still open this long after a stop are closed
+DRAIN_S = 5.0  # on a stop, requests in flight have this long to get their outcomes before a 503
+GRACEFUL_SHUTDOWN_S = 8  # connections still open this long after a stop are closed
+DRAIN_WATCH_S = 0.5  # how soon the drain watcher notices that the server was stopped without a drain
+assert DRAIN_S < GRACEFUL_SHUTDOWN_S, "the 503s of a drain are written before uvicorn closes connections"
 SERVER_REPLY_PARTITION = 0  # the outcome partition the server's commands name as reply_to
 
 
@@ -113,6 +116,7 @@ class HttpServer:
         self._socket = _bind(listen)
         self._thread = threading.Thread(target=self._run, name="keyload-http", daemon=True)
         self._failure: BaseException | None = None
+        self._stopped = threading.Event()
 
     @classmethod
     def embedded(
@@ -187,8 +191,35 @@ class HttpServer:
             self._thread.join(0.01)
             waited += 0.01
 
+    def drained_after(self, stop: threading.Event) -> threading.Event:
+        """An event set once `stop` is set and the server has drained (`drain`): the processors run
+        until it is set, so that a request in flight when the service is told to stop gets its
+        outcome rather than a 503."""
+        drained = threading.Event()
+
+        def watch() -> None:
+            while not stop.wait(DRAIN_WATCH_S):
+                if self._stopped.is_set():  # stopped without a drain (the service ended by itself)
+                    return
+            self.drain()
+            drained.set()
+
+        threading.Thread(target=watch, name="keyload-drain", daemon=True).start()
+        return drained
+
+    def drain(self) -> None:
+        """Take no more requests (the listening socket closes, kept-alive connections close after
+        their response) and let those in flight finish, for up to DRAIN_S while the processors still
+        run; the ones still waiting then (a long poll) are answered 503: retry by command id."""
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(self.data.root / ADDRESS_FILE)
+        self._server.should_exit = True
+        self._thread.join(DRAIN_S)
+        self.engine.waiters.abandon(Halted("the service is stopping"))
+
     def stop(self) -> None:
         """Answer the requests still waiting 503 (retry by command id), then stop serving."""
+        self._stopped.set()
         with contextlib.suppress(FileNotFoundError):
             os.remove(self.data.root / ADDRESS_FILE)
         self.engine.waiters.abandon(Halted("the service is stopping"))

@@ -189,7 +189,7 @@ def _serve_embedded(data: DataDir, settings: ServiceSettings, stop: Event) -> li
             collector = _GcBeside(data, stores, settings.gc_interval_s) if settings.gc_interval_s > 0 else None
             halts = run_until(
                 processors,
-                stop,
+                stop if http is None else http.drained_after(stop),
                 ticker,
                 idle_exit=settings.until_idle,
                 idle=listener.wait,
@@ -238,7 +238,7 @@ def _serve_kafka(data: DataDir, settings: ServiceSettings, stop: Event) -> list[
             http = HttpServer.on_kafka(data, settings.listen, waiters, service.halt_of, service.applied_offsets)
             http.start()
             print(f"keyload: HTTP API on {http.url}", flush=True)
-        halts = service.run(stop)
+        halts = service.run(stop if http is None else http.drained_after(stop))
     finally:
         if http is not None:
             http.stop()
