@@ -275,10 +275,7 @@ class Store:
         every message ever processed)."""
         bounded = ReadOptions()
         bounded.set_iterate_upper_bound(end)
-        key: bytes
-        value: bytes
-        for key, value in self._db.items(from_key=start, read_opt=bounded):  # type: ignore[assignment]
-            yield key, value
+        yield from self._db.items(from_key=start, read_opt=bounded)
 
     def first(self, start: bytes, end: bytes) -> tuple[bytes, bytes] | None:
         return next(self.scan(start, end), None)
