@@ -43,7 +43,7 @@ from keyload.storage.principals import (
     system_credential,
 )
 
-IDLE_WAIT_MAX_S = 0.1  # with a doorbell, an idle service wakes at once for clients and at least this often
+IDLE_WAIT_S = 0.1  # with a doorbell, an idle service wakes at once for clients and at least this often
 GC_CLIENT_TIMEOUT_S = 2.0  # the in-service GC worker's outcome wait: short, so a stopping service is not held up
 RUN_LOCK = "run.lock"  # held (flock) by the process serving the directory, which writes its pid into it
 
@@ -193,7 +193,8 @@ def _serve_embedded(data: DataDir, settings: ServiceSettings, stop: Event) -> li
                 ticker,
                 idle_exit=settings.until_idle,
                 idle=listener.wait,
-                idle_max_s=IDLE_WAIT_MAX_S,
+                idle_min_s=IDLE_WAIT_S,
+                idle_max_s=IDLE_WAIT_S,
                 on_halt=lambda halt: record_halt(data.root, halt),
                 fail_fast=settings.fail_fast,
             )

@@ -485,6 +485,7 @@ def run_until(
     ticker: Ticker | None = None,
     idle_exit: bool = False,
     idle: Callable[[float], object] | None = None,
+    idle_min_s: float = IDLE_POLL_MIN_S,
     idle_max_s: float = IDLE_POLL_MAX_S,
     on_halt: Callable[[Halt], None] | None = None,
     fail_fast: bool = False,
@@ -492,20 +493,22 @@ def run_until(
     """Round-robin the partitions until `stop` is set (or, with idle_exit, until no work is left).
 
     When every partition is caught up the loop calls `idle(seconds)` (default: sleep
-    unless stopped), doubling the wait up to `idle_max_s`; a doorbell's wait returns
-    early when an appender rings. A halted partition is reported once (and passed
-    to `on_halt`) while the others go on; a stalled one is retried with back-off.
+    unless stopped), doubling the wait from `idle_min_s` up to `idle_max_s`; a
+    doorbell's wait returns early when an appender rings, so with one the wait need
+    not start short (each wake-up that finds nothing costs a read of every partition).
+    A halted partition is reported once (and passed to `on_halt`) while the others go
+    on; a stalled one is retried with back-off.
     """
     idle = idle or stop.wait
     reported: set[int] = set()
     stalls = Stalls(fail_fast)
-    idle_wait = IDLE_POLL_MIN_S
+    idle_wait = idle_min_s
     while not stop.is_set():
         applied = sum(stalls.step(processor) for processor in processors)
         report_halts(processors, reported, on_halt)
         ticked = stalls.tick(ticker, processors) if ticker is not None else 0
         if applied or ticked:
-            idle_wait = IDLE_POLL_MIN_S
+            idle_wait = idle_min_s
             continue
         if idle_exit and not stalls.waiting:
             break
