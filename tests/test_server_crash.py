@@ -107,33 +107,41 @@ def test_a_request_in_flight_when_the_service_is_stopped_gets_its_outcome(tmp_pa
     """SIGTERM drains the API before the processors stop: a long poll waiting at the signal is still
     answered by a message a local operator enqueues during the drain (200, with the message), and
     the server takes no new connection meanwhile."""
-    root = tmp_path / "data"
-    service = start_service(root)
-    url = served_url(root)
-    credential = Credential.load(root / "credentials" / "keyload-admin.json")
-    with Client(url, credential=credential) as admin:
-        admin.create_queue(DOMAIN, "jobs")
-    answered: list[httpx.Response] = []
-    waiting = threading.Thread(target=long_poll, args=(url, credential, "jobs", answered))
-    waiting.start()
-    time.sleep(0.5)
-    service.send_signal(signal.SIGTERM)
-    wait_until(lambda: refused(url), what="the server to stop taking connections")
-    with Client(root) as operator:  # the local path: straight into the file log
+    poll = LongPoll(tmp_path / "data", "jobs")
+    poll.service.send_signal(signal.SIGTERM)
+    wait_until(lambda: refused(poll.url), what="the server to stop taking connections")
+    with Client(poll.root) as operator:  # the local path: straight into the file log
         operator.enqueue(DOMAIN, "jobs", b"sent during the drain", message_id="late")
-    waiting.join(30)
-    assert stop_service(service, 30) == 0
-    response = answered[0]
+    poll.waiting.join(30)
+    assert stop_service(poll.service, 30) == 0
+    response = poll.answered[0]
     assert response.status_code == 200
     (delivery,) = response.json()["result"]["deliveries"]
     assert (delivery["message_id"], delivery["body"]) == ("late", "c2VudCBkdXJpbmcgdGhlIGRyYWlu")
 
 
-def long_poll(url: str, credential: Credential, queue: str, answered: list[httpx.Response]) -> None:
-    """A receive of queue in DOMAIN waiting up to 20 s: its response goes to `answered`."""
-    headers = {"Authorization": f"Bearer {credential.bearer_token}"}
-    with httpx.Client(base_url=url, headers=headers, timeout=30) as client:
-        answered.append(client.post(f"/v1/domains/{DOMAIN}/queues/{queue}/receive", json={"wait_ms": 20_000}))
+class LongPoll:
+    """A running `keyload run` over `root`, a new queue in DOMAIN, and a receive on it waiting up to
+    20 s over HTTP in a thread of its own (under way when the constructor returns): its response goes
+    to `answered`."""
+
+    def __init__(self, root: Path, queue: str) -> None:
+        self.root = root
+        self.service = start_service(root)
+        self.url = served_url(root)
+        credential = Credential.load(root / "credentials" / "keyload-admin.json")
+        with Client(self.url, credential=credential) as admin:
+            admin.create_queue(DOMAIN, queue)
+        self.answered: list[httpx.Response] = []
+        self.waiting = threading.Thread(target=self._receive, args=(credential, queue))
+        self.waiting.start()
+        time.sleep(0.5)
+
+    def _receive(self, credential: Credential, queue: str) -> None:
+        headers = {"Authorization": f"Bearer {credential.bearer_token}"}
+        with httpx.Client(base_url=self.url, headers=headers, timeout=30) as client:
+            response = client.post(f"/v1/domains/{DOMAIN}/queues/{queue}/receive", json={"wait_ms": 20_000})
+        self.answered.append(response)
 
 
 def refused(url: str) -> bool:
@@ -145,18 +153,9 @@ def refused(url: str) -> bool:
 
 
 def test_a_stopping_server_answers_waiting_requests_503(tmp_path: Path) -> None:
-    root = tmp_path / "data"
-    service = start_service(root)
-    url = served_url(root)
-    credential = Credential.load(root / "credentials" / "keyload-admin.json")
-    with Client(url, credential=credential) as admin:
-        admin.create_queue(DOMAIN, "idle")
-    answered: list[httpx.Response] = []
-    waiting = threading.Thread(target=long_poll, args=(url, credential, "idle", answered))
-    waiting.start()
-    time.sleep(0.5)
+    poll = LongPoll(tmp_path / "data", "idle")
     started = time.monotonic()
-    assert stop_service(service, 30) == 0
-    waiting.join(30)
+    assert stop_service(poll.service, 30) == 0
+    poll.waiting.join(30)
     assert time.monotonic() - started < 10
-    assert (answered[0].status_code, answered[0].json()["error_code"]) == (503, "Unavailable")
+    assert (poll.answered[0].status_code, poll.answered[0].json()["error_code"]) == (503, "Unavailable")
