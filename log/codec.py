@@ -21,6 +21,7 @@ from fastavro.schema import fingerprint, load_schema, to_parsing_canonical_form
 from fastavro.validation import validate
 
 from keyload.errors import KeyloadError
+from keyload.log.avro_compiler import CompiledSchema, Unsupported, compile_schema
 
 MAGIC = b"\xc3\x01"
 HEADER_BYTES = 10
@@ -105,6 +106,7 @@ class SchemaRegistry:
         self._current_header: dict[str, bytes] = {}
         self._writers: dict[bytes, _Writer] = {}
         self._released: dict[str, tuple[Released, ...]] = {}
+        self._compiled: dict[str, CompiledSchema] = {}  # generated on first use (log/avro_compiler.py)
         for name in TOP_LEVEL:
             current = parse_schema(expanded_current(name))
             self._current[name] = current
@@ -133,16 +135,23 @@ class SchemaRegistry:
         return self._released[name]
 
     def encode(self, name: str, record: Record) -> bytes:
-        out = io.BytesIO()
-        out.write(self._current_header[name])
-        schemaless_writer(out, self._current[name], record)
-        return out.getvalue()
+        return self._current_header[name] + self.encode_body(name, record)
 
     def encode_body(self, name: str, record: Record) -> bytes:
         """The Avro binary body alone, without the single-object header."""
+        try:
+            return self._compiled_for(name).encode(record)
+        except Unsupported:
+            pass  # fastavro writes it, or names why it cannot
         out = io.BytesIO()
         schemaless_writer(out, self._current[name], record)
         return out.getvalue()
+
+    def _compiled_for(self, name: str) -> CompiledSchema:
+        compiled = self._compiled.get(name)
+        if compiled is None:
+            compiled = self._compiled[name] = compile_schema(self._current[name])
+        return compiled
 
     def encode_body_under(self, schema: Any, record: Record) -> bytes:
         """The Avro binary body of `record` under another (released) parsed schema.
@@ -181,6 +190,13 @@ class SchemaRegistry:
         if writer.name != name:
             raise CodecError(f"expected {name}, found {writer.name}")
         current = self._current[name]
+        if writer.schema is current:
+            try:
+                value, end = self._compiled_for(name).decode(data, HEADER_BYTES)
+                if end == len(data):
+                    return value  # type: ignore[no-any-return]
+            except Unsupported:
+                pass  # fastavro reads it, or names what is wrong with it
         reader = None if writer.schema is current else current
         body = io.BytesIO(data[HEADER_BYTES:])
         try:
