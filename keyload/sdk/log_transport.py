@@ -64,9 +64,10 @@ class LogTransport:
         value = self.credential.sign(encode_command(envelope))
         if self._cursor is None:
             self._cursor = self._outcomes.end_offset(self.reply_partition)
-        self.commands.append(partition_for(domain, self.data.partitions), [value])
+        partition = partition_for(domain, self.data.partitions)
+        self.commands.append(partition, [value])
         if self._doorbell is not None:
-            self._doorbell.ring()
+            self._doorbell.ring((partition,))
         return self._await(command_id, domain, timeout_s)
 
     def _await(self, command_id: str, domain: str, timeout_s: float) -> Outcome:

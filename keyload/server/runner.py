@@ -14,7 +14,7 @@ import json
 import os
 import socket
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -85,7 +85,7 @@ class LogSide:
     outcomes topic it tails for answers."""
 
     open_log: Callable[[], CommandLog]
-    wake: Callable[[], None]
+    wake: Callable[[Collection[int]], None]  # after appending to those partitions
     blocking: bool
     outcomes: Callable[[], CommandLog] | None = None
     close: Callable[[], None] = lambda: None  # what `wake` holds open (the doorbell's socket)
@@ -262,7 +262,7 @@ def _no_policy(_: int) -> None:
     return None
 
 
-def _nothing() -> None:
+def _nothing(_: Collection[int]) -> None:
     return None
 
 

@@ -22,7 +22,7 @@ import contextlib
 import logging
 import threading
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -134,14 +134,19 @@ class OutcomeWaiters:
 
 class CommandWriter:
     """Appends the commands of concurrent requests: those submitted in one turn of the event loop go
-    out together, one append per partition, then the processors are woken (`wake`).
+    out together, one append per partition, then the processors of those partitions are woken (`wake`).
 
     On the file log an append is a write() with no fsync: it is made inline, on the event loop. On
     Kafka an append waits for the brokers' acknowledgements (acks=all), so `blocking` runs it on a
     writer thread of its own while the loop goes on gathering the next turn's commands."""
 
     def __init__(
-        self, log: CommandLog, loop: asyncio.AbstractEventLoop, wake: Callable[[], None], *, blocking: bool
+        self,
+        log: CommandLog,
+        loop: asyncio.AbstractEventLoop,
+        wake: Callable[[Collection[int]], None],
+        *,
+        blocking: bool,
     ) -> None:
         self.log = log
         self.loop = loop
@@ -186,7 +191,7 @@ class CommandWriter:
                     results[partition] = exc
         finally:
             with contextlib.suppress(OSError):  # a lost ring costs the processors one idle wait
-                self.wake()
+                self.wake(pending.keys())
         return results
 
     def close(self) -> None:

@@ -6,6 +6,10 @@ each append (a one-byte datagram on a Linux abstract Unix socket named after the
 data directory, so no file is left behind); the runtime waits on the socket with
 a timeout instead of sleeping. A lost ring only costs that timeout: the log stays
 the only source of truth.
+
+A ring names the partitions appended to (4 bytes each, big-endian), so the
+runtime reads those and not every partition on each wake-up; a one-byte ring
+names none, and wakes a look at them all.
 """
 
 from __future__ import annotations
@@ -15,9 +19,13 @@ import hashlib
 import os
 import select
 import socket
+from collections.abc import Collection
 from pathlib import Path
 
 MAX_DRAIN = 1024  # datagrams read per wake-up
+PARTITION_BYTES = 4
+MAX_RING_BYTES = 1024  # a longer ring is read cut short: it wakes a look at every partition
+UNNAMED = b"\x01"  # a ring naming no partition
 
 
 def _address(data_root: Path) -> str:
@@ -33,9 +41,11 @@ class Doorbell:
         self._socket = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
         self._socket.setblocking(False)
 
-    def ring(self) -> None:
+    def ring(self, partitions: Collection[int] = ()) -> None:
+        """Wake the runtime to read `partitions` (every partition when none is named)."""
+        named = b"".join(partition.to_bytes(PARTITION_BYTES, "big") for partition in partitions)
         try:
-            self._socket.sendto(b"\x01", self._address)
+            self._socket.sendto(named or UNNAMED, self._address)
         except OSError as exc:
             if exc.errno not in (errno.ECONNREFUSED, errno.ENOENT, errno.EAGAIN):
                 raise
@@ -52,14 +62,26 @@ class Listener:
         self._socket.bind(_address(data_root))  # EADDRINUSE: another `keyload run` serves this directory
         self._socket.setblocking(False)
 
-    def wait(self, timeout_s: float) -> None:
+    def wait(self, timeout_s: float) -> frozenset[int] | None:
+        """The partitions the rings since the last wait named; None when the timeout passed or a
+        ring named none (look at every partition)."""
         readable, _, _ = select.select([self._socket], [], [], timeout_s)
-        if readable:
-            for _ in range(MAX_DRAIN):
-                try:
-                    self._socket.recv(16)
-                except BlockingIOError:
-                    break
+        if not readable:
+            return None
+        named: set[int] | None = set()
+        for _ in range(MAX_DRAIN):
+            try:
+                ring = self._socket.recv(MAX_RING_BYTES)
+            except BlockingIOError:
+                break
+            if named is not None and ring and len(ring) % PARTITION_BYTES == 0 and len(ring) < MAX_RING_BYTES:
+                named.update(
+                    int.from_bytes(ring[at : at + PARTITION_BYTES], "big")
+                    for at in range(0, len(ring), PARTITION_BYTES)
+                )
+            else:
+                named = None
+        return None if named is None else frozenset(named)
 
     def close(self) -> None:
         self._socket.close()
