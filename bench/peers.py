@@ -42,7 +42,9 @@ import asyncio
 import contextlib
 import importlib.util
 import json
+import math
 import os
+import select
 import shutil
 import signal
 import socket
@@ -83,8 +85,15 @@ def free_port() -> int:
 class Daemon:
     """A peer's server as a child process in a session of its own, its output in a file."""
 
-    def __init__(self, argv: Sequence[str], log: Path, env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        argv: Sequence[str],
+        log: Path,
+        env: dict[str, str] | None = None,
+        after_stop: Callable[[], None] | None = None,
+    ) -> None:
         self.log = log
+        self.after_stop = after_stop  # what the server left outside its session (RabbitMQ's epmd)
         with log.open("wb") as out:
             self.process = subprocess.Popen(
                 list(argv),
@@ -125,6 +134,8 @@ class Daemon:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(self.process.pid, signal.SIGKILL)
             self.process.wait()
+        if self.after_stop is not None:
+            self.after_stop()
 
 
 # -- the peers ---------------------------------------------------------------------------
@@ -334,7 +345,7 @@ class RabbitMq(Peer):
         for sub in ("mnesia", "log"):
             (directory / sub).mkdir(parents=True)
         (directory / "enabled_plugins").write_text("[].\n")
-        self.epmd_was_running = _epmd_running()
+        epmd_was_running = _epmd_running()
         port = free_port()
         env = dict(os.environ)
         env.update(
@@ -350,7 +361,9 @@ class RabbitMq(Peer):
             # Erlang's schedulers spin while idle by default: on a shared two-core machine that taxes whoever runs
             RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS="+sbwt none +sbwtdcpu none +sbwtdio none",
         )
-        self.daemon = Daemon([str(self.SERVER)], directory / "server.log", env)
+        self.daemon = Daemon(
+            [str(self.SERVER)], directory / "server.log", env, after_stop=None if epmd_was_running else _stop_epmd
+        )
         with self.daemon.stopped_on_failure():
             self.events = EventLoop()
             self.daemon.wait_until(lambda: _listening(port), "RabbitMQ")
@@ -390,8 +403,11 @@ class RabbitMq(Peer):
             self.events.run(self.connection.close())
         self.events.close()
         self.daemon.stop()
-        if not self.epmd_was_running:
-            subprocess.run(["epmd", "-kill"], capture_output=True, check=False)
+
+
+def _stop_epmd() -> None:
+    """Erlang's port mapper, which the node started and which outlives it in a session of its own."""
+    subprocess.run(["epmd", "-kill"], capture_output=True, check=False)
 
 
 def _epmd_running() -> bool:
@@ -498,14 +514,20 @@ class KafkaShareGroup(Peer):
             self.driver = subprocess.Popen(
                 argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, bufsize=1
             )
-            if self._answer() != "ready":
+            if self._answer(START_S) != "ready":
                 raise BenchError("the share-consumer driver did not start")
         except BaseException:
+            if hasattr(self, "driver"):
+                self.driver.kill()
             self.broker.stop()
             raise
 
-    def _answer(self) -> str:
+    def _answer(self, timeout_s: float = 2 * RECEIVE_WAIT_S) -> str:
+        """The driver's answer to the last request: one line (nothing else is ever buffered)."""
         assert self.driver.stdout is not None
+        readable, _, _ = select.select([self.driver.stdout], [], [], timeout_s)
+        if not readable:
+            raise BenchError(f"Kafka share driver: no answer within {timeout_s:g} s")
         line = self.driver.stdout.readline().strip()
         if not line or line.startswith("error"):
             raise BenchError(f"Kafka share driver: {line or 'exited'}")
@@ -524,10 +546,13 @@ class KafkaShareGroup(Peer):
 
     def receive(self, count: int) -> list[Any]:
         got = 0
+        deadline = time.monotonic() + RECEIVE_WAIT_S
         while True:
             got += int(self._ask(f"receive {count - got}").split()[1])
             if got >= count:
                 return [None] * count
+            if time.monotonic() > deadline:
+                raise BenchError(f"Kafka share group: {got} of {count} messages received")
             self._ask("ack")  # a share consumer polls again only once its last poll's records are acknowledged
 
     def ack(self, deliveries: list[Any]) -> None:
@@ -662,8 +687,9 @@ def measure(work: Path, args: argparse.Namespace) -> Result:
 
 
 def percentile(values: Sequence[float], q: float) -> float:
+    """Nearest rank: the smallest value at least a fraction `q` of the values do not exceed."""
     ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+    return ordered[max(math.ceil(q * len(ordered)) - 1, 0)]
 
 
 def rows(result: Result) -> list[tuple[str, dict[str, tuple[float, float, float]], bool]]:
@@ -772,6 +798,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("every count must be at least 1")
     if args.install:
         install()
+    # SIGTERM unwinds like Ctrl-C, so every server started (each in a session of its own) is stopped
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
     command = " ".join(["python", "-m", "bench.peers", *(sys.argv[1:] if argv is None else argv)])
     work = Path(tempfile.mkdtemp(prefix="keyload-bench-peers-", dir=args.dir))
     try:

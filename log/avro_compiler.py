@@ -335,8 +335,12 @@ class _Generator:
         nodes = [self._resolve(branch) for branch in branches]
         by_name: dict[str, int] = {}
         for position, branch in enumerate(branches):
-            label = branch["name"] if kinds[position] in ("record", "enum", "fixed") else _kind_name(branch)
-            by_name.setdefault(label, position)
+            # fastavro takes a (name, value) tuple for a record (by its name), a named reference
+            # or a primitive written as its bare name; naming any other branch it refuses
+            if kinds[position] in ("record", "error"):
+                by_name.setdefault(branch["name"], position)
+            elif isinstance(branch, str):
+                by_name.setdefault(branch, position)
         # fastavro counts a reference to any named type as a record here, and tags none of
         # the values of a union with exactly one record.
         single_record = sum(kind in ("record", "ref") for kind in kinds) == 1
@@ -385,13 +389,6 @@ def _optional(node: Any) -> tuple[int, int] | None:
         return None
     null = kinds.index("null")
     return null, 1 - null
-
-
-def _kind_name(branch: Any) -> str:
-    """How a `(name, value)` tuple names a non-named branch: its type, or the referenced name."""
-    if isinstance(branch, dict):
-        return str(branch["type"])
-    return str(branch)
 
 
 def _type_choice(kinds: list[str], nodes: list[Any]) -> Callable[[Any], int]:

@@ -11,7 +11,7 @@ import io
 from typing import Any
 
 import pytest
-from fastavro import schemaless_reader, schemaless_writer
+from fastavro import parse_schema, schemaless_reader, schemaless_writer
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -209,3 +209,21 @@ def test_registry_decodes_a_malformed_command_with_fastavros_error() -> None:
         REGISTRY.decode("keyload.Command", value[: HEADER_BYTES + 5])
     with pytest.raises(CodecError, match="trailing bytes"):
         REGISTRY.decode("keyload.Command", value + b"\x00")
+
+
+@pytest.mark.parametrize(
+    "value",
+    [("E", "A"), ("array", [1]), ("map", {"k": 1})],
+    ids=["enum", "array", "map"],
+)
+def test_a_tuple_naming_a_branch_fastavro_will_not_take_by_name_is_left_to_fastavro(value: tuple[str, Any]) -> None:
+    """fastavro takes `(name, value)` for records, named references and bare primitive names only."""
+    enum = {"type": "enum", "name": "E", "symbols": ["A", "B"]}
+    union = ["long", enum, {"type": "array", "items": "long"}, {"type": "map", "values": "long"}]
+    inner = {"type": "record", "name": "In", "fields": [{"name": "u", "type": union}]}
+    schema = parse_schema({"type": "record", "name": "Out", "fields": [{"name": "o", "type": ["null", inner]}]})
+    record = {"o": {"u": value}}
+    with pytest.raises(Exception):  # noqa: B017 - whatever fastavro raises, it refuses
+        _fastavro_bytes(schema, record)
+    with pytest.raises(Unsupported):
+        compile_schema(schema).encode(record)

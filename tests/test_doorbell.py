@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 
 from keyload.service.doorbell import Doorbell, Listener
-from keyload.service.runtime import run_until
+from keyload.service.runtime import PartitionProcessor, run_until
 
 from .support import ENQUEUE, Embedded, command, enqueue_body
 
@@ -23,7 +23,7 @@ def test_a_ring_names_the_partitions_appended_to(tmp_path: Path) -> None:
         doorbell.ring((1, 3))
         doorbell.ring((3,))
         assert listener.wait(DEADLINE_S) == frozenset({1, 3})
-        assert listener.wait(0.01) is None  # nothing rang: the timeout passed
+        assert listener.wait(0.01) == frozenset()  # nothing rang: the timeout passed
         doorbell.ring()
         doorbell.ring((2,))
         assert listener.wait(DEADLINE_S) is None  # a ring naming no partition: look at every one
@@ -61,3 +61,57 @@ def test_an_append_nobody_rang_for_is_applied_while_another_partition_is_rung_wi
     run_until(embedded.processors, stop, idle=always_rung, idle_min_s=SWEEP_S, idle_max_s=SWEEP_S)
     assert silent_processor.applied_offset == appended[0]
     assert embedded.processors[embedded.partition(rung)].applied_offset == 0
+
+
+class _Partition:
+    """A processor's stand-in: `pending` records to apply, one per step (`always` never runs dry);
+    at its 10th record it hands `then` 5 records."""
+
+    def __init__(self, partition: int, always: bool = False, then: _Partition | None = None) -> None:
+        self.partition = partition
+        self.pending = 0
+        self.always = always
+        self.then = then
+        self.halt = None
+        self.applied_offset = -1
+
+    def step(self) -> int:
+        if not (self.always or self.pending):
+            return 0
+        self.pending = max(self.pending - 1, 0)
+        self.applied_offset += 1
+        if self.then is not None and self.applied_offset == 10:
+            self.then.pending = 5
+        return 1
+
+
+def _run_beside_a_busy_partition(rings: list[frozenset[int]]) -> _Partition:
+    """Partition 0 always has work and hands partition 1 five records on its way; `rings` answer
+    the waits (then nothing rings). Partition 1, once it has applied them or the deadline passed."""
+    other = _Partition(1)
+    busy = _Partition(0, always=True, then=other)
+    stop = threading.Event()
+    deadline = threading.Timer(DEADLINE_S, stop.set)
+    deadline.start()
+
+    def idle(_: float) -> frozenset[int]:
+        if other.applied_offset == 4:
+            stop.set()
+        return rings.pop(0) if rings else frozenset()
+
+    processors: list[PartitionProcessor] = [busy, other]  # type: ignore[list-item]
+    try:
+        run_until(processors, stop, idle=idle, idle_min_s=SWEEP_S, idle_max_s=SWEEP_S)
+    finally:
+        deadline.cancel()
+    return other
+
+
+def test_a_rung_partition_is_read_while_another_is_never_idle() -> None:
+    other = _run_beside_a_busy_partition([frozenset()] * 12 + [frozenset({1})])
+    assert other.applied_offset == 4
+
+
+def test_an_append_nobody_rang_for_is_read_while_another_partition_is_never_idle() -> None:
+    other = _run_beside_a_busy_partition([])  # only the sweep can find it
+    assert other.applied_offset == 4

@@ -63,11 +63,11 @@ class Listener:
         self._socket.setblocking(False)
 
     def wait(self, timeout_s: float) -> frozenset[int] | None:
-        """The partitions the rings since the last wait named; None when the timeout passed or a
-        ring named none (look at every partition)."""
+        """The partitions the rings since the last wait named (empty when the timeout passed with
+        none); None when a ring named none (look at every partition)."""
         readable, _, _ = select.select([self._socket], [], [], timeout_s)
         if not readable:
-            return None
+            return frozenset()
         named: set[int] | None = set()
         for _ in range(MAX_DRAIN):
             try:

@@ -498,10 +498,13 @@ def run_until(
     not start short. When it returns the partitions the rings named (a frozenset),
     only those are read, and a partition that applied something is read again until
     it has caught up: a wake-up costs a read of the partition that has work, not of
-    every one. Every partition is read at least every `idle_max_s` all the same, for
-    appenders that do not ring (the ticker's and the checkpoint announcer's appends, or
-    a lost ring). A halted partition is reported once (and passed to `on_halt`) while
-    the others go on; a stalled one is retried with back-off.
+    every one. While partitions are busy the rings that came meanwhile are taken with
+    `idle(0)`, so a busy partition never keeps a rung one waiting. Every partition is
+    read at least every `idle_max_s` all the same, busy or not, for appenders that do
+    not ring (the ticker's and the checkpoint announcer's appends, or a lost ring). Any
+    other answer of `idle` than a frozenset means: read every partition. A halted
+    partition is reported once (and passed to `on_halt`) while the others go on; a
+    stalled one is retried with back-off.
     """
     idle = idle or stop.wait
     reported: set[int] = set()
@@ -516,19 +519,19 @@ def run_until(
         report_halts(processors, reported, on_halt)
         ticked = stalls.tick(ticker, processors) if ticker is not None else 0
         if busy or ticked:
-            due = processors if ticked else busy
             idle_wait = idle_min_s
-            continue
-        if due is not processors and (idle_exit or time.monotonic() - swept_at >= idle_max_s):
-            due = processors
-            continue
-        if idle_exit and not stalls.waiting:
-            break
-        wait = idle_wait if ticker is None else min(idle_wait, ticker.next_poll_ms(wall_clock_ms()) / 1000)
-        rung = idle(wait)  # never past the ticker's next look: a due timer is not kept waiting by the idle back-off
-        idle_wait = min(idle_wait * 2, idle_max_s)
+            rung = None if ticked else idle(0)  # rings that came meanwhile, taken without waiting
+        else:
+            if due is not processors and (idle_exit or time.monotonic() - swept_at >= idle_max_s):
+                due = processors
+                continue
+            if idle_exit and not stalls.waiting:
+                break
+            wait = idle_wait if ticker is None else min(idle_wait, ticker.next_poll_ms(wall_clock_ms()) / 1000)
+            rung = idle(wait)  # never past the ticker's next look: a due timer is not kept waiting by the idle back-off
+            idle_wait = min(idle_wait * 2, idle_max_s)
         if isinstance(rung, frozenset) and time.monotonic() - swept_at < idle_max_s:
-            due = [p for p in processors if p.partition in rung or p.partition in stalls.waiting]
+            due = [p for p in processors if p in busy or p.partition in rung or p.partition in stalls.waiting]
         else:
             due = processors
     return [p.halt for p in processors if p.halt is not None]
