@@ -145,9 +145,11 @@ class LongPoll:
 
 
 def refused(url: str) -> bool:
+    """Whether a new connection goes unserved: refused, or reset before any answer (it was still in the
+    listener's backlog when the server closed its socket)."""
     try:
         httpx.get(f"{url}/healthz", timeout=1.0)
-    except httpx.ConnectError:
+    except (httpx.ConnectError, httpx.ReadError, httpx.RemoteProtocolError):
         return True
     return False
 
