@@ -98,10 +98,26 @@ class Enqueue(AvroRecord, frozen=True, kw_only=True, forbid_unknown_fields=True)
     expires_at_ms: int | None = None
 
 
-class InspectQueue(AvroRecord, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    AVRO_NAME = "keyload.command.InspectQueue"
+class QueueCommand(AvroRecord, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """A command that names one queue and nothing else."""
 
     queue: str
+
+
+class InspectQueue(QueueCommand, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    AVRO_NAME = "keyload.command.InspectQueue"
+
+
+class PauseQueue(QueueCommand, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    AVRO_NAME = "keyload.command.PauseQueue"
+
+
+class ResumeQueue(QueueCommand, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    AVRO_NAME = "keyload.command.ResumeQueue"
+
+
+class CloseQueue(QueueCommand, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    AVRO_NAME = "keyload.command.CloseQueue"
 
 
 class InspectMessage(AvroRecord, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -678,6 +694,9 @@ BODY_TYPES: dict[str, type[AvroRecord]] = {
         RevokeCapability,
         InspectPrincipal,
         CheckpointPublished,
+        PauseQueue,
+        ResumeQueue,
+        CloseQueue,
     )
 }
 """The class of every command kind's body, by its branch name (keyload/commands.py's `branch`)."""

@@ -228,6 +228,8 @@ class QueueView(AvroRecord, frozen=True, kw_only=True, forbid_unknown_fields=Tru
     policy_version: Long
     policy: QueuePolicy
     counters: QueueCounters
+    paused: bool = False  # PauseQueue: receives are refused with DispatchPaused
+    closed: bool = False  # CloseQueue: no new messages
 
 
 class QueueRecord(StoredRecord, frozen=True, kw_only=True, forbid_unknown_fields=True):

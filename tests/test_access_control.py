@@ -425,6 +425,8 @@ UNGRANTED: dict[str, Builder] = {
         "expected_policy_version": None,
     },
     "CreateQueue": lambda s: create_queue_body("new-queue"),
+    "PauseQueue": lambda s: {"queue": "jobs"},
+    "CloseQueue": lambda s: {"queue": "jobs"},
 }
 
 

@@ -169,6 +169,14 @@ def test_noun_verb_commands_against_a_running_service(tmp_path: Path) -> None:
         text = run_keyload("queue", "inspect", *at, "--queue", "jobs", "--output", "text")
         assert text.returncode == 0 and text.stdout.startswith("shop/jobs (policy version 1)")
         assert "acked_total" in text.stdout
+        assert cli_json("queue", "pause", *at, "--queue", "jobs", "--json")["paused"] is True
+        paused = run_keyload("queue", "receive", *at, "--queue", "jobs")
+        assert paused.returncode == 1 and paused.stderr.startswith("keyload: rejected: DispatchPaused")
+        assert cli_json("queue", "resume", *at, "--queue", "jobs", "--json")["paused"] is False
+        closed = run_keyload("queue", "close", *at, "--queue", "jobs", "--output", "text")
+        assert closed.returncode == 0 and closed.stdout.startswith("shop/jobs (policy version 1, closed)")
+        late = run_keyload("queue", "enqueue", *at, "--queue", "jobs", "--body", "late")
+        assert late.returncode == 1 and late.stderr.startswith("keyload: rejected: Conflict")
         cli_json("topic", "create", *at, "news", "--json")
         events = json.dumps(
             [{"event_id": "e-1", "type": "t", "body": "one"}, {"event_id": "e-2", "type": "t", "body": "two"}]

@@ -83,6 +83,8 @@ class Model:
         self.messages: dict[str, Message] = {}
         self.next_sequence = self.next_ready = self.next_parked = 1
         self.totals = {"enqueued_total": 0, "acked_total": 0, "expired_total": 0, "cancelled_total": 0}
+        self.paused = False  # PauseQueue: receives are refused with DispatchPaused
+        self.closed = False  # CloseQueue: enqueues are refused with Conflict
 
     def live(self) -> list[Message]:
         return [m for m in self.messages.values() if m.state in LIVE]
@@ -270,7 +272,8 @@ class LeaseMachine(RuleBasedStateMachine):
         live = self.model.live()
         fits = len(live) + 1 <= self.policy["max_stored_messages"]
         fits = fits and sum(len(m.body) for m in live) + size <= self.policy["max_stored_bytes"]
-        if not expect(outcome, None if fits else "ResourceExhausted"):
+        refusal = "Conflict" if self.model.closed else None if fits else "ResourceExhausted"
+        if not expect(outcome, refusal):
             return
         message = Message(body, self.model.next_sequence, expires_at)
         self.model.next_sequence += 1
@@ -292,7 +295,9 @@ class LeaseMachine(RuleBasedStateMachine):
     )
     def receive(self, max_messages: int | None, max_bytes: int | None, lease_ms: int | None) -> None:
         body = {"queue": "jobs", "max_messages": max_messages, "max_bytes": max_bytes, "lease_ms": lease_ms}
-        result = expect(self.submit("keyload.command.Receive", body), None)
+        result = expect(self.submit("keyload.command.Receive", body), "DispatchPaused" if self.model.paused else None)
+        if self.model.paused:
+            return
         assert isinstance(result, ReceiveResult)
         now = self.embedded.now_ms
         in_flight_room = self.policy["max_in_flight"] - self.model.count("leased")
@@ -401,6 +406,19 @@ class LeaseMachine(RuleBasedStateMachine):
             if message.state == "scheduled":
                 assert (result.not_before_ms, result.retry_delay_ms) == (message.not_before, message.last_retry_delay)
 
+    @rule(paused=st.booleans())
+    def pause_or_resume(self, paused: bool) -> None:
+        """Dispatch stops or starts again; enqueues, leases in hand and timers go on either way."""
+        kind = "keyload.command.PauseQueue" if paused else "keyload.command.ResumeQueue"
+        assert expect(self.submit(kind, {"queue": "jobs"}), None).paused == paused
+        self.model.paused = paused
+
+    @precondition(lambda self: self.enqueued >= 4)  # late in a run: a closed queue takes no new messages
+    @rule()
+    def close(self) -> None:
+        assert expect(self.submit("keyload.command.CloseQueue", {"queue": "jobs"}), None).closed
+        self.model.closed = True
+
     @rule(ms=st.integers(0, 200) | st.just(1_000))
     def advance(self, ms: int) -> None:
         self.embedded.now_ms += ms
@@ -474,6 +492,7 @@ class LeaseMachine(RuleBasedStateMachine):
         queue = self.record("keyload.QueueRecord", keys.queue(D, "jobs"))
         assert queue is not None
         assert queue["view"]["counters"] == self.model.counters()
+        assert (queue["view"]["paused"], queue["view"]["closed"]) == (self.model.paused, self.model.closed)
         for message_id, expected in self.model.messages.items():
             meta = self.record("keyload.MessageMeta", keys.message(1, message_id))
             assert meta is not None

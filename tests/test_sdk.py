@@ -183,6 +183,54 @@ def test_consumer_helper_acks_nacks_and_renews(served: Served) -> None:
     assert (stats.acked, stats.nacked) == (37, 8)
 
 
+@pytest.fixture(params=["http"])
+def over_http(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Served]:
+    yield from _serve(request, tmp_path / "data")
+
+
+def test_the_consumer_helper_rides_out_a_queue_pause(over_http: Served) -> None:
+    """Paused while a handler runs, the helper's receives are refused with DispatchPaused: it keeps
+    settling, then waits in the log; the resume's messages are delivered to it."""
+    client = over_http.client
+    client.create_queue("shop", "jobs")
+    client.enqueue("shop", "jobs", b"first", message_id="m0")
+    started, release = threading.Event(), threading.Event()
+
+    def handler(delivery: Delivery) -> None:
+        if delivery.message_id == "m0":
+            started.set()
+            release.wait(30)
+
+    stop = threading.Event()
+    consumer = over_http.connect()
+    results: list[ConsumeStats] = []
+    thread = threading.Thread(
+        target=lambda: results.append(consumer.consume("shop", "jobs", handler, wait_ms=500, stop=stop))
+    )
+    thread.start()
+    try:
+        assert started.wait(30)
+        assert client.pause_queue("shop", "jobs").paused
+        for i in range(1, 4):
+            client.enqueue("shop", "jobs", b"later", message_id=f"m{i}")
+        time.sleep(0.5)  # the helper receives while its handler runs: refused, not fatal
+        release.set()
+        wait_until(lambda: client.inspect_queue("shop", "jobs").counters.acked_total == 1, what="m0 acked")
+        time.sleep(1.0)  # paused: nothing more is delivered
+        counters = client.inspect_queue("shop", "jobs").counters
+        assert (counters.ready, counters.leased, counters.acked_total) == (3, 0, 1)
+        assert thread.is_alive()
+        client.resume_queue("shop", "jobs")
+        wait_until(lambda: client.inspect_queue("shop", "jobs").counters.acked_total == 4, what="all acked")
+    finally:
+        release.set()
+        stop.set()
+        thread.join(30)
+        consumer.close()
+    [stats] = results
+    assert (stats.received, stats.acked) == (4, 4)
+
+
 def test_an_idle_subscriber_waits_in_the_log_and_a_publish_wakes_it(local: Served) -> None:
     client = local.client
     """Idle, a subscriber appends one GroupReceive per wait, each after the previous one expired

@@ -287,6 +287,29 @@ def test_keyload_codes_map_to_statuses(api: httpx.Client) -> None:
     )
 
 
+def test_pause_resume_and_close_a_queue_over_http(api: httpx.Client, served: tuple[Path, str]) -> None:
+    root, url = served
+    d, queue = new_queue(api, "jobs")
+    assert committed(api.post(f"{queue}/pause"))["paused"] is True
+    paused = api.post(f"{queue}/receive", json={})
+    assert (paused.status_code, paused.json()["error_code"]) == (409, "DispatchPaused")
+    waiting, answered = long_poll(url, bearer(root), f"{queue}/receive")  # waits for the resume
+    committed(api.post(f"{queue}/messages", json={"message_id": "m-1", "body": b64(b"held")}))
+    assert not answered, "a paused queue dispatches nothing"
+    assert committed(api.post(f"{queue}/resume"))["paused"] is False
+    waiting.join(30)
+    [delivery] = committed(answered[0])["deliveries"]
+    assert (delivery["message_id"], base64.b64decode(delivery["body"])) == ("m-1", b"held")
+    assert committed(api.post(f"{queue}/close"))["closed"] is True
+    refused = api.post(f"{queue}/messages", json={"message_id": "m-2", "body": b64(b"late")})
+    assert (refused.status_code, refused.json()["error_code"]) == (409, "Conflict")
+    assert "closed" in refused.json()["detail"]
+    acked = committed(api.post(f"/v1/domains/{d}/leases/ack", json={"token": delivery["token"]}))
+    assert acked["state"] == "acked"  # what a closed queue holds is still settled
+    shown = committed(api.get(queue))
+    assert (shown["paused"], shown["closed"], shown["counters"]["enqueued_total"]) == (False, True, 1)
+
+
 def test_documents_keys_and_message_ids_may_hold_slashes(api: httpx.Client) -> None:
     d = domain()
     put = api.put(f"/v1/domains/{d}/documents/orders/42/lines", json={"value": b64(b"v1"), "expected_revision": 0})

@@ -498,7 +498,8 @@ def queue_text(view: Any) -> str:
     """A queue's counters, one `name  value` per line under a title."""
     counters = dict(record_items(view.counters) or ())
     width = max(len(name) for name in counters)
-    lines = [f"{view.domain}/{view.queue} (policy version {view.policy_version})"]
+    flags = "".join(f", {name}" for name in ("paused", "closed") if getattr(view, name))
+    lines = [f"{view.domain}/{view.queue} (policy version {view.policy_version}{flags})"]
     return "\n".join(lines + [f"  {name:<{width}}  {value}" for name, value in counters.items()])
 
 
@@ -512,6 +513,9 @@ SHAPES: dict[str, Shape] = {
     "CreateQueue": Shape("create a queue", positional=("queue",)),
     "ConfigureQueue": Shape("replace a queue's policy (fields not given take their defaults)", positional=("queue",)),
     "InspectQueue": Shape("show a queue's policy version and counters"),
+    "PauseQueue": Shape("stop dispatch (receives are refused with DispatchPaused)"),
+    "ResumeQueue": Shape("dispatch again"),
+    "CloseQueue": Shape("take no new messages (one-way)"),
     "InspectMessage": Shape("show one message", positional=("message_id",), rename={"include_body": "body"}),
     "Enqueue": Shape("enqueue one message", optional=("message_id",), build=_enqueue_build),
     "Receive": Shape("lease ready messages"),

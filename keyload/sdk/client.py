@@ -378,6 +378,19 @@ class Client:
     def inspect_queue(self, domain: str, queue: str, *, command_id: str | None = None) -> QueueView:
         return self._send(QueueView, "InspectQueue", domain, {"queue": queue}, command_id)
 
+    def pause_queue(self, domain: str, queue: str, *, command_id: str | None = None) -> QueueView:
+        """Stop dispatch: receives are refused with `DispatchPausedError` (a waiting receive waits for
+        the resume); enqueues go on and leases in hand stay valid."""
+        return self._send(QueueView, "PauseQueue", domain, {"queue": queue}, command_id)
+
+    def resume_queue(self, domain: str, queue: str, *, command_id: str | None = None) -> QueueView:
+        return self._send(QueueView, "ResumeQueue", domain, {"queue": queue}, command_id)
+
+    def close_queue(self, domain: str, queue: str, *, command_id: str | None = None) -> QueueView:
+        """Take no new messages (enqueues are refused with `ConflictError`); what the queue holds is
+        still delivered and settled. There is no reopening."""
+        return self._send(QueueView, "CloseQueue", domain, {"queue": queue}, command_id)
+
     def inspect_message(
         self,
         domain: str,

@@ -9,7 +9,10 @@ them, and returns (a long-poll receive in progress finishes first: at most
 `wait_ms`).
 
 While idle, a consumer long-polls: one receive command per `wait_ms`, waiting in
-the log (a subscriber of a paused group waits there for the resume).
+the log (a consumer of a paused queue or group waits there for the resume). While
+handlers run it receives without waiting, and a paused source's DispatchPaused
+refusal then means "nothing now": the handlers are settled and the consumer
+waits once they are done.
 
 Exactly-once mode (`exactly_once=ExactlyOnce(handler_scope)`): the handler
 returns its effects (document writes, enqueues, publishes: keyload.sdk.results
@@ -41,7 +44,7 @@ from dataclasses import dataclass
 from threading import Event
 from typing import TYPE_CHECKING, Generic, Protocol, TypedDict, TypeVar, Unpack
 
-from keyload.errors import CommandRejected, KeyloadError, OutcomeTimeout
+from keyload.errors import CommandRejected, DispatchPausedError, KeyloadError, OutcomeTimeout
 from keyload.limits import MAX_ACK_BATCH
 from keyload.sdk.results import Delivery, GroupDelivery, Mutation
 
@@ -287,6 +290,8 @@ def work(
                     deliveries = source.receive(free, lease_ms, wait=not running)
                 except OutcomeTimeout:  # what it may have leased comes again when the lease runs out
                     stats.unknown_outcomes += 1
+                    deliveries = []
+                except DispatchPausedError:  # only while handlers run: once they are done it waits
                     deliveries = []
                 for delivery in deliveries:
                     running[pool.submit(handler, delivery)] = _Running(delivery, time.monotonic() + renew_every)

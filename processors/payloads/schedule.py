@@ -25,7 +25,7 @@ from keyload.processors.errors import ErrorCode, Rejected
 from keyload.processors.key_rotation import MissingKey, trust_set
 from keyload.processors.payloads import proofs
 from keyload.processors.payloads.reservations import close, load_reservation, object_key, queue_of, refuse_closed, view
-from keyload.processors.queues.resource import admit, check_new_message, check_room
+from keyload.processors.queues.resource import admit, check_new_message, check_open, check_room
 from keyload.processors.queues.state import Working, allocate, bounded, load_queue, save_queue, with_timer
 from keyload.projections import keys
 from keyload.projections.records import LargePayload, PayloadReservation, ReservationState, save
@@ -115,6 +115,7 @@ def commit_large_schedule(stage: Staged, body: CommitLargeSchedule, ctx: Context
         return view(reservation, ctx.now_ms)  # the first equivalent proof's commit stands
     refuse_closed(reservation, ctx.now_ms)
     work = Working(queue_of(stage, reservation))
+    check_open(work.view)
     length = reservation.length
     work.adjust(reserved_messages=-1, reserved_bytes=-length)
     large = LargePayload(

@@ -55,10 +55,19 @@ def receive_limits(policy: QueuePolicy, body: Receive) -> ReceiveLimits:
 
 
 def receive(stage: Staged, body: Receive, ctx: Context) -> Record | None:
+    """Claim ready messages; with none and `wait_ms`, wait for them as a long poll
+    (processors/waiters.py) instead of answering empty.
+
+    A paused queue refuses a receive (DispatchPaused), unless it waits: then it waits for the
+    resume like for a message.
+    """
     work = Working(load_queue(stage, ctx.domain, body.queue))
     wanted = receive_limits(work.view.policy, body)
     wait_ms = bounded("wait_ms", body.wait_ms, 0, 0, limits.MAX_WAIT_MS)
-    deliveries, budget_hit = claim(stage, work, ctx, ctx.principal, wanted)
+    paused = work.view.paused
+    if paused and wait_ms == 0:
+        raise Rejected(ErrorCode.DISPATCH_PAUSED, f"dispatch of queue {body.queue} is paused")
+    deliveries, budget_hit = ([], False) if paused else claim(stage, work, ctx, ctx.principal, wanted)
     if not deliveries and wait_ms > 0:
         work.record = waiters.wait(
             stage, work.record, ctx, wanted.max_messages, wanted.max_bytes, wanted.lease_ms, ctx.now_ms + wait_ms
@@ -168,8 +177,8 @@ def serve_waiters(stage: Staged, ctx: Context, queue_keys: list[bytes]) -> None:
     served = 0
     for queue_key in queue_keys:
         record = load(stage, queue_key, QueueRecord)
-        if record is None or record.waiting_receives == 0:
-            continue
+        if record is None or record.waiting_receives == 0 or record.view.paused:
+            continue  # a paused queue's waiters wait for the resume (or their deadline)
         work = Working(record)
         work.record, oldest = waiters.oldest(stage, work.record, limits.MAX_WAITERS_SERVED - served)
         for sequence, waiter in oldest:

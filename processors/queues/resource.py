@@ -1,4 +1,4 @@
-"""Queue resources: create, configure, enqueue, inspect."""
+"""Queue resources: create, configure, pause, resume, close, enqueue, inspect."""
 
 from __future__ import annotations
 
@@ -7,7 +7,17 @@ from typing import Protocol
 from msgspec.structs import replace
 
 from keyload import limits
-from keyload.bodies import ConfigureQueue, CreateQueue, Enqueue, InspectMessage, InspectQueue, PrepareLargeSchedule
+from keyload.bodies import (
+    CloseQueue,
+    ConfigureQueue,
+    CreateQueue,
+    Enqueue,
+    InspectMessage,
+    InspectQueue,
+    PauseQueue,
+    PrepareLargeSchedule,
+    ResumeQueue,
+)
 from keyload.log.codec import Record
 from keyload.processors import validation
 from keyload.processors.context import Context
@@ -135,9 +145,42 @@ def configure_queue(stage: Staged, body: ConfigureQueue, ctx: Context) -> Record
     return configured.view.to_avro()
 
 
+def pause_queue(stage: Staged, body: PauseQueue, ctx: Context) -> Record:
+    """Receives are refused (DispatchPaused) or wait; leases in hand can still be settled, renewed
+    or run out, and enqueues go on."""
+    return _set_flags(stage, body.queue, ctx, paused=True)
+
+
+def resume_queue(stage: Staged, body: ResumeQueue, ctx: Context) -> Record:
+    """Dispatch again; saving the queue lets the record's waiters be served (processors/apply.py)."""
+    return _set_flags(stage, body.queue, ctx, paused=False)
+
+
+def close_queue(stage: Staged, body: CloseQueue, ctx: Context) -> Record:
+    """No new messages from now on (`check_open`); what the queue holds is delivered and settled as before."""
+    return _set_flags(stage, body.queue, ctx, closed=True)
+
+
+def _set_flags(stage: Staged, queue: str, ctx: Context, **flags: bool) -> Record:
+    """Set the queue's dispatch flags; doing it again changes nothing (idempotent by state)."""
+    record = load_queue(stage, ctx.domain, queue)
+    if any(getattr(record.view, name) != value for name, value in flags.items()):
+        record = replace(record, view=replace(record.view, **flags))
+        save_queue(stage, record)
+    return record.view.to_avro()
+
+
+def check_open(queue: QueueView) -> None:
+    """Conflict when the queue is closed: it admits no new message (Enqueue, PrepareLargeSchedule,
+    CommitLargeSchedule)."""
+    if queue.closed:
+        raise Rejected(ErrorCode.CONFLICT, f"queue {queue.queue} is closed: it takes no new messages")
+
+
 def check_new_message(stage: Staged, queue: QueueView, body: Enqueue | PrepareLargeSchedule, ctx: Context) -> None:
-    """What Enqueue and PrepareLargeSchedule check alike: the id is unused (and never retired)
-    in the queue; headers, ordering key and times are valid."""
+    """What Enqueue and PrepareLargeSchedule check alike: the queue is open; the id is unused (and
+    never retired) in the queue; headers, ordering key and times are valid."""
+    check_open(queue)
     kind = type(body).__name__
     message_id = body.message_id
     check_message_id(message_id)
