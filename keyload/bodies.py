@@ -120,6 +120,12 @@ class CloseQueue(QueueCommand, frozen=True, kw_only=True, forbid_unknown_fields=
     AVRO_NAME = "keyload.command.CloseQueue"
 
 
+class DeleteQueue(QueueCommand, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    AVRO_NAME = "keyload.command.DeleteQueue"
+
+    force: bool = False
+
+
 class InspectMessage(AvroRecord, frozen=True, kw_only=True, forbid_unknown_fields=True):
     AVRO_NAME = "keyload.command.InspectMessage"
 
@@ -697,6 +703,7 @@ BODY_TYPES: dict[str, type[AvroRecord]] = {
         PauseQueue,
         ResumeQueue,
         CloseQueue,
+        DeleteQueue,
     )
 }
 """The class of every command kind's body, by its branch name (keyload/commands.py's `branch`)."""

@@ -154,6 +154,7 @@ COMMANDS: tuple[CommandKind, ...] = (
     _kind("PauseQueue", "queues.resource:pause_queue", "keyload.QueueView", C.resource_manage, "pause_queue", "queue pause", f"POST {Q}/pause"),
     _kind("ResumeQueue", "queues.resource:resume_queue", "keyload.QueueView", C.resource_manage, "resume_queue", "queue resume", f"POST {Q}/resume"),
     _kind("CloseQueue", "queues.resource:close_queue", "keyload.QueueView", C.resource_manage, "close_queue", "queue close", f"POST {Q}/close"),
+    _kind("DeleteQueue", "queues.resource:delete_queue", "keyload.QueueView", C.resource_manage, "delete_queue", "queue delete", f"DELETE {Q}"),
     _kind("InspectQueue", "queues.resource:inspect_queue", "keyload.QueueView", C.inspect, "inspect_queue", "queue inspect", f"GET {Q}"),
     _kind("InspectMessage", "queues.resource:inspect_message", "keyload.MessageView", C.inspect, "inspect_message", "message inspect", f"GET {Q}/messages/{{message_id}}"),
     _kind("Enqueue", "queues.resource:enqueue", "keyload.result.EnqueueResult", C.enqueue, "enqueue", "queue enqueue", f"POST {Q}/messages", batchable=True),

@@ -3,7 +3,8 @@
 Queues and subscription groups keep timers the same way (processors/queues/state.py):
 rows under their incarnation and one due-index entry each at their earliest. The
 due index names an incarnation; the resource key it maps to says which kind of
-resource to hand the firing to.
+resource to hand the firing to: a queue, a group, or a deleted queue whose rows are
+being reclaimed (processors/reclamation.py).
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 from keyload import limits
 from keyload.bodies import Checkpoint, Tick
 from keyload.log.codec import Record
+from keyload.processors import reclamation
 from keyload.processors.context import Context
 from keyload.processors.errors import Corruption
 from keyload.processors.groups import leases as group_leases
@@ -39,6 +41,9 @@ def fire_due(stage: Staged, ctx: Context) -> Record:
         due_ms, incarnation = keys.parse_due_queue(first[0])
         resource_key = stage.get(keys.resource_key(incarnation))
         kind = None if resource_key is None else resource_key[:1]
+        if kind == keys.RETIRED:  # a deleted queue whose rows are being reclaimed
+            examined += reclamation.reclaim_step(stage, incarnation, due_ms, ctx, budget - examined)
+            continue
         if kind not in (keys.QUEUE, keys.GROUP):
             raise Corruption(f"due index names {incarnation}, which is neither a queue nor a group")
         assert resource_key is not None

@@ -55,6 +55,10 @@ PUBLISHED_CHECKPOINT = b"K"  # K | offset u64                   -> manifest SHA-
 PRINCIPAL_KEY = b"B"  # B | key id                                 -> principal name (a key ever a principal's)
 PRINCIPAL = b"A"  # A | principal name                             -> PrincipalRecord (every partition holds each)
 RETENTION_TASK = b"G"  # G | task id u64                          -> RetentionTask (a guarded object deletion)
+# X | incarnation u64 -> QueueRecord of a deleted queue whose rows are still being reclaimed
+#   (processors/reclamation.py; `reclaim_from` the next row): its `i` row names this key, and it waits
+#   in the due index like a timer, at its `next_timer_ms`
+RETIRED = b"X"
 
 APPLIED_OFFSET = META + b"applied_offset"  # u64 offset of the last applied record
 LAST_TIME = META + b"last_time"  # u64 evaluation time of the last applied record
@@ -127,6 +131,7 @@ FAMILY_VALUES: dict[bytes, RecordValue | None] = {
     RESERVATION: RecordValue("keyload.PayloadReservation"),
     IDENTITY: None,
     RETENTION_TASK: RecordValue("keyload.RetentionTask"),
+    RETIRED: RecordValue("keyload.QueueRecord"),
     PRINCIPAL: RecordValue("keyload.PrincipalRecord"),
     PUBLISHED_CHECKPOINT: None,
     PRINCIPAL_KEY: None,
@@ -380,3 +385,7 @@ def identity(queue_id: int, message_id: str) -> bytes:
 
 def retention_task(task_id: int) -> bytes:
     return RETENTION_TASK + U64.pack(task_id)
+
+
+def retired(incarnation: int) -> bytes:
+    return RETIRED + U64.pack(incarnation)

@@ -247,6 +247,7 @@ class QueueRecord(StoredRecord, frozen=True, kw_only=True, forbid_unknown_fields
     ready_floor: Long = 1
     timer_floor: bytes | None = None
     waiter_floor: Long = 1
+    reclaim_from: bytes | None = None  # deleted: the next row to reclaim (processors/reclamation.py)
 
 
 class LargePayload(AvroRecord, frozen=True, kw_only=True, forbid_unknown_fields=True):

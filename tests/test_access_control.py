@@ -405,6 +405,13 @@ def test_reads_reach_only_the_granted_domain(secured: Secured) -> None:
 
 Builder = Callable[[Secured], dict[str, Any]]
 
+
+def _empty_queue(secured: Secured) -> dict[str, Any]:
+    """A queue the administrator creates empty, so that deleting it is allowed."""
+    secured.ok(secured.admin, A, CREATE_QUEUE, create_queue_body("empty"))
+    return {"queue": "empty"}
+
+
 UNGRANTED: dict[str, Builder] = {
     "PurgeTopic": lambda s: {"topic": "news", "through": 1, "expected_generation": 1},
     "SeekGroup": lambda s: {"topic": "news", "group": "g", "to": "end", "position": None, "expected_generation": None},
@@ -427,6 +434,7 @@ UNGRANTED: dict[str, Builder] = {
     "CreateQueue": lambda s: create_queue_body("new-queue"),
     "PauseQueue": lambda s: {"queue": "jobs"},
     "CloseQueue": lambda s: {"queue": "jobs"},
+    "DeleteQueue": _empty_queue,
 }
 
 

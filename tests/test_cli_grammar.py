@@ -177,6 +177,9 @@ def test_noun_verb_commands_against_a_running_service(tmp_path: Path) -> None:
         assert closed.returncode == 0 and closed.stdout.startswith("shop/jobs (policy version 1, closed)")
         late = run_keyload("queue", "enqueue", *at, "--queue", "jobs", "--body", "late")
         assert late.returncode == 1 and late.stderr.startswith("keyload: rejected: Conflict")
+        assert cli_json("queue", "delete", *at, "--queue", "jobs", "--json")["closed"] is True
+        gone = run_keyload("queue", "inspect", *at, "--queue", "jobs")
+        assert gone.returncode == 1 and gone.stderr.startswith("keyload: rejected: NotFound")
         cli_json("topic", "create", *at, "news", "--json")
         events = json.dumps(
             [{"event_id": "e-1", "type": "t", "body": "one"}, {"event_id": "e-2", "type": "t", "body": "two"}]
@@ -198,6 +201,7 @@ def test_noun_verb_commands_against_a_running_service(tmp_path: Path) -> None:
         rotated = run_keyload("keys", "rotate", "--data", str(data), "--partition", "0", "--json")
         assert rotated.returncode == 0 and json.loads(rotated.stdout)[0]["partition"] == 0
         rejected = run_keyload("lease", "ack", *at, delivery["token"])
-        assert rejected.returncode == 1 and rejected.stderr.startswith("keyload: rejected: StaleLease")
+        # Its queue was deleted: the token names an incarnation that is gone.
+        assert rejected.returncode == 1 and rejected.stderr.startswith("keyload: rejected: TokenInvalidated")
     finally:
         assert stop_service(service) == 0

@@ -11,6 +11,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from keyload import limits
+from keyload.log.codec import REGISTRY
+from keyload.processors.reclamation import QUEUE_FAMILIES
+from keyload.projections import keys
 from keyload.sdk.results import PayloadReservation, QueueView
 
 from .payloads import CANCEL_LARGE, PREPARE, Large, prepare_body
@@ -157,3 +161,143 @@ def test_a_large_message_reserved_before_the_close_is_not_committed(large: Large
     cancel = {"reservation_id": receipt.reservation_id}
     cancelled = expect(submit_unhalted(large.embedded, "shop", CANCEL_LARGE, cancel), None)
     assert cancelled.state == "cancelled"  # the reservation is released as usual
+
+
+# -- delete ---------------------------------------------------------------------------------------------------
+
+DELETE = "keyload.command.DeleteQueue"
+
+
+def incarnation_rows(embedded: Embedded, incarnation: int) -> int:
+    """The rows a queue incarnation keeps under its id, in every family reclamation sweeps."""
+    store = embedded.store(D)
+    return sum(
+        1
+        for family in QUEUE_FAMILIES
+        for _ in store.scan(family + keys.u64(incarnation), keys.prefix_end(family + keys.u64(incarnation)))
+    )
+
+
+def state_of(embedded: Embedded, incarnation: int, message_id: str) -> str:
+    raw = embedded.store(D).get(keys.message(incarnation, message_id))
+    assert raw is not None
+    return str(REGISTRY.decode("keyload.MessageMeta", raw)["state"])
+
+
+def test_a_queue_that_holds_messages_or_reservations_is_not_deleted(embedded: Embedded) -> None:
+    ok(embedded, CREATE_QUEUE, create_queue_body(Q, max_attempts=1))
+    ok(embedded, ENQUEUE, enqueue_body(Q, "m1"))
+    held = (
+        "queue jobs holds 1 messages and 0 open reservations: settle, cancel or wait for them first, "
+        "or delete it by force"
+    )
+    assert refused(embedded, DELETE, {"queue": Q}, "Conflict") == held
+    [delivery] = ok(embedded, RECEIVE, receive_body(Q)).deliveries
+    assert refused(embedded, DELETE, {"queue": Q}, "Conflict") == held  # in flight
+    nack = {"token": delivery.token, "delay_ms": None}
+    assert ok(embedded, "keyload.command.Nack", nack).state == "dead_lettered"
+    assert refused(embedded, DELETE, {"queue": Q}, "Conflict") == held  # a dead letter is held too
+    assert refused(embedded, DELETE, {"queue": "missing"}, "NotFound")
+
+
+def test_a_deleted_queue_frees_its_name_and_answers_its_waiters(embedded: Embedded, tmp_path: Path) -> None:
+    old = ok(embedded, CREATE_QUEUE, create_queue_body(Q)).incarnation
+    ok(embedded, ENQUEUE, enqueue_body(Q, "m1", b"first"))
+    [delivery] = ok(embedded, RECEIVE, receive_body(Q)).deliveries
+    ok(embedded, ACK, {"token": delivery.token})
+    cursor = embedded.outcomes.end_offset(0)
+    embedded.append(D, command(D, RECEIVE, dict(receive_body(Q), wait_ms=20_000), "wait-1", reply_to=0))
+    embedded.run()
+    deleted: QueueView = ok(embedded, DELETE, {"queue": Q})
+    assert (deleted.incarnation, deleted.counters.acked_total) == (old, 1)
+    [answered] = [o for o in published(embedded, cursor) if o["command_id"] == "wait-1"]
+    assert (answered["status"], answered["result"][1]["deliveries"]) == ("committed", [])
+    assert refused(embedded, INSPECT_QUEUE, {"queue": Q}, "NotFound") == "queue does not exist"
+    assert refused(embedded, ENQUEUE, enqueue_body(Q, "m2"), "NotFound")
+    assert refused(embedded, ACK, {"token": delivery.token}, "TokenInvalidated")
+    # The name is free: a new incarnation, with a message id space of its own.
+    assert ok(embedded, CREATE_QUEUE, create_queue_body(Q)).incarnation > old
+    assert ok(embedded, ENQUEUE, enqueue_body(Q, "m1", b"second")).state == "ready"
+    [again] = ok(embedded, RECEIVE, receive_body(Q)).deliveries
+    assert (again.message_id, again.body, again.attempts) == ("m1", b"second", 1)
+    assert_replay_equals_live(embedded, D, tmp_path)
+
+
+def test_a_deleted_queues_rows_are_reclaimed_in_bounded_steps(embedded: Embedded, tmp_path: Path) -> None:
+    """Every record after the delete reclaims at most the tick examination budget of rows, before
+    itself; once all are gone, so are the reclamation row, the resource row and the due entry."""
+    incarnation = ok(embedded, CREATE_QUEUE, create_queue_body(Q, receive_max_messages=100)).incarnation
+    count = 700
+    for i in range(count):
+        ordering_key = f"k{i % 3}" if i % 2 else None
+        ok(embedded, ENQUEUE, enqueue_body(Q, f"m{i}", b"x", ordering_key=ordering_key))
+    while deliveries := ok(embedded, RECEIVE, receive_body(Q, max_messages=100)).deliveries:
+        tokens = [d.token for d in deliveries]
+        ok(embedded, "keyload.command.AckBatch", {"tokens": tokens})
+    rows = incarnation_rows(embedded, incarnation)
+    assert rows >= count  # every finished message keeps its metadata
+    ok(embedded, DELETE, {"queue": Q})
+    assert incarnation_rows(embedded, incarnation) == rows  # the delete itself reclaims nothing
+    budget = limits.TICK_EXAMINATION_BUDGET
+    for step in range(1, rows // budget + 2):
+        embedded.now_ms += 1
+        ok(embedded, TICK, {})
+        assert incarnation_rows(embedded, incarnation) == max(rows - step * budget, 0)
+    store = embedded.store(D)
+    assert store.get(keys.retired(incarnation)) is None and store.get(keys.resource_key(incarnation)) is None
+    assert list(store.scan(keys.DUE_QUEUE, keys.prefix_end(keys.DUE_QUEUE))) == []
+    assert store.get(keys.NEXT_DUE) is None
+    assert_replay_equals_live(embedded, D, tmp_path)
+
+
+def test_reclamation_waits_behind_timers_already_due(embedded: Embedded) -> None:
+    """A reclamation step queues the rest at the log time of its record, so a lease due before
+    that fires in the next record rather than after the whole reclamation."""
+    incarnation = ok(embedded, CREATE_QUEUE, create_queue_body(Q, receive_max_messages=100)).incarnation
+    for i in range(600):
+        ok(embedded, ENQUEUE, enqueue_body(Q, f"m{i}"))
+    while deliveries := ok(embedded, RECEIVE, receive_body(Q, max_messages=100)).deliveries:
+        ok(embedded, "keyload.command.AckBatch", {"tokens": [d.token for d in deliveries]})
+    other = ok(embedded, CREATE_QUEUE, create_queue_body("other", lease_ms=1_000)).incarnation
+    ok(embedded, ENQUEUE, enqueue_body("other", "o1"))
+    ok(embedded, RECEIVE, receive_body("other"))  # its lease is due in 1 s
+    ok(embedded, DELETE, {"queue": Q})
+    embedded.now_ms += 1_001
+    ok(embedded, TICK, {})  # a reclamation step (due first, at the delete's time), queued again at this time
+    assert state_of(embedded, other, "o1") == "leased"
+    embedded.now_ms += 1
+    ok(embedded, TICK, {})  # the lease, due before the rest of the reclamation, fires first
+    assert state_of(embedded, other, "o1") == "scheduled"  # its retry
+    assert incarnation_rows(embedded, incarnation) > 0  # reclamation is not done yet
+
+
+def test_a_forced_delete_drops_messages_in_every_state(embedded: Embedded, tmp_path: Path) -> None:
+    policy = {"max_attempts": 1, "lease_ms": 60_000, "ordering": "strict_per_key", "receive_max_messages": 10}
+    incarnation = ok(embedded, CREATE_QUEUE, create_queue_body(Q, **policy)).incarnation
+    ok(embedded, ENQUEUE, enqueue_body(Q, "dead"))
+    [dead] = ok(embedded, RECEIVE, receive_body(Q)).deliveries
+    ok(embedded, "keyload.command.Nack", {"token": dead.token, "delay_ms": None})  # dead-lettered
+    ok(embedded, ENQUEUE, enqueue_body(Q, "k1", ordering_key="k"))
+    ok(embedded, ENQUEUE, enqueue_body(Q, "k2", ordering_key="k"))  # waits behind k1
+    ok(
+        embedded,
+        ENQUEUE,
+        enqueue_body(Q, "later", not_before_ms=embedded.now_ms + 60_000, expires_at_ms=embedded.now_ms + 90_000),
+    )
+    [leased] = ok(embedded, RECEIVE, receive_body(Q)).deliveries
+    assert leased.message_id == "k1"
+    ok(embedded, ENQUEUE, enqueue_body(Q, "ready"))
+    counters = view(embedded).counters
+    assert (counters.dead_lettered, counters.leased, counters.scheduled, counters.ready) == (1, 1, 1, 2)
+    assert refused(embedded, DELETE, {"queue": Q}, "Conflict")
+    deleted: QueueView = ok(embedded, DELETE, {"queue": Q, "force": True})
+    assert deleted.counters.stored_messages == 5  # its last view
+    assert refused(embedded, ACK, {"token": leased.token}, "TokenInvalidated")
+    ok(embedded, CREATE_QUEUE, create_queue_body(Q))
+    assert view(embedded).counters.stored_messages == 0  # a new incarnation: nothing carried over
+    ok(embedded, TICK, {})
+    assert incarnation_rows(embedded, incarnation) == 0
+    embedded.now_ms += 120_000  # the dropped messages' timers are gone with them: nothing fires
+    ok(embedded, TICK, {})
+    assert view(embedded).counters.stored_messages == 0
+    assert_replay_equals_live(embedded, D, tmp_path)

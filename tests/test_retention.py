@@ -279,3 +279,49 @@ def test_a_late_put_after_an_abandoned_reservation_cannot_resurrect_it(collected
     assert (held.reserved_messages, held.reserved_bytes, held.payload_object_bytes) == (0, 0, 0)
     assert large.receive() == []
     assert_replay_equals_live(embedded, D, tmp_path / "replay")
+
+
+def test_a_deleted_queues_objects_are_still_collected_and_its_tasks_compact(
+    collected: Collected, tmp_path: Path
+) -> None:
+    """A queue deleted while its acked message's object awaits the GC: the deletion, its confirmation
+    and the task's compaction go on without the queue (and without a halt)."""
+    large, embedded = collected.large, collected.large.embedded
+    gone = large.schedule("gone", b"g" * 70_000, tmp_path)
+    [delivery] = large.receive()
+    expect(submit_unhalted(embedded, D, ACK, {"token": delivery.token}), None)
+    expect(submit_unhalted(embedded, D, "keyload.command.DeleteQueue", {"queue": Q}), None)
+    embedded.now_ms = gone.upload_deadline_ms + 1_000  # past the handles and the horizon after them
+    for _ in range(4):
+        collected.checkpoint()
+        collected.gc()
+    assert collected.tasks() == []  # confirmed, then compacted
+    assert gone.object_version is not None and collected.objects.versions(gone.object_key) == []
+    assert collected.worker.client.list_retention(embedded.partition(D)).retired_identities == 1
+    assert_replay_equals_live(embedded, D, tmp_path / "replay")
+
+
+def test_a_forced_delete_sends_live_objects_and_open_uploads_to_the_gc(collected: Collected, tmp_path: Path) -> None:
+    """A queue deleted by force with a live large message and an open reservation: as reclamation
+    reaches them, each becomes a retention task, and the GC deletes both objects."""
+    large, embedded = collected.large, collected.large.embedded
+    live = large.schedule("live", b"l" * 60_000, tmp_path)
+    pending = large.prepare("pending", b"p" * 10_000)
+    large.upload(pending, b"p" * 10_000, tmp_path)  # uploaded, never committed
+    expect(submit_unhalted(embedded, D, "keyload.command.DeleteQueue", {"queue": Q, "force": True}), None)
+    expect(submit_unhalted(embedded, D, CHECKPOINT, {}), None)  # a record: reclamation runs before it
+    kinds = sorted(status.task.kind for status in collected.tasks())
+    assert kinds == ["abandoned_reservation", "message_payload"]
+    reservation = expect(
+        submit_unhalted(embedded, D, "keyload.command.InspectReservation", {"reservation_id": pending.reservation_id}),
+        None,
+    )
+    assert reservation.state == "cancelled"
+    embedded.now_ms = max(live.upload_deadline_ms, pending.upload_deadline_ms) + 1_000  # past every handle
+    for _ in range(4):
+        collected.checkpoint()
+        collected.gc()
+    assert collected.tasks() == []
+    assert live.object_version is not None and collected.objects.versions(live.object_key) == []
+    assert collected.objects.versions(pending.object_key) == []
+    assert_replay_equals_live(embedded, D, tmp_path / "replay")

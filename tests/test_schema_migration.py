@@ -66,7 +66,8 @@ def released_version(name: str, version: int) -> Released:
 def run_workload(embedded: Embedded) -> None:
     """Every family that holds a record gets rows: queues, messages, a waiter, a poison entry,
     topics, events, a group with outstanding and parked positions, stored and deferred outcomes,
-    documents, inbox entries, a payload reservation, a retention task and principals."""
+    documents, inbox entries, a payload reservation, a retention task, principals and a deleted
+    queue still being reclaimed."""
 
     def ok(kind: str, body: Record) -> Any:
         return expect(submit_unhalted(embedded, D, kind, body), None)
@@ -103,6 +104,14 @@ def run_workload(embedded: Embedded) -> None:
         "keyload.command.CommitInbox",
         {"source": source, "handler_scope": "svc", "execution_generation": 0, "effects": []},
     )
+    # A queue deleted by force with more rows than one record reclaims: its X row outlives the workload.
+    ok(CREATE_QUEUE, create_queue_body("doomed"))
+    for first in range(0, 300, 100):
+        enqueues = [
+            {"domain": None, "mutation": (ENQUEUE, enqueue_body("doomed", f"d-{i}"))} for i in range(first, first + 100)
+        ]
+        ok("keyload.command.Batch", {"mutations": enqueues})
+    ok("keyload.command.DeleteQueue", {"queue": "doomed", "force": True})
     partition = embedded.partition(D)
     embedded.append(D, enable_command(embedded.data.root, partition, embedded.data.partitions))  # principals
     embedded.run()
@@ -141,11 +150,11 @@ def encoded_under(released: Released, record: Record) -> bytes | None:
         return None
 
 
-def rewritten(rows: Rows, encode: Callable[[str, Record], bytes | None]) -> Rows:
+def rewritten(rows: Rows, encode: Callable[[bytes, str, Record], bytes | None]) -> Rows:
     """`rows` without the mark, each record encoded by `encode` (left as it is where that gives None)."""
     result = dict(rows)
     for key, layout, record in stored_records(rows):
-        encoded = encode(layout.name, REGISTRY.decode(layout.name, record))
+        encoded = encode(key, layout.name, REGISTRY.decode(layout.name, record))
         if encoded is not None:
             result[key] = rows[key][: layout.skip] + encoded
     result.pop(keys.SCHEMA_SET, None)
@@ -155,7 +164,7 @@ def rewritten(rows: Rows, encode: Callable[[str, Record], bytes | None]) -> Rows
 def migrated(rows: Rows) -> Rows:
     """What migrating `rows` must leave: every record (upcast) in its current encoding, and the mark."""
 
-    def encode(name: str, record: Record) -> bytes:
+    def encode(_: bytes, name: str, record: Record) -> bytes:
         upcast = UPCASTS.get(name)
         return REGISTRY.encode(name, record if upcast is None else upcast(record))
 
@@ -163,12 +172,16 @@ def migrated(rows: Rows) -> Rows:
 
 
 def oldest(rows: Rows, lossless: bool = False) -> Rows:
-    """Each record under the oldest released version that can write it (and, if `lossless`, read it back)."""
+    """Each record under the oldest released version that can write it (and, if `lossless`, read it back).
 
-    def encode(name: str, record: Record) -> bytes | None:
+    A deleted queue's reclamation record (`X`) is always read back whole: no processor before the
+    version that added `reclaim_from` wrote one."""
+    retired = {key for key in rows if key[:1] == keys.RETIRED}
+
+    def encode(key: bytes, name: str, record: Record) -> bytes | None:
         for released in REGISTRY.released(name):
             value = encoded_under(released, record)
-            if value is not None and (not lossless or REGISTRY.decode(name, value) == record):
+            if value is not None and (not (lossless or key in retired) or REGISTRY.decode(name, value) == record):
                 return value
         return None
 
@@ -232,7 +245,7 @@ def test_records_written_under_every_released_version_migrate_on_open(
     workload_rows: Rows, tmp_path: Path, name: str, version: int
 ) -> None:
     released = released_version(name, version)
-    old = rewritten(workload_rows, lambda n, record: encoded_under(released, record) if n == name else None)
+    old = rewritten(workload_rows, lambda _, n, record: encoded_under(released, record) if n == name else None)
     assert any(
         layout.name == name and record.startswith(released.header) for _, layout, record in stored_records(old)
     ), f"no {name} row can be written under v{version}"

@@ -35,11 +35,13 @@ from keyload.errors import (
     ServiceUnavailable,
 )
 from keyload.log.base import partition_for
+from keyload.projections import keys
+from keyload.projections.store import Store
 from keyload.sdk.envelope import encode_command
 from keyload.server import openapi
 from keyload.storage.datadir import DataDir
 
-from .support import bearer, served_url, start_service, stop_service
+from .support import bearer, served_url, start_service, stop_service, wait_until
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -287,7 +289,7 @@ def test_keyload_codes_map_to_statuses(api: httpx.Client) -> None:
     )
 
 
-def test_pause_resume_and_close_a_queue_over_http(api: httpx.Client, served: tuple[Path, str]) -> None:
+def test_pause_resume_close_and_delete_a_queue_over_http(api: httpx.Client, served: tuple[Path, str]) -> None:
     root, url = served
     d, queue = new_queue(api, "jobs")
     assert committed(api.post(f"{queue}/pause"))["paused"] is True
@@ -308,6 +310,42 @@ def test_pause_resume_and_close_a_queue_over_http(api: httpx.Client, served: tup
     assert acked["state"] == "acked"  # what a closed queue holds is still settled
     shown = committed(api.get(queue))
     assert (shown["paused"], shown["closed"], shown["counters"]["enqueued_total"]) == (False, True, 1)
+    assert committed(api.delete(queue))["counters"]["acked_total"] == 1
+    assert (api.get(queue).status_code, api.get(queue).json()["error_code"]) == (404, "NotFound")
+    committed(api.put(queue, json={"policy": {}}))  # the name is free: a new queue
+    committed(api.post(f"{queue}/messages", json={"message_id": "m-1", "body": b64(b"again")}))
+    held = api.delete(queue)
+    assert (held.status_code, held.json()["error_code"]) == (409, "Conflict")
+    assert committed(api.delete(queue, params={"force": "true"}))["counters"]["stored_messages"] == 1
+
+
+def test_the_ticker_drives_a_deleted_queues_reclamation(served: tuple[Path, str], api: httpx.Client) -> None:
+    """With no other traffic, Ticks keep coming while the reclamation is due, until it is done."""
+    root, _ = served
+    d, queue = new_queue(api, "spent", {"receive_max_messages": 100})
+    for first in range(0, 600, 100):
+        enqueues = [
+            {"mutation": {"Enqueue": {"queue": "spent", "message_id": f"m{i}", "body": b64(b"x")}}}
+            for i in range(first, first + 100)
+        ]
+        committed(api.post(f"/v1/domains/{d}/batch", json={"mutations": enqueues}))
+    while deliveries := committed(api.post(f"{queue}/receive", json={"max_messages": 100}))["deliveries"]:
+        tokens = [delivery["token"] for delivery in deliveries]
+        committed(api.post(f"/v1/domains/{d}/leases/ack-batch", json={"tokens": tokens}))
+    incarnation = committed(api.delete(queue))["incarnation"]
+    data = DataDir.open(root)
+    projection = data.projection(partition_for(d, data.partitions))
+
+    def reclaimed() -> bool:
+        store = Store(projection, read_only=True)  # beside the service, as `keyload drill` reads it
+        try:
+            return store.get(keys.resource_key(incarnation)) is None and not any(
+                True for _ in store.scan(keys.message(incarnation, ""), keys.prefix_end(keys.message(incarnation, "")))
+            )
+        finally:
+            store.close()
+
+    wait_until(reclaimed, timeout_s=30, what="the deleted queue's rows reclaimed")
 
 
 def test_documents_keys_and_message_ids_may_hold_slashes(api: httpx.Client) -> None:

@@ -80,6 +80,7 @@ class AsyncClient:
     pause_queue = _on_thread(Client.pause_queue)
     resume_queue = _on_thread(Client.resume_queue)
     close_queue = _on_thread(Client.close_queue)
+    delete_queue = _on_thread(Client.delete_queue)
     inspect_message = _on_thread(Client.inspect_message)
     receive = _on_thread(Client.receive)
     receive_across = _on_thread(Client.receive_across)

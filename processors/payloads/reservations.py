@@ -105,12 +105,14 @@ def _abandon(
     return closed
 
 
-def expire_reservation(stage: Staged, queue: QueueView, ctx: Context, reservation_id: int) -> None:
-    """The deadline timer of a reservation of `queue`: write down the expiry log time already decided."""
+def abandon_open(stage: Staged, queue: QueueView, ctx: Context, reservation_id: int, state: ReservationState) -> None:
+    """An open reservation of `queue` ends uncommitted, by its deadline timer (`expired`: the log
+    time already decided it) or by its queue's forced deletion (`cancelled`); whatever an upload
+    left goes to the retention workflow, and its deadline timer goes."""
     reservation = load(stage, keys.reservation(reservation_id), PayloadReservation)
     if reservation is None or reservation.state != ReservationState.reserved:
         raise Corruption(f"deadline timer of reservation {reservation_id}, which is not open")
-    _abandon(stage, queue, reservation, ReservationState.expired, ctx)
+    _abandon(stage, queue, reservation, state, ctx)
 
 
 def inspect_reservation(stage: Staged, body: InspectReservation, ctx: Context) -> Record:

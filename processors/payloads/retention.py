@@ -26,7 +26,7 @@ from msgspec.structs import replace
 from keyload import limits
 from keyload.bodies import AdvanceRecoveryFloor, BeginDelete, CheckpointPublished, DeleteConfirmed, ListRetention
 from keyload.log.codec import Record
-from keyload.processors import validation
+from keyload.processors import reclamation, validation
 from keyload.processors.access import policy_epoch
 from keyload.processors.context import Context
 from keyload.processors.counters import adjusted_fields
@@ -217,18 +217,19 @@ def delete_confirmed(stage: Staged, body: DeleteConfirmed, ctx: Context) -> Reco
         raise Rejected(ErrorCode.CONFLICT, "the task's deletion has not begun (BeginDelete first)")
     if task.state == RetentionState.deleting:
         queue = load_queue_by_id(stage, task.queue_id)
-        if queue is None:
+        if queue is None and not reclamation.deleted(stage, task.queue_id):
             raise Corruption(f"retention task {task.task_id} names a missing queue")
-        if task.kind == RetentionKind.abandoned_reservation:
-            counters = adjusted_fields(
-                queue.view.counters,
-                payload_object_bytes=-task.length,
-                reserved_messages=-1,
-                reserved_bytes=-task.length,
-            )
-        else:
-            counters = adjusted_fields(queue.view.counters, payload_object_bytes=-task.length)
-        save_queue(stage, replace(queue, view=replace(queue.view, counters=counters)))
+        if queue is not None:  # a deleted queue's counters went with it
+            if task.kind == RetentionKind.abandoned_reservation:
+                counters = adjusted_fields(
+                    queue.view.counters,
+                    payload_object_bytes=-task.length,
+                    reserved_messages=-1,
+                    reserved_bytes=-task.length,
+                )
+            else:
+                counters = adjusted_fields(queue.view.counters, payload_object_bytes=-task.length)
+            save_queue(stage, replace(queue, view=replace(queue.view, counters=counters)))
         task = replace(
             task,
             state=RetentionState.confirmed,
@@ -290,13 +291,15 @@ def _compact(stage: Staged, floor: int) -> None:
             continue
         stage.delete(key)
         stage.delete(keys.reservation(task["reservation_id"]))
+        # The rows of a deleted queue are reclaimed on their own (processors/reclamation.py), maybe first.
+        gone = reclamation.deleted(stage, task["queue_id"])
         if task["kind"] == RetentionKind.message_payload:
             message = keys.message(task["queue_id"], task["message_id"])
             meta = stage.get_record(message, MessageMeta.SCHEMA)
-            if meta is None or meta["terminal_at_ms"] is None:
+            if (meta is None and not gone) or (meta is not None and meta["terminal_at_ms"] is None):
                 raise Corruption(f"retention task {task['task_id']} names a message that is not terminal")
             stage.delete(message)
-        if stage.get(keys.identity(task["queue_id"], task["message_id"])) is None:
+        if stage.get(keys.identity(task["queue_id"], task["message_id"])) is None and not gone:
             raise Corruption(f"retention task {task['task_id']} names a message id without its identity row")
         retired += 1
     if retired:

@@ -47,6 +47,7 @@ from keyload.projections.records import (
     QueuePolicy,
     QueueRecord,
     QueueView,
+    ReservationState,
     RetryJitter,
 )
 from keyload.projections.store import Staged
@@ -323,7 +324,7 @@ def fire_queue_timers(stage: Staged, record: QueueRecord, ctx: Context, budget: 
             transitions += 1
             continue
         if kind == keys.TIMER_RESERVATION:
-            reservations.expire_reservation(stage, work.view, ctx, sequence)
+            reservations.abandon_open(stage, work.view, ctx, sequence, ReservationState.expired)
             transitions += 1
             continue
         message_id = value.decode("utf-8")

@@ -1,4 +1,4 @@
-"""Queue resources: create, configure, pause, resume, close, enqueue, inspect."""
+"""Queue resources: create, configure, pause, resume, close, delete, enqueue, inspect."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from keyload.bodies import (
     CloseQueue,
     ConfigureQueue,
     CreateQueue,
+    DeleteQueue,
     Enqueue,
     InspectMessage,
     InspectQueue,
@@ -19,11 +20,11 @@ from keyload.bodies import (
     ResumeQueue,
 )
 from keyload.log.codec import Record
-from keyload.processors import validation
+from keyload.processors import reclamation, validation, waiters
 from keyload.processors.context import Context
 from keyload.processors.errors import Corruption, ErrorCode, Rejected
 from keyload.processors.policy import resolve_policy
-from keyload.processors.queues.lifecycle import add_expiry, enter
+from keyload.processors.queues.lifecycle import add_expiry, enter, receive_result
 from keyload.processors.queues.state import (
     LIVE_STATES,
     Working,
@@ -159,6 +160,31 @@ def resume_queue(stage: Staged, body: ResumeQueue, ctx: Context) -> Record:
 def close_queue(stage: Staged, body: CloseQueue, ctx: Context) -> Record:
     """No new messages from now on (`check_open`); what the queue holds is delivered and settled as before."""
     return _set_flags(stage, body.queue, ctx, closed=True)
+
+
+def delete_queue(stage: Staged, body: DeleteQueue, ctx: Context) -> Record:
+    """Delete a queue that holds nothing (no message in any live state, no open reservation), or,
+    with `force`, whatever it holds.
+
+    Its name is free at once (a new queue of that name is a new incarnation, so the old tokens stay
+    invalid); receives waiting on it are answered empty; its rows are reclaimed afterwards, in
+    bounded steps, and what a forced deletion drops releases its objects to the GC as it goes
+    (processors/reclamation.py). Returns its last view.
+    """
+    record = load_queue(stage, ctx.domain, body.queue)
+    counters = record.view.counters
+    if not body.force and (counters.stored_messages or counters.reserved_messages):
+        raise Rejected(
+            ErrorCode.CONFLICT,
+            f"queue {body.queue} holds {counters.stored_messages} messages and {counters.reserved_messages} "
+            "open reservations: settle, cancel or wait for them first, or delete it by force",
+        )
+    record, waiting = waiters.oldest(stage, record, limits.MAX_WAITERS_PER_RESOURCE)
+    for sequence, waiter in waiting:
+        record = waiters.complete(stage, record, ctx, sequence, waiter, receive_result([]))
+    stage.delete(keys.queue(ctx.domain, body.queue))
+    reclamation.retire(stage, record, ctx.now_ms)
+    return record.view.to_avro()
 
 
 def _set_flags(stage: Staged, queue: str, ctx: Context, **flags: bool) -> Record:

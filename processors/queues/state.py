@@ -230,13 +230,13 @@ def refreshed_due(stage: Staged, record: TimedRecord) -> TimedRecord:
     floor = None if first is None else first[0][len(keys.timer_prefix(0)) :]
     previous = record.next_timer_ms
     if earliest != previous:
-        _move_due_entry(stage, record.view.incarnation, previous, earliest)
+        move_due_entry(stage, record.view.incarnation, previous, earliest)
     if floor == record.timer_floor and earliest == previous:
         return record
     return replace(record, timer_floor=floor, next_timer_ms=earliest)
 
 
-def _move_due_entry(stage: Staged, resource_id: int, previous: int | None, earliest: int | None) -> None:
+def move_due_entry(stage: Staged, resource_id: int, previous: int | None, earliest: int | None) -> None:
     """Move a resource's due-index entry from `previous` to `earliest`, and recompute the
     partition's next due time."""
     if previous is not None:
