@@ -124,6 +124,7 @@ class DeleteQueue(QueueCommand, frozen=True, kw_only=True, forbid_unknown_fields
     AVRO_NAME = "keyload.command.DeleteQueue"
 
     force: bool = False
+    expected_incarnation: int | None = None
 
 
 class InspectMessage(AvroRecord, frozen=True, kw_only=True, forbid_unknown_fields=True):

@@ -2,20 +2,24 @@
 
 DeleteQueue frees the queue's name at once, but its incarnation may still hold any number of rows:
 the metadata of every message it ever finished, retired message identities, inbox entries, and —
-deleted by force — live messages, their indexes and timers. Deleting them inside the command would
-make one record's work unbounded. Instead the queue is *retired*: its record moves to its `X` key,
-with `reclaim_from` the next row to reclaim, its `i` row names that key, and it waits in the
-partition's due index like a timer, due at the deletion's log time. Firing it
-(processors/timers.py, before a record and within the tick examination budget) deletes rows from
-that cursor on, in a fixed order of families, and queues the rest again at the current log time,
-behind the timers due earlier. The ticker keeps appending Ticks while a timer is due, so the
-backlog drains at the processor's pace, between other commands. The last step deletes the `X` row,
-the `i` row and the due entry.
+deleted by force — live messages with their bodies, index rows and timers. Deleting them inside the
+command would make one record's work unbounded. Instead the queue is *retired*: its record moves to
+its `X` key, with `reclaim_from` the next row to reclaim, its `i` row names that key, and it waits
+in the partition's due index like a timer, due at the deletion's log time. Firing it
+(processors/timers.py, before a record and within the tick examination budget) reclaims from that
+cursor on and queues the rest again at the current log time, behind the timers due earlier. The
+ticker keeps appending Ticks while a timer is due, so the backlog drains at the processor's pace,
+between other commands. The last step deletes the `X` row, the `i` row and the due entry.
 
-What a forced deletion drops still owns objects: a live large message's object and an open
-reservation's upload go to the guarded retention workflow (processors/payloads/retention.py) as
-the row naming them is reclaimed, exactly as a cancel would send them. Every step is decided by
-log time and log order, so a replay deletes exactly the same rows.
+Only the families a queue never deletes from as it works are walked: its timers (from its timer
+floor, so the tombstones of timers that fired are not), its messages' metadata, its inbox entries
+and its identity rows. A live message's other rows (body, ready, dead-letter or pending row,
+ordering row and key head, expiry timer) are deleted by key as its metadata is reached, so the
+tombstones that a working queue leaves in those families are never walked either. What a forced
+deletion drops still owns objects: as a live large message is reached its object, and as an open
+reservation's deadline timer is reached whatever an upload left, go to the guarded retention
+workflow (processors/payloads/retention.py), exactly as a cancel would send them. Every step is
+decided by log time and log order, so a replay deletes exactly the same rows.
 """
 
 from __future__ import annotations
@@ -27,14 +31,17 @@ from msgspec.structs import replace
 from keyload.processors.context import Context
 from keyload.processors.errors import Corruption
 from keyload.processors.payloads import reservations, retention
+from keyload.processors.queues.lifecycle import state_row
 from keyload.processors.queues.state import LIVE_STATES, move_due_entry
 from keyload.projections import keys
-from keyload.projections.records import MessageMeta, QueueRecord, ReservationState, load, save
-from keyload.projections.store import Readable, Staged
+from keyload.projections.records import MessageMeta, Ordering, QueueRecord, ReservationState, load, save
+from keyload.projections.store import Staged
 
-# The families of rows a queue keeps under its incarnation (projections/keys.py), in reclaiming order.
+# The families walked, in order (projections/keys.py); a live message's rows in the others go with it.
+WALKED_FAMILIES = (keys.TIMER, keys.MESSAGE, keys.INBOX_ENTRY, keys.IDENTITY)
+# Every family a queue keeps rows in under its incarnation.
 QUEUE_FAMILIES = (
-    keys.MESSAGE,
+    *WALKED_FAMILIES,
     keys.BODY,
     keys.READY,
     keys.DEAD_LETTER,
@@ -42,24 +49,22 @@ QUEUE_FAMILIES = (
     keys.WAITER,
     keys.ORDERING,
     keys.KEY_HEAD,
-    keys.TIMER,
-    keys.INBOX_ENTRY,
-    keys.IDENTITY,
 )
 
 
 def retire(stage: Staged, record: QueueRecord, now_ms: int) -> None:
-    """Start reclaiming a queue whose `q` row is deleted: its record moves to its `X` key, its `i`
-    row names that key, and its due-index entry moves to `now_ms`."""
+    """Start reclaiming a queue whose `q` row is deleted (and whose waiters are answered): its record
+    moves to its `X` key, its `i` row names that key, and its due-index entry moves to `now_ms`."""
     incarnation = record.view.incarnation
     stage.put(keys.resource_key(incarnation), keys.retired(incarnation))
-    first = QUEUE_FAMILIES[0] + keys.u64(incarnation)
+    timers = keys.timer_prefix(incarnation)
+    first = keys.MESSAGE + keys.u64(incarnation) if record.timer_floor is None else timers + record.timer_floor
     save(stage, keys.retired(incarnation), replace(record, next_timer_ms=now_ms, reclaim_from=first))
     move_due_entry(stage, incarnation, record.next_timer_ms, now_ms)
 
 
 def reclaim_step(stage: Staged, incarnation: int, due_ms: int, ctx: Context, budget: int) -> int:
-    """Delete up to `budget` (≥ 1) rows of the retired queue; the rows examined, at least one (the
+    """Reclaim up to `budget` (≥ 1) rows of the retired queue; the rows examined, at least one (the
     step that finds nothing more counts as one, and ends the reclamation)."""
     record = load(stage, keys.retired(incarnation), QueueRecord)
     if record is None or record.reclaim_from is None:
@@ -67,22 +72,22 @@ def reclaim_step(stage: Staged, incarnation: int, due_ms: int, ctx: Context, bud
     if record.next_timer_ms != due_ms:
         raise Corruption(f"due index of retired resource {incarnation} disagrees with its record")
     cursor = record.reclaim_from
-    if cursor[:1] not in QUEUE_FAMILIES:
+    if cursor[:1] not in WALKED_FAMILIES:
         raise Corruption(f"reclamation of resource {incarnation} stands at a row of no queue family")
     examined = 0
-    for family in QUEUE_FAMILIES[QUEUE_FAMILIES.index(cursor[:1]) :]:
+    for family in WALKED_FAMILIES[WALKED_FAMILIES.index(cursor[:1]) :]:
         prefix = family + keys.u64(incarnation)
         start = cursor if family == cursor[:1] else prefix
         left = budget - examined
         # One more than the budget: the first row left is where the next step starts.
         rows = list(islice(stage.scan(start, keys.prefix_end(prefix)), left + 1))
-        for key, _ in rows[:left]:
-            _release_objects(stage, record, key, ctx)
-            stage.delete(key)
+        for key, value in rows[:left]:
+            _reclaim(stage, record, key, value, ctx)
         examined += min(len(rows), left)
         if len(rows) > left:
-            rest = replace(record, next_timer_ms=ctx.now_ms, reclaim_from=rows[left][0])
-            save(stage, keys.retired(incarnation), rest)
+            save(
+                stage, keys.retired(incarnation), replace(record, next_timer_ms=ctx.now_ms, reclaim_from=rows[left][0])
+            )
             if ctx.now_ms != due_ms:
                 move_due_entry(stage, incarnation, due_ms, ctx.now_ms)
             return examined
@@ -92,23 +97,33 @@ def reclaim_step(stage: Staged, incarnation: int, due_ms: int, ctx: Context, bud
     return max(examined, 1)
 
 
-def _release_objects(stage: Staged, record: QueueRecord, key: bytes, ctx: Context) -> None:
-    """Before a row of a force-deleted queue goes: a live large message's object, or an open
-    reservation's upload (its deadline timer is the row), goes to the retention workflow."""
+def _reclaim(stage: Staged, record: QueueRecord, key: bytes, value: bytes, ctx: Context) -> None:
+    """Delete one walked row, and with a live message the rows that hold it; an open reservation's
+    deadline timer ends the reservation first, and a live large message's object is retired."""
     family = key[:1]
-    if family == keys.MESSAGE:
+    if family == keys.TIMER:
+        _, kind, sequence = keys.parse_timer(key)
+        if kind == keys.TIMER_RESERVATION:
+            reservations.abandon_open(stage, record.view, ctx, sequence, ReservationState.cancelled)
+    elif family == keys.MESSAGE:
         meta = load(stage, key, MessageMeta)
-        assert meta is not None
-        if meta.payload is not None and meta.state in LIVE_STATES:
-            message_id = key[9:].decode("utf-8")
-            retention.retire_payload(stage, record.view, message_id, replace(meta, terminal_at_ms=ctx.now_ms), ctx)
-    elif family == keys.TIMER and keys.parse_timer(key)[1] == keys.TIMER_RESERVATION:
-        reservations.abandon_open(stage, record.view, ctx, keys.parse_timer(key)[2], ReservationState.cancelled)
+        if meta is None:
+            raise Corruption(f"message row {key.hex()} holds no message")
+        if meta.state in LIVE_STATES:
+            _drop_live(stage, record, keys.message_id_of(key), meta, ctx)
+    stage.delete(key)
 
 
-def deleted(stage: Readable, incarnation: int) -> bool:
-    """Whether a queue incarnation was deleted: retired, or reclaimed so far that nothing of it is
-    left. Retention tasks outlive their queue (the object store's deletion waits for the recovery
-    floor), so they ask this before taking a missing queue, message or identity for corruption."""
-    resource_key = stage.get(keys.resource_key(incarnation))
-    return resource_key is None or resource_key[:1] == keys.RETIRED
+def _drop_live(stage: Staged, record: QueueRecord, message_id: str, meta: MessageMeta, ctx: Context) -> None:
+    """The rows a live message holds besides its metadata, deleted by key (its timers were walked
+    before it); its object, if it is a large message, goes to the retention workflow."""
+    incarnation = record.view.incarnation
+    stage.delete(keys.body(incarnation, message_id))
+    row = state_row(incarnation, meta)
+    if row is not None and row[:1] != keys.TIMER:
+        stage.delete(row)
+    if record.view.policy.ordering == Ordering.strict_per_key and meta.ordering_key is not None:
+        stage.delete(keys.ordering(incarnation, meta.ordering_key, meta.enqueue_sequence))
+        stage.delete(keys.key_head(incarnation, meta.ordering_key))  # every message of its key goes too
+    if meta.payload is not None:
+        retention.retire_payload(stage, record.view, message_id, replace(meta, terminal_at_ms=ctx.now_ms), ctx)

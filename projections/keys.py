@@ -19,7 +19,7 @@ U16 = struct.Struct(">H")
 # Family tags.
 META = b"\x00"  # partition metadata (applied offset, last time, allocators)
 QUEUE = b"q"  # q | domain (u8-prefixed) | queue name          -> QueueRecord
-RESOURCE_KEY = b"i"  # i | queue or group id u64                -> the resource's QUEUE or GROUP key
+RESOURCE_KEY = b"i"  # i | queue or group id u64                -> the resource's QUEUE, GROUP or RETIRED key
 MESSAGE = b"m"  # m | queue id u64 | message id                 -> MessageMeta
 BODY = b"b"  # b | queue id u64 | message id                    -> raw body bytes
 READY = b"r"  # r | queue id u64 | ready sequence u64           -> message id
@@ -80,6 +80,7 @@ TIMER_LEASE = 1
 TIMER_NOT_BEFORE = 2  # for a group: a position's retry coming due
 TIMER_WAITER = 3  # a long-poll Receive's deadline; the timer's sequence is the waiter's
 TIMER_RESERVATION = 4  # a payload reservation's upload deadline; the timer's sequence is the reservation id
+TIMER_SERVE = 5  # waiters are left with ready messages to serve (sequence 0): the next record serves more
 
 MAX_U64_ID = 2**63 - 1  # ids in keys are u64, and Avro longs are signed: ids a command names stay below this
 TIMER_KEY_BYTES = 1 + 8 + 8 + 1 + 8
@@ -179,6 +180,12 @@ def resource_key(incarnation: int) -> bytes:
 
 def message(queue_id: int, message_id: str) -> bytes:
     return MESSAGE + U64.pack(queue_id) + message_id.encode("utf-8")
+
+
+def message_id_of(key: bytes) -> str:
+    """The message id of a `m` row."""
+    assert key[:1] == MESSAGE
+    return key[9:].decode("utf-8")
 
 
 def body(queue_id: int, message_id: str) -> bytes:

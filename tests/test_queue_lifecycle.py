@@ -17,7 +17,7 @@ from keyload.processors.reclamation import QUEUE_FAMILIES
 from keyload.projections import keys
 from keyload.sdk.results import PayloadReservation, QueueView
 
-from .payloads import CANCEL_LARGE, PREPARE, Large, prepare_body
+from .payloads import CANCEL_LARGE, COMMIT, INSPECT_RESERVATION, PREPARE, Large, prepare_body
 from .support import (
     ACK,
     CREATE_QUEUE,
@@ -104,6 +104,33 @@ def test_a_waiting_receive_on_a_paused_queue_is_served_by_the_resume(embedded: E
     assert_replay_equals_live(embedded, D, tmp_path)
 
 
+def test_a_resume_serves_every_waiter_over_the_records_that_follow(embedded: Embedded, tmp_path: Path) -> None:
+    """Waiters piled up while paused: the resume serves MAX_WAITERS_SERVED of them, and leaves a
+    serve timer due at once, so the next record serves the rest."""
+    ok(embedded, CREATE_QUEUE, create_queue_body(Q))
+    ok(embedded, PAUSE, {"queue": Q})
+    count = limits.MAX_WAITERS_SERVED + 36
+    cursor = embedded.outcomes.end_offset(0)
+    waiting = dict(receive_body(Q, max_messages=1), wait_ms=20_000)
+    for i in range(count):
+        embedded.append(D, command(D, RECEIVE, waiting, f"wait-{i}", reply_to=0))
+    embedded.run()
+    batch = [mutation(ENQUEUE, enqueue_body(Q, f"m{i}")) for i in range(count)]
+    for first in range(0, count, 100):
+        ok(embedded, "keyload.command.Batch", batch_body(*batch[first : first + 100]))
+
+    def served() -> int:
+        return sum(1 for o in published(embedded, cursor) if o["command_id"].startswith("wait-"))
+
+    assert served() == 0
+    ok(embedded, RESUME, {"queue": Q})
+    assert served() == limits.MAX_WAITERS_SERVED
+    ok(embedded, TICK, {})
+    assert served() == count
+    assert view(embedded).counters.leased == count
+    assert_replay_equals_live(embedded, D, tmp_path)
+
+
 def test_a_waiting_receive_on_a_paused_queue_ends_empty_at_its_deadline(embedded: Embedded) -> None:
     ok(embedded, CREATE_QUEUE, create_queue_body(Q))
     ok(embedded, ENQUEUE, enqueue_body(Q, "m1"))
@@ -187,10 +214,7 @@ def state_of(embedded: Embedded, incarnation: int, message_id: str) -> str:
 def test_a_queue_that_holds_messages_or_reservations_is_not_deleted(embedded: Embedded) -> None:
     ok(embedded, CREATE_QUEUE, create_queue_body(Q, max_attempts=1))
     ok(embedded, ENQUEUE, enqueue_body(Q, "m1"))
-    held = (
-        "queue jobs holds 1 messages and 0 open reservations: settle, cancel or wait for them first, "
-        "or delete it by force"
-    )
+    held = "queue jobs holds 1 message: settle, cancel or wait for them first, or delete it by force"
     assert refused(embedded, DELETE, {"queue": Q}, "Conflict") == held
     [delivery] = ok(embedded, RECEIVE, receive_body(Q)).deliveries
     assert refused(embedded, DELETE, {"queue": Q}, "Conflict") == held  # in flight
@@ -198,6 +222,60 @@ def test_a_queue_that_holds_messages_or_reservations_is_not_deleted(embedded: Em
     assert ok(embedded, "keyload.command.Nack", nack).state == "dead_lettered"
     assert refused(embedded, DELETE, {"queue": Q}, "Conflict") == held  # a dead letter is held too
     assert refused(embedded, DELETE, {"queue": "missing"}, "NotFound")
+    stale = {"queue": Q, "force": True, "expected_incarnation": view(embedded).incarnation + 1}
+    assert refused(embedded, DELETE, stale, "RevisionConflict") == "queue jobs is incarnation 1, expected 2"
+
+
+def test_only_an_open_reservation_holds_a_queue_back(large: Large, tmp_path: Path) -> None:
+    """A reservation that ended (cancelled, expired) keeps its quota until the GC confirms its
+    object's deletion, but does not keep its queue from being deleted; an open one does."""
+    open_one = large.prepare("open", b"o" * 100)
+    detail = refused_in(large, DELETE, {"queue": "media"}, "Conflict")
+    assert detail == (
+        "queue media holds 0 messages and open large-payload reservations: settle, cancel or wait for them "
+        "first, or delete it by force"
+    )
+    expect(submit_unhalted(large.embedded, "shop", CANCEL_LARGE, {"reservation_id": open_one.reservation_id}), None)
+    expired = large.prepare("expired", b"e" * 100)
+    large.embedded.now_ms = expired.upload_deadline_ms
+    expect(submit_unhalted(large.embedded, "shop", TICK, {}), None)
+    expect(submit_unhalted(large.embedded, "shop", DELETE, {"queue": "media"}), None)
+    assert_replay_equals_live(large.embedded, "shop", tmp_path)
+
+
+def test_a_reservation_of_a_queue_deleted_by_force_is_not_found_then_cancelled(large: Large, tmp_path: Path) -> None:
+    """Commands on a reservation whose queue was deleted before reclamation reached it answer
+    NotFound, without halting; reclamation then cancels it (or marks it expired past its deadline)."""
+    embedded = large.embedded
+    soon = embedded.now_ms + 1_000  # before the reservation's deadline: their timers are walked first
+    for first in range(0, 300, 100):
+        batch = [
+            mutation(ENQUEUE, enqueue_body("media", f"m{i}", not_before_ms=soon)) for i in range(first, first + 100)
+        ]
+        expect(submit_unhalted(embedded, "shop", "keyload.command.Batch", batch_body(*batch)), None)
+    data = b"p" * 1_000
+    receipt: PayloadReservation = large.prepare("pending", data)
+    proof = large.gateway.attest(large.upload(receipt, data, tmp_path))
+    expect(submit_unhalted(embedded, "shop", DELETE, {"queue": "media", "force": True}), None)
+    # Before this record, reclamation walks 256 of the 301 timers: not yet the reservation's.
+    commit = {"reservation_id": receipt.reservation_id, "proof": proof}
+    assert (
+        refused_in(large, COMMIT, commit, "NotFound")
+        == f"the queue of reservation {receipt.reservation_id} was deleted"
+    )
+    # Before this one it reaches the reservation's deadline timer, and cancels it.
+    assert refused_in(large, COMMIT, commit, "Conflict") == "the reservation was cancelled"
+    inspect = {"reservation_id": receipt.reservation_id}
+    assert expect(submit_unhalted(embedded, "shop", INSPECT_RESERVATION, inspect), None).state == "cancelled"
+    assert expect(submit_unhalted(embedded, "shop", CANCEL_LARGE, inspect), None).state == "cancelled"
+    assert_replay_equals_live(embedded, "shop", tmp_path)
+
+
+def refused_in(large: Large, kind: str, body: dict[str, Any], code: str) -> str:
+    outcome = submit_unhalted(large.embedded, "shop", kind, body)
+    expect(outcome, code)
+    assert outcome.detail is not None
+    return outcome.detail
 
 
 def test_a_deleted_queue_frees_its_name_and_answers_its_waiters(embedded: Embedded, tmp_path: Path) -> None:

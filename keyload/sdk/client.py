@@ -391,11 +391,21 @@ class Client:
         still delivered and settled. There is no reopening."""
         return self._send(QueueView, "CloseQueue", domain, {"queue": queue}, command_id)
 
-    def delete_queue(self, domain: str, queue: str, *, force: bool = False, command_id: str | None = None) -> QueueView:
+    def delete_queue(
+        self,
+        domain: str,
+        queue: str,
+        *,
+        force: bool = False,
+        expected_incarnation: int | None = None,
+        command_id: str | None = None,
+    ) -> QueueView:
         """Delete a queue that holds no message and no open reservation (else `ConflictError`), or
         with `force` whatever it holds (its messages are dropped); its name is free at once and its
-        tokens are invalid. Returns its last view."""
-        return self._send(QueueView, "DeleteQueue", domain, {"queue": queue, "force": force}, command_id)
+        tokens are invalid. `expected_incarnation` (a QueueView's `incarnation`) fences it: another
+        incarnation is `RevisionConflictError`. Returns its last view."""
+        body = {"queue": queue, "force": force, "expected_incarnation": expected_incarnation}
+        return self._send(QueueView, "DeleteQueue", domain, body, command_id)
 
     def inspect_message(
         self,

@@ -19,7 +19,7 @@ from keyload.processors import access
 from keyload.processors.context import Context
 from keyload.processors.errors import Corruption, ErrorCode, Rejected
 from keyload.processors.payloads import retention
-from keyload.processors.queues.state import load_queue_by_id, save_queue
+from keyload.processors.queues.state import load_queue_by_id, queue_deleted, save_queue
 from keyload.projections import keys
 from keyload.projections.records import PayloadReservation, QueueRecord, QueueView, ReservationState, load, save
 from keyload.projections.store import Staged
@@ -55,9 +55,12 @@ def load_reservation(stage: Staged, ctx: Context, reservation_id: int, capabilit
 
 
 def queue_of(stage: Staged, reservation: PayloadReservation) -> QueueRecord:
-    """The reservation's queue record."""
+    """The reservation's queue record; NotFound once the queue is deleted (its open reservations are
+    cancelled as its rows are reclaimed, processors/reclamation.py)."""
     record = load_queue_by_id(stage, reservation.queue_id)
     if record is None:
+        if queue_deleted(stage, reservation.queue_id):
+            raise Rejected(ErrorCode.NOT_FOUND, f"the queue of reservation {reservation.reservation_id} was deleted")
         raise Corruption(f"reservation {reservation.reservation_id} names a missing queue")
     return record
 
@@ -105,14 +108,20 @@ def _abandon(
     return closed
 
 
-def abandon_open(stage: Staged, queue: QueueView, ctx: Context, reservation_id: int, state: ReservationState) -> None:
-    """An open reservation of `queue` ends uncommitted, by its deadline timer (`expired`: the log
-    time already decided it) or by its queue's forced deletion (`cancelled`); whatever an upload
-    left goes to the retention workflow, and its deadline timer goes."""
+def abandon_open(
+    stage: Staged, queue: QueueView, ctx: Context, reservation_id: int, otherwise: ReservationState
+) -> None:
+    """An open reservation of `queue` ends uncommitted: `expired` once its deadline has passed (its
+    timer firing, or a forced deletion that reached it late), else `otherwise` (`cancelled`, by its
+    queue's forced deletion). Whatever an upload left goes to the retention workflow, and its
+    deadline timer goes."""
     reservation = load(stage, keys.reservation(reservation_id), PayloadReservation)
     if reservation is None or reservation.state != ReservationState.reserved:
         raise Corruption(f"deadline timer of reservation {reservation_id}, which is not open")
-    _abandon(stage, queue, reservation, state, ctx)
+    ended = (
+        ReservationState.expired if effective_state(reservation, ctx.now_ms) == ReservationState.expired else otherwise
+    )
+    _abandon(stage, queue, reservation, ended, ctx)
 
 
 def inspect_reservation(stage: Staged, body: InspectReservation, ctx: Context) -> Record:

@@ -32,6 +32,7 @@ from keyload.processors.queues.state import (
     load_queue_by_id,
     result_item_bytes,
     save_queue,
+    with_timer,
 )
 from keyload.projections import keys
 from keyload.projections.records import LargePayload, MessageMeta, MessageState, QueuePolicy, QueueRecord, load
@@ -173,30 +174,53 @@ def _readable_payload(
 
 
 def serve_waiters(stage: Staged, ctx: Context, queue_keys: list[bytes]) -> None:
-    """Serve waiting long-poll receives of the queues a record changed, oldest waiter first."""
+    """Serve waiting long-poll receives of the queues a record changed, oldest waiter first.
+
+    One record serves at most MAX_WAITERS_SERVED. A queue left with waiters and ready messages when
+    that runs out gets a serve timer due now (TIMER_SERVE): the next record fires it, which saves the
+    queue, which serves it again (a resume after waiters piled up, a batch of enqueues), and the
+    ticker's catch-up keeps records coming while it is due.
+    """
     served = 0
     for queue_key in queue_keys:
         record = load(stage, queue_key, QueueRecord)
         if record is None or record.waiting_receives == 0 or record.view.paused:
             continue  # a paused queue's waiters wait for the resume (or their deadline)
         work = Working(record)
-        work.record, oldest = waiters.oldest(stage, work.record, limits.MAX_WAITERS_SERVED - served)
-        for sequence, waiter in oldest:
-            if not access.may_still(stage, waiter.principal, Capability.consume, waiter.domain, work.view.queue):
-                work.record = waiters.complete(stage, work.record, ctx, sequence, waiter, receive_result([]))
-                continue  # answered empty: its principal's next Receive gets its PermissionDenied
-            if work.view.counters.ready == 0:
-                break
-            wanted = ReceiveLimits(waiter.max_messages, waiter.max_bytes, waiter.lease_ms)
-            deliveries, _ = claim(stage, work, ctx, waiter.principal, wanted)
-            if not deliveries:
-                break
-            work.record = waiters.complete(stage, work.record, ctx, sequence, waiter, receive_result(deliveries))
-            served += 1
+        served += _serve(stage, ctx, work, limits.MAX_WAITERS_SERVED - served)
+        if served == limits.MAX_WAITERS_SERVED:
+            _serve_later(stage, work, ctx)
         # Saved whenever it changed, served or not: finding the waiters moves the waiter floor, and
         # a claim that delivers nothing may still move the ready floor.
         if work.record is not record:
             save_queue(stage, work.record)
+
+
+def _serve(stage: Staged, ctx: Context, work: Working, budget: int) -> int:
+    """Serve up to `budget` of the queue's waiters, oldest first; how many were served."""
+    served = 0
+    if budget == 0:
+        return served
+    work.record, oldest = waiters.oldest(stage, work.record, budget)
+    for sequence, waiter in oldest:
+        if not access.may_still(stage, waiter.principal, Capability.consume, waiter.domain, work.view.queue):
+            work.record = waiters.complete(stage, work.record, ctx, sequence, waiter, receive_result([]))
+            continue  # answered empty: its principal's next Receive gets its PermissionDenied
+        if work.view.counters.ready == 0:
+            break
+        wanted = ReceiveLimits(waiter.max_messages, waiter.max_bytes, waiter.lease_ms)
+        deliveries, _ = claim(stage, work, ctx, waiter.principal, wanted)
+        if not deliveries:
+            break
+        work.record = waiters.complete(stage, work.record, ctx, sequence, waiter, receive_result(deliveries))
+        served += 1
+    return served
+
+
+def _serve_later(stage: Staged, work: Working, ctx: Context) -> None:
+    """A serve timer due now, when waiters are left with ready messages to take."""
+    if work.record.waiting_receives and work.view.counters.ready:
+        work.record = with_timer(stage, work.record, ctx.now_ms, keys.TIMER_SERVE, 0, "")
 
 
 def verified_token(stage: Staged, ctx: Context, token_text: str) -> tuple[QueueRecord, tokens.Token]:

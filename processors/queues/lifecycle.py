@@ -53,7 +53,7 @@ from keyload.projections.records import (
 from keyload.projections.store import Staged
 
 
-def _state_row(queue_id: int, meta: MessageMeta) -> bytes | None:
+def state_row(queue_id: int, meta: MessageMeta) -> bytes | None:
     """The index row that holds a message in its current state (None for terminal states)."""
     state, sequence = meta.state, meta.enqueue_sequence
     if state == MessageState.scheduled:
@@ -79,7 +79,7 @@ def leave(stage: Staged, work: Working, message_id: str, meta: MessageMeta) -> M
     state = meta.state
     if state not in LIVE_STATES:
         raise Corruption(f"message {meta.enqueue_sequence} leaves terminal state {state}")
-    row = _state_row(work.view.incarnation, meta)
+    row = state_row(work.view.incarnation, meta)
     assert row is not None
     remove_index_row(stage, row, message_id)
     work.adjust(**{state.value: -1})
@@ -129,7 +129,7 @@ def enter(
             meta = replace(meta, parked_sequence=work.record.next_parked_sequence)
             work.update(next_parked_sequence=work.record.next_parked_sequence + 1)
             work.adjust(dead_letter_bytes=meta.body_bytes)
-        row = _state_row(queue_id, meta)
+        row = state_row(queue_id, meta)
         assert row is not None
         add_index_row(stage, row, message_id)
     if state in LIVE_STATES:
@@ -326,6 +326,9 @@ def fire_queue_timers(stage: Staged, record: QueueRecord, ctx: Context, budget: 
         if kind == keys.TIMER_RESERVATION:
             reservations.abandon_open(stage, work.view, ctx, sequence, ReservationState.expired)
             transitions += 1
+            continue
+        if kind == keys.TIMER_SERVE:
+            stage.delete(key)  # saving the queue below has its waiters served (processors/apply.py)
             continue
         message_id = value.decode("utf-8")
         meta = load_message(stage, queue_id, message_id)

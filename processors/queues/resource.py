@@ -35,6 +35,7 @@ from keyload.processors.queues.state import (
     load_message,
     load_queue,
     save_queue,
+    timers_from_floor,
 )
 from keyload.projections import keys
 from keyload.projections.records import (
@@ -164,7 +165,7 @@ def close_queue(stage: Staged, body: CloseQueue, ctx: Context) -> Record:
 
 def delete_queue(stage: Staged, body: DeleteQueue, ctx: Context) -> Record:
     """Delete a queue that holds nothing (no message in any live state, no open reservation), or,
-    with `force`, whatever it holds.
+    with `force`, whatever it holds; fenced by an optional expected incarnation.
 
     Its name is free at once (a new queue of that name is a new incarnation, so the old tokens stay
     invalid); receives waiting on it are answered empty; its rows are reclaimed afterwards, in
@@ -172,12 +173,22 @@ def delete_queue(stage: Staged, body: DeleteQueue, ctx: Context) -> Record:
     (processors/reclamation.py). Returns its last view.
     """
     record = load_queue(stage, ctx.domain, body.queue)
-    counters = record.view.counters
-    if not body.force and (counters.stored_messages or counters.reserved_messages):
+    expected = body.expected_incarnation
+    if expected is not None:
+        validation.check_integer("DeleteQueue.expected_incarnation", expected)
+    if expected is not None and expected != record.view.incarnation:
+        raise Rejected(
+            ErrorCode.REVISION_CONFLICT,
+            f"queue {body.queue} is incarnation {record.view.incarnation}, expected {expected}",
+        )
+    held = record.view.counters.stored_messages
+    if not body.force and (held or _holds_open_reservation(stage, record)):
+        reserved = " and open large-payload reservations" if _holds_open_reservation(stage, record) else ""
         raise Rejected(
             ErrorCode.CONFLICT,
-            f"queue {body.queue} holds {counters.stored_messages} messages and {counters.reserved_messages} "
-            "open reservations: settle, cancel or wait for them first, or delete it by force",
+            f"queue {body.queue} holds {held} message{'' if held == 1 else 's'}{reserved}: settle, cancel or "
+            "wait for them first, "
+            "or delete it by force",
         )
     record, waiting = waiters.oldest(stage, record, limits.MAX_WAITERS_PER_RESOURCE)
     for sequence, waiter in waiting:
@@ -185,6 +196,14 @@ def delete_queue(stage: Staged, body: DeleteQueue, ctx: Context) -> Record:
     stage.delete(keys.queue(ctx.domain, body.queue))
     reclamation.retire(stage, record, ctx.now_ms)
     return record.view.to_avro()
+
+
+def _holds_open_reservation(stage: Staged, record: QueueRecord) -> bool:
+    """Whether an open reservation's deadline timer is among the queue's timers. Reservations that
+    ended keep their quota until the GC confirms their object's deletion; they do not count. Asked
+    only of a queue that holds no message: its timers are then waiter deadlines (at most
+    MAX_WAITERS_PER_RESOURCE) and reservation deadlines, so the walk is short."""
+    return any(keys.parse_timer(key)[1] == keys.TIMER_RESERVATION for key, _ in timers_from_floor(stage, record))
 
 
 def _set_flags(stage: Staged, queue: str, ctx: Context, **flags: bool) -> Record:

@@ -155,6 +155,15 @@ def load_queue_by_id(stage: Staged, queue_id: int) -> QueueRecord | None:
     return load(stage, queue_key, QueueRecord)
 
 
+def queue_deleted(stage: Readable, incarnation: int) -> bool:
+    """Whether a queue incarnation was deleted: retired (its `i` row names its `X` row,
+    processors/reclamation.py), or reclaimed so far that it has no `i` row left. Rows that outlive
+    their queue (reservations, retention tasks: the object store's deletion waits for the recovery
+    floor) ask this before taking a missing queue, message or identity for corruption."""
+    resource_key = stage.get(keys.resource_key(incarnation))
+    return resource_key is None or resource_key[:1] == keys.RETIRED
+
+
 def save_queue(stage: Staged, record: QueueRecord) -> None:
     """Store the queue record, first bringing its entry in the due index up to date."""
     stored = refreshed_due(stage, record)
