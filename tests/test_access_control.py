@@ -23,6 +23,7 @@ from typing import Any, TypeVar
 
 import pytest
 
+from keyload import limits
 from keyload.commands import BY_NAME, Capability
 from keyload.credentials import ADMIN_PRINCIPAL, SIGNED, Credential, contents, credential_path, unwrap
 from keyload.errors import (
@@ -89,6 +90,7 @@ from .support import (
     PUBLISH,
     PUT_DOCUMENT,
     RECEIVE,
+    TICK,
     Embedded,
     assert_replay_equals_live,
     batch_body,
@@ -1136,6 +1138,36 @@ def test_a_waiting_receive_is_not_served_once_its_principal_may_no_longer_receiv
     delivered = [d["message_id"] for o in served for d in o["result"][1]["deliveries"]]
     meta = secured.meta(A, "jobs", "m1")
     assert (delivered, meta.state, meta.lease_owner) == ([], "ready", None), (delivered, meta)
+
+
+def test_waiters_answered_empty_count_against_serving_and_the_rest_are_served_next(secured: Secured) -> None:
+    """Serving examines at most 64 waiters a pass. One whose principal lost its grant is answered empty
+    and still counts, so a pass that examined 64 leaves a serve timer: the waiters behind are served
+    by the next record, not left to their deadline beside ready messages."""
+    secured.queue(A, "jobs")
+    consume = can(Capability.consume, resource="jobs")
+    alice = secured.principal("alice", consume)
+    bob = secured.principal("bob", consume)
+    body = {"queue": "jobs", "max_messages": 1, "max_bytes": None, "lease_ms": None, "wait_ms": 10_000}
+    cursor = secured.embedded.outcomes.end_offset(0)
+    secured.embedded.append(A, secured.signed(alice, A, RECEIVE, body, "alice-wait"))
+    count = limits.MAX_WAITERS_SERVED + 6
+    for i in range(count):
+        secured.embedded.append(A, secured.signed(bob, A, RECEIVE, body, f"bob-wait-{i}"))
+    secured.embedded.run()
+    secured.revoke("alice", consume)
+    enqueues = [mutation(ENQUEUE, enqueue_body("jobs", f"m{i}")) for i in range(count)]
+    secured.ok(secured.admin, A, BATCH, batch_body(*enqueues))
+
+    def served() -> int:
+        answered = (
+            REGISTRY.decode(OUTCOME, contents(r.value)) for r in secured.embedded.outcomes.read(0, cursor, 1_000)
+        )
+        return sum(1 for o in answered if o["command_id"].startswith("bob-wait-") and o["result"][1]["deliveries"])
+
+    assert served() == limits.MAX_WAITERS_SERVED - 1  # alice's empty answer took a place
+    secured.ok(secured.admin, A, TICK, {})
+    assert served() == count
 
 
 # -- 8. batches and processings ---------------------------------------------------------------------------------

@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from keyload import limits
 from keyload.log.codec import REGISTRY
 from keyload.operations.recovery import replay
 
@@ -141,6 +142,32 @@ def test_a_paused_group_refuses_a_plain_receive_and_a_waiting_one_is_served_on_r
     assert "wait-1" not in published(embedded, since)
     ok(embedded, RESUME_GROUP, {"topic": T, "group": "g"})
     assert [d["event_id"] for d in deliveries(published(embedded, since)["wait-1"])] == ["e1"]
+
+
+def test_a_resume_serves_every_waiter_over_the_records_that_follow(embedded: Embedded, tmp_path: Path) -> None:
+    """More waiters than one pass serves (64): the rest get a serve timer, so the next record serves
+    them instead of leaving them to their deadline while events wait."""
+    news(embedded, "g")
+    ok(embedded, PAUSE_GROUP, {"topic": T, "group": "g"})
+    since = embedded.outcomes.end_offset(0)
+    count = limits.MAX_WAITERS_SERVED + 20
+    body = group_receive_body(T, "g", wait_ms=WAIT_MS, max_events=1)
+    for i in range(count):
+        embedded.append(D, command(D, GROUP_RECEIVE, body, f"wait-{i}", principal="worker", reply_to=0))
+    embedded.run()
+    ok(embedded, PUBLISH, publish_body(T, *(event(f"e{i}") for i in range(count))))
+
+    def served() -> int:
+        return sum(
+            1 for o in published(embedded, since).values() if o["command_id"].startswith("wait-") and deliveries(o)
+        )
+
+    assert served() == 0
+    ok(embedded, RESUME_GROUP, {"topic": T, "group": "g"})
+    assert served() == limits.MAX_WAITERS_SERVED
+    ok(embedded, TICK, {})
+    assert served() == count
+    assert embedded.digest(D) == replay(embedded.data, embedded.partition(D), tmp_path / "r", progress=False).digest
 
 
 def test_the_deadline_ends_a_waiter_empty_and_a_retry_returns_that(embedded: Embedded) -> None:

@@ -232,8 +232,8 @@ def test_only_an_open_reservation_holds_a_queue_back(large: Large, tmp_path: Pat
     open_one = large.prepare("open", b"o" * 100)
     detail = refused_in(large, DELETE, {"queue": "media"}, "Conflict")
     assert detail == (
-        "queue media holds 0 messages and open large-payload reservations: settle, cancel or wait for them "
-        "first, or delete it by force"
+        "queue media holds open large-payload reservations: commit, cancel or let them expire first, "
+        "or delete it by force"
     )
     expect(submit_unhalted(large.embedded, "shop", CANCEL_LARGE, {"reservation_id": open_one.reservation_id}), None)
     expired = large.prepare("expired", b"e" * 100)

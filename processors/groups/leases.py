@@ -37,7 +37,7 @@ from keyload.processors.groups.group import (
 from keyload.processors.key_rotation import JITTER, TOKEN, active_key
 from keyload.processors.queues.leases import settle_each
 from keyload.processors.queues.lifecycle import retry_delay_ms
-from keyload.processors.queues.state import bounded, due_timers, result_item_bytes
+from keyload.processors.queues.state import bounded, due_timers, result_item_bytes, with_timer
 from keyload.processors.topics.topic import EVENT_RECORD, event_item
 from keyload.projections import keys
 from keyload.projections.records import GroupRecord, PositionMeta, PositionState, TopicRecord, TopicView, load
@@ -191,7 +191,9 @@ def _deliverable(topic: TopicView, work: Working) -> bool:
 
 def serve_waiters(stage: Staged, ctx: Context, topic_keys: list[bytes], group_keys: list[bytes]) -> None:
     """Serve waiting GroupReceives of the groups a record changed, and of every group of a topic
-    it changed (a publish), oldest waiter first, at most MAX_WAITERS_SERVED in all."""
+    it changed (a publish), oldest waiter first, at most MAX_WAITERS_SERVED in all. A group cut off
+    by that budget with waiters left and positions to deliver gets a serve timer due now
+    (TIMER_SERVE), as a queue does: the next record serves it again."""
     candidates = set(group_keys)
     for topic_key in topic_keys:
         topic_record = load(stage, topic_key, TopicRecord)
@@ -225,6 +227,9 @@ def serve_waiters(stage: Staged, ctx: Context, topic_keys: list[bytes], group_ke
                 break
             work.record = waiters.complete(stage, work.record, ctx, sequence, waiter, (GROUP_RECEIVE_RESULT, result))
             served += 1
+        if served == limits.MAX_WAITERS_SERVED and work.record.waiting_receives > 0 and _deliverable(topic, work):
+            work.record = with_timer(stage, work.record, ctx.now_ms, keys.TIMER_SERVE, 0, "")
+            changed = True
         if changed:
             store_group(stage, work)
 
@@ -450,6 +455,9 @@ def fire_group_timers(stage: Staged, record: GroupRecord, ctx: Context, budget: 
     due = due_timers(stage, work.record, ctx.now_ms, budget)
     for key, value in due:
         _, kind, position = keys.parse_timer(key)
+        if kind == keys.TIMER_SERVE:
+            stage.delete(key)  # storing the group below has its waiters served (processors/apply.py)
+            continue
         if kind == keys.TIMER_WAITER:
             window_full = work.view.outstanding >= work.view.policy.max_window
             empty = {"deliveries": [], "window_full": window_full, "budget_exhausted": False}

@@ -19,7 +19,7 @@ from keyload.processors import access
 from keyload.processors.context import Context
 from keyload.processors.errors import Corruption, ErrorCode, Rejected
 from keyload.processors.payloads import retention
-from keyload.processors.queues.state import load_queue_by_id, queue_deleted, save_queue
+from keyload.processors.queues.state import load_queue_by_id, queue_retired, save_queue
 from keyload.projections import keys
 from keyload.projections.records import PayloadReservation, QueueRecord, QueueView, ReservationState, load, save
 from keyload.projections.store import Staged
@@ -59,7 +59,9 @@ def queue_of(stage: Staged, reservation: PayloadReservation) -> QueueRecord:
     cancelled as its rows are reclaimed, processors/reclamation.py)."""
     record = load_queue_by_id(stage, reservation.queue_id)
     if record is None:
-        if queue_deleted(stage, reservation.queue_id):
+        # Open reservations are cancelled before a retired queue's last row goes: only a retired
+        # one can still have them.
+        if queue_retired(stage, reservation.queue_id):
             raise Rejected(ErrorCode.NOT_FOUND, f"the queue of reservation {reservation.reservation_id} was deleted")
         raise Corruption(f"reservation {reservation.reservation_id} names a missing queue")
     return record

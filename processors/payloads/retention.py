@@ -217,7 +217,7 @@ def delete_confirmed(stage: Staged, body: DeleteConfirmed, ctx: Context) -> Reco
         raise Rejected(ErrorCode.CONFLICT, "the task's deletion has not begun (BeginDelete first)")
     if task.state == RetentionState.deleting:
         queue = load_queue_by_id(stage, task.queue_id)
-        if queue is None and not queue_deleted(stage, task.queue_id):
+        if queue is None and not queue_deleted(stage, task.domain, task.queue, task.queue_id):
             raise Corruption(f"retention task {task.task_id} names a missing queue")
         if queue is not None:  # a deleted queue's counters went with it
             if task.kind == RetentionKind.abandoned_reservation:
@@ -292,7 +292,7 @@ def _compact(stage: Staged, floor: int) -> None:
         stage.delete(key)
         stage.delete(keys.reservation(task["reservation_id"]))
         # The rows of a deleted queue are reclaimed on their own (processors/reclamation.py), maybe first.
-        gone = queue_deleted(stage, task["queue_id"])
+        gone = queue_deleted(stage, task["domain"], task["queue"], task["queue_id"])
         if task["kind"] == RetentionKind.message_payload:
             message = keys.message(task["queue_id"], task["message_id"])
             meta = stage.get_record(message, MessageMeta.SCHEMA)

@@ -176,19 +176,21 @@ def _readable_payload(
 def serve_waiters(stage: Staged, ctx: Context, queue_keys: list[bytes]) -> None:
     """Serve waiting long-poll receives of the queues a record changed, oldest waiter first.
 
-    One record serves at most MAX_WAITERS_SERVED. A queue left with waiters and ready messages when
-    that runs out gets a serve timer due now (TIMER_SERVE): the next record fires it, which saves the
-    queue, which serves it again (a resume after waiters piled up, a batch of enqueues), and the
-    ticker's catch-up keeps records coming while it is due.
+    Serving examines at most MAX_WAITERS_SERVED waiters (it runs after a record's timers fire and
+    again after its command). A queue whose waiters were cut off by that budget, with waiters and
+    ready messages left, gets a serve timer due now (TIMER_SERVE): the next record fires it, which
+    saves the queue, which serves it again (a resume after waiters piled up, a batch of enqueues),
+    and the ticker's catch-up keeps records coming while it is due.
     """
-    served = 0
+    budget = limits.MAX_WAITERS_SERVED
     for queue_key in queue_keys:
         record = load(stage, queue_key, QueueRecord)
         if record is None or record.waiting_receives == 0 or record.view.paused:
             continue  # a paused queue's waiters wait for the resume (or their deadline)
         work = Working(record)
-        served += _serve(stage, ctx, work, limits.MAX_WAITERS_SERVED - served)
-        if served == limits.MAX_WAITERS_SERVED:
+        examined, cut_off = _serve(stage, ctx, work, budget)
+        budget -= examined
+        if cut_off:
             _serve_later(stage, work, ctx)
         # Saved whenever it changed, served or not: finding the waiters moves the waiter floor, and
         # a claim that delivers nothing may still move the ready floor.
@@ -196,25 +198,24 @@ def serve_waiters(stage: Staged, ctx: Context, queue_keys: list[bytes]) -> None:
             save_queue(stage, work.record)
 
 
-def _serve(stage: Staged, ctx: Context, work: Working, budget: int) -> int:
-    """Serve up to `budget` of the queue's waiters, oldest first; how many were served."""
-    served = 0
+def _serve(stage: Staged, ctx: Context, work: Working, budget: int) -> tuple[int, bool]:
+    """Serve the queue's waiters, oldest first, examining at most `budget`: (waiters examined,
+    whether the budget cut serving off rather than the waiters or the messages running out)."""
     if budget == 0:
-        return served
+        return 0, True
     work.record, oldest = waiters.oldest(stage, work.record, budget)
-    for sequence, waiter in oldest:
+    for examined, (sequence, waiter) in enumerate(oldest):
         if not access.may_still(stage, waiter.principal, Capability.consume, waiter.domain, work.view.queue):
             work.record = waiters.complete(stage, work.record, ctx, sequence, waiter, receive_result([]))
             continue  # answered empty: its principal's next Receive gets its PermissionDenied
         if work.view.counters.ready == 0:
-            break
+            return examined, False
         wanted = ReceiveLimits(waiter.max_messages, waiter.max_bytes, waiter.lease_ms)
         deliveries, _ = claim(stage, work, ctx, waiter.principal, wanted)
         if not deliveries:
-            break
+            return examined, False
         work.record = waiters.complete(stage, work.record, ctx, sequence, waiter, receive_result(deliveries))
-        served += 1
-    return served
+    return len(oldest), len(oldest) == budget
 
 
 def _serve_later(stage: Staged, work: Working, ctx: Context) -> None:

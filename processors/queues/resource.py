@@ -182,13 +182,17 @@ def delete_queue(stage: Staged, body: DeleteQueue, ctx: Context) -> Record:
             f"queue {body.queue} is incarnation {record.view.incarnation}, expected {expected}",
         )
     held = record.view.counters.stored_messages
-    if not body.force and (held or _holds_open_reservation(stage, record)):
-        reserved = " and open large-payload reservations" if _holds_open_reservation(stage, record) else ""
+    if not body.force and held:
         raise Rejected(
             ErrorCode.CONFLICT,
-            f"queue {body.queue} holds {held} message{'' if held == 1 else 's'}{reserved}: settle, cancel or "
-            "wait for them first, "
-            "or delete it by force",
+            f"queue {body.queue} holds {held} message{'' if held == 1 else 's'}: settle, cancel or wait for "
+            "them first, or delete it by force",
+        )
+    if not body.force and _holds_open_reservation(stage, record, ctx.now_ms):
+        raise Rejected(
+            ErrorCode.CONFLICT,
+            f"queue {body.queue} holds open large-payload reservations: commit, cancel or let them expire "
+            "first, or delete it by force",
         )
     record, waiting = waiters.oldest(stage, record, limits.MAX_WAITERS_PER_RESOURCE)
     for sequence, waiter in waiting:
@@ -198,12 +202,17 @@ def delete_queue(stage: Staged, body: DeleteQueue, ctx: Context) -> Record:
     return record.view.to_avro()
 
 
-def _holds_open_reservation(stage: Staged, record: QueueRecord) -> bool:
-    """Whether an open reservation's deadline timer is among the queue's timers. Reservations that
-    ended keep their quota until the GC confirms their object's deletion; they do not count. Asked
-    only of a queue that holds no message: its timers are then waiter deadlines (at most
-    MAX_WAITERS_PER_RESOURCE) and reservation deadlines, so the walk is short."""
-    return any(keys.parse_timer(key)[1] == keys.TIMER_RESERVATION for key, _ in timers_from_floor(stage, record))
+def _holds_open_reservation(stage: Staged, record: QueueRecord, now_ms: int) -> bool:
+    """Whether the queue has a reservation still open at `now_ms`: a deadline timer not yet due (one
+    due has expired by log time, fired or not). Reservations that ended keep their quota until the
+    GC confirms their object's deletion; they do not count. Asked only of a queue that holds no
+    message: its timers are then waiter deadlines (at most MAX_WAITERS_PER_RESOURCE), serve timers
+    and reservation deadlines, so the walk stops at the first open one or after those."""
+    for key, _ in timers_from_floor(stage, record):
+        due_ms, kind, _ = keys.parse_timer(key)
+        if kind == keys.TIMER_RESERVATION and due_ms > now_ms:
+            return True
+    return False
 
 
 def _set_flags(stage: Staged, queue: str, ctx: Context, **flags: bool) -> Record:

@@ -155,13 +155,23 @@ def load_queue_by_id(stage: Staged, queue_id: int) -> QueueRecord | None:
     return load(stage, queue_key, QueueRecord)
 
 
-def queue_deleted(stage: Readable, incarnation: int) -> bool:
-    """Whether a queue incarnation was deleted: retired (its `i` row names its `X` row,
-    processors/reclamation.py), or reclaimed so far that it has no `i` row left. Rows that outlive
-    their queue (reservations, retention tasks: the object store's deletion waits for the recovery
-    floor) ask this before taking a missing queue, message or identity for corruption."""
+def queue_retired(stage: Readable, incarnation: int) -> bool:
+    """Whether a queue incarnation is deleted and its rows are being reclaimed: its `i` row names its
+    `X` row (processors/reclamation.py)."""
     resource_key = stage.get(keys.resource_key(incarnation))
-    return resource_key is None or resource_key[:1] == keys.RETIRED
+    return resource_key is not None and resource_key[:1] == keys.RETIRED
+
+
+def queue_deleted(stage: Readable, domain: str, name: str, incarnation: int) -> bool:
+    """Whether the queue incarnation `domain`/`name` was deleted: retired, or reclaimed so far that
+    it has no `i` row left while its name is free or holds a later incarnation. (A live queue that
+    lost its `i` row is not deleted: it is corruption.) Rows that outlive their queue (retention
+    tasks: the object store's deletion waits for the recovery floor) ask this before taking a
+    missing queue, message or identity for corruption."""
+    if stage.get(keys.resource_key(incarnation)) is not None:
+        return queue_retired(stage, incarnation)
+    raw = stage.get(keys.queue(domain, name))
+    return raw is None or QueueRecord.decode(raw).view.incarnation != incarnation
 
 
 def save_queue(stage: Staged, record: QueueRecord) -> None:
