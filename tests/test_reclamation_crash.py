@@ -1,0 +1,68 @@
+"""kill -9 of `keyload run` while it reclaims a deleted queue's rows: after the restart the reclamation
+goes on from where the last committed step left it, ends with none of the queue's rows left, and the
+drill rebuilds the same projection from the log."""
+
+from __future__ import annotations
+
+import signal
+from pathlib import Path
+
+import pytest
+
+from keyload import Client, Credential
+from keyload.log.base import partition_for
+from keyload.operations.recovery import drill
+from keyload.processors.reclamation import QUEUE_FAMILIES
+from keyload.projections import keys
+from keyload.projections.store import Store
+from keyload.sdk.results import EnqueueMessage
+from keyload.storage.datadir import DataDir
+
+from .support import served_url, start_service, stop_service, wait_until
+
+pytestmark = pytest.mark.slow
+
+DOMAIN = "spent"
+MESSAGES = 20_000  # 60,000 rows: about 120 reclamation steps of 256 messages
+BATCH = 100
+
+
+def left(projection: Path, incarnation: int) -> tuple[int, bool]:
+    """(rows of the incarnation left, whether it is still retired), read beside the service."""
+    store = Store(projection, read_only=True)
+    try:
+        rows = sum(
+            1
+            for family in QUEUE_FAMILIES
+            for _ in store.scan(family + keys.u64(incarnation), keys.prefix_end(family + keys.u64(incarnation)))
+        )
+        return rows, store.get(keys.resource_key(incarnation)) is not None
+    finally:
+        store.close()
+
+
+def test_a_service_killed_while_reclaiming_finishes_after_restart(tmp_path: Path) -> None:
+    root = tmp_path / "data"
+    service = start_service(root)
+    try:
+        credential = Credential.load(root / "credentials" / "keyload-admin.json")
+        with Client(served_url(root), credential=credential) as client:
+            incarnation = client.create_queue(DOMAIN, "jobs").incarnation
+            for first in range(0, MESSAGES, BATCH):
+                enqueues = [EnqueueMessage("jobs", f"m{i}", b"x" * 100) for i in range(first, first + BATCH)]
+                client.batch(DOMAIN, enqueues)
+            client.delete_queue(DOMAIN, "jobs", force=True)
+        data = DataDir.open(root)
+        projection = data.projection(partition_for(DOMAIN, data.partitions))
+        wait_until(lambda: left(projection, incarnation)[0] < 3 * MESSAGES, 60, "the reclamation under way")
+        service.send_signal(signal.SIGKILL)
+        service.wait()
+        rows, retired = left(projection, incarnation)
+        assert retired and 0 < rows < 3 * MESSAGES, rows  # killed part-way
+        service = start_service(root)
+        wait_until(lambda: left(projection, incarnation) == (0, False), 120, "the reclamation done after the restart")
+    finally:
+        if service.poll() is None:
+            assert stop_service(service, 30) == 0
+    report = drill(data, partition_for(DOMAIN, data.partitions), tmp_path / "drill", progress=False)
+    assert report.passed, report
