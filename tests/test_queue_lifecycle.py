@@ -11,7 +11,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from keyload import limits
+from keyload.cli import main
 from keyload.log.codec import REGISTRY
 from keyload.processors.reclamation import QUEUE_FAMILIES
 from keyload.projections import keys
@@ -326,6 +329,28 @@ def test_a_deleted_queues_rows_are_reclaimed_in_bounded_steps(embedded: Embedded
     assert list(store.scan(keys.DUE_QUEUE, keys.prefix_end(keys.DUE_QUEUE))) == []
     assert store.get(keys.NEXT_DUE) is None
     assert_replay_equals_live(embedded, D, tmp_path)
+
+
+def test_keyload_status_names_the_deleted_queues_still_being_reclaimed(
+    embedded: Embedded, capsys: pytest.CaptureFixture[str]
+) -> None:
+    ok(embedded, CREATE_QUEUE, create_queue_body(Q))
+    for first in range(0, 600, 100):
+        ok(
+            embedded,
+            "keyload.command.Batch",
+            batch_body(*(mutation(ENQUEUE, enqueue_body(Q, f"m{i}")) for i in range(first, first + 100))),
+        )
+    ok(embedded, DELETE, {"queue": Q, "force": True})
+
+    def status_line() -> str:
+        assert main(["status", "--data", str(embedded.data.root), "--output", "text"]) == 0
+        return capsys.readouterr().out.splitlines()[1 + embedded.partition(D)]
+
+    assert status_line().endswith(", poison 0, reclaiming 1 deleted queue")
+    for _ in range(4):
+        ok(embedded, TICK, {})
+    assert status_line().endswith(", poison 0")
 
 
 def test_reclamation_waits_behind_timers_already_due(embedded: Embedded) -> None:

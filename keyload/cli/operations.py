@@ -290,8 +290,10 @@ def status(args: argparse.Namespace) -> int:
 def _partition_status(
     data: DataDir, log_: CommandLog, checkpoints: Checkpoints, partition: int, halt: Halt | None
 ) -> str:
-    """`log A..B, applied through N, lag L, checkpoints [...], recovery floor F, poison P`, then any trouble."""
+    """`log A..B, applied through N, lag L, checkpoints [...], recovery floor F, poison P[, reclaiming Q
+    deleted queues]`, then any trouble."""
     from keyload.log.base import LogCorruption, LogError
+    from keyload.projections import keys
     from keyload.projections.store import NO_OFFSET, Store, StoreError
     from keyload.sdk.client import poison_rows
 
@@ -305,6 +307,7 @@ def _partition_status(
         trouble.append(f"{'LOG CORRUPT' if isinstance(exc, LogCorruption) else 'LOG UNREADABLE'}: {exc}")
     applied: int | None = NO_OFFSET
     poison: int | None = 0
+    reclaiming = 0
     if data.projection(partition).is_dir():  # absent until `keyload run` first serves the partition
         try:
             store = Store(data.projection(partition), read_only=True)
@@ -315,6 +318,7 @@ def _partition_status(
             try:
                 applied = store.applied_offset
                 poison = sum(1 for _ in poison_rows(store))
+                reclaiming = sum(1 for _ in store.scan(keys.RETIRED, keys.prefix_end(keys.RETIRED)))
             finally:
                 store.close()
     if applied is None:
@@ -334,6 +338,8 @@ def _partition_status(
         parts.append(f"checkpoints {published}" if published else "no checkpoints")
         parts.append(f"recovery floor {published[0]}" if published else "recovery floor none")
     parts.append("poison unknown" if poison is None else f"poison {poison}")
+    if reclaiming:  # deleted queues whose rows are still being reclaimed (processors/reclamation.py)
+        parts.append(f"reclaiming {reclaiming} deleted queue{'' if reclaiming == 1 else 's'}")
     return ", ".join(parts + trouble)
 
 
