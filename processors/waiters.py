@@ -9,7 +9,10 @@ becomes that final outcome, so a retry of the same command id returns it.
 
 Queues and groups keep waiters alike: rows `a | incarnation | sequence`, a deadline
 timer of kind TIMER_WAITER, and `waiting_receives`, `next_waiter_sequence` and
-`waiter_floor` on their record; the result a waiter completes with is theirs.
+`waiter_floor` on their record; the result a waiter completes with is theirs. A record
+serves at most MAX_WAITERS_SERVED of them; one cut off by that budget with something
+left to deliver gets a serve timer (`serve_later`), whose firing saves the queue or
+group, which serves its waiters again.
 """
 
 from __future__ import annotations
@@ -63,6 +66,12 @@ def wait(
     record = with_timer(stage, record, deadline_ms, keys.TIMER_WAITER, sequence, "")
     ctx.outbox.deferred = True
     return record
+
+
+def serve_later(stage: Staged, record: TimedRecord, now_ms: int) -> TimedRecord:
+    """The record with a serve timer due at `now_ms` (TIMER_SERVE, sequence 0): the next record fires
+    it, and the save that firing makes has the record's waiters served."""
+    return with_timer(stage, record, now_ms, keys.TIMER_SERVE, 0, "")
 
 
 def oldest(stage: Staged, record: TimedRecord, count: int) -> tuple[TimedRecord, list[tuple[int, Waiter]]]:

@@ -376,20 +376,24 @@ class Client:
         return self._send(EnqueueResult, "Enqueue", domain, record, command_id)
 
     def inspect_queue(self, domain: str, queue: str, *, command_id: str | None = None) -> QueueView:
-        return self._send(QueueView, "InspectQueue", domain, {"queue": queue}, command_id)
+        return self._queue_command("InspectQueue", domain, queue, command_id)
 
     def pause_queue(self, domain: str, queue: str, *, command_id: str | None = None) -> QueueView:
         """Stop dispatch: receives are refused with `DispatchPausedError` (a waiting receive waits for
         the resume); enqueues go on and leases in hand stay valid."""
-        return self._send(QueueView, "PauseQueue", domain, {"queue": queue}, command_id)
+        return self._queue_command("PauseQueue", domain, queue, command_id)
 
     def resume_queue(self, domain: str, queue: str, *, command_id: str | None = None) -> QueueView:
-        return self._send(QueueView, "ResumeQueue", domain, {"queue": queue}, command_id)
+        return self._queue_command("ResumeQueue", domain, queue, command_id)
 
     def close_queue(self, domain: str, queue: str, *, command_id: str | None = None) -> QueueView:
         """Take no new messages (enqueues are refused with `ConflictError`); what the queue holds is
         still delivered and settled. There is no reopening."""
-        return self._send(QueueView, "CloseQueue", domain, {"queue": queue}, command_id)
+        return self._queue_command("CloseQueue", domain, queue, command_id)
+
+    def _queue_command(self, kind: str, domain: str, queue: str, command_id: str | None) -> QueueView:
+        """A command that names one queue and nothing else (keyload.bodies.QueueCommand)."""
+        return self._send(QueueView, kind, domain, {"queue": queue}, command_id)
 
     def delete_queue(
         self,

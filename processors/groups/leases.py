@@ -37,7 +37,7 @@ from keyload.processors.groups.group import (
 from keyload.processors.key_rotation import JITTER, TOKEN, active_key
 from keyload.processors.queues.leases import settle_each
 from keyload.processors.queues.lifecycle import retry_delay_ms
-from keyload.processors.queues.state import bounded, due_timers, result_item_bytes, with_timer
+from keyload.processors.queues.state import bounded, due_timers, result_item_bytes
 from keyload.processors.topics.topic import EVENT_RECORD, event_item
 from keyload.projections import keys
 from keyload.projections.records import GroupRecord, PositionMeta, PositionState, TopicRecord, TopicView, load
@@ -228,7 +228,7 @@ def serve_waiters(stage: Staged, ctx: Context, topic_keys: list[bytes], group_ke
             work.record = waiters.complete(stage, work.record, ctx, sequence, waiter, (GROUP_RECEIVE_RESULT, result))
             served += 1
         if served == limits.MAX_WAITERS_SERVED and work.record.waiting_receives > 0 and _deliverable(topic, work):
-            work.record = with_timer(stage, work.record, ctx.now_ms, keys.TIMER_SERVE, 0, "")
+            work.record = waiters.serve_later(stage, work.record, ctx.now_ms)
             changed = True
         if changed:
             store_group(stage, work)

@@ -32,7 +32,6 @@ from keyload.processors.queues.state import (
     load_queue_by_id,
     result_item_bytes,
     save_queue,
-    with_timer,
 )
 from keyload.projections import keys
 from keyload.projections.records import LargePayload, MessageMeta, MessageState, QueuePolicy, QueueRecord, load
@@ -221,7 +220,7 @@ def _serve(stage: Staged, ctx: Context, work: Working, budget: int) -> tuple[int
 def _serve_later(stage: Staged, work: Working, ctx: Context) -> None:
     """A serve timer due now, when waiters are left with ready messages to take."""
     if work.record.waiting_receives and work.view.counters.ready:
-        work.record = with_timer(stage, work.record, ctx.now_ms, keys.TIMER_SERVE, 0, "")
+        work.record = waiters.serve_later(stage, work.record, ctx.now_ms)
 
 
 def verified_token(stage: Staged, ctx: Context, token_text: str) -> tuple[QueueRecord, tokens.Token]:
