@@ -226,6 +226,8 @@ class TopicPolicySpec(AvroRecord, frozen=True, kw_only=True, forbid_unknown_fiel
 
     max_retained_events: int | None = None
     max_retained_bytes: int | None = None
+    max_age_ms: int | None = None
+    discard: str | None = None
 
 
 class CreateTopic(AvroRecord, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -233,6 +235,16 @@ class CreateTopic(AvroRecord, frozen=True, kw_only=True, forbid_unknown_fields=T
 
     topic: str
     policy: TopicPolicySpec
+
+
+class ConfigureTopic(AvroRecord, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Replaces the whole policy; null fields take their defaults."""
+
+    AVRO_NAME = "keyload.command.ConfigureTopic"
+
+    topic: str
+    policy: TopicPolicySpec
+    expected_policy_version: int | None = None
 
 
 class Event(AvroRecord, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -705,6 +717,7 @@ BODY_TYPES: dict[str, type[AvroRecord]] = {
         ResumeQueue,
         CloseQueue,
         DeleteQueue,
+        ConfigureTopic,
     )
 }
 """The class of every command kind's body, by its branch name (keyload/commands.py's `branch`)."""

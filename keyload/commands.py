@@ -172,6 +172,7 @@ COMMANDS: tuple[CommandKind, ...] = (
     _kind("Publish", "topics.topic:publish", "keyload.result.PublishResult", C.topic_publish, "publish", "topic publish", f"POST {T}/events", batchable=True),
     _kind("ReadTopic", "topics.topic:read_topic", "keyload.result.TopicPage", C.topic_read, "read_topic", "topic read", f"GET {T}/events"),
     _kind("InspectTopic", "topics.topic:inspect_topic", "keyload.TopicView", C.inspect, "inspect_topic", "topic inspect", f"GET {T}"),
+    _kind("ConfigureTopic", "topics.topic:configure_topic", "keyload.TopicView", C.resource_manage, "configure_topic", "topic configure", f"PUT {T}/policy"),
     _kind("PurgeTopic", "topics.topic:purge_topic", "keyload.TopicView", C.resource_manage, "purge_topic", "topic purge", f"POST {T}/purge"),
     # Subscription groups
     _kind("CreateGroup", "groups.group:create_group", "keyload.GroupView", C.subscription_manage, "create_group", "group create", f"PUT {G}"),

@@ -70,7 +70,7 @@ GROUP_RECEIVE_EXAMINATION_BUDGET = 256  # due positions and event rows one Group
 # checkpoint moves and seeks walk, so the distance a group runs ahead stays bounded.
 MAX_GROUP_SPAN = 100_000
 MAX_STATUS_PARKED = 100  # parked positions a GroupView lists
-MAX_PURGE_EVENTS = 10_000  # events one PurgeTopic deletes: larger purges go in steps
+MAX_PURGE_EVENTS = 10_000  # events one PurgeTopic deletes (larger purges go in steps), or one Publish discards
 MAX_REPOSITION_PARKED = 10_000  # parked positions above its target a seek or configure may drop
 MAX_DOCUMENT_KEY_CHARS = 512  # printable ASCII without spaces, like ids: "order/42" reads well
 MAX_DOCUMENT_BYTES = MAX_INLINE_BODY_BYTES  # a document's value
@@ -171,6 +171,9 @@ MAX_RECEIVE_MESSAGES = 1_000  # policy receive_max_messages, and so a Receive's 
 MAX_RECEIVE_BYTES = 64 * MIB  # policy receive_max_bytes, and so a Receive's max_bytes
 MAX_RETAINED_EVENTS = 100_000_000
 MAX_RETAINED_BYTES = TIB
+MAX_TOPIC_AGE_MS = 10 * 365 * DAY_MS  # topic policy max_age_ms (0: no age limit)
+# A topic whose expired front events a group still pins looks at its front again this much later.
+TOPIC_RETENTION_RECHECK_MS = 60_000
 MAX_GROUP_WINDOW = 10_000  # group policy max_window
 # The largest backoff before the cap stops it (lifecycle.retry_delay_ms) stays a long; what
 # stored records keep in Avro ints (a policy's max_attempts, retry_factor and
@@ -274,6 +277,8 @@ INTEGER_FIELD_RANGES: dict[str, IntegerRange] = {
     # topics and groups
     "TopicPolicySpec.max_retained_events": IntegerRange(1, MAX_RETAINED_EVENTS),
     "TopicPolicySpec.max_retained_bytes": IntegerRange(1, MAX_RETAINED_BYTES),
+    "TopicPolicySpec.max_age_ms": IntegerRange(0, MAX_TOPIC_AGE_MS, note="0: no age limit"),
+    "ConfigureTopic.expected_policy_version": FENCE,
     "ReadTopic.from_position": IntegerRange(
         0, MAX_SEQUENCE, note="≤ tail + 1; below first_available: HistoryUnavailable"
     ),

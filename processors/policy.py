@@ -55,7 +55,9 @@ GROUP_ENUM_FIELDS = {"retry_jitter": ENUM_FIELDS["retry_jitter"]}
 TOPIC_INTEGER_FIELDS: dict[str, Bound] = {
     "max_retained_events": Bound(1_000_000, 1, limits.MAX_RETAINED_EVENTS),
     "max_retained_bytes": Bound(GIB, 1, limits.MAX_RETAINED_BYTES),
+    "max_age_ms": Bound(0, 0, limits.MAX_TOPIC_AGE_MS),
 }
+TOPIC_ENUM_FIELDS: dict[str, tuple[str, ...]] = {"discard": ("new", "old")}
 
 
 def _bounds_are_the_named_ranges() -> bool:
@@ -138,9 +140,11 @@ def default_spec() -> dict[str, Any]:
 
 def resolve_topic_policy(spec: TopicPolicySpec) -> TopicPolicy:
     """A complete, validated TopicPolicy from a TopicPolicySpec (nulls take defaults)."""
-    return TopicPolicy.from_avro(_resolve_integers(spec, TOPIC_INTEGER_FIELDS))
+    policy = _resolve_integers(spec, TOPIC_INTEGER_FIELDS)
+    _resolve_enums(spec, policy, TOPIC_ENUM_FIELDS)
+    return TopicPolicy.from_avro(policy)
 
 
 def default_topic_spec() -> dict[str, Any]:
     """A TopicPolicySpec asking for every default."""
-    return dict.fromkeys(TOPIC_INTEGER_FIELDS)
+    return dict.fromkeys((*TOPIC_INTEGER_FIELDS, *TOPIC_ENUM_FIELDS))

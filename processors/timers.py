@@ -1,10 +1,11 @@
 """Firing due timers before every record: log time reaching a timer's due time is what fires it.
 
 Queues and subscription groups keep timers the same way (processors/queues/state.py):
-rows under their incarnation and one due-index entry each at their earliest. The
-due index names an incarnation; the resource key it maps to says which kind of
-resource to hand the firing to: a queue, a group, or a deleted queue whose rows are
-being reclaimed (processors/reclamation.py).
+rows under their incarnation and one due-index entry each at their earliest. A topic
+has at most one timer, its retention's next look at its front, kept in its record
+(processors/topics/retention.py). The due index names an incarnation; the resource key
+it maps to says which kind of resource to hand the firing to: a queue, a group, a topic,
+or a deleted queue whose rows are being reclaimed (processors/reclamation.py).
 """
 
 from __future__ import annotations
@@ -18,13 +19,21 @@ from keyload.processors.errors import Corruption
 from keyload.processors.groups import leases as group_leases
 from keyload.processors.queues.lifecycle import fire_queue_timers
 from keyload.processors.queues.state import next_due_ms
+from keyload.processors.topics import topic as topics
 from keyload.projections import keys
-from keyload.projections.records import GroupRecord, QueueRecord, load
+from keyload.projections.records import GroupRecord, QueueRecord, TopicRecord, load
 from keyload.projections.store import Staged
+
+# The record kept under each kind of resource key the due index may name (a retired queue's aside).
+TIMED_RECORDS: dict[bytes | None, type[QueueRecord | GroupRecord | TopicRecord]] = {
+    keys.QUEUE: QueueRecord,
+    keys.GROUP: GroupRecord,
+    keys.TOPIC: TopicRecord,
+}
 
 
 def fire_due(stage: Staged, ctx: Context) -> Record:
-    """Fire due timers across the partition's queues and groups, earliest first, within one budget.
+    """Fire due timers across the partition's queues, groups and topics, earliest first, within one budget.
 
     A Tick command is just a record that does nothing else. `ctx.command_id` names
     the record for deterministic retry jitter.
@@ -44,11 +53,10 @@ def fire_due(stage: Staged, ctx: Context) -> Record:
         if kind == keys.RETIRED:  # a deleted queue whose rows are being reclaimed
             examined += reclamation.reclaim_step(stage, incarnation, due_ms, ctx, budget - examined)
             continue
-        if kind not in (keys.QUEUE, keys.GROUP):
-            raise Corruption(f"due index names {incarnation}, which is neither a queue nor a group")
+        if kind not in TIMED_RECORDS:
+            raise Corruption(f"due index names {incarnation}, which is neither a queue, a group nor a topic")
         assert resource_key is not None
-        typed: type[QueueRecord] | type[GroupRecord] = QueueRecord if kind == keys.QUEUE else GroupRecord
-        record = load(stage, resource_key, typed)
+        record = load(stage, resource_key, TIMED_RECORDS[kind])
         if record is None:
             raise Corruption(f"due index names missing resource {incarnation}")
         if record.next_timer_ms != due_ms:
@@ -56,6 +64,8 @@ def fire_due(stage: Staged, ctx: Context) -> Record:
         # Each fires its resource's timers and saves the resource.
         if isinstance(record, QueueRecord):
             seen, moved = fire_queue_timers(stage, record, ctx, budget - examined)
+        elif isinstance(record, TopicRecord):
+            seen, moved = topics.fire_retention(stage, record, ctx, budget - examined)
         else:
             seen, moved = group_leases.fire_group_timers(stage, record, ctx, budget - examined)
         if seen == 0:

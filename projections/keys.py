@@ -19,7 +19,9 @@ U16 = struct.Struct(">H")
 # Family tags.
 META = b"\x00"  # partition metadata (applied offset, last time, allocators)
 QUEUE = b"q"  # q | domain (u8-prefixed) | queue name          -> QueueRecord
-RESOURCE_KEY = b"i"  # i | queue or group id u64                -> the resource's QUEUE, GROUP or RETIRED key
+# i | queue, group or topic id u64 -> the resource's QUEUE, GROUP, RETIRED or TOPIC key (a topic's from
+#   when it first has a retention timer)
+RESOURCE_KEY = b"i"
 MESSAGE = b"m"  # m | queue id u64 | message id                 -> MessageMeta
 BODY = b"b"  # b | queue id u64 | message id                    -> raw body bytes
 READY = b"r"  # r | queue id u64 | ready sequence u64           -> message id
@@ -29,7 +31,9 @@ WAITER = b"a"  # a | queue id u64 | waiter sequence u64          -> Waiter (a wa
 ORDERING = b"k"  # k | queue id u64 | ordering key (u16-prefixed) | enqueue sequence u64 -> message id
 KEY_HEAD = b"h"  # h | queue id u64 | ordering key (u16-prefixed)  -> u64 lowest enqueue sequence in `k`
 TIMER = b"t"  # t | queue or group id u64 | due ms u64 | kind u8 | sequence u64 -> message id or position
-DUE_QUEUE = b"w"  # w | due ms u64 | queue or group id u64       -> empty (earliest timer of a queue or group)
+# w | due ms u64 | queue, group or topic id u64 -> empty (earliest timer of a queue or group, a topic's
+#   retention timer)
+DUE_QUEUE = b"w"
 OUTCOME = b"o"  # o | domain (u8-prefixed) | command id         -> fingerprint(32) | Outcome
 POISON = b"p"  # p | offset u64                                 -> PoisonEntry
 TOPIC = b"s"  # s | domain (u8-prefixed) | topic name           -> TopicRecord

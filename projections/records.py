@@ -98,6 +98,11 @@ class ParkedHead(StrEnum):
     block = "block"
 
 
+class TopicDiscard(StrEnum):
+    new = "new"
+    old = "old"
+
+
 class MessageState(StrEnum):
     scheduled = "scheduled"
     ready = "ready"
@@ -323,6 +328,8 @@ class TopicPolicy(AvroRecord, frozen=True, kw_only=True, forbid_unknown_fields=T
 
     max_retained_events: Long
     max_retained_bytes: Long
+    max_age_ms: Long = 0  # 0: no age limit
+    discard: TopicDiscard = TopicDiscard.new
 
 
 class TopicView(AvroRecord, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -339,12 +346,14 @@ class TopicView(AvroRecord, frozen=True, kw_only=True, forbid_unknown_fields=Tru
     retained_events: Long
     retained_bytes: Long
     published_total: Long
+    policy_version: Long = 1
 
 
 class TopicRecord(StoredRecord, frozen=True, kw_only=True, forbid_unknown_fields=True):
     AVRO_NAME = SCHEMA = "keyload.TopicRecord"
 
     view: TopicView
+    next_timer_ms: Long | None = None  # retention's next look at the front (the due index names it)
 
 
 class EventRecord(StoredRecord, frozen=True, kw_only=True, forbid_unknown_fields=True):

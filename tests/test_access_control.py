@@ -437,6 +437,11 @@ UNGRANTED: dict[str, Builder] = {
     "PauseQueue": lambda s: {"queue": "jobs"},
     "CloseQueue": lambda s: {"queue": "jobs"},
     "DeleteQueue": _empty_queue,
+    "ConfigureTopic": lambda s: {
+        "topic": "news",
+        "policy": {**create_topic_body("news")["policy"], "max_age_ms": 60_000},
+        "expected_policy_version": 1,
+    },
 }
 
 

@@ -74,7 +74,7 @@ def test_aliases_are_the_noun_verb_commands() -> None:
 def test_the_cli_states_the_engines_defaults_and_choices() -> None:
     """The parser states defaults and choices without importing the engine: they must agree with it."""
     from keyload.operations import checkpoints, gc
-    from keyload.processors.policy import ENUM_FIELDS, GROUP_ENUM_FIELDS
+    from keyload.processors.policy import ENUM_FIELDS, GROUP_ENUM_FIELDS, TOPIC_ENUM_FIELDS
     from keyload.sdk import client
     from keyload.server import runner
     from keyload.service import kafka, ticker
@@ -93,7 +93,7 @@ def test_the_cli_states_the_engines_defaults_and_choices() -> None:
         "listen": f"{runner.DEFAULT_HOST}:{runner.DEFAULT_PORT}",
         "listen_env": runner.LISTEN_ENV,
     } == DEFAULTS
-    assert {**ENUM_FIELDS, **GROUP_ENUM_FIELDS} == cli_commands.CHOICES
+    assert {**ENUM_FIELDS, **GROUP_ENUM_FIELDS, **TOPIC_ENUM_FIELDS} == cli_commands.CHOICES
 
 
 def test_relative_and_absolute_times() -> None:
@@ -192,6 +192,9 @@ def test_noun_verb_commands_against_a_running_service(tmp_path: Path) -> None:
             shown = run_keyload(*readable, "--output", "text")
             assert shown.returncode == 0 and shown.stdout.strip() and not shown.stdout.startswith("{"), shown
         assert "body" in run_keyload("topic", "read", *at, "--topic", "news", "--output", "text").stdout
+        policy = ("--max-age-ms", "0", "--discard", "old", "--expected-policy-version", "1", "--json")
+        configured = cli_json("topic", "configure", *at, "news", *policy)
+        assert (configured["policy_version"], configured["policy"]["discard"]) == (2, "old")
         group = cli_json("group", "create", *at, "--topic", "news", "g", "--start", "2", "--max-window", "4", "--json")
         assert group["policy"]["max_window"] == 4
         got = cli_json("group", "receive", *at, "--topic", "news", "g", "--json")

@@ -394,6 +394,11 @@ BASES: dict[str, Builder] = {
     ),
     "keyload.command.ConfigureGroup": _paused_group,
     "keyload.command.PurgeTopic": lambda w: {"topic": _topic(w), "through": 1, "expected_generation": 1},
+    "keyload.command.ConfigureTopic": lambda w: {
+        "topic": _topic(w),
+        "policy": default_topic_spec(),
+        "expected_policy_version": None,
+    },
     PUT_DOCUMENT: lambda w: put_document_body(w.fresh("doc")),
     DELETE_DOCUMENT: lambda w: {"key": _document(w), "expected_revision": 1},
     "keyload.command.ListDocuments": lambda w: list_documents_body(),

@@ -25,7 +25,16 @@ from keyload.log.base import LogRecord, partition_for
 from keyload.log.codec import REGISTRY
 from keyload.sdk.client import Lane
 from keyload.sdk.consumer import ConsumeStats, ExactlyOnce, Handled, WorkOptions
-from keyload.sdk.results import Delivery, EnqueueMessage, Event, GroupDelivery, Mutation, PutDocument, QueuePolicySpec
+from keyload.sdk.results import (
+    Delivery,
+    EnqueueMessage,
+    Event,
+    GroupDelivery,
+    Mutation,
+    PutDocument,
+    QueuePolicySpec,
+    TopicPolicySpec,
+)
 from keyload.storage.datadir import DataDir, KafkaConfig
 
 from .support import served_url, start_service, stop_service, wait_until
@@ -323,6 +332,22 @@ def test_operator_moves_are_fenced_by_the_view_they_were_decided_on(client: Clie
     assert cancelled.meta.state == "cancelled"
     counters = client.inspect_queue("shop", "jobs").counters
     assert (counters.dead_lettered, counters.pending_dead_letter, counters.cancelled_total) == (1, 0, 1)
+
+
+def test_a_topic_policy_changes_by_compare_and_set_and_old_events_age_out(client: Client) -> None:
+    """configure_topic is fenced by the policy version; the service's ticker then drives the age
+    limit, and under discard old a publish at the cap pushes the oldest event out."""
+    client.create_topic("shop", "events")
+    client.publish("shop", "events", [Event(f"e{i}", "t", b"x") for i in range(3)])
+    policy = TopicPolicySpec(max_age_ms=1_000, max_retained_events=3, discard="old")
+    assert client.configure_topic("shop", "events", policy, expected_policy_version=1).policy_version == 2
+    with pytest.raises(RevisionConflictError):
+        client.configure_topic("shop", "events", TopicPolicySpec(), expected_policy_version=1)
+    client.publish("shop", "events", [Event("e3", "t", b"x")])
+    assert client.inspect_topic("shop", "events").first_available == 2  # e0 made room for e3
+    wait_until(lambda: client.inspect_topic("shop", "events").retained_events == 0, what="events aged out")
+    view = client.inspect_topic("shop", "events")
+    assert (view.first_available, view.tail) == (5, 4)
 
 
 def test_exactly_once_consumer_commits_effects_with_the_ack(served: Served) -> None:

@@ -289,6 +289,21 @@ def test_keyload_codes_map_to_statuses(api: httpx.Client) -> None:
     )
 
 
+def test_configure_a_topic_over_http_fenced_by_its_policy_version(api: httpx.Client) -> None:
+    topic = f"/v1/domains/{domain()}/topics/t"
+    assert committed(api.put(topic, json={"policy": {}}))["policy_version"] == 1
+    policy = {"max_age_ms": 60_000, "discard": "old"}
+    configured = committed(api.put(f"{topic}/policy", json={"policy": policy, "expected_policy_version": 1}))
+    assert (configured["policy_version"], configured["policy"]["max_age_ms"], configured["policy"]["discard"]) == (
+        2,
+        60_000,
+        "old",
+    )
+    stale = api.put(f"{topic}/policy", json={"policy": {}, "expected_policy_version": 1})
+    assert (stale.status_code, stale.json()["error_code"]) == (409, "RevisionConflict")
+    assert api.get(topic).json()["result"]["policy"]["discard"] == "old"
+
+
 def test_pause_resume_close_and_delete_a_queue_over_http(api: httpx.Client, served: tuple[Path, str]) -> None:
     root, url = served
     d, queue = new_queue(api, "jobs")

@@ -56,6 +56,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "retry_jitter": ("none", "full"),
     "ordering": ("competing", "strict_per_key"),
     "parked_head": ("continue", "block"),
+    "discard": ("new", "old"),
 }
 # Integer fields given as a count or size that must be positive (argparse refuses 0, exit 2).
 POSITIVE = re.compile(r"^(max_|receive_max_|limit$|lease_ms$)")
@@ -544,6 +545,7 @@ SHAPES: dict[str, Shape] = {
         "read a page of a topic's events in position order", rename={"from_position": "from"}, build=_read_build
     ),
     "InspectTopic": Shape("show a topic's retained range and counters", positional=("topic",)),
+    "ConfigureTopic": Shape("replace a topic's policy (fields not given take their defaults)", positional=("topic",)),
     "PurgeTopic": Shape("delete retained events up to a position", positional=("topic",)),
     "CreateGroup": Shape(
         "create a subscription group", positional=_GROUP, hidden=("start", "position"), extra=_start_extra,

@@ -95,6 +95,7 @@ class AsyncClient:
     cancel = _on_thread(Client.cancel)
     park_pending = _on_thread(Client.park_pending)
     create_topic = _on_thread(Client.create_topic)
+    configure_topic = _on_thread(Client.configure_topic)
     publish = _on_thread(Client.publish)
     read_topic = _on_thread(Client.read_topic)
     inspect_topic = _on_thread(Client.inspect_topic)

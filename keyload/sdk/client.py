@@ -593,6 +593,22 @@ class Client:
         body = {"topic": topic, "policy": (policy or TopicPolicySpec()).to_avro()}
         return self._send(TopicView, "CreateTopic", domain, body, command_id)
 
+    def configure_topic(
+        self,
+        domain: str,
+        topic: str,
+        policy: TopicPolicySpec,
+        *,
+        expected_policy_version: int | None = None,
+        command_id: str | None = None,
+    ) -> TopicView:
+        """Replace the topic's whole policy; fields left None take their defaults. A stale
+        `expected_policy_version` is `RevisionConflictError`. Removes nothing itself: retention
+        applies a shorter `max_age_ms`, or lower caps under `discard="old"`, from the front in
+        bounded steps, never past what a group has not completed."""
+        body = {"topic": topic, "policy": policy.to_avro(), "expected_policy_version": expected_policy_version}
+        return self._send(TopicView, "ConfigureTopic", domain, body, command_id)
+
     def publish(
         self, domain: str, topic: str, events: Sequence[Event], *, command_id: str | None = None
     ) -> PublishResult:

@@ -12,8 +12,8 @@ one moves the checkpoint across every resolved position above it at once.
 Parked positions keep a row of their own, listed by Status, and pin purges until a
 seek releases them (`pin_floor`). This module holds the group's definition, its
 position transitions, seek, configure and pause/resume; processors/groups/leases.py
-holds receive, ack, nack, renew and lease timers. PurgeTopic, which groups pin, is in
-processors/topics/topic.py.
+holds receive, ack, nack, renew and lease timers. Removal of a topic's events (purge, age,
+discard old), which groups pin, is in processors/topics/retention.py.
 """
 
 from __future__ import annotations
@@ -311,7 +311,7 @@ def _target_checkpoint(topic: TopicView, to: GroupStart, position: int | None, k
 
 
 def groups_of(stage: Staged, topic_id: int) -> list[GroupRecord]:
-    """Every group of a topic (at most MAX_GROUPS_PER_TOPIC), for PurgeTopic (processors/topics/topic.py)."""
+    """Every group of a topic (at most MAX_GROUPS_PER_TOPIC), for removals (processors/topics/retention.py)."""
     prefix = keys.group_prefix(topic_id)
     found: list[GroupRecord] = []
     for _, value in stage.scan(prefix, keys.prefix_end(prefix)):

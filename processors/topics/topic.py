@@ -5,7 +5,8 @@ authoritative counters. Each event is one immutable row keyed by (topic id,
 position) with its body inline. A separate event-id index maps (topic id, event
 id) to the event's position and a digest of its content: a repeat is told apart
 from a conflicting reuse without reading the event, and dedup can outlive the
-events once purging removes them.
+events once purging removes them. Events leave only from the front, by purge, age or the caps
+under `discard: old` (processors/topics/retention.py).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import struct
 from msgspec.structs import replace
 
 from keyload import limits
-from keyload.bodies import CreateTopic, Event, InspectTopic, Publish, PurgeTopic, ReadTopic
+from keyload.bodies import ConfigureTopic, CreateTopic, Event, InspectTopic, Publish, PurgeTopic, ReadTopic
 from keyload.log.codec import REGISTRY, Record
 from keyload.processors import validation
 from keyload.processors.context import Context
@@ -24,11 +25,12 @@ from keyload.processors.counters import adjusted
 from keyload.processors.errors import Corruption, ErrorCode, Rejected
 from keyload.processors.policy import resolve_topic_policy
 from keyload.processors.queues.state import allocate_incarnation, bounded, check_headers, check_name
+from keyload.processors.topics import retention
 from keyload.processors.topics.cursors import cursor, cursor_position
 from keyload.projections import keys
 from keyload.projections.records import (
     EventRecord,
-    GroupState,
+    TopicDiscard,
     TopicRecord,
     TopicView,
     load,
@@ -109,6 +111,29 @@ def inspect_topic(stage: Staged, body: InspectTopic, ctx: Context) -> Record:
     return topic_record(stage, ctx.domain, body.topic).view.to_avro()
 
 
+def configure_topic(stage: Staged, body: ConfigureTopic, ctx: Context) -> Record:
+    """Replace the topic's whole policy, fenced by an optional expected policy version.
+
+    Nothing is removed here: a shorter age or (under discard old) a lower cap is applied by the
+    retention timer, in bounded steps from the next record on; under discard new a topic over a
+    lowered cap refuses publishes until purges or age bring it under.
+    """
+    record = topic_record(stage, ctx.domain, body.topic)
+    current = record.view
+    expected = body.expected_policy_version
+    if expected is not None:
+        validation.check_integer("ConfigureTopic.expected_policy_version", expected)
+        if expected != current.policy_version:
+            raise Rejected(
+                ErrorCode.REVISION_CONFLICT,
+                f"policy version is {current.policy_version}, expected {expected}",
+            )
+    topic = replace(current, policy=resolve_topic_policy(body.policy), policy_version=current.policy_version + 1)
+    record = retention.with_timer(stage, replace(record, view=topic), retention.due_ms(stage, topic, ctx.now_ms))
+    save_topic(stage, record)
+    return topic.to_avro()
+
+
 def _check_event(index: int, event: Event) -> int:
     """Validate one event of a Publish; its charge against retained_bytes (body, type, headers)."""
     try:
@@ -168,10 +193,8 @@ def publish(stage: Staged, body: Publish, ctx: Context) -> Record:
     topic_id = topic.incarnation
     digests = [content_digest(event) for event in events]
     _check_unpublished(stage, topic_id, events, digests)
-    if topic.retained_events + len(events) > topic.policy.max_retained_events:
-        raise Rejected(ErrorCode.RESOURCE_EXHAUSTED, "the topic would exceed max_retained_events")
-    if topic.retained_bytes + sum(charges) > topic.policy.max_retained_bytes:
-        raise Rejected(ErrorCode.RESOURCE_EXHAUSTED, "the topic would exceed max_retained_bytes")
+    was_empty, first_available = topic.retained_events == 0, topic.first_available
+    topic = _make_room(stage, topic, len(events), sum(charges))
 
     tail, retained_events, retained_bytes, published_total = (
         topic.tail,
@@ -204,13 +227,51 @@ def publish(stage: Staged, body: Publish, ctx: Context) -> Record:
         retained_bytes=retained_bytes,
         published_total=published_total,
     )
-    save_topic(stage, replace(record, view=topic))
+    record = replace(record, view=topic)
+    if was_empty or topic.first_available != first_available:  # a new front event: a new expiry
+        record = retention.with_timer(stage, record, retention.due_ms(stage, topic, ctx.now_ms))
+    save_topic(stage, record)
     return {
         "topic": topic.topic,
         "events": published,
         "retained_events": topic.retained_events,
         "retained_bytes": topic.retained_bytes,
     }
+
+
+def _make_room(stage: Staged, topic: TopicView, events: int, charged: int) -> TopicView:
+    """The topic with room for `events` more events of `charged` bytes: as it is when both caps
+    hold, or under discard old without its oldest events (at most MAX_PURGE_EVENTS of them, never
+    past the purge limit). Refused (ResourceExhausted) when no such room can be made."""
+    policy = topic.policy
+    excess_events = topic.retained_events + events - policy.max_retained_events
+    excess_bytes = topic.retained_bytes + charged - policy.max_retained_bytes
+    cap = "max_retained_events" if excess_events > 0 else "max_retained_bytes"
+    if excess_events <= 0 and excess_bytes <= 0:
+        return topic
+    if policy.discard == TopicDiscard.new:
+        raise Rejected(ErrorCode.RESOURCE_EXHAUSTED, f"the topic would exceed {cap}")
+    if events > policy.max_retained_events or charged > policy.max_retained_bytes:
+        raise Rejected(ErrorCode.RESOURCE_EXHAUSTED, f"the events alone exceed {cap}")
+    pinning = retention.pinning_groups(stage, topic)
+    limit = retention.purge_limit(stage, topic, pinning)
+    removed: list[retention.FrontEvent] = []
+    stop = min(limit, topic.first_available + limits.MAX_PURGE_EVENTS - 1)
+    for event in retention.front_events(stage, topic, stop):
+        removed.append(event)
+        excess_events -= 1
+        excess_bytes -= event.charged_bytes
+        if excess_events <= 0 and excess_bytes <= 0:
+            return retention.remove_front(stage, topic, pinning, removed)
+    if stop == limit:  # the events alone fit, so a group pins what would have to go
+        raise Rejected(
+            ErrorCode.RESOURCE_EXHAUSTED,
+            f"the topic would exceed {cap}, and a group has not completed position {limit + 1}",
+        )
+    raise Rejected(
+        ErrorCode.RESOURCE_EXHAUSTED,
+        f"the topic would exceed {cap} unless more than {limits.MAX_PURGE_EVENTS} events were discarded",
+    )
 
 
 def read_topic(stage: Staged, body: ReadTopic, ctx: Context) -> Record:
@@ -284,15 +345,6 @@ def event_item(position: int, event: Record) -> Record:
 # -- purge ---------------------------------------------------------------------------------
 
 
-def _purge_limit(stage: Staged, topic: TopicView, group: GroupState) -> int:
-    """The highest position a purge may delete for this group: its checkpoint, and below its
-    lowest parked position that still pins (above pin_floor)."""
-    start = keys.parked(group.incarnation, max(group.pin_floor + 1, topic.first_available))
-    lowest = stage.first(start, keys.group_row_end(start))
-    checkpoint = group.checkpoint
-    return checkpoint if lowest is None else min(checkpoint, keys.row_position(lowest[0]) - 1)
-
-
 def purge_topic(stage: Staged, body: PurgeTopic, ctx: Context) -> Record:
     """Delete the retained events first_available..through and release their bytes.
 
@@ -301,9 +353,6 @@ def purge_topic(stage: Staged, body: PurgeTopic, ctx: Context) -> Record:
     expected revision is everywhere else. Event-id rows stay, so a re-published old
     id is still recognised.
     """
-    # Imported here: groups pin purges, and processors/groups/group.py imports this module.
-    from keyload.processors.groups import group as groups
-
     validation.check_integer("PurgeTopic.through", body.through)
     validation.check_integer("PurgeTopic.expected_generation", body.expected_generation)
     stored = topic_record(stage, ctx.domain, body.topic)
@@ -319,49 +368,22 @@ def purge_topic(stage: Staged, body: PurgeTopic, ctx: Context) -> Record:
         raise Rejected(
             ErrorCode.VALIDATION, f"a purge deletes at most {limits.MAX_PURGE_EVENTS} events: purge in steps"
         )
-    pinning = groups.groups_of(stage, topic.incarnation)  # at most MAX_GROUPS_PER_TOPIC; purges are rare
+    pinning = retention.pinning_groups(stage, topic)  # at most MAX_GROUPS_PER_TOPIC; purges are rare
     for group in pinning:
-        limit = _purge_limit(stage, topic, group.view)
+        limit = retention.group_limit(stage, topic, group.view)
         if through > limit:
             raise Rejected(ErrorCode.RESOURCE_EXHAUSTED, f"a group has not completed position {limit + 1}")
-    topic_id = topic.incarnation
-    retained_events, retained_bytes = topic.retained_events, topic.retained_bytes
-    rows = stage.scan(keys.event(topic_id, first), keys.event(topic_id, through + 1))
-    for expected, (key, value) in enumerate(rows, start=first):
-        if keys.event_position(key) != expected:
-            raise Corruption(f"topic {topic_id} has no event at retained position {expected}")
-        # A dict read, not an EventRecord: a purge decodes up to MAX_PURGE_EVENTS events for one field.
-        charged: int = REGISTRY.decode(EVENT_RECORD, value)["charged_bytes"]
-        retained_bytes = adjusted("retained_bytes", retained_bytes, -charged)
-        retained_events = adjusted("retained_events", retained_events, -1)
-        stage.delete(key)
-    if retained_events != topic.tail - through:
-        raise Corruption(f"topic {topic_id} has no event at some retained position up to {through}")
-    for group in pinning:
-        dropped = _drop_parked_through(stage, group.view, first, through)
-        if dropped is not None:
-            groups.save_group(stage, replace(group, view=dropped))
-    topic = replace(
-        topic,
-        first_available=through + 1,
-        retained_events=retained_events,
-        retained_bytes=retained_bytes,
-        generation=topic.generation + 1,
-    )
-    save_topic(stage, replace(stored, view=topic))
+    removed = list(retention.front_events(stage, topic, through))
+    if len(removed) != through - first + 1:
+        raise Corruption(f"topic {topic.incarnation} has no event at some retained position up to {through}")
+    topic = retention.remove_front(stage, topic, pinning, removed)
+    record = replace(stored, view=topic)
+    save_topic(stage, retention.with_timer(stage, record, retention.due_ms(stage, topic, ctx.now_ms)))
     return topic.to_avro()
 
 
-def _drop_parked_through(stage: Staged, group: GroupState, first: int, through: int) -> GroupState | None:
-    """Released parked rows a purge passes go with their events (pinning ones cannot be passed);
-    the group without them, None when it had none there."""
-    start = keys.parked(group.incarnation, first)
-    parked_count = group.parked_count
-    dropped = 0
-    for key, _ in stage.scan(start, keys.parked(group.incarnation, through + 1)):
-        if keys.row_position(key) > group.pin_floor:
-            raise Corruption(f"a purge passed a pinning parked position of group {group.incarnation}")
-        stage.delete(key)
-        parked_count = adjusted("parked_count", parked_count, -1)
-        dropped += 1
-    return replace(group, parked_count=parked_count) if dropped else None
+def fire_retention(stage: Staged, record: TopicRecord, ctx: Context, budget: int) -> tuple[int, int]:
+    """Fire the topic's retention timer (processors/timers.py): (events examined, events removed)."""
+    step = retention.retention_step(stage, record, ctx.now_ms, budget)
+    save_topic(stage, retention.with_timer(stage, replace(record, view=step.topic), step.next_due_ms))
+    return step.examined, step.removed
