@@ -247,6 +247,23 @@ class ConfigureTopic(AvroRecord, frozen=True, kw_only=True, forbid_unknown_field
     expected_policy_version: int | None = None
 
 
+class DeleteTopic(AvroRecord, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    AVRO_NAME = "keyload.command.DeleteTopic"
+
+    topic: str
+    force: bool = False
+    expected_incarnation: int | None = None
+
+
+class DeleteGroup(AvroRecord, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    AVRO_NAME = "keyload.command.DeleteGroup"
+
+    topic: str
+    group: str
+    force: bool = False
+    expected_incarnation: int | None = None
+
+
 class Event(AvroRecord, frozen=True, kw_only=True, forbid_unknown_fields=True):
     AVRO_NAME = "keyload.command.Event"
 
@@ -278,10 +295,18 @@ class ReadTopic(AvroRecord, frozen=True, kw_only=True, forbid_unknown_fields=Tru
     cursor: str | None = None
 
 
-class InspectTopic(AvroRecord, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    AVRO_NAME = "keyload.command.InspectTopic"
+class TopicCommand(AvroRecord, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """A command that names one topic and nothing else."""
 
     topic: str
+
+
+class InspectTopic(TopicCommand, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    AVRO_NAME = "keyload.command.InspectTopic"
+
+
+class CloseTopic(TopicCommand, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    AVRO_NAME = "keyload.command.CloseTopic"
 
 
 class GroupStart(StrEnum):
@@ -718,6 +743,9 @@ BODY_TYPES: dict[str, type[AvroRecord]] = {
         CloseQueue,
         DeleteQueue,
         ConfigureTopic,
+        CloseTopic,
+        DeleteTopic,
+        DeleteGroup,
     )
 }
 """The class of every command kind's body, by its branch name (keyload/commands.py's `branch`)."""

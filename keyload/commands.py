@@ -173,6 +173,8 @@ COMMANDS: tuple[CommandKind, ...] = (
     _kind("ReadTopic", "topics.topic:read_topic", "keyload.result.TopicPage", C.topic_read, "read_topic", "topic read", f"GET {T}/events"),
     _kind("InspectTopic", "topics.topic:inspect_topic", "keyload.TopicView", C.inspect, "inspect_topic", "topic inspect", f"GET {T}"),
     _kind("ConfigureTopic", "topics.topic:configure_topic", "keyload.TopicView", C.resource_manage, "configure_topic", "topic configure", f"PUT {T}/policy"),
+    _kind("CloseTopic", "topics.topic:close_topic", "keyload.TopicView", C.resource_manage, "close_topic", "topic close", f"POST {T}/close"),
+    _kind("DeleteTopic", "topics.deletion:delete_topic", "keyload.TopicView", C.resource_manage, "delete_topic", "topic delete", f"DELETE {T}"),
     _kind("PurgeTopic", "topics.topic:purge_topic", "keyload.TopicView", C.resource_manage, "purge_topic", "topic purge", f"POST {T}/purge"),
     # Subscription groups
     _kind("CreateGroup", "groups.group:create_group", "keyload.GroupView", C.subscription_manage, "create_group", "group create", f"PUT {G}"),
@@ -184,6 +186,7 @@ COMMANDS: tuple[CommandKind, ...] = (
     _kind("GroupStatus", "groups.group:group_status", "keyload.GroupView", C.inspect, "group_status", "group status", f"GET {G}"),
     _kind("SeekGroup", "groups.group:seek_group", "keyload.GroupView", C.subscription_manage, "seek_group", "group seek", f"POST {G}/seek"),
     _kind("ConfigureGroup", "groups.group:configure_group", "keyload.GroupView", C.subscription_manage, "configure_group", "group configure", f"PUT {G}/policy"),
+    _kind("DeleteGroup", "topics.deletion:delete_group", "keyload.GroupView", C.subscription_manage, "delete_group", "group delete", f"DELETE {G}"),
     _kind("PauseGroup", "groups.group:pause_group", "keyload.GroupView", C.subscription_manage, "pause_group", "group pause", f"POST {G}/pause"),
     _kind("ResumeGroup", "groups.group:resume_group", "keyload.GroupView", C.subscription_manage, "resume_group", "group resume", f"POST {G}/resume"),
     # Documents, batches, inboxes

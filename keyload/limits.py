@@ -279,6 +279,8 @@ INTEGER_FIELD_RANGES: dict[str, IntegerRange] = {
     "TopicPolicySpec.max_retained_bytes": IntegerRange(1, MAX_RETAINED_BYTES),
     "TopicPolicySpec.max_age_ms": IntegerRange(0, MAX_TOPIC_AGE_MS, note="0: no age limit"),
     "ConfigureTopic.expected_policy_version": FENCE,
+    "DeleteTopic.expected_incarnation": FENCE,
+    "DeleteGroup.expected_incarnation": FENCE,
     "ReadTopic.from_position": IntegerRange(
         0, MAX_SEQUENCE, note="≤ tail + 1; below first_available: HistoryUnavailable"
     ),

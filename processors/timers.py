@@ -5,10 +5,12 @@ rows under their incarnation and one due-index entry each at their earliest. A t
 has at most one timer, its retention's next look at its front, kept in its record
 (processors/topics/retention.py). The due index names an incarnation; the resource key
 it maps to says which kind of resource to hand the firing to: a queue, a group, a topic,
-or a deleted queue whose rows are being reclaimed (processors/reclamation.py).
+or a deleted queue, group or topic whose rows are being reclaimed (processors/reclamation.py).
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 from keyload import limits
 from keyload.bodies import Checkpoint, Tick
@@ -19,12 +21,19 @@ from keyload.processors.errors import Corruption
 from keyload.processors.groups import leases as group_leases
 from keyload.processors.queues.lifecycle import fire_queue_timers
 from keyload.processors.queues.state import next_due_ms
+from keyload.processors.topics import deletion
 from keyload.processors.topics import topic as topics
 from keyload.projections import keys
 from keyload.projections.records import GroupRecord, QueueRecord, TopicRecord, load
 from keyload.projections.store import Staged
 
-# The record kept under each kind of resource key the due index may name (a retired queue's aside).
+# How a deleted resource is reclaimed, by the family of the key its `i` row names.
+RETIREMENTS: dict[bytes | None, reclamation.Retirement[Any]] = {
+    keys.RETIRED: reclamation.QUEUE_RETIREMENT,
+    keys.RETIRED_GROUP: deletion.GROUP_RETIREMENT,
+    keys.RETIRED_TOPIC: deletion.TOPIC_RETIREMENT,
+}
+# The record kept under each kind of live resource key the due index may name.
 TIMED_RECORDS: dict[bytes | None, type[QueueRecord | GroupRecord | TopicRecord]] = {
     keys.QUEUE: QueueRecord,
     keys.GROUP: GroupRecord,
@@ -50,8 +59,9 @@ def fire_due(stage: Staged, ctx: Context) -> Record:
         due_ms, incarnation = keys.parse_due_queue(first[0])
         resource_key = stage.get(keys.resource_key(incarnation))
         kind = None if resource_key is None else resource_key[:1]
-        if kind == keys.RETIRED:  # a deleted queue whose rows are being reclaimed
-            examined += reclamation.reclaim_step(stage, incarnation, due_ms, ctx, budget - examined)
+        retirement = RETIREMENTS.get(kind)
+        if retirement is not None:  # a deleted resource whose rows are being reclaimed
+            examined += reclamation.reclaim_step(stage, retirement, incarnation, due_ms, ctx, budget - examined)
             continue
         if kind not in TIMED_RECORDS:
             raise Corruption(f"due index names {incarnation}, which is neither a queue, a group nor a topic")

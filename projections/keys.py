@@ -19,8 +19,8 @@ U16 = struct.Struct(">H")
 # Family tags.
 META = b"\x00"  # partition metadata (applied offset, last time, allocators)
 QUEUE = b"q"  # q | domain (u8-prefixed) | queue name          -> QueueRecord
-# i | queue, group or topic id u64 -> the resource's QUEUE, GROUP, RETIRED or TOPIC key (a topic's from
-#   when it first has a retention timer)
+# i | queue, group or topic id u64 -> the resource's QUEUE, GROUP or TOPIC key (a topic's from when it
+#   first has a retention timer), or its RETIRED, RETIRED_GROUP or RETIRED_TOPIC key once deleted
 RESOURCE_KEY = b"i"
 MESSAGE = b"m"  # m | queue id u64 | message id                 -> MessageMeta
 BODY = b"b"  # b | queue id u64 | message id                    -> raw body bytes
@@ -63,6 +63,8 @@ RETENTION_TASK = b"G"  # G | task id u64                          -> RetentionTa
 #   (processors/reclamation.py; `reclaim_from` the next row): its `i` row names this key, and it waits
 #   in the due index like a timer, at its `next_timer_ms`
 RETIRED = b"X"
+RETIRED_GROUP = b"Y"  # Y | incarnation u64 -> GroupRecord of a deleted subscription group, as X for queues
+RETIRED_TOPIC = b"Z"  # Z | incarnation u64 -> TopicRecord of a deleted topic, as X for queues
 
 APPLIED_OFFSET = META + b"applied_offset"  # u64 offset of the last applied record
 LAST_TIME = META + b"last_time"  # u64 evaluation time of the last applied record
@@ -137,6 +139,8 @@ FAMILY_VALUES: dict[bytes, RecordValue | None] = {
     IDENTITY: None,
     RETENTION_TASK: RecordValue("keyload.RetentionTask"),
     RETIRED: RecordValue("keyload.QueueRecord"),
+    RETIRED_GROUP: RecordValue("keyload.GroupRecord"),
+    RETIRED_TOPIC: RecordValue("keyload.TopicRecord"),
     PRINCIPAL: RecordValue("keyload.PrincipalRecord"),
     PUBLISHED_CHECKPOINT: None,
     PRINCIPAL_KEY: None,
@@ -398,5 +402,7 @@ def retention_task(task_id: int) -> bytes:
     return RETENTION_TASK + U64.pack(task_id)
 
 
-def retired(incarnation: int) -> bytes:
-    return RETIRED + U64.pack(incarnation)
+def retired(incarnation: int, family: bytes = RETIRED) -> bytes:
+    """Where a deleted resource's record waits while its rows are reclaimed: X (a queue), Y (a
+    subscription group) or Z (a topic)."""
+    return family + U64.pack(incarnation)

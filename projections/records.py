@@ -347,6 +347,7 @@ class TopicView(AvroRecord, frozen=True, kw_only=True, forbid_unknown_fields=Tru
     retained_bytes: Long
     published_total: Long
     policy_version: Long = 1
+    closed: bool = False  # CloseTopic: no new events
 
 
 class TopicRecord(StoredRecord, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -354,6 +355,7 @@ class TopicRecord(StoredRecord, frozen=True, kw_only=True, forbid_unknown_fields
 
     view: TopicView
     next_timer_ms: Long | None = None  # retention's next look at the front (the due index names it)
+    reclaim_from: bytes | None = None  # deleted: the next row to reclaim (processors/reclamation.py)
 
 
 class EventRecord(StoredRecord, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -421,6 +423,7 @@ class GroupRecord(StoredRecord, frozen=True, kw_only=True, forbid_unknown_fields
     waiting_receives: Long = 0
     next_waiter_sequence: Long = 1
     waiter_floor: Long = 1
+    reclaim_from: bytes | None = None  # deleted: the next row to reclaim (processors/reclamation.py)
 
 
 class PositionMeta(StoredRecord, frozen=True, kw_only=True, forbid_unknown_fields=True):

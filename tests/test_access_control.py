@@ -437,6 +437,9 @@ UNGRANTED: dict[str, Builder] = {
     "PauseQueue": lambda s: {"queue": "jobs"},
     "CloseQueue": lambda s: {"queue": "jobs"},
     "DeleteQueue": _empty_queue,
+    "CloseTopic": lambda s: {"topic": "news"},
+    "DeleteTopic": lambda s: {"topic": "news", "force": True, "expected_incarnation": None},
+    "DeleteGroup": lambda s: {"topic": "news", "group": "g", "force": False, "expected_incarnation": None},
     "ConfigureTopic": lambda s: {
         "topic": "news",
         "policy": {**create_topic_body("news")["policy"], "max_age_ms": 60_000},

@@ -195,6 +195,7 @@ def test_noun_verb_commands_against_a_running_service(tmp_path: Path) -> None:
         policy = ("--max-age-ms", "0", "--discard", "old", "--expected-policy-version", "1", "--json")
         configured = cli_json("topic", "configure", *at, "news", *policy)
         assert (configured["policy_version"], configured["policy"]["discard"]) == (2, "old")
+        assert cli_json("topic", "close", *at, "news", "--json")["closed"] is True
         group = cli_json("group", "create", *at, "--topic", "news", "g", "--start", "2", "--max-window", "4", "--json")
         assert group["policy"]["max_window"] == 4
         got = cli_json("group", "receive", *at, "--topic", "news", "g", "--json")

@@ -53,7 +53,13 @@ UNDECODABLE_RECORDS = 2
 
 # The schema version 0.2.0 wrote each top-level type under, where a later release added one (the
 # others are unchanged since), and the types 0.2.0 had: every top-level type but the later ones.
-RELEASED_WITH = {"keyload.Command": 5, "keyload.Outcome": 5, "keyload.QueueRecord": 2, "keyload.TopicRecord": 1}
+RELEASED_WITH = {
+    "keyload.Command": 5,
+    "keyload.Outcome": 5,
+    "keyload.QueueRecord": 2,
+    "keyload.TopicRecord": 1,
+    "keyload.GroupRecord": 2,
+}
 TYPES_OF_0_2_0 = tuple(name for name in TOP_LEVEL if name not in ("keyload.PrincipalRecord", "keyload.Signed"))
 
 

@@ -394,6 +394,12 @@ BASES: dict[str, Builder] = {
     ),
     "keyload.command.ConfigureGroup": _paused_group,
     "keyload.command.PurgeTopic": lambda w: {"topic": _topic(w), "through": 1, "expected_generation": 1},
+    "keyload.command.DeleteTopic": lambda w: {"topic": _topic(w), "force": True, "expected_incarnation": None},
+    "keyload.command.DeleteGroup": lambda w: {
+        **dict(zip(("topic", "group"), _group(w), strict=True)),
+        "force": True,
+        "expected_incarnation": None,
+    },
     "keyload.command.ConfigureTopic": lambda w: {
         "topic": _topic(w),
         "policy": default_topic_spec(),

@@ -67,7 +67,7 @@ def run_workload(embedded: Embedded) -> None:
     """Every family that holds a record gets rows: queues, messages, a waiter, a poison entry,
     topics, events, a group with outstanding and parked positions, stored and deferred outcomes,
     documents, inbox entries, a payload reservation, a retention task, principals and a deleted
-    queue still being reclaimed."""
+    queue, topic and group still being reclaimed."""
 
     def ok(kind: str, body: Record) -> Any:
         return expect(submit_unhalted(embedded, D, kind, body), None)
@@ -104,6 +104,14 @@ def run_workload(embedded: Embedded) -> None:
         "keyload.command.CommitInbox",
         {"source": source, "handler_scope": "svc", "execution_generation": 0, "effects": []},
     )
+    # A topic deleted by force with its group, with more rows than the records after it reclaim: it is
+    # first in the due index (the lowest incarnation due), so its Z row, its group's Y row and the
+    # queue's X row below all outlive the workload.
+    ok(CREATE_TOPIC, create_topic_body("doomed-topic"))
+    for first in range(0, 1_000, 100):
+        ok(PUBLISH, publish_body("doomed-topic", *(event(f"x-{i}") for i in range(first, first + 100))))
+    ok(CREATE_GROUP, create_group_body("doomed-topic", "g"))
+    ok("keyload.command.DeleteTopic", {"topic": "doomed-topic", "force": True})
     # A queue deleted by force with more rows than one record reclaims: its X row outlives the workload.
     ok(CREATE_QUEUE, create_queue_body("doomed"))
     for first in range(0, 300, 100):
@@ -174,9 +182,9 @@ def migrated(rows: Rows) -> Rows:
 def oldest(rows: Rows, lossless: bool = False) -> Rows:
     """Each record under the oldest released version that can write it (and, if `lossless`, read it back).
 
-    A deleted queue's reclamation record (`X`) is always read back whole: no processor before the
-    version that added `reclaim_from` wrote one."""
-    retired = {key for key in rows if key[:1] == keys.RETIRED}
+    A deleted resource's reclamation record (`X`, `Y`, `Z`) is always read back whole: no processor
+    before the version that added its `reclaim_from` wrote one."""
+    retired = {key for key in rows if key[:1] in (keys.RETIRED, keys.RETIRED_GROUP, keys.RETIRED_TOPIC)}
 
     def encode(key: bytes, name: str, record: Record) -> bytes | None:
         for released in REGISTRY.released(name):

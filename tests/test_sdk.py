@@ -20,7 +20,7 @@ import pytest
 
 from keyload import Client, Credential
 from keyload.credentials import contents
-from keyload.errors import OutcomeTimeout, RevisionConflictError
+from keyload.errors import ConflictError, NotFoundError, OutcomeTimeout, RevisionConflictError
 from keyload.log.base import LogRecord, partition_for
 from keyload.log.codec import REGISTRY
 from keyload.sdk.client import Lane
@@ -348,6 +348,28 @@ def test_a_topic_policy_changes_by_compare_and_set_and_old_events_age_out(client
     wait_until(lambda: client.inspect_topic("shop", "events").retained_events == 0, what="events aged out")
     view = client.inspect_topic("shop", "events")
     assert (view.first_available, view.tail) == (5, 4)
+
+
+def test_topics_and_groups_are_closed_and_deleted_with_their_guards(client: Client) -> None:
+    client.create_topic("shop", "events")
+    client.publish("shop", "events", [Event("e0", "t", b"x")])
+    client.create_group("shop", "events", "g")
+    [delivery] = client.group_receive("shop", "events", "g").deliveries
+    assert client.close_topic("shop", "events").closed
+    with pytest.raises(ConflictError):
+        client.publish("shop", "events", [Event("e1", "t", b"x")])
+    with pytest.raises(ConflictError):
+        client.delete_group("shop", "events", "g")  # its delivery is outstanding
+    with pytest.raises(ConflictError):
+        client.delete_topic("shop", "events")  # g has not completed position 1
+    incarnation = client.group_status("shop", "events", "g").incarnation
+    deleted = client.delete_group("shop", "events", "g", force=True, expected_incarnation=incarnation)
+    assert deleted.outstanding == 1
+    with pytest.raises(NotFoundError):
+        client.group_ack("shop", "events", "g", delivery.token)
+    assert client.delete_topic("shop", "events").tail == 1
+    with pytest.raises(NotFoundError):
+        client.inspect_topic("shop", "events")
 
 
 def test_exactly_once_consumer_commits_effects_with_the_ack(served: Served) -> None:

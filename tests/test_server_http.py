@@ -304,6 +304,24 @@ def test_configure_a_topic_over_http_fenced_by_its_policy_version(api: httpx.Cli
     assert api.get(topic).json()["result"]["policy"]["discard"] == "old"
 
 
+def test_close_and_delete_a_topic_and_a_group_over_http(api: httpx.Client) -> None:
+    topic = f"/v1/domains/{domain()}/topics/t"
+    committed(api.put(topic, json={"policy": {}}))
+    event = {"event_id": "e1", "type": "created", "body": b64(b"{}")}
+    committed(api.post(f"{topic}/events", json={"events": [event]}))
+    committed(api.put(f"{topic}/groups/g", json={"start": "beginning", "filter": {}, "policy": {}}))
+    assert committed(api.post(f"{topic}/close"))["closed"] is True
+    late = api.post(f"{topic}/events", json={"events": [dict(event, event_id="e2")]})
+    assert (late.status_code, late.json()["error_code"]) == (409, "Conflict")
+    held = api.delete(topic)
+    assert (held.status_code, held.json()["error_code"]) == (409, "Conflict")  # g has not read e1
+    assert committed(api.delete(f"{topic}/groups/g"))["state"]["group"] == "g"
+    assert api.get(f"{topic}/groups/g").status_code == 404
+    committed(api.put(f"{topic}/groups/h", json={"start": "beginning", "filter": {}, "policy": {}}))
+    assert committed(api.delete(topic, params={"force": "true"}))["tail"] == 1
+    assert api.get(topic).status_code == 404
+
+
 def test_pause_resume_close_and_delete_a_queue_over_http(api: httpx.Client, served: tuple[Path, str]) -> None:
     root, url = served
     d, queue = new_queue(api, "jobs")

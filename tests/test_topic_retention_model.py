@@ -1,7 +1,8 @@
 """Model-based test of topic retention (age, caps under discard new or old) against a reference model.
 
-Random publishes, ticks, group consumption, group seeks and policy changes on one topic read by two
-subscription groups. The model is a plain list of (position, publish time, charged bytes) with the
+Random publishes, ticks, group consumption (acked or left outstanding), group seeks, group deletion
+(forced or not) and re-creation, and policy changes on one topic read by up to two subscription
+groups. The model is a plain list of (position, publish time, charged bytes) with the
 rules of docs/ARCHITECTURE.md §6 ("Topic retention") written out directly: before every record the
 retention timer fires when due; a publish at a cap is refused (discard new) or pushes the oldest
 events out (discard old), never past the slowest group's checkpoint. The groups themselves are not
@@ -49,6 +50,7 @@ D = "acme"
 T = "news"
 GROUPS = ("g1", "g2")
 RECHECK = limits.TOPIC_RETENTION_RECHECK_MS
+DELETE_GROUP = "keyload.command.DeleteGroup"
 POLICIES = st.fixed_dictionaries(
     {
         "max_age_ms": st.sampled_from([0, 2_000, 10_000]),
@@ -79,13 +81,17 @@ class TopicRetentionMachine(RuleBasedStateMachine):
 
     # -- the reference model -----------------------------------------------------------------
 
-    def checkpoints(self) -> list[int]:
+    def group(self, name: str) -> GroupRecord | None:
         topic_id = TopicRecord.decode(self.stored(keys.topic(D, T))).view.incarnation
-        return [GroupRecord.decode(self.stored(keys.group(topic_id, name))).view.checkpoint for name in GROUPS]
+        raw = self.embedded.store(D).get(keys.group(topic_id, name))
+        return None if raw is None else GroupRecord.decode(raw)
+
+    def checkpoints(self) -> list[int]:
+        return [group.view.checkpoint for name in GROUPS if (group := self.group(name)) is not None]
 
     def limit(self) -> int:
         """The purge limit: no group parks here (nothing is nacked), so the slowest checkpoint."""
-        return min(self.checkpoints())
+        return min(self.checkpoints(), default=self.tail)
 
     def stored(self, key: bytes) -> bytes:
         raw = self.embedded.store(D).get(key)
@@ -170,18 +176,42 @@ class TopicRetentionMachine(RuleBasedStateMachine):
         self.embedded.now_ms += ms
         self.submit(TICK, {})
 
-    @rule(group=st.sampled_from(GROUPS), count=st.integers(1, 4))
-    def consume(self, group: str, count: int) -> None:
+    @rule(group=st.sampled_from(GROUPS), count=st.integers(1, 4), ack=st.booleans())
+    def consume(self, group: str, count: int, ack: bool) -> None:
+        if self.group(group) is None:
+            self.submit(GROUP_RECEIVE, group_receive_body(T, group), "NotFound")
+            return
         result = self.submit(GROUP_RECEIVE, group_receive_body(T, group, max_events=count))
-        if result.deliveries:
+        if result.deliveries and ack:
             tokens = [delivery.token for delivery in result.deliveries]
             self.submit(GROUP_ACK_BATCH, {"topic": T, "group": group, "tokens": tokens})
 
     @rule(group=st.sampled_from(GROUPS))
     def seek_to_the_end(self, group: str) -> None:
         body = {"topic": T, "group": group, "to": "end", "position": None, "expected_generation": None}
+        if self.group(group) is None:
+            self.submit(SEEK_GROUP, body, "NotFound")
+            return
         self.submit(SEEK_GROUP, body)
         self.submit("keyload.command.ResumeGroup", {"topic": T, "group": group})
+
+    @rule(group=st.sampled_from(GROUPS), force=st.booleans())
+    def delete_group(self, group: str, force: bool) -> None:
+        """Its pins go at once: retention looks at the front again at the next record."""
+        body = {"topic": T, "group": group, "force": force}
+        found = self.group(group)
+        if found is None:
+            self.submit(DELETE_GROUP, body, "NotFound")
+        elif found.view.outstanding and not force:
+            self.submit(DELETE_GROUP, body, "Conflict")
+        else:
+            self.submit(DELETE_GROUP, body)
+            if self.due is not None and self.due > self.embedded.now_ms:
+                self.due = self.embedded.now_ms
+
+    @rule(group=st.sampled_from(GROUPS))
+    def create_group(self, group: str) -> None:
+        self.submit(CREATE_GROUP, create_group_body(T, group), None if self.group(group) is None else "Conflict")
 
     @rule(policy=POLICIES)
     def configure(self, policy: dict[str, Any]) -> None:
@@ -208,5 +238,5 @@ class TopicRetentionMachine(RuleBasedStateMachine):
         close_after_replay_check(self.embedded, self.directory)
 
 
-TopicRetentionMachine.TestCase.settings = settings(max_examples=40, stateful_step_count=30, deadline=None)
+TopicRetentionMachine.TestCase.settings = settings(max_examples=60, stateful_step_count=30, deadline=None)
 test_topic_retention_model = TopicRetentionMachine.TestCase

@@ -546,6 +546,8 @@ SHAPES: dict[str, Shape] = {
     ),
     "InspectTopic": Shape("show a topic's retained range and counters", positional=("topic",)),
     "ConfigureTopic": Shape("replace a topic's policy (fields not given take their defaults)", positional=("topic",)),
+    "CloseTopic": Shape("take no new events (one-way)", positional=("topic",)),
+    "DeleteTopic": Shape("delete a topic and its groups (the rows go in steps)", positional=("topic",)),
     "PurgeTopic": Shape("delete retained events up to a position", positional=("topic",)),
     "CreateGroup": Shape(
         "create a subscription group", positional=_GROUP, hidden=("start", "position"), extra=_start_extra,
@@ -568,6 +570,7 @@ SHAPES: dict[str, Shape] = {
     ),
     "ConfigureGroup": Shape("change a paused group's filter (replaced whole) or policy", positional=_GROUP),
     "PauseGroup": Shape("stop deliveries", positional=_GROUP),
+    "DeleteGroup": Shape("delete a group with no outstanding delivery (any, with --force)", positional=_GROUP),
     "ResumeGroup": Shape("resume deliveries", positional=_GROUP),
     "PutDocument": Shape("write a document", positional=("key",)),
     "DeleteDocument": Shape("delete a document", positional=("key",)),

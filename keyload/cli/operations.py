@@ -291,7 +291,7 @@ def _partition_status(
     data: DataDir, log_: CommandLog, checkpoints: Checkpoints, partition: int, halt: Halt | None
 ) -> str:
     """`log A..B, applied through N, lag L, checkpoints [...], recovery floor F, poison P[, reclaiming Q
-    deleted queues]`, then any trouble."""
+    deleted queues, G deleted groups, T deleted topics]`, then any trouble."""
     from keyload.log.base import LogCorruption, LogError
     from keyload.projections import keys
     from keyload.projections.store import NO_OFFSET, Store, StoreError
@@ -307,7 +307,7 @@ def _partition_status(
         trouble.append(f"{'LOG CORRUPT' if isinstance(exc, LogCorruption) else 'LOG UNREADABLE'}: {exc}")
     applied: int | None = NO_OFFSET
     poison: int | None = 0
-    reclaiming = 0
+    reclaiming: dict[str, int] = {}
     if data.projection(partition).is_dir():  # absent until `keyload run` first serves the partition
         try:
             store = Store(data.projection(partition), read_only=True)
@@ -318,7 +318,9 @@ def _partition_status(
             try:
                 applied = store.applied_offset
                 poison = sum(1 for _ in poison_rows(store))
-                reclaiming = sum(1 for _ in store.scan(keys.RETIRED, keys.prefix_end(keys.RETIRED)))
+                retired = {keys.RETIRED: "queue", keys.RETIRED_GROUP: "group", keys.RETIRED_TOPIC: "topic"}
+                for family, kind in retired.items():
+                    reclaiming[kind] = sum(1 for _ in store.scan(family, keys.prefix_end(family)))
             finally:
                 store.close()
     if applied is None:
@@ -338,8 +340,10 @@ def _partition_status(
         parts.append(f"checkpoints {published}" if published else "no checkpoints")
         parts.append(f"recovery floor {published[0]}" if published else "recovery floor none")
     parts.append("poison unknown" if poison is None else f"poison {poison}")
-    if reclaiming:  # deleted queues whose rows are still being reclaimed (processors/reclamation.py)
-        parts.append(f"reclaiming {reclaiming} deleted queue{'' if reclaiming == 1 else 's'}")
+    # Deleted resources whose rows are still being reclaimed (processors/reclamation.py).
+    being_reclaimed = [f"{n} deleted {kind}{'' if n == 1 else 's'}" for kind, n in reclaiming.items() if n]
+    if being_reclaimed:
+        parts.append("reclaiming " + ", ".join(being_reclaimed))
     return ", ".join(parts + trouble)
 
 

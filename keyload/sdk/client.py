@@ -609,6 +609,27 @@ class Client:
         body = {"topic": topic, "policy": policy.to_avro(), "expected_policy_version": expected_policy_version}
         return self._send(TopicView, "ConfigureTopic", domain, body, command_id)
 
+    def close_topic(self, domain: str, topic: str, *, command_id: str | None = None) -> TopicView:
+        """Take no new events (publishes are refused with `ConflictError`); reads, groups and retention
+        go on. There is no reopening."""
+        return self._send(TopicView, "CloseTopic", domain, {"topic": topic}, command_id)
+
+    def delete_topic(
+        self,
+        domain: str,
+        topic: str,
+        *,
+        force: bool = False,
+        expected_incarnation: int | None = None,
+        command_id: str | None = None,
+    ) -> TopicView:
+        """Delete a topic and its subscription groups. Refused (`ConflictError`) while a group has not
+        completed every retained event, unless `force`. The name is free at once (a new topic of
+        that name dedups event ids afresh); `expected_incarnation` fences it like delete_queue's.
+        Returns its last view."""
+        body = {"topic": topic, "force": force, "expected_incarnation": expected_incarnation}
+        return self._send(TopicView, "DeleteTopic", domain, body, command_id)
+
     def publish(
         self, domain: str, topic: str, events: Sequence[Event], *, command_id: str | None = None
     ) -> PublishResult:
@@ -804,6 +825,23 @@ class Client:
             "policy": None if policy is None else policy.to_avro(),
         }
         return self._send(GroupView, "ConfigureGroup", domain, body, command_id)
+
+    def delete_group(
+        self,
+        domain: str,
+        topic: str,
+        group: str,
+        *,
+        force: bool = False,
+        expected_incarnation: int | None = None,
+        command_id: str | None = None,
+    ) -> GroupView:
+        """Delete a group with no outstanding delivery (else `ConflictError`), or with `force` whatever
+        it has outstanding; its pins on the topic go at once, its tokens are invalid, and its waiting
+        receives are answered empty. `expected_incarnation` (a GroupView's `incarnation`) fences it:
+        another incarnation is `RevisionConflictError`. Returns its last view."""
+        body = {"topic": topic, "group": group, "force": force, "expected_incarnation": expected_incarnation}
+        return self._send(GroupView, "DeleteGroup", domain, body, command_id)
 
     def pause_group(self, domain: str, topic: str, group: str, *, command_id: str | None = None) -> GroupView:
         """Stop deliveries (receives are refused with `DispatchPausedError`); leases in hand stay valid."""

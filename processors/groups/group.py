@@ -64,6 +64,13 @@ from keyload.projections.store import Staged
 
 GROUP_RECORD = "keyload.GroupRecord"
 POSITION_META = "keyload.PositionMeta"
+GROUP_RECEIVE_RESULT = "keyload.result.GroupReceiveResult"
+
+
+def empty_receive_result(window_full: bool = False) -> tuple[str, Record]:
+    """A GroupReceive result that delivers nothing (its Outcome branch and value): a paused group's,
+    or what a waiting one completes with at its deadline or when its group is deleted."""
+    return GROUP_RECEIVE_RESULT, {"deliveries": [], "window_full": window_full, "budget_exhausted": False}
 
 
 # -- loading and saving -------------------------------------------------------------------

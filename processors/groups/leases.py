@@ -22,8 +22,10 @@ from keyload.processors import access, tokens, waiters
 from keyload.processors.context import Context
 from keyload.processors.errors import Corruption, ErrorCode, Rejected
 from keyload.processors.groups.group import (
+    GROUP_RECEIVE_RESULT,
     GROUP_RECORD,
     Working,
+    empty_receive_result,
     enter,
     leave,
     load_group,
@@ -42,8 +44,6 @@ from keyload.processors.topics.topic import EVENT_RECORD, event_item
 from keyload.projections import keys
 from keyload.projections.records import GroupRecord, PositionMeta, PositionState, TopicRecord, TopicView, load
 from keyload.projections.store import Staged
-
-GROUP_RECEIVE_RESULT = "keyload.result.GroupReceiveResult"
 
 
 def _load_event(stage: Staged, topic_id: int, position: int) -> Record:
@@ -105,8 +105,7 @@ def group_receive(stage: Staged, body: GroupReceive, ctx: Context) -> Record | N
     wait_ms = bounded("wait_ms", body.wait_ms, 0, 0, limits.MAX_WAIT_MS)
     if group.paused and wait_ms == 0:
         raise Rejected(ErrorCode.DISPATCH_PAUSED, "the group is paused")
-    empty: Record = {"deliveries": [], "window_full": False, "budget_exhausted": False}
-    result = empty if group.paused else _claim(stage, topic, work, ctx, ctx.principal, wanted)
+    result = empty_receive_result()[1] if group.paused else _claim(stage, topic, work, ctx, ctx.principal, wanted)
     if not result["deliveries"] and not result["budget_exhausted"] and wait_ms > 0:
         work.record = waiters.wait(
             stage, work.record, ctx, wanted.max_events, wanted.max_bytes, wanted.lease_ms, ctx.now_ms + wait_ms
@@ -218,8 +217,7 @@ def serve_waiters(stage: Staged, ctx: Context, topic_keys: list[bytes], group_ke
             [(sequence, waiter)] = oldest
             changed = True
             if not access.may_still(stage, waiter.principal, Capability.consume, group.domain, group.topic):
-                empty = {"deliveries": [], "window_full": False, "budget_exhausted": False}
-                work.record = waiters.complete(stage, work.record, ctx, sequence, waiter, (GROUP_RECEIVE_RESULT, empty))
+                work.record = waiters.complete(stage, work.record, ctx, sequence, waiter, empty_receive_result())
                 continue  # answered empty: its principal's next GroupReceive gets its PermissionDenied
             wanted = _Wanted(waiter.max_messages, waiter.max_bytes, waiter.lease_ms)
             result = _claim(stage, topic, work, ctx, waiter.principal, wanted)
@@ -460,8 +458,7 @@ def fire_group_timers(stage: Staged, record: GroupRecord, ctx: Context, budget: 
             continue
         if kind == keys.TIMER_WAITER:
             window_full = work.view.outstanding >= work.view.policy.max_window
-            empty = {"deliveries": [], "window_full": window_full, "budget_exhausted": False}
-            work.record = waiters.expire(stage, work.record, ctx, position, (GROUP_RECEIVE_RESULT, empty))
+            work.record = waiters.expire(stage, work.record, ctx, position, empty_receive_result(window_full))
             continue
         meta = load_position(stage, group_id, position)
         if meta is None or value != str(position).encode("utf-8"):

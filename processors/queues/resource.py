@@ -198,7 +198,7 @@ def delete_queue(stage: Staged, body: DeleteQueue, ctx: Context) -> Record:
     for sequence, waiter in waiting:
         record = waiters.complete(stage, record, ctx, sequence, waiter, receive_result([]))
     stage.delete(keys.queue(ctx.domain, body.queue))
-    reclamation.retire(stage, record, ctx.now_ms)
+    reclamation.retire(stage, reclamation.QUEUE_RETIREMENT, record, ctx.now_ms)
     return record.view.to_avro()
 
 

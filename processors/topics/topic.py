@@ -17,7 +17,7 @@ import struct
 from msgspec.structs import replace
 
 from keyload import limits
-from keyload.bodies import ConfigureTopic, CreateTopic, Event, InspectTopic, Publish, PurgeTopic, ReadTopic
+from keyload.bodies import CloseTopic, ConfigureTopic, CreateTopic, Event, InspectTopic, Publish, PurgeTopic, ReadTopic
 from keyload.log.codec import REGISTRY, Record
 from keyload.processors import validation
 from keyload.processors.context import Context
@@ -134,6 +134,16 @@ def configure_topic(stage: Staged, body: ConfigureTopic, ctx: Context) -> Record
     return topic.to_avro()
 
 
+def close_topic(stage: Staged, body: CloseTopic, ctx: Context) -> Record:
+    """No new events from now on; reads, groups, purges and retention go on. One-way; closing a
+    closed topic changes nothing."""
+    record = topic_record(stage, ctx.domain, body.topic)
+    if not record.view.closed:
+        record = replace(record, view=replace(record.view, closed=True))
+        save_topic(stage, record)
+    return record.view.to_avro()
+
+
 def _check_event(index: int, event: Event) -> int:
     """Validate one event of a Publish; its charge against retained_bytes (body, type, headers)."""
     try:
@@ -188,6 +198,8 @@ def publish(stage: Staged, body: Publish, ctx: Context) -> Record:
     """Append every event at the next positions, or none of them."""
     record = topic_record(stage, ctx.domain, body.topic)
     topic = record.view
+    if topic.closed:
+        raise Rejected(ErrorCode.CONFLICT, f"topic {topic.topic} is closed: it takes no new events")
     events = body.events
     charges = _check_events(events)
     topic_id = topic.incarnation
