@@ -1,18 +1,24 @@
-"""Reclaiming a deleted queue: rows per CPU-second against raw RocksDB deletes, and its cost to the commands around it.
+"""Rows removed in bounded steps by Ticks, per CPU-second against raw RocksDB deletes, and their cost to other commands.
 
-    python -m bench.reclamation [--messages N] [--settled S] [--json]
+    python -m bench.reclamation [--kind queue|topic|age] [--messages N] [--settled S] [--json]
 
 One data directory, one domain, the embedded file log and a PartitionProcessor with the outcome
-stream on, as `keyload run` has them. A queue gets N messages in Batches of 100 Enqueues; the first
-S are received (100 at a time) and acked, so they keep only their metadata, and the rest stay ready
-(metadata, body, ready row). Then `DeleteQueue --force`, and each command is appended and applied
-on its own. Only step() is timed (thread CPU).
+stream on, as `keyload run` has them. Each command is appended and applied on its own; only step()
+is timed (thread CPU). The kinds:
 
-(a) reclamation: Ticks alone until the queue's rows are gone; rows removed per CPU-second
+- queue (default): a queue gets N messages in Batches of 100 Enqueues; the first S are received
+  (100 at a time) and acked, so they keep only their metadata, and the rest stay ready (metadata,
+  body, ready row). Removed by `DeleteQueue --force`.
+- topic: a topic gets N events in Publishes of 100, read by one group that received and acked the
+  first S (100 at a time). Removed by `DeleteTopic --force`: its events, event ids and the group's rows.
+- age: a topic gets N events as above, no group. Removed by `ConfigureTopic` with max_age_ms 1: the
+  topic's retention timer ages every event out (the event-id rows stay).
+
+(a) reclamation: Ticks alone until the rows are gone; rows removed per CPU-second
 (b) raw deletes: the same keys deleted by rocksdict alone, in WriteBatches of the tick budget (256
     keys), from a reopened Rdict holding exactly those rows (the Store's options)
-(c) a second queue like it, deleted, then Enqueues into another queue until its rows are gone (each
-    record pays a reclamation step first), then as many Enqueues again: thread-CPU µs per Enqueue
+(c) a second resource like it, removed the same way, then Enqueues into another queue until its rows
+    are gone (each record pays a step first), then as many Enqueues again: thread-CPU µs per Enqueue
 """
 
 from __future__ import annotations
@@ -23,6 +29,8 @@ import shutil
 import sys
 import tempfile
 import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -31,9 +39,11 @@ from rocksdict import Options, Rdict, WriteBatch, WriteOptions
 from keyload import limits
 from keyload.log.base import partition_for
 from keyload.log.codec import REGISTRY, Record
-from keyload.processors.policy import default_spec
+from keyload.processors.policy import default_group_spec, default_spec, default_topic_spec
 from keyload.processors.reclamation import QUEUE_FAMILIES
+from keyload.processors.topics.deletion import GROUP_FAMILIES, TOPIC_FAMILIES
 from keyload.projections import keys
+from keyload.projections.records import TopicRecord
 from keyload.projections.store import Store
 from keyload.service.runtime import PartitionProcessor
 from keyload.storage.datadir import DataDir
@@ -88,11 +98,12 @@ class Deployment:
                 return result
         raise BenchError(f"no outcome for {kind}")
 
-    def rows(self, incarnation: int) -> list[tuple[bytes, bytes]]:
+    def rows(self, incarnations: list[int], families: tuple[bytes, ...]) -> list[tuple[bytes, bytes]]:
         found: list[tuple[bytes, bytes]] = []
-        for family in QUEUE_FAMILIES:
-            prefix = family + keys.u64(incarnation)
-            found.extend(self.store.scan(prefix, keys.prefix_end(prefix)))
+        for incarnation in incarnations:
+            for family in families:
+                prefix = family + keys.u64(incarnation)
+                found.extend(self.store.scan(prefix, keys.prefix_end(prefix)))
         return found
 
     def close(self) -> None:
@@ -113,7 +124,7 @@ def enqueue(queue: str, message_id: str) -> Record:
     }
 
 
-def fill(run: Deployment, queue: str, messages: int, settled: int) -> int:
+def fill_queue(run: Deployment, queue: str, messages: int, settled: int) -> list[int]:
     """A queue of `messages` 1 KiB messages, the first `settled` received and acked; its incarnation."""
     policy = {"max_stored_messages": messages + BATCH, "max_stored_bytes": 2**40, "receive_max_messages": BATCH}
     incarnation: int = run.apply("CreateQueue", {"queue": queue, "policy": _spec(policy)})["incarnation"]
@@ -130,14 +141,79 @@ def fill(run: Deployment, queue: str, messages: int, settled: int) -> int:
         tokens = [d["token"] for d in run.apply("Receive", body)["deliveries"]]
         run.apply("AckBatch", {"tokens": tokens})
         acked += len(tokens)
-    return incarnation
+    return [incarnation]
 
 
-def delete(run: Deployment, queue: str) -> None:
-    run.apply("DeleteQueue", {"queue": queue, "force": True, "expected_incarnation": None})
+def fill_topic(run: Deployment, topic: str, events: int, settled: int, group: bool = True) -> list[int]:
+    """A topic of `events` 1 KiB events and (with `group`) a group that acked the first `settled`;
+    the topic's incarnation and the group's."""
+    policy = {**default_topic_spec(), "max_retained_events": events + BATCH, "max_retained_bytes": 2**40}
+    incarnations: list[int] = [run.apply("CreateTopic", {"topic": topic, "policy": policy})["incarnation"]]
+    if group:
+        body = {"topic": topic, "group": "g", "filter": {"event_types": [], "headers": {}}, "start": "beginning"}
+        created = run.apply("CreateGroup", {**body, "position": None, "policy": default_group_spec()})
+        incarnations.append(created["state"]["incarnation"])
+    for first in range(0, events, BATCH):
+        published = [
+            {"event_id": f"e{i}", "type": "t", "headers": {}, "body": b"x" * 1024}
+            for i in range(first, min(first + BATCH, events))
+        ]
+        run.apply("Publish", {"topic": topic, "events": published})
+    acked = 0
+    while acked < settled:
+        wanted = {"max_events": min(BATCH, settled - acked), "max_bytes": None, "lease_ms": None, "wait_ms": None}
+        got = run.apply("GroupReceive", {"topic": topic, "group": "g", **wanted})["deliveries"]
+        run.apply("GroupAckBatch", {"topic": topic, "group": "g", "tokens": [d["token"] for d in got]})
+        acked += len(got)
+    return incarnations
 
 
-def measure(root: Path, messages: int, settled: int) -> dict[str, Any]:
+def retained_events(run: Deployment, topic: str) -> int:
+    raw = run.store.get(keys.topic(DOMAIN, topic))
+    return 0 if raw is None else TopicRecord.decode(raw).view.retained_events
+
+
+@dataclass(frozen=True)
+class Kind:
+    """A way to leave rows to be removed in bounded steps, and to tell when they are."""
+
+    removed_by: str
+    fill: Callable[[Deployment, str, int, int], list[int]]
+    families: tuple[bytes, ...]
+    remove: Callable[[Deployment, str], Record]
+    pending: Callable[[Deployment, str, list[int]], bool]
+
+
+def _age_out(run: Deployment, topic: str) -> Record:
+    return run.apply("ConfigureTopic", {"topic": topic, "policy": {**default_topic_spec(), "max_age_ms": 1}})
+
+
+KINDS = {
+    "queue": Kind(
+        "DeleteQueue --force",
+        fill_queue,
+        QUEUE_FAMILIES,
+        lambda run, name: run.apply("DeleteQueue", {"queue": name, "force": True, "expected_incarnation": None}),
+        lambda run, name, ids: run.store.get(keys.resource_key(ids[0])) is not None,
+    ),
+    "topic": Kind(
+        "DeleteTopic --force",
+        fill_topic,
+        TOPIC_FAMILIES + GROUP_FAMILIES,
+        lambda run, name: run.apply("DeleteTopic", {"topic": name, "force": True, "expected_incarnation": None}),
+        lambda run, name, ids: any(run.store.get(keys.resource_key(i)) is not None for i in ids),
+    ),
+    "age": Kind(
+        "ConfigureTopic max_age_ms=1",
+        lambda run, name, events, settled: fill_topic(run, name, events, settled, group=False),
+        (keys.EVENT,),
+        _age_out,
+        lambda run, name, ids: retained_events(run, name) > 0,
+    ),
+}
+
+
+def measure(root: Path, kind: Kind, messages: int, settled: int) -> dict[str, Any]:
     if not 0 <= settled <= messages:
         raise BenchError("--settled must be between 0 and --messages")
     run = Deployment(root / "data")
@@ -145,23 +221,23 @@ def measure(root: Path, messages: int, settled: int) -> dict[str, Any]:
         run.apply(
             "CreateQueue", {"queue": OTHER, "policy": _spec({"max_stored_messages": 10**7, "max_stored_bytes": 2**40})}
         )
-        # (a): Ticks alone reclaim queue A.
-        spent = fill(run, "spent-a", messages, settled)
-        rows = run.rows(spent)
-        delete(run, "spent-a")
+        # (a): Ticks alone remove resource A's rows.
+        spent = kind.fill(run, "spent-a", messages, settled)
+        rows = run.rows(spent, kind.families)
+        kind.remove(run, "spent-a")
         ticks = Stopwatch()
         tick_records = 0
-        while run.store.get(keys.resource_key(spent)) is not None:
+        while kind.pending(run, "spent-a", spent):
             run.apply("Tick", {}, ticks)
             tick_records += 1
-        if run.rows(spent):
-            raise BenchError("the reclamation ended with rows left")
-        # (c): the same again, reclaimed before Enqueues into B alone; then as many Enqueues with nothing to reclaim.
-        spent = fill(run, "spent-c", messages, settled)
-        delete(run, "spent-c")
+        if run.rows(spent, kind.families):
+            raise BenchError("the removal ended with rows left")
+        # (c): the same again, removed before Enqueues into another queue; then as many Enqueues with nothing to do.
+        spent = kind.fill(run, "spent-c", messages, settled)
+        kind.remove(run, "spent-c")
         during, after = Stopwatch(), Stopwatch()
         enqueues = 0
-        while run.store.get(keys.resource_key(spent)) is not None:
+        while kind.pending(run, "spent-c", spent):
             run.apply("Enqueue", enqueue(OTHER, f"during-{enqueues}"), during)
             enqueues += 1
         for i in range(enqueues):
@@ -171,6 +247,7 @@ def measure(root: Path, messages: int, settled: int) -> dict[str, Any]:
     reference = raw_deletes(root / "raw", rows)
     reclaimed = len(rows)
     return {
+        "removed_by": kind.removed_by,
         "messages": messages,
         "settled": settled,
         "rows": reclaimed,
@@ -222,8 +299,8 @@ def _spec(fields: dict[str, Any]) -> Record:
 def table(result: dict[str, Any], env: dict[str, Any]) -> str:
     return "\n".join(
         [
-            f"bench.reclamation: {result['messages']} messages of 1 KiB, {result['settled']} acked, "
-            f"DeleteQueue --force; {env['cpus']} CPUs, load {env['load_average_1m']:.2f}",
+            f"bench.reclamation: {result['messages']} messages (events) of 1 KiB, {result['settled']} acked, "
+            f"{result['removed_by']}; {env['cpus']} CPUs, load {env['load_average_1m']:.2f}",
             "",
             "| | rows | records | rows/CPU-s | ratio |",
             "|---|---:|---:|---:|---:|",
@@ -240,18 +317,25 @@ def table(result: dict[str, Any], env: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.reclamation", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--kind", choices=sorted(KINDS), default="queue", help="what leaves the rows (default queue)")
     parser.add_argument(
-        "--messages", type=int, default=DEFAULT_MESSAGES, help="messages of queue A (default %(default)s)"
+        "--messages", type=int, default=DEFAULT_MESSAGES, help="messages or events of A (default %(default)s)"
     )
     parser.add_argument(
-        "--settled", type=int, default=DEFAULT_SETTLED, help="of them acked first (default %(default)s)"
+        "--settled",
+        type=int,
+        default=None,
+        help=f"of them acked first (default {DEFAULT_SETTLED}; age: 0, it has no group)",
     )
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     parser.add_argument("--dir", type=Path, default=None, help="parent of the temporary directory (default: $TMPDIR)")
     args = parser.parse_args(argv)
     root = Path(tempfile.mkdtemp(prefix="keyload-bench-", dir=args.dir))
     try:
-        result = measure(root, args.messages, args.settled)
+        settled = (0 if args.kind == "age" else DEFAULT_SETTLED) if args.settled is None else args.settled
+        if args.kind == "age" and settled:
+            raise BenchError("--kind age has no group: --settled must be 0")
+        result = measure(root, KINDS[args.kind], args.messages, settled)
         env = environment(0, root)
         print(
             json.dumps({"benchmark": "bench.reclamation", **result, "environment": env}, indent=2)

@@ -61,7 +61,8 @@ class Retirement(Generic[Retired]):
     """How one kind of deleted resource is reclaimed.
 
     `families` are walked in order, each from where `starts` says its rows begin (None: it has none
-    to walk): past the tombstones the working resource left in front of them. `reclaim` deletes one
+    to walk): past the tombstones the working resource left in front of them, where its record
+    tells where those end. `reclaim` deletes one
     walked row, with whatever else it holds, and returns the record as it now is.
     """
 

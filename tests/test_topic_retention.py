@@ -143,6 +143,8 @@ def test_discard_old_pushes_the_oldest_events_out_at_a_cap(embedded: Embedded, t
         create_topic_body(T, max_retained_events=3, max_retained_bytes=4 * charge, discard="old"),
     )
     publish(embedded, 3)
+    too_big = embedded.submit(D, PUBLISH, publish_body(T, event("e-huge", b"b" * 30)))  # at both caps
+    assert (too_big.error_code, too_big.detail) == ("ResourceExhausted", "the events alone exceed max_retained_bytes")
     publish(embedded, 2)  # 4 and 5 push 1 and 2 out
     view = status_topic(embedded)
     assert (view.first_available, view.tail, view.retained_events, view.generation) == (3, 5, 3, 2)

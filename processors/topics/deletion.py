@@ -7,7 +7,8 @@ a group's outstanding deliveries (leased, waiting for a retry or due again), or,
 retained event some group has not completed. The rows each leaves behind — a group's positions,
 parked positions, timers, waiting receives and inbox entries; a topic's events and event ids —
 are reclaimed in bounded steps fired like timers (processors/reclamation.py). A waiting
-GroupReceive is answered empty when reclamation reaches it, at the next record.
+GroupReceive is answered empty when reclamation reaches it, within the records that follow the
+delete (a deleted topic's own rows, due at the same time with a lower id, may come first).
 """
 
 from __future__ import annotations
@@ -85,8 +86,8 @@ def delete_topic(stage: Staged, body: DeleteTopic, ctx: Context) -> Record:
 def _group_starts(record: GroupRecord) -> dict[bytes, bytes | None]:
     """Each family from its first live row, past the tombstones a working group leaves: waiting
     receives from the waiter floor, timers from the timer floor, outstanding and due positions from
-    the checkpoint. Parked positions and inbox entries are deleted only by purges, seeks and
-    retention, and walked from the start."""
+    the checkpoint. Parked positions (from the start: purges, seeks and retention leave tombstones
+    there, a few) and inbox entries (nothing deletes them before this) are walked whole."""
     group = record.view
     incarnation = group.incarnation
     floor = record.timer_floor

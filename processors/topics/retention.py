@@ -29,7 +29,15 @@ from keyload.processors.counters import adjusted
 from keyload.processors.errors import Corruption
 from keyload.processors.queues.state import move_due_entry
 from keyload.projections import keys
-from keyload.projections.records import EventRecord, GroupRecord, GroupState, TopicDiscard, TopicRecord, TopicView
+from keyload.projections.records import (
+    EventRecord,
+    GroupRecord,
+    GroupState,
+    TopicDiscard,
+    TopicPolicy,
+    TopicRecord,
+    TopicView,
+)
 from keyload.projections.store import Staged
 
 EVENT_RECORD = EventRecord.SCHEMA
@@ -120,10 +128,9 @@ def _drop_parked_through(stage: Staged, group: GroupState, first: int, through: 
     return replace(group, parked_count=parked_count) if dropped else None
 
 
-def over_caps(topic: TopicView) -> bool:
-    """Whether the topic retains more than a cap allows (a ConfigureTopic lowered it)."""
-    policy = topic.policy
-    return topic.retained_events > policy.max_retained_events or topic.retained_bytes > policy.max_retained_bytes
+def over_caps(policy: TopicPolicy, events: int, charged_bytes: int) -> bool:
+    """Whether `events` retained events of `charged_bytes` pass a cap (a ConfigureTopic lowered it)."""
+    return events > policy.max_retained_events or charged_bytes > policy.max_retained_bytes
 
 
 def _expired(topic: TopicView, event: FrontEvent, now_ms: int) -> bool:
@@ -136,12 +143,15 @@ def due_ms(stage: Staged, topic: TopicView, now_ms: int) -> int | None:
     longer holds, the front event's expiry under an age limit, never (None) otherwise."""
     if topic.retained_events == 0:
         return None
-    if topic.policy.discard == TopicDiscard.old and over_caps(topic):
+    policy = topic.policy
+    if policy.discard == TopicDiscard.old and over_caps(policy, topic.retained_events, topic.retained_bytes):
         return now_ms
-    if topic.policy.max_age_ms == 0:
+    if policy.max_age_ms == 0:
         return None
-    front = next(front_events(stage, topic, topic.first_available))
-    return front.published_at_ms + topic.policy.max_age_ms
+    front = next(front_events(stage, topic, topic.first_available), None)
+    if front is None:
+        raise Corruption(f"topic {topic.incarnation} has no event at retained position {topic.first_available}")
+    return front.published_at_ms + policy.max_age_ms
 
 
 def with_timer(stage: Staged, record: TopicRecord, due: int | None) -> TopicRecord:
@@ -165,11 +175,13 @@ class Step(NamedTuple):
 
 
 def retention_step(stage: Staged, record: TopicRecord, now_ms: int, budget: int) -> Step:
-    """Remove from the front what age and the caps (under discard old) let go, up to `budget` (≥ 1)
-    events and never past the purge limit; when to look again."""
+    """Remove from the front what age and the caps (under discard old) let go, never past the purge
+    limit, examining at most `budget` (≥ 1) rows: each group's limit counts as one, each event as
+    one (at least one event is looked at). When to look again."""
     topic = record.view
     pinning = pinning_groups(stage, topic)
     limit = purge_limit(stage, topic, pinning)
+    allowance = max(budget - len(pinning), 1)
     discard_old = topic.policy.discard == TopicDiscard.old
     events, size = topic.retained_events, topic.retained_bytes
     policy = topic.policy
@@ -177,11 +189,11 @@ def retention_step(stage: Staged, record: TopicRecord, now_ms: int, budget: int)
     due: int | None = None
     examined = 0
     for event in front_events(stage, topic, topic.tail):
-        if len(removed) == budget:
+        if len(removed) == allowance:
             due = now_ms  # more may go: behind the timers due by now
             break
         examined += 1
-        over = discard_old and (events > policy.max_retained_events or size > policy.max_retained_bytes)
+        over = discard_old and over_caps(policy, events, size)
         if not (over or _expired(topic, event, now_ms)):
             due = event.published_at_ms + policy.max_age_ms if policy.max_age_ms else None
             break
@@ -192,4 +204,4 @@ def retention_step(stage: Staged, record: TopicRecord, now_ms: int, budget: int)
         events, size = events - 1, size - event.charged_bytes
     if removed:
         topic = remove_front(stage, topic, pinning, removed)
-    return Step(topic, max(examined, 1), len(removed), due)
+    return Step(topic, max(examined, 1) + len(pinning), len(removed), due)

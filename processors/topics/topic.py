@@ -258,24 +258,26 @@ def _make_room(stage: Staged, topic: TopicView, events: int, charged: int) -> To
     policy = topic.policy
     excess_events = topic.retained_events + events - policy.max_retained_events
     excess_bytes = topic.retained_bytes + charged - policy.max_retained_bytes
-    cap = "max_retained_events" if excess_events > 0 else "max_retained_bytes"
     if excess_events <= 0 and excess_bytes <= 0:
         return topic
+    cap = "max_retained_events" if excess_events > 0 else "max_retained_bytes"
     if policy.discard == TopicDiscard.new:
         raise Rejected(ErrorCode.RESOURCE_EXHAUSTED, f"the topic would exceed {cap}")
-    if events > policy.max_retained_events or charged > policy.max_retained_bytes:
-        raise Rejected(ErrorCode.RESOURCE_EXHAUSTED, f"the events alone exceed {cap}")
+    if retention.over_caps(policy, events, charged):
+        alone = "max_retained_events" if events > policy.max_retained_events else "max_retained_bytes"
+        raise Rejected(ErrorCode.RESOURCE_EXHAUSTED, f"the events alone exceed {alone}")
     pinning = retention.pinning_groups(stage, topic)
     limit = retention.purge_limit(stage, topic, pinning)
     removed: list[retention.FrontEvent] = []
-    stop = min(limit, topic.first_available + limits.MAX_PURGE_EVENTS - 1)
+    furthest = topic.first_available + limits.MAX_PURGE_EVENTS - 1
+    stop = min(limit, furthest)
     for event in retention.front_events(stage, topic, stop):
         removed.append(event)
         excess_events -= 1
         excess_bytes -= event.charged_bytes
         if excess_events <= 0 and excess_bytes <= 0:
             return retention.remove_front(stage, topic, pinning, removed)
-    if stop == limit:  # the events alone fit, so a group pins what would have to go
+    if limit < furthest:  # the events alone fit, so a group pins what would have to go
         raise Rejected(
             ErrorCode.RESOURCE_EXHAUSTED,
             f"the topic would exceed {cap}, and a group has not completed position {limit + 1}",
@@ -397,5 +399,7 @@ def purge_topic(stage: Staged, body: PurgeTopic, ctx: Context) -> Record:
 def fire_retention(stage: Staged, record: TopicRecord, ctx: Context, budget: int) -> tuple[int, int]:
     """Fire the topic's retention timer (processors/timers.py): (events examined, events removed)."""
     step = retention.retention_step(stage, record, ctx.now_ms, budget)
-    save_topic(stage, retention.with_timer(stage, replace(record, view=step.topic), step.next_due_ms))
+    updated = retention.with_timer(stage, replace(record, view=step.topic), step.next_due_ms)
+    if updated != record:  # a recheck that finds the front still pinned changes nothing but the timer
+        save_topic(stage, updated)
     return step.examined, step.removed
