@@ -8,7 +8,7 @@ Commands of the command table (keyload/commands.py) are derived from it
 `receive` (queue ...), `ack`, `nack`, `renew` (lease ...), `publish`, `read` (topic ...),
 `redrive`, `cancel`, `park` (message ...), `stats` (queue inspect, as text) and `inspect`
 (queue inspect, or message inspect with --message). Operational commands are hand-written
-(keyload/cli/operations.py): `run`, `checkpoint`, `replay`, `drill`, `restore`, `status`,
+(keyload/cli/operations.py): `run`, `checkpoint`, `replay`, `drill`, `restore`, `status`, `census`,
 `poison list`, `log truncate`, `keys add`, `payload schedule|get`, `gc status|run|release-pin`.
 
 Output: `--json` prints the full result as JSON, `--output text` a readable summary; the default

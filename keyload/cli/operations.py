@@ -347,6 +347,32 @@ def _partition_status(
     return ", ".join(parts + trouble)
 
 
+def census(args: argparse.Namespace) -> int:
+    """Rows and bytes by key family, and the bounded work left, per partition (all, or the one named)."""
+    from dataclasses import asdict
+
+    from keyload.operations.census import census as count
+
+    data = _data(args)
+    named = args.partition is not None or args.domain is not None
+    partitions = [_partition(args, data)] if named else list(range(data.partitions))
+    counted = [count(data, partition) for partition in partitions if named or data.projection(partition).is_dir()]
+    lines: list[str] = []
+    for found in counted:
+        applied = "applied nothing" if found.applied_offset is None else f"applied through {found.applied_offset}"
+        left = [f"{n} deleted {kind}" for kind, n in found.reclaiming.items() if n]
+        lines.append(
+            f"p{found.partition}: {applied}, {found.rows:,} rows, {found.bytes:,} bytes; "
+            f"reclaiming {', '.join(left) or 'nothing'}; {found.retention_tasks} retention tasks; "
+            f"{found.timers_due} timers due"
+        )
+        lines.append(f"  {'family':<22} tag {'rows':>12} {'key bytes':>14} {'value bytes':>14}")
+        for f in found.families:
+            lines.append(f"  {f.family:<22} {f.tag:<3} {f.rows:>12,} {f.key_bytes:>14,} {f.value_bytes:>14,}")
+    _report(args, {"partitions": [asdict(found) for found in counted]}, lines or ["no partition has a projection yet"])
+    return 0
+
+
 def poison_list(args: argparse.Namespace) -> int:
     """Records no command could be read from, per partition in offset order (JSON unless --output text)."""
     from keyload.cli.main import client_of
@@ -585,6 +611,15 @@ def add_parsers(sub: Any, common: argparse.ArgumentParser, command: argparse.Arg
         "status", parents=[common], help="per partition: log range, applied offset, checkpoints, poison, halts"
     )
     op.set_defaults(func=status)
+    op = sub.add_parser(
+        "census",
+        parents=[common],
+        help="per partition: rows and bytes by key family, deleted resources being reclaimed, retention tasks, "
+        "timers due (reads every row)",
+    )
+    op.add_argument("--partition", type=integer, help="only this partition")
+    op.add_argument("--domain", help="only the partition of this domain")
+    op.set_defaults(func=census)
     inspect_ = sub.add_parser(
         "inspect", parents=[common], help="show a queue's counters, or one message (alias of queue/message inspect)"
     )
