@@ -449,11 +449,8 @@ def _reposition(stage: Staged, work: Working, checkpoint: int) -> None:
 
 
 def _check_generation(group: GroupState, expected: int | None, kind: str) -> None:
-    if expected is None:
-        return
-    validation.check_integer(f"{kind}.expected_generation", expected)
-    if expected != group.generation:
-        raise Rejected(ErrorCode.REVISION_CONFLICT, f"the group is at generation {group.generation}")
+    detail = f"the group is at generation {group.generation}"
+    validation.check_fence(f"{kind}.expected_generation", expected, group.generation, detail)
 
 
 def seek_group(stage: Staged, body: SeekGroup, ctx: Context) -> Record:

@@ -124,13 +124,8 @@ def configure_queue(stage: Staged, body: ConfigureQueue, ctx: Context) -> Record
     record = load_queue(stage, ctx.domain, body.queue)
     current = record.view
     expected = body.expected_policy_version
-    if expected is not None:
-        validation.check_integer("ConfigureQueue.expected_policy_version", expected)
-        if expected != current.policy_version:
-            raise Rejected(
-                ErrorCode.REVISION_CONFLICT,
-                f"policy version is {current.policy_version}, expected {expected}",
-            )
+    detail = f"policy version is {current.policy_version}, expected {expected}"
+    validation.check_fence("ConfigureQueue.expected_policy_version", expected, current.policy_version, detail)
     policy = resolve_policy(body.policy)
     if current.counters.stored_messages > 0:
         for name, changed in (
@@ -173,14 +168,9 @@ def delete_queue(stage: Staged, body: DeleteQueue, ctx: Context) -> Record:
     (processors/reclamation.py). Returns its last view.
     """
     record = load_queue(stage, ctx.domain, body.queue)
-    expected = body.expected_incarnation
-    if expected is not None:
-        validation.check_integer("DeleteQueue.expected_incarnation", expected)
-    if expected is not None and expected != record.view.incarnation:
-        raise Rejected(
-            ErrorCode.REVISION_CONFLICT,
-            f"queue {body.queue} is incarnation {record.view.incarnation}, expected {expected}",
-        )
+    expected, incarnation = body.expected_incarnation, record.view.incarnation
+    detail = f"queue {body.queue} is incarnation {incarnation}, expected {expected}"
+    validation.check_fence("DeleteQueue.expected_incarnation", expected, incarnation, detail)
     held = record.view.counters.stored_messages
     if not body.force and held:
         raise Rejected(

@@ -27,11 +27,8 @@ from keyload.projections.store import Staged
 
 
 def _check_incarnation(kind: str, name: str, incarnation: int, expected: int | None) -> None:
-    if expected is None:
-        return
-    validation.check_integer(f"{kind}.expected_incarnation", expected)
-    if expected != incarnation:
-        raise Rejected(ErrorCode.REVISION_CONFLICT, f"{name} is incarnation {incarnation}, expected {expected}")
+    detail = f"{name} is incarnation {incarnation}, expected {expected}"
+    validation.check_fence(f"{kind}.expected_incarnation", expected, incarnation, detail)
 
 
 def delete_group(stage: Staged, body: DeleteGroup, ctx: Context) -> Record:

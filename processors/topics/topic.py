@@ -121,13 +121,8 @@ def configure_topic(stage: Staged, body: ConfigureTopic, ctx: Context) -> Record
     record = topic_record(stage, ctx.domain, body.topic)
     current = record.view
     expected = body.expected_policy_version
-    if expected is not None:
-        validation.check_integer("ConfigureTopic.expected_policy_version", expected)
-        if expected != current.policy_version:
-            raise Rejected(
-                ErrorCode.REVISION_CONFLICT,
-                f"policy version is {current.policy_version}, expected {expected}",
-            )
+    detail = f"policy version is {current.policy_version}, expected {expected}"
+    validation.check_fence("ConfigureTopic.expected_policy_version", expected, current.policy_version, detail)
     topic = replace(current, policy=resolve_topic_policy(body.policy), policy_version=current.policy_version + 1)
     record = retention.with_timer(stage, replace(record, view=topic), retention.due_ms(stage, topic, ctx.now_ms))
     save_topic(stage, record)
