@@ -255,6 +255,12 @@ class DeleteTopic(AvroRecord, frozen=True, kw_only=True, forbid_unknown_fields=T
     expected_incarnation: int | None = None
 
 
+class RaiseFeatureLevel(AvroRecord, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    AVRO_NAME = "keyload.command.RaiseFeatureLevel"
+
+    level: int
+
+
 class DeleteGroup(AvroRecord, frozen=True, kw_only=True, forbid_unknown_fields=True):
     AVRO_NAME = "keyload.command.DeleteGroup"
 
@@ -746,6 +752,7 @@ BODY_TYPES: dict[str, type[AvroRecord]] = {
         CloseTopic,
         DeleteTopic,
         DeleteGroup,
+        RaiseFeatureLevel,
     )
 }
 """The class of every command kind's body, by its branch name (keyload/commands.py's `branch`)."""

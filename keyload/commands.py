@@ -74,6 +74,7 @@ class CommandKind:
     cli: tuple[str, str] | None  # noun, verb
     route: Route | None
     stored: bool = True  # the outcome is kept for repeats of the command id
+    reads: bool = False  # changes no state: from feature level 1 a repeat is answered afresh (processors/features.py)
     batchable: bool = False  # may be a mutation of a Batch or a CompleteProcessing
     partition_wide: bool = False  # acts on the partition, not a domain: only grants on every domain ("*") allow it
     parts: str | None = None  # the body field of mutations each authorized as the command it is (Batch, effects)
@@ -109,6 +110,7 @@ def _kind(
     route: str | None,
     *,
     stored: bool = True,
+    reads: bool = False,
     batchable: bool = False,
     partition_wide: bool = False,
     parts: str | None = None,
@@ -129,6 +131,7 @@ def _kind(
         noun_verb,
         method_path,
         stored,
+        reads,
         batchable,
         partition_wide,
         parts,
@@ -155,23 +158,23 @@ COMMANDS: tuple[CommandKind, ...] = (
     _kind("ResumeQueue", "queues.resource:resume_queue", "keyload.QueueView", C.resource_manage, "resume_queue", "queue resume", f"POST {Q}/resume"),
     _kind("CloseQueue", "queues.resource:close_queue", "keyload.QueueView", C.resource_manage, "close_queue", "queue close", f"POST {Q}/close"),
     _kind("DeleteQueue", "queues.resource:delete_queue", "keyload.QueueView", C.resource_manage, "delete_queue", "queue delete", f"DELETE {Q}"),
-    _kind("InspectQueue", "queues.resource:inspect_queue", "keyload.QueueView", C.inspect, "inspect_queue", "queue inspect", f"GET {Q}"),
-    _kind("InspectMessage", "queues.resource:inspect_message", "keyload.MessageView", C.inspect, "inspect_message", "message inspect", f"GET {Q}/messages/{{message_id}}"),
+    _kind("InspectQueue", "queues.resource:inspect_queue", "keyload.QueueView", C.inspect, "inspect_queue", "queue inspect", f"GET {Q}", reads=True),
+    _kind("InspectMessage", "queues.resource:inspect_message", "keyload.MessageView", C.inspect, "inspect_message", "message inspect", f"GET {Q}/messages/{{message_id}}", reads=True),
     _kind("Enqueue", "queues.resource:enqueue", "keyload.result.EnqueueResult", C.enqueue, "enqueue", "queue enqueue", f"POST {Q}/messages", batchable=True),
     _kind("Receive", "queues.leases:receive", "keyload.result.ReceiveResult", C.consume, "receive", "queue receive", f"POST {Q}/receive"),
     _kind("Renew", "queues.leases:renew", "keyload.result.LeaseResult", C.consume, "renew", "lease renew", "POST /v1/domains/{domain}/leases/renew", resource_in_handler=True),
     _kind("Ack", "queues.leases:ack", "keyload.result.LeaseResult", C.consume, "ack", "lease ack", "POST /v1/domains/{domain}/leases/ack", resource_in_handler=True),
     _kind("AckBatch", "queues.leases:ack_batch", "keyload.result.AckBatchResult", C.consume, "ack_batch", "lease ack-batch", "POST /v1/domains/{domain}/leases/ack-batch", resource_in_handler=True),
     _kind("Nack", "queues.leases:nack", "keyload.result.LeaseResult", C.consume, "nack", "lease nack", "POST /v1/domains/{domain}/leases/nack", resource_in_handler=True),
-    _kind("ListDeadLetters", "queues.dead_letters:list_dead_letters", "keyload.result.DeadLetterPage", C.dead_letter_read, "list_dead_letters", "dlq list", f"GET {Q}/dead-letters"),
+    _kind("ListDeadLetters", "queues.dead_letters:list_dead_letters", "keyload.result.DeadLetterPage", C.dead_letter_read, "list_dead_letters", "dlq list", f"GET {Q}/dead-letters", reads=True),
     _kind("Redrive", "queues.dead_letters:redrive", "keyload.MessageView", C.redrive, "redrive", "message redrive", f"POST {Q}/messages/{{message_id}}/redrive", batchable=True),
     _kind("Cancel", "queues.dead_letters:cancel", "keyload.MessageView", C.cancel, "cancel", "message cancel", f"POST {Q}/messages/{{message_id}}/cancel", batchable=True),
     _kind("ParkPending", "queues.dead_letters:park_pending", "keyload.MessageView", C.redrive, "park_pending", "message park", f"POST {Q}/messages/{{message_id}}/park", batchable=True),
     # Topics
     _kind("CreateTopic", "topics.topic:create_topic", "keyload.TopicView", C.resource_manage, "create_topic", "topic create", f"PUT {T}"),
     _kind("Publish", "topics.topic:publish", "keyload.result.PublishResult", C.topic_publish, "publish", "topic publish", f"POST {T}/events", batchable=True),
-    _kind("ReadTopic", "topics.topic:read_topic", "keyload.result.TopicPage", C.topic_read, "read_topic", "topic read", f"GET {T}/events"),
-    _kind("InspectTopic", "topics.topic:inspect_topic", "keyload.TopicView", C.inspect, "inspect_topic", "topic inspect", f"GET {T}"),
+    _kind("ReadTopic", "topics.topic:read_topic", "keyload.result.TopicPage", C.topic_read, "read_topic", "topic read", f"GET {T}/events", reads=True),
+    _kind("InspectTopic", "topics.topic:inspect_topic", "keyload.TopicView", C.inspect, "inspect_topic", "topic inspect", f"GET {T}", reads=True),
     _kind("ConfigureTopic", "topics.topic:configure_topic", "keyload.TopicView", C.resource_manage, "configure_topic", "topic configure", f"PUT {T}/policy"),
     _kind("CloseTopic", "topics.topic:close_topic", "keyload.TopicView", C.resource_manage, "close_topic", "topic close", f"POST {T}/close"),
     _kind("DeleteTopic", "topics.deletion:delete_topic", "keyload.TopicView", C.resource_manage, "delete_topic", "topic delete", f"DELETE {T}"),
@@ -183,7 +186,7 @@ COMMANDS: tuple[CommandKind, ...] = (
     _kind("GroupAckBatch", "groups.leases:group_ack_batch", "keyload.result.GroupAckBatchResult", C.consume, "group_ack_batch", "group ack-batch", f"POST {G}/ack-batch"),
     _kind("GroupNack", "groups.leases:group_nack", "keyload.result.GroupLeaseResult", C.consume, "group_nack", "group nack", f"POST {G}/nack"),
     _kind("GroupRenew", "groups.leases:group_renew", "keyload.result.GroupLeaseResult", C.consume, "group_renew", "group renew", f"POST {G}/renew"),
-    _kind("GroupStatus", "groups.group:group_status", "keyload.GroupView", C.inspect, "group_status", "group status", f"GET {G}"),
+    _kind("GroupStatus", "groups.group:group_status", "keyload.GroupView", C.inspect, "group_status", "group status", f"GET {G}", reads=True),
     _kind("SeekGroup", "groups.group:seek_group", "keyload.GroupView", C.subscription_manage, "seek_group", "group seek", f"POST {G}/seek"),
     _kind("ConfigureGroup", "groups.group:configure_group", "keyload.GroupView", C.subscription_manage, "configure_group", "group configure", f"PUT {G}/policy"),
     _kind("DeleteGroup", "topics.deletion:delete_group", "keyload.GroupView", C.subscription_manage, "delete_group", "group delete", f"DELETE {G}"),
@@ -192,8 +195,8 @@ COMMANDS: tuple[CommandKind, ...] = (
     # Documents, batches, inboxes
     _kind("PutDocument", "documents.document:put_document", "keyload.result.DocumentResult", C.documents_write, "put_document", "doc put", "PUT /v1/domains/{domain}/documents/{key}", batchable=True),
     _kind("DeleteDocument", "documents.document:delete_document", "keyload.result.DocumentResult", C.documents_write, "delete_document", "doc delete", "DELETE /v1/domains/{domain}/documents/{key}", batchable=True),
-    _kind("GetDocument", "documents.document:get_document", "keyload.result.Document", C.documents_read, "get_document", "doc get", "GET /v1/domains/{domain}/documents/{key}"),
-    _kind("ListDocuments", "documents.document:list_documents", "keyload.result.DocumentPage", C.documents_read, "list_documents", "doc list", "GET /v1/domains/{domain}/documents"),
+    _kind("GetDocument", "documents.document:get_document", "keyload.result.Document", C.documents_read, "get_document", "doc get", "GET /v1/domains/{domain}/documents/{key}", reads=True),
+    _kind("ListDocuments", "documents.document:list_documents", "keyload.result.DocumentPage", C.documents_read, "list_documents", "doc list", "GET /v1/domains/{domain}/documents", reads=True),
     _kind("Batch", "batch:batch", "keyload.result.BatchResult", None, "batch", None, "POST /v1/domains/{domain}/batch", parts="mutations"),
     _kind("CompleteProcessing", "documents.inbox:complete_processing", "keyload.result.ProcessingResult", C.consume, "complete_processing", None, "POST /v1/domains/{domain}/leases/complete", parts="effects", resource_in_handler=True),
     _kind("ConfigureInbox", "documents.inbox:configure_inbox", "keyload.result.InboxView", C.resource_manage, "configure_inbox", "inbox configure", "PUT /v1/domains/{domain}/inbox"),
@@ -202,7 +205,7 @@ COMMANDS: tuple[CommandKind, ...] = (
     _kind("PrepareLargeSchedule", "payloads.schedule:prepare_large_schedule", "keyload.PayloadReservation", C.enqueue, "prepare_large_schedule", None, f"POST {Q}/reservations"),
     _kind("CommitLargeSchedule", "payloads.schedule:commit_large_schedule", "keyload.PayloadReservation", C.enqueue, "commit_large_schedule", None, "POST /v1/domains/{domain}/reservations/{reservation_id}/commit", resource_in_handler=True),
     _kind("CancelLargeSchedule", "payloads.reservations:cancel_large_schedule", "keyload.PayloadReservation", C.enqueue, "cancel_large_schedule", None, "POST /v1/domains/{domain}/reservations/{reservation_id}/cancel", resource_in_handler=True),
-    _kind("InspectReservation", "payloads.reservations:inspect_reservation", "keyload.PayloadReservation", C.inspect, "inspect_reservation", None, "GET /v1/domains/{domain}/reservations/{reservation_id}", resource_in_handler=True),
+    _kind("InspectReservation", "payloads.reservations:inspect_reservation", "keyload.PayloadReservation", C.inspect, "inspect_reservation", None, "GET /v1/domains/{domain}/reservations/{reservation_id}", resource_in_handler=True, reads=True),
     # Administration (partition-scoped commands name the partition, not a domain)
     _kind("RotateKeys", "key_rotation:rotate_keys", "keyload.result.ActiveKeys", C.admin, "rotate_keys", "keys rotate", "POST /v1/domains/{domain}/keys/rotate", partition_wide=True),
     _kind("Tick", "timers:tick", "keyload.result.TickResult", C.tick, None, None, None, stored=False, partition_wide=True),
@@ -217,7 +220,8 @@ COMMANDS: tuple[CommandKind, ...] = (
     _kind("GrantCapability", "principals:grant_capability", "keyload.result.PrincipalView", C.admin, "grant", None, "POST /v1/principals/{principal}/grants", partition_wide=True),
     _kind("RevokeCapability", "principals:revoke_capability", "keyload.result.PrincipalView", C.admin, "revoke", None, "POST /v1/principals/{principal}/revoke", partition_wide=True),
     _kind("CheckpointPublished", "payloads.retention:checkpoint_published", "keyload.result.CheckpointResult", C.checkpoint, None, None, None, stored=False, partition_wide=True),
-    _kind("InspectPrincipal", "principals:inspect_principal", "keyload.result.PrincipalView", C.admin, "inspect_principal", None, "GET /v1/principals/{principal}", partition_wide=True, self_service=True),
+    _kind("RaiseFeatureLevel", "features:raise_feature_level", "keyload.result.FeatureLevelResult", C.admin, None, None, None, stored=False, partition_wide=True),
+    _kind("InspectPrincipal", "principals:inspect_principal", "keyload.result.PrincipalView", C.admin, "inspect_principal", None, "GET /v1/principals/{principal}", partition_wide=True, self_service=True, reads=True),
 )  # fmt: skip
 
 BY_BRANCH: dict[str, CommandKind] = {kind.branch: kind for kind in COMMANDS}

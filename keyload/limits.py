@@ -24,6 +24,9 @@ MAX_HEADER_NAME_CHARS = 128
 MAX_HEADERS_BYTES = 16 * 1024
 MAX_SCHEDULE_AHEAD_MS = 365 * 24 * 3600 * 1000
 TICK_EXAMINATION_BUDGET = 256  # timers examined before one record
+# The highest feature level this processor applies (processors/features.py); `keyload run` raises
+# every partition to it.
+FEATURE_LEVEL = 1
 RECEIVE_EXAMINATION_BUDGET = 256  # ready rows one Receive looks at (held keys are skipped)
 MAX_DETAIL_CHARS = 512  # an outcome's error detail is cut to this
 # An outcome is one log record, and both logs take records up to 4 MiB: a larger
@@ -280,6 +283,7 @@ INTEGER_FIELD_RANGES: dict[str, IntegerRange] = {
     "TopicPolicySpec.max_age_ms": IntegerRange(0, MAX_TOPIC_AGE_MS, note="0: no age limit"),
     "ConfigureTopic.expected_policy_version": FENCE,
     "DeleteTopic.expected_incarnation": FENCE,
+    "RaiseFeatureLevel.level": IntegerRange(0, FEATURE_LEVEL, note="above it: a later processor's, refused"),
     "DeleteGroup.expected_incarnation": FENCE,
     "ReadTopic.from_position": IntegerRange(
         0, MAX_SEQUENCE, note="≤ tail + 1; below first_available: HistoryUnavailable"

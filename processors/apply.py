@@ -24,6 +24,7 @@ from keyload.processors import timers
 from keyload.processors.access import authenticate, authorize, denied, key_of, load_principal, policy_epoch, verify
 from keyload.processors.context import Context
 from keyload.processors.errors import ErrorCode, Rejected
+from keyload.processors.features import READS_UNSTORED, feature_level
 from keyload.processors.fingerprints import COMMAND, FINGERPRINT_BYTES, fingerprint
 from keyload.processors.groups import leases as group_leases
 from keyload.processors.outcomes import OUTCOME, new_outcome, reject
@@ -248,7 +249,9 @@ def _apply_command(
         authorize(ctx, row, typed)
     except Rejected as rejection:
         return refused(rejection, caller)
-    stored = None if not dispatch.stored(kind) else stage.get(keys.outcome(domain, command_id))
+    # A read keeps no outcome from feature level 1 on (processors/features.py): nothing to look up.
+    kept = dispatch.stored(kind) and not (row.reads and feature_level(stage) >= READS_UNSTORED)
+    stored = stage.get(keys.outcome(domain, command_id)) if kept else None
     if stored is not None:
         if stored[:FINGERPRINT_BYTES] != print_:
             return refused(Rejected(ErrorCode.CONFLICT, "command id was used for a different command"), caller)
@@ -280,7 +283,7 @@ def _apply_command(
         stage.put(keys.outcome(domain, command_id), print_)
         return None, kind, True
     encoded = encoded or REGISTRY.encode(OUTCOME, outcome)
-    if dispatch.stored(kind):
+    if kept:
         stage.put(keys.outcome(domain, command_id), print_ + encoded)
     return sealed(caller, moment.keyring, encoded), kind, outcome["status"] == "committed"
 

@@ -77,6 +77,7 @@ SCHEMA_SET = META + b"schema_set"  # SHA-256 naming the schemas the values are w
 NEXT_RESERVATION_ID = META + b"next_reservation_id"  # u64 allocator of payload reservations
 NEXT_TASK_ID = META + b"next_task_id"  # u64 allocator of retention tasks
 RECOVERY_FLOOR = META + b"recovery_floor"  # u64 floor offset as last logged by AdvanceRecoveryFloor (absent: none)
+FEATURE_LEVEL = META + b"feature_level"  # u64 semantics in force (processors/features.py); absent: 0
 POLICY_EPOCH = META + b"policy_epoch"  # u64 changes of principals and grants; present: access control is on
 RETIRED_IDENTITIES = META + b"retired_identities"  # u64 message ids whose history was reclaimed
 

@@ -433,6 +433,7 @@ BASES: dict[str, Builder] = {
     "keyload.command.BeginDelete": lambda w: {"task_id": 1},
     "keyload.command.DeleteConfirmed": lambda w: {"task_id": 1, "deleted_versions": []},
     "keyload.command.CheckpointPublished": lambda w: {"offset": 0, "manifest_sha256": bytes(32)},
+    "keyload.command.RaiseFeatureLevel": lambda w: {"level": 0},
     "keyload.command.PutPrincipal": lambda w: {
         "principal": w.fresh("p"),
         "key_id": "k0",

@@ -58,15 +58,19 @@ def append_raw(data: Path, partitions: int, partition: int, *values: bytes) -> N
         log.close()
 
 
-def assert_only_the_service_record(data: Path, partitions: int) -> None:
-    """Each partition holds one record, the EnableAccessControl `keyload run` appends before it
-    serves (docs/ARCHITECTURE.md §5a): what another process appends comes after it, from offset 1."""
+SERVICE_RECORDS = ("EnableAccessControl", "RaiseFeatureLevel")
+
+
+def assert_only_the_service_records(data: Path, partitions: int) -> None:
+    """Each partition holds the records `keyload run` appends before it serves: EnableAccessControl
+    (docs/ARCHITECTURE.md §5a), then RaiseFeatureLevel (§7). What another process appends comes
+    after them, from offset 2."""
     log = FileLog(data / "log" / "commands", partitions)
     try:
         for partition in range(partitions):
-            [record] = log.read(partition, 0, 10)
-            kind, _ = REGISTRY.decode("keyload.Command", contents(record.value))["body"]
-            assert (record.offset, kind) == (0, BY_NAME["EnableAccessControl"].branch), partition
+            records = log.read(partition, 0, 10)
+            kinds = [REGISTRY.decode("keyload.Command", contents(r.value))["body"][0] for r in records]
+            assert kinds == [BY_NAME[name].branch for name in SERVICE_RECORDS], partition
     finally:
         log.close()
 
@@ -74,7 +78,7 @@ def assert_only_the_service_record(data: Path, partitions: int) -> None:
 def test_poison_list_shows_records_another_process_appended(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     data = tmp_path / "data"
     run_until_idle(data, "--partitions", "2")
-    assert_only_the_service_record(data, 2)
+    assert_only_the_service_records(data, 2)
     append_raw(data, 2, 1, GARBAGE, UNKNOWN_SCHEMA)
     run_until_idle(data)
 
@@ -85,7 +89,7 @@ def test_poison_list_shows_records_another_process_appended(tmp_path: Path, caps
     assert listed == [
         {
             "partition": 1,
-            "offset": 1,
+            "offset": 2,
             "reason": "not an Avro single-object encoded value",
             "size": len(GARBAGE),
             "sha256": hashlib.sha256(GARBAGE).hexdigest(),
@@ -93,7 +97,7 @@ def test_poison_list_shows_records_another_process_appended(tmp_path: Path, caps
         },
         {
             "partition": 1,
-            "offset": 2,
+            "offset": 3,
             "reason": "unknown writer schema fingerprint 0000000000000000",
             "size": len(UNKNOWN_SCHEMA),
             "sha256": hashlib.sha256(UNKNOWN_SCHEMA).hexdigest(),
@@ -101,7 +105,7 @@ def test_poison_list_shows_records_another_process_appended(tmp_path: Path, caps
         },
     ]
     code, out, _ = keyload_main(capsys, "poison", "list", "--data", str(data), "--partition", "1", "--limit", "1")
-    assert code == 0 and [entry["offset"] for entry in json.loads(out)] == [1]
+    assert code == 0 and [entry["offset"] for entry in json.loads(out)] == [2]
     code, out, _ = keyload_main(capsys, "poison", "list", "--data", str(data), "--partition", "0")
     assert (code, json.loads(out)) == (0, [])
     code, out, err = keyload_main(capsys, "poison", "list", "--data", str(data), "--partition", "2")
@@ -113,20 +117,20 @@ def test_poison_list_shows_records_another_process_appended(tmp_path: Path, caps
         assert client.poison_entries(0) == [] and client.poison_entries(limit=1) == [first]
     assert first == PoisonEntry(
         partition=1,
-        offset=1,
+        offset=2,
         timestamp_ms=first.timestamp_ms,
         size=len(GARBAGE),
         sha256=hashlib.sha256(GARBAGE).hexdigest(),
         reason="not an Avro single-object encoded value",
         first_bytes=GARBAGE[:32],
     )
-    assert (second.offset, second.first_bytes) == (2, UNKNOWN_SCHEMA)
+    assert (second.offset, second.first_bytes) == (3, UNKNOWN_SCHEMA)
 
     code, out, _ = keyload_main(capsys, "status", "--data", str(data))
     assert code == 0
     assert out.splitlines()[1:] == [
-        "  p0: log 0..0, applied through 0, lag 0, no checkpoints, recovery floor none, poison 0",
-        "  p1: log 0..2, applied through 2, lag 0, no checkpoints, recovery floor none, poison 2",
+        "  p0: log 0..1, applied through 1, lag 0, no checkpoints, recovery floor none, poison 0",
+        "  p1: log 0..3, applied through 3, lag 0, no checkpoints, recovery floor none, poison 2",
     ]
 
 
@@ -135,14 +139,14 @@ def test_status_names_an_empty_a_halted_and_a_corrupt_partition(
 ) -> None:
     data = tmp_path / "data"
     run_until_idle(data, "--partitions", "3")
-    # Partition 0 keeps nothing but the service's own record; the others get garbage after it.
-    assert_only_the_service_record(data, 3)
+    # Partition 0 keeps nothing but the service's own records; the others get garbage after them.
+    assert_only_the_service_records(data, 3)
     append_raw(data, 3, 1, GARBAGE)
     append_raw(data, 3, 2, GARBAGE, GARBAGE + b"!")
     run_until_idle(data)
     # Partition 1 halts at its next record (as `keyload run` records it); partition 2's first frame is
     # damaged afterwards.
-    record_halt(data, Halt(1, 2, "Corruption: queue 7 counter ready would go negative"))
+    record_halt(data, Halt(1, 3, "Corruption: queue 7 counter ready would go negative"))
     [segment] = (data / "log" / "commands" / "p-0002").glob("*.seg")
     damaged = bytearray(segment.read_bytes())
     damaged[HEADER_BYTES + 3] ^= 0xFF
@@ -156,10 +160,10 @@ def test_status_names_an_empty_a_halted_and_a_corrupt_partition(
     assert (code, err) == (0, "")
     assert out.splitlines() == [
         f"{data}: embedded file log, 3 partitions, 8 outcome partitions",
-        "  p0: log 0..0, applied through 0, lag 0, no checkpoints, recovery floor none, poison 0",
-        "  p1: log 0..1, applied through 1, lag 0, no checkpoints, recovery floor none, poison 1, "
-        "HALTED at offset 2: Corruption: queue 7 counter ready would go negative",
-        "  p2: log unreadable, applied through 2, lag unknown, no checkpoints, recovery floor none, poison 2, "
+        "  p0: log 0..1, applied through 1, lag 0, no checkpoints, recovery floor none, poison 0",
+        "  p1: log 0..2, applied through 2, lag 0, no checkpoints, recovery floor none, poison 1, "
+        "HALTED at offset 3: Corruption: queue 7 counter ready would go negative",
+        "  p2: log unreadable, applied through 3, lag unknown, no checkpoints, recovery floor none, poison 2, "
         f"LOG CORRUPT: {corruption.value}",
     ]
     partitions = "\n".join(out.splitlines()[1:])

@@ -123,6 +123,12 @@ class CheckpointResult(AvroRecord, frozen=True, kw_only=True, forbid_unknown_fie
     offset: Long
 
 
+class FeatureLevelResult(AvroRecord, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    AVRO_NAME = "keyload.result.FeatureLevelResult"
+
+    feature_level: Long
+
+
 class Delivery(AvroRecord, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """One leased message. Present `token` to renew, ack or nack it."""
 
@@ -582,6 +588,7 @@ RESULT_CLASSES: tuple[type[ResultClass], ...] = (
     RetentionStatus,
     RetentionPage,
     PrincipalView,
+    FeatureLevelResult,
 )
 """The class of each result record of the command table (keyload/commands.py), and so of every
 branch of the Outcome's result union; a BatchResult's mutation results are among them."""
@@ -614,6 +621,7 @@ Result = (
     | RetentionStatus
     | RetentionPage
     | PrincipalView
+    | FeatureLevelResult
 )
 
 RESULT_TYPES: dict[str, type[Any]] = {cls.AVRO_NAME: cls for cls in RESULT_CLASSES}

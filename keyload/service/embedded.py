@@ -19,11 +19,14 @@ from functools import partial
 from pathlib import Path
 from threading import Event
 
+from keyload import limits
+from keyload.credentials import ADMIN_PRINCIPAL
 from keyload.errors import KeyloadError
 from keyload.log.base import CommandLog, LogCorruption
 from keyload.operations.checkpoints import Announcer, CheckpointPolicy
 from keyload.operations.gc import DEFAULT_GC_INTERVAL_S, GcWorker, LocalRetention, run_worker
 from keyload.processors.access import policy_epoch
+from keyload.processors.features import feature_level
 from keyload.projections.store import Store
 from keyload.sdk.client import Client
 from keyload.server.runner import SERVER_REPLY_PARTITION, HttpServer, Listen
@@ -33,6 +36,7 @@ from keyload.service.doorbell import Listener
 from keyload.service.halts import Halt, clear_halt, record_halt
 from keyload.service.kafka import DEFAULT_SESSION_TIMEOUT_MS, KafkaService
 from keyload.service.runtime import PartitionProcessor, run_until
+from keyload.service.system_commands import feature_level_command
 from keyload.service.ticker import DEFAULT_TICK_INTERVAL_MS, Ticker
 from keyload.storage.datadir import DataDir
 from keyload.storage.principals import (
@@ -142,6 +146,15 @@ def _turn_access_control_on(data: DataDir, log: CommandLog, processors: list[Par
             )
 
 
+def _raise_feature_levels(data: DataDir, log: CommandLog, processors: list[PartitionProcessor]) -> None:
+    """Append RaiseFeatureLevel to every partition below the highest level this processor knows;
+    it applies in log order with the rest (processors/features.py)."""
+    admin = system_credential(data.root, ADMIN_PRINCIPAL)
+    for processor in processors:
+        if feature_level(processor.store) < limits.FEATURE_LEVEL:
+            log.append(processor.partition, [feature_level_command(admin, processor.partition, data.partitions)])
+
+
 def _serve_embedded(data: DataDir, settings: ServiceSettings, stop: Event) -> list[Halt]:
     log = data.file_command_log()
     outcomes = data.outcome_log()
@@ -173,6 +186,7 @@ def _serve_embedded(data: DataDir, settings: ServiceSettings, stop: Event) -> li
                 )
             )
         _turn_access_control_on(data, log, processors)
+        _raise_feature_levels(data, log, processors)
         ticker = Ticker(log, system_credential(data.root, TICKER_PRINCIPAL), settings.tick_interval_ms)
         try:
             listener = Listener(data.root)

@@ -33,6 +33,7 @@ from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, TopicPartition
 
+from keyload.credentials import ADMIN_PRINCIPAL
 from keyload.log.base import LogRecord
 from keyload.log.kafka_log import KafkaLog, KafkaSettings, ensure_topics, record_from_message
 from keyload.operations.catalog import CatalogEntry, NotPublished
@@ -41,6 +42,7 @@ from keyload.projections.store import Store
 from keyload.service import access_control
 from keyload.service.halts import Halt, record_halt
 from keyload.service.runtime import MAX_GROUP_RECORDS, PartitionProcessor, Stalls, report_halts
+from keyload.service.system_commands import feature_level_command
 from keyload.service.ticker import Ticker
 from keyload.storage.datadir import DataDir
 from keyload.storage.principals import CHECKPOINTER_PRINCIPAL, TICKER_PRINCIPAL, system_credential
@@ -106,6 +108,10 @@ class KafkaService:
         self.checkpoints = checkpoints
         # Every service appends the same EnableAccessControl: a repeat in a partition that applied one.
         access_control.enable(data.root, self.commands, range(self.commands.partitions))
+        # And the same RaiseFeatureLevel (processors/features.py): a repeat where it was applied.
+        admin = system_credential(data.root, ADMIN_PRINCIPAL)
+        for partition in range(self.commands.partitions):
+            self.commands.append(partition, [feature_level_command(admin, partition, self.commands.partitions)])
         self.ticker = Ticker(self.commands, system_credential(data.root, TICKER_PRINCIPAL), tick_interval_ms)
         self.announce = Announcer(self.commands, system_credential(data.root, CHECKPOINTER_PRINCIPAL))
         self.keyring = data.keyring()

@@ -1,4 +1,4 @@
-"""Commands the service's own actors append: Ticks, EnableAccessControl, CheckpointPublished.
+"""Commands the service's own actors append: Ticks, EnableAccessControl, RaiseFeatureLevel, CheckpointPublished.
 
 Each is partition-wide: it concerns a partition, not a domain, so it is sent under a
 stable domain name that maps to that partition, by a system principal
@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from keyload import limits
 from keyload.commands import BY_NAME
 from keyload.credentials import Credential
 from keyload.log.base import partition_for
@@ -40,3 +41,18 @@ def system_command(
         "client_time_ms": None,
     }
     return credential.sign(REGISTRY.encode("keyload.Command", envelope))
+
+
+def feature_level_command(credential: Credential, partition: int, partitions: int) -> bytes:
+    """The RaiseFeatureLevel record moving `partition` to the highest feature level this processor
+    knows (processors/features.py). The same bytes from every service of one version: a repeat, or
+    one a partition already applied, changes nothing."""
+    level = limits.FEATURE_LEVEL
+    return system_command(
+        credential,
+        "RaiseFeatureLevel",
+        {"level": level},
+        partition=partition,
+        partitions=partitions,
+        command_id=f"raise-feature-level-{level}-p{partition}",
+    )

@@ -1,0 +1,49 @@
+"""Feature levels: new semantics take effect at a logged point, so every log replays as it was written.
+
+A replay must rebuild the state the log's writers saw, so a processor cannot change what an old
+record does (tests/test_fixture_replay.py holds it to a log 0.2.0 wrote). A change that would is
+given a feature level instead. A partition applies the semantics of its level, a meta row (absent:
+0, the semantics 0.2.0 logs were written under), which only a logged RaiseFeatureLevel moves: the
+records before it replay as before, the records after it with the new semantics, on any processor
+that knows the level. `keyload run` raises every partition it serves to the highest level it knows
+(limits.FEATURE_LEVEL) when it starts; a level above that is refused (Validation), so an older
+processor never applies a log meant for newer semantics under its own.
+
+The levels:
+
+1. Reads keep no outcome. A command that only reads state (the command table's `reads` rows:
+   inspect, list, get, read, status) stores nothing under its command id: a repeat is answered
+   afresh from the state of then, and the id is not reserved. Read pages, message views with
+   bodies and principal views no longer accumulate in the projection.
+"""
+
+from __future__ import annotations
+
+from keyload import limits
+from keyload.bodies import RaiseFeatureLevel
+from keyload.log.codec import Record
+from keyload.processors import validation
+from keyload.processors.context import Context
+from keyload.projections import keys
+from keyload.projections.store import Readable, Staged
+
+READS_UNSTORED = 1  # the level from which reads keep no outcome
+
+
+def feature_level(stage: Readable) -> int:
+    """The partition's feature level (0 until a RaiseFeatureLevel moves it)."""
+    raw = stage.get(keys.FEATURE_LEVEL)
+    return 0 if raw is None else keys.read_u64(raw)
+
+
+def raise_feature_level(stage: Staged, body: RaiseFeatureLevel, ctx: Context) -> Record:
+    """Move the partition to `level` when it is above the current one; the level in force."""
+    validation.check_integer("RaiseFeatureLevel.level", body.level)
+    current = feature_level(stage)
+    if body.level > current:
+        stage.put(keys.FEATURE_LEVEL, keys.u64(body.level))
+        current = body.level
+    return {"feature_level": current}
+
+
+assert READS_UNSTORED <= limits.FEATURE_LEVEL
