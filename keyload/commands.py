@@ -3,7 +3,8 @@
 A row says everything the layers around the processor need to know about a command:
 its branch of the `keyload.Command` body union, the processor function that applies it,
 the Avro record its outcome carries, whether that outcome is stored for idempotent
-repeats, whether it may be a mutation of a Batch or a CompleteProcessing, the capability
+repeats, whether it only reads state (from feature level 1 a read keeps no outcome), whether it
+may be a mutation of a Batch or a CompleteProcessing, the capability
 a principal needs for it, the SDK method that sends it, its CLI noun and verb, and its
 HTTP route. Dispatch (`keyload.processors.apply`), batch membership
 (`keyload.processors.batch`), outcome typing (`keyload.sdk.results`), the SDK and the CLI

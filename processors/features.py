@@ -28,6 +28,22 @@ from keyload.projections import keys
 from keyload.projections.store import Readable, Staged
 
 READS_UNSTORED = 1  # the level from which reads keep no outcome
+# The reads level 1 covers, frozen: tests/test_feature_levels.py holds the command table's `reads`
+# rows to it. Making an existing command a read changes how level-1 logs replay: a later level.
+LEVEL_1_READS = frozenset(
+    {
+        "InspectQueue",
+        "InspectMessage",
+        "ListDeadLetters",
+        "ReadTopic",
+        "InspectTopic",
+        "GroupStatus",
+        "GetDocument",
+        "ListDocuments",
+        "InspectReservation",
+        "InspectPrincipal",
+    }
+)
 
 
 def feature_level(stage: Readable) -> int:

@@ -13,11 +13,17 @@ from pathlib import Path
 from typing import Any
 
 from keyload import limits
-from keyload.processors.features import feature_level
+from keyload.commands import COMMANDS
+from keyload.credentials import ADMIN_PRINCIPAL
+from keyload.log.base import partition_for
+from keyload.processors.features import LEVEL_1_READS, feature_level
 from keyload.projections import keys
 from keyload.projections.store import Store
 from keyload.sdk.results import QueueView
+from keyload.service.access_control import enable_command
+from keyload.service.halts import recorded_halts
 from keyload.storage.datadir import DataDir
+from keyload.storage.principals import system_credential
 
 from .support import (
     CREATE_QUEUE,
@@ -29,6 +35,7 @@ from .support import (
     enqueue_body,
     expect,
     keyload_command,
+    spread_domains,
     submit_unhalted,
 )
 
@@ -103,3 +110,41 @@ def test_keyload_run_raises_every_partition_it_serves(tmp_path: Path) -> None:
         assert [log.end_offset(partition) for partition in range(data.partitions)] == ends
     finally:
         log.close()
+
+
+def test_the_level_1_reads_are_the_command_tables_reads() -> None:
+    """Level 1's reads are frozen: a command made a read later would replay differently in logs
+    already raised to 1, so it needs a later level."""
+    assert {kind.name for kind in COMMANDS if kind.reads} == LEVEL_1_READS
+
+
+def test_a_partition_with_a_damaged_log_halts_alone_when_the_level_is_raised(tmp_path: Path) -> None:
+    """The first start after an upgrade appends a raise to every partition still at level 0; one
+    whose log is damaged halts at its damage, as it would have, and the others are raised and served.
+    The directory is set up as a service before feature levels left it: access control on, level 0."""
+    root = tmp_path / "data"
+    embedded = Embedded(root, partitions=2)
+    damaged, healthy = spread_domains(2, 2)
+    try:
+        for partition in range(2):
+            embedded.log.append(partition, [enable_command(root, partition, 2)])
+        embedded.run()
+        admin = system_credential(root, ADMIN_PRINCIPAL)
+        for domain in (damaged, healthy):
+            for n in range(3):
+                body = create_queue_body(f"q{n}")
+                assert embedded.submit(domain, CREATE_QUEUE, body, credential=admin).status == "committed"
+    finally:
+        embedded.close()
+    [segment] = sorted((root / "log" / "commands" / f"p-{partition_for(damaged, 2):04d}").glob("*.seg"))
+    raw = bytearray(segment.read_bytes())
+    raw[len(raw) // 2] ^= 0x40
+    segment.write_bytes(bytes(raw))
+    run = keyload_command("run", "--data", str(root), "--until-idle", "--gc-interval-s", "0", "--listen", "none")
+    done = subprocess.run(run, capture_output=True, text=True, timeout=120)
+    assert partition_for(damaged, 2) in recorded_halts(root), done.stderr
+    store = Store(DataDir.open(root).projection(partition_for(healthy, 2)), read_only=True)
+    try:
+        assert feature_level(store) == limits.FEATURE_LEVEL
+    finally:
+        store.close()

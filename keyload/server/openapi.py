@@ -264,7 +264,8 @@ def _idempotency_parameter() -> dict[str, Any]:
         "name": IDEMPOTENCY_HEADER,
         "in": "header",
         "required": False,
-        "description": "the command id (1..128 printable ASCII): a repeat returns the stored outcome",
+        "description": "the command id (1..128 printable ASCII): a repeat returns the stored outcome "
+        "(a read keeps none: its repeat is answered afresh)",
         "schema": {"type": "string"},
     }
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import sys
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -146,13 +147,43 @@ def _turn_access_control_on(data: DataDir, log: CommandLog, processors: list[Par
             )
 
 
+class FeatureLevelAhead(KeyloadError):
+    """A partition's projection is at a feature level this processor does not know (a newer
+    keyload wrote it): applying more records under older semantics would fork its state."""
+
+
 def _raise_feature_levels(data: DataDir, log: CommandLog, processors: list[PartitionProcessor]) -> None:
-    """Append RaiseFeatureLevel to every partition below the highest level this processor knows;
-    it applies in log order with the rest (processors/features.py)."""
+    """Append RaiseFeatureLevel to every partition below the highest level this processor knows
+    and apply each up to it (processors/features.py). A partition whose log is damaged gets none
+    (it halts at the damage, as it would have); one whose raise was refused (the administrator
+    principal lost its grant) is reported and served at its level."""
     admin = system_credential(data.root, ADMIN_PRINCIPAL)
+    raised: dict[int, int] = {}
     for processor in processors:
-        if feature_level(processor.store) < limits.FEATURE_LEVEL:
-            log.append(processor.partition, [feature_level_command(admin, processor.partition, data.partitions)])
+        level = feature_level(processor.store)
+        if level > limits.FEATURE_LEVEL:
+            raise FeatureLevelAhead(
+                f"partition {processor.partition} is at feature level {level}, above the {limits.FEATURE_LEVEL} "
+                "this keyload knows: run the keyload that raised it"
+            )
+        if level < limits.FEATURE_LEVEL:
+            with contextlib.suppress(LogCorruption):
+                raise_ = feature_level_command(admin, processor.partition, data.partitions)
+                [position] = log.append(processor.partition, [raise_])
+                raised[processor.partition] = position.offset
+    for processor in processors:
+        offset = raised.get(processor.partition)
+        if offset is None:
+            continue
+        while processor.applied_offset < offset and processor.step():
+            pass
+        if processor.halt is None and feature_level(processor.store) < limits.FEATURE_LEVEL:
+            print(
+                f"keyload: partition {processor.partition} stays at feature level {feature_level(processor.store)}: "
+                f"its RaiseFeatureLevel at offset {offset} was refused (is keyload-admin still an administrator?)",
+                file=sys.stderr,
+                flush=True,
+            )
 
 
 def _serve_embedded(data: DataDir, settings: ServiceSettings, stop: Event) -> list[Halt]:

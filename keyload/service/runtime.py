@@ -302,8 +302,9 @@ class PartitionProcessor:
 
         A corrupt reply partition of the outcome stream (derived data, never
         fsynced) loses its outcomes and is reported; it does not halt the command
-        partition: every outcome is stored, and a client resubmitting by command id
-        is answered on another reply partition or once the stream is repaired.
+        partition: every outcome is stored (or, a read's, computed afresh), and a client
+        resubmitting by command id is answered on another reply partition or once the
+        stream is repaired.
         """
         if not published:
             return
@@ -321,7 +322,7 @@ class PartitionProcessor:
                     exc,
                     reply_to,
                 )
-            if self.on_published is not None:  # durable already: every outcome is stored, or recomputed on replay
+            if self.on_published is not None:  # durable already: stored, recomputed on replay, or a read's
                 self.on_published(reply_to, outcomes)
 
     def _reopen_store(self) -> None:
