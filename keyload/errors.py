@@ -35,6 +35,8 @@ free of SDK imports):
     ├── BrokerError                       a Kafka client exception, translated by `map_exceptions`
     ├── AlreadyServed                     keyload.service.embedded: another `keyload run` serves the data directory
     ├── AccessControlOff                  keyload.service.embedded: a partition refused to turn access control on
+    ├── FeatureLevelAhead                 keyload.service.embedded: a projection above this keyload's feature level
+    ├── CensusError                       keyload.operations.census: a partition has no projection to count
     ├── CredentialError                   keyload.credentials: a credential file is missing or malformed
     ├── Stalled                           keyload.service.runtime: a partition could not make its group durable
     └── UsageError                        keyload.cli: bad command-line input (the CLI exits 2)

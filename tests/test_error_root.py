@@ -46,6 +46,7 @@ USER_FACING = (
     "keyload.operations.catalog",
     "keyload.operations.checkpoints",
     "keyload.operations.recovery",
+    "keyload.operations.census",
     "keyload.storage.object_store",
     "keyload.sdk.payloads",
     "keyload.operations.gc",
