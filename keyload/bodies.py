@@ -261,6 +261,20 @@ class RaiseFeatureLevel(AvroRecord, frozen=True, kw_only=True, forbid_unknown_fi
     level: int
 
 
+class ConfigureDomain(AvroRecord, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """The domain's whole policy (null fields take their defaults), fenced by its version."""
+
+    AVRO_NAME = "keyload.command.ConfigureDomain"
+
+    outcome_horizon_ms: int | None = None
+    receipt_horizon_ms: int | None = None
+    expected_policy_version: int | None = None
+
+
+class InspectDomain(AvroRecord, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    AVRO_NAME = "keyload.command.InspectDomain"
+
+
 class DeleteGroup(AvroRecord, frozen=True, kw_only=True, forbid_unknown_fields=True):
     AVRO_NAME = "keyload.command.DeleteGroup"
 
@@ -753,6 +767,8 @@ BODY_TYPES: dict[str, type[AvroRecord]] = {
         DeleteTopic,
         DeleteGroup,
         RaiseFeatureLevel,
+        ConfigureDomain,
+        InspectDomain,
     )
 }
 """The class of every command kind's body, by its branch name (keyload/commands.py's `branch`)."""

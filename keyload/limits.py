@@ -26,7 +26,7 @@ MAX_SCHEDULE_AHEAD_MS = 365 * 24 * 3600 * 1000
 TICK_EXAMINATION_BUDGET = 256  # timers examined before one record
 # The highest feature level this processor applies (processors/features.py); `keyload run` raises
 # every partition to it.
-FEATURE_LEVEL = 1
+FEATURE_LEVEL = 2
 RECEIVE_EXAMINATION_BUDGET = 256  # ready rows one Receive looks at (held keys are skipped)
 MAX_DETAIL_CHARS = 512  # an outcome's error detail is cut to this
 # An outcome is one log record, and both logs take records up to 4 MiB: a larger
@@ -175,6 +175,16 @@ MAX_RECEIVE_BYTES = 64 * MIB  # policy receive_max_bytes, and so a Receive's max
 MAX_RETAINED_EVENTS = 100_000_000
 MAX_RETAINED_BYTES = TIB
 MAX_TOPIC_AGE_MS = 10 * 365 * DAY_MS  # topic policy max_age_ms (0: no age limit)
+# Idempotency horizons of a domain (ConfigureDomain; processors/horizons.py), in log time, from
+# feature level 2: a stored outcome is kept for the outcome horizon, then only its receipt until the
+# receipt horizon (equal: no receipt), then the command id is new. The defaults are a day (SQS
+# deduplicates for 5 minutes, JetStream for 2) and a week (Kafka's transactional.id.expiration.ms).
+DEFAULT_OUTCOME_HORIZON_MS = DAY_MS
+DEFAULT_RECEIPT_HORIZON_MS = 7 * DAY_MS
+MIN_OUTCOME_HORIZON_MS = SECOND_MS
+MAX_HORIZON_MS = 365 * DAY_MS
+assert MIN_OUTCOME_HORIZON_MS <= DEFAULT_OUTCOME_HORIZON_MS <= DEFAULT_RECEIPT_HORIZON_MS <= MAX_HORIZON_MS
+assert MAX_HORIZON_MS <= MAX_DURATION_MS  # an expiry is a log time plus a duration: a u64 key
 # A topic whose expired front events a group still pins looks at its front again this much later.
 TOPIC_RETENTION_RECHECK_MS = 60_000
 MAX_GROUP_WINDOW = 10_000  # group policy max_window
@@ -318,6 +328,11 @@ INTEGER_FIELD_RANGES: dict[str, IntegerRange] = {
     "ListDocuments.max_bytes": IntegerRange(1, MAX_LIST_BYTES),
     # processing and inboxes
     "CompleteProcessing.execution_generation": SEQUENCE,
+    "ConfigureDomain.outcome_horizon_ms": IntegerRange(MIN_OUTCOME_HORIZON_MS, MAX_HORIZON_MS),
+    "ConfigureDomain.receipt_horizon_ms": IntegerRange(
+        MIN_OUTCOME_HORIZON_MS, MAX_HORIZON_MS, note="≥ outcome_horizon_ms (equal: no receipts)"
+    ),
+    "ConfigureDomain.expected_policy_version": FENCE,
     "ConfigureInbox.max_receipts": IntegerRange(1, MAX_INBOX_RECEIPTS),
     "ConfigureInbox.max_bytes": IntegerRange(1, MAX_INBOX_BYTES),
     "InboxSource.delivery_generation": SEQUENCE,

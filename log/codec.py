@@ -41,6 +41,7 @@ TOP_LEVEL = (
     "keyload.DocumentRecord",
     "keyload.InboxEntry",
     "keyload.InboxRecord",
+    "keyload.DomainRecord",
     "keyload.PayloadReservation",
     "keyload.RetentionTask",
     "keyload.PrincipalRecord",

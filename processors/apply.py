@@ -24,9 +24,10 @@ from keyload.processors import timers
 from keyload.processors.access import authenticate, authorize, denied, key_of, load_principal, policy_epoch, verify
 from keyload.processors.context import Context
 from keyload.processors.errors import ErrorCode, Rejected
-from keyload.processors.features import READS_UNSTORED, feature_level
+from keyload.processors.features import OUTCOME_HORIZONS, READS_UNSTORED, feature_level
 from keyload.processors.fingerprints import COMMAND, FINGERPRINT_BYTES, fingerprint
 from keyload.processors.groups import leases as group_leases
+from keyload.processors.horizons import repeat_past_horizon, store_outcome
 from keyload.processors.outcomes import OUTCOME, new_outcome, reject
 from keyload.processors.queues import leases
 from keyload.projections import keys
@@ -250,8 +251,13 @@ def _apply_command(
     except Rejected as rejection:
         return refused(rejection, caller)
     # A read keeps no outcome from feature level 1 on (processors/features.py): nothing to look up.
-    kept = dispatch.stored(kind) and not (row.reads and feature_level(stage) >= READS_UNSTORED)
+    level = feature_level(stage)
+    kept = dispatch.stored(kind) and not (row.reads and level >= READS_UNSTORED)
     stored = stage.get(keys.outcome(domain, command_id)) if kept else None
+    if kept and stored is None and level >= OUTCOME_HORIZONS:
+        past = repeat_past_horizon(stage, domain, command_id, print_)
+        if past is not None:
+            return refused(past, caller)
     if stored is not None:
         if stored[:FINGERPRINT_BYTES] != print_:
             return refused(Rejected(ErrorCode.CONFLICT, "command id was used for a different command"), caller)
@@ -284,7 +290,7 @@ def _apply_command(
         return None, kind, True
     encoded = encoded or REGISTRY.encode(OUTCOME, outcome)
     if kept:
-        stage.put(keys.outcome(domain, command_id), print_ + encoded)
+        store_outcome(stage, outcome, print_, encoded)
     return sealed(caller, moment.keyring, encoded), kind, outcome["status"] == "committed"
 
 

@@ -15,6 +15,11 @@ The levels:
    inspect, list, get, read, status) stores nothing under its command id: a repeat is answered
    afresh from the state of then, and the id is not reserved. Read pages, message views with
    bodies and principal views no longer accumulate in the projection.
+2. Outcomes keep to their domain's horizons (processors/horizons.py). An outcome stored from here
+   on is kept for the domain's outcome horizon, then as a receipt until its receipt horizon (a
+   repeat meanwhile: HistoryUnavailable), then its command id is new. A repeated CompleteProcessing
+   or CommitInbox whose first outcome is gone answers `already_processed` without the first
+   results.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ from keyload.projections import keys
 from keyload.projections.store import Readable, Staged
 
 READS_UNSTORED = 1  # the level from which reads keep no outcome
+OUTCOME_HORIZONS = 2  # the level from which outcomes keep to their domain's horizons
 # The reads level 1 covers, frozen: tests/test_feature_levels.py holds the command table's `reads`
 # rows to it. Making an existing command a read changes how level-1 logs replay: a later level.
 LEVEL_1_READS = frozenset(
@@ -62,4 +68,4 @@ def raise_feature_level(stage: Staged, body: RaiseFeatureLevel, ctx: Context) ->
     return {"feature_level": current}
 
 
-assert READS_UNSTORED <= limits.FEATURE_LEVEL
+assert READS_UNSTORED < OUTCOME_HORIZONS <= limits.FEATURE_LEVEL

@@ -3,7 +3,8 @@
 Queues and subscription groups keep timers the same way (processors/queues/state.py):
 rows under their incarnation and one due-index entry each at their earliest. A topic
 has at most one timer, its retention's next look at its front, kept in its record
-(processors/topics/retention.py). The due index names an incarnation; the resource key
+(processors/topics/retention.py). The partition's horizon sweep has one entry too, under an id
+no resource has (processors/horizons.py). Otherwise the due index names an incarnation; the resource key
 it maps to says which kind of resource to hand the firing to: a queue, a group, a topic,
 or a deleted queue, group or topic whose rows are being reclaimed (processors/reclamation.py).
 """
@@ -15,7 +16,7 @@ from typing import Any
 from keyload import limits
 from keyload.bodies import Checkpoint, Tick
 from keyload.log.codec import Record
-from keyload.processors import reclamation
+from keyload.processors import horizons, reclamation
 from keyload.processors.context import Context
 from keyload.processors.errors import Corruption
 from keyload.processors.groups import leases as group_leases
@@ -57,6 +58,11 @@ def fire_due(stage: Staged, ctx: Context) -> Record:
         if first is None or keys.parse_due_queue(first[0])[0] != next_due:
             raise Corruption("the partition's next due time disagrees with its due index")
         due_ms, incarnation = keys.parse_due_queue(first[0])
+        if incarnation == keys.HORIZON_SWEEP:  # outcomes and receipts past their horizon
+            seen, moved = horizons.sweep(stage, due_ms, ctx, budget - examined)
+            examined += seen
+            transitions += moved
+            continue
         resource_key = stage.get(keys.resource_key(incarnation))
         kind = None if resource_key is None else resource_key[:1]
         retirement = RETIREMENTS.get(kind)

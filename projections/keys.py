@@ -35,6 +35,13 @@ TIMER = b"t"  # t | queue or group id u64 | due ms u64 | kind u8 | sequence u64 
 #   retention timer)
 DUE_QUEUE = b"w"
 OUTCOME = b"o"  # o | domain (u8-prefixed) | command id         -> fingerprint(32) | Outcome
+# O | domain (u8-prefixed) | command id -> fingerprint(32) | offset u64 | applied at ms u64 | error code (UTF-8;
+#   empty: committed): the receipt an outcome past its domain's outcome horizon leaves (processors/horizons.py)
+RECEIPT = b"O"
+# H | expires ms u64 | domain (u8-prefixed) | command id -> naming an outcome: u64 receipt expiry | the receipt's
+#   offset, time and error code as `O` holds them (empty: no receipt follows); naming a receipt: empty
+HORIZON = b"H"
+DOMAIN = b"D"  # D | domain                                      -> DomainRecord (absent: the default policy)
 POISON = b"p"  # p | offset u64                                 -> PoisonEntry
 TOPIC = b"s"  # s | domain (u8-prefixed) | topic name           -> TopicRecord
 EVENT = b"e"  # e | topic id u64 | position u64                 -> EventRecord (body inline)
@@ -79,6 +86,7 @@ NEXT_TASK_ID = META + b"next_task_id"  # u64 allocator of retention tasks
 RECOVERY_FLOOR = META + b"recovery_floor"  # u64 floor offset as last logged by AdvanceRecoveryFloor (absent: none)
 FEATURE_LEVEL = META + b"feature_level"  # u64 semantics in force (processors/features.py); absent: 0
 POLICY_EPOCH = META + b"policy_epoch"  # u64 changes of principals and grants; present: access control is on
+HORIZON_DUE = META + b"horizon_due"  # u64 earliest expiry in the horizon index `H` (absent: none)
 RETIRED_IDENTITIES = META + b"retired_identities"  # u64 message ids whose history was reclaimed
 
 # Timer kinds, in the order they fire when due at the same instant.
@@ -89,6 +97,9 @@ TIMER_WAITER = 3  # a long-poll Receive's deadline; the timer's sequence is the 
 TIMER_RESERVATION = 4  # a payload reservation's upload deadline; the timer's sequence is the reservation id
 TIMER_SERVE = 5  # waiters are left with ready messages to serve (sequence 0): the next record serves more
 
+# The due index entry `w | due | HORIZON_SWEEP` is the partition's horizon sweep, due at HORIZON_DUE:
+# resource ids start at 1, so it names no queue, group or topic.
+HORIZON_SWEEP = 0
 MAX_U64_ID = 2**63 - 1  # ids in keys are u64, and Avro longs are signed: ids a command names stay below this
 TIMER_KEY_BYTES = 1 + 8 + 8 + 1 + 8
 EVENT_KEY_BYTES = 1 + 8 + 8
@@ -124,6 +135,9 @@ FAMILY_VALUES: dict[bytes, RecordValue | None] = {
     TIMER: None,
     DUE_QUEUE: None,
     OUTCOME: RecordValue("keyload.Outcome", skip=SHA256_BYTES),  # the command's SHA-256 fingerprint first
+    RECEIPT: None,
+    HORIZON: None,
+    DOMAIN: RecordValue("keyload.DomainRecord"),
     POISON: RecordValue("keyload.PoisonEntry"),
     TOPIC: RecordValue("keyload.TopicRecord"),
     EVENT: RecordValue("keyload.EventRecord"),
@@ -264,6 +278,24 @@ def parse_due_queue(key: bytes) -> tuple[int, int]:
 
 def outcome(domain: str, command_id: str) -> bytes:
     return OUTCOME + _domain(domain) + command_id.encode("utf-8")
+
+
+def receipt(domain: str, command_id: str) -> bytes:
+    return RECEIPT + _domain(domain) + command_id.encode("utf-8")
+
+
+def horizon(expires_ms: int, domain: str, command_id: str) -> bytes:
+    return HORIZON + U64.pack(expires_ms) + _domain(domain) + command_id.encode("utf-8")
+
+
+def parse_horizon(key: bytes) -> tuple[int, str, str]:
+    """(expiry ms, domain, command id) of a horizon index key."""
+    length = key[9]
+    return read_u64(key, 1), key[10 : 10 + length].decode("utf-8"), key[10 + length :].decode("utf-8")
+
+
+def domain_policy(domain: str) -> bytes:
+    return DOMAIN + domain.encode("utf-8")
 
 
 def published_checkpoint(offset: int) -> bytes:

@@ -166,6 +166,16 @@ class InboxRecord(StoredRecord, frozen=True, kw_only=True, forbid_unknown_fields
     bytes: Long
 
 
+class DomainRecord(StoredRecord, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """A domain's policy, once ConfigureDomain set it: its idempotency horizons."""
+
+    AVRO_NAME = SCHEMA = "keyload.DomainRecord"
+
+    outcome_horizon_ms: Long
+    receipt_horizon_ms: Long
+    policy_version: Long
+
+
 class InboxEntry(StoredRecord, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """A processed delivery: the command that applied its effects, and their digest."""
 
@@ -513,6 +523,7 @@ class PrincipalRecord(StoredRecord, frozen=True, kw_only=True, forbid_unknown_fi
 STORED_RECORDS: tuple[type[StoredRecord], ...] = (
     DocumentRecord,
     InboxRecord,
+    DomainRecord,
     InboxEntry,
     QueueRecord,
     MessageMeta,

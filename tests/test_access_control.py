@@ -549,6 +549,11 @@ WHOLE_DOMAIN: dict[str, tuple[Capability, dict[str, Any]]] = {
     # Rows naming no resource, whose handler checks none: their capability on every resource ("*").
     "ListDocuments": (Capability.documents_read, list_documents_body(prefix="public-")),
     "ConfigureInbox": (Capability.resource_manage, {"max_receipts": 10, "max_bytes": 100_000}),
+    "ConfigureDomain": (
+        Capability.resource_manage,
+        {"outcome_horizon_ms": 60_000, "receipt_horizon_ms": None, "expected_policy_version": None},
+    ),
+    "InspectDomain": (Capability.inspect, {}),
     "CommitInbox": (
         Capability.inbox_write,
         {

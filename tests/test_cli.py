@@ -58,6 +58,12 @@ def test_commands_against_a_running_service(tmp_path: Path) -> None:
             "queue", "create", "--data", data, "--domain", "shop", "orders", "--max-stored-messages", "1"
         )
         assert created.returncode == 0 and '"queue": "orders"' in created.stdout
+        domain = ("--data", data, "--domain", "shop")
+        configured = run_keyload("domain", "configure", *domain, "--outcome-horizon-ms", "60000")
+        assert configured.returncode == 0 and '"outcome_horizon_ms": 60000' in configured.stdout, configured
+        assert '"receipt_horizon_ms": 604800000' in run_keyload("domain", "inspect", *domain).stdout
+        stale = run_keyload("domain", "configure", *domain, "--expected-policy-version", "0")
+        assert_one_clear_line(stale, 1, "rejected: RevisionConflict")
         args = ("enqueue", "--data", data, "--domain", "shop", "--queue", "orders", "--body", "hi")
         assert run_keyload(*args, "--message-id", "a").returncode == 0
         assert_one_clear_line(run_keyload(*args, "--message-id", "b"), 1, "rejected: ResourceExhausted")

@@ -60,7 +60,9 @@ RELEASED_WITH = {
     "keyload.TopicRecord": 1,
     "keyload.GroupRecord": 2,
 }
-TYPES_OF_0_2_0 = tuple(name for name in TOP_LEVEL if name not in ("keyload.PrincipalRecord", "keyload.Signed"))
+TYPES_OF_0_2_0 = tuple(
+    name for name in TOP_LEVEL if name not in ("keyload.PrincipalRecord", "keyload.Signed", "keyload.DomainRecord")
+)
 
 
 def released_with(name: str) -> Released:

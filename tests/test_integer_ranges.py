@@ -434,6 +434,12 @@ BASES: dict[str, Builder] = {
     "keyload.command.DeleteConfirmed": lambda w: {"task_id": 1, "deleted_versions": []},
     "keyload.command.CheckpointPublished": lambda w: {"offset": 0, "manifest_sha256": bytes(32)},
     "keyload.command.RaiseFeatureLevel": lambda w: {"level": 0},
+    # The least outcome horizon, so that every receipt horizon in range is at least it.
+    "keyload.command.ConfigureDomain": lambda w: {
+        "outcome_horizon_ms": limits.MIN_OUTCOME_HORIZON_MS,
+        "receipt_horizon_ms": None,
+        "expected_policy_version": None,
+    },
     "keyload.command.PutPrincipal": lambda w: {
         "principal": w.fresh("p"),
         "key_id": "k0",

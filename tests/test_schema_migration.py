@@ -66,7 +66,8 @@ def released_version(name: str, version: int) -> Released:
 def run_workload(embedded: Embedded) -> None:
     """Every family that holds a record gets rows: queues, messages, a waiter, a poison entry,
     topics, events, a group with outstanding and parked positions, stored and deferred outcomes,
-    documents, inbox entries, a payload reservation, a retention task, principals and a deleted
+    documents, inbox entries, a domain policy, receipts, a payload reservation, a retention task,
+    principals and a deleted
     queue, topic and group still being reclaimed."""
 
     def ok(kind: str, body: Record) -> Any:
@@ -104,6 +105,13 @@ def run_workload(embedded: Embedded) -> None:
         "keyload.command.CommitInbox",
         {"source": source, "handler_scope": "svc", "execution_generation": 0, "effects": []},
     )
+    # Level 2: a domain policy, an outcome in the horizon index, and one already shrunk to its receipt.
+    ok("keyload.command.RaiseFeatureLevel", {"level": 2})
+    ok("keyload.command.ConfigureDomain", {"outcome_horizon_ms": 1_000, "receipt_horizon_ms": 600_000})
+    ok(ENQUEUE, enqueue_body("jobs", "m-3"))
+    embedded.now_ms += 2_000
+    ok("keyload.command.Tick", {})
+    assert any(True for _ in embedded.store(D).scan(keys.RECEIPT, keys.prefix_end(keys.RECEIPT)))
     # A topic deleted by force with its group, with more rows than the records after it reclaim: it is
     # first in the due index (the lowest incarnation due), so its Z row, its group's Y row and the
     # queue's X row below all outlive the workload.

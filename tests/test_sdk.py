@@ -20,7 +20,13 @@ import pytest
 
 from keyload import Client, Credential
 from keyload.credentials import contents
-from keyload.errors import ConflictError, NotFoundError, OutcomeTimeout, RevisionConflictError
+from keyload.errors import (
+    ConflictError,
+    HistoryUnavailableError,
+    NotFoundError,
+    OutcomeTimeout,
+    RevisionConflictError,
+)
 from keyload.log.base import LogRecord, partition_for
 from keyload.log.codec import REGISTRY
 from keyload.sdk.client import Lane
@@ -348,6 +354,42 @@ def test_a_topic_policy_changes_by_compare_and_set_and_old_events_age_out(client
     wait_until(lambda: client.inspect_topic("shop", "events").retained_events == 0, what="events aged out")
     view = client.inspect_topic("shop", "events")
     assert (view.first_available, view.tail) == (5, 4)
+
+
+def test_a_command_id_is_answered_within_the_domains_horizons(client: Client) -> None:
+    """keyload run raises the partitions to level 2: a domain's outcome horizon bounds the repeats
+    that get the stored outcome, the receipt horizon those refused as HistoryUnavailable; after it
+    the id is new. The service's ticker drives the sweep."""
+    view = client.configure_domain("shop", outcome_horizon_ms=1_000, receipt_horizon_ms=2_000)
+    assert (view.outcome_horizon_ms, view.receipt_horizon_ms, view.policy_version) == (1_000, 2_000, 1)
+    assert client.inspect_domain("shop") == view
+    with pytest.raises(RevisionConflictError):
+        client.configure_domain("shop", expected_policy_version=0)
+    client.create_queue("shop", "jobs")
+    first = client.enqueue("shop", "jobs", b"x", message_id="m1", command_id="send-1")
+    assert client.enqueue("shop", "jobs", b"x", message_id="m1", command_id="send-1") == first
+
+    def refused() -> bool:
+        try:
+            client.enqueue("shop", "jobs", b"x", message_id="m1", command_id="send-1")
+        except HistoryUnavailableError as error:
+            return "(committed); its outcome is past the domain's outcome horizon" in str(error)
+        return False
+
+    wait_until(refused, what="the outcome past its horizon")
+    wait_until(
+        lambda: client.inspect_queue("shop", "jobs").counters.stored_messages == 1 and _applies_anew(client),
+        what="the command id new again",
+    )
+
+
+def _applies_anew(client: Client) -> bool:
+    """Whether the id `send-1` is new: another enqueue under it applies (with a new message id)."""
+    try:
+        client.enqueue("shop", "jobs", b"y", message_id="m2", command_id="send-1")
+    except (HistoryUnavailableError, ConflictError):
+        return False
+    return client.inspect_queue("shop", "jobs").counters.stored_messages == 2
 
 
 def test_topics_and_groups_are_closed_and_deleted_with_their_guards(client: Client) -> None:

@@ -166,6 +166,30 @@ def test_idempotency_key_returns_the_stored_outcome(served: tuple[Path, str], ap
     assert log_end(root, d) == before
 
 
+def test_an_idempotency_key_past_the_domains_outcome_horizon_is_410(api: httpx.Client) -> None:
+    d, queue = new_queue(api, "q")
+    policy = {"outcome_horizon_ms": 1_000, "receipt_horizon_ms": 600_000}
+    configured = committed(api.put(f"/v1/domains/{d}/policy", json=policy))
+    assert (configured["outcome_horizon_ms"], configured["policy_version"]) == (1_000, 1)
+    assert committed(api.get(f"/v1/domains/{d}")) == configured
+    stale = api.put(f"/v1/domains/{d}/policy", json={"expected_policy_version": 0})
+    assert (stale.status_code, stale.json()["error_code"]) == (409, "RevisionConflict")
+    key = {"Idempotency-Key": "order-18"}
+    body = {"message_id": "m", "body": b64(b"once")}
+    first = committed(api.post(f"{queue}/messages", json=body, headers=key))
+
+    def gone() -> bool:  # the service's ticker sweeps the outcome once its horizon passes
+        repeat = api.post(f"{queue}/messages", json=body, headers=key)
+        if repeat.status_code == 200:
+            assert committed(repeat) == first
+            return False
+        assert (repeat.status_code, repeat.json()["error_code"]) == (410, "HistoryUnavailable"), repeat.text
+        return "(committed)" in repeat.json()["detail"]
+
+    wait_until(gone, what="the outcome past its horizon")
+    assert committed(api.get(queue))["counters"]["stored_messages"] == 1
+
+
 def test_long_poll_is_answered_by_a_later_enqueue(api: httpx.Client, served: tuple[Path, str]) -> None:
     root, url = served
     _, queue = new_queue(api, "jobs")

@@ -122,6 +122,8 @@ class AsyncClient:
     complete_processing = _on_thread(Client.complete_processing)
     configure_inbox = _on_thread(Client.configure_inbox)
     commit_inbox = _on_thread(Client.commit_inbox)
+    configure_domain = _on_thread(Client.configure_domain)
+    inspect_domain = _on_thread(Client.inspect_domain)
     prepare_large_schedule = _on_thread(Client.prepare_large_schedule)
     commit_large_schedule = _on_thread(Client.commit_large_schedule)
     cancel_large_schedule = _on_thread(Client.cancel_large_schedule)

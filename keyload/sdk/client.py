@@ -34,6 +34,7 @@ from keyload.sdk.results import (
     Document,
     DocumentPage,
     DocumentResult,
+    DomainView,
     EnqueueResult,
     Event,
     Grant,
@@ -929,6 +930,29 @@ class Client:
         """Give the domain a target inbox (or change its policy) so it accepts CommitInbox."""
         body = {"max_receipts": max_receipts, "max_bytes": max_bytes}
         return self._send(InboxView, "ConfigureInbox", domain, body, command_id)
+
+    def configure_domain(
+        self,
+        domain: str,
+        *,
+        outcome_horizon_ms: int | None = None,
+        receipt_horizon_ms: int | None = None,
+        expected_policy_version: int | None = None,
+        command_id: str | None = None,
+    ) -> DomainView:
+        """Replace the domain's policy: how long, in log time, outcomes stored from now on answer
+        repeats of their command ids, and then how long their receipts keep the ids taken (None:
+        the defaults, a day and a week). A stale `expected_policy_version`: RevisionConflict."""
+        body = {
+            "outcome_horizon_ms": outcome_horizon_ms,
+            "receipt_horizon_ms": receipt_horizon_ms,
+            "expected_policy_version": expected_policy_version,
+        }
+        return self._send(DomainView, "ConfigureDomain", domain, body, command_id)
+
+    def inspect_domain(self, domain: str, *, command_id: str | None = None) -> DomainView:
+        """The domain's policy (its horizons and policy version)."""
+        return self._send(DomainView, "InspectDomain", domain, {}, command_id)
 
     def commit_inbox(
         self,

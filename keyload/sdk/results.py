@@ -522,6 +522,17 @@ class InboxView(AvroRecord, frozen=True, kw_only=True, forbid_unknown_fields=Tru
     bytes: Long
 
 
+class DomainView(AvroRecord, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """A domain's policy: how long its commands' outcomes, then their receipts, are kept (log time)."""
+
+    AVRO_NAME = "keyload.result.DomainView"
+
+    domain: str
+    outcome_horizon_ms: Long
+    receipt_horizon_ms: Long
+    policy_version: Long
+
+
 # -- retention ----------------------------------------------------------------------------------
 
 
@@ -584,6 +595,7 @@ RESULT_CLASSES: tuple[type[ResultClass], ...] = (
     BatchResult,
     ProcessingResult,
     InboxView,
+    DomainView,
     PayloadReservation,
     RetentionStatus,
     RetentionPage,
@@ -617,6 +629,7 @@ Result = (
     | BatchResult
     | ProcessingResult
     | InboxView
+    | DomainView
     | PayloadReservation
     | RetentionStatus
     | RetentionPage

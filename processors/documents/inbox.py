@@ -14,7 +14,10 @@ CommitInbox is the target's side: a domain that receives effects on behalf of a
 delivery in another domain keeps its own entries, keyed by the source reference,
 within a configured policy (ConfigureInbox); the source ack is a separate command.
 
-Entries are kept as long as message tombstones are (forever, until retention).
+Entries are kept as long as message tombstones are (forever, until retention). The outcome an
+entry names keeps to its domain's horizons from feature level 2 (processors/horizons.py): a repeat
+after it is gone answers `already_processed` with the entry's command, offset and time, without
+the first results.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from keyload.processors.batch import apply_mutations, check_domains, effects_dig
 from keyload.processors.context import Context
 from keyload.processors.counters import adjusted
 from keyload.processors.errors import Corruption, ErrorCode, Rejected
+from keyload.processors.features import OUTCOME_HORIZONS, feature_level
 from keyload.processors.groups import leases as group_leases
 from keyload.processors.outcomes import OUTCOME
 from keyload.processors.queues import leases
@@ -59,7 +63,16 @@ def _repeat(stage: Staged, ctx: Context, row: bytes, digest: bytes) -> Record | 
         raise Rejected(ErrorCode.CONFLICT, "this delivery was already processed with other effects")
     stored = stage.get(keys.outcome(ctx.domain, entry.command_id))
     if stored is None:
-        raise Corruption(f"an inbox entry names command {entry.command_id!r}, which has no stored outcome")
+        if feature_level(stage) < OUTCOME_HORIZONS:
+            raise Corruption(f"an inbox entry names command {entry.command_id!r}, which has no stored outcome")
+        # Its outcome is past the domain's horizon: the entry still says the effects were applied.
+        return {
+            "already_processed": True,
+            "command_id": entry.command_id,
+            "offset": entry.offset,
+            "completed_at_ms": entry.completed_at_ms,
+            "results": {"results": []},
+        }
     # The outcome and its result are not typed records yet (projections/records.py).
     kind, first = REGISTRY.decode(OUTCOME, stored[FINGERPRINT_BYTES:])["result"]
     if kind != PROCESSING_RESULT:
