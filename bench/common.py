@@ -34,6 +34,7 @@ from typing import Any, ClassVar
 
 from rocksdict import Options, Rdict, WriteBatch, WriteOptions
 
+from keyload import limits
 from keyload.log.base import partition_for
 from keyload.log.codec import REGISTRY, Record
 from keyload.operations.recovery import replay
@@ -294,7 +295,14 @@ class Driver(ABC):
 
     kinds: ClassVar[tuple[str, ...]]  # the kinds of step a round times, in order
 
-    def __init__(self, root: Path, cycle: Cycle, body_bytes: int, profiler: cProfile.Profile | None = None) -> None:
+    def __init__(
+        self,
+        root: Path,
+        cycle: Cycle,
+        body_bytes: int,
+        profiler: cProfile.Profile | None = None,
+        feature_level: int = 0,
+    ) -> None:
         self.root = root
         self.cycle = cycle
         self.body_bytes = body_bytes
@@ -318,6 +326,9 @@ class Driver(ABC):
             self._outcomes,
             keyring=self.data.keyring(),
         )
+
+        if feature_level:  # the semantics `keyload run` serves (processors/features.py), untimed
+            self.submit(None, [("keyload.command.RaiseFeatureLevel", {"level": feature_level})])
 
     @abstractmethod
     def setup(self, count: int, window: int) -> None:
@@ -691,6 +702,12 @@ def cycle_parser(
         "--window", type=int, default=defaults.window, help=f"{unit.many} per round (default %(default)s)"
     )
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
+    parser.add_argument(
+        "--feature-level",
+        type=int,
+        default=limits.FEATURE_LEVEL,
+        help="the partition's feature level: the one keyload run serves (default %(default)s), 0 as 0.2.0 logs",
+    )
     parser.add_argument(
         "--warmup",
         type=int,

@@ -296,7 +296,7 @@ def main(argv: list[str] | None = None) -> int:
         CYCLES,
         cycles,
         MESSAGES,
-        lambda root, cycle: QueueDriver(root, cycle, args.body_bytes),
+        lambda root, cycle: QueueDriver(root, cycle, args.body_bytes, feature_level=args.feature_level),
         lambda results, env: to_json(results, args.body_bytes, args.window, env),
         lambda results, env: table(results, args.body_bytes, args.window, env),
     )

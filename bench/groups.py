@@ -282,7 +282,7 @@ def main(argv: list[str] | None = None) -> int:
         CYCLES,
         cycles,
         EVENTS,
-        lambda root, cycle: GroupDriver(root, cycle, args.body_bytes),
+        lambda root, cycle: GroupDriver(root, cycle, args.body_bytes, feature_level=args.feature_level),
         lambda results, env: to_json(results, args.body_bytes, args.window, args.repeat, env),
         lambda results, env: table(results, args.body_bytes, args.window, args.repeat, env),
     )

@@ -20,11 +20,11 @@ from keyload.commands import CommandKind
 from keyload.credentials import SignedRecord, signed, unwrap
 from keyload.log.base import MAX_LOG_TIME_MS, MIN_LOG_TIME_MS, partition_for
 from keyload.log.codec import REGISTRY, CodecError, Record
-from keyload.processors import timers
+from keyload.processors import repeats, timers
 from keyload.processors.access import authenticate, authorize, denied, key_of, load_principal, policy_epoch, verify
 from keyload.processors.context import Context
 from keyload.processors.errors import ErrorCode, Rejected
-from keyload.processors.features import OUTCOME_HORIZONS, READS_UNSTORED, feature_level
+from keyload.processors.features import LEASES_KEPT, OUTCOME_HORIZONS, READS_UNSTORED, feature_level
 from keyload.processors.fingerprints import COMMAND, FINGERPRINT_BYTES, fingerprint
 from keyload.processors.groups import leases as group_leases
 from keyload.processors.horizons import repeat_past_horizon, store_outcome
@@ -262,8 +262,11 @@ def _apply_command(
         if stored[:FINGERPRINT_BYTES] != print_:
             return refused(Rejected(ErrorCode.CONFLICT, "command id was used for a different command"), caller)
         previous = stored[FINGERPRINT_BYTES:]
-        # Empty: a long-poll receive still waiting.
-        return (sealed(caller, moment.keyring, previous) if previous else None), kind, False
+        if not previous:  # a long-poll receive still waiting
+            return None, kind, False
+        if kind in repeats.RECEIVES and level >= LEASES_KEPT:
+            previous = repeats.answer(stage, ctx, previous)
+        return sealed(caller, moment.keyring, previous), kind, False
 
     child = Staged(stage)
     try:

@@ -20,6 +20,10 @@ The levels:
    repeat meanwhile: HistoryUnavailable), then its command id is new. A repeated CompleteProcessing
    or CommitInbox whose first outcome is gone answers `already_processed` without the first
    results.
+3. Receives keep leases, not bodies. The outcome a Receive or GroupReceive stores keeps each
+   delivery's token and lease but not its body; a repeat is answered with each lease as it stands
+   then (processors/repeats.py): a lease still held with its body and current deadline, one settled,
+   expired or invalidated since with its error code and no body.
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ from keyload.projections.store import Readable, Staged
 
 READS_UNSTORED = 1  # the level from which reads keep no outcome
 OUTCOME_HORIZONS = 2  # the level from which outcomes keep to their domain's horizons
+LEASES_KEPT = 3  # the level from which receives store leases, not bodies, and a repeat re-checks them
 # The reads level 1 covers, frozen: tests/test_feature_levels.py holds the command table's `reads`
 # rows to it. Making an existing command a read changes how level-1 logs replay: a later level.
 LEVEL_1_READS = frozenset(
@@ -68,4 +73,4 @@ def raise_feature_level(stage: Staged, body: RaiseFeatureLevel, ctx: Context) ->
     return {"feature_level": current}
 
 
-assert READS_UNSTORED < OUTCOME_HORIZONS <= limits.FEATURE_LEVEL
+assert READS_UNSTORED < OUTCOME_HORIZONS < LEASES_KEPT <= limits.FEATURE_LEVEL

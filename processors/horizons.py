@@ -28,8 +28,9 @@ from keyload.log.codec import Record
 from keyload.processors import validation
 from keyload.processors.context import Context
 from keyload.processors.errors import Corruption, ErrorCode, Rejected
-from keyload.processors.features import OUTCOME_HORIZONS, feature_level
+from keyload.processors.features import LEASES_KEPT, OUTCOME_HORIZONS, feature_level
 from keyload.processors.fingerprints import FINGERPRINT_BYTES
+from keyload.processors.outcomes import without_bodies
 from keyload.processors.queues.state import move_due_entry
 from keyload.projections import keys
 from keyload.projections.records import DomainRecord, load, save
@@ -81,11 +82,13 @@ def inspect_domain(stage: Staged, body: InspectDomain, ctx: Context) -> Record:
 
 def store_outcome(stage: Staged, outcome: Record, fingerprint: bytes, encoded: bytes) -> None:
     """Keep a command's outcome (`encoded`) for repeats of its id: from level 2, until its domain's
-    horizons, counted from the outcome's evaluation time. The index entry holds what the receipt
-    will, so the sweep never decodes an outcome."""
+    horizons, counted from the outcome's evaluation time; from level 3 a receive's without the
+    bodies. The index entry holds what the receipt will, so the sweep never decodes an outcome."""
     domain, command_id = outcome["domain"], outcome["command_id"]
-    stage.put(keys.outcome(domain, command_id), fingerprint + encoded)
-    if feature_level(stage) < OUTCOME_HORIZONS:
+    level = feature_level(stage)
+    kept = without_bodies(outcome, encoded) if level >= LEASES_KEPT else encoded
+    stage.put(keys.outcome(domain, command_id), fingerprint + kept)
+    if level < OUTCOME_HORIZONS:
         return
     policy = domain_policy(stage, domain)
     stored_ms = outcome["eval_time_ms"]

@@ -5,10 +5,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from keyload import limits
-from keyload.log.codec import Record
+from keyload.log.codec import REGISTRY, Record
 from keyload.processors.errors import Rejected
 
 OUTCOME = "keyload.Outcome"
+# The results of the commands that lease: from feature level 3 their stored outcome keeps the leases
+# and not the bodies (processors/repeats.py answers a repeat from it).
+RECEIVE_RESULTS = frozenset({"keyload.result.ReceiveResult", "keyload.result.GroupReceiveResult"})
 
 
 @dataclass
@@ -36,6 +39,17 @@ def new_outcome(command_id: str, domain: str, partition: int, offset: int, now_m
         "result": None,
         "failed_index": None,
     }
+
+
+def without_bodies(outcome: Record, encoded: bytes) -> bytes:
+    """What is stored of an outcome (`encoded`) from feature level 3: a receive's deliveries keep
+    their tokens and leases but not their bodies; any other outcome as it is."""
+    result = outcome["result"]
+    if result is None or result[0] not in RECEIVE_RESULTS or not result[1]["deliveries"]:
+        return encoded
+    branch, value = result
+    deliveries = [dict(delivery, body=b"") for delivery in value["deliveries"]]
+    return REGISTRY.encode(OUTCOME, dict(outcome, result=(branch, dict(value, deliveries=deliveries))))
 
 
 def reject(outcome: Record, rejection: Rejected) -> None:

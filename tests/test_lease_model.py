@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from keyload.log.codec import REGISTRY
+from keyload.processors.features import LEASES_KEPT
 from keyload.projections import keys
 from keyload.sdk.results import AckBatchResult, LeaseResult, Outcome, ReceiveResult
 
@@ -196,6 +197,7 @@ class LeaseMachine(RuleBasedStateMachine):
         self.model = Model(dict(BASE_POLICY))
         self.policy = self.model.policy
         self.tokens: list[Token] = []
+        self.receives: list[tuple[str, dict[str, Any], list[Token]]] = []  # command id, body, its tokens
         self.enqueued = 0
 
     @initialize(
@@ -219,16 +221,18 @@ class LeaseMachine(RuleBasedStateMachine):
             max_dead_letter_messages=dead_letter_messages,
             max_dead_letter_bytes=dead_letter_bytes,
         )
+        # Level 3: a receive's outcome keeps its leases, and its repeat re-checks them (repeat_a_receive).
+        assert self.submit("keyload.command.RaiseFeatureLevel", {"level": LEASES_KEPT}).status == "committed"
         assert self.submit(CREATE_QUEUE, create_queue_body("jobs", **self.policy)).status == "committed"
         for size, ttl in initial:
             self.enqueue(size, None, ttl)
 
     # -- plumbing -------------------------------------------------------------------------
 
-    def submit(self, kind: str, body: dict[str, Any]) -> Outcome:
+    def submit(self, kind: str, body: dict[str, Any], command_id: str | None = None) -> Outcome:
         """Append and apply one command; the model fires its due timers at the same log time."""
         self.model.fire_due(self.embedded.now_ms)
-        return submit_unhalted(self.embedded, D, kind, body)
+        return submit_unhalted(self.embedded, D, kind, body, command_id)
 
     def record(self, name: str, key: bytes) -> dict[str, Any] | None:
         raw = self.embedded.store(D).get(key)
@@ -295,7 +299,9 @@ class LeaseMachine(RuleBasedStateMachine):
     )
     def receive(self, max_messages: int | None, max_bytes: int | None, lease_ms: int | None) -> None:
         body = {"queue": "jobs", "max_messages": max_messages, "max_bytes": max_bytes, "lease_ms": lease_ms}
-        result = expect(self.submit("keyload.command.Receive", body), "DispatchPaused" if self.model.paused else None)
+        command_id = f"receive-{self.model.next_sequence}-{self.embedded.log.end_offset(0)}"  # never used before
+        outcome = self.submit("keyload.command.Receive", body, command_id)
+        result = expect(outcome, "DispatchPaused" if self.model.paused else None)
         if self.model.paused:
             return
         assert isinstance(result, ReceiveResult)
@@ -324,6 +330,23 @@ class LeaseMachine(RuleBasedStateMachine):
             assert (delivery.attempts, delivery.delivery_generation) == (message.attempts, message.generation)
             assert delivery.lease_until_ms == message.lease_until
             self.tokens.append(Token(delivery.token, delivery.message_id, message.generation, message.lease_version))
+        self.receives.append((command_id, body, self.tokens[len(self.tokens) - len(result.deliveries) :]))
+
+    @precondition(lambda self: bool(self.receives))
+    @rule(index=st.integers(0, 100))
+    def repeat_a_receive(self, index: int) -> None:
+        """A receive sent again under its command id: the same deliveries, each as the model says its
+        lease stands now: held (its body, its current deadline) or StaleLease with no body."""
+        command_id, body, tokens = self.receives[index % len(self.receives)]
+        result = expect(self.submit("keyload.command.Receive", body, command_id), None)
+        assert isinstance(result, ReceiveResult)
+        assert [(d.message_id, d.token) for d in result.deliveries] == [(t.message_id, t.text) for t in tokens]
+        for delivery, token in zip(result.deliveries, tokens, strict=True):
+            refusal = self.model.lease_check(token)
+            message = self.model.messages[token.message_id]
+            assert (delivery.error_code, delivery.body) == (refusal, b"" if refusal else message.body)
+            if refusal is None:
+                assert delivery.lease_until_ms == message.lease_until
 
     @rule(delay=st.none() | st.integers(0, 100))
     def receive_and_nack_all(self, delay: int | None) -> None:

@@ -122,13 +122,20 @@ def test_enqueue_receive_ack(api: httpx.Client) -> None:
         headers={"content-type": "application/octet-stream"},
     )
     assert committed(raw)["stored_bytes"] == len(b"\x00\xffhello") + len(b"raw \x01")
-    deliveries = committed(api.post(f"{queue}/receive", json={"max_messages": 5}))["deliveries"]
+    take = {"Idempotency-Key": f"take-{d}"}
+    deliveries = committed(api.post(f"{queue}/receive", json={"max_messages": 5}, headers=take))["deliveries"]
     assert [(m["message_id"], base64.b64decode(m["body"]), m["attempts"]) for m in deliveries] == [
         ("m-1", b"\x00\xffhello", 1),
         ("m-2", b"raw \x01", 1),
     ]
     for delivery in deliveries:
         assert committed(api.post(f"/v1/domains/{d}/leases/ack", json={"token": delivery["token"]}))["state"] == "acked"
+    # The receive again under its key: the same leases, each as it stands now: acked, so no body.
+    repeat = committed(api.post(f"{queue}/receive", json={"max_messages": 5}, headers=take))["deliveries"]
+    assert [(m["message_id"], m["error_code"], m["body"]) for m in repeat] == [
+        ("m-1", "StaleLease", ""),
+        ("m-2", "StaleLease", ""),
+    ]
     again = api.post(f"/v1/domains/{d}/leases/ack", json={"token": deliveries[0]["token"]})
     assert again.status_code == 409
     assert (again.json()["status"], again.json()["error_code"]) == ("rejected", "StaleLease")

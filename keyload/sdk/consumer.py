@@ -106,6 +106,15 @@ class Source(Protocol[D_co]):
         ...
 
 
+Held = TypeVar("Held", Delivery, GroupDelivery)
+
+
+def held(deliveries: Sequence[Held]) -> list[Held]:
+    """The deliveries whose leases are held: a receive the SDK repeated (a retry after a lost answer)
+    reports a lease settled or expired since with its error code, and nothing is left to process."""
+    return [delivery for delivery in deliveries if delivery.error_code is None]
+
+
 @dataclass
 class QueueSource:
     client: Client
@@ -115,9 +124,10 @@ class QueueSource:
 
     def receive(self, max_items: int, lease_ms: int, wait: bool) -> Sequence[Delivery]:
         wait_ms = self.wait_ms if wait else None
-        return self.client.receive(
+        result = self.client.receive(
             self.domain, self.queue, max_messages=max_items, lease_ms=lease_ms, wait_ms=wait_ms
-        ).deliveries
+        )
+        return held(result.deliveries)
 
     def ack_batch(self, tokens: list[str]) -> Sequence[Settled]:
         return self.client.ack_batch(self.domain, tokens).results
@@ -144,9 +154,10 @@ class GroupSource:
 
     def receive(self, max_items: int, lease_ms: int, wait: bool) -> Sequence[GroupDelivery]:
         wait_ms = self.wait_ms if wait else None
-        return self.client.group_receive(
+        result = self.client.group_receive(
             self.domain, self.topic, self.group, max_events=max_items, lease_ms=lease_ms, wait_ms=wait_ms
-        ).deliveries
+        )
+        return held(result.deliveries)
 
     def ack_batch(self, tokens: list[str]) -> Sequence[Settled]:
         return self.client.group_ack_batch(self.domain, self.topic, self.group, tokens).results

@@ -144,6 +144,9 @@ class Delivery(AvroRecord, frozen=True, kw_only=True, forbid_unknown_fields=True
     lease_until_ms: Long
     enqueued_at_ms: Long
     payload: LargePayload | None = None  # a large message: `body` is empty, fetch the bytes with the SDK
+    # A repeated Receive (feature level 3): why this lease is no longer held (StaleLease, LeaseExpired,
+    # TokenInvalidated); `body` is then empty. None: the lease is held.
+    error_code: ErrorCode | None = None
 
 
 class ReceiveResult(AvroRecord, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -316,6 +319,7 @@ class GroupDelivery(TopicEvent, frozen=True, kw_only=True, forbid_unknown_fields
     token: str
     attempts: Int
     lease_until_ms: Long
+    error_code: ErrorCode | None = None  # as Delivery's: a repeated GroupReceive's lease no longer held
 
 
 class GroupReceiveResult(AvroRecord, frozen=True, kw_only=True, forbid_unknown_fields=True):
