@@ -1,4 +1,4 @@
-"""What outcomes leave in the projection, at feature level 1 and at level 2 (processors/horizons.py).
+"""What outcomes leave in the projection at feature levels 1, 2 and 3 (processors/horizons.py, repeats.py).
 
     python -m bench.horizons [--cycles N] [--json]
 
@@ -8,16 +8,13 @@ outcomes and 2 s for receipts. N cycles of Enqueue (1 KiB), Receive(1) and Ack, 
 both horizons and Ticks until the sweep has caught up. Measured with keyload census
 (keyload/operations/census.py) halfway, at the end of the cycles and after the wait: the rows and
 bytes of stored outcomes, receipts and the horizon index, and the projection's bytes. Also the CPU
-µs per cycle (thread CPU of step()), the horizon bookkeeping and sweep included at level 2.
+µs per cycle (thread CPU of step()), the horizon bookkeeping and sweep included from level 2, the
+receive outcome stored without bodies at level 3.
 """
 
 from __future__ import annotations
 
-import argparse
-import json
-import shutil
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -25,12 +22,14 @@ from typing import Any
 from keyload.operations.census import Census, census
 from keyload.processors.policy import default_spec
 
-from .common import BenchError, Stopwatch, environment
+from . import levels
+from .common import Stopwatch
 from .reclamation import Deployment, enqueue
 
 DEFAULT_CYCLES = 5_000
 OUTCOME_HORIZON_MS, RECEIPT_HORIZON_MS = 1_000, 2_000
 FAMILIES = ("outcome", "receipt", "horizon")
+LEVELS = (1, 2, 3)  # before horizons; horizons; receives keep leases, not bodies
 
 
 def _snapshot(counted: Census) -> dict[str, int]:
@@ -70,45 +69,28 @@ def measure(root: Path, level: int, cycles: int) -> dict[str, Any]:
     return {"feature_level": level, "cycles": cycles, "cpu_us_per_cycle": watch.cpu_seconds / cycles * 1e6, **snapshots}
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.horizons", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--cycles", type=int, default=DEFAULT_CYCLES, help="cycles at each level (default %(default)s)")
-    parser.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
-    parser.add_argument("--dir", type=Path, default=None, help="parent of the temporary directory (default: $TMPDIR)")
-    args = parser.parse_args(argv)
-    root = Path(tempfile.mkdtemp(prefix="keyload-bench-", dir=args.dir))
-    try:
-        results = [measure(root / f"level-{level}", level, args.cycles) for level in (1, 2)]
-        env = environment(0, root)
-        if args.json:
-            print(json.dumps({"benchmark": "bench.horizons", "levels": results, "environment": env}, indent=2))
-        else:
-            lines = [
-                f"bench.horizons: {args.cycles} enqueue (1 KiB) / receive / ack cycles, horizons "
-                f"{OUTCOME_HORIZON_MS} / {RECEIPT_HORIZON_MS} ms; {env['cpus']} CPUs, "
-                f"load {env['load_average_1m']:.2f}",
-                "",
-                "| level | when | outcome rows | outcome bytes | receipt rows | horizon rows | projection bytes |",
-                "|---:|---|---:|---:|---:|---:|---:|",
-            ]
-            for r in results:
-                for when in ("halfway", "end", "after_horizons"):
-                    s = r[when]
-                    lines.append(
-                        f"| {r['feature_level']} | {when} | {s['outcome_rows']:,} | {s['outcome_bytes']:,} "
-                        f"| {s['receipt_rows']:,} | {s['horizon_rows']:,} | {s['projection_bytes']:,} |"
-                    )
-            lines += [""] + [
-                f"level {r['feature_level']}: {r['cpu_us_per_cycle']:,.0f} CPU µs per cycle" for r in results
-            ]
-            print("\n".join(lines))
-    except BenchError as exc:
-        print(f"bench.horizons: {exc}", file=sys.stderr)
-        return 1
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
-    return 0
+def table(results: list[dict[str, Any]], env: dict[str, Any], cycles: int) -> str:
+    lines = [
+        f"bench.horizons: {cycles} enqueue (1 KiB) / receive / ack cycles, horizons "
+        f"{OUTCOME_HORIZON_MS} / {RECEIPT_HORIZON_MS} ms; {env['cpus']} CPUs, load {env['load_average_1m']:.2f}",
+        "",
+        "| level | when | outcome rows | outcome bytes | receipt rows | horizon rows | projection bytes |",
+        "|---:|---|---:|---:|---:|---:|---:|",
+    ]
+    for r in results:
+        for when in ("halfway", "end", "after_horizons"):
+            s = r[when]
+            lines.append(
+                f"| {r['feature_level']} | {when} | {s['outcome_rows']:,} | {s['outcome_bytes']:,} "
+                f"| {s['receipt_rows']:,} | {s['horizon_rows']:,} | {s['projection_bytes']:,} |"
+            )
+    lines += [""] + [f"level {r['feature_level']}: {r['cpu_us_per_cycle']:,.0f} CPU µs per cycle" for r in results]
+    return "\n".join(lines)
 
+
+WORKLOAD = levels.Workload(
+    "bench.horizons", __doc__.split("\n\n")[0], "cycles", DEFAULT_CYCLES, "cycles at each level", LEVELS, measure, table
+)
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(levels.run(WORKLOAD))

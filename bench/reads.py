@@ -12,18 +12,15 @@ Also the CPU µs per read (thread CPU of step()).
 
 from __future__ import annotations
 
-import argparse
-import json
-import shutil
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
 from keyload.operations.census import Census, census
 from keyload.processors.policy import default_topic_spec
 
-from .common import BenchError, Stopwatch, environment
+from . import levels
+from .common import Stopwatch
 from .reclamation import Deployment
 
 DEFAULT_READS = 400
@@ -69,39 +66,25 @@ def measure(root: Path, level: int, reads: int) -> dict[str, Any]:
     }
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.reads", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--reads", type=int, default=DEFAULT_READS, help="reads at each level (default %(default)s)")
-    parser.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
-    parser.add_argument("--dir", type=Path, default=None, help="parent of the temporary directory (default: $TMPDIR)")
-    args = parser.parse_args(argv)
-    root = Path(tempfile.mkdtemp(prefix="keyload-bench-", dir=args.dir))
-    try:
-        results = [measure(root / f"level-{level}", level, args.reads) for level in (0, 1)]
-        env = environment(0, root)
-        if args.json:
-            print(json.dumps({"benchmark": "bench.reads", "levels": results, "environment": env}, indent=2))
-        else:
-            lines = [
-                f"bench.reads: {args.reads} reads (ReadTopic pages of {PAGE} 1 KiB events and InspectTopics); "
-                f"{env['cpus']} CPUs, load {env['load_average_1m']:.2f}",
-                "",
-                "| feature level | projection bytes grown | outcome rows grown | CPU µs per read |",
-                "|---:|---:|---:|---:|",
-            ]
-            lines += [
-                f"| {r['feature_level']} | {r['projection_bytes_grown']:,} | {r['outcome_rows_grown']:,} "
-                f"| {r['cpu_us_per_read']:,.0f} |"
-                for r in results
-            ]
-            print("\n".join(lines))
-    except BenchError as exc:
-        print(f"bench.reads: {exc}", file=sys.stderr)
-        return 1
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
-    return 0
+def table(results: list[dict[str, Any]], env: dict[str, Any], reads: int) -> str:
+    lines = [
+        f"bench.reads: {reads} reads (ReadTopic pages of {PAGE} 1 KiB events and InspectTopics); "
+        f"{env['cpus']} CPUs, load {env['load_average_1m']:.2f}",
+        "",
+        "| feature level | projection bytes grown | outcome rows grown | CPU µs per read |",
+        "|---:|---:|---:|---:|",
+    ]
+    lines += [
+        f"| {r['feature_level']} | {r['projection_bytes_grown']:,} | {r['outcome_rows_grown']:,} "
+        f"| {r['cpu_us_per_read']:,.0f} |"
+        for r in results
+    ]
+    return "\n".join(lines)
 
+
+WORKLOAD = levels.Workload(
+    "bench.reads", __doc__.split("\n\n")[0], "reads", DEFAULT_READS, "reads at each level", (0, 1), measure, table
+)
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(levels.run(WORKLOAD))

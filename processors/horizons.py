@@ -36,6 +36,9 @@ from keyload.projections import keys
 from keyload.projections.records import DomainRecord, load, save
 from keyload.projections.store import Readable, Staged
 
+# The first byte of a horizon index entry: what the row it names is (projections/keys.py, `H`).
+NAMES_OUTCOME, NAMES_RECEIPT = b"o", b"r"
+
 DEFAULT_POLICY = DomainRecord(
     outcome_horizon_ms=limits.DEFAULT_OUTCOME_HORIZON_MS,
     receipt_horizon_ms=limits.DEFAULT_RECEIPT_HORIZON_MS,
@@ -94,11 +97,11 @@ def store_outcome(stage: Staged, outcome: Record, fingerprint: bytes, encoded: b
     stored_ms = outcome["eval_time_ms"]
     expires_ms = stored_ms + policy.outcome_horizon_ms
     receipt_until_ms = stored_ms + policy.receipt_horizon_ms
-    receipt = b""
+    entry = NAMES_OUTCOME
     if receipt_until_ms > expires_ms:
         error_code = (outcome["error_code"] or "").encode("utf-8")
-        receipt = keys.u64(receipt_until_ms) + keys.u64(outcome["offset"]) + keys.u64(stored_ms) + error_code
-    stage.put(keys.horizon(expires_ms, domain, command_id), receipt)
+        entry += keys.u64(receipt_until_ms) + keys.u64(outcome["offset"]) + keys.u64(stored_ms) + error_code
+    stage.put(keys.horizon(expires_ms, domain, command_id), entry)
     armed = _sweep_due(stage)
     if armed is None or expires_ms < armed:
         _arm(stage, armed, expires_ms)
@@ -121,31 +124,31 @@ def repeat_past_horizon(stage: Readable, domain: str, command_id: str, fingerpri
     )
 
 
-def sweep(stage: Staged, due_ms: int, ctx: Context, budget: int) -> tuple[int, int]:
+def sweep(stage: Staged, due_ms: int, ctx: Context, budget: int) -> int:
     """Let at most `budget` expired outcomes and receipts go, earliest first: an outcome leaves its
-    receipt when it has a receipt horizon. (rows examined, rows changed)."""
-    start = keys.HORIZON + keys.u64(due_ms)
-    due = list(islice(stage.scan(start, keys.HORIZON + keys.u64(ctx.now_ms + 1)), budget))
+    receipt when it has a receipt horizon. The rows it removed."""
+    end = keys.HORIZON + keys.u64(ctx.now_ms + 1)
+    due = list(islice(stage.scan(keys.HORIZON + keys.u64(due_ms), end), budget))
     if not due:
         raise Corruption("the horizon sweep is due but no outcome or receipt expires")
-    for key, receipt in due:
+    receipts: list[int] = []  # the expiries of the receipts written: one may fall before the last row swept
+    for key, entry in due:
         _, domain, command_id = keys.parse_horizon(key)
         stage.delete(key)
-        row = keys.outcome(domain, command_id)
+        row = keys.outcome(domain, command_id) if entry[:1] == NAMES_OUTCOME else keys.receipt(domain, command_id)
         stored = stage.get(row)
-        if stored is not None:
-            stage.delete(row)
-            if receipt:  # receipt expiry | offset | evaluation time | error code
-                stage.put(keys.receipt(domain, command_id), stored[:FINGERPRINT_BYTES] + receipt[8:])
-                stage.put(keys.horizon(keys.read_u64(receipt), domain, command_id), b"")
-        elif stage.get(keys.receipt(domain, command_id)) is not None:
-            stage.delete(keys.receipt(domain, command_id))
-        else:
-            raise Corruption(f"the horizon index names command {command_id!r}, which has no outcome or receipt")
-    # From the start again: a receipt's expiry may fall before the last outcome's.
-    following = stage.first(start, keys.prefix_end(keys.HORIZON))
-    _arm(stage, due_ms, None if following is None else keys.parse_horizon(following[0])[0])
-    return len(due), len(due)
+        if stored is None:
+            raise Corruption(f"the horizon index names command {command_id!r}, which has no such row")
+        stage.delete(row)
+        if len(entry) > 1:  # an outcome's receipt: expiry | offset | evaluation time | error code
+            receipts.append(keys.read_u64(entry, 1))
+            stage.put(keys.receipt(domain, command_id), stored[:FINGERPRINT_BYTES] + entry[9:])
+            stage.put(keys.horizon(receipts[-1], domain, command_id), NAMES_RECEIPT)
+    # Past the rows swept (deleted here, so not walked again), and the receipts written before them.
+    following = stage.first(due[-1][0] + b"\x00", keys.prefix_end(keys.HORIZON))
+    expiries = receipts + ([] if following is None else [keys.parse_horizon(following[0])[0]])
+    _arm(stage, due_ms, min(expiries, default=None))
+    return len(due)
 
 
 def _sweep_due(stage: Readable) -> int | None:

@@ -59,9 +59,9 @@ def fire_due(stage: Staged, ctx: Context) -> Record:
             raise Corruption("the partition's next due time disagrees with its due index")
         due_ms, incarnation = keys.parse_due_queue(first[0])
         if incarnation == keys.HORIZON_SWEEP:  # outcomes and receipts past their horizon
-            seen, moved = horizons.sweep(stage, due_ms, ctx, budget - examined)
-            examined += seen
-            transitions += moved
+            swept = horizons.sweep(stage, due_ms, ctx, budget - examined)
+            examined += swept
+            transitions += swept
             continue
         resource_key = stage.get(keys.resource_key(incarnation))
         kind = None if resource_key is None else resource_key[:1]

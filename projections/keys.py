@@ -38,8 +38,8 @@ OUTCOME = b"o"  # o | domain (u8-prefixed) | command id         -> fingerprint(3
 # O | domain (u8-prefixed) | command id -> fingerprint(32) | offset u64 | applied at ms u64 | error code (UTF-8;
 #   empty: committed): the receipt an outcome past its domain's outcome horizon leaves (processors/horizons.py)
 RECEIPT = b"O"
-# H | expires ms u64 | domain (u8-prefixed) | command id -> naming an outcome: u64 receipt expiry | the receipt's
-#   offset, time and error code as `O` holds them (empty: no receipt follows); naming a receipt: empty
+# H | expires ms u64 | domain (u8-prefixed) | command id -> "o" naming an outcome, then (when a receipt follows)
+#   u64 receipt expiry | the receipt's offset, time and error code as `O` holds them; "r" naming a receipt
 HORIZON = b"H"
 DOMAIN = b"D"  # D | domain                                      -> DomainRecord (absent: the default policy)
 POISON = b"p"  # p | offset u64                                 -> PoisonEntry

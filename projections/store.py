@@ -48,6 +48,10 @@ class Readable(Protocol):
         """Key/value pairs with start <= key < end, in key order."""
         ...
 
+    def first(self, start: bytes, end: bytes) -> tuple[bytes, bytes] | None:
+        """The first pair of `scan(start, end)`, without reading past it."""
+        ...
+
 
 class _Pending:
     """A record staged as a Python object; it is encoded once, when the group commits."""
@@ -181,7 +185,24 @@ class Staged:
                 base_item = next(base, None)
 
     def first(self, start: bytes, end: bytes) -> tuple[bytes, bytes] | None:
-        return next(self.scan(start, end), None)
+        """The first row in [start, end). The base is asked only up to this stage's first live key
+        in the range, and again past each key this stage deleted: a scan would step its base past
+        such a key to the next live one, walking the tombstones in between (the due index's entry
+        that a record moves forward would walk every one left after it)."""
+        lo = bisect.bisect_left(self._order, start)
+        hi = bisect.bisect_left(self._order, end)
+        staged = next((key for key in self._order[lo:hi] if self._writes[key] is not None), None)
+        bound = end if staged is None else staged
+        found = self._base.first(start, bound)
+        while found is not None and found[0] in self._writes:  # below `staged`: deleted here
+            found = self._base.first(found[0] + b"\x00", bound)
+        if found is not None:
+            return found
+        if staged is None:
+            return None
+        value = self.get(staged)
+        assert value is not None
+        return staged, value
 
     def merge_into(self, parent: Staged) -> None:
         """Hand this stage's writes to `parent`; the records now belong to it."""
@@ -293,10 +314,17 @@ class Store:
         """The iterator is bounded at `end` inside RocksDB: a range emptied by deletions ends at its
         bound, where an unbounded iterator would walk on past it, through every tombstone after the
         range up to the next live key (the rows settled messages leave behind, which grow with
-        every message ever processed)."""
+        every message ever processed). And it moves past a row only when the next one is asked
+        for: `Rdict.items` steps on as it hands a row out, so a scan that stops at its first row
+        (the earliest due time, the first live timer) paid for a walk through every tombstone up
+        to the second (measured: 210 µs against 3 µs with a thousand settled leases behind it)."""
         bounded = ReadOptions()
         bounded.set_iterate_upper_bound(end)
-        yield from self._db.items(from_key=start, read_opt=bounded)
+        rows = self._db.iter(bounded)
+        rows.seek(start)
+        while rows.valid():
+            yield rows.key(), rows.value()
+            rows.next()
 
     def first(self, start: bytes, end: bytes) -> tuple[bytes, bytes] | None:
         return next(self.scan(start, end), None)

@@ -190,6 +190,8 @@ class Model:
 
 
 class LeaseMachine(RuleBasedStateMachine):
+    LEVEL = LEASES_KEPT  # the partition's feature level (processors/features.py)
+
     def __init__(self) -> None:
         super().__init__()
         self.directory = Path(tempfile.mkdtemp(prefix="keyload-lease-model-"))
@@ -197,7 +199,8 @@ class LeaseMachine(RuleBasedStateMachine):
         self.model = Model(dict(BASE_POLICY))
         self.policy = self.model.policy
         self.tokens: list[Token] = []
-        self.receives: list[tuple[str, dict[str, Any], list[Token]]] = []  # command id, body, its tokens
+        # command id, body, first answer, its tokens
+        self.receives: list[tuple[str, dict[str, Any], ReceiveResult, list[Token]]] = []
         self.enqueued = 0
 
     @initialize(
@@ -221,8 +224,8 @@ class LeaseMachine(RuleBasedStateMachine):
             max_dead_letter_messages=dead_letter_messages,
             max_dead_letter_bytes=dead_letter_bytes,
         )
-        # Level 3: a receive's outcome keeps its leases, and its repeat re-checks them (repeat_a_receive).
-        assert self.submit("keyload.command.RaiseFeatureLevel", {"level": LEASES_KEPT}).status == "committed"
+        # From level 3 a receive's outcome keeps its leases, and its repeat re-checks them (repeat_a_receive).
+        assert self.submit("keyload.command.RaiseFeatureLevel", {"level": self.LEVEL}).status == "committed"
         assert self.submit(CREATE_QUEUE, create_queue_body("jobs", **self.policy)).status == "committed"
         for size, ttl in initial:
             self.enqueue(size, None, ttl)
@@ -330,16 +333,20 @@ class LeaseMachine(RuleBasedStateMachine):
             assert (delivery.attempts, delivery.delivery_generation) == (message.attempts, message.generation)
             assert delivery.lease_until_ms == message.lease_until
             self.tokens.append(Token(delivery.token, delivery.message_id, message.generation, message.lease_version))
-        self.receives.append((command_id, body, self.tokens[len(self.tokens) - len(result.deliveries) :]))
+        self.receives.append((command_id, body, result, self.tokens[len(self.tokens) - len(result.deliveries) :]))
 
     @precondition(lambda self: bool(self.receives))
     @rule(index=st.integers(0, 100))
     def repeat_a_receive(self, index: int) -> None:
-        """A receive sent again under its command id: the same deliveries, each as the model says its
-        lease stands now: held (its body, its current deadline) or StaleLease with no body."""
-        command_id, body, tokens = self.receives[index % len(self.receives)]
+        """A receive sent again under its command id: from level 3 the same deliveries, each as the
+        model says its lease stands now: held (its body, its current deadline) or StaleLease with no
+        body; below it the first answer as it was."""
+        command_id, body, first, tokens = self.receives[index % len(self.receives)]
         result = expect(self.submit("keyload.command.Receive", body, command_id), None)
         assert isinstance(result, ReceiveResult)
+        if self.LEVEL < LEASES_KEPT:
+            assert result == first
+            return
         assert [(d.message_id, d.token) for d in result.deliveries] == [(t.message_id, t.text) for t in tokens]
         for delivery, token in zip(result.deliveries, tokens, strict=True):
             refusal = self.model.lease_check(token)
@@ -567,5 +574,13 @@ class LeaseMachine(RuleBasedStateMachine):
         close_after_replay_check(self.embedded, self.directory)
 
 
+class LeaseMachineAtLevel0(LeaseMachine):
+    """The same leases as 0.2.0 logs replay them: a repeated receive returns its stored outcome."""
+
+    LEVEL = 0
+
+
 LeaseMachine.TestCase.settings = settings(max_examples=30, stateful_step_count=40, deadline=None)
+LeaseMachineAtLevel0.TestCase.settings = settings(max_examples=15, stateful_step_count=40, deadline=None)
 test_lease_model = LeaseMachine.TestCase
+test_lease_model_at_level_0 = LeaseMachineAtLevel0.TestCase

@@ -240,6 +240,33 @@ def test_a_repeated_completion_past_the_horizon_is_still_already_processed(embed
     assert repeat.results.results == []
 
 
+@pytest.mark.parametrize("reuse", ["enqueue", "waiting receive"])
+def test_a_repeated_completion_after_its_command_id_was_reused_is_still_already_processed(
+    embedded: Embedded, tmp_path: Path, reuse: str
+) -> None:
+    """The inbox entry names the first command by id and offset: once that id is new again and used
+    by another command, the entry's outcome is gone, not that command's."""
+    at_level_2(embedded, OUTCOME_MS, OUTCOME_MS)
+    ok(embedded, ENQUEUE, enqueue_body("jobs", "m1"))
+    [delivery] = ok(embedded, RECEIVE, receive_body("jobs", lease_ms=600_000)).deliveries
+    done = {"token": delivery.token, "handler_scope": "svc", "execution_generation": 0, "effects": []}
+    first = ok(embedded, COMPLETE_PROCESSING, done, "done-1")
+    later(embedded, OUTCOME_MS)  # no receipt: the id is new
+    if reuse == "enqueue":
+        ok(embedded, ENQUEUE, enqueue_body("jobs", "m2"), "done-1")
+    else:  # nothing is ready: it waits, its row only the fingerprint
+        embedded.append(D, _command(RECEIVE, dict(receive_body("jobs"), wait_ms=20_000), "done-1"))
+        embedded.run()
+    repeat = ok(embedded, COMPLETE_PROCESSING, done, "done-2")
+    assert (repeat.already_processed, repeat.command_id, repeat.offset, repeat.results.results) == (
+        True,
+        "done-1",
+        first.offset,
+        [],
+    )
+    assert_replay_equals_live(embedded, D, tmp_path)
+
+
 # A model: each command id's answer, from the times its outcome was stored and the horizons then.
 
 IDS = ("a", "b", "c")

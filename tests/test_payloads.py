@@ -19,6 +19,7 @@ from .support import (
     ACK,
     ENQUEUE,
     INSPECT_MESSAGE,
+    RECEIVE,
     TICK,
     assert_replay_equals_live,
     enqueue_body,
@@ -208,3 +209,21 @@ def test_bad_ids_and_malformed_proofs_are_refused_and_never_halt_the_partition(l
     large.prepare("big-2", data, "Validation", length=-1)
     large.prepare("big-3", data, "Validation", upload_window_ms=0)
     assert large.embedded.state_digest(D) == before
+
+
+def test_a_repeated_receive_gives_a_large_deliverys_read_handle_only_while_its_lease_is_held(
+    large: Large, tmp_path: Path
+) -> None:
+    """Feature level 3 (processors/repeats.py): the repeat of a receive that delivered a large
+    message keeps its read handle while the lease is held, and has none once it was acked."""
+    submit_unhalted(large.embedded, D, "keyload.command.RaiseFeatureLevel", {"level": 3})
+    data = b"large " * 100_000
+    large.schedule("big-1", data, tmp_path)
+    receive = {"queue": Q, "max_messages": None, "max_bytes": None, "lease_ms": None, "wait_ms": None}
+    [first] = expect(submit_unhalted(large.embedded, D, RECEIVE, receive, "take"), None).deliveries
+    [held] = expect(submit_unhalted(large.embedded, D, RECEIVE, receive, "take"), None).deliveries
+    assert held == first and large.read(held, tmp_path) == data
+    expect(submit_unhalted(large.embedded, D, ACK, {"token": first.token}), None)
+    [acked] = expect(submit_unhalted(large.embedded, D, RECEIVE, receive, "take"), None).deliveries
+    assert (acked.error_code, acked.body, acked.payload) == ("StaleLease", b"", None)
+    assert_replay_equals_live(large.embedded, D, tmp_path / "replay")

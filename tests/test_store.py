@@ -48,6 +48,13 @@ def test_staged_scans_match_a_dictionary_model(
         assert list(child.scan(b"\x10", b"\x80")) == sorted((k, v) for k, v in model.items() if b"\x10" <= k < b"\x80")
         for key in list(model)[:5]:
             assert child.get(key) == model[key]
+        # `first` reads no further than its row, and finds the row a scan would yield first.
+        bounds = sorted({b"", b"\x10", b"\x80", b"\xff\xff\xff\xff", *(k for _, k, _ in parent_ops + child_ops)})
+        for start in bounds:
+            for end in bounds:
+                expected = min(((k, v) for k, v in model.items() if start <= k < end), default=None)
+                assert child.first(start, end) == expected, (start, end)
+                assert parent.first(start, end) == next(parent.scan(start, end), None), (start, end)
         child.merge_into(parent)
         store.commit(parent.encoded_writes(), 1, 5)
         assert list(store.scan(b"", b"\xff\xff\xff\xff")) == sorted(

@@ -48,7 +48,8 @@ class Census:
     bytes: int  # keys and values
     reclaiming: dict[str, int]  # deleted queues, groups and topics whose rows are still being reclaimed
     retention_tasks: int  # guarded object deletions not yet confirmed (processors/payloads/retention.py)
-    timers_due: int  # queues, groups, topics and reclamations due at the last applied record's time or before
+    # queues, groups, topics, reclamations and the horizon sweep due at the last applied record's time or before
+    timers_due: int
 
 
 class CensusError(KeyloadError):

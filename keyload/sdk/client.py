@@ -459,7 +459,9 @@ class Client:
         """Receive from up to 8 queues in order, one independent Receive per lane.
 
         Lane i's command id is "<request_id>.<i>": calling again with the same
-        request id and unchanged lanes returns the original per-lane receipts.
+        request id and unchanged lanes returns the original per-lane receipts,
+        each delivery as it stands then (feature level 3): one whose lease is no
+        longer held has `error_code` set and no body.
         No atomicity across lanes is claimed: each lane is committed, rejected,
         unknown (no outcome in time: retry with the same request id), or
         not_attempted (the overall timeout ran out before its turn).

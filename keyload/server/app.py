@@ -7,8 +7,9 @@ A request becomes a command this way (docs/ARCHITECTURE.md §10a):
   is a field of the command's body record (a field given twice is refused);
 - a body whose record has a top-level `bytes` field `body` (Enqueue) may instead be sent raw with
   `Content-Type: application/octet-stream`, its other fields in the query string;
-- `Idempotency-Key` is the command id (default: a new UUID); a repeat returns the stored outcome
-  (a read's is answered afresh: it keeps none, processors/features.py);
+- `Idempotency-Key` is the command id (default: a new UUID); a repeat within the domain's outcome
+  horizon returns the stored outcome, a receive's with its leases re-checked (a read's is answered
+  afresh: it keeps none; processors/features.py, horizons.py, repeats.py);
 - the response is the command's outcome as JSON, with the HTTP status of its error code.
 """
 

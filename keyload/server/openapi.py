@@ -264,8 +264,9 @@ def _idempotency_parameter() -> dict[str, Any]:
         "name": IDEMPOTENCY_HEADER,
         "in": "header",
         "required": False,
-        "description": "the command id (1..128 printable ASCII): a repeat returns the stored outcome "
-        "(a read keeps none: its repeat is answered afresh)",
+        "description": "the command id (1..128 printable ASCII): a repeat within the domain's outcome horizon "
+        "returns the stored outcome, a receive's with each lease as it stands; past it, 410 HistoryUnavailable "
+        "until the receipt horizon, then the id is new (a read keeps none: its repeat is answered afresh)",
         "schema": {"type": "string"},
     }
 

@@ -36,6 +36,7 @@ from keyload.processors.context import Context
 from keyload.processors.counters import adjusted
 from keyload.processors.errors import Corruption, ErrorCode, Rejected
 from keyload.processors.features import OUTCOME_HORIZONS, feature_level
+from keyload.processors.fingerprints import FINGERPRINT_BYTES
 from keyload.processors.groups import leases as group_leases
 from keyload.processors.outcomes import OUTCOME
 from keyload.processors.queues import leases
@@ -45,7 +46,6 @@ from keyload.projections.records import InboxEntry, InboxRecord, load, save
 from keyload.projections.store import Staged
 
 PROCESSING_RESULT = "keyload.result.ProcessingResult"
-FINGERPRINT_BYTES = 32  # an outcome row starts with its command's fingerprint
 
 
 def _check_execution(body: CompleteProcessing | CommitInbox, kind: str) -> None:
@@ -61,11 +61,10 @@ def _repeat(stage: Staged, ctx: Context, row: bytes, digest: bytes) -> Record | 
         return None
     if entry.effects_sha256 != digest:
         raise Rejected(ErrorCode.CONFLICT, "this delivery was already processed with other effects")
-    stored = stage.get(keys.outcome(ctx.domain, entry.command_id))
-    if stored is None:
-        if feature_level(stage) < OUTCOME_HORIZONS:
-            raise Corruption(f"an inbox entry names command {entry.command_id!r}, which has no stored outcome")
-        # Its outcome is past the domain's horizon: the entry still says the effects were applied.
+    first = _first_outcome(stage, ctx, entry)
+    if first is None:
+        # Its outcome is past the domain's horizon (its command id may even be in use again): the
+        # entry still says the effects were applied.
         return {
             "already_processed": True,
             "command_id": entry.command_id,
@@ -74,10 +73,25 @@ def _repeat(stage: Staged, ctx: Context, row: bytes, digest: bytes) -> Record | 
             "results": {"results": []},
         }
     # The outcome and its result are not typed records yet (projections/records.py).
-    kind, first = REGISTRY.decode(OUTCOME, stored[FINGERPRINT_BYTES:])["result"]
+    kind, result = first["result"]
     if kind != PROCESSING_RESULT:
         raise Corruption(f"an inbox entry names command {entry.command_id!r}, which did not process effects")
-    return dict(first, already_processed=True)
+    return dict(result, already_processed=True)
+
+
+def _first_outcome(stage: Staged, ctx: Context, entry: InboxEntry) -> Record | None:
+    """The stored outcome of the command an inbox entry names; None from level 2 when it is gone:
+    past its horizon, its row is absent, or holds a later command under the same id (another
+    offset, or only the fingerprint of a long poll still waiting)."""
+    stored = stage.get(keys.outcome(ctx.domain, entry.command_id))
+    outcome = None
+    if stored is not None and len(stored) > FINGERPRINT_BYTES:
+        outcome = REGISTRY.decode(OUTCOME, stored[FINGERPRINT_BYTES:])
+    if outcome is not None and outcome["offset"] == entry.offset:
+        return outcome
+    if feature_level(stage) < OUTCOME_HORIZONS:
+        raise Corruption(f"an inbox entry names command {entry.command_id!r}, which has no stored outcome")
+    return None
 
 
 def _entry(ctx: Context, digest: bytes) -> InboxEntry:

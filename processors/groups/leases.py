@@ -345,21 +345,16 @@ def live_group_lease(
     return work.record, position, meta
 
 
-def current_delivery(stage: Staged, ctx: Context, delivery: Record) -> Record:
-    """A delivery of a stored GroupReceive outcome as it stands now (processors/repeats.py): while
-    its lease is held, with its event's body and the lease's current deadline; else with the
-    refusal's code (the group deleted, sought or reconfigured: TokenInvalidated) and no body."""
-    token = tokens.parse(delivery["token"])
-    try:
-        group_key = stage.get(keys.resource_key(token.incarnation))
-        record = None if group_key is None or group_key[:1] != keys.GROUP else load(stage, group_key, GroupRecord)
-        if record is None or record.view.generation != token.delivery_generation:
-            raise Rejected(ErrorCode.TOKEN_INVALIDATED, "delivery token is not valid")
-        position, meta = _leased(stage, ctx, Working(record), token)
-    except Rejected as refusal:
-        return dict(delivery, body=b"", error_code=str(refusal.code))
-    body = _load_event(stage, record.view.topic_incarnation, position)["body"]
-    return dict(delivery, body=body, lease_until_ms=meta.lease_until_ms)
+def held_lease(stage: Staged, ctx: Context, token: tokens.Token) -> tuple[bytes, int | None]:
+    """(event body, lease deadline) of the lease a token of a stored GroupReceive outcome names,
+    while it is held (processors/repeats.py); else the refusal (the group deleted, sought or
+    reconfigured: TokenInvalidated)."""
+    group_key = stage.get(keys.resource_key(token.incarnation))
+    record = None if group_key is None or group_key[:1] != keys.GROUP else load(stage, group_key, GroupRecord)
+    if record is None or record.view.generation != token.delivery_generation:
+        raise Rejected(ErrorCode.TOKEN_INVALIDATED, "delivery token is not valid")
+    position, meta = _leased(stage, ctx, Working(record), token)
+    return _load_event(stage, record.view.topic_incarnation, position)["body"], meta.lease_until_ms
 
 
 def _lease_result(work: Working, position: int, meta: PositionMeta) -> Record:

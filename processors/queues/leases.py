@@ -267,21 +267,16 @@ def live_lease(stage: Staged, ctx: Context, token: tokens.Token) -> tuple[QueueR
     return record, _leased(stage, ctx, token)
 
 
-def current_delivery(stage: Staged, ctx: Context, delivery: Record) -> Record:
-    """A delivery of a stored Receive outcome as it stands now (processors/repeats.py): while its
-    lease is held, with its body and the lease's current deadline; else with the refusal's code
-    (the queue deleted: TokenInvalidated) and no body."""
-    token = tokens.parse(delivery["token"])
-    try:
-        if load_queue_by_id(stage, token.incarnation) is None:
-            raise Rejected(ErrorCode.TOKEN_INVALIDATED, "delivery token is not valid")
-        meta = _leased(stage, ctx, token)
-    except Rejected as refusal:
-        return dict(delivery, body=b"", error_code=str(refusal.code))
+def held_lease(stage: Staged, ctx: Context, token: tokens.Token) -> tuple[bytes, int | None]:
+    """(body, lease deadline) of the lease a token of a stored Receive outcome names, while it is
+    held (processors/repeats.py); else the refusal (the queue deleted: TokenInvalidated)."""
+    if load_queue_by_id(stage, token.incarnation) is None:
+        raise Rejected(ErrorCode.TOKEN_INVALIDATED, "delivery token is not valid")
+    meta = _leased(stage, ctx, token)
     body = stage.get(keys.body(token.incarnation, token.message_id))
     if body is None:
         raise Corruption("a leased message has no body")
-    return dict(delivery, body=body, lease_until_ms=meta.lease_until_ms)
+    return body, meta.lease_until_ms
 
 
 def _lease_result(message_id: str, meta: MessageMeta) -> Record:
