@@ -293,7 +293,7 @@ def _apply_command(
         return None, kind, True
     encoded = encoded or REGISTRY.encode(OUTCOME, outcome)
     if kept:
-        store_outcome(stage, outcome, print_, encoded)
+        store_outcome(stage, outcome, print_, encoded, level)
     return sealed(caller, moment.keyring, encoded), kind, outcome["status"] == "committed"
 
 

@@ -28,7 +28,7 @@ from keyload.log.codec import Record
 from keyload.processors import validation
 from keyload.processors.context import Context
 from keyload.processors.errors import Corruption, ErrorCode, Rejected
-from keyload.processors.features import LEASES_KEPT, OUTCOME_HORIZONS, feature_level
+from keyload.processors.features import LEASES_KEPT, OUTCOME_HORIZONS
 from keyload.processors.fingerprints import FINGERPRINT_BYTES
 from keyload.processors.outcomes import without_bodies
 from keyload.processors.queues.state import move_due_entry
@@ -83,12 +83,12 @@ def inspect_domain(stage: Staged, body: InspectDomain, ctx: Context) -> Record:
     return _view(ctx.domain, domain_policy(stage, ctx.domain))
 
 
-def store_outcome(stage: Staged, outcome: Record, fingerprint: bytes, encoded: bytes) -> None:
+def store_outcome(stage: Staged, outcome: Record, fingerprint: bytes, encoded: bytes, level: int) -> None:
     """Keep a command's outcome (`encoded`) for repeats of its id: from level 2, until its domain's
     horizons, counted from the outcome's evaluation time; from level 3 a receive's without the
-    bodies. The index entry holds what the receipt will, so the sweep never decodes an outcome."""
+    bodies. `level` is the partition's feature level (the caller has read it). The index entry
+    holds what the receipt will, so the sweep never decodes an outcome."""
     domain, command_id = outcome["domain"], outcome["command_id"]
-    level = feature_level(stage)
     kept = without_bodies(outcome, encoded) if level >= LEASES_KEPT else encoded
     stage.put(keys.outcome(domain, command_id), fingerprint + kept)
     if level < OUTCOME_HORIZONS:

@@ -23,6 +23,7 @@ from keyload import limits
 from keyload.log.codec import REGISTRY, Record
 from keyload.processors.context import Context
 from keyload.processors.errors import Corruption, ErrorCode, Rejected
+from keyload.processors.features import feature_level
 from keyload.processors.horizons import store_outcome
 from keyload.processors.outcomes import OUTCOME, new_outcome
 from keyload.processors.queues.state import TimedRecord, remove_index_row, with_timer
@@ -101,7 +102,7 @@ def complete(
     outcome = new_outcome(waiter.command_id, waiter.domain, ctx.partition, waiter.offset, ctx.now_ms)
     outcome["result"] = result
     encoded = REGISTRY.encode(OUTCOME, outcome)
-    store_outcome(stage, outcome, waiter.fingerprint, encoded)
+    store_outcome(stage, outcome, waiter.fingerprint, encoded, feature_level(stage))
     ctx.outbox.published.append((waiter.reply_to, waiter.principal, encoded))
     stage.delete(keys.waiter(queue_id, sequence))
     remove_index_row(stage, keys.timer(queue_id, waiter.deadline_ms, keys.TIMER_WAITER, sequence), "")
