@@ -24,6 +24,13 @@ The levels:
    delivery's token and lease but not its body; a repeat is answered with each lease as it stands
    then (processors/repeats.py): a lease still held with its body and current deadline, one settled,
    expired or invalidated since with its error code and no body.
+4. Finished work is compacted (processors/horizons.py). A message that finishes from here on (acked,
+   expired, cancelled; not a large one, whose history goes with its object) keeps its metadata for
+   its domain's outcome horizon from when it finished, then an identity tombstone until the receipt
+   horizon (its id stays taken), then its id is new. Inbox entries written from here on go at the
+   receipt horizon, a target inbox's with their room. A queue's delivery tokens name the message's
+   enqueue sequence (v2, processors/tokens.py), so a token of an earlier message under a reused id
+   never names a later one's lease.
 """
 
 from __future__ import annotations
@@ -39,6 +46,7 @@ from keyload.projections.store import Readable, Staged
 READS_UNSTORED = 1  # the level from which reads keep no outcome
 OUTCOME_HORIZONS = 2  # the level from which outcomes keep to their domain's horizons
 LEASES_KEPT = 3  # the level from which receives store leases, not bodies, and a repeat re-checks them
+WORK_COMPACTED = 4  # the level from which finished messages and inbox entries go after the horizons
 # The reads level 1 covers, frozen: tests/test_feature_levels.py holds the command table's `reads`
 # rows to it. Making an existing command a read changes how level-1 logs replay: a later level.
 LEVEL_1_READS = frozenset(
@@ -69,8 +77,10 @@ def raise_feature_level(stage: Staged, body: RaiseFeatureLevel, ctx: Context) ->
     current = feature_level(stage)
     if body.level > current:
         stage.put(keys.FEATURE_LEVEL, keys.u64(body.level))
+        if current < WORK_COMPACTED <= body.level:
+            stage.put(keys.MESSAGE_IDS_REUSABLE_SINCE, keys.u64(ctx.now_ms))
         current = body.level
     return {"feature_level": current}
 
 
-assert READS_UNSTORED < OUTCOME_HORIZONS < LEASES_KEPT <= limits.FEATURE_LEVEL
+assert READS_UNSTORED < OUTCOME_HORIZONS < LEASES_KEPT < WORK_COMPACTED <= limits.FEATURE_LEVEL

@@ -22,22 +22,34 @@ from __future__ import annotations
 
 from itertools import islice
 
+from msgspec.structs import replace
+
 from keyload import limits
 from keyload.bodies import ConfigureDomain, InspectDomain
 from keyload.log.codec import Record
 from keyload.processors import validation
 from keyload.processors.context import Context
+from keyload.processors.counters import adjusted
 from keyload.processors.errors import Corruption, ErrorCode, Rejected
 from keyload.processors.features import LEASES_KEPT, OUTCOME_HORIZONS
 from keyload.processors.fingerprints import FINGERPRINT_BYTES
 from keyload.processors.outcomes import without_bodies
 from keyload.processors.queues.state import move_due_entry
 from keyload.projections import keys
-from keyload.projections.records import DomainRecord, load, save
+from keyload.projections.records import (
+    DomainRecord,
+    InboxRecord,
+    MessageMeta,
+    MessageState,
+    QueueView,
+    load,
+    save,
+)
 from keyload.projections.store import Readable, Staged
 
-# The first byte of a horizon index entry: what the row it names is (projections/keys.py, `H`).
-NAMES_OUTCOME, NAMES_RECEIPT = b"o", b"r"
+# The first byte of a horizon index entry: what the row it names is (projections/keys.py, `H`). A command's
+# outcome or receipt; a finished message's metadata (from level 4), or a row that simply goes.
+NAMES_OUTCOME, NAMES_RECEIPT, NAMES_HISTORY, NAMES_ROW = b"o", b"r", b"m", b"d"
 
 DEFAULT_POLICY = DomainRecord(
     outcome_horizon_ms=limits.DEFAULT_OUTCOME_HORIZON_MS,
@@ -101,7 +113,46 @@ def store_outcome(stage: Staged, outcome: Record, fingerprint: bytes, encoded: b
     if receipt_until_ms > expires_ms:
         error_code = (outcome["error_code"] or "").encode("utf-8")
         entry += keys.u64(receipt_until_ms) + keys.u64(outcome["offset"]) + keys.u64(stored_ms) + error_code
-    stage.put(keys.horizon(expires_ms, domain, command_id), entry)
+    _index(stage, keys.horizon(expires_ms, domain, command_id), entry, expires_ms)
+
+
+def retire_message(stage: Staged, queue: QueueView, message_id: str, meta: MessageMeta) -> None:
+    """From level 4, a finished inline message's history (its MessageMeta) is kept for its domain's
+    outcome horizon from when it finished, then an identity tombstone until the receipt horizon, so
+    its id is not used again until then; then the id is new. (A large message's history goes with
+    its object's retention task, processors/payloads/retention.py, and its identity stays.)"""
+    assert meta.terminal_at_ms is not None and meta.payload is None
+    policy = domain_policy(stage, queue.domain)
+    finished_ms = meta.terminal_at_ms
+    expires_ms = finished_ms + policy.outcome_horizon_ms
+    identity_until_ms = finished_ms + policy.receipt_horizon_ms
+    entry = NAMES_HISTORY
+    if identity_until_ms > expires_ms:
+        entry += keys.u64(identity_until_ms) + identity_tombstone(finished_ms, meta.state)
+    _index(stage, keys.horizon_of_row(expires_ms, keys.message(queue.incarnation, message_id)), entry, expires_ms)
+
+
+def identity_tombstone(finished_ms: int, state: MessageState) -> bytes:
+    """What a finished message's identity row holds (keys.IDENTITY): when and how it ended."""
+    return keys.u64(finished_ms) + state.value.encode("utf-8")
+
+
+def read_identity_tombstone(value: bytes) -> tuple[int, str] | None:
+    """(finished ms, terminal state) of an identity tombstone; None for a large message's identity
+    row (its reservation id)."""
+    if len(value) == 8:
+        return None
+    return keys.read_u64(value), value[8:].decode("utf-8")
+
+
+def keep_until_receipt_horizon(stage: Staged, row: bytes, domain: str, now_ms: int) -> None:
+    """Let `row` (an inbox entry, from level 4) go when a command id applied now would become new."""
+    expires_ms = now_ms + domain_policy(stage, domain).receipt_horizon_ms
+    _index(stage, keys.horizon_of_row(expires_ms, row), NAMES_ROW, expires_ms)
+
+
+def _index(stage: Staged, key: bytes, entry: bytes, expires_ms: int) -> None:
+    stage.put(key, entry)
     armed = _sweep_due(stage)
     if armed is None or expires_ms < armed:
         _arm(stage, armed, expires_ms)
@@ -131,24 +182,73 @@ def sweep(stage: Staged, due_ms: int, ctx: Context, budget: int) -> int:
     due = list(islice(stage.scan(keys.HORIZON + keys.u64(due_ms), end), budget))
     if not due:
         raise Corruption("the horizon sweep is due but no outcome or receipt expires")
-    receipts: list[int] = []  # the expiries of the receipts written: one may fall before the last row swept
+    followers: list[int] = []  # the expiries of the rows left behind: one may fall before the last row swept
     for key, entry in due:
-        _, domain, command_id = keys.parse_horizon(key)
         stage.delete(key)
-        row = keys.outcome(domain, command_id) if entry[:1] == NAMES_OUTCOME else keys.receipt(domain, command_id)
-        stored = stage.get(row)
-        if stored is None:
-            raise Corruption(f"the horizon index names command {command_id!r}, which has no such row")
-        stage.delete(row)
-        if len(entry) > 1:  # an outcome's receipt: expiry | offset | evaluation time | error code
-            receipts.append(keys.read_u64(entry, 1))
-            stage.put(keys.receipt(domain, command_id), stored[:FINGERPRINT_BYTES] + entry[9:])
-            stage.put(keys.horizon(receipts[-1], domain, command_id), NAMES_RECEIPT)
-    # Past the rows swept (deleted here, so not walked again), and the receipts written before them.
+        row = keys.horizon_row(key)
+        if row is None:
+            _sweep_command(stage, key, entry, followers)
+        else:
+            _sweep_row(stage, row, entry, followers)
+    # Past the rows swept (deleted here, so not walked again), and the rows left behind by them.
     following = stage.first(due[-1][0] + b"\x00", keys.prefix_end(keys.HORIZON))
-    expiries = receipts + ([] if following is None else [keys.parse_horizon(following[0])[0]])
+    expiries = followers + ([] if following is None else [keys.horizon_expiry(following[0])])
     _arm(stage, due_ms, min(expiries, default=None))
     return len(due)
+
+
+def _sweep_command(stage: Staged, key: bytes, entry: bytes, followers: list[int]) -> None:
+    """An outcome goes, leaving its receipt when it has a receipt horizon; or a receipt goes."""
+    domain, command_id = keys.parse_horizon(key)
+    row = keys.outcome(domain, command_id) if entry[:1] == NAMES_OUTCOME else keys.receipt(domain, command_id)
+    stored = stage.get(row)
+    if stored is None:
+        raise Corruption(f"the horizon index names command {command_id!r}, which has no such row")
+    stage.delete(row)
+    if len(entry) > 1:  # an outcome's receipt: expiry | offset | evaluation time | error code
+        followers.append(keys.read_u64(entry, 1))
+        stage.put(keys.receipt(domain, command_id), stored[:FINGERPRINT_BYTES] + entry[9:])
+        stage.put(keys.horizon(followers[-1], domain, command_id), NAMES_RECEIPT)
+
+
+def _sweep_row(stage: Staged, row: bytes, entry: bytes, followers: list[int]) -> None:
+    """A finished message's history goes, leaving its identity tombstone when it has one; or a row
+    goes. A deleted queue or group reclaims its rows on its own (processors/reclamation.py), maybe
+    first: its rows may be gone, and leave nothing behind."""
+    retired = _owner_retired(stage, row)
+    stored = stage.get(row)
+    if stored is None:
+        if not retired:
+            raise Corruption(f"the horizon index names row {row.hex()}, which is missing")
+        return
+    stage.delete(row)
+    if row[:1] == keys.TARGET_INBOX_ENTRY:
+        _release_receipt(stage, row, stored)
+    if len(entry) > 1 and not retired:  # history's identity: expiry | identity tombstone
+        followers.append(keys.read_u64(entry, 1))
+        identity = keys.IDENTITY + row[1:]  # the same queue id | message id
+        stage.put(identity, entry[9:])
+        stage.put(keys.horizon_of_row(followers[-1], identity), NAMES_ROW)
+
+
+def _release_receipt(stage: Staged, row: bytes, stored: bytes) -> None:
+    """A target inbox entry's room goes back to its domain's inbox (charged as in CommitInbox)."""
+    config_row = keys.inbox_config(keys.target_inbox_domain(row))
+    inbox = load(stage, config_row, InboxRecord)
+    if inbox is None:
+        raise Corruption(f"inbox entry {row.hex()} has no inbox")
+    receipts = adjusted("receipts", inbox.receipts, -1)
+    used = adjusted("bytes", inbox.bytes, -(len(row) + len(stored)))
+    save(stage, config_row, replace(inbox, receipts=receipts, bytes=used))
+
+
+def _owner_retired(stage: Readable, row: bytes) -> bool:
+    """Whether the queue or group a row is kept under (its first u64) is deleted; a target inbox
+    entry's domain never is."""
+    if row[:1] == keys.TARGET_INBOX_ENTRY:
+        return False
+    resource = stage.get(keys.resource_key(keys.read_u64(row, 1)))
+    return resource is None or resource[:1] in (keys.RETIRED, keys.RETIRED_GROUP)
 
 
 def _sweep_due(stage: Readable) -> int | None:

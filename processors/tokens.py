@@ -9,6 +9,11 @@ Wire form: "v1." + base64url(payload | mac), payload =
 u8 key id length | key id | u64 incarnation | u64 delivery generation |
 u64 lease version | u16 message id length | message id | u16 principal length |
 principal; mac = HMAC-SHA256(key, payload | domain | 0x00 | queue name).
+
+"v2." tokens (a queue's, from feature level 4) append u64 enqueue sequence to the payload. From
+that level a finished message's id becomes new after its domain's receipt horizon, so a message id
+alone no longer names one message: the enqueue sequence does, and a token of an earlier message
+under the id never names a lease of a later one.
 """
 
 from __future__ import annotations
@@ -24,10 +29,12 @@ from dataclasses import dataclass
 from keyload.processors.errors import ErrorCode, Rejected
 
 PREFIX = "v1."
+PREFIX_V2 = "v2."  # with the message's enqueue sequence
 MAC_BYTES = 32
 MAX_TOKEN_CHARS = 1024
 _U64x3 = struct.Struct(">QQQ")
 _U16 = struct.Struct(">H")
+_U64 = struct.Struct(">Q")
 
 Keyring = Mapping[str, bytes]
 
@@ -40,6 +47,7 @@ class Token:
     lease_version: int
     message_id: str
     principal: str
+    enqueue_sequence: int | None  # None: a v1 token
     payload: bytes
     mac: bytes
 
@@ -64,7 +72,9 @@ def issue(
     principal: str,
     delivery_generation: int,
     lease_version: int,
+    enqueue_sequence: int | None = None,
 ) -> str:
+    """A v1 token, or a v2 token when the message's `enqueue_sequence` is given."""
     encoded_key = key_id.encode("utf-8")
     encoded_id = message_id.encode("utf-8")
     encoded_principal = principal.encode("utf-8")
@@ -77,15 +87,20 @@ def issue(
         + _U16.pack(len(encoded_principal))
         + encoded_principal
     )
+    prefix = PREFIX
+    if enqueue_sequence is not None:
+        prefix, payload = PREFIX_V2, payload + _U64.pack(enqueue_sequence)
     mac = _mac(keyring[key_id], payload, domain, queue)
-    return PREFIX + base64.urlsafe_b64encode(payload + mac).decode("ascii").rstrip("=")
+    return prefix + base64.urlsafe_b64encode(payload + mac).decode("ascii").rstrip("=")
 
 
 def parse(token: str) -> Token:
     """The token's fields, unverified; TokenInvalidated if it is not a token at all."""
-    if not token.startswith(PREFIX) or len(token) > MAX_TOKEN_CHARS:
+    version_2 = token.startswith(PREFIX_V2)
+    if not (version_2 or token.startswith(PREFIX)) or len(token) > MAX_TOKEN_CHARS:
         raise _invalid()
     text = token[len(PREFIX) :]
+    enqueue_sequence = None
     try:
         raw = base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
         payload, mac = raw[:-MAC_BYTES], raw[-MAC_BYTES:]
@@ -99,11 +114,14 @@ def parse(token: str) -> Token:
         (principal_length,) = _U16.unpack_from(payload, at)
         principal = payload[at + 2 : at + 2 + principal_length].decode("utf-8")
         at += 2 + principal_length
+        if version_2:
+            (enqueue_sequence,) = _U64.unpack_from(payload, at)
+            at += _U64.size
     except (binascii.Error, ValueError, IndexError, struct.error, UnicodeDecodeError):
         raise _invalid() from None
     if at != len(payload) or len(mac) != MAC_BYTES or len(message_id.encode("utf-8")) != id_length:
         raise _invalid()
-    return Token(key_id, incarnation, generation, lease_version, message_id, principal, payload, mac)
+    return Token(key_id, incarnation, generation, lease_version, message_id, principal, enqueue_sequence, payload, mac)
 
 
 def verify_signature(key: bytes | None, token: Token, domain: str, queue: str) -> None:

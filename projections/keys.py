@@ -40,6 +40,9 @@ OUTCOME = b"o"  # o | domain (u8-prefixed) | command id         -> fingerprint(3
 RECEIPT = b"O"
 # H | expires ms u64 | domain (u8-prefixed) | command id -> "o" naming an outcome, then (when a receipt follows)
 #   u64 receipt expiry | the receipt's offset, time and error code as `O` holds them; "r" naming a receipt
+# H | expires ms u64 | 0x00 | a row's key (domains are never empty, so no command's entry starts so) -> "m" naming
+#   a finished message's metadata, then (when its identity outlives it) u64 identity expiry | the identity
+#   tombstone `u` will hold; "d" naming a row that simply goes (an identity tombstone, an inbox entry)
 HORIZON = b"H"
 DOMAIN = b"D"  # D | domain                                      -> DomainRecord (absent: the default policy)
 POISON = b"p"  # p | offset u64                                 -> PoisonEntry
@@ -60,7 +63,9 @@ TARGET_INBOX_ENTRY = b"l"
 INBOX = b"z"  # z | domain (u8-prefixed)                           -> InboxRecord (the target inbox's policy and use)
 RESERVATION = b"R"  # R | reservation id u64                      -> PayloadReservation
 # u | queue id u64 | message id -> u64 reservation id: a large message's identity, from its reservation on;
-#   kept after its history (MessageMeta) is reclaimed, so the id is never used again
+#   kept after its history (MessageMeta) is reclaimed, so the id is never used again. From feature level 4
+#   also an inline message's identity tombstone once its history is past the outcome horizon
+#   (processors/horizons.py): u64 terminal time | terminal state (UTF-8), until the receipt horizon
 IDENTITY = b"u"
 PUBLISHED_CHECKPOINT = b"K"  # K | offset u64                   -> manifest SHA-256 (a published checkpoint, ≥ floor)
 PRINCIPAL_KEY = b"B"  # B | key id                                 -> principal name (a key ever a principal's)
@@ -87,6 +92,9 @@ RECOVERY_FLOOR = META + b"recovery_floor"  # u64 floor offset as last logged by 
 FEATURE_LEVEL = META + b"feature_level"  # u64 semantics in force (processors/features.py); absent: 0
 POLICY_EPOCH = META + b"policy_epoch"  # u64 changes of principals and grants; present: access control is on
 HORIZON_DUE = META + b"horizon_due"  # u64 earliest expiry in the horizon index `H` (absent: none)
+# u64 log time the partition reached feature level 4, from which a finished message id can become new: a
+#   delivery token without the message's enqueue sequence (v1) names no message enqueued after it
+MESSAGE_IDS_REUSABLE_SINCE = META + b"message_ids_reusable_since"
 RETIRED_IDENTITIES = META + b"retired_identities"  # u64 message ids whose history was reclaimed
 
 # Timer kinds, in the order they fire when due at the same instant.
@@ -288,10 +296,25 @@ def horizon(expires_ms: int, domain: str, command_id: str) -> bytes:
     return HORIZON + U64.pack(expires_ms) + _domain(domain) + command_id.encode("utf-8")
 
 
-def parse_horizon(key: bytes) -> tuple[int, str, str]:
-    """(expiry ms, domain, command id) of a horizon index key."""
+def horizon_of_row(expires_ms: int, row: bytes) -> bytes:
+    """The horizon index key of a row that is not a command's outcome or receipt."""
+    return HORIZON + U64.pack(expires_ms) + b"\x00" + row
+
+
+def horizon_expiry(key: bytes) -> int:
+    return read_u64(key, 1)
+
+
+def horizon_row(key: bytes) -> bytes | None:
+    """The row a horizon index key of `horizon_of_row` names; None for a command's entry."""
+    return key[10:] if key[9] == 0 else None
+
+
+def parse_horizon(key: bytes) -> tuple[str, str]:
+    """(domain, command id) of a command's horizon index key."""
     length = key[9]
-    return read_u64(key, 1), key[10 : 10 + length].decode("utf-8"), key[10 + length :].decode("utf-8")
+    assert length, "a row's horizon entry names no command"
+    return key[10 : 10 + length].decode("utf-8"), key[10 + length :].decode("utf-8")
 
 
 def domain_policy(domain: str) -> bytes:
@@ -417,6 +440,11 @@ def target_inbox_entry(
         + _short(scope)
         + message_id.encode("utf-8")
     )
+
+
+def target_inbox_domain(row: bytes) -> str:
+    """The domain whose target inbox holds an `l` row."""
+    return row[2 : 2 + row[1]].decode("utf-8")
 
 
 def inbox_config(domain: str) -> bytes:

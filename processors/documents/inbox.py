@@ -14,10 +14,11 @@ CommitInbox is the target's side: a domain that receives effects on behalf of a
 delivery in another domain keeps its own entries, keyed by the source reference,
 within a configured policy (ConfigureInbox); the source ack is a separate command.
 
-Entries are kept as long as message tombstones are (forever, until retention). The outcome an
-entry names keeps to its domain's horizons from feature level 2 (processors/horizons.py): a repeat
-after it is gone answers `already_processed` with the entry's command, offset and time, without
-the first results.
+Entries are kept as long as message tombstones are: until feature level 4, forever; from it, until
+the domain's receipt horizon (processors/horizons.py), a target inbox's giving its room back. The
+outcome an entry names keeps to its domain's horizons from feature level 2: a repeat after it is
+gone answers `already_processed` with the entry's command, offset and time, without the first
+results.
 """
 
 from __future__ import annotations
@@ -30,12 +31,12 @@ from msgspec.structs import replace
 from keyload import limits
 from keyload.bodies import CommitInbox, CompleteProcessing, ConfigureInbox
 from keyload.log.codec import REGISTRY, Record
-from keyload.processors import validation
+from keyload.processors import horizons, validation
 from keyload.processors.batch import apply_mutations, check_domains, effects_digest
 from keyload.processors.context import Context
 from keyload.processors.counters import adjusted
 from keyload.processors.errors import Corruption, ErrorCode, Rejected
-from keyload.processors.features import OUTCOME_HORIZONS, feature_level
+from keyload.processors.features import OUTCOME_HORIZONS, WORK_COMPACTED, feature_level
 from keyload.processors.fingerprints import FINGERPRINT_BYTES
 from keyload.processors.groups import leases as group_leases
 from keyload.processors.outcomes import OUTCOME
@@ -143,8 +144,16 @@ def complete_processing(stage: Staged, body: CompleteProcessing, ctx: Context) -
     check_live()
     results = apply_mutations(stage, body.effects, ctx)
     ack()
-    save(stage, row, _entry(ctx, digest))
+    _keep_entry(stage, ctx, row, _entry(ctx, digest))
     return _receipt(ctx, results)
+
+
+def _keep_entry(stage: Staged, ctx: Context, row: bytes, entry: InboxEntry) -> None:
+    """Store an inbox entry: from level 4 until the domain's receipt horizon, when a command id
+    applied now would become new (a queue's message identity goes then too, just after it)."""
+    save(stage, row, entry)
+    if feature_level(stage) >= WORK_COMPACTED:
+        horizons.keep_until_receipt_horizon(stage, row, ctx.domain, ctx.now_ms)
 
 
 def _inbox_view(domain: str, inbox: InboxRecord) -> Record:
@@ -197,7 +206,7 @@ def commit_inbox(stage: Staged, body: CommitInbox, ctx: Context) -> Record:
             f"the inbox holds {inbox.receipts} receipts in {inbox.bytes} bytes: no room for one more",
         )
     results = apply_mutations(stage, body.effects, ctx)
-    save(stage, row, entry)
+    _keep_entry(stage, ctx, row, entry)
     receipts = adjusted("receipts", inbox.receipts, 1)
     used = adjusted("bytes", inbox.bytes, charge)
     save(stage, config_row, replace(inbox, receipts=receipts, bytes=used))

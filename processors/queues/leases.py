@@ -121,6 +121,7 @@ def claim(
         return [], budget_hit
     key_id, key = active_key(stage, ctx.keyring, TOKEN)
     lease_until = ctx.now_ms + wanted.lease_ms
+    sequenced = stage.get(keys.MESSAGE_IDS_REUSABLE_SINCE) is not None  # v2 tokens
     deliveries = []
     for message_id, ready in claims:
         meta = leave(stage, work, message_id, ready)
@@ -144,6 +145,7 @@ def claim(
             principal=principal,
             delivery_generation=meta.delivery_generation,
             lease_version=meta.lease_version,
+            enqueue_sequence=meta.enqueue_sequence if sequenced else None,
         )
         deliveries.append(
             {
@@ -245,12 +247,23 @@ def _leased(stage: Staged, ctx: Context, token: tokens.Token) -> MessageMeta:
         meta.state != MessageState.leased
         or meta.delivery_generation != token.delivery_generation
         or meta.lease_version != token.lease_version
+        or not _same_message(stage, token, meta)
     ):
         raise Rejected(ErrorCode.STALE_LEASE, "the lease this token names is no longer current")
     assert meta.lease_until_ms is not None
     if meta.lease_until_ms <= ctx.now_ms:
         raise Rejected(ErrorCode.LEASE_EXPIRED, "the lease has expired")
     return meta
+
+
+def _same_message(stage: Staged, token: tokens.Token, meta: MessageMeta) -> bool:
+    """Whether the token was issued for this message and not an earlier one under its id: a v2
+    token names its enqueue sequence; a v1 token was issued before the partition's message ids could
+    become new (processors/tokens.py), so it names no message enqueued after that."""
+    if token.enqueue_sequence is not None:
+        return token.enqueue_sequence == meta.enqueue_sequence
+    since = stage.get(keys.MESSAGE_IDS_REUSABLE_SINCE)
+    return since is None or meta.enqueued_at_ms <= keys.read_u64(since)
 
 
 def check_lease(stage: Staged, ctx: Context, token_text: str) -> tuple[Working, str, MessageMeta]:

@@ -3,7 +3,8 @@
 `leave` and `enter` are the only places that touch state indexes and per-state
 counters, so each transition keeps them exact by construction. Terminal states
 (acked, expired, cancelled) release the body and the stored quota exactly once;
-their metadata stays as a tombstone so a message id is never reused.
+their metadata stays as a tombstone so a message id is not reused (from feature level 4 until
+the domain's horizons, processors/horizons.py; before it, forever).
 
 The records are frozen: a transition changes the command's queue record through its
 `Working` (processors/queues/state.py) and returns the message's new metadata, which
@@ -18,9 +19,10 @@ import hmac
 from msgspec.structs import replace
 
 from keyload.log.codec import Record
-from keyload.processors import waiters
+from keyload.processors import horizons, waiters
 from keyload.processors.context import Context
 from keyload.processors.errors import Corruption
+from keyload.processors.features import WORK_COMPACTED, feature_level
 from keyload.processors.key_rotation import JITTER, active_key
 from keyload.processors.payloads import reservations, retention
 from keyload.processors.queues.state import (
@@ -207,6 +209,8 @@ def _release(stage: Staged, work: Working, message_id: str, meta: MessageMeta, c
     meta = replace(meta, terminal_at_ms=ctx.now_ms)
     if meta.payload is not None:
         retention.retire_payload(stage, work.view, message_id, meta, ctx)
+    elif feature_level(stage) >= WORK_COMPACTED:
+        horizons.retire_message(stage, work.view, message_id, meta)
     return meta
 
 

@@ -23,6 +23,7 @@ from keyload.log.codec import Record
 from keyload.processors import reclamation, validation, waiters
 from keyload.processors.context import Context
 from keyload.processors.errors import Corruption, ErrorCode, Rejected
+from keyload.processors.horizons import read_identity_tombstone
 from keyload.processors.policy import resolve_policy
 from keyload.processors.queues.lifecycle import add_expiry, enter, receive_result
 from keyload.processors.queues.state import (
@@ -332,9 +333,18 @@ def inspect_message(stage: Staged, body: InspectMessage, ctx: Context) -> Record
     check_message_id(body.message_id)
     meta = load_message(stage, queue_id, body.message_id)
     if meta is None:
-        if stage.get(keys.identity(queue_id, body.message_id)) is not None:
+        identity = stage.get(keys.identity(queue_id, body.message_id))
+        if identity is None:
+            raise Rejected(ErrorCode.NOT_FOUND, "message does not exist")
+        tombstone = read_identity_tombstone(identity)
+        if tombstone is None:
             raise Rejected(ErrorCode.NOT_FOUND, "message is reserved, or its history was reclaimed (the id stays used)")
-        raise Rejected(ErrorCode.NOT_FOUND, "message does not exist")
+        finished_ms, state = tombstone
+        raise Rejected(
+            ErrorCode.HISTORY_UNAVAILABLE,
+            f"message was {state} at {finished_ms} ms; its history is past the domain's outcome horizon "
+            "(the id stays used until its receipt horizon)",
+        )
     payload = stage.get(keys.body(queue_id, body.message_id)) if body.include_body else None
     if meta.state in LIVE_STATES and payload is None and body.include_body:
         raise Corruption(f"live message {meta.enqueue_sequence} of queue {queue_id} has no body")
