@@ -1,4 +1,4 @@
-"""What outcomes leave in the projection at feature levels 1, 2 and 3 (processors/horizons.py, repeats.py).
+"""What outcomes leave in the projection at feature levels 1 to 4 (processors/horizons.py, repeats.py).
 
     python -m bench.horizons [--cycles N] [--json]
 
@@ -9,7 +9,7 @@ both horizons and Ticks until the sweep has caught up. Measured with keyload cen
 (keyload/operations/census.py) halfway, at the end of the cycles and after the wait: the rows and
 bytes of stored outcomes, receipts and the horizon index, and the projection's bytes. Also the CPU
 µs per cycle (thread CPU of step()), the horizon bookkeeping and sweep included from level 2, the
-receive outcome stored without bodies at level 3.
+receive outcome stored without bodies at level 3, the finished messages compacted at level 4.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from .reclamation import Deployment, enqueue
 DEFAULT_CYCLES = 5_000
 OUTCOME_HORIZON_MS, RECEIPT_HORIZON_MS = 1_000, 2_000
 FAMILIES = ("outcome", "receipt", "horizon")
-LEVELS = (1, 2, 3)  # before horizons; horizons; receives keep leases, not bodies
+LEVELS = (1, 2, 3, 4)  # before horizons; horizons; receives keep leases, not bodies; finished work compacted
 
 
 def _snapshot(counted: Census) -> dict[str, int]:

@@ -28,7 +28,8 @@ The levels:
    expired, cancelled; not a large one, whose history goes with its object) keeps its metadata for
    its domain's outcome horizon from when it finished, then an identity tombstone until the receipt
    horizon (its id stays taken), then its id is new. Inbox entries written from here on go at the
-   receipt horizon, a target inbox's with their room. A queue's delivery tokens name the message's
+   receipt horizon, a target inbox's with their room, and so do the tombstones of documents deleted
+   from here on (unless written again first). A queue's delivery tokens name the message's
    enqueue sequence (v2, processors/tokens.py), so a token of an earlier message under a reused id
    never names a later one's lease.
 """

@@ -10,12 +10,18 @@ policy (ConfigureDomain; absent: the defaults of keyload/limits.py) bounds that 
   the command ended: the id stays taken, and nothing is applied twice;
 - after the receipt horizon the command id is new.
 
-The horizons in force when an outcome is stored are the ones it keeps: a ConfigureDomain applies
-to outcomes stored after it. Outcomes stored before the partition reached level 2 are kept as they
-were. Each stored outcome has an entry in the horizon index (`H`, by expiry). The partition's
-horizon sweep is one entry of the due index (keys.HORIZON_SWEEP, due at the earliest expiry), so
-it fires before a record like any timer, within the record's timer budget, and looks at nothing
-that is not due: a replay removes exactly the same rows at the same records.
+From feature level 4 finished work keeps to the same horizons, counted from when it finished: a
+finished inline message's metadata for the outcome horizon, then an identity tombstone (`u`: when and
+how it ended) until the receipt horizon, so its id is not used again until then; inbox entries,
+target-inbox receipts and deleted documents' tombstones until the receipt horizon.
+
+The horizons in force when an outcome is stored (a message finishes, an entry is written) are the
+ones it keeps: a ConfigureDomain applies to what is stored after it. What was stored before the
+partition reached the level is kept as it was. Each row kept to a horizon has an entry in the
+horizon index (`H`, by expiry). The partition's horizon sweep is one entry of the due index
+(keys.HORIZON_SWEEP, due at the earliest expiry), so it fires before a record like any timer,
+within the record's timer budget, and looks at nothing that is not due: a replay removes exactly
+the same rows at the same records.
 """
 
 from __future__ import annotations
@@ -37,6 +43,7 @@ from keyload.processors.outcomes import without_bodies
 from keyload.processors.queues.state import move_due_entry
 from keyload.projections import keys
 from keyload.projections.records import (
+    DocumentRecord,
     DomainRecord,
     InboxRecord,
     MessageMeta,
@@ -48,8 +55,9 @@ from keyload.projections.records import (
 from keyload.projections.store import Readable, Staged
 
 # The first byte of a horizon index entry: what the row it names is (projections/keys.py, `H`). A command's
-# outcome or receipt; a finished message's metadata (from level 4), or a row that simply goes.
-NAMES_OUTCOME, NAMES_RECEIPT, NAMES_HISTORY, NAMES_ROW = b"o", b"r", b"m", b"d"
+# outcome or receipt; from level 4 a finished message's metadata, a deleted document's tombstone (then
+# u64 its revision), or a row that simply goes.
+NAMES_OUTCOME, NAMES_RECEIPT, NAMES_HISTORY, NAMES_TOMBSTONE, NAMES_ROW = b"o", b"r", b"m", b"t", b"d"
 
 DEFAULT_POLICY = DomainRecord(
     outcome_horizon_ms=limits.DEFAULT_OUTCOME_HORIZON_MS,
@@ -151,6 +159,13 @@ def keep_until_receipt_horizon(stage: Staged, row: bytes, domain: str, now_ms: i
     _index(stage, keys.horizon_of_row(expires_ms, row), NAMES_ROW, expires_ms)
 
 
+def keep_tombstone_until_receipt_horizon(stage: Staged, row: bytes, revision: int, domain: str, now_ms: int) -> None:
+    """Let a deleted document's tombstone (`row`, at `revision`; from level 4) go at the domain's
+    receipt horizon, unless the document is written again before: its revisions restart after."""
+    expires_ms = now_ms + domain_policy(stage, domain).receipt_horizon_ms
+    _index(stage, keys.horizon_of_row(expires_ms, row), NAMES_TOMBSTONE + keys.u64(revision), expires_ms)
+
+
 def _index(stage: Staged, key: bytes, entry: bytes, expires_ms: int) -> None:
     stage.put(key, entry)
     armed = _sweep_due(stage)
@@ -176,8 +191,9 @@ def repeat_past_horizon(stage: Readable, domain: str, command_id: str, fingerpri
 
 
 def sweep(stage: Staged, due_ms: int, ctx: Context, budget: int) -> int:
-    """Let at most `budget` expired outcomes and receipts go, earliest first: an outcome leaves its
-    receipt when it has a receipt horizon. The rows it removed."""
+    """Let at most `budget` expired rows go, earliest first: an outcome leaves its receipt, and a
+    finished message's metadata its identity tombstone, when they have a receipt horizon. The
+    horizon index entries it removed."""
     end = keys.HORIZON + keys.u64(ctx.now_ms + 1)
     due = list(islice(stage.scan(keys.HORIZON + keys.u64(due_ms), end), budget))
     if not due:
@@ -212,19 +228,24 @@ def _sweep_command(stage: Staged, key: bytes, entry: bytes, followers: list[int]
 
 
 def _sweep_row(stage: Staged, row: bytes, entry: bytes, followers: list[int]) -> None:
-    """A finished message's history goes, leaving its identity tombstone when it has one; or a row
-    goes. A deleted queue or group reclaims its rows on its own (processors/reclamation.py), maybe
-    first: its rows may be gone, and leave nothing behind."""
+    """A finished message's history goes, leaving its identity tombstone when it has one; a deleted
+    document's tombstone goes unless it was written again since; or a row goes. A deleted queue or
+    group reclaims its rows on its own (processors/reclamation.py), maybe first: its rows may be
+    gone, and leave nothing behind."""
     retired = _owner_retired(stage, row)
     stored = stage.get(row)
     if stored is None:
         if not retired:
             raise Corruption(f"the horizon index names row {row.hex()}, which is missing")
         return
+    if entry[:1] == NAMES_TOMBSTONE:
+        document = DocumentRecord.decode(stored)
+        if not document.deleted or document.revision != keys.read_u64(entry, 1):
+            return  # written again: live, or deleted again, with an entry of its own
     stage.delete(row)
     if row[:1] == keys.TARGET_INBOX_ENTRY:
         _release_receipt(stage, row, stored)
-    if len(entry) > 1 and not retired:  # history's identity: expiry | identity tombstone
+    if entry[:1] == NAMES_HISTORY and len(entry) > 1 and not retired:  # expiry | identity tombstone
         followers.append(keys.read_u64(entry, 1))
         identity = keys.IDENTITY + row[1:]  # the same queue id | message id
         stage.put(identity, entry[9:])
@@ -243,9 +264,9 @@ def _release_receipt(stage: Staged, row: bytes, stored: bytes) -> None:
 
 
 def _owner_retired(stage: Readable, row: bytes) -> bool:
-    """Whether the queue or group a row is kept under (its first u64) is deleted; a target inbox
-    entry's domain never is."""
-    if row[:1] == keys.TARGET_INBOX_ENTRY:
+    """Whether the queue or group a row is kept under (its first u64) is deleted; the domain of a
+    target inbox entry or a document never is."""
+    if row[:1] in (keys.TARGET_INBOX_ENTRY, keys.DOCUMENT):
         return False
     resource = stage.get(keys.resource_key(keys.read_u64(row, 1)))
     return resource is None or resource[:1] in (keys.RETIRED, keys.RETIRED_GROUP)

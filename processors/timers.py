@@ -58,7 +58,7 @@ def fire_due(stage: Staged, ctx: Context) -> Record:
         if first is None or keys.parse_due_queue(first[0])[0] != next_due:
             raise Corruption("the partition's next due time disagrees with its due index")
         due_ms, incarnation = keys.parse_due_queue(first[0])
-        if incarnation == keys.HORIZON_SWEEP:  # outcomes and receipts past their horizon
+        if incarnation == keys.HORIZON_SWEEP:  # outcomes, receipts and finished work past their horizons
             swept = horizons.sweep(stage, due_ms, ctx, budget - examined)
             examined += swept
             transitions += swept

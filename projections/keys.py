@@ -42,7 +42,8 @@ RECEIPT = b"O"
 #   u64 receipt expiry | the receipt's offset, time and error code as `O` holds them; "r" naming a receipt
 # H | expires ms u64 | 0x00 | a row's key (domains are never empty, so no command's entry starts so) -> "m" naming
 #   a finished message's metadata, then (when its identity outlives it) u64 identity expiry | the identity
-#   tombstone `u` will hold; "d" naming a row that simply goes (an identity tombstone, an inbox entry)
+#   tombstone `u` will hold; "t" naming a deleted document's tombstone, then u64 its revision (it goes only
+#   if still that tombstone); "d" naming a row that simply goes (an identity tombstone, an inbox entry)
 HORIZON = b"H"
 DOMAIN = b"D"  # D | domain                                      -> DomainRecord (absent: the default policy)
 POISON = b"p"  # p | offset u64                                 -> PoisonEntry
@@ -53,7 +54,9 @@ GROUP = b"g"  # g | topic id u64 | group name                   -> GroupRecord
 POSITION = b"c"  # c | group id u64 | position u64               -> PositionMeta (outstanding: leased, retrying, due)
 DUE_POSITION = b"v"  # v | group id u64 | position u64           -> empty (an outstanding position whose retry is due)
 PARKED = b"y"  # y | group id u64 | position u64                 -> PositionMeta (parked)
-DOCUMENT = b"f"  # f | domain (u8-prefixed) | document key       -> DocumentRecord (a deleted one: its tombstone)
+# f | domain (u8-prefixed) | document key -> DocumentRecord (a deleted one: its tombstone; from feature level 4
+#   until the domain's receipt horizon)
+DOCUMENT = b"f"
 # j | queue or group id u64 | delivery generation u64 | execution generation u64 | handler scope (u8-prefixed)
 #   | message id (a group's: its position in decimal)              -> InboxEntry (CompleteProcessing)
 INBOX_ENTRY = b"j"

@@ -4,8 +4,9 @@ What a user notices: a finished message answers InspectMessage for its domain's 
 when it finished; then, until the receipt horizon, InspectMessage is HistoryUnavailable and its id
 is still taken (Enqueue: Conflict); then the id is new. A delivery token of the earlier message
 never settles the later one, an inbox entry goes with its message's identity (so a later message
-under the id is processed afresh), a target inbox gets its room back, and the projection keeps no
-row of finished work past the horizons. A replay removes exactly the same rows.
+under the id is processed afresh), a target inbox gets its room back, a deleted document's tombstone
+goes unless the document was written again, and the projection keeps no row of finished work past
+the horizons. A replay removes exactly the same rows.
 """
 
 from __future__ import annotations
@@ -17,6 +18,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from keyload import limits
+from keyload.operations.census import census
+from keyload.processors import tokens
 from keyload.processors.features import LEASES_KEPT, WORK_COMPACTED
 from keyload.projections import keys
 from keyload.projections.store import Store
@@ -24,23 +28,31 @@ from keyload.sdk.envelope import Outcome
 
 from .support import (
     ACK,
+    BATCH,
     CANCEL,
     COMMIT_INBOX,
     COMPLETE_PROCESSING,
     CONFIGURE_INBOX,
     CREATE_QUEUE,
+    DELETE_DOCUMENT,
     ENQUEUE,
+    GET_DOCUMENT,
     INSPECT_MESSAGE,
     INSPECT_QUEUE,
+    PUT_DOCUMENT,
     RECEIVE,
     TICK,
     Embedded,
     assert_replay_equals_live,
+    batch_body,
     close_after_replay_check,
     create_queue_body,
+    delete_document_body,
     enqueue_body,
     expect,
     message_fence,
+    mutation,
+    put_document_body,
     receive_body,
     submit_unhalted,
 )
@@ -199,6 +211,48 @@ def test_a_deleted_queue_reclaims_its_finished_messages_first(embedded: Embedded
     assert_replay_equals_live(embedded, D, tmp_path)
 
 
+def test_a_deleted_documents_tombstone_goes_unless_written_again(embedded: Embedded, tmp_path: Path) -> None:
+    at_level(embedded)
+    for key in ("gone", "back", "twice"):
+        ok(embedded, PUT_DOCUMENT, put_document_body(key))
+        ok(embedded, DELETE_DOCUMENT, delete_document_body(key))
+    embedded.now_ms += 1
+    ok(embedded, PUT_DOCUMENT, put_document_body("back", expected_revision=0))  # revision 3: after the tombstone
+    ok(embedded, PUT_DOCUMENT, put_document_body("twice"))
+    ok(embedded, DELETE_DOCUMENT, delete_document_body("twice"))  # a tombstone of its own, 1 ms later
+    later(embedded, RECEIPT_MS - 1)
+    store = embedded.store(D)
+    assert store.get(keys.document(D, "gone")) is None
+    assert ok(embedded, GET_DOCUMENT, {"key": "back"}).revision == 3
+    assert store.get(keys.document(D, "twice")) is not None
+    later(embedded, 1)
+    assert store.get(keys.document(D, "twice")) is None
+    assert ok(embedded, PUT_DOCUMENT, put_document_body("gone", expected_revision=0)).revision == 1  # a new key
+    assert_replay_equals_live(embedded, D, tmp_path)
+
+
+def test_the_census_shows_what_the_sweep_has_left(embedded: Embedded) -> None:
+    at_level(embedded, receipt_ms=OUTCOME_MS)
+    ok(embedded, CREATE_QUEUE, create_queue_body("bulk", receive_max_messages=100))
+    for first in range(0, 300, 100):
+        enqueues = (mutation(ENQUEUE, enqueue_body("bulk", f"m{n}")) for n in range(first, first + 100))
+        ok(embedded, BATCH, batch_body(*enqueues))
+        deliveries = ok(embedded, RECEIVE, receive_body("bulk", max_messages=100)).deliveries
+        ok(embedded, "keyload.command.AckBatch", {"tokens": [d.token for d in deliveries]})
+    partition = embedded.partition(D)
+    assert census(embedded.data, partition).horizon_due == 0  # nothing is due by the last record's time
+    embedded.now_ms += OUTCOME_MS  # the 300 messages' metadata and the outcomes are due
+    fired = ok(embedded, TICK, {})
+    assert fired.budget_exhausted and fired.transitions == limits.TICK_EXAMINATION_BUDGET
+    left = census(embedded.data, partition)
+    assert left.horizon_due > 300 - limits.TICK_EXAMINATION_BUDGET and left.timers_due == 1  # the sweep, due again
+    while ok(embedded, TICK, {}).budget_exhausted:
+        pass
+    done = census(embedded.data, partition)
+    assert (done.horizon_due, done.timers_due) == (0, 0)
+    assert not {"message", "identity", "outcome"} & {family.family for family in done.families}
+
+
 def test_below_level_4_finished_messages_are_kept(embedded: Embedded) -> None:
     at_level(embedded, LEASES_KEPT)
     ok(embedded, ENQUEUE, enqueue_body("jobs", "m1"))
@@ -217,6 +271,32 @@ def test_a_lease_taken_before_level_4_is_settled_after_it(embedded: Embedded) ->
     ok(embedded, ACK, {"token": delivery.token})  # a v1 token names a message enqueued before it
     later(embedded, RECEIPT_MS)
     assert inspect(embedded, "m1").error_code == "NotFound"
+
+
+def test_a_v1_token_names_no_message_enqueued_after_level_4(embedded: Embedded) -> None:
+    """A v1 token carries no enqueue sequence: from level 4 it is taken only for a message enqueued
+    before the raise, so one of an earlier message under a reused id never settles the later one."""
+    at_level(embedded)
+    embedded.now_ms += 1  # enqueued after the raise (at the raise's own time, a v1 token is taken)
+    ok(embedded, ENQUEUE, enqueue_body("jobs", "m1"))
+    delivery = delivered(embedded)
+    issued = tokens.parse(delivery.token)
+    assert issued.enqueue_sequence == expect(inspect(embedded, "m1"), None).meta.enqueue_sequence
+    fields = {
+        "domain": D,
+        "queue": "jobs",
+        "incarnation": issued.incarnation,
+        "message_id": "m1",
+        "principal": issued.principal,
+        "delivery_generation": issued.delivery_generation,
+        "lease_version": issued.lease_version,
+    }
+    keyring = embedded.data.keyring()
+    v1 = tokens.issue(keyring, issued.key_id, **fields)
+    expect(submit_unhalted(embedded, D, ACK, {"token": v1}), "StaleLease")
+    other_sequence = tokens.issue(keyring, issued.key_id, **fields, enqueue_sequence=issued.enqueue_sequence + 1)
+    expect(submit_unhalted(embedded, D, ACK, {"token": other_sequence}), "StaleLease")
+    ok(embedded, ACK, {"token": delivery.token})
 
 
 # A model: what each message id answers, from when its message finished and the horizons.

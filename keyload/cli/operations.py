@@ -364,7 +364,7 @@ def census(args: argparse.Namespace) -> int:
         lines.append(
             f"p{found.partition}: {applied}, {found.rows:,} rows, {found.bytes:,} bytes; "
             f"reclaiming {', '.join(left) or 'nothing'}; {found.retention_tasks} retention tasks; "
-            f"{found.timers_due} timers due"
+            f"{found.timers_due} timers due; {found.horizon_due} horizon rows due"
         )
         lines.append(f"  {'family':<22} tag {'rows':>12} {'key bytes':>14} {'value bytes':>14}")
         for f in found.families:

@@ -50,6 +50,8 @@ class Census:
     retention_tasks: int  # guarded object deletions not yet confirmed (processors/payloads/retention.py)
     # queues, groups, topics, reclamations and the horizon sweep due at the last applied record's time or before
     timers_due: int
+    # horizon index rows due by then: outcomes, receipts and finished work the sweep has still to remove
+    horizon_due: int
 
 
 class CensusError(KeyloadError):
@@ -81,10 +83,11 @@ def _count(store: Store, partition: int) -> Census:
         for tag, (rows, key_bytes, value_bytes) in sorted(counts.items())
     )
     last = store.get(keys.LAST_TIME)
-    due = 0
+    due = horizon_due = 0
     if last is not None:
-        end = keys.due_queue(keys.read_u64(last) + 1, 0)
-        due = sum(1 for _ in store.scan(keys.DUE_QUEUE, end))
+        after = keys.u64(keys.read_u64(last) + 1)
+        due = sum(1 for _ in store.scan(keys.DUE_QUEUE, keys.DUE_QUEUE + after))
+        horizon_due = sum(1 for _ in store.scan(keys.HORIZON, keys.HORIZON + after))
     return Census(
         partition=partition,
         applied_offset=None if store.applied_offset == NO_OFFSET else store.applied_offset,
@@ -94,4 +97,5 @@ def _count(store: Store, partition: int) -> Census:
         reclaiming={kind: counts.get(tag, [0])[0] for tag, kind in RECLAIMING.items()},
         retention_tasks=counts.get(keys.RETENTION_TASK, [0])[0],
         timers_due=due,
+        horizon_due=horizon_due,
     )

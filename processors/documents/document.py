@@ -3,7 +3,10 @@
 A write is conditional on the revision the writer read (`expected_revision`: null
 unconditional, 0 absent, n exactly n). Revisions only grow: a delete leaves a
 tombstone carrying the revision, so a writer holding revision n of a deleted and
-re-created document is refused rather than overwriting the new one.
+re-created document is refused rather than overwriting the new one. From feature
+level 4 the tombstone goes at the domain's receipt horizon (processors/horizons.py),
+unless the document is written again first: then the key is absent, and a document
+created under it starts at revision 1 again.
 """
 
 from __future__ import annotations
@@ -11,9 +14,10 @@ from __future__ import annotations
 from keyload import limits
 from keyload.bodies import DeleteDocument, GetDocument, ListDocuments, PutDocument
 from keyload.log.codec import Record
-from keyload.processors import validation
+from keyload.processors import horizons, validation
 from keyload.processors.context import Context
 from keyload.processors.errors import ErrorCode, Rejected
+from keyload.processors.features import WORK_COMPACTED, feature_level
 from keyload.processors.queues.state import bounded, check_name
 from keyload.projections import keys
 from keyload.projections.records import DocumentRecord, load, save
@@ -61,7 +65,10 @@ def delete_document(stage: Staged, body: DeleteDocument, ctx: Context) -> Record
     _check_expected(stored, body.expected_revision, "DeleteDocument")
     if stored is None or stored.deleted:
         raise Rejected(ErrorCode.NOT_FOUND, "document does not exist")
-    save(stage, row, DocumentRecord(value=b"", revision=stored.revision + 1, updated_at_ms=ctx.now_ms, deleted=True))
+    tombstone = DocumentRecord(value=b"", revision=stored.revision + 1, updated_at_ms=ctx.now_ms, deleted=True)
+    save(stage, row, tombstone)
+    if feature_level(stage) >= WORK_COMPACTED:
+        horizons.keep_tombstone_until_receipt_horizon(stage, row, tombstone.revision, ctx.domain, ctx.now_ms)
     return {"key": key, "revision": stored.revision, "deleted": True}
 
 
