@@ -55,9 +55,10 @@ from keyload.projections.records import (
 from keyload.projections.store import Readable, Staged
 
 # The first byte of a horizon index entry: what the row it names is (projections/keys.py, `H`). A command's
-# outcome or receipt; from level 4 a finished message's metadata, a deleted document's tombstone (then
-# u64 its revision), or a row that simply goes.
-NAMES_OUTCOME, NAMES_RECEIPT, NAMES_HISTORY, NAMES_TOMBSTONE, NAMES_ROW = b"o", b"r", b"m", b"t", b"d"
+# outcome or receipt; from level 4 a finished message's metadata, a deleted document's tombstone (then u64
+# its revision and u64 its deletion time), or a row that just goes (an identity tombstone, an inbox entry;
+# a target inbox's then u64 what it was charged).
+NAMES_OUTCOME, NAMES_RECEIPT, NAMES_HISTORY, NAMES_TOMBSTONE, NAMES_EXPIRING = b"o", b"r", b"m", b"t", b"d"
 
 DEFAULT_POLICY = DomainRecord(
     outcome_horizon_ms=limits.DEFAULT_OUTCOME_HORIZON_MS,
@@ -153,17 +154,22 @@ def read_identity_tombstone(value: bytes) -> tuple[int, str] | None:
     return keys.read_u64(value), value[8:].decode("utf-8")
 
 
-def keep_until_receipt_horizon(stage: Staged, row: bytes, domain: str, now_ms: int) -> None:
-    """Let `row` (an inbox entry, from level 4) go when a command id applied now would become new."""
+def keep_until_receipt_horizon(stage: Staged, row: bytes, domain: str, now_ms: int, charge: int = 0) -> None:
+    """Let `row` (an inbox entry, from level 4) go when a command id applied now would become new; a
+    target inbox entry's `charge` then goes back to its inbox."""
     expires_ms = now_ms + domain_policy(stage, domain).receipt_horizon_ms
-    _index(stage, keys.horizon_of_row(expires_ms, row), NAMES_ROW, expires_ms)
+    entry = NAMES_EXPIRING + (keys.u64(charge) if row[:1] == keys.TARGET_INBOX_ENTRY else b"")
+    _index(stage, keys.horizon_of_row(expires_ms, row), entry, expires_ms)
 
 
-def keep_tombstone_until_receipt_horizon(stage: Staged, row: bytes, revision: int, domain: str, now_ms: int) -> None:
-    """Let a deleted document's tombstone (`row`, at `revision`; from level 4) go at the domain's
-    receipt horizon, unless the document is written again before: its revisions restart after."""
-    expires_ms = now_ms + domain_policy(stage, domain).receipt_horizon_ms
-    _index(stage, keys.horizon_of_row(expires_ms, row), NAMES_TOMBSTONE + keys.u64(revision), expires_ms)
+def keep_tombstone_until_receipt_horizon(stage: Staged, row: bytes, tombstone: DocumentRecord, domain: str) -> None:
+    """Let a deleted document's tombstone (from level 4) go at the domain's receipt horizon, unless
+    the document is written again first. After it the key's revisions restart at 1, so the entry
+    names the tombstone by its revision and its deletion time, which together no later one has."""
+    deleted_ms = tombstone.updated_at_ms
+    expires_ms = deleted_ms + domain_policy(stage, domain).receipt_horizon_ms
+    entry = NAMES_TOMBSTONE + keys.u64(tombstone.revision) + keys.u64(deleted_ms)
+    _index(stage, keys.horizon_of_row(expires_ms, row), entry, expires_ms)
 
 
 def _index(stage: Staged, key: bytes, entry: bytes, expires_ms: int) -> None:
@@ -197,7 +203,7 @@ def sweep(stage: Staged, due_ms: int, ctx: Context, budget: int) -> int:
     end = keys.HORIZON + keys.u64(ctx.now_ms + 1)
     due = list(islice(stage.scan(keys.HORIZON + keys.u64(due_ms), end), budget))
     if not due:
-        raise Corruption("the horizon sweep is due but no outcome or receipt expires")
+        raise Corruption("the horizon sweep is due but nothing in the horizon index expires")
     followers: list[int] = []  # the expiries of the rows left behind: one may fall before the last row swept
     for key, entry in due:
         stage.delete(key)
@@ -231,35 +237,38 @@ def _sweep_row(stage: Staged, row: bytes, entry: bytes, followers: list[int]) ->
     """A finished message's history goes, leaving its identity tombstone when it has one; a deleted
     document's tombstone goes unless it was written again since; or a row goes. A deleted queue or
     group reclaims its rows on its own (processors/reclamation.py), maybe first: its rows may be
-    gone, and leave nothing behind."""
+    gone, and leave nothing behind. So may a document's later tombstone, under a shorter horizon."""
+    tombstone = entry[:1] == NAMES_TOMBSTONE
     retired = _owner_retired(stage, row)
     stored = stage.get(row)
     if stored is None:
-        if not retired:
+        if not (retired or tombstone):
             raise Corruption(f"the horizon index names row {row.hex()}, which is missing")
         return
-    if entry[:1] == NAMES_TOMBSTONE:
+    if tombstone:
         document = DocumentRecord.decode(stored)
-        if not document.deleted or document.revision != keys.read_u64(entry, 1):
-            return  # written again: live, or deleted again, with an entry of its own
+        named = (keys.read_u64(entry, 1), keys.read_u64(entry, 9))
+        if not document.deleted or (document.revision, document.updated_at_ms) != named:
+            return  # written again since: live, or another tombstone with an entry of its own
     stage.delete(row)
     if row[:1] == keys.TARGET_INBOX_ENTRY:
-        _release_receipt(stage, row, stored)
+        _release_receipt(stage, row, keys.read_u64(entry, 1))
     if entry[:1] == NAMES_HISTORY and len(entry) > 1 and not retired:  # expiry | identity tombstone
         followers.append(keys.read_u64(entry, 1))
         identity = keys.IDENTITY + row[1:]  # the same queue id | message id
         stage.put(identity, entry[9:])
-        stage.put(keys.horizon_of_row(followers[-1], identity), NAMES_ROW)
+        stage.put(keys.horizon_of_row(followers[-1], identity), NAMES_EXPIRING)
 
 
-def _release_receipt(stage: Staged, row: bytes, stored: bytes) -> None:
-    """A target inbox entry's room goes back to its domain's inbox (charged as in CommitInbox)."""
+def _release_receipt(stage: Staged, row: bytes, charge: int) -> None:
+    """A target inbox entry's room goes back to its domain's inbox: what CommitInbox charged (a
+    schema migration may re-encode the entry since, so its bytes now are not the measure)."""
     config_row = keys.inbox_config(keys.target_inbox_domain(row))
     inbox = load(stage, config_row, InboxRecord)
     if inbox is None:
         raise Corruption(f"inbox entry {row.hex()} has no inbox")
     receipts = adjusted("receipts", inbox.receipts, -1)
-    used = adjusted("bytes", inbox.bytes, -(len(row) + len(stored)))
+    used = adjusted("bytes", inbox.bytes, -charge)
     save(stage, config_row, replace(inbox, receipts=receipts, bytes=used))
 
 

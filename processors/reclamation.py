@@ -19,7 +19,9 @@ floor, so the tombstones of timers that fired are not), its messages' metadata, 
 and its identity rows. A live message's other rows (body, ready, dead-letter or pending row,
 ordering row and key head, expiry timer) are deleted by key as its metadata is reached, so the
 tombstones that a working queue leaves in those families are never walked (in the walked families,
-rows deleted behind the timer floor, or metadata retention compacted, are walked once). What a forced
+rows deleted behind the timer floor, metadata retention compacted, and from feature level 4 the
+metadata, identities and inbox entries the horizon sweep removed, are walked once, until RocksDB
+compacts their tombstones away). What a forced
 deletion drops still owns objects: as a live large message is reached its object, and as an open
 reservation's deadline timer is reached whatever an upload left, go to the guarded retention
 workflow (processors/payloads/retention.py), exactly as a cancel would send them. Every step is

@@ -30,6 +30,7 @@ from keyload.processors.errors import ErrorCode, Rejected
 
 PREFIX = "v1."
 PREFIX_V2 = "v2."  # with the message's enqueue sequence
+assert len(PREFIX_V2) == len(PREFIX), "parse strips either prefix by the same length"
 MAC_BYTES = 32
 MAX_TOKEN_CHARS = 1024
 _U64x3 = struct.Struct(">QQQ")

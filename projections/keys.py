@@ -42,8 +42,9 @@ RECEIPT = b"O"
 #   u64 receipt expiry | the receipt's offset, time and error code as `O` holds them; "r" naming a receipt
 # H | expires ms u64 | 0x00 | a row's key (domains are never empty, so no command's entry starts so) -> "m" naming
 #   a finished message's metadata, then (when its identity outlives it) u64 identity expiry | the identity
-#   tombstone `u` will hold; "t" naming a deleted document's tombstone, then u64 its revision (it goes only
-#   if still that tombstone); "d" naming a row that simply goes (an identity tombstone, an inbox entry)
+#   tombstone `u` will hold; "t" naming a deleted document's tombstone, then u64 its revision and u64 its
+#   deletion time (it goes only if still that tombstone); "d" naming a row that just goes (an identity
+#   tombstone, an inbox entry; a target inbox entry's then u64 its charge, given back to its inbox)
 HORIZON = b"H"
 DOMAIN = b"D"  # D | domain                                      -> DomainRecord (absent: the default policy)
 POISON = b"p"  # p | offset u64                                 -> PoisonEntry

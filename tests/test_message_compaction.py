@@ -231,6 +231,32 @@ def test_a_deleted_documents_tombstone_goes_unless_written_again(embedded: Embed
     assert_replay_equals_live(embedded, D, tmp_path)
 
 
+def test_a_tombstone_outlived_by_an_earlier_ones_entry_keeps_to_its_own_horizon(
+    embedded: Embedded, tmp_path: Path
+) -> None:
+    """Horizons shortened between two deletions of a key: the later tombstone goes first, the key's
+    revisions restart, and the earlier tombstone's entry, due later, neither halts on the missing
+    row nor takes a newer tombstone of the same revision before its own horizon."""
+    at_level(embedded, receipt_ms=10 * RECEIPT_MS)
+    ok(embedded, PUT_DOCUMENT, put_document_body("k"))
+    ok(embedded, DELETE_DOCUMENT, delete_document_body("k"))  # revision 2, due at +50 s
+    embedded.now_ms += 1
+    ok(embedded, PUT_DOCUMENT, put_document_body("k"))
+    ok(embedded, CONFIGURE_DOMAIN, {"outcome_horizon_ms": OUTCOME_MS, "receipt_horizon_ms": RECEIPT_MS})
+    ok(embedded, DELETE_DOCUMENT, delete_document_body("k"))  # revision 4, due at +5 s
+    later(embedded, RECEIPT_MS)
+    store = embedded.store(D)
+    assert store.get(keys.document(D, "k")) is None
+    embedded.now_ms += 10 * RECEIPT_MS - RECEIPT_MS - 2  # just before the first entry is due
+    assert ok(embedded, PUT_DOCUMENT, put_document_body("k", expected_revision=0)).revision == 1
+    ok(embedded, DELETE_DOCUMENT, delete_document_body("k"))  # revision 2 again, due in 5 s
+    later(embedded, 2)  # the first entry is due: its tombstone is gone, and this one is not it
+    assert store.get(keys.document(D, "k")) is not None
+    later(embedded, RECEIPT_MS)
+    assert store.get(keys.document(D, "k")) is None
+    assert_replay_equals_live(embedded, D, tmp_path)
+
+
 def test_the_census_shows_what_the_sweep_has_left(embedded: Embedded) -> None:
     at_level(embedded, receipt_ms=OUTCOME_MS)
     ok(embedded, CREATE_QUEUE, create_queue_body("bulk", receive_max_messages=100))

@@ -26,6 +26,7 @@ from keyload.errors import (
     NotFoundError,
     OutcomeTimeout,
     RevisionConflictError,
+    StaleLeaseError,
 )
 from keyload.log.base import LogRecord, partition_for
 from keyload.log.codec import REGISTRY
@@ -381,6 +382,40 @@ def test_a_command_id_is_answered_within_the_domains_horizons(client: Client) ->
         lambda: client.inspect_queue("shop", "jobs").counters.stored_messages == 1 and _applies_anew(client),
         what="the command id new again",
     )
+
+
+def test_a_finished_message_id_is_taken_until_the_receipt_horizon(client: Client) -> None:
+    """keyload run raises the partitions to level 4: an acked message keeps its history for the
+    domain's outcome horizon and its id until the receipt horizon; then the id is new, and the first
+    message's token never settles the second's lease. The service's ticker drives the sweep."""
+    client.configure_domain("shop", outcome_horizon_ms=1_000, receipt_horizon_ms=2_000)
+    client.create_queue("shop", "jobs")
+    client.enqueue("shop", "jobs", b"x", message_id="m1")
+    [first] = client.receive("shop", "jobs").deliveries
+    client.ack("shop", first.token)
+    assert client.inspect_message("shop", "jobs", "m1").meta.state == "acked"
+
+    def history_gone() -> bool:
+        try:
+            client.inspect_message("shop", "jobs", "m1")
+        except HistoryUnavailableError as error:
+            return "its history is past the domain's outcome horizon" in str(error)
+        return False
+
+    def enqueued_again() -> bool:
+        try:
+            client.enqueue("shop", "jobs", b"y", message_id="m1")
+        except ConflictError:
+            return False
+        return True
+
+    wait_until(history_gone, what="the message's history past its horizon")
+    wait_until(enqueued_again, what="the message id new again")
+    [second] = client.receive("shop", "jobs").deliveries
+    assert (second.message_id, second.body, second.delivery_generation) == ("m1", b"y", first.delivery_generation)
+    with pytest.raises(StaleLeaseError):
+        client.ack("shop", first.token)
+    assert client.ack("shop", second.token).state == "acked"
 
 
 def _applies_anew(client: Client) -> bool:

@@ -4,9 +4,9 @@ A write is conditional on the revision the writer read (`expected_revision`: nul
 unconditional, 0 absent, n exactly n). Revisions only grow: a delete leaves a
 tombstone carrying the revision, so a writer holding revision n of a deleted and
 re-created document is refused rather than overwriting the new one. From feature
-level 4 the tombstone goes at the domain's receipt horizon (processors/horizons.py),
-unless the document is written again first: then the key is absent, and a document
-created under it starts at revision 1 again.
+level 4 that holds within the domain's receipt horizon: the tombstone goes then
+(processors/horizons.py), unless the document is written again first, and a document
+created under the absent key starts at revision 1 again.
 """
 
 from __future__ import annotations
@@ -68,7 +68,7 @@ def delete_document(stage: Staged, body: DeleteDocument, ctx: Context) -> Record
     tombstone = DocumentRecord(value=b"", revision=stored.revision + 1, updated_at_ms=ctx.now_ms, deleted=True)
     save(stage, row, tombstone)
     if feature_level(stage) >= WORK_COMPACTED:
-        horizons.keep_tombstone_until_receipt_horizon(stage, row, tombstone.revision, ctx.domain, ctx.now_ms)
+        horizons.keep_tombstone_until_receipt_horizon(stage, row, tombstone, ctx.domain)
     return {"key": key, "revision": stored.revision, "deleted": True}
 
 

@@ -14,8 +14,10 @@ CommitInbox is the target's side: a domain that receives effects on behalf of a
 delivery in another domain keeps its own entries, keyed by the source reference,
 within a configured policy (ConfigureInbox); the source ack is a separate command.
 
-Entries are kept as long as message tombstones are: until feature level 4, forever; from it, until
-the domain's receipt horizon (processors/horizons.py), a target inbox's giving its room back. The
+Entries are kept until feature level 4 forever; from it until the domain's receipt horizon
+(processors/horizons.py), a target inbox's giving its room back. A queue's entry goes just before
+the identity of the message it completed; a target's receipt keeps to the target domain's horizon,
+which is why a target's should not be longer than its sources' (docs/ARCHITECTURE.md §11). The
 outcome an entry names keeps to its domain's horizons from feature level 2: a repeat after it is
 gone answers `already_processed` with the entry's command, offset and time, without the first
 results.
@@ -148,12 +150,13 @@ def complete_processing(stage: Staged, body: CompleteProcessing, ctx: Context) -
     return _receipt(ctx, results)
 
 
-def _keep_entry(stage: Staged, ctx: Context, row: bytes, entry: InboxEntry) -> None:
+def _keep_entry(stage: Staged, ctx: Context, row: bytes, entry: InboxEntry, charge: int = 0) -> None:
     """Store an inbox entry: from level 4 until the domain's receipt horizon, when a command id
-    applied now would become new (a queue's message identity goes then too, just after it)."""
+    applied now would become new (the identity of the queue message it completed goes then too,
+    just after it); a target inbox entry's `charge` goes back to the inbox then."""
     save(stage, row, entry)
     if feature_level(stage) >= WORK_COMPACTED:
-        horizons.keep_until_receipt_horizon(stage, row, ctx.domain, ctx.now_ms)
+        horizons.keep_until_receipt_horizon(stage, row, ctx.domain, ctx.now_ms, charge)
 
 
 def _inbox_view(domain: str, inbox: InboxRecord) -> Record:
@@ -206,7 +209,7 @@ def commit_inbox(stage: Staged, body: CommitInbox, ctx: Context) -> Record:
             f"the inbox holds {inbox.receipts} receipts in {inbox.bytes} bytes: no room for one more",
         )
     results = apply_mutations(stage, body.effects, ctx)
-    _keep_entry(stage, ctx, row, entry)
+    _keep_entry(stage, ctx, row, entry, charge)
     receipts = adjusted("receipts", inbox.receipts, 1)
     used = adjusted("bytes", inbox.bytes, charge)
     save(stage, config_row, replace(inbox, receipts=receipts, bytes=used))

@@ -2,7 +2,9 @@
 
 Each names the message's state version and delivery generation as the operator
 last saw them (RevisionConflict otherwise), so an operator never acts on a
-message that moved meanwhile. Terminal states never come back.
+message that moved meanwhile (from feature level 4: within the domain's receipt
+horizon, after which a finished message's id can name a new message, restarting
+at version 1). Terminal states never come back.
 """
 
 from __future__ import annotations

@@ -121,7 +121,7 @@ def claim(
         return [], budget_hit
     key_id, key = active_key(stage, ctx.keyring, TOKEN)
     lease_until = ctx.now_ms + wanted.lease_ms
-    sequenced = stage.get(keys.MESSAGE_IDS_REUSABLE_SINCE) is not None  # v2 tokens
+    ids_reusable = stage.get(keys.MESSAGE_IDS_REUSABLE_SINCE) is not None  # then v2 tokens
     deliveries = []
     for message_id, ready in claims:
         meta = leave(stage, work, message_id, ready)
@@ -145,7 +145,7 @@ def claim(
             principal=principal,
             delivery_generation=meta.delivery_generation,
             lease_version=meta.lease_version,
-            enqueue_sequence=meta.enqueue_sequence if sequenced else None,
+            enqueue_sequence=meta.enqueue_sequence if ids_reusable else None,
         )
         deliveries.append(
             {

@@ -84,7 +84,8 @@ def _group_starts(record: GroupRecord) -> dict[bytes, bytes | None]:
     """Each family from its first live row, past the tombstones a working group leaves: waiting
     receives from the waiter floor, timers from the timer floor, outstanding and due positions from
     the checkpoint. Parked positions (from the start: purges, seeks and retention leave tombstones
-    there, a few) and inbox entries (nothing deletes them before this) are walked whole."""
+    there, a few) and inbox entries (only the horizon sweep deletes them before this, from feature
+    level 4) are walked whole."""
     group = record.view
     incarnation = group.incarnation
     floor = record.timer_floor
