@@ -355,6 +355,17 @@ def expect(outcome: Outcome, code: str | None) -> Any:
     return None
 
 
+def pass_time(embedded: Embedded, domain: str, ms: int) -> None:
+    """Let log time pass by `ms`: a Tick in `domain`'s partition at the new time fires what is due."""
+    embedded.now_ms += ms
+    expect(submit_unhalted(embedded, domain, TICK, {}), None)
+
+
+def family_rows(store: Store, family: bytes) -> int:
+    """The rows of one key family (projections/keys.py) in a projection."""
+    return sum(1 for _ in store.scan(family, keys.prefix_end(family)))
+
+
 def close_after_replay_check(embedded: Embedded, directory: Path) -> None:
     """End a model run: partition 0 replayed from offset 0 must reach the live digest; then clean up."""
     import shutil

@@ -23,7 +23,6 @@ from keyload.operations.census import census
 from keyload.processors import tokens
 from keyload.processors.features import LEASES_KEPT, WORK_COMPACTED
 from keyload.projections import keys
-from keyload.projections.store import Store
 from keyload.sdk.envelope import Outcome
 
 from .support import (
@@ -50,8 +49,10 @@ from .support import (
     delete_document_body,
     enqueue_body,
     expect,
+    family_rows,
     message_fence,
     mutation,
+    pass_time,
     put_document_body,
     receive_body,
     submit_unhalted,
@@ -76,14 +77,8 @@ def at_level(embedded: Embedded, level: int = WORK_COMPACTED, receipt_ms: int = 
     ok(embedded, CREATE_QUEUE, create_queue_body("jobs"))
 
 
-def rows(store: Store, family: bytes) -> int:
-    return sum(1 for _ in store.scan(family, keys.prefix_end(family)))
-
-
 def later(embedded: Embedded, ms: int) -> None:
-    """Let log time pass by `ms`: a Tick at the new time fires what is due."""
-    embedded.now_ms += ms
-    ok(embedded, TICK, {})
+    pass_time(embedded, D, ms)
 
 
 def inspect(embedded: Embedded, message_id: str) -> Outcome:
@@ -107,7 +102,7 @@ def test_history_then_identity_then_a_new_id(embedded: Embedded, tmp_path: Path)
 
     later(embedded, 1)  # the outcome horizon has passed: the identity tombstone is left
     store = embedded.store(D)
-    assert (rows(store, keys.MESSAGE), rows(store, keys.IDENTITY)) == (0, 1)
+    assert (family_rows(store, keys.MESSAGE), family_rows(store, keys.IDENTITY)) == (0, 1)
     gone = inspect(embedded, "m1")
     assert (gone.error_code, gone.detail) == (
         "HistoryUnavailable",
@@ -118,7 +113,7 @@ def test_history_then_identity_then_a_new_id(embedded: Embedded, tmp_path: Path)
     assert (taken.error_code, taken.detail) == ("Conflict", "message id is reserved or retired in this queue")
 
     later(embedded, RECEIPT_MS - OUTCOME_MS)  # the receipt horizon: the id is new
-    assert rows(store, keys.IDENTITY) == 0
+    assert family_rows(store, keys.IDENTITY) == 0
     assert not [key for key, _ in store.scan(keys.HORIZON, keys.prefix_end(keys.HORIZON)) if keys.horizon_row(key)]
     assert (inspect(embedded, "m1").error_code, inspect(embedded, "m1").detail) == (
         "NotFound",
@@ -156,7 +151,7 @@ def test_equal_horizons_leave_no_identity(embedded: Embedded) -> None:
     ok(embedded, ACK, {"token": delivered(embedded).token})
     later(embedded, OUTCOME_MS)
     store = embedded.store(D)
-    assert rows(store, keys.MESSAGE) == rows(store, keys.IDENTITY) == 0
+    assert family_rows(store, keys.MESSAGE) == family_rows(store, keys.IDENTITY) == 0
     assert ok(embedded, ENQUEUE, enqueue_body("jobs", "m1")).state == "ready"
 
 
@@ -168,9 +163,9 @@ def test_a_reused_id_is_processed_afresh(embedded: Embedded, tmp_path: Path) -> 
     ok(embedded, ENQUEUE, enqueue_body("jobs", "m1"))
     first = ok(embedded, COMPLETE_PROCESSING, dict(done, token=delivered(embedded).token))
     store = embedded.store(D)
-    assert rows(store, keys.INBOX_ENTRY) == 1
+    assert family_rows(store, keys.INBOX_ENTRY) == 1
     later(embedded, RECEIPT_MS)
-    assert rows(store, keys.INBOX_ENTRY) == rows(store, keys.IDENTITY) == 0
+    assert family_rows(store, keys.INBOX_ENTRY) == family_rows(store, keys.IDENTITY) == 0
     ok(embedded, ENQUEUE, enqueue_body("jobs", "m1"))
     second = ok(embedded, COMPLETE_PROCESSING, dict(done, token=delivered(embedded).token))
     assert (first.already_processed, second.already_processed) == (False, False)
@@ -188,7 +183,7 @@ def test_a_target_inbox_gets_its_room_back(embedded: Embedded, tmp_path: Path) -
     other = dict(commit, source=dict(source, message_id="m2"))
     expect(submit_unhalted(embedded, D, COMMIT_INBOX, other), "ResourceExhausted")
     later(embedded, RECEIPT_MS)
-    assert rows(embedded.store(D), keys.TARGET_INBOX_ENTRY) == 0
+    assert family_rows(embedded.store(D), keys.TARGET_INBOX_ENTRY) == 0
     inbox = ok(embedded, CONFIGURE_INBOX, {"max_receipts": 1, "max_bytes": 10_000})
     assert (inbox.receipts, inbox.bytes) == (0, 0)
     assert not ok(embedded, COMMIT_INBOX, other).already_processed
@@ -206,7 +201,7 @@ def test_a_deleted_queue_reclaims_its_finished_messages_first(embedded: Embedded
     ok(embedded, ENQUEUE, enqueue_body("jobs", "m0"))
     later(embedded, RECEIPT_MS)  # the sweep finds the deleted queue's rows gone, and leaves nothing
     store = embedded.store(D)
-    assert rows(store, keys.MESSAGE) == 1 and rows(store, keys.IDENTITY) == 0
+    assert family_rows(store, keys.MESSAGE) == 1 and family_rows(store, keys.IDENTITY) == 0
     assert expect(inspect(embedded, "m0"), None).meta.state == "ready"
     assert_replay_equals_live(embedded, D, tmp_path)
 

@@ -19,7 +19,6 @@ from hypothesis import strategies as st
 from keyload import limits
 from keyload.processors.features import feature_level
 from keyload.projections import keys
-from keyload.projections.store import Store
 from keyload.sdk.envelope import Outcome
 
 from .support import (
@@ -34,6 +33,8 @@ from .support import (
     create_queue_body,
     enqueue_body,
     expect,
+    family_rows,
+    pass_time,
     receive_body,
     submit_unhalted,
 )
@@ -56,14 +57,8 @@ def at_level_2(embedded: Embedded, outcome_ms: int = OUTCOME_MS, receipt_ms: int
     ok(embedded, CREATE_QUEUE, create_queue_body("jobs"))
 
 
-def rows(store: Store, family: bytes) -> int:
-    return sum(1 for _ in store.scan(family, keys.prefix_end(family)))
-
-
 def later(embedded: Embedded, ms: int) -> None:
-    """Let log time pass by `ms`: a Tick at the new time fires what is due."""
-    embedded.now_ms += ms
-    ok(embedded, TICK, {})
+    pass_time(embedded, D, ms)
 
 
 def test_a_repeat_gets_the_outcome_then_history_unavailable_then_the_id_is_new(
@@ -104,7 +99,7 @@ def test_nothing_is_left_once_both_horizons_pass(embedded: Embedded, tmp_path: P
     refused = submit_unhalted(embedded, D, ENQUEUE, enqueue_body("nowhere", "m0"), "refused")
     assert refused.error_code == "NotFound"
     store = embedded.store(D)
-    assert rows(store, keys.OUTCOME) >= 21 and rows(store, keys.HORIZON) >= 21
+    assert family_rows(store, keys.OUTCOME) >= 21 and family_rows(store, keys.HORIZON) >= 21
     later(embedded, OUTCOME_MS)
     past = submit_unhalted(embedded, D, ENQUEUE, enqueue_body("nowhere", "m0"), "refused")
     assert (past.error_code, past.detail.split(";")[0]) == (
@@ -113,7 +108,7 @@ def test_nothing_is_left_once_both_horizons_pass(embedded: Embedded, tmp_path: P
     )
     later(embedded, RECEIPT_MS)
     # Ticks and reads keep no outcome: nothing is left, and the sweep is no longer armed.
-    assert rows(store, keys.OUTCOME) == rows(store, keys.RECEIPT) == rows(store, keys.HORIZON) == 0
+    assert family_rows(store, keys.OUTCOME) == family_rows(store, keys.RECEIPT) == family_rows(store, keys.HORIZON) == 0
     assert store.get(keys.HORIZON_DUE) is None
     assert store.first(keys.due_queue(0, 0), keys.prefix_end(keys.DUE_QUEUE)) is None
     assert_replay_equals_live(embedded, D, tmp_path)
@@ -137,15 +132,15 @@ def test_the_sweep_removes_a_bounded_number_of_rows_per_record(embedded: Embedde
     for n in range(count):  # appended at one time, applied together: they expire together
         embedded.append(D, _command(ENQUEUE, enqueue_body("jobs", f"m{n}"), f"send-{n}"))
     embedded.run()
-    before = rows(store, keys.OUTCOME)
+    before = family_rows(store, keys.OUTCOME)
     assert before == count + 2  # and ConfigureDomain's and CreateQueue's
     embedded.now_ms += OUTCOME_MS
     fired = ok(embedded, TICK, {})
     assert fired.budget_exhausted and fired.transitions == limits.TICK_EXAMINATION_BUDGET
-    assert before - rows(store, keys.OUTCOME) == limits.TICK_EXAMINATION_BUDGET
+    assert before - family_rows(store, keys.OUTCOME) == limits.TICK_EXAMINATION_BUDGET
     while fired.budget_exhausted:
         fired = ok(embedded, TICK, {})
-    assert rows(store, keys.OUTCOME) == rows(store, keys.HORIZON) == 0
+    assert family_rows(store, keys.OUTCOME) == family_rows(store, keys.HORIZON) == 0
     assert_replay_equals_live(embedded, D, tmp_path)
 
 
@@ -195,7 +190,7 @@ def test_below_level_2_outcomes_are_kept_as_before(embedded: Embedded) -> None:
     ok(embedded, ENQUEUE, enqueue_body("jobs", "m1"), "send-1")
     later(embedded, 30 * limits.DAY_MS)
     store = embedded.store(D)
-    assert feature_level(store) == 0 and rows(store, keys.HORIZON) == 0
+    assert feature_level(store) == 0 and family_rows(store, keys.HORIZON) == 0
     assert embedded.stored_outcome(D, "send-1") is not None
     ok(embedded, RAISE, {"level": 2})
     later(embedded, 30 * limits.DAY_MS)
