@@ -72,6 +72,13 @@ BATCH = "keyload.command.Batch"
 COMPLETE_PROCESSING = "keyload.command.CompleteProcessing"
 CONFIGURE_INBOX = "keyload.command.ConfigureInbox"
 COMMIT_INBOX = "keyload.command.CommitInbox"
+RAISE_FEATURE_LEVEL = "keyload.command.RaiseFeatureLevel"
+CONFIGURE_DOMAIN = "keyload.command.ConfigureDomain"
+CONFIGURE_DOMAIN_CAPS = "keyload.command.ConfigureDomainCaps"
+INSPECT_DOMAIN = "keyload.command.InspectDomain"
+DELETE_QUEUE = "keyload.command.DeleteQueue"
+DELETE_TOPIC = "keyload.command.DeleteTopic"
+DELETE_GROUP = "keyload.command.DeleteGroup"
 
 
 COMMAND = "keyload.Command"

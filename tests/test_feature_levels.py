@@ -29,6 +29,7 @@ from .support import (
     CREATE_QUEUE,
     ENQUEUE,
     INSPECT_QUEUE,
+    RAISE_FEATURE_LEVEL,
     Embedded,
     assert_replay_equals_live,
     create_queue_body,
@@ -40,7 +41,6 @@ from .support import (
 )
 
 D = "acme"
-RAISE = "keyload.command.RaiseFeatureLevel"
 
 
 def ok(embedded: Embedded, kind: str, body: dict[str, Any], command_id: str | None = None) -> Any:
@@ -62,7 +62,7 @@ def test_from_level_1_a_read_keeps_no_outcome_and_its_repeat_is_answered_afresh(
     assert stored_messages(embedded, "look-0") == 0  # level 0: the stored outcome, as it was
     assert embedded.stored_outcome(D, "look-0") is not None
 
-    assert ok(embedded, RAISE, {"level": 1}).feature_level == 1
+    assert ok(embedded, RAISE_FEATURE_LEVEL, {"level": 1}).feature_level == 1
     assert stored_messages(embedded, "look-1") == 1
     assert embedded.stored_outcome(D, "look-1") is None  # nothing kept
     ok(embedded, ENQUEUE, enqueue_body("jobs", "m2"), "enqueue-m2")
@@ -77,12 +77,12 @@ def test_from_level_1_a_read_keeps_no_outcome_and_its_repeat_is_answered_afresh(
 
 
 def test_raising_is_idempotent_and_a_level_this_processor_does_not_know_is_refused(embedded: Embedded) -> None:
-    assert ok(embedded, RAISE, {"level": 1}).feature_level == 1
+    assert ok(embedded, RAISE_FEATURE_LEVEL, {"level": 1}).feature_level == 1
     before = embedded.state_digest(D)
-    assert ok(embedded, RAISE, {"level": 1}).feature_level == 1
-    assert ok(embedded, RAISE, {"level": 0}).feature_level == 1  # never lowered
+    assert ok(embedded, RAISE_FEATURE_LEVEL, {"level": 1}).feature_level == 1
+    assert ok(embedded, RAISE_FEATURE_LEVEL, {"level": 0}).feature_level == 1  # never lowered
     assert embedded.state_digest(D) == before
-    refused = submit_unhalted(embedded, D, RAISE, {"level": limits.FEATURE_LEVEL + 1})
+    refused = submit_unhalted(embedded, D, RAISE_FEATURE_LEVEL, {"level": limits.FEATURE_LEVEL + 1})
     assert (refused.error_code, refused.detail) == ("Validation", f"level must be between 0 and {limits.FEATURE_LEVEL}")
     assert embedded.state_digest(D) == before
 

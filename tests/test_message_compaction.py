@@ -31,14 +31,17 @@ from .support import (
     CANCEL,
     COMMIT_INBOX,
     COMPLETE_PROCESSING,
+    CONFIGURE_DOMAIN,
     CONFIGURE_INBOX,
     CREATE_QUEUE,
     DELETE_DOCUMENT,
+    DELETE_QUEUE,
     ENQUEUE,
     GET_DOCUMENT,
     INSPECT_MESSAGE,
     INSPECT_QUEUE,
     PUT_DOCUMENT,
+    RAISE_FEATURE_LEVEL,
     RECEIVE,
     TICK,
     Embedded,
@@ -59,9 +62,6 @@ from .support import (
 )
 
 D = "acme"
-RAISE = "keyload.command.RaiseFeatureLevel"
-CONFIGURE_DOMAIN = "keyload.command.ConfigureDomain"
-DELETE_QUEUE = "keyload.command.DeleteQueue"
 OUTCOME_MS = 1_000
 RECEIPT_MS = 5_000
 LEASE_MS = 600_000
@@ -72,7 +72,7 @@ def ok(embedded: Embedded, kind: str, body: dict[str, Any], command_id: str | No
 
 
 def at_level(embedded: Embedded, level: int = WORK_COMPACTED, receipt_ms: int = RECEIPT_MS) -> None:
-    ok(embedded, RAISE, {"level": level})
+    ok(embedded, RAISE_FEATURE_LEVEL, {"level": level})
     ok(embedded, CONFIGURE_DOMAIN, {"outcome_horizon_ms": OUTCOME_MS, "receipt_horizon_ms": receipt_ms})
     ok(embedded, CREATE_QUEUE, create_queue_body("jobs"))
 
@@ -288,7 +288,7 @@ def test_a_lease_taken_before_level_4_is_settled_after_it(embedded: Embedded) ->
     at_level(embedded, LEASES_KEPT)
     ok(embedded, ENQUEUE, enqueue_body("jobs", "m1"))
     delivery = delivered(embedded)
-    ok(embedded, RAISE, {"level": WORK_COMPACTED})
+    ok(embedded, RAISE_FEATURE_LEVEL, {"level": WORK_COMPACTED})
     ok(embedded, ACK, {"token": delivery.token})  # a v1 token names a message enqueued before it
     later(embedded, RECEIPT_MS)
     assert inspect(embedded, "m1").error_code == "NotFound"

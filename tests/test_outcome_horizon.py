@@ -23,8 +23,11 @@ from keyload.sdk.envelope import Outcome
 
 from .support import (
     COMPLETE_PROCESSING,
+    CONFIGURE_DOMAIN,
     CREATE_QUEUE,
     ENQUEUE,
+    INSPECT_DOMAIN,
+    RAISE_FEATURE_LEVEL,
     RECEIVE,
     TICK,
     Embedded,
@@ -40,9 +43,6 @@ from .support import (
 )
 
 D = "acme"
-RAISE = "keyload.command.RaiseFeatureLevel"
-CONFIGURE_DOMAIN = "keyload.command.ConfigureDomain"
-INSPECT_DOMAIN = "keyload.command.InspectDomain"
 OUTCOME_MS = 1_000
 RECEIPT_MS = 5_000
 
@@ -52,7 +52,7 @@ def ok(embedded: Embedded, kind: str, body: dict[str, Any], command_id: str | No
 
 
 def at_level_2(embedded: Embedded, outcome_ms: int = OUTCOME_MS, receipt_ms: int | None = RECEIPT_MS) -> None:
-    ok(embedded, RAISE, {"level": 2})
+    ok(embedded, RAISE_FEATURE_LEVEL, {"level": 2})
     ok(embedded, CONFIGURE_DOMAIN, {"outcome_horizon_ms": outcome_ms, "receipt_horizon_ms": receipt_ms})
     ok(embedded, CREATE_QUEUE, create_queue_body("jobs"))
 
@@ -192,7 +192,7 @@ def test_below_level_2_outcomes_are_kept_as_before(embedded: Embedded) -> None:
     store = embedded.store(D)
     assert feature_level(store) == 0 and family_rows(store, keys.HORIZON) == 0
     assert embedded.stored_outcome(D, "send-1") is not None
-    ok(embedded, RAISE, {"level": 2})
+    ok(embedded, RAISE_FEATURE_LEVEL, {"level": 2})
     later(embedded, 30 * limits.DAY_MS)
     # Stored before the raise: kept. The repeat still gets it.
     again = submit_unhalted(embedded, D, ENQUEUE, enqueue_body("jobs", "m1"), "send-1")
@@ -289,7 +289,7 @@ def test_repeats_follow_the_horizons_of_a_reference_model(
     directory = tmp_path_factory.mktemp("horizons")
     embedded = Embedded(directory / "data")
     try:
-        ok(embedded, RAISE, {"level": 2})
+        ok(embedded, RAISE_FEATURE_LEVEL, {"level": 2})
         ok(embedded, CREATE_QUEUE, create_queue_body("jobs"))
         horizons = (limits.DEFAULT_OUTCOME_HORIZON_MS, limits.DEFAULT_RECEIPT_HORIZON_MS)
         model: dict[str, Kept] = {}

@@ -25,6 +25,7 @@ from .support import (
     GROUP_ACK,
     GROUP_RECEIVE,
     PUBLISH,
+    RAISE_FEATURE_LEVEL,
     RECEIVE,
     Embedded,
     assert_replay_equals_live,
@@ -42,7 +43,6 @@ from .support import (
 )
 
 D = "acme"
-RAISE = "keyload.command.RaiseFeatureLevel"
 BODY = b"b" * 1024
 
 
@@ -60,7 +60,7 @@ def stored_deliveries(embedded: Embedded, command_id: str) -> list[dict[str, Any
 
 
 def test_a_repeated_receive_gets_each_lease_as_it_stands(embedded: Embedded, tmp_path: Path) -> None:
-    ok(embedded, RAISE, {"level": LEASES_KEPT})
+    ok(embedded, RAISE_FEATURE_LEVEL, {"level": LEASES_KEPT})
     ok(embedded, CREATE_QUEUE, create_queue_body("jobs"))
     for n in range(3):
         ok(embedded, ENQUEUE, enqueue_body("jobs", f"m{n}", BODY))
@@ -97,7 +97,7 @@ def test_a_repeated_receive_gets_each_lease_as_it_stands(embedded: Embedded, tmp
 
 
 def test_a_repeated_receive_of_a_deleted_queue_names_its_tokens_invalid(embedded: Embedded, tmp_path: Path) -> None:
-    ok(embedded, RAISE, {"level": LEASES_KEPT})
+    ok(embedded, RAISE_FEATURE_LEVEL, {"level": LEASES_KEPT})
     ok(embedded, CREATE_QUEUE, create_queue_body("jobs"))
     ok(embedded, ENQUEUE, enqueue_body("jobs", "m0", BODY))
     ok(embedded, RECEIVE, receive_body("jobs"), "take")
@@ -108,7 +108,7 @@ def test_a_repeated_receive_of_a_deleted_queue_names_its_tokens_invalid(embedded
 
 
 def test_below_level_3_a_repeat_returns_the_stored_bodies(embedded: Embedded) -> None:
-    ok(embedded, RAISE, {"level": LEASES_KEPT - 1})
+    ok(embedded, RAISE_FEATURE_LEVEL, {"level": LEASES_KEPT - 1})
     ok(embedded, CREATE_QUEUE, create_queue_body("jobs"))
     ok(embedded, ENQUEUE, enqueue_body("jobs", "m0", BODY))
     [delivery] = ok(embedded, RECEIVE, receive_body("jobs"), "take").deliveries
@@ -118,7 +118,7 @@ def test_below_level_3_a_repeat_returns_the_stored_bodies(embedded: Embedded) ->
 
 
 def test_a_long_poll_answered_later_keeps_its_leases_too(embedded: Embedded) -> None:
-    ok(embedded, RAISE, {"level": LEASES_KEPT})
+    ok(embedded, RAISE_FEATURE_LEVEL, {"level": LEASES_KEPT})
     ok(embedded, CREATE_QUEUE, create_queue_body("jobs"))
     waiting = dict(receive_body("jobs"), wait_ms=20_000)
     embedded.append(D, command(D, RECEIVE, waiting, "waiting", reply_to=0))
@@ -133,7 +133,7 @@ def test_a_long_poll_answered_later_keeps_its_leases_too(embedded: Embedded) -> 
 
 
 def test_a_repeated_group_receive_gets_each_lease_as_it_stands(embedded: Embedded, tmp_path: Path) -> None:
-    ok(embedded, RAISE, {"level": LEASES_KEPT})
+    ok(embedded, RAISE_FEATURE_LEVEL, {"level": LEASES_KEPT})
     ok(embedded, CREATE_TOPIC, create_topic_body("news"))
     ok(embedded, PUBLISH, publish_body("news", event("e0", BODY), event("e1", BODY)))
     ok(embedded, CREATE_GROUP, create_group_body("news", "g"))

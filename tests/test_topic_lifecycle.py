@@ -21,6 +21,8 @@ from keyload.sdk.results import GroupView, TopicView
 from .support import (
     CREATE_GROUP,
     CREATE_TOPIC,
+    DELETE_GROUP,
+    DELETE_TOPIC,
     GROUP_ACK,
     GROUP_RECEIVE,
     GROUP_STATUS,
@@ -45,8 +47,6 @@ from .test_long_poll import published
 from .test_topic_retention import stored
 
 CLOSE_TOPIC = "keyload.command.CloseTopic"
-DELETE_TOPIC = "keyload.command.DeleteTopic"
-DELETE_GROUP = "keyload.command.DeleteGroup"
 GROUP_FAMILIES = (keys.WAITER, keys.TIMER, keys.POSITION, keys.DUE_POSITION, keys.PARKED, keys.INBOX_ENTRY)
 TOPIC_FAMILIES = (keys.EVENT, keys.EVENT_ID)
 

@@ -30,6 +30,7 @@ from keyload.projections.records import GroupRecord, TopicRecord
 from .support import (
     CREATE_GROUP,
     CREATE_TOPIC,
+    DELETE_GROUP,
     GROUP_ACK_BATCH,
     GROUP_RECEIVE,
     PUBLISH,
@@ -50,7 +51,6 @@ D = "acme"
 T = "news"
 GROUPS = ("g1", "g2")
 RECHECK = limits.TOPIC_RETENTION_RECHECK_MS
-DELETE_GROUP = "keyload.command.DeleteGroup"
 POLICIES = st.fixed_dictionaries(
     {
         "max_age_ms": st.sampled_from([0, 2_000, 10_000]),
