@@ -262,7 +262,7 @@ class RaiseFeatureLevel(AvroRecord, frozen=True, kw_only=True, forbid_unknown_fi
 
 
 class ConfigureDomain(AvroRecord, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    """The domain's whole policy (null fields take their defaults), fenced by its version."""
+    """The domain's horizons (null fields take their defaults), fenced by its policy version."""
 
     AVRO_NAME = "keyload.command.ConfigureDomain"
 
@@ -273,6 +273,20 @@ class ConfigureDomain(AvroRecord, frozen=True, kw_only=True, forbid_unknown_fiel
 
 class InspectDomain(AvroRecord, frozen=True, kw_only=True, forbid_unknown_fields=True):
     AVRO_NAME = "keyload.command.InspectDomain"
+
+
+class ConfigureDomainCaps(AvroRecord, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """The domain's caps (null fields take their defaults), fenced by its policy version: an
+    administrator's, since a tenant that could raise them would not be bounded by them."""
+
+    AVRO_NAME = "keyload.command.ConfigureDomainCaps"
+
+    max_queues: int | None = None
+    max_topics: int | None = None
+    max_groups: int | None = None
+    max_documents: int | None = None
+    max_document_bytes: int | None = None
+    expected_policy_version: int | None = None
 
 
 class DeleteGroup(AvroRecord, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -769,6 +783,7 @@ BODY_TYPES: dict[str, type[AvroRecord]] = {
         RaiseFeatureLevel,
         ConfigureDomain,
         InspectDomain,
+        ConfigureDomainCaps,
     )
 }
 """The class of every command kind's body, by its branch name (keyload/commands.py's `branch`)."""

@@ -202,9 +202,11 @@ COMMANDS: tuple[CommandKind, ...] = (
     _kind("CompleteProcessing", "documents.inbox:complete_processing", "keyload.result.ProcessingResult", C.consume, "complete_processing", None, "POST /v1/domains/{domain}/leases/complete", parts="effects", resource_in_handler=True),
     _kind("ConfigureInbox", "documents.inbox:configure_inbox", "keyload.result.InboxView", C.resource_manage, "configure_inbox", "inbox configure", "PUT /v1/domains/{domain}/inbox"),
     _kind("CommitInbox", "documents.inbox:commit_inbox", "keyload.result.ProcessingResult", C.inbox_write, "commit_inbox", None, "POST /v1/domains/{domain}/inbox/commits", parts="effects"),
-    # Domains: the idempotency horizons of their command ids (processors/horizons.py)
-    _kind("ConfigureDomain", "horizons:configure_domain", "keyload.result.DomainView", C.resource_manage, "configure_domain", "domain configure", "PUT /v1/domains/{domain}/policy"),
-    _kind("InspectDomain", "horizons:inspect_domain", "keyload.result.DomainView", C.inspect, "inspect_domain", "domain inspect", "GET /v1/domains/{domain}", reads=True),
+    # Domains: the idempotency horizons of their command ids (processors/domains.py, horizons.py)
+    _kind("ConfigureDomain", "domains:configure_domain", "keyload.result.DomainView", C.resource_manage, "configure_domain", "domain configure", "PUT /v1/domains/{domain}/policy"),
+    _kind("InspectDomain", "domains:inspect_domain", "keyload.result.DomainView", C.inspect, "inspect_domain", "domain inspect", "GET /v1/domains/{domain}", reads=True),
+    # ... and what they may hold (processors/usage.py): an administrator's, or the caps would not bound a tenant
+    _kind("ConfigureDomainCaps", "domains:configure_domain_caps", "keyload.result.DomainView", C.admin, "configure_domain_caps", "domain caps", "PUT /v1/domains/{domain}/caps"),
     # Large payloads
     _kind("PrepareLargeSchedule", "payloads.schedule:prepare_large_schedule", "keyload.PayloadReservation", C.enqueue, "prepare_large_schedule", None, f"POST {Q}/reservations"),
     _kind("CommitLargeSchedule", "payloads.schedule:commit_large_schedule", "keyload.PayloadReservation", C.enqueue, "commit_large_schedule", None, "POST /v1/domains/{domain}/reservations/{reservation_id}/commit", resource_in_handler=True),

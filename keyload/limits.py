@@ -26,7 +26,7 @@ MAX_SCHEDULE_AHEAD_MS = 365 * 24 * 3600 * 1000
 TICK_EXAMINATION_BUDGET = 256  # timers examined before one record
 # The highest feature level this processor applies (processors/features.py); `keyload run` raises
 # every partition to it.
-FEATURE_LEVEL = 4
+FEATURE_LEVEL = 5
 RECEIVE_EXAMINATION_BUDGET = 256  # ready rows one Receive looks at (held keys are skipped)
 MAX_DETAIL_CHARS = 512  # an outcome's error detail is cut to this
 # An outcome is one log record, and both logs take records up to 4 MiB: a larger
@@ -185,6 +185,24 @@ MIN_OUTCOME_HORIZON_MS = SECOND_MS
 MAX_HORIZON_MS = 365 * DAY_MS
 assert MIN_OUTCOME_HORIZON_MS <= DEFAULT_OUTCOME_HORIZON_MS <= DEFAULT_RECEIPT_HORIZON_MS <= MAX_HORIZON_MS
 assert MAX_HORIZON_MS <= MAX_DURATION_MS  # an expiry is a log time plus a duration: a u64 key
+# Caps on what one domain holds (ConfigureDomainCaps, an administrator's; processors/usage.py), from
+# feature level 5: a create (or a document write) that would take the domain past one is
+# ResourceExhausted. A null cap is its default. Deleted resources stop counting at once; document
+# tombstones and rows still being reclaimed never count. RabbitMQ's vhost max-queues and JetStream's
+# account max_streams are unlimited by default; these defaults are finite so that one tenant cannot
+# fill a partition by accident, and high enough not to be met by design. A domain without caps of
+# its own is held to them, so what a replay accepts depends on them: changing one needs a new feature
+# level, like any change of what a record does (processors/features.py).
+DEFAULT_MAX_QUEUES = 10_000
+DEFAULT_MAX_TOPICS = 10_000
+DEFAULT_MAX_GROUPS = 10_000
+DEFAULT_MAX_DOCUMENTS = 1_000_000
+DEFAULT_MAX_DOCUMENT_BYTES = 10 * GIB  # the documents' values together: 40,960 of the largest
+MAX_DOMAIN_RESOURCES = 1_000_000  # the largest max_queues, max_topics and max_groups
+MAX_DOMAIN_DOCUMENTS = 1_000_000_000
+MAX_DOMAIN_DOCUMENT_BYTES = TIB
+assert max(DEFAULT_MAX_QUEUES, DEFAULT_MAX_TOPICS, DEFAULT_MAX_GROUPS) <= MAX_DOMAIN_RESOURCES
+assert DEFAULT_MAX_DOCUMENTS <= MAX_DOMAIN_DOCUMENTS and DEFAULT_MAX_DOCUMENT_BYTES <= MAX_DOMAIN_DOCUMENT_BYTES
 # A topic whose expired front events a group still pins looks at its front again this much later.
 TOPIC_RETENTION_RECHECK_MS = 60_000
 MAX_GROUP_WINDOW = 10_000  # group policy max_window
@@ -333,6 +351,12 @@ INTEGER_FIELD_RANGES: dict[str, IntegerRange] = {
         MIN_OUTCOME_HORIZON_MS, MAX_HORIZON_MS, note="≥ outcome_horizon_ms (equal: no receipts)"
     ),
     "ConfigureDomain.expected_policy_version": FENCE,
+    "ConfigureDomainCaps.max_queues": IntegerRange(0, MAX_DOMAIN_RESOURCES),
+    "ConfigureDomainCaps.max_topics": IntegerRange(0, MAX_DOMAIN_RESOURCES),
+    "ConfigureDomainCaps.max_groups": IntegerRange(0, MAX_DOMAIN_RESOURCES),
+    "ConfigureDomainCaps.max_documents": IntegerRange(0, MAX_DOMAIN_DOCUMENTS),
+    "ConfigureDomainCaps.max_document_bytes": IntegerRange(0, MAX_DOMAIN_DOCUMENT_BYTES),
+    "ConfigureDomainCaps.expected_policy_version": FENCE,
     "ConfigureInbox.max_receipts": IntegerRange(1, MAX_INBOX_RECEIPTS),
     "ConfigureInbox.max_bytes": IntegerRange(1, MAX_INBOX_BYTES),
     "InboxSource.delivery_generation": SEQUENCE,

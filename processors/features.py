@@ -32,6 +32,11 @@ The levels:
    from here on (unless written again first). A queue's delivery tokens name the message's
    enqueue sequence (v2, processors/tokens.py), so a token of an earlier message under a reused id
    never names a later one's lease.
+5. Domains have caps (processors/usage.py). Each domain's queues, topics, subscription groups, live
+   documents and document bytes are counted, and a create or document write past the domain's cap
+   (ConfigureDomainCaps; defaults in keyload/limits.py) is ResourceExhausted. The raise counts what
+   the partition held then, one timer budget itself and the rest in bounded steps before the
+   records after it; the caps apply once it is done.
 """
 
 from __future__ import annotations
@@ -48,6 +53,7 @@ READS_UNSTORED = 1  # the level from which reads keep no outcome
 OUTCOME_HORIZONS = 2  # the level from which outcomes keep to their domain's horizons
 LEASES_KEPT = 3  # the level from which receives store leases, not bodies, and a repeat re-checks them
 WORK_COMPACTED = 4  # the level from which finished messages and inbox entries go after the horizons
+DOMAIN_CAPS = 5  # the level from which domains' holdings are counted and capped
 # The reads level 1 covers, frozen: tests/test_feature_levels.py holds the command table's `reads`
 # rows to it. Making an existing command a read changes how level-1 logs replay: a later level.
 LEVEL_1_READS = frozenset(
@@ -80,8 +86,12 @@ def raise_feature_level(stage: Staged, body: RaiseFeatureLevel, ctx: Context) ->
         stage.put(keys.FEATURE_LEVEL, keys.u64(body.level))
         if current < WORK_COMPACTED <= body.level:
             stage.put(keys.MESSAGE_IDS_REUSABLE_SINCE, keys.u64(ctx.now_ms))
+        if current < DOMAIN_CAPS <= body.level:
+            from keyload.processors import usage  # it builds on this module's levels
+
+            usage.start_count(stage, ctx.now_ms)
         current = body.level
     return {"feature_level": current}
 
 
-assert READS_UNSTORED < OUTCOME_HORIZONS < LEASES_KEPT < WORK_COMPACTED <= limits.FEATURE_LEVEL
+assert READS_UNSTORED < OUTCOME_HORIZONS < LEASES_KEPT < WORK_COMPACTED < DOMAIN_CAPS <= limits.FEATURE_LEVEL

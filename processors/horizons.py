@@ -30,12 +30,10 @@ from itertools import islice
 
 from msgspec.structs import replace
 
-from keyload import limits
-from keyload.bodies import ConfigureDomain, InspectDomain
 from keyload.log.codec import Record
-from keyload.processors import validation
 from keyload.processors.context import Context
 from keyload.processors.counters import adjusted
+from keyload.processors.domains import domain_policy
 from keyload.processors.errors import Corruption, ErrorCode, Rejected
 from keyload.processors.features import LEASES_KEPT, OUTCOME_HORIZONS
 from keyload.processors.fingerprints import FINGERPRINT_BYTES
@@ -44,7 +42,6 @@ from keyload.processors.queues.state import move_due_entry
 from keyload.projections import keys
 from keyload.projections.records import (
     DocumentRecord,
-    DomainRecord,
     InboxRecord,
     MessageMeta,
     MessageState,
@@ -59,49 +56,6 @@ from keyload.projections.store import Readable, Staged
 # its revision and u64 its deletion time), or a row that just goes (an identity tombstone, an inbox entry;
 # a target inbox's then u64 what it was charged).
 NAMES_OUTCOME, NAMES_RECEIPT, NAMES_HISTORY, NAMES_TOMBSTONE, NAMES_EXPIRING = b"o", b"r", b"m", b"t", b"d"
-
-DEFAULT_POLICY = DomainRecord(
-    outcome_horizon_ms=limits.DEFAULT_OUTCOME_HORIZON_MS,
-    receipt_horizon_ms=limits.DEFAULT_RECEIPT_HORIZON_MS,
-    policy_version=0,
-)
-
-
-def domain_policy(stage: Staged, domain: str) -> DomainRecord:
-    """The domain's policy: as ConfigureDomain last set it, else the defaults (policy version 0)."""
-    return load(stage, keys.domain_policy(domain), DomainRecord) or DEFAULT_POLICY
-
-
-def _view(domain: str, policy: DomainRecord) -> Record:
-    return dict(policy.to_avro(), domain=domain)
-
-
-def configure_domain(stage: Staged, body: ConfigureDomain, ctx: Context) -> Record:
-    """Replace the domain's whole policy, fenced by an optional expected policy version. A null
-    receipt horizon is the default, or the outcome horizon when that is longer."""
-    current = domain_policy(stage, ctx.domain)
-    expected = body.expected_policy_version
-    detail = f"policy version is {current.policy_version}, expected {expected}"
-    validation.check_fence("ConfigureDomain.expected_policy_version", expected, current.policy_version, detail)
-    outcome_ms = body.outcome_horizon_ms
-    if outcome_ms is None:
-        outcome_ms = limits.DEFAULT_OUTCOME_HORIZON_MS
-    validation.check_integer("ConfigureDomain.outcome_horizon_ms", outcome_ms)
-    receipt_ms = body.receipt_horizon_ms
-    if receipt_ms is None:
-        receipt_ms = max(limits.DEFAULT_RECEIPT_HORIZON_MS, outcome_ms)
-    validation.check_integer("ConfigureDomain.receipt_horizon_ms", receipt_ms)
-    if receipt_ms < outcome_ms:
-        raise Rejected(ErrorCode.VALIDATION, "receipt_horizon_ms must be at least outcome_horizon_ms")
-    policy = DomainRecord(
-        outcome_horizon_ms=outcome_ms, receipt_horizon_ms=receipt_ms, policy_version=current.policy_version + 1
-    )
-    save(stage, keys.domain_policy(ctx.domain), policy)
-    return _view(ctx.domain, policy)
-
-
-def inspect_domain(stage: Staged, body: InspectDomain, ctx: Context) -> Record:
-    return _view(ctx.domain, domain_policy(stage, ctx.domain))
 
 
 def store_outcome(stage: Staged, outcome: Record, fingerprint: bytes, encoded: bytes, level: int) -> None:
@@ -263,7 +217,7 @@ def _sweep_row(stage: Staged, row: bytes, entry: bytes, followers: list[int]) ->
 def _release_receipt(stage: Staged, row: bytes, charge: int) -> None:
     """A target inbox entry's room goes back to its domain's inbox: what CommitInbox charged (a
     schema migration may re-encode the entry since, so its bytes now are not the measure)."""
-    config_row = keys.inbox_config(keys.target_inbox_domain(row))
+    config_row = keys.inbox_config(keys.domain_of(row))
     inbox = load(stage, config_row, InboxRecord)
     if inbox is None:
         raise Corruption(f"inbox entry {row.hex()} has no inbox")

@@ -4,7 +4,8 @@ Queues and subscription groups keep timers the same way (processors/queues/state
 rows under their incarnation and one due-index entry each at their earliest. A topic
 has at most one timer, its retention's next look at its front, kept in its record
 (processors/topics/retention.py). The partition's horizon sweep has one entry too, under an id
-no resource has (processors/horizons.py). Otherwise the due index names an incarnation; the resource key
+no resource has (processors/horizons.py), and so has the count of what domains hold while it runs
+(processors/usage.py). Otherwise the due index names an incarnation; the resource key
 it maps to says which kind of resource to hand the firing to: a queue, a group, a topic,
 or a deleted queue, group or topic whose rows are being reclaimed (processors/reclamation.py).
 """
@@ -16,7 +17,7 @@ from typing import Any
 from keyload import limits
 from keyload.bodies import Checkpoint, Tick
 from keyload.log.codec import Record
-from keyload.processors import horizons, reclamation
+from keyload.processors import horizons, reclamation, usage
 from keyload.processors.context import Context
 from keyload.processors.errors import Corruption
 from keyload.processors.groups import leases as group_leases
@@ -62,6 +63,9 @@ def fire_due(stage: Staged, ctx: Context) -> Record:
             swept = horizons.sweep(stage, due_ms, ctx, budget - examined)
             examined += swept
             transitions += swept
+            continue
+        if incarnation == keys.USAGE_COUNT:  # counting what domains held when the partition reached level 5
+            examined += usage.count_step(stage, due_ms, ctx, budget - examined)
             continue
         resource_key = stage.get(keys.resource_key(incarnation))
         kind = None if resource_key is None else resource_key[:1]

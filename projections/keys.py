@@ -47,6 +47,9 @@ RECEIPT = b"O"
 #   tombstone, an inbox entry; a target inbox entry's then u64 its charge, given back to its inbox)
 HORIZON = b"H"
 DOMAIN = b"D"  # D | domain                                      -> DomainRecord (absent: the default policy)
+# U | domain -> u64 queues | u64 topics | u64 groups | u64 documents | u64 document bytes: what the domain holds of
+#   each kind its caps bound (processors/usage.py), from feature level 5 (absent: nothing)
+DOMAIN_USAGE = b"U"
 POISON = b"p"  # p | offset u64                                 -> PoisonEntry
 TOPIC = b"s"  # s | domain (u8-prefixed) | topic name           -> TopicRecord
 EVENT = b"e"  # e | topic id u64 | position u64                 -> EventRecord (body inline)
@@ -100,6 +103,9 @@ HORIZON_DUE = META + b"horizon_due"  # u64 earliest expiry in the horizon index 
 #   delivery token without the message's enqueue sequence (v1) names no message enqueued after it
 MESSAGE_IDS_REUSABLE_SINCE = META + b"message_ids_reusable_since"
 RETIRED_IDENTITIES = META + b"retired_identities"  # u64 message ids whose history was reclaimed
+# The next `f`, `q` or `s` row the usage count (processors/usage.py) looks at: present from the raise to feature
+# level 5 until the partition has counted what it held then; rows before it are counted, rows from it are not yet
+USAGE_COUNT_CURSOR = META + b"usage_count_cursor"
 
 # Timer kinds, in the order they fire when due at the same instant.
 TIMER_EXPIRY = 0
@@ -113,6 +119,10 @@ TIMER_SERVE = 5  # waiters are left with ready messages to serve (sequence 0): t
 # resource ids start at 1, so it names no queue, group or topic.
 HORIZON_SWEEP = 0
 MAX_U64_ID = 2**63 - 1  # ids in keys are u64, and Avro longs are signed: ids a command names stay below this
+# The due index entry `w | due | USAGE_COUNT` is the usage count, due while USAGE_COUNT_CURSOR is present: ids
+# stay below MAX_U64_ID, so it names no resource either.
+USAGE_COUNT = 2**64 - 1
+assert MAX_U64_ID < USAGE_COUNT < 2**64
 TIMER_KEY_BYTES = 1 + 8 + 8 + 1 + 8
 EVENT_KEY_BYTES = 1 + 8 + 8
 SHA256_BYTES = 32
@@ -150,6 +160,7 @@ FAMILY_VALUES: dict[bytes, RecordValue | None] = {
     RECEIPT: None,
     HORIZON: None,
     DOMAIN: RecordValue("keyload.DomainRecord"),
+    DOMAIN_USAGE: None,
     POISON: RecordValue("keyload.PoisonEntry"),
     TOPIC: RecordValue("keyload.TopicRecord"),
     EVENT: RecordValue("keyload.EventRecord"),
@@ -325,6 +336,16 @@ def domain_policy(domain: str) -> bytes:
     return DOMAIN + domain.encode("utf-8")
 
 
+def domain_usage(domain: str) -> bytes:
+    return DOMAIN_USAGE + domain.encode("utf-8")
+
+
+def domain_of(key: bytes) -> str:
+    """The domain of a row keyed by domain first (u8-prefixed): `q`, `s`, `f`, `o`, `z`, and `l`
+    (the domain whose target inbox holds it)."""
+    return key[2 : 2 + key[1]].decode("utf-8")
+
+
 def published_checkpoint(offset: int) -> bytes:
     return PUBLISHED_CHECKPOINT + u64(offset)
 
@@ -444,11 +465,6 @@ def target_inbox_entry(
         + _short(scope)
         + message_id.encode("utf-8")
     )
-
-
-def target_inbox_domain(row: bytes) -> str:
-    """The domain whose target inbox holds an `l` row."""
-    return row[2 : 2 + row[1]].decode("utf-8")
 
 
 def inbox_config(domain: str) -> bytes:

@@ -167,13 +167,19 @@ class InboxRecord(StoredRecord, frozen=True, kw_only=True, forbid_unknown_fields
 
 
 class DomainRecord(StoredRecord, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    """A domain's policy, once ConfigureDomain set it: its idempotency horizons."""
+    """A domain's policy, once ConfigureDomain set it: its idempotency horizons and, from feature
+    level 5, its caps (null in a policy set before it: the defaults, processors/usage.py)."""
 
     AVRO_NAME = SCHEMA = "keyload.DomainRecord"
 
     outcome_horizon_ms: Long
     receipt_horizon_ms: Long
     policy_version: Long
+    max_queues: Long | None = None
+    max_topics: Long | None = None
+    max_groups: Long | None = None
+    max_documents: Long | None = None
+    max_document_bytes: Long | None = None
 
 
 class InboxEntry(StoredRecord, frozen=True, kw_only=True, forbid_unknown_fields=True):

@@ -440,6 +440,14 @@ BASES: dict[str, Builder] = {
         "receipt_horizon_ms": None,
         "expected_policy_version": None,
     },
+    "keyload.command.ConfigureDomainCaps": lambda w: {
+        "max_queues": None,
+        "max_topics": None,
+        "max_groups": None,
+        "max_documents": None,
+        "max_document_bytes": None,
+        "expected_policy_version": None,
+    },
     "keyload.command.PutPrincipal": lambda w: {
         "principal": w.fresh("p"),
         "key_id": "k0",

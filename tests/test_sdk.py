@@ -25,6 +25,7 @@ from keyload.errors import (
     HistoryUnavailableError,
     NotFoundError,
     OutcomeTimeout,
+    ResourceExhaustedError,
     RevisionConflictError,
     StaleLeaseError,
 )
@@ -34,6 +35,7 @@ from keyload.sdk.client import Lane
 from keyload.sdk.consumer import ConsumeStats, ExactlyOnce, Handled, WorkOptions
 from keyload.sdk.results import (
     Delivery,
+    DomainUsage,
     EnqueueMessage,
     Event,
     GroupDelivery,
@@ -355,6 +357,30 @@ def test_a_topic_policy_changes_by_compare_and_set_and_old_events_age_out(client
     wait_until(lambda: client.inspect_topic("shop", "events").retained_events == 0, what="events aged out")
     view = client.inspect_topic("shop", "events")
     assert (view.first_available, view.tail) == (5, 4)
+
+
+def test_a_domain_holds_at_most_its_caps(client: Client) -> None:
+    """keyload run raises the partitions to level 5: once the partition's usage count is done, a
+    create past a domain's cap is ResourceExhausted, and a delete gives its room back."""
+    wait_until(lambda: _usage(client).counted, what="the usage count done")
+    view = client.configure_domain_caps("shop", max_topics=1, max_documents=1)
+    assert (view.max_topics, view.max_documents, view.max_queues) == (1, 1, 10_000)
+    client.create_topic("shop", "events")
+    with pytest.raises(ResourceExhaustedError, match=r"over its cap \(max_topics 1\)"):
+        client.create_topic("shop", "audit")
+    client.put_document("shop", "a", b"x")
+    with pytest.raises(ResourceExhaustedError):
+        client.put_document("shop", "b", b"x")
+    client.delete_topic("shop", "events")
+    client.create_topic("shop", "audit")
+    usage = _usage(client)
+    assert (usage.topics, usage.documents, usage.document_bytes) == (1, 1, 1)
+
+
+def _usage(client: Client) -> DomainUsage:
+    usage = client.inspect_domain("shop").usage
+    assert usage is not None
+    return usage
 
 
 def test_a_command_id_is_answered_within_the_domains_horizons(client: Client) -> None:

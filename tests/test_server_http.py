@@ -197,6 +197,27 @@ def test_an_idempotency_key_past_the_domains_outcome_horizon_is_410(api: httpx.C
     assert committed(api.get(queue))["counters"]["stored_messages"] == 1
 
 
+def test_a_domain_cap_refuses_a_create_with_429(api: httpx.Client) -> None:
+    """`keyload run` raises the partitions to level 5: once the service has counted what the
+    partition held, a domain's caps apply."""
+    d = domain()
+
+    def counted() -> bool:
+        return bool(committed(api.get(f"/v1/domains/{d}"))["usage"]["counted"])
+
+    wait_until(counted, what="the usage count done")
+    configured = committed(api.put(f"/v1/domains/{d}/caps", json={"max_queues": 1, "max_document_bytes": 4}))
+    assert (configured["max_queues"], configured["max_topics"]) == (1, 10_000)
+    committed(api.put(f"/v1/domains/{d}/queues/a", json={"policy": {}}))
+    refused = api.put(f"/v1/domains/{d}/queues/b", json={"policy": {}})
+    assert (refused.status_code, refused.json()["error_code"]) == (429, "ResourceExhausted")
+    assert "over its cap (max_queues 1)" in refused.json()["detail"]
+    too_big = api.put(f"/v1/domains/{d}/documents/k", json={"value": b64(b"12345")})
+    assert too_big.status_code == 429
+    usage = committed(api.get(f"/v1/domains/{d}"))["usage"]
+    assert (usage["queues"], usage["documents"], usage["document_bytes"]) == (1, 0, 0)
+
+
 def test_long_poll_is_answered_by_a_later_enqueue(api: httpx.Client, served: tuple[Path, str]) -> None:
     root, url = served
     _, queue = new_queue(api, "jobs")

@@ -291,8 +291,9 @@ def _partition_status(
     data: DataDir, log_: CommandLog, checkpoints: Checkpoints, partition: int, halt: Halt | None
 ) -> str:
     """`log A..B, applied through N, lag L, checkpoints [...], recovery floor F, poison P[, reclaiming Q
-    deleted queues, G deleted groups, T deleted topics]`, then any trouble."""
+    deleted queues, G deleted groups, T deleted topics][, counting domain usage]`, then any trouble."""
     from keyload.log.base import LogCorruption, LogError
+    from keyload.processors import usage
     from keyload.projections import keys
     from keyload.projections.store import NO_OFFSET, Store, StoreError
     from keyload.sdk.client import poison_rows
@@ -308,6 +309,7 @@ def _partition_status(
     applied: int | None = NO_OFFSET
     poison: int | None = 0
     reclaiming: dict[str, int] = {}
+    counting = False
     if data.projection(partition).is_dir():  # absent until `keyload run` first serves the partition
         try:
             store = Store(data.projection(partition), read_only=True)
@@ -321,6 +323,7 @@ def _partition_status(
                 retired = {keys.RETIRED: "queue", keys.RETIRED_GROUP: "group", keys.RETIRED_TOPIC: "topic"}
                 for family, kind in retired.items():
                     reclaiming[kind] = sum(1 for _ in store.scan(family, keys.prefix_end(family)))
+                counting = usage.counting(store)
             finally:
                 store.close()
     if applied is None:
@@ -344,6 +347,8 @@ def _partition_status(
     being_reclaimed = [f"{n} deleted {kind}{'' if n == 1 else 's'}" for kind, n in reclaiming.items() if n]
     if being_reclaimed:
         parts.append("reclaiming " + ", ".join(being_reclaimed))
+    if counting:  # what domains held when the partition reached feature level 5 (processors/usage.py)
+        parts.append("counting domain usage")
     return ", ".join(parts + trouble)
 
 
@@ -365,6 +370,7 @@ def census(args: argparse.Namespace) -> int:
             f"p{found.partition}: {applied}, {found.rows:,} rows, {found.bytes:,} bytes; "
             f"reclaiming {', '.join(left) or 'nothing'}; {found.retention_tasks} retention tasks; "
             f"{found.timers_due} timers due; {found.horizon_due} horizon rows due"
+            + ("; counting domain usage" if found.usage_counting else "")
         )
         lines.append(f"  {'family':<22} tag {'rows':>12} {'key bytes':>14} {'value bytes':>14}")
         for f in found.families:

@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from keyload.errors import KeyloadError
+from keyload.processors import usage
 from keyload.projections import keys
 from keyload.projections.store import NO_OFFSET, Store
 from keyload.storage.datadir import DataDir
@@ -52,6 +53,8 @@ class Census:
     timers_due: int
     # horizon index rows due by then: outcomes, receipts and finished work the sweep has still to remove
     horizon_due: int
+    # the partition is still counting what its domains held when it reached feature level 5 (their caps wait)
+    usage_counting: bool
 
 
 class CensusError(KeyloadError):
@@ -98,4 +101,5 @@ def _count(store: Store, partition: int) -> Census:
         retention_tasks=counts.get(keys.RETENTION_TASK, [0])[0],
         timers_due=due,
         horizon_due=horizon_due,
+        usage_counting=usage.counting(store),
     )

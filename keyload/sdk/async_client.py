@@ -123,6 +123,7 @@ class AsyncClient:
     configure_inbox = _on_thread(Client.configure_inbox)
     commit_inbox = _on_thread(Client.commit_inbox)
     configure_domain = _on_thread(Client.configure_domain)
+    configure_domain_caps = _on_thread(Client.configure_domain_caps)
     inspect_domain = _on_thread(Client.inspect_domain)
     prepare_large_schedule = _on_thread(Client.prepare_large_schedule)
     commit_large_schedule = _on_thread(Client.commit_large_schedule)

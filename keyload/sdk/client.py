@@ -942,7 +942,7 @@ class Client:
         expected_policy_version: int | None = None,
         command_id: str | None = None,
     ) -> DomainView:
-        """Replace the domain's policy: how long, in log time, outcomes stored from now on answer
+        """Replace the domain's horizons: how long, in log time, outcomes stored from now on answer
         repeats of their command ids, and then how long their receipts keep the ids taken (None:
         the defaults, a day and a week). A stale `expected_policy_version`: RevisionConflict."""
         body = {
@@ -952,8 +952,34 @@ class Client:
         }
         return self._send(DomainView, "ConfigureDomain", domain, body, command_id)
 
+    def configure_domain_caps(
+        self,
+        domain: str,
+        *,
+        max_queues: int | None = None,
+        max_topics: int | None = None,
+        max_groups: int | None = None,
+        max_documents: int | None = None,
+        max_document_bytes: int | None = None,
+        expected_policy_version: int | None = None,
+        command_id: str | None = None,
+    ) -> DomainView:
+        """Replace the most the domain may hold (an administrator's; from feature level 5): queues,
+        topics, subscription groups, live documents and their values' bytes (None: the defaults,
+        10,000 each of the first three, a million documents, 10 GiB). A create or document write
+        past a cap is then ResourceExhausted. A stale `expected_policy_version`: RevisionConflict."""
+        body = {
+            "max_queues": max_queues,
+            "max_topics": max_topics,
+            "max_groups": max_groups,
+            "max_documents": max_documents,
+            "max_document_bytes": max_document_bytes,
+            "expected_policy_version": expected_policy_version,
+        }
+        return self._send(DomainView, "ConfigureDomainCaps", domain, body, command_id)
+
     def inspect_domain(self, domain: str, *, command_id: str | None = None) -> DomainView:
-        """The domain's policy (its horizons and policy version)."""
+        """The domain's policy (its horizons, caps and policy version) and what it holds."""
         return self._send(DomainView, "InspectDomain", domain, {}, command_id)
 
     def commit_inbox(

@@ -526,8 +526,23 @@ class InboxView(AvroRecord, frozen=True, kw_only=True, forbid_unknown_fields=Tru
     bytes: Long
 
 
+class DomainUsage(AvroRecord, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """What a domain holds of each kind its caps bound. Until `counted`, the partition is still
+    counting what it held when it reached feature level 5, and the caps do not apply yet."""
+
+    AVRO_NAME = "keyload.result.DomainUsage"
+
+    queues: Long
+    topics: Long
+    groups: Long
+    documents: Long  # live documents: tombstones do not count
+    document_bytes: Long  # their values together
+    counted: bool
+
+
 class DomainView(AvroRecord, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    """A domain's policy: how long its commands' outcomes, then their receipts, are kept (log time)."""
+    """A domain's policy: how long its commands' outcomes, then their receipts, are kept (log time);
+    from feature level 5 its caps and what it holds of each (None below it)."""
 
     AVRO_NAME = "keyload.result.DomainView"
 
@@ -535,6 +550,12 @@ class DomainView(AvroRecord, frozen=True, kw_only=True, forbid_unknown_fields=Tr
     outcome_horizon_ms: Long
     receipt_horizon_ms: Long
     policy_version: Long
+    max_queues: Long | None = None
+    max_topics: Long | None = None
+    max_groups: Long | None = None
+    max_documents: Long | None = None
+    max_document_bytes: Long | None = None
+    usage: DomainUsage | None = None
 
 
 # -- retention ----------------------------------------------------------------------------------

@@ -14,7 +14,7 @@ from __future__ import annotations
 from keyload import limits
 from keyload.bodies import DeleteDocument, GetDocument, ListDocuments, PutDocument
 from keyload.log.codec import Record
-from keyload.processors import horizons, validation
+from keyload.processors import horizons, usage, validation
 from keyload.processors.context import Context
 from keyload.processors.errors import ErrorCode, Rejected
 from keyload.processors.features import WORK_COMPACTED, feature_level
@@ -51,6 +51,9 @@ def put_document(stage: Staged, body: PutDocument, ctx: Context) -> Record:
     stored = load(stage, row, DocumentRecord)
     _check_expected(stored, body.expected_revision, "PutDocument")
     revision = 1 if stored is None else stored.revision + 1
+    live = stored is not None and not stored.deleted
+    growth = len(body.value) - (len(stored.value) if stored is not None and live else 0)
+    usage.charge(stage, ctx.domain, row, documents=0 if live else 1, document_bytes=growth)
     save(stage, row, DocumentRecord(value=body.value, revision=revision, updated_at_ms=ctx.now_ms, deleted=False))
     return {"key": key, "revision": revision, "deleted": False}
 
@@ -66,6 +69,7 @@ def delete_document(stage: Staged, body: DeleteDocument, ctx: Context) -> Record
     if stored is None or stored.deleted:
         raise Rejected(ErrorCode.NOT_FOUND, "document does not exist")
     tombstone = DocumentRecord(value=b"", revision=stored.revision + 1, updated_at_ms=ctx.now_ms, deleted=True)
+    usage.charge(stage, ctx.domain, row, documents=-1, document_bytes=-len(stored.value))
     save(stage, row, tombstone)
     if feature_level(stage) >= WORK_COMPACTED:
         horizons.keep_tombstone_until_receipt_horizon(stage, row, tombstone, ctx.domain)

@@ -34,7 +34,7 @@ from keyload.bodies import (
     SeekGroup,
 )
 from keyload.log.codec import REGISTRY, Record
-from keyload.processors import validation
+from keyload.processors import usage, validation
 from keyload.processors.context import Context
 from keyload.processors.counters import adjusted
 from keyload.processors.errors import Corruption, ErrorCode, Rejected
@@ -60,7 +60,7 @@ from keyload.projections.records import (
     load,
     save,
 )
-from keyload.projections.store import Staged
+from keyload.projections.store import Readable, Staged
 
 GROUP_RECORD = "keyload.GroupRecord"
 POSITION_META = "keyload.PositionMeta"
@@ -328,7 +328,7 @@ def groups_of(stage: Staged, topic_id: int) -> list[GroupRecord]:
     return found
 
 
-def _count_groups(stage: Staged, topic_id: int) -> int:
+def count_groups(stage: Readable, topic_id: int) -> int:
     """How many groups a topic has (at most MAX_GROUPS_PER_TOPIC); their records are not decoded."""
     prefix = keys.group_prefix(topic_id)
     found = 0
@@ -349,8 +349,9 @@ def create_group(stage: Staged, body: CreateGroup, ctx: Context) -> Record:
     topic_id = topic.incarnation
     if stage.get(keys.group(topic_id, name)) is not None:
         raise Rejected(ErrorCode.CONFLICT, "group already exists")
-    if _count_groups(stage, topic_id) == limits.MAX_GROUPS_PER_TOPIC:
+    if count_groups(stage, topic_id) == limits.MAX_GROUPS_PER_TOPIC:
         raise Rejected(ErrorCode.RESOURCE_EXHAUSTED, f"a topic has at most {limits.MAX_GROUPS_PER_TOPIC} groups")
+    usage.charge(stage, ctx.domain, keys.topic(ctx.domain, topic.topic), groups=1)
     group_id = allocate_incarnation(stage)
     stage.put(keys.resource_key(group_id), keys.group(topic_id, name))
     group = GroupState(

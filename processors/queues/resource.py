@@ -20,7 +20,7 @@ from keyload.bodies import (
     ResumeQueue,
 )
 from keyload.log.codec import Record
-from keyload.processors import reclamation, validation, waiters
+from keyload.processors import reclamation, usage, validation, waiters
 from keyload.processors.context import Context
 from keyload.processors.errors import Corruption, ErrorCode, Rejected
 from keyload.processors.horizons import read_identity_tombstone
@@ -93,10 +93,12 @@ def create_queue(stage: Staged, body: CreateQueue, ctx: Context) -> Record:
     name = body.queue
     check_name("queue name", name, limits.MAX_QUEUE_NAME_CHARS, limits.QUEUE_NAME_PATTERN)
     policy = resolve_policy(body.policy)
-    if stage.get(keys.queue(ctx.domain, name)) is not None:
+    row = keys.queue(ctx.domain, name)
+    if stage.get(row) is not None:
         raise Rejected(ErrorCode.CONFLICT, "queue already exists")
+    usage.charge(stage, ctx.domain, row, queues=1)
     queue_id = allocate_incarnation(stage)
-    stage.put(keys.resource_key(queue_id), keys.queue(ctx.domain, name))
+    stage.put(keys.resource_key(queue_id), row)
     record = QueueRecord(
         view=QueueView(
             domain=ctx.domain,
@@ -117,7 +119,7 @@ def create_queue(stage: Staged, body: CreateQueue, ctx: Context) -> Record:
         timer_floor=None,
         waiter_floor=1,
     )
-    save(stage, keys.queue(ctx.domain, name), record)
+    save(stage, row, record)
     return record.view.to_avro()
 
 
@@ -188,7 +190,9 @@ def delete_queue(stage: Staged, body: DeleteQueue, ctx: Context) -> Record:
     record, waiting = waiters.oldest(stage, record, limits.MAX_WAITERS_PER_RESOURCE)
     for sequence, waiter in waiting:
         record = waiters.complete(stage, record, ctx, sequence, waiter, receive_result([]))
-    stage.delete(keys.queue(ctx.domain, body.queue))
+    row = keys.queue(ctx.domain, body.queue)
+    stage.delete(row)
+    usage.charge(stage, ctx.domain, row, queues=-1)
     reclamation.retire(stage, reclamation.QUEUE_RETIREMENT, record, ctx.now_ms)
     return record.view.to_avro()
 

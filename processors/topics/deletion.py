@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from keyload.bodies import DeleteGroup, DeleteTopic
 from keyload.log.codec import Record
-from keyload.processors import reclamation, validation, waiters
+from keyload.processors import reclamation, usage, validation, waiters
 from keyload.processors.context import Context
 from keyload.processors.errors import ErrorCode, Rejected
 from keyload.processors.groups.group import empty_receive_result, group_view, groups_of, load_group
@@ -46,6 +46,7 @@ def delete_group(stage: Staged, body: DeleteGroup, ctx: Context) -> Record:
         )
     view = group_view(stage, topic, group)
     stage.delete(keys.group(topic.incarnation, body.group))
+    usage.charge(stage, ctx.domain, keys.topic(ctx.domain, body.topic), groups=-1)
     reclamation.retire(stage, GROUP_RETIREMENT, work.record, ctx.now_ms)
     stored = topic_record(stage, ctx.domain, body.topic)
     due = stored.next_timer_ms
@@ -72,7 +73,9 @@ def delete_topic(stage: Staged, body: DeleteTopic, ctx: Context) -> Record:
     for group in groups:
         stage.delete(keys.group(topic.incarnation, group.view.group))
         reclamation.retire(stage, GROUP_RETIREMENT, group, ctx.now_ms)
-    stage.delete(keys.topic(ctx.domain, body.topic))
+    row = keys.topic(ctx.domain, body.topic)
+    stage.delete(row)
+    usage.charge(stage, ctx.domain, row, topics=-1, groups=-len(groups))
     reclamation.retire(stage, TOPIC_RETIREMENT, record, ctx.now_ms)
     return topic.to_avro()
 

@@ -19,7 +19,7 @@ from msgspec.structs import replace
 from keyload import limits
 from keyload.bodies import CloseTopic, ConfigureTopic, CreateTopic, Event, InspectTopic, Publish, PurgeTopic, ReadTopic
 from keyload.log.codec import REGISTRY, Record
-from keyload.processors import validation
+from keyload.processors import usage, validation
 from keyload.processors.context import Context
 from keyload.processors.counters import adjusted
 from keyload.processors.errors import Corruption, ErrorCode, Rejected
@@ -86,8 +86,10 @@ def create_topic(stage: Staged, body: CreateTopic, ctx: Context) -> Record:
     name = body.topic
     check_name("topic name", name, limits.MAX_TOPIC_NAME_CHARS, limits.TOPIC_NAME_PATTERN)
     policy = resolve_topic_policy(body.policy)
-    if stage.get(keys.topic(ctx.domain, name)) is not None:
+    row = keys.topic(ctx.domain, name)
+    if stage.get(row) is not None:
         raise Rejected(ErrorCode.CONFLICT, "topic already exists")
+    usage.charge(stage, ctx.domain, row, topics=1)
     record = TopicRecord(
         view=TopicView(
             domain=ctx.domain,
