@@ -277,7 +277,8 @@ class InspectDomain(AvroRecord, frozen=True, kw_only=True, forbid_unknown_fields
 
 class ConfigureDomainCaps(AvroRecord, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """The domain's caps (null fields take their defaults), fenced by its policy version: an
-    administrator's, since a tenant that could raise them would not be bounded by them."""
+    operator's (admin on every domain), since a tenant that could raise them would not be bounded
+    by them."""
 
     AVRO_NAME = "keyload.command.ConfigureDomainCaps"
 

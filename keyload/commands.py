@@ -81,6 +81,9 @@ class CommandKind:
     parts: str | None = None  # the body field of mutations each authorized as the command it is (Batch, effects)
     self_service: bool = False  # naming the caller itself (its `principal` field null or its own) needs no capability
     resource_in_handler: bool = False  # its resource (a token's queue, a reservation's) is checked by its handler
+    # An operator's: it bounds a domain's own administrators, so only grants on every domain ("*") allow
+    # it, though it acts on one domain (ConfigureDomainCaps)
+    operator: bool = False
     # The body field naming the resource a grant's resource pattern is matched against: the first of
     # RESOURCE_FIELDS in the route (`_kind` finds it). None: the command names no resource, so only a
     # grant on every resource ("*") allows it, unless its handler checks the resource it finds
@@ -117,6 +120,7 @@ def _kind(
     parts: str | None = None,
     self_service: bool = False,
     resource_in_handler: bool = False,
+    operator: bool = False,
 ) -> CommandKind:
     """A row, written compactly: `cli` as "noun verb", `route` as "METHOD /path"."""
     noun_verb = None if cli is None else tuple(cli.split())
@@ -138,6 +142,7 @@ def _kind(
         parts,
         self_service,
         resource_in_handler,
+        operator,
         next((name for name in RESOURCE_FIELDS if name in fields), None),
     )
 
@@ -205,8 +210,8 @@ COMMANDS: tuple[CommandKind, ...] = (
     # Domains: the idempotency horizons of their command ids (processors/domains.py, horizons.py)
     _kind("ConfigureDomain", "domains:configure_domain", "keyload.result.DomainView", C.resource_manage, "configure_domain", "domain configure", "PUT /v1/domains/{domain}/policy"),
     _kind("InspectDomain", "domains:inspect_domain", "keyload.result.DomainView", C.inspect, "inspect_domain", "domain inspect", "GET /v1/domains/{domain}", reads=True),
-    # ... and what they may hold (processors/usage.py): an administrator's, or the caps would not bound a tenant
-    _kind("ConfigureDomainCaps", "domains:configure_domain_caps", "keyload.result.DomainView", C.admin, "configure_domain_caps", "domain caps", "PUT /v1/domains/{domain}/caps"),
+    # ... and what they may hold (processors/usage.py): an operator's, or the caps would not bound a domain's own administrators
+    _kind("ConfigureDomainCaps", "domains:configure_domain_caps", "keyload.result.DomainView", C.admin, "configure_domain_caps", "domain caps", "PUT /v1/domains/{domain}/caps", operator=True),
     # Large payloads
     _kind("PrepareLargeSchedule", "payloads.schedule:prepare_large_schedule", "keyload.PayloadReservation", C.enqueue, "prepare_large_schedule", None, f"POST {Q}/reservations"),
     _kind("CommitLargeSchedule", "payloads.schedule:commit_large_schedule", "keyload.PayloadReservation", C.enqueue, "commit_large_schedule", None, "POST /v1/domains/{domain}/reservations/{reservation_id}/commit", resource_in_handler=True),

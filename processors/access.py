@@ -155,12 +155,13 @@ def may_still(stage: Staged, principal: str, capability: Capability, domain: str
     return record is not None and record.enabled and allows(record.grants, capability, domain, resource)
 
 
-def require(ctx: Context, capability: Capability, resource: str | None, *, partition_wide: bool = False) -> None:
-    """PermissionDenied, naming the capability, unless the command's principal holds it here.
-    Nothing is checked while access control is off (`ctx.caller` is None)."""
+def require(ctx: Context, capability: Capability, resource: str | None, *, every_domain: bool = False) -> None:
+    """PermissionDenied, naming the capability, unless the command's principal holds it here (with
+    `every_domain`, on every domain: a partition-wide or an operator's command). Nothing is checked
+    while access control is off (`ctx.caller` is None)."""
     if ctx.caller is None:
         return
-    domain = None if partition_wide else ctx.domain
+    domain = None if every_domain else ctx.domain
     if not allows(ctx.caller.grants, capability, domain, resource):
         where = (
             "every domain"
@@ -184,7 +185,7 @@ def authorize(ctx: Context, kind: CommandKind, body: Any) -> None:
             resource: str | None = getattr(body, kind.resource)
         else:
             resource = None if kind.resource_in_handler else EVERYTHING
-        require(ctx, kind.capability, resource, partition_wide=kind.partition_wide)
+        require(ctx, kind.capability, resource, every_domain=kind.partition_wide or kind.operator)
     if kind.parts is None or ctx.caller is None:
         return
     for index, part in enumerate(getattr(body, kind.parts)):

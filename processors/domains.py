@@ -3,9 +3,10 @@
 The policy is one record (`D | domain` → DomainRecord; absent: the defaults of keyload/limits.py,
 policy version 0) with two writers. ConfigureDomain sets the horizons (processors/horizons.py says
 what they bound) and is a tenant's to use (`resource_manage`). ConfigureDomainCaps sets the caps
-(processors/usage.py says what they bound) and is an administrator's: a tenant that could raise its
-own caps would not be bounded by them. Each replaces its part whole (a null field: the default),
-keeps the other's, and moves the one policy version both are fenced by.
+(processors/usage.py says what they bound) and is an operator's, `admin` on every domain: a tenant,
+or a domain's own administrator, that could raise its caps would not be bounded by them. Each
+replaces its part whole (a null field: the default), keeps the other's, and moves the one policy
+version both are fenced by.
 """
 
 from __future__ import annotations

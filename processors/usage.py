@@ -1,7 +1,7 @@
 """Per-domain caps: what a domain holds of each kind its caps bound, kept from feature level 5.
 
 Domains share a partition, so what one can create is bounded: queues, topics, subscription groups,
-live documents and their values' bytes (ConfigureDomainCaps, an administrator's, processors/domains.py;
+live documents and their values' bytes (ConfigureDomainCaps, an operator's, processors/domains.py;
 the defaults are in keyload/limits.py). A create, or a document write, that would take the domain
 past a cap is ResourceExhausted and does nothing; a delete gives its room back at once. Lowering a
 cap below what the domain holds removes nothing: growth is refused until deletes bring the domain

@@ -167,8 +167,8 @@ class InboxRecord(StoredRecord, frozen=True, kw_only=True, forbid_unknown_fields
 
 
 class DomainRecord(StoredRecord, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    """A domain's policy, once ConfigureDomain set it: its idempotency horizons and, from feature
-    level 5, its caps (null in a policy set before it: the defaults, processors/usage.py)."""
+    """A domain's policy, once ConfigureDomain or ConfigureDomainCaps set it: its idempotency
+    horizons and, from feature level 5, its caps (null: the defaults, processors/usage.py)."""
 
     AVRO_NAME = SCHEMA = "keyload.DomainRecord"
 

@@ -195,13 +195,17 @@ def test_a_document_written_again_after_its_tombstone_went_counts_once(embedded:
     assert usage(embedded) == {"queues": 0, "topics": 0, "groups": 0, "documents": 1, "document_bytes": 3}
 
 
-def test_a_small_partition_is_counted_by_the_raise(embedded: Embedded) -> None:
+def test_a_partition_smaller_than_a_budget_is_counted_by_the_raise(
+    embedded: Embedded, monkeypatch: pytest.MonkeyPatch
+) -> None:
     ok(embedded, RAISE_FEATURE_LEVEL, {"level": WORK_COMPACTED})
-    ok(embedded, CREATE_QUEUE, create_queue_body("q1"))
+    for name in ("q1", "q2"):
+        ok(embedded, CREATE_QUEUE, create_queue_body(name))
+    monkeypatch.setattr(limits, "TICK_EXAMINATION_BUDGET", 3)  # more than the rows it holds
     ok(embedded, RAISE_FEATURE_LEVEL, {"level": DOMAIN_CAPS})
     assert not usage_module.counting(embedded.store(D))
-    ok(embedded, CONFIGURE_DOMAIN_CAPS, {"max_queues": 1})
-    refused(embedded, CREATE_QUEUE, create_queue_body("q2"))
+    ok(embedded, CONFIGURE_DOMAIN_CAPS, {"max_queues": 2})
+    refused(embedded, CREATE_QUEUE, create_queue_body("q3"))
 
 
 def test_below_level_5_the_policy_has_no_caps(embedded: Embedded) -> None:
@@ -223,15 +227,18 @@ def test_a_cap_out_of_range_is_refused(embedded: Embedded, cap: str) -> None:
     expect(send(embedded, CONFIGURE_DOMAIN_CAPS, {cap: too_many}), "Validation")
 
 
-def test_only_an_administrator_sets_the_caps(tmp_path: Path) -> None:
-    """A tenant that manages its domain's resources sets its horizons, but not the caps that bound it."""
+def test_only_an_operator_sets_the_caps(tmp_path: Path) -> None:
+    """A tenant that manages its domain's resources sets its horizons, but not the caps that bound it,
+    and neither does the domain's own administrator: only an administrator of every domain does."""
     secured = Secured(tmp_path / "data")
     try:
         secured.everywhere("RaiseFeatureLevel", {"level": DOMAIN_CAPS})
         tenant = secured.principal("tenant", can(Capability.resource_manage, domain=D))
         assert secured.ok(tenant, D, CONFIGURE_DOMAIN, {"outcome_horizon_ms": 60_000}).policy_version == 1
-        denied = secured.refused(tenant, D, CONFIGURE_DOMAIN_CAPS, {"max_queues": 1_000_000})
-        assert denied.detail.startswith("the principal holds no admin grant")
+        owner = secured.principal("owner", can(Capability.admin, domain=D))
+        for principal in (tenant, owner):
+            denied = secured.refused(principal, D, CONFIGURE_DOMAIN_CAPS, {"max_queues": 1_000_000})
+            assert denied.detail == "the principal holds no admin grant on every domain"
         assert secured.ok(secured.admin, D, CONFIGURE_DOMAIN_CAPS, {"max_queues": 1}).max_queues == 1
         secured.ok(tenant, D, CREATE_QUEUE, create_queue_body("q1"))
         past, _ = secured.submit_as(tenant, D, CREATE_QUEUE, create_queue_body("q2"))

@@ -578,7 +578,7 @@ SHAPES: dict[str, Shape] = {
     "ListDocuments": Shape("list documents by key prefix, in key order", positional=("prefix",), nargs={"prefix": "?"}),
     "ConfigureInbox": Shape("accept CommitInbox within a policy"),
     "ConfigureDomain": Shape("replace the domain's idempotency horizons (fields not given take their defaults)"),
-    "ConfigureDomainCaps": Shape("replace the most the domain may hold (an administrator's; not given: the defaults)"),
+    "ConfigureDomainCaps": Shape("replace the most the domain may hold (an operator's; not given: the defaults)"),
     "InspectDomain": Shape("show the domain's idempotency horizons, caps and what it holds"),
     "RotateKeys": Shape(
         "activate keyring keys (a logged command per partition)",

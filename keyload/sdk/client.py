@@ -964,7 +964,7 @@ class Client:
         expected_policy_version: int | None = None,
         command_id: str | None = None,
     ) -> DomainView:
-        """Replace the most the domain may hold (an administrator's; from feature level 5): queues,
+        """Replace the most the domain may hold (an operator's: admin on every domain; from feature level 5): queues,
         topics, subscription groups, live documents and their values' bytes (None: the defaults,
         10,000 each of the first three, a million documents, 10 GiB). A create or document write
         past a cap is then ResourceExhausted. A stale `expected_policy_version`: RevisionConflict."""
