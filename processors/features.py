@@ -37,6 +37,11 @@ The levels:
    (ConfigureDomainCaps; defaults in keyload/limits.py) is ResourceExhausted. The raise counts what
    the partition held then, one timer budget itself and the rest in bounded steps before the
    records after it; the caps apply once it is done.
+6. Event ids keep to the receipt horizon (processors/horizons.py). A topic's event-id row written
+   from here on (the dedup of Publish) goes at its domain's receipt horizon counted from the
+   publish, so a topic's rows grow with its retained events and the ids published within the
+   horizon, not with every event it ever took; after it the event id is new, as a message id is
+   after its message's.
 """
 
 from __future__ import annotations
@@ -54,6 +59,7 @@ OUTCOME_HORIZONS = 2  # the level from which outcomes keep to their domain's hor
 LEASES_KEPT = 3  # the level from which receives store leases, not bodies, and a repeat re-checks them
 WORK_COMPACTED = 4  # the level from which finished messages and inbox entries go after the horizons
 DOMAIN_CAPS = 5  # the level from which domains' holdings are counted and capped
+EVENT_IDS_KEPT = 6  # the level from which a topic's event ids are deduplicated within the receipt horizon
 # The reads level 1 covers, frozen: tests/test_feature_levels.py holds the command table's `reads`
 # rows to it. Making an existing command a read changes how level-1 logs replay: a later level.
 LEVEL_1_READS = frozenset(
@@ -94,4 +100,5 @@ def raise_feature_level(stage: Staged, body: RaiseFeatureLevel, ctx: Context) ->
     return {"feature_level": current}
 
 
-assert READS_UNSTORED < OUTCOME_HORIZONS < LEASES_KEPT < WORK_COMPACTED < DOMAIN_CAPS <= limits.FEATURE_LEVEL
+assert READS_UNSTORED < OUTCOME_HORIZONS < LEASES_KEPT < WORK_COMPACTED < DOMAIN_CAPS < EVENT_IDS_KEPT
+assert EVENT_IDS_KEPT <= limits.FEATURE_LEVEL

@@ -109,8 +109,8 @@ def read_identity_tombstone(value: bytes) -> tuple[int, str] | None:
 
 
 def keep_until_receipt_horizon(stage: Staged, row: bytes, domain: str, now_ms: int, charge: int = 0) -> None:
-    """Let `row` (an inbox entry, from level 4) go when a command id applied now would become new; a
-    target inbox entry's `charge` then goes back to its inbox."""
+    """Let `row` (an inbox entry from level 4, a topic's event id from level 6) go when a command id
+    applied now would become new; a target inbox entry's `charge` then goes back to its inbox."""
     expires_ms = now_ms + domain_policy(stage, domain).receipt_horizon_ms
     entry = NAMES_EXPIRING + (keys.u64(charge) if row[:1] == keys.TARGET_INBOX_ENTRY else b"")
     _index(stage, keys.horizon_of_row(expires_ms, row), entry, expires_ms)
@@ -189,9 +189,12 @@ def _sweep_command(stage: Staged, key: bytes, entry: bytes, followers: list[int]
 
 def _sweep_row(stage: Staged, row: bytes, entry: bytes, followers: list[int]) -> None:
     """A finished message's history goes, leaving its identity tombstone when it has one; a deleted
-    document's tombstone goes unless it was written again since; or a row goes. A deleted queue or
-    group reclaims its rows on its own (processors/reclamation.py), maybe first: its rows may be
-    gone, and leave nothing behind. So may a document's later tombstone, under a shorter horizon."""
+    document's tombstone goes unless it was written again since; or a row goes. A deleted queue,
+    group or topic reclaims its rows on its own (processors/reclamation.py), maybe first: its rows may be
+    gone, and leave nothing behind. So may a document's later tombstone, under a shorter horizon. (A
+    topic that never had a retention timer has no `i` row and counts as deleted here: a missing
+    event-id row of a live topic goes unnoticed, where a missing row of a queue or group is
+    Corruption.)"""
     tombstone = entry[:1] == NAMES_TOMBSTONE
     retired = _owner_retired(stage, row)
     stored = stage.get(row)
@@ -227,12 +230,13 @@ def _release_receipt(stage: Staged, row: bytes, charge: int) -> None:
 
 
 def _owner_retired(stage: Readable, row: bytes) -> bool:
-    """Whether the queue or group a row is kept under (its first u64) is deleted; the domain of a
-    target inbox entry or a document never is."""
+    """Whether the queue, group or topic a row is kept under (its first u64) is deleted; the domain
+    of a target inbox entry or a document never is. A topic has an `i` row only once it has had a
+    retention timer, so one without counts as deleted: its event-id rows are only ever deleted."""
     if row[:1] in (keys.TARGET_INBOX_ENTRY, keys.DOCUMENT):
         return False
     resource = stage.get(keys.resource_key(keys.read_u64(row, 1)))
-    return resource is None or resource[:1] in (keys.RETIRED, keys.RETIRED_GROUP)
+    return resource is None or resource[:1] in (keys.RETIRED, keys.RETIRED_GROUP, keys.RETIRED_TOPIC)
 
 
 def _sweep_due(stage: Readable) -> int | None:

@@ -44,7 +44,7 @@ RECEIPT = b"O"
 #   a finished message's metadata, then (when its identity outlives it) u64 identity expiry | the identity
 #   tombstone `u` will hold; "t" naming a deleted document's tombstone, then u64 its revision and u64 its
 #   deletion time (it goes only if still that tombstone); "d" naming a row that just goes (an identity
-#   tombstone, an inbox entry; a target inbox entry's then u64 its charge, given back to its inbox)
+#   tombstone, an inbox entry, an event id; a target inbox entry's then u64 its charge, given back to its inbox)
 HORIZON = b"H"
 DOMAIN = b"D"  # D | domain                                      -> DomainRecord (absent: the default policy)
 # U | domain -> u64 queues | u64 topics | u64 groups | u64 documents | u64 document bytes: what the domain holds of
@@ -53,7 +53,9 @@ DOMAIN_USAGE = b"U"
 POISON = b"p"  # p | offset u64                                 -> PoisonEntry
 TOPIC = b"s"  # s | domain (u8-prefixed) | topic name           -> TopicRecord
 EVENT = b"e"  # e | topic id u64 | position u64                 -> EventRecord (body inline)
-EVENT_ID = b"x"  # x | topic id u64 | event id (u16-prefixed)    -> position u64 | SHA-256 content digest (32)
+# x | topic id u64 | event id (u16-prefixed) -> position u64 | SHA-256 content digest (32); from feature level 6
+#   until the domain's receipt horizon from the publish
+EVENT_ID = b"x"
 GROUP = b"g"  # g | topic id u64 | group name                   -> GroupRecord
 POSITION = b"c"  # c | group id u64 | position u64               -> PositionMeta (outstanding: leased, retrying, due)
 DUE_POSITION = b"v"  # v | group id u64 | position u64           -> empty (an outstanding position whose retry is due)

@@ -638,7 +638,8 @@ class Client:
     ) -> PublishResult:
         """Append 1..100 events at the topic's next positions, all or none.
 
-        An event id already in the topic refuses the whole command: with the same
+        An event id already published to the topic (from feature level 6: within its
+        domain's receipt horizon) refuses the whole command: with the same
         content `DuplicateEventIdError` (its detail names the original position),
         with other content `ConflictError`. The exception's message names the event by the id
         given here (`outcome.detail`, as stored, by its index in `events`).

@@ -4,9 +4,11 @@ A topic record holds the policy, the retained range first_available..tail and
 authoritative counters. Each event is one immutable row keyed by (topic id,
 position) with its body inline. A separate event-id index maps (topic id, event
 id) to the event's position and a digest of its content: a repeat is told apart
-from a conflicting reuse without reading the event, and dedup can outlive the
-events once purging removes them. Events leave only from the front, by purge, age or the caps
-under `discard: old` (processors/topics/retention.py).
+from a conflicting reuse without reading the event, and dedup outlives the events
+a purge removes. From feature level 6 an event id is kept for its domain's receipt
+horizon from its publish (processors/horizons.py), then it is new. Events leave
+only from the front, by purge, age or the caps under `discard: old`
+(processors/topics/retention.py).
 """
 
 from __future__ import annotations
@@ -23,6 +25,8 @@ from keyload.processors import usage, validation
 from keyload.processors.context import Context
 from keyload.processors.counters import adjusted
 from keyload.processors.errors import Corruption, ErrorCode, Rejected
+from keyload.processors.features import EVENT_IDS_KEPT, feature_level
+from keyload.processors.horizons import keep_until_receipt_horizon
 from keyload.processors.policy import resolve_topic_policy
 from keyload.processors.queues.state import allocate_incarnation, bounded, check_headers, check_name
 from keyload.processors.topics import retention
@@ -211,6 +215,7 @@ def publish(stage: Staged, body: Publish, ctx: Context) -> Record:
         topic.retained_bytes,
         topic.published_total,
     )
+    ids_kept = feature_level(stage) >= EVENT_IDS_KEPT
     published: list[Record] = []
     for event, charge, digest in zip(events, charges, digests, strict=True):
         position = tail + 1
@@ -223,7 +228,10 @@ def publish(stage: Staged, body: Publish, ctx: Context) -> Record:
             charged_bytes=charge,
         )
         save(stage, keys.event(topic_id, position), stored)
-        stage.put(keys.event_id(topic_id, event.event_id), keys.event_id_value(position, digest))
+        id_row = keys.event_id(topic_id, event.event_id)
+        stage.put(id_row, keys.event_id_value(position, digest))
+        if ids_kept:
+            keep_until_receipt_horizon(stage, id_row, ctx.domain, ctx.now_ms)
         tail = position
         retained_events = adjusted("retained_events", retained_events, 1)
         retained_bytes = adjusted("retained_bytes", retained_bytes, charge)
