@@ -42,6 +42,11 @@ The levels:
    publish, so a topic's rows grow with its retained events and the ids published within the
    horizon, not with every event it ever took; after it the event id is new, as a message id is
    after its message's.
+7. Compaction finds confirmed retention tasks by an index (processors/payloads/retention.py). A
+   task confirmed deleted from here on gets a row by its confirmation offset, and an
+   AdvanceRecoveryFloor compacts the tasks the floor has passed from that index, so tasks still
+   waiting in front never hold the later ones back. The tasks confirmed before the raise are
+   indexed first, within the same budget.
 """
 
 from __future__ import annotations
@@ -60,6 +65,7 @@ LEASES_KEPT = 3  # the level from which receives store leases, not bodies, and a
 WORK_COMPACTED = 4  # the level from which finished messages and inbox entries go after the horizons
 DOMAIN_CAPS = 5  # the level from which domains' holdings are counted and capped
 EVENT_IDS_KEPT = 6  # the level from which a topic's event ids are deduplicated within the receipt horizon
+CONFIRMED_INDEXED = 7  # the level from which compaction finds confirmed retention tasks by an index
 # The reads level 1 covers, frozen: tests/test_feature_levels.py holds the command table's `reads`
 # rows to it. Making an existing command a read changes how level-1 logs replay: a later level.
 LEVEL_1_READS = frozenset(
@@ -96,9 +102,13 @@ def raise_feature_level(stage: Staged, body: RaiseFeatureLevel, ctx: Context) ->
             from keyload.processors import usage  # it builds on this module's levels
 
             usage.start_count(stage, ctx.now_ms)
+        if current < CONFIRMED_INDEXED <= body.level:
+            from keyload.processors.payloads import retention  # so does it
+
+            retention.start_indexing(stage)
         current = body.level
     return {"feature_level": current}
 
 
 assert READS_UNSTORED < OUTCOME_HORIZONS < LEASES_KEPT < WORK_COMPACTED < DOMAIN_CAPS < EVENT_IDS_KEPT
-assert EVENT_IDS_KEPT <= limits.FEATURE_LEVEL
+assert EVENT_IDS_KEPT < CONFIRMED_INDEXED <= limits.FEATURE_LEVEL

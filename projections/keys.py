@@ -80,6 +80,9 @@ PUBLISHED_CHECKPOINT = b"K"  # K | offset u64                   -> manifest SHA-
 PRINCIPAL_KEY = b"B"  # B | key id                                 -> principal name (a key ever a principal's)
 PRINCIPAL = b"A"  # A | principal name                             -> PrincipalRecord (every partition holds each)
 RETENTION_TASK = b"G"  # G | task id u64                          -> RetentionTask (a guarded object deletion)
+# C | confirmed offset u64 | task id u64 -> empty: a retention task confirmed deleted, which compaction drops once
+#   the recovery floor reaches that offset (from feature level 7; processors/payloads/retention.py)
+RETENTION_CONFIRMED = b"C"
 # X | incarnation u64 -> QueueRecord of a deleted queue whose rows are still being reclaimed
 #   (processors/reclamation.py; `reclaim_from` the next row): its `i` row names this key, and it waits
 #   in the due index like a timer, at its `next_timer_ms`
@@ -108,6 +111,9 @@ RETIRED_IDENTITIES = META + b"retired_identities"  # u64 message ids whose histo
 # The next `f`, `q` or `s` row the usage count (processors/usage.py) looks at: present from the raise to feature
 # level 5 until the partition has counted what it held then; rows before it are counted, rows from it are not yet
 USAGE_COUNT_CURSOR = META + b"usage_count_cursor"
+# u64 next task id | u64 end task id: the tasks confirmed before the raise to feature level 7 are still to be given
+# their `C` rows, from the next up to the end (the task allocator at the raise); absent once they all have
+RETENTION_INDEX_CURSOR = META + b"retention_index_cursor"
 
 # Timer kinds, in the order they fire when due at the same instant.
 TIMER_EXPIRY = 0
@@ -178,6 +184,7 @@ FAMILY_VALUES: dict[bytes, RecordValue | None] = {
     RESERVATION: RecordValue("keyload.PayloadReservation"),
     IDENTITY: None,
     RETENTION_TASK: RecordValue("keyload.RetentionTask"),
+    RETENTION_CONFIRMED: None,
     RETIRED: RecordValue("keyload.QueueRecord"),
     RETIRED_GROUP: RecordValue("keyload.GroupRecord"),
     RETIRED_TOPIC: RecordValue("keyload.TopicRecord"),
@@ -483,6 +490,10 @@ def identity(queue_id: int, message_id: str) -> bytes:
 
 def retention_task(task_id: int) -> bytes:
     return RETENTION_TASK + U64.pack(task_id)
+
+
+def retention_confirmed(confirmed_offset: int, task_id: int) -> bytes:
+    return RETENTION_CONFIRMED + U64.pack(confirmed_offset) + U64.pack(task_id)
 
 
 def retired(incarnation: int, family: bytes = RETIRED) -> bytes:

@@ -16,10 +16,13 @@
    DeleteConfirmed, which releases the quota.
 4. Once the floor reaches the confirmation's offset, AdvanceRecoveryFloor compacts
    the task: task, reservation and the message's history go; the message id keeps its
-   identity row, so it is never used again.
+   identity row, so it is never used again. From feature level 7 a confirmed task has
+   an index row by its confirmation offset, which is how compaction finds it.
 """
 
 from __future__ import annotations
+
+from itertools import islice
 
 from msgspec.structs import replace
 
@@ -31,6 +34,7 @@ from keyload.processors.access import policy_epoch
 from keyload.processors.context import Context
 from keyload.processors.counters import adjusted_fields
 from keyload.processors.errors import Corruption, ErrorCode, Rejected
+from keyload.processors.features import CONFIRMED_INDEXED, feature_level
 from keyload.processors.queues.state import allocate, bounded, load_queue_by_id, queue_deleted, save_queue
 from keyload.projections import keys
 from keyload.projections.records import (
@@ -238,6 +242,8 @@ def delete_confirmed(stage: Staged, body: DeleteConfirmed, ctx: Context) -> Reco
             deleted_versions=sorted(versions),
         )
         save(stage, keys.retention_task(task.task_id), task)
+        if feature_level(stage) >= CONFIRMED_INDEXED:
+            stage.put(keys.retention_confirmed(ctx.offset, task.task_id), b"")
     return _status(stage, task, ctx.now_ms)
 
 
@@ -274,34 +280,92 @@ def advance_recovery_floor(stage: Staged, body: AdvanceRecoveryFloor, ctx: Conte
     return _page(stage, [], None)
 
 
-def _compact(stage: Staged, floor: int) -> None:
-    """Drop confirmed tasks the floor has passed, with their reservation and message history.
+def start_indexing(stage: Staged) -> None:
+    """The raise to feature level 7: the tasks that exist now are to be looked at once, so those
+    confirmed before it get their index rows too (`_index_confirmed`)."""
+    first = stage.first(keys.RETENTION_TASK, keys.prefix_end(keys.RETENTION_TASK))
+    if first is None:
+        return
+    allocator = stage.get(keys.NEXT_TASK_ID)
+    if allocator is None:
+        raise Corruption("retention tasks exist without their allocator")
+    stage.put(keys.RETENTION_INDEX_CURSOR, keys.u64(keys.read_u64(first[0], 1)) + allocator)
 
-    Tasks and messages are read as dicts here: this examines up to
-    RETENTION_COMPACTION_BUDGET rows per command and reads a few fields of each."""
-    retired = 0
-    examined = 0
-    for key, _ in stage.scan(keys.RETENTION_TASK, keys.prefix_end(keys.RETENTION_TASK)):
-        if examined == limits.RETENTION_COMPACTION_BUDGET:
-            break
-        examined += 1
-        task = stage.get_record(key, RetentionTask.SCHEMA)
-        assert task is not None
-        if task["state"] != RetentionState.confirmed or task["confirmed_offset"] > floor:
-            continue
-        stage.delete(key)
-        stage.delete(keys.reservation(task["reservation_id"]))
-        # The rows of a deleted queue are reclaimed on their own (processors/reclamation.py), maybe first.
-        gone = queue_deleted(stage, task["domain"], task["queue"], task["queue_id"])
-        if task["kind"] == RetentionKind.message_payload:
-            message = keys.message(task["queue_id"], task["message_id"])
-            meta = stage.get_record(message, MessageMeta.SCHEMA)
-            if (meta is None and not gone) or (meta is not None and meta["terminal_at_ms"] is None):
-                raise Corruption(f"retention task {task['task_id']} names a message that is not terminal")
-            stage.delete(message)
-        if stage.get(keys.identity(task["queue_id"], task["message_id"])) is None and not gone:
-            raise Corruption(f"retention task {task['task_id']} names a message id without its identity row")
-        retired += 1
-    if retired:
+
+def _compact(stage: Staged, floor: int) -> None:
+    """Drop confirmed tasks the floor has passed, with their reservation and message history, at
+    most RETENTION_COMPACTION_BUDGET rows per command. From level 7 they are found by their index
+    rows (`C`, by confirmation offset), every one of them compactable; before it the first tasks
+    are examined, so waiting ones in front hold the later ones back.
+
+    Tasks and messages are read as dicts here: this reads a few fields of each."""
+    budget = limits.RETENTION_COMPACTION_BUDGET
+    if feature_level(stage) < CONFIRMED_INDEXED:
+        first_tasks = islice(stage.scan(keys.RETENTION_TASK, keys.prefix_end(keys.RETENTION_TASK)), budget)
+        passed = [(key, task) for key, _ in first_tasks if _passed(task := _task_row(stage, key), floor)]
+    else:
+        examined = _index_confirmed(stage, budget)
+        indexed = list(
+            islice(stage.scan(keys.RETENTION_CONFIRMED, keys.retention_confirmed(floor + 1, 0)), budget - examined)
+        )
+        passed = []
+        for index_key, _ in indexed:
+            stage.delete(index_key)
+            key = keys.retention_task(keys.read_u64(index_key, 9))
+            task = _task_row(stage, key)
+            if not _passed(task, floor):
+                raise Corruption(f"retention task {task['task_id']} is indexed as confirmed by the floor, and is not")
+            passed.append((key, task))
+    for key, task in passed:
+        _drop(stage, key, task)
+    if passed:
         previous = stage.get(keys.RETIRED_IDENTITIES)
-        stage.put(keys.RETIRED_IDENTITIES, keys.u64(retired + (0 if previous is None else keys.read_u64(previous))))
+        retired = len(passed) + (0 if previous is None else keys.read_u64(previous))
+        stage.put(keys.RETIRED_IDENTITIES, keys.u64(retired))
+
+
+def _task_row(stage: Staged, key: bytes) -> Record:
+    task = stage.get_record(key, RetentionTask.SCHEMA)
+    if task is None:
+        raise Corruption(f"retention task {keys.read_u64(key, 1)} is missing")
+    return task
+
+
+def _passed(task: Record, floor: int) -> bool:
+    """Whether the task is confirmed deleted at or below the floor: no recovery can need it."""
+    return bool(task["state"] == RetentionState.confirmed and task["confirmed_offset"] <= floor)
+
+
+def _drop(stage: Staged, key: bytes, task: Record) -> None:
+    """A compacted task goes with its reservation and its message's history; the identity stays."""
+    stage.delete(key)
+    stage.delete(keys.reservation(task["reservation_id"]))
+    # The rows of a deleted queue are reclaimed on their own (processors/reclamation.py), maybe first.
+    gone = queue_deleted(stage, task["domain"], task["queue"], task["queue_id"])
+    if task["kind"] == RetentionKind.message_payload:
+        message = keys.message(task["queue_id"], task["message_id"])
+        meta = stage.get_record(message, MessageMeta.SCHEMA)
+        if (meta is None and not gone) or (meta is not None and meta["terminal_at_ms"] is None):
+            raise Corruption(f"retention task {task['task_id']} names a message that is not terminal")
+        stage.delete(message)
+    if stage.get(keys.identity(task["queue_id"], task["message_id"])) is None and not gone:
+        raise Corruption(f"retention task {task['task_id']} names a message id without its identity row")
+
+
+def _index_confirmed(stage: Staged, budget: int) -> int:
+    """Give the tasks confirmed before the raise to level 7 their index rows, from the cursor on and
+    within `budget` tasks; the tasks it looked at."""
+    raw = stage.get(keys.RETENTION_INDEX_CURSOR)
+    if raw is None:
+        return 0
+    end = keys.read_u64(raw, 8)
+    rows = list(islice(stage.scan(keys.retention_task(keys.read_u64(raw)), keys.retention_task(end)), budget + 1))
+    for key, _ in rows[:budget]:
+        task = _task_row(stage, key)
+        if task["state"] == RetentionState.confirmed:
+            stage.put(keys.retention_confirmed(task["confirmed_offset"], task["task_id"]), b"")
+    if len(rows) > budget:
+        stage.put(keys.RETENTION_INDEX_CURSOR, keys.u64(keys.read_u64(rows[budget][0], 1)) + keys.u64(end))
+        return budget
+    stage.delete(keys.RETENTION_INDEX_CURSOR)
+    return len(rows)
