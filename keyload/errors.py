@@ -36,7 +36,7 @@ free of SDK imports):
     ├── AlreadyServed                     keyload.service.embedded: another `keyload run` serves the data directory
     ├── AccessControlOff                  keyload.service.embedded: a partition refused to turn access control on
     ├── FeatureLevelAhead                 keyload.service.embedded: a projection above this keyload's feature level
-    ├── CensusError                       keyload.operations.census: a partition has no projection to count
+    ├── CensusError                       a partition has no projection to count (`keyload census`, `Client.census`)
     ├── CredentialError                   keyload.credentials: a credential file is missing or malformed
     ├── Stalled                           keyload.service.runtime: a partition could not make its group durable
     └── UsageError                        keyload.cli: bad command-line input (the CLI exits 2)
@@ -118,6 +118,12 @@ class ServiceUnavailable(KeyloadError):
     """A keyload server could not take the command now: it cannot be reached, the partition is halted,
     or its log cannot be written. Nothing may have been applied, or it may: resubmit with the same
     `command_id` to learn its outcome without applying it twice."""
+
+
+class CensusError(KeyloadError):
+    """A partition's projection cannot be counted (`keyload census`, `Client.census`): it has none here
+    yet, or it is not a projection. Defined here rather than beside the census (keyload/operations/census.py)
+    so that a client of a server raises it without loading the engine."""
 
 
 class CommandRejected(KeyloadError):

@@ -31,6 +31,9 @@ Schema = Any  # an Avro schema as parsed JSON: a name, a union (list) or a dict
 # The HTTP API's own names (docs/ARCHITECTURE.md §10a), shared by the server and the SDK.
 ENVELOPE_PATH = "/v1/commands"  # POST {"domain": D, "body": {"Kind": {...}}}: any command, as the log takes it
 SERVICE_PATH = "/v1/service"  # GET: {"version", "partitions"}
+CENSUS_PATH = "/v1/census"  # GET [?partition=P]: {"partitions": [census, ...]} (keyload/server/census.py)
+# Which partition: of a partition-wide GET without {partition} in its path (default 0), of the census (default: all)
+PARTITION_QUERY = "partition"
 IDEMPOTENCY_HEADER = "Idempotency-Key"  # the command id
 COMMAND_ID_HEADER = "Keyload-Command-Id"  # on every response to a request that became a command
 

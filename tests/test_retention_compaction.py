@@ -18,6 +18,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from keyload import limits
+from keyload.operations.census import census
 from keyload.processors.features import CONFIRMED_INDEXED, EVENT_IDS_KEPT
 from keyload.projections import keys
 from keyload.sdk.results import RetentionPage, RetentionStatus
@@ -93,7 +94,9 @@ def test_tasks_confirmed_before_the_raise_are_indexed_within_the_budget(large: L
     assert store.get(keys.RETENTION_INDEX_CURSOR) is not None
     floor_at(large, confirmed)  # indexes tasks 1 and 2: the budget is spent
     assert store.get(keys.RETENTION_INDEX_CURSOR) is not None
+    assert census(large.embedded.data, large.embedded.partition(D)).retention_indexing
     floor_at(large, confirmed + 1)  # indexes tasks 3 and 4, the last ones to look at: done
+    assert not census(large.embedded.data, large.embedded.partition(D)).retention_indexing
     assert (store.get(keys.RETENTION_INDEX_CURSOR), family_rows(store, keys.RETENTION_CONFIRMED)) == (None, 1)
     assert len(task_ids(large)) == WAITING + 1
     floor_at(large, confirmed + 2)  # compacts the confirmed task from its index row

@@ -356,25 +356,32 @@ def census(args: argparse.Namespace) -> int:
     """Rows and bytes by key family, and the bounded work left, per partition (all, or the one named)."""
     from dataclasses import asdict
 
-    from keyload.operations.census import census as count
+    from keyload.operations.census import censuses
 
     data = _data(args)
     named = args.partition is not None or args.domain is not None
-    partitions = [_partition(args, data)] if named else list(range(data.partitions))
-    counted = [count(data, partition) for partition in partitions if named or data.projection(partition).is_dir()]
+    counted = censuses(data, _partition(args, data) if named else None)
     lines: list[str] = []
     for found in counted:
         applied = "applied nothing" if found.applied_offset is None else f"applied through {found.applied_offset}"
         left = [f"{n} deleted {kind}" for kind, n in found.reclaiming.items() if n]
+        # Outcomes stored before the partition reached feature level 2 have no horizon: they are kept forever.
+        forever = found.outcomes_without_horizon
         lines.append(
             f"p{found.partition}: {applied}, {found.rows:,} rows, {found.bytes:,} bytes; "
             f"reclaiming {', '.join(left) or 'nothing'}; {found.retention_tasks} retention tasks; "
             f"{found.timers_due} timers due; {found.horizon_due} horizon rows due"
+            + (f"; {forever:,} outcomes kept without a horizon" if forever else "")
             + ("; counting domain usage" if found.usage_counting else "")
+            + ("; indexing retention tasks" if found.retention_indexing else "")
         )
         lines.append(f"  {'family':<22} tag {'rows':>12} {'key bytes':>14} {'value bytes':>14}")
         for f in found.families:
             lines.append(f"  {f.family:<22} {f.tag:<3} {f.rows:>12,} {f.key_bytes:>14,} {f.value_bytes:>14,}")
+        if found.horizons:
+            lines.append(f"  {'kept to a horizon':<22} {'within horizon':>16} {'past horizon':>14}")
+            for h in found.horizons:
+                lines.append(f"  {h.family:<22} {h.kept:>16,} {h.due:>14,}")
     _report(args, {"partitions": [asdict(found) for found in counted]}, lines or ["no partition has a projection yet"])
     return 0
 
@@ -621,7 +628,7 @@ def add_parsers(sub: Any, common: argparse.ArgumentParser, command: argparse.Arg
         "census",
         parents=[common],
         help="per partition: rows and bytes by key family, deleted resources being reclaimed, retention tasks, "
-        "timers due (reads every row)",
+        "timers due, rows within and past their horizon (reads every row)",
     )
     op.add_argument("--partition", type=integer, help="only this partition")
     op.add_argument("--domain", help="only the partition of this domain")

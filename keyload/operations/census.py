@@ -3,20 +3,24 @@
 State should grow with what is live, not with what was ever processed (DESIGN.md's bounded-state
 promise), and this is how an operator sees whether it does: rows and bytes per key family
 (projections/keys.py), and the work the processor still has queued behind the records it applies —
-deleted queues, groups and topics being reclaimed, retention tasks waiting for the GC worker, and
-timers already due. It reads a projection read-only, beside a running service, with one scan of
-every row: its cost grows with the projection (about a second per million rows), so it is an
-operator's command, never a processor's.
+deleted queues, groups and topics being reclaimed, retention tasks waiting for the GC worker,
+timers already due, and the rows kept to a horizon (processors/horizons.py) by family: still within
+it, or past it and left for the sweep. It reads a projection read-only, beside a running service,
+with one scan of every row: its cost grows with the projection (about a second per million rows),
+so it is an operator's command (`keyload census`, `Client.census`, `GET /v1/census`), never a
+processor's.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
-from keyload.errors import KeyloadError
+from keyload.errors import CensusError as CensusError
 from keyload.processors import usage
+from keyload.processors.horizons import NAMES_OUTCOME
 from keyload.projections import keys
 from keyload.projections.store import NO_OFFSET, Store
+from keyload.sdk.results import Census as Census
+from keyload.sdk.results import FamilyCount as FamilyCount
+from keyload.sdk.results import HorizonCount as HorizonCount
 from keyload.storage.datadir import DataDir
 
 # Each family tag's name, from projections/keys.py's constant for it ("message", "retired_group", ...).
@@ -27,38 +31,6 @@ FAMILY_NAMES = {
 }
 # The families whose rows are work still queued, by what they count.
 RECLAIMING = {keys.RETIRED: "queues", keys.RETIRED_GROUP: "groups", keys.RETIRED_TOPIC: "topics"}
-
-
-@dataclass(frozen=True, slots=True)
-class FamilyCount:
-    """The rows of one key family and their bytes (keys and values as stored)."""
-
-    family: str
-    tag: str
-    rows: int
-    key_bytes: int
-    value_bytes: int
-
-
-@dataclass(frozen=True, slots=True)
-class Census:
-    partition: int
-    applied_offset: int | None  # None: nothing applied yet
-    families: tuple[FamilyCount, ...]  # the families holding rows, in tag order
-    rows: int
-    bytes: int  # keys and values
-    reclaiming: dict[str, int]  # deleted queues, groups and topics whose rows are still being reclaimed
-    retention_tasks: int  # guarded object deletions not yet confirmed (processors/payloads/retention.py)
-    # queues, groups, topics, reclamations and the horizon sweep due at the last applied record's time or before
-    timers_due: int
-    # horizon index rows due by then: outcomes, receipts and finished work the sweep has still to remove
-    horizon_due: int
-    # the partition is still counting what its domains held when it reached feature level 5 (their caps wait)
-    usage_counting: bool
-
-
-class CensusError(KeyloadError):
-    """The projection cannot be read (absent, or not a projection)."""
 
 
 def census(data: DataDir, partition: int) -> Census:
@@ -74,23 +46,38 @@ def census(data: DataDir, partition: int) -> Census:
         store.close()
 
 
+def censuses(data: DataDir, partition: int | None = None) -> list[Census]:
+    """The census of `partition`, or of every partition whose projection lives in `data` (in Kafka
+    mode only the partitions this machine's processor holds or has held)."""
+    return [census(data, number) for number in (data.projected_partitions() if partition is None else [partition])]
+
+
 def _count(store: Store, partition: int) -> Census:
+    last = store.get(keys.LAST_TIME)
+    now = None if last is None else keys.read_u64(last)
     counts: dict[bytes, list[int]] = {}
+    horizons: dict[bytes, list[int]] = {}  # by the family of the rows kept: [kept, due]
+    waiting = 0
     for key, value in store.scan(b"", b"\xff"):
         count = counts.setdefault(key[:1], [0, 0, 0])
         count[0] += 1
         count[1] += len(key)
         count[2] += len(value)
+        if key[:1] == keys.OUTCOME and len(value) == keys.SHA256_BYTES:
+            waiting += 1  # a long-poll receive still waiting: its fingerprint, no outcome yet
+        elif key[:1] == keys.HORIZON:
+            past = now is not None and keys.horizon_expiry(key) <= now
+            horizons.setdefault(_kept(key, value), [0, 0])[1 if past else 0] += 1
     families = tuple(
-        FamilyCount(FAMILY_NAMES.get(tag, tag.hex()), tag.decode("latin-1"), rows, key_bytes, value_bytes)
+        FamilyCount(_name(tag), tag.decode("latin-1"), rows, key_bytes, value_bytes)
         for tag, (rows, key_bytes, value_bytes) in sorted(counts.items())
     )
-    last = store.get(keys.LAST_TIME)
-    due = horizon_due = 0
-    if last is not None:
-        after = keys.u64(keys.read_u64(last) + 1)
-        due = sum(1 for _ in store.scan(keys.DUE_QUEUE, keys.DUE_QUEUE + after))
-        horizon_due = sum(1 for _ in store.scan(keys.HORIZON, keys.HORIZON + after))
+    by_horizon = tuple(
+        sorted((HorizonCount(_name(tag), kept, due) for tag, (kept, due) in horizons.items()), key=lambda h: h.family)
+    )
+    timers_due = 0
+    if now is not None:
+        timers_due = sum(1 for _ in store.scan(keys.DUE_QUEUE, keys.DUE_QUEUE + keys.u64(now + 1)))
     return Census(
         partition=partition,
         applied_offset=None if store.applied_offset == NO_OFFSET else store.applied_offset,
@@ -99,7 +86,23 @@ def _count(store: Store, partition: int) -> Census:
         bytes=sum(family.key_bytes + family.value_bytes for family in families),
         reclaiming={kind: counts.get(tag, [0])[0] for tag, kind in RECLAIMING.items()},
         retention_tasks=counts.get(keys.RETENTION_TASK, [0])[0],
-        timers_due=due,
-        horizon_due=horizon_due,
+        timers_due=timers_due,
+        horizon_due=sum(horizon.due for horizon in by_horizon),
+        horizons=by_horizon,
+        outcomes_without_horizon=counts.get(keys.OUTCOME, [0])[0] - waiting - sum(horizons.get(keys.OUTCOME, [0])),
         usage_counting=usage.counting(store),
+        retention_indexing=store.get(keys.RETENTION_INDEX_CURSOR) is not None,
     )
+
+
+def _kept(key: bytes, entry: bytes) -> bytes:
+    """The family tag of the row a horizon index entry keeps: a command's outcome or receipt (its
+    entry says which), or the row it names."""
+    row = keys.horizon_row(key)
+    if row is not None:
+        return row[:1]
+    return keys.OUTCOME if entry[:1] == NAMES_OUTCOME else keys.RECEIPT
+
+
+def _name(tag: bytes) -> str:
+    return FAMILY_NAMES.get(tag, tag.hex())

@@ -144,3 +144,4 @@ class AsyncClient:
     begin_delete = _on_thread(Client.begin_delete)
     delete_confirmed = _on_thread(Client.delete_confirmed)
     request_checkpoint = _on_thread(Client.request_checkpoint)
+    census = _on_thread(Client.census)  # the server's, over HTTP (`GET /v1/census`)

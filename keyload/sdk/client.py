@@ -28,6 +28,7 @@ from keyload.sdk.results import (
     AckBatchResult,
     ActiveKeys,
     BatchResult,
+    Census,
     CheckpointResult,
     DeadLetterPage,
     Delivery,
@@ -69,7 +70,7 @@ from keyload.sdk.results import (
 from keyload.service.system_commands import domain_for_partition
 from keyload.storage.datadir import DataDir
 
-# The SDK does not load the engine: RocksDB (read by `poison_entries`) and the payload gateway (which
+# The SDK does not load the engine: RocksDB (read by `poison_entries` and `census`) and the payload gateway (which
 # signs with the processors' proofs and handles) are imported where they are used.
 if TYPE_CHECKING:
     from keyload.projections.store import Store
@@ -1284,13 +1285,12 @@ class Client:
         if partition is not None:
             data.check_partition(partition)
         entries: list[PoisonEntry] = []
-        for number in range(data.partitions) if partition is None else [partition]:
-            path = data.projection(number)
+        for number in data.projected_partitions():  # a partition never served yet has recorded nothing
+            if partition not in (None, number):
+                continue
             if len(entries) == limit:
                 break
-            if not path.is_dir():
-                continue  # never served yet: nothing recorded
-            store = Store(path, read_only=True)
+            store = Store(data.projection(number), read_only=True)
             try:
                 rows = list(itertools.islice(poison_rows(store), limit - len(entries)))
             finally:
@@ -1309,6 +1309,23 @@ class Client:
                     )
                 )
         return entries
+
+    def census(self, partition: int | None = None) -> list[Census]:
+        """What each partition's projection holds by key family, the bounded work it has left, and the
+        rows kept to a horizon, within it and past it (`keyload census`; keyload/operations/census.py):
+        for every partition with a projection, or the one named (CensusError when it has none yet).
+
+        Locally it reads this data directory's projections read-only (`keyload run` may be serving
+        them; in Kafka mode only the partitions whose projections live here); over HTTP the server
+        reads its own (`GET /v1/census`, for a principal that may inspect every domain). It reads
+        every row: about a second per million rows, with no time limit."""
+        if partition is not None:
+            self._check_partition(partition)
+        if isinstance(self._transport, LogTransport):
+            from keyload.operations.census import censuses  # lazily: see the imports
+
+            return censuses(self._transport.data, partition)
+        return self._http("census").census(partition)
 
     def _record_start(self, partition: int, offset: int) -> bytes | None:
         """The first bytes of a command-log record; None once it is truncated away or unreadable."""

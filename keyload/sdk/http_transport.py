@@ -15,12 +15,14 @@ import httpx
 
 from keyload.commands import BY_BRANCH
 from keyload.credentials import Credential, CredentialError
-from keyload.errors import InvalidCommand, KeyloadError, OutcomeTimeout, ServiceUnavailable, rejection
+from keyload.errors import CensusError, InvalidCommand, KeyloadError, OutcomeTimeout, ServiceUnavailable, rejection
 from keyload.sdk.payloads import PayloadError, Progress
-from keyload.sdk.results import Outcome
+from keyload.sdk.results import Census, Outcome
 from keyload.wire import (
+    CENSUS_PATH,
     ENVELOPE_PATH,
     IDEMPOTENCY_HEADER,
+    PARTITION_QUERY,
     SERVICE_PATH,
     field_schema,
     names,
@@ -141,6 +143,20 @@ class HttpTransport:
             raise OutcomeTimeout("read_payload", timeout_s, "; the server did not answer in time") from None
         except httpx.HTTPError as exc:
             raise ServiceUnavailable(f"the keyload server at {self._http.base_url} cannot be reached: {exc}") from None
+
+    def census(self, partition: int | None) -> list[Census]:
+        """The census of the partitions the server holds projections of, or of the one named
+        (keyload/server/census.py). No time limit but the connect's: the server reads every row."""
+        params = {} if partition is None else {PARTITION_QUERY: partition}
+        response = self._request("GET", CENSUS_PATH, params=params)
+        if response.headers.get("content-type") != "application/json":
+            raise KeyloadError(f"the server answered {response.status_code} without JSON: {response.text[:256]}")
+        answer = response.json()
+        if response.status_code == 404:  # no projection of it here (an older server: no such route)
+            raise CensusError(str(answer.get("detail", "")))
+        if response.status_code != 200:
+            raise _http_error(response.status_code, answer, "census", 0)
+        return [Census.from_json(found) for found in answer["partitions"]]
 
     def _request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
         try:

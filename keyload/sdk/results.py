@@ -705,6 +705,67 @@ class PoisonEntry:
 
 
 @dataclass(frozen=True, slots=True)
+class FamilyCount:
+    """The rows of one key family of a projection (projections/keys.py) and their bytes, keys and
+    values as stored."""
+
+    family: str
+    tag: str
+    rows: int
+    key_bytes: int
+    value_bytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class HorizonCount:
+    """The rows of one key family kept to a horizon (processors/horizons.py), by their horizon index
+    entries: `kept` still within their horizon at the partition's last applied record's time, `due`
+    past it, left for the horizon sweep to remove (it removes a bounded number per record)."""
+
+    family: str
+    kept: int
+    due: int
+
+
+@dataclass(frozen=True, slots=True)
+class Census:
+    """A partition's census (`keyload census`, `Client.census`): what its projection holds by key
+    family, and the bounded work it has left, so an operator sees whether state grows with what is
+    live rather than with everything ever processed (keyload/operations/census.py counts it).
+
+    `horizons` are the families kept to a horizon that have rows now, in family-name order; an
+    outcome stored before the partition reached feature level 2 has no horizon and is kept forever:
+    `outcomes_without_horizon` counts those (a long-poll receive still waiting holds a row that is
+    not an outcome yet, and is not counted).
+    """
+
+    partition: int
+    applied_offset: int | None  # None: nothing applied yet
+    families: tuple[FamilyCount, ...]  # the families holding rows, in tag order
+    rows: int
+    bytes: int  # keys and values
+    reclaiming: dict[str, int]  # deleted queues, groups and topics whose rows are still being reclaimed
+    retention_tasks: int  # guarded object deletions not yet compacted (processors/payloads/retention.py)
+    # queues, groups, topics, reclamations and the horizon sweep due at the last applied record's time or before
+    timers_due: int
+    # horizon index rows due by then (the sum of `horizons`' due): what the sweep has still to remove
+    horizon_due: int
+    horizons: tuple[HorizonCount, ...]
+    outcomes_without_horizon: int
+    # the partition is still counting what its domains held when it reached feature level 5 (their caps wait)
+    usage_counting: bool
+    # the tasks of before the raise to feature level 7 are still being indexed (their compaction waits)
+    retention_indexing: bool
+
+    @classmethod
+    def from_json(cls, census: Mapping[str, Any]) -> Census:
+        """A census as the HTTP API answers it (`GET /v1/census`: the dataclass's fields as JSON)."""
+        families = tuple(FamilyCount(**family) for family in census["families"])
+        horizons = tuple(HorizonCount(**horizon) for horizon in census["horizons"])
+        return cls(**{**census, "families": families, "horizons": horizons})
+
+
+@dataclass(frozen=True, slots=True)
 class Outcome:
     """The durable receipt of one command (its result read by branch name)."""
 

@@ -49,6 +49,7 @@ from keyload.wire import (
     COMMAND_ID_HEADER,
     ENVELOPE_PATH,
     IDEMPOTENCY_HEADER,
+    PARTITION_QUERY,
     SERVICE_PATH,
     Names,
     WireError,
@@ -66,7 +67,6 @@ SLASHED_FIELDS = frozenset({"message_id", "key"})  # path fields that may hold '
 RAW_BODY_FIELD = "body"
 RAW_BODY_TYPE = "application/octet-stream"
 METRICS_PATH = "/metrics"
-PARTITION_QUERY = "partition"  # a partition-wide GET without {partition} in its path: which one (default 0)
 
 
 log = logging.getLogger("keyload.server")
@@ -157,6 +157,21 @@ def error_response(pair: tuple[str, int], detail: str, command_id: str | None = 
     body = {"status": "error", "error_code": code, "detail": detail, "command_id": command_id}
     headers = {COMMAND_ID_HEADER: command_id} if command_id else None
     return JSONResponse(body, status_code=status, headers=headers)
+
+
+def inspector_refusal(engine: Engine, request: Request, detail: str) -> Response | None:
+    """The refusal (401, or 403 with `detail`) of a request for what names every domain's resources
+    (metrics, the census), unless its caller may inspect every domain; None when it may. A Kafka
+    server holds no policy (Engine.policy): there a credential the keyring accepts is enough."""
+    try:
+        caller = engine.caller(request, 0)
+    except Unauthenticated as exc:
+        return error_response(statuses.UNAUTHENTICATED, str(exc))
+    policy = engine.policy(0)
+    record = None if policy is None else load_principal(policy, caller.principal)
+    if policy is not None and (record is None or not allows(record.grants, Capability.inspect, None, EVERYTHING)):
+        return error_response(statuses.FORBIDDEN, detail)
+    return None
 
 
 def outcome_response(names_: Names, answer: Answer) -> JSONResponse:
@@ -331,9 +346,13 @@ def json_object(raw: bytes) -> dict[str, Any]:
     return value
 
 
+MAX_NUMBER_DIGITS = 20  # a u64 has at most 20 decimal digits; longer text is no number a route takes
+
+
 def is_number(text: str) -> bool:
-    """Whether `text` is a decimal integer of ASCII digits (str.isdigit takes '²' too)."""
-    return text.isascii() and text.isdigit()
+    """Whether `text` is a decimal integer of at most MAX_NUMBER_DIGITS ASCII digits (str.isdigit
+    takes '²' too, and int() refuses text of thousands of digits with a ValueError)."""
+    return text.isascii() and text.isdigit() and len(text) <= MAX_NUMBER_DIGITS
 
 
 async def read_capped(request: Request) -> bytes:
@@ -400,14 +419,9 @@ def application(
 
     async def metrics(request: Request) -> Response:
         """Prometheus metrics, for a principal that may inspect every domain (they name every queue)."""
-        try:
-            caller = engine.caller(request, 0)
-        except Unauthenticated as exc:
-            return error_response(statuses.UNAUTHENTICATED, str(exc))
-        policy = engine.policy(0)
-        record = None if policy is None else load_principal(policy, caller.principal)
-        if policy is not None and (record is None or not allows(record.grants, Capability.inspect, None, EVERYTHING)):
-            return error_response(statuses.FORBIDDEN, "metrics need inspect on every domain")
+        refused = inspector_refusal(engine, request, "metrics need inspect on every domain")
+        if refused is not None:
+            return refused
         text = await asyncio.to_thread(generate_latest, engine.metrics.registry)
         return Response(text, media_type=CONTENT_TYPE_LATEST)
 

@@ -13,14 +13,16 @@ from typing import Any
 
 from keyload.commands import COMMANDS, CommandKind
 from keyload.server import statuses
-from keyload.server.app import METRICS_PATH, PARTITION_QUERY, RAW_BODY_FIELD, RAW_BODY_TYPE
+from keyload.server.app import METRICS_PATH, RAW_BODY_FIELD, RAW_BODY_TYPE
 from keyload.server.payloads import READ_PATH, UPLOAD_PATH
 from keyload.server.principals import CREATE_PATH, ROTATE_PATH
 from keyload.version import __version__
 from keyload.wire import (
+    CENSUS_PATH,
     COMMAND_ID_HEADER,
     ENVELOPE_PATH,
     IDEMPOTENCY_HEADER,
+    PARTITION_QUERY,
     SERVICE_PATH,
     field_schema,
     json_schema,
@@ -302,6 +304,26 @@ def document() -> dict[str, Any]:
             "operationId": "metrics",
             "summary": "Prometheus metrics (text exposition format), for a principal with inspect on every domain",
             "responses": {"200": {"description": "metrics", "content": {"text/plain": {"schema": {"type": "string"}}}}},
+        }
+    }
+    paths[CENSUS_PATH] = {
+        "get": {
+            "operationId": "census",
+            "summary": "per partition with a projection on this server: rows and bytes by key family, the work left, "
+            "and the rows kept to a horizon, within and past it (reads every row; inspect on every domain)",
+            "parameters": [
+                {
+                    "name": PARTITION_QUERY,
+                    "in": "query",
+                    "required": False,
+                    "description": "only this partition (404 when it has no projection on this server)",
+                    "schema": {"type": "integer"},
+                }
+            ],
+            "responses": {
+                "200": {"description": '{"partitions": [census, ...]}, each as keyload.sdk.results.Census'},
+                "default": _refused(),
+            },
         }
     }
     paths["/healthz"] = {"get": {"operationId": "healthz", "security": [], "responses": {"200": {"description": "up"}}}}

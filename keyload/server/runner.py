@@ -29,6 +29,7 @@ from keyload.projections.store import Store
 from keyload.server import openapi
 from keyload.server.app import Engine, Halted, application
 from keyload.server.auth import Authenticator
+from keyload.server.census import census_route
 from keyload.server.metrics import PartitionCollector, ServerMetrics
 from keyload.server.payloads import payload_routes
 from keyload.server.principals import credential_routes
@@ -102,6 +103,7 @@ class HttpServer:
         self.side = side
         self._writer: CommandWriter | None = None
         self._tail: OutcomeTail | None = None
+        routes = [*routes, census_route(engine, data)]  # both kinds of service count the projections held here
         app = application(engine, self._on_start, self._on_stop, openapi.document(), routes)
         config = uvicorn.Config(
             app,

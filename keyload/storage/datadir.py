@@ -304,6 +304,11 @@ class DataDir:
     def projection(self, partition: int) -> Path:
         return self.root / "projections" / f"p-{partition:04d}"
 
+    def projected_partitions(self) -> list[int]:
+        """The partitions whose projection lives here: each one `keyload run` has served (embedded),
+        or that this machine's processor holds or has held (Kafka), in partition order."""
+        return [partition for partition in range(self.partitions) if self.projection(partition).is_dir()]
+
     def check_partition(self, partition: int) -> None:
         if not 0 <= partition < self.partitions:
             raise DataDirError(f"partition must be 0..{self.partitions - 1}")

@@ -1,0 +1,55 @@
+"""`GET /v1/census`: the census of the projections this server's data directory holds
+(keyload/operations/census.py), so an operator with only a client of the server (`Client.census`)
+sees what state is kept, and what the horizons have still to remove, without a shell on the machine.
+
+    GET /v1/census                  {"partitions": [census, ...]}: every partition with a projection here
+    GET /v1/census?partition=P      {"partitions": [census]}: partition P (404 without a projection here)
+
+An embedded server holds every partition's projection once it has served it; a Kafka processor's server
+only those of the partitions its processor holds or has held. The census names every domain, so it needs
+inspect on every domain, as metrics do. It reads every row of each projection (about a second per
+million rows), on a worker thread, so the event loop keeps answering commands meanwhile.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import asdict
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from keyload.errors import CensusError
+from keyload.operations.census import censuses
+from keyload.projections.store import StoreError
+from keyload.server import statuses
+from keyload.server.app import Engine, error_response, inspector_refusal, is_number
+from keyload.storage.datadir import DataDir
+from keyload.wire import CENSUS_PATH, PARTITION_QUERY
+
+NO_PROJECTION = ("NotFound", 404)
+log = logging.getLogger("keyload.server")
+
+
+def census_route(engine: Engine, data: DataDir) -> Route:
+    async def census(request: Request) -> Response:
+        refused = inspector_refusal(engine, request, "the census needs inspect on every domain")
+        if refused is not None:
+            return refused
+        text = request.query_params.get(PARTITION_QUERY)
+        if text is not None and not (is_number(text) and int(text) < data.partitions):
+            return error_response(statuses.BAD_REQUEST, f"partition must be 0..{data.partitions - 1}")
+        try:
+            counted = await asyncio.to_thread(censuses, data, None if text is None else int(text))
+        except CensusError as exc:
+            return error_response(NO_PROJECTION, str(exc))
+        except StoreError:  # a Kafka processor swapping a checkpoint in for the projection (its path stays here)
+            return error_response(statuses.UNAVAILABLE, "a projection cannot be read now: retry")
+        except Exception:  # a bug, or RocksDB failing mid-scan: the request fails alone, in the API's own form
+            log.exception("GET %s failed", CENSUS_PATH)
+            return error_response(statuses.INTERNAL, "the server failed to answer this request (see its log)")
+        return JSONResponse({"partitions": [asdict(found) for found in counted]})
+
+    return Route(CENSUS_PATH, census, methods=["GET"], name="census")
