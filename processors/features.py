@@ -47,6 +47,11 @@ The levels:
    AdvanceRecoveryFloor compacts the tasks the floor has passed from that index, so tasks still
    waiting in front never hold the later ones back. The tasks confirmed before the raise are
    indexed first, within the same budget.
+8. A large message's identity keeps to the receipt horizon. A large message that finishes from
+   here on (or a reservation abandoned) has its identity row go at its domain's receipt horizon
+   as it is then, as its inbox entries do; once its retention task is compacted too (its object
+   deleted, its history gone), its id is new. Before it the identity stayed for as long as the
+   queue, and still does for what finished earlier.
 """
 
 from __future__ import annotations
@@ -66,6 +71,7 @@ WORK_COMPACTED = 4  # the level from which finished messages and inbox entries g
 DOMAIN_CAPS = 5  # the level from which domains' holdings are counted and capped
 EVENT_IDS_KEPT = 6  # the level from which a topic's event ids are deduplicated within the receipt horizon
 CONFIRMED_INDEXED = 7  # the level from which compaction finds confirmed retention tasks by an index
+LARGE_IDENTITIES_KEPT = 8  # the level from which a compacted large message's identity keeps to the receipt horizon
 # The reads level 1 covers, frozen: tests/test_feature_levels.py holds the command table's `reads`
 # rows to it. Making an existing command a read changes how level-1 logs replay: a later level.
 LEVEL_1_READS = frozenset(
@@ -111,4 +117,4 @@ def raise_feature_level(stage: Staged, body: RaiseFeatureLevel, ctx: Context) ->
 
 
 assert READS_UNSTORED < OUTCOME_HORIZONS < LEASES_KEPT < WORK_COMPACTED < DOMAIN_CAPS < EVENT_IDS_KEPT
-assert EVENT_IDS_KEPT < CONFIRMED_INDEXED <= limits.FEATURE_LEVEL
+assert EVENT_IDS_KEPT < CONFIRMED_INDEXED < LARGE_IDENTITIES_KEPT <= limits.FEATURE_LEVEL

@@ -83,7 +83,8 @@ def retire_message(stage: Staged, queue: QueueView, message_id: str, meta: Messa
     """From level 4, a finished inline message's history (its MessageMeta) is kept for its domain's
     outcome horizon from when it finished, then an identity tombstone until the receipt horizon, so
     its id is not used again until then; then the id is new. (A large message's history goes with
-    its object's retention task, processors/payloads/retention.py, and its identity stays.)"""
+    its object's retention task, processors/payloads/retention.py, and from level 8 its identity
+    keeps to the receipt horizon from there.)"""
     assert meta.terminal_at_ms is not None and meta.payload is None
     policy = domain_policy(stage, queue.domain)
     finished_ms = meta.terminal_at_ms
@@ -108,10 +109,12 @@ def read_identity_tombstone(value: bytes) -> tuple[int, str] | None:
     return keys.read_u64(value), value[8:].decode("utf-8")
 
 
-def keep_until_receipt_horizon(stage: Staged, row: bytes, domain: str, now_ms: int, charge: int = 0) -> None:
-    """Let `row` (an inbox entry from level 4, a topic's event id from level 6) go when a command id
-    applied now would become new; a target inbox entry's `charge` then goes back to its inbox."""
-    expires_ms = now_ms + domain_policy(stage, domain).receipt_horizon_ms
+def keep_until_receipt_horizon(stage: Staged, row: bytes, domain: str, since_ms: int, charge: int = 0) -> None:
+    """Let `row` go at its domain's receipt horizon from `since_ms`, as the horizon is now: an inbox
+    entry (from level 4), a topic's event id (from level 6) or a large message's identity (from
+    level 8) when a command id applied now would become new. A target inbox entry's `charge` then
+    goes back to its inbox."""
+    expires_ms = since_ms + domain_policy(stage, domain).receipt_horizon_ms
     entry = NAMES_EXPIRING + (keys.u64(charge) if row[:1] == keys.TARGET_INBOX_ENTRY else b"")
     _index(stage, keys.horizon_of_row(expires_ms, row), entry, expires_ms)
 

@@ -72,8 +72,9 @@ TARGET_INBOX_ENTRY = b"l"
 INBOX = b"z"  # z | domain (u8-prefixed)                           -> InboxRecord (the target inbox's policy and use)
 RESERVATION = b"R"  # R | reservation id u64                      -> PayloadReservation
 # u | queue id u64 | message id -> u64 reservation id: a large message's identity, from its reservation on;
-#   kept after its history (MessageMeta) is reclaimed, so the id is never used again. From feature level 4
-#   also an inline message's identity tombstone once its history is past the outcome horizon
+#   kept after its history (MessageMeta) is reclaimed, so the id is not used again (for a message finished from
+#   feature level 8, until the domain's receipt horizon after it finished; before, for as long as the queue). From
+#   feature level 4 also an inline message's identity tombstone once its history is past the outcome horizon
 #   (processors/horizons.py): u64 terminal time | terminal state (UTF-8), until the receipt horizon
 IDENTITY = b"u"
 PUBLISHED_CHECKPOINT = b"K"  # K | offset u64                   -> manifest SHA-256 (a published checkpoint, ≥ floor)
@@ -107,7 +108,7 @@ HORIZON_DUE = META + b"horizon_due"  # u64 earliest expiry in the horizon index 
 # u64 log time the partition reached feature level 4, from which a finished message id can become new: a
 #   delivery token without the message's enqueue sequence (v1) names no message enqueued after it
 MESSAGE_IDS_REUSABLE_SINCE = META + b"message_ids_reusable_since"
-RETIRED_IDENTITIES = META + b"retired_identities"  # u64 message ids whose history was reclaimed
+RETIRED_IDENTITIES = META + b"retired_identities"  # u64 retention tasks compacted (their histories reclaimed)
 # The next `f`, `q` or `s` row the usage count (processors/usage.py) looks at: present from the raise to feature
 # level 5 until the partition has counted what it held then; rows before it are counted, rows from it are not yet
 USAGE_COUNT_CURSOR = META + b"usage_count_cursor"

@@ -19,12 +19,12 @@ from hypothesis import strategies as st
 
 from keyload import limits
 from keyload.operations.census import census
-from keyload.processors.features import CONFIRMED_INDEXED, EVENT_IDS_KEPT
+from keyload.processors.features import CONFIRMED_INDEXED, EVENT_IDS_KEPT, LARGE_IDENTITIES_KEPT
 from keyload.projections import keys
 from keyload.sdk.results import RetentionPage, RetentionStatus
 
 from .payloads import CANCEL_LARGE, D, Large, large_deployment
-from .support import assert_replay_equals_live, expect, family_rows, submit_unhalted
+from .support import ACK, assert_replay_equals_live, expect, family_rows, pass_time, submit_unhalted
 
 RAISE = "keyload.command.RaiseFeatureLevel"
 BUDGET = 2  # tasks one AdvanceRecoveryFloor examines: fewer than the waiting ones in front
@@ -121,6 +121,95 @@ def test_a_task_confirmed_after_the_raise_is_not_indexed_twice(large: Large, tmp
     floor_at(large, confirmed)  # looks at task 1 (one of the budget), then compacts it (the other)
     assert (store.get(keys.RETENTION_INDEX_CURSOR), family_rows(store, keys.RETENTION_CONFIRMED)) == (None, 0)
     assert task_ids(large) == []
+    assert_replay_equals_live(large.embedded, D, tmp_path / "replay")
+
+
+def finish_large(large: Large, tmp_path: Path, message_id: str) -> int:
+    """A large message scheduled, received and acked: its retention task's retirement offset."""
+    large.schedule(message_id, b"b" * 70_000, tmp_path)
+    [delivery] = large.receive()
+    acked: int = submit_unhalted(large.embedded, D, ACK, {"token": delivery.token}).offset
+    return acked
+
+
+def compact(large: Large, task_id: int, retired_at: int) -> None:
+    """Past its handles: the floor to its retirement, its deletion confirmed, the floor past that."""
+    large.embedded.now_ms += 2 * HOUR_MS  # past its read and upload handles and the request horizon
+    floor_at(large, retired_at)
+    send(large, "BeginDelete", {"task_id": task_id})
+    status: RetentionStatus = send(large, "DeleteConfirmed", {"task_id": task_id, "deleted_versions": []})
+    assert status.task.confirmed_offset is not None
+    floor_at(large, status.task.confirmed_offset)
+    assert task_id not in task_ids(large)
+
+
+def horizons(large: Large, receipt_ms: int) -> None:
+    send(large, "ConfigureDomain", {"outcome_horizon_ms": HOUR_MS, "receipt_horizon_ms": receipt_ms})
+
+
+@pytest.mark.parametrize(("level", "reusable"), [(CONFIRMED_INDEXED, False), (LARGE_IDENTITIES_KEPT, True)])
+def test_a_large_messages_identity_keeps_to_the_receipt_horizon_from_level_8(
+    large: Large, tmp_path: Path, level: int, reusable: bool
+) -> None:
+    """A large message acked, its object deleted and its task compacted: the id stays taken (its
+    identity row) until the domain's receipt horizon after the ack, then it is new; below level 8
+    it stays taken for as long as the queue."""
+    send(large, "RaiseFeatureLevel", {"level": level})
+    horizons(large, 10 * HOUR_MS)
+    finished_ms = large.embedded.now_ms
+    compact(large, 1, finish_large(large, tmp_path, "big"))
+    store = large.embedded.store(D)
+    assert family_rows(store, keys.IDENTITY) == 1
+    large.prepare("big", b"again", "Conflict")  # the id is still taken
+
+    large.embedded.now_ms = finished_ms + 10 * HOUR_MS - 1
+    pass_time(large.embedded, D, 1)  # the receipt horizon after the ack
+    assert family_rows(store, keys.IDENTITY) == (0 if reusable else 1)
+    large.prepare("big", b"again", None if reusable else "Conflict")
+    assert_replay_equals_live(large.embedded, D, tmp_path / "replay")
+
+
+def test_a_large_identity_keeps_the_horizon_of_when_its_message_finished(large: Large, tmp_path: Path) -> None:
+    """A horizon shortened after the ack does not shorten the identity's (nor its inbox entries'):
+    it goes at the horizon in force when the message finished."""
+    send(large, "RaiseFeatureLevel", {"level": LARGE_IDENTITIES_KEPT})
+    horizons(large, 10 * HOUR_MS)
+    finished_ms = large.embedded.now_ms
+    retired_at = finish_large(large, tmp_path, "big")
+    horizons(large, HOUR_MS)
+    compact(large, 1, retired_at)
+    large.embedded.now_ms = finished_ms + 5 * HOUR_MS
+    pass_time(large.embedded, D, 1)
+    large.prepare("big", b"again", "Conflict")
+    large.embedded.now_ms = finished_ms + 10 * HOUR_MS
+    pass_time(large.embedded, D, 1)
+    large.prepare("big", b"again")
+    assert_replay_equals_live(large.embedded, D, tmp_path / "replay")
+
+
+def test_a_large_identity_past_its_horizon_goes_with_the_compaction(large: Large, tmp_path: Path) -> None:
+    """The horizon passes before the object is deleted: the history still holds the id until the
+    task is compacted, and then the id is new at once."""
+    send(large, "RaiseFeatureLevel", {"level": LARGE_IDENTITIES_KEPT})
+    horizons(large, HOUR_MS)
+    retired_at = finish_large(large, tmp_path, "big")
+    pass_time(large.embedded, D, HOUR_MS)  # the identity row goes; the history stays
+    assert family_rows(large.embedded.store(D), keys.IDENTITY) == 0
+    large.prepare("big", b"again", "Conflict")
+    compact(large, 1, retired_at)
+    large.prepare("big", b"again")
+    assert_replay_equals_live(large.embedded, D, tmp_path / "replay")
+
+
+def test_a_large_identity_retired_before_level_8_stays(large: Large, tmp_path: Path) -> None:
+    send(large, "RaiseFeatureLevel", {"level": CONFIRMED_INDEXED})
+    horizons(large, HOUR_MS)
+    retired_at = finish_large(large, tmp_path, "big")
+    send(large, "RaiseFeatureLevel", {"level": LARGE_IDENTITIES_KEPT})
+    compact(large, 1, retired_at)
+    pass_time(large.embedded, D, 10 * HOUR_MS)
+    assert family_rows(large.embedded.store(D), keys.IDENTITY) == 1
+    large.prepare("big", b"again", "Conflict")
     assert_replay_equals_live(large.embedded, D, tmp_path / "replay")
 
 

@@ -16,8 +16,11 @@
    DeleteConfirmed, which releases the quota.
 4. Once the floor reaches the confirmation's offset, AdvanceRecoveryFloor compacts
    the task: task, reservation and the message's history go; the message id keeps its
-   identity row, so it is never used again. From feature level 7 a confirmed task has
-   an index row by its confirmation offset, which is how compaction finds it.
+   identity row, so it is not used again: for as long as the queue when the task was
+   retired below feature level 8, from it until the domain's receipt horizon after the
+   retirement (the id is new once both that has passed and the task is compacted). From
+   feature level 7 a confirmed task has an index row by its confirmation offset, which is
+   how compaction finds it.
 """
 
 from __future__ import annotations
@@ -34,7 +37,8 @@ from keyload.processors.access import policy_epoch
 from keyload.processors.context import Context
 from keyload.processors.counters import adjusted_fields
 from keyload.processors.errors import Corruption, ErrorCode, Rejected
-from keyload.processors.features import CONFIRMED_INDEXED, feature_level
+from keyload.processors.features import CONFIRMED_INDEXED, LARGE_IDENTITIES_KEPT, feature_level
+from keyload.processors.horizons import keep_until_receipt_horizon
 from keyload.processors.queues.state import allocate, bounded, load_queue_by_id, queue_deleted, save_queue
 from keyload.projections import keys
 from keyload.projections.records import (
@@ -127,6 +131,11 @@ def _new_task(
         deleted_versions=[],
     )
     save(stage, keys.retention_task(task_id), task)
+    if feature_level(stage) >= LARGE_IDENTITIES_KEPT:
+        # The id's identity keeps to the horizon in force now, as the message's inbox entries do
+        # (CompleteProcessing's, written now too, sort before it): after it, and once the task is
+        # compacted (the history goes with it), the id is new.
+        keep_until_receipt_horizon(stage, keys.identity(queue.incarnation, message_id), queue.domain, ctx.now_ms)
 
 
 def recovery_floor(stage: Readable) -> int | None:
@@ -337,7 +346,10 @@ def _passed(task: Record, floor: int) -> bool:
 
 
 def _drop(stage: Staged, key: bytes, task: Record) -> None:
-    """A compacted task goes with its reservation and its message's history; the identity stays."""
+    """A compacted task goes with its reservation and its message's history. The identity stays,
+    so the id is not used again: for as long as the queue when the task was retired below level 8;
+    from it until the domain's receipt horizon after the retirement (`_new_task`), which may have
+    passed already: then the identity is gone, and with the history the id is new."""
     stage.delete(key)
     stage.delete(keys.reservation(task["reservation_id"]))
     # The rows of a deleted queue are reclaimed on their own (processors/reclamation.py), maybe first.
@@ -348,7 +360,8 @@ def _drop(stage: Staged, key: bytes, task: Record) -> None:
         if (meta is None and not gone) or (meta is not None and meta["terminal_at_ms"] is None):
             raise Corruption(f"retention task {task['task_id']} names a message that is not terminal")
         stage.delete(message)
-    if stage.get(keys.identity(task["queue_id"], task["message_id"])) is None and not gone:
+    identity = keys.identity(task["queue_id"], task["message_id"])
+    if stage.get(identity) is None and not gone and feature_level(stage) < LARGE_IDENTITIES_KEPT:
         raise Corruption(f"retention task {task['task_id']} names a message id without its identity row")
 
 
