@@ -77,7 +77,7 @@ from keyload.errors import KeyloadError
 from keyload.log.base import partition_for
 from keyload.processors.policy import INTEGER_FIELDS
 from keyload.sdk.results import QueuePolicySpec
-from keyload.server.runner import ADDRESS_FILE, SERVER_REPLY_PARTITION
+from keyload.server.runner import ADDRESS_FILE
 from keyload.storage.datadir import DataDir
 
 from .common import DOMAIN, QUEUE, SEED, BenchError, ServiceProcess, environment, rounds
@@ -615,8 +615,9 @@ def spare_domain(prefix: str, partitions: int, taken: Sequence[str]) -> str:
 
 
 def sdk_reply_partition(data: DataDir) -> int:
-    """A reply partition of the SDK client's own, so it never tails the server's outcomes."""
-    return (SERVER_REPLY_PARTITION + 1) % data.outcome_partitions
+    """The SDK client's reply partition: one of its own, as the server's commands name none (the
+    server is answered in process), so the SDK never tails the server's outcomes."""
+    return data.outcome_partitions - 1
 
 
 @dataclass(frozen=True)
@@ -1197,7 +1198,7 @@ def table(result: Result, command: str, env: dict[str, Any]) -> str:
         f"{result.url}; {result.partitions} partitions: (a) and (b) in domain {DOMAIN} (partition {result.partition}), "
         f"(c) and (d) in {result.fanin_domain} (partition {result.fanin_partition}), (e) in {result.batch_domain} "
         f"(partition {result.batch_partition}); outcomes: the SDK client's on "
-        f"partition {result.sdk_reply_partition}, the server's on {SERVER_REPLY_PARTITION}",
+        f"partition {result.sdk_reply_partition}, the server's in process",
         f"python {env['python']}, httpx {importlib.metadata.version('httpx')}, "
         f"uvicorn {importlib.metadata.version('uvicorn')}, {env['cpus']} cpus, load {env['load_average_1m']:.2f}; "
         f"{result.rounds} rounds, taking turns at going first; warm-up of {result.warmup} cycles per path excluded",

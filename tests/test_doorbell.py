@@ -6,7 +6,9 @@ from __future__ import annotations
 import threading
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
+from keyload.log.base import LogRecord
 from keyload.service.doorbell import Doorbell, Listener
 from keyload.service.runtime import PartitionProcessor, run_until
 
@@ -75,6 +77,10 @@ class _Partition:
         self.halt = None
         self.applied_offset = -1
 
+    @property
+    def caught_up(self) -> bool:
+        return not (self.always or self.pending)
+
     def step(self) -> int:
         if not (self.always or self.pending):
             return 0
@@ -115,3 +121,30 @@ def test_a_rung_partition_is_read_while_another_is_never_idle() -> None:
 def test_an_append_nobody_rang_for_is_read_while_another_partition_is_never_idle() -> None:
     other = _run_beside_a_busy_partition([])  # only the sweep can find it
     assert other.applied_offset == 4
+
+
+def test_a_partition_a_short_read_caught_up_waits_for_the_next_ring(embedded: Embedded) -> None:
+    """Applying everything its read found, a partition is not read again at once: the service goes
+    back to waiting on the doorbell (one read per wake-up, not two)."""
+    domain = "d-0"
+    processor = embedded.processors[embedded.partition(domain)]
+    embedded.append(domain, command(domain, ENQUEUE, enqueue_body("q", "m-1"), "c-1"))
+    log = processor.log
+    reads: list[int] = []
+
+    def counted(partition: int, from_offset: int, max_records: int) -> list[LogRecord]:
+        reads.append(from_offset)
+        return log.read(partition, from_offset, max_records)
+
+    processor.log = SimpleNamespace(read=counted, end_offset=log.end_offset, sync_through=log.sync_through)
+    waits: list[tuple[float, int]] = []
+    stop = threading.Event()
+
+    def idle(wait_s: float) -> frozenset[int]:
+        waits.append((wait_s, len(reads)))
+        stop.set()
+        return frozenset()
+
+    run_until([processor], stop, idle=idle, idle_min_s=SWEEP_S, idle_max_s=SWEEP_S)
+    assert processor.applied_offset == 0
+    assert waits == [(SWEEP_S, 1)]

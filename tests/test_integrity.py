@@ -23,7 +23,7 @@ from keyload.projections import keys
 from keyload.projections.store import Store
 from keyload.sdk.client import Client
 from keyload.service.halts import recorded_halts
-from keyload.service.runtime import STALL_RETRY_MIN_S, PartitionProcessor, Stalled, Stalls
+from keyload.service.runtime import MAX_GROUP_RECORDS, STALL_RETRY_MIN_S, PartitionProcessor, Stalled, Stalls
 from keyload.storage.datadir import DataDir
 from keyload.storage.principals import system_credential
 
@@ -239,6 +239,35 @@ def test_a_tail_lost_while_running_is_noticed_on_resume(tmp_path: Path) -> None:
         halt = node.processor.halt
         assert halt is not None and halt.offset == 2 and halt.reason.startswith("RecoveryRequired")
         assert stored_message_ids(node.store) == {"m1", "m2"}
+
+
+def test_a_tail_lost_right_after_a_short_read_is_noticed_on_the_next_read(tmp_path: Path) -> None:
+    """A read that finds fewer records than it asked for shows the partition caught up, as an empty
+    read does: the service reads it no more until rung, and the next read checks the applied record."""
+    root = tmp_path / "data"
+    with single(root, FileLogConfig(fsync=FsyncPolicy.NONE)) as node:
+        node.append(create())
+        assert node.processor.step() == 1
+        node.append(enqueue("m1"), enqueue("m2"))
+        assert node.processor.step() == 2  # a resume: it checked offset 0 first
+        assert node.processor.caught_up
+        other = FileLog(root / "log" / "commands", 1, FileLogConfig(fsync=FsyncPolicy.NONE))
+        _cut_after(root / "log" / "commands", 2)
+        other.append(0, [enqueue("m3"), enqueue("m4")])
+        other.close()
+        assert node.processor.step() == 0
+        halt = node.processor.halt
+        assert halt is not None and halt.offset == 2 and halt.reason.startswith("RecoveryRequired")
+        assert stored_message_ids(node.store) == {"m1", "m2"}
+
+
+def test_a_full_read_is_not_caught_up(tmp_path: Path) -> None:
+    with single(tmp_path / "data", FileLogConfig(fsync=FsyncPolicy.NONE)) as node:
+        node.append(create(), *(enqueue(f"m{n}") for n in range(MAX_GROUP_RECORDS)))
+        assert node.processor.step() == MAX_GROUP_RECORDS
+        assert not node.processor.caught_up
+        assert node.processor.step() == 1
+        assert node.processor.caught_up
 
 
 def test_a_projection_from_before_record_identities_adopts_the_logs(tmp_path: Path) -> None:

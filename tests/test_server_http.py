@@ -659,6 +659,29 @@ def test_two_principals_with_one_command_id_are_each_answered_their_own_outcome(
     assert [base64.b64decode(m["body"]) for m in deliveries] == [b"mine"]
 
 
+def outcome_stream_ends(root: Path) -> list[int]:
+    data = DataDir.open(root)
+    with data.outcome_log() as outcomes:
+        return [outcomes.end_offset(partition) for partition in range(data.outcome_partitions)]
+
+
+def test_the_servers_answers_are_not_appended_to_the_outcome_stream(
+    served: tuple[Path, str], api: httpx.Client
+) -> None:
+    """The server's commands name no reply partition: they are answered in process, including a long
+    poll served later by an enqueue, and the outcome stream (which local clients tail) gets none of it."""
+    root, url = served
+    d, queue = new_queue(api, "q")
+    before = outcome_stream_ends(root)
+    waiting, answered = long_poll(url, {**bearer(root), "Idempotency-Key": "poll-1"}, f"{queue}/receive")
+    committed(api.post(f"{queue}/messages", json={"message_id": "m-1", "body": b64(b"first")}))
+    waiting.join(30)
+    [delivery] = committed(answered[0])["deliveries"]
+    assert base64.b64decode(delivery["body"]) == b"first"
+    assert committed(api.post(f"/v1/domains/{d}/leases/ack", json={"token": delivery["token"]}))["state"] == "acked"
+    assert outcome_stream_ends(root) == before
+
+
 def test_an_unsigned_record_under_a_waiting_command_id_answers_nobody(
     served: tuple[Path, str], api: httpx.Client
 ) -> None:
@@ -671,7 +694,7 @@ def test_an_unsigned_record_under_a_waiting_command_id_answers_nobody(
         "domain": d,
         "principal": "keyload-admin",
         "body": ("keyload.command.Receive", {"queue": "q", **dict.fromkeys(("max_messages", "max_bytes", "lease_ms"))}),
-        "reply_to": 0,  # the server's reply partition
+        "reply_to": None,  # as the server's own commands: answered in process
         "client_time_ms": None,
     }
     with data.file_command_log() as log:  # anyone who can append: no signature

@@ -48,7 +48,7 @@ DRAIN_S = 5.0  # on a stop, requests in flight have this long to get their outco
 GRACEFUL_SHUTDOWN_S = 8  # connections still open this long after a stop are closed
 DRAIN_WATCH_S = 0.5  # how soon the drain watcher notices that the server was stopped without a drain
 assert DRAIN_S < GRACEFUL_SHUTDOWN_S, "the 503s of a drain are written before uvicorn closes connections"
-SERVER_REPLY_PARTITION = 0  # the outcome partition the server's commands name as reply_to
+SERVER_REPLY_PARTITION = None  # the embedded server's commands name no reply partition: answered in process
 
 
 class ServerError(KeyloadError):

@@ -6,9 +6,11 @@ doorbell and polls the outcome stream. On the embedded log the server appends wi
 (the processor's `sync_through` makes the records durable before any outcome is published, so one
 fsync covers every request appended meanwhile: group commit), gathers the appends of all requests
 that arrive in one turn of the event loop into one write per partition, and is told of each
-published outcome in-process (`OutcomeWaiters.published`, called by the runtime), so nothing
-polls. On Kafka it produces to the command topic and tails its reply partition of the outcomes
-topic (`OutcomeTail`), since another process may own the command's partition.
+outcome in-process (`OutcomeWaiters.published`, called by the runtime), so nothing polls. Its
+commands name no reply partition (`reply_to` null), so their outcomes are not appended to the
+outcome stream either: nothing but the server waits for them. On Kafka it produces to the command
+topic and tails its reply partition of the outcomes topic (`OutcomeTail`), since another process
+may own the command's partition.
 
 Threads: requests run on the server's event loop; the processors run on the service's main thread
 and call `published` from there. Waiters are added and removed on the event loop only; the
@@ -73,8 +75,8 @@ class OutcomeWaiters:
     """Requests waiting for their outcome, by (domain, command id) (`Waiter` says which outcome
     answers which)."""
 
-    def __init__(self, reply_partition: int) -> None:
-        self.reply_partition = reply_partition
+    def __init__(self, reply_partition: int | None) -> None:
+        self.reply_partition = reply_partition  # what the server's commands name as reply_to
         self._loop: asyncio.AbstractEventLoop | None = None
         self._waiting: dict[_Key, list[Waiter]] = defaultdict(list)
 
@@ -111,7 +113,7 @@ class OutcomeWaiters:
                 if not waiter.future.done():
                     waiter.future.set_exception(reason)
 
-    def published(self, reply_partition: int, outcomes: list[bytes]) -> None:
+    def published(self, reply_partition: int | None, outcomes: list[bytes]) -> None:
         """Called by the runtime (processor thread) with outcomes it has published: those for the
         server's reply partition are handed to the event loop. Cheap when nobody waits."""
         loop = self._loop
@@ -219,15 +221,17 @@ class OutcomeTail:
     whichever is first answers)."""
 
     def __init__(self, outcomes: CommandLog, waiters: OutcomeWaiters) -> None:
+        assert waiters.reply_partition is not None, "the tail reads the reply partition the server's commands name"
+        self.partition = waiters.reply_partition
         self.outcomes = outcomes
         self.waiters = waiters
-        self._cursor = outcomes.end_offset(waiters.reply_partition)
+        self._cursor = outcomes.end_offset(self.partition)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="keyload-outcomes", daemon=True)
         self._thread.start()
 
     def _run(self) -> None:
-        partition = self.waiters.reply_partition
+        partition = self.partition
         while not self._stop.is_set():
             try:
                 records = self.outcomes.read(partition, self._cursor, TAIL_READ_RECORDS)

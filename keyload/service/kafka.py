@@ -97,7 +97,7 @@ class KafkaService:
         checkpoints: Checkpoints,
         tick_interval_ms: int,
         session_timeout_ms: int = DEFAULT_SESSION_TIMEOUT_MS,
-        on_published: Callable[[int, list[bytes]], None] | None = None,
+        on_published: Callable[[int | None, list[bytes]], None] | None = None,
     ) -> None:
         self.data = data
         self.on_published = on_published  # the HTTP server's in-process answers

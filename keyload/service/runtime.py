@@ -30,7 +30,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from threading import Event
-from typing import Protocol, TypeGuard
+from typing import Protocol
 
 from keyload import limits
 from keyload.errors import KeyloadError
@@ -96,7 +96,7 @@ class _Group:
     applied: int
     last_time: int
     last_record: LogRecord
-    published: dict[int, list[bytes]]
+    published: dict[int | None, list[bytes]]  # by reply partition; None: answered in process only
     poison: list[tuple[LogRecord, str]]
     take_checkpoint: bool
 
@@ -118,14 +118,15 @@ class PartitionProcessor:
         identity_log: RecordSource | None = None,
         verify_on_resume: bool = True,
         announce: Callable[[int, CatalogEntry], None] | None = None,
-        on_published: Callable[[int, list[bytes]], None] | None = None,
+        on_published: Callable[[int | None, list[bytes]], None] | None = None,
     ) -> None:
         """`identity_log` (default: `log`) is read to check the applied record when the processor
         opens; `verify_on_resume` checks it again on every resume, which a source that cannot
         read behind what it handed out (Kafka mode's feed) turns off. `announce` is told of every
         checkpoint the processor publishes (the service's `Announcer` logs it). `on_published` is
         told of the outcomes of each reply partition once they are published (the HTTP server
-        answers its requests from it)."""
+        answers its requests from it), and of those of commands that name no reply partition, which
+        it alone is told of (the embedded server's own commands: nothing else reads them)."""
         assert 1 <= group_records <= MAX_GROUP_RECORDS
         self.partition = partition
         self.partitions = partitions
@@ -147,6 +148,7 @@ class PartitionProcessor:
         self._identity_log = identity_log or log
         self._verify_on_resume = verify_on_resume
         self._verified = False  # the log holds the applied record, as of the last read
+        self.caught_up = False  # the last step applied every record its read found, and the read was short
         self._store_failed = False  # a commit failed: reopen the projection before the next one
         self._verify_applied_record()
 
@@ -191,6 +193,8 @@ class PartitionProcessor:
         group = self._apply(records)
         if group is None:
             return 0
+        if group.applied != records[-1].offset:  # a checkpoint ended the group early: records are left
+            self.caught_up = False
         count = group.applied - self._applied
         if not self._commit(group):
             return 0
@@ -199,7 +203,11 @@ class PartitionProcessor:
         return count
 
     def _read(self, limit: int) -> list[LogRecord]:
-        """The next records to apply; on resuming, first the applied record again, to check it."""
+        """The next records to apply; on resuming, first the applied record again, to check it.
+
+        Fewer than `limit` records means the log held no more when it was read: the partition is
+        caught up (`caught_up`), so the service need not read it again until an append rings, and
+        the next read is a resume."""
         check = self._verify_on_resume and not self._verified and self._applied >= 0
         start = self._applied if check else self._applied + 1
         try:
@@ -220,15 +228,15 @@ class PartitionProcessor:
             if not self._check_identity(records[0] if records else None):
                 return []
             records = records[1:]
-            self._verified = bool(records)  # caught up again: check once more on the next resume
-        elif not records:
-            self._verified = False
+        self.caught_up = len(records) < limit
+        if self.caught_up:
+            self._verified = False  # check the applied record once more on the next resume
         return records
 
     def _apply(self, records: list[LogRecord]) -> _Group | None:
         """Apply the records to a stage over the projection; None when the first one halts."""
         stage = Staged(self.store)
-        published: dict[int, list[bytes]] = {}
+        published: dict[int | None, list[bytes]] = {}
         poison: list[tuple[LogRecord, str]] = []
         applied, last_time, take_checkpoint = self._applied, self._last_time, False
         last_record: LogRecord | None = None
@@ -297,8 +305,9 @@ class PartitionProcessor:
             )
         return True
 
-    def _publish(self, published: dict[int, list[bytes]]) -> None:
-        """Append the group's outcomes, reply partition by reply partition.
+    def _publish(self, published: dict[int | None, list[bytes]]) -> None:
+        """Append the group's outcomes, reply partition by reply partition; those of commands that
+        name none go to `on_published` alone.
 
         A corrupt reply partition of the outcome stream (derived data, never
         fsynced) loses its outcomes and is reported; it does not halt the command
@@ -306,24 +315,26 @@ class PartitionProcessor:
         resubmitting by command id is answered on another reply partition or once the
         stream is repaired.
         """
-        if not published:
-            return
-        assert self.outcomes is not None
         for reply_to, outcomes in published.items():
-            try:
-                self.outcomes.append(reply_to, outcomes)
-            except LogCorruption as exc:
-                log.error(
-                    "partition %d: %d outcomes not published: outcome partition %d is damaged (%s); "
-                    "stop the service and delete log/outcomes/p-%04d (derived data) to repair it",
-                    self.partition,
-                    len(outcomes),
-                    reply_to,
-                    exc,
-                    reply_to,
-                )
+            if reply_to is not None:
+                self._append_outcomes(reply_to, outcomes)
             if self.on_published is not None:  # durable already: stored, recomputed on replay, or a read's
                 self.on_published(reply_to, outcomes)
+
+    def _append_outcomes(self, reply_to: int, outcomes: list[bytes]) -> None:
+        assert self.outcomes is not None
+        try:
+            self.outcomes.append(reply_to, outcomes)
+        except LogCorruption as exc:
+            log.error(
+                "partition %d: %d outcomes not published: outcome partition %d is damaged (%s); "
+                "stop the service and delete log/outcomes/p-%04d (derived data) to repair it",
+                self.partition,
+                len(outcomes),
+                reply_to,
+                exc,
+                reply_to,
+            )
 
     def _reopen_store(self) -> None:
         """Reopen the projection after a failed write; it may hold the failed group after all
@@ -421,9 +432,12 @@ class PartitionProcessor:
                 )
         return self.last_checkpoint
 
-    def _publishes_to(self, reply_to: int | None) -> TypeGuard[int]:
-        """Whether an outcome goes to a reply partition (an unknown one is ignored)."""
-        return self.outcomes is not None and reply_to is not None and 0 <= reply_to < self.outcomes.partitions
+    def _publishes_to(self, reply_to: int | None) -> bool:
+        """Whether an outcome goes to a reply partition (an unknown one is ignored), or, naming none,
+        to `on_published`."""
+        if reply_to is None:
+            return self.on_published is not None
+        return self.outcomes is not None and 0 <= reply_to < self.outcomes.partitions
 
     def next_timer_ms(self) -> int | None:
         """Due time of the earliest pending timer in the projection, if any."""
@@ -498,9 +512,10 @@ def run_until(
     doorbell's wait returns early when an appender rings, so with one the wait need
     not start short. When it returns the partitions the rings named (a frozenset),
     only those are read, and a partition that applied something is read again until
-    it has caught up: a wake-up costs a read of the partition that has work, not of
-    every one. While partitions are busy the rings that came meanwhile are taken with
-    `idle(0)`, so a busy partition never keeps a rung one waiting. Every partition is
+    it has caught up (a short read says so: `caught_up`): a wake-up costs a read of the
+    partition that has work, not of every one. While partitions are busy the rings that
+    came meanwhile are taken with `idle(0)`, so a busy partition never keeps a rung one
+    waiting. Every partition is
     read at least every `idle_max_s` all the same, busy or not, for appenders that do
     not ring (the ticker's and the checkpoint announcer's appends, or a lost ring). Any
     other answer of `idle` than a frozenset means: read every partition. A halted
@@ -516,11 +531,13 @@ def run_until(
     while not stop.is_set():
         if due is processors:
             swept_at = time.monotonic()
-        busy = [processor for processor in due if stalls.step(processor)]
+        applied = [processor for processor in due if stalls.step(processor)]
+        busy = [processor for processor in applied if not processor.caught_up]
         report_halts(processors, reported, on_halt)
         ticked = stalls.tick(ticker, processors) if ticker is not None else 0
-        if busy or ticked:
+        if applied:
             idle_wait = idle_min_s
+        if busy or ticked:
             rung = None if ticked else idle(0)  # rings that came meanwhile, taken without waiting
         else:
             if due is not processors and (idle_exit or time.monotonic() - swept_at >= idle_max_s):
