@@ -177,8 +177,9 @@ def apply_out_of_range(stage: Staged, value: bytes, offset: int, now_ms: int, ti
 def _advance_time(stage: Staged, ctx: Context) -> Record:
     moved = Staged(stage)
     fired = timers.fire_due(moved, ctx)
-    moved.merge_into(stage)
-    _serve_waiters(stage, ctx, moved)
+    if len(moved):  # most records find no timer due: nothing to merge, nobody to serve
+        moved.merge_into(stage)
+        _serve_waiters(stage, ctx, moved)
     return fired
 
 

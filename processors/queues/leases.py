@@ -34,7 +34,7 @@ from keyload.processors.queues.state import (
     save_queue,
 )
 from keyload.projections import keys
-from keyload.projections.records import LargePayload, MessageMeta, MessageState, QueuePolicy, QueueRecord, load
+from keyload.projections.records import LargePayload, MessageMeta, MessageState, QueuePolicy, QueueRecord
 from keyload.projections.store import Staged
 
 
@@ -185,8 +185,12 @@ def serve_waiters(stage: Staged, ctx: Context, queue_keys: list[bytes]) -> None:
     """
     budget = limits.MAX_WAITERS_SERVED
     for queue_key in queue_keys:
-        record = load(stage, queue_key, QueueRecord)
-        if record is None or record.waiting_receives == 0 or record.view.paused:
+        # Most queues a record writes have no waiter: the staged dict tells, without building the record.
+        stored = stage.peek_record(queue_key, QueueRecord.SCHEMA)
+        if stored is None or stored["waiting_receives"] == 0:
+            continue
+        record = QueueRecord.from_avro(stored)
+        if record.view.paused:
             continue  # a paused queue's waiters wait for the resume (or their deadline)
         work = Working(record)
         examined, cut_off = _serve(stage, ctx, work, budget)
