@@ -50,6 +50,7 @@ from keyload.processors.apply import CHECKPOINT_KIND, Applied, apply_out_of_rang
 from keyload.processors.errors import Corruption
 from keyload.processors.key_rotation import MissingKey
 from keyload.processors.queues.state import next_due_ms
+from keyload.projections.read_cache import ReadCache
 from keyload.projections.store import Staged, Store, StoreError
 from keyload.service.halts import Halt
 from keyload.service.ticker import Ticker
@@ -132,6 +133,7 @@ class PartitionProcessor:
         self.partitions = partitions
         self.log = log
         self.store = store
+        self.reads = ReadCache(store)  # what its groups read, between groups (projections/read_cache.py)
         self.outcomes = outcomes
         self.checkpoints = checkpoints
         self.group_records = group_records
@@ -235,7 +237,7 @@ class PartitionProcessor:
 
     def _apply(self, records: list[LogRecord]) -> _Group | None:
         """Apply the records to a stage over the projection; None when the first one halts."""
-        stage = Staged(self.store)
+        stage = Staged(self.reads)
         published: dict[int | None, list[bytes]] = {}
         poison: list[tuple[LogRecord, str]] = []
         applied, last_time, take_checkpoint = self._applied, self._last_time, False
@@ -283,7 +285,7 @@ class PartitionProcessor:
         try:
             self.log.sync_through(self.partition, group.applied)
             self._publish(group.published)
-            self.store.commit(
+            self.reads.commit(
                 group.stage.encoded_writes(), group.applied, group.last_time, record_identity(group.last_record)
             )
         except LogCorruption as exc:
@@ -340,6 +342,7 @@ class PartitionProcessor:
         """Reopen the projection after a failed write; it may hold the failed group after all
         (RocksDB recovered it from its write-ahead log), so the position is read again."""
         try:
+            self.reads.clear()
             self.store.reopen()
         except StoreError as exc:
             raise Stalled(self.partition, self._applied + 1, exc) from exc
