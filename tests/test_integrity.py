@@ -224,6 +224,19 @@ def test_a_lost_tail_then_new_appends_halts_instead_of_skipping(tmp_path: Path) 
     assert_drills_pass(data, tmp_path)
 
 
+def _assert_a_new_tail_halts(node: Single, root: Path) -> None:
+    """Another appender replaces the log from offset 2 (m2, applied) with new records: the running
+    processor's next read halts at offset 2 and applies nothing of them."""
+    other = FileLog(root / "log" / "commands", 1, FileLogConfig(fsync=FsyncPolicy.NONE))
+    _cut_after(root / "log" / "commands", 2)
+    other.append(0, [enqueue("m3"), enqueue("m4")])  # offsets 2 and 3: offset 2 is not what was applied
+    other.close()
+    assert node.processor.step() == 0
+    halt = node.processor.halt
+    assert halt is not None and halt.offset == 2 and halt.reason.startswith("RecoveryRequired")
+    assert stored_message_ids(node.store) == {"m1", "m2"}
+
+
 def test_a_tail_lost_while_running_is_noticed_on_resume(tmp_path: Path) -> None:
     root = tmp_path / "data"
     with single(root, FileLogConfig(fsync=FsyncPolicy.NONE)) as node:
@@ -231,14 +244,7 @@ def test_a_tail_lost_while_running_is_noticed_on_resume(tmp_path: Path) -> None:
         node.run()
         assert node.processor.applied_offset == 2
         assert node.processor.step() == 0  # caught up
-        other = FileLog(root / "log" / "commands", 1, FileLogConfig(fsync=FsyncPolicy.NONE))
-        _cut_after(root / "log" / "commands", 2)
-        other.append(0, [enqueue("m3"), enqueue("m4")])  # offsets 2 and 3: offset 2 is not what was applied
-        other.close()
-        assert node.processor.step() == 0
-        halt = node.processor.halt
-        assert halt is not None and halt.offset == 2 and halt.reason.startswith("RecoveryRequired")
-        assert stored_message_ids(node.store) == {"m1", "m2"}
+        _assert_a_new_tail_halts(node, root)
 
 
 def test_a_tail_lost_right_after_a_short_read_is_noticed_on_the_next_read(tmp_path: Path) -> None:
@@ -251,14 +257,7 @@ def test_a_tail_lost_right_after_a_short_read_is_noticed_on_the_next_read(tmp_pa
         node.append(enqueue("m1"), enqueue("m2"))
         assert node.processor.step() == 2  # a resume: it checked offset 0 first
         assert node.processor.caught_up
-        other = FileLog(root / "log" / "commands", 1, FileLogConfig(fsync=FsyncPolicy.NONE))
-        _cut_after(root / "log" / "commands", 2)
-        other.append(0, [enqueue("m3"), enqueue("m4")])
-        other.close()
-        assert node.processor.step() == 0
-        halt = node.processor.halt
-        assert halt is not None and halt.offset == 2 and halt.reason.startswith("RecoveryRequired")
-        assert stored_message_ids(node.store) == {"m1", "m2"}
+        _assert_a_new_tail_halts(node, root)
 
 
 def test_a_full_read_is_not_caught_up(tmp_path: Path) -> None:
