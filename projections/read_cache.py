@@ -11,8 +11,8 @@ It is the processor's alone: the processor is the projection's only writer, and 
 commits passes through `commit`, which brings the cached rows it wrote up to date, so the cache
 never answers what RocksDB would not. Other threads (the HTTP server's policy reads) read the
 `Store` itself. It holds only rows of at most MAX_CACHED_VALUE_BYTES (message bodies pass by), at
-most MAX_CACHED_ROWS of them, least recently read first out: its memory is bounded, and nothing of
-it reaches the projection or its digest.
+most MAX_CACHED_ROWS of them, least recently read first out: its memory is bounded (per partition:
+each processor has its own), and nothing of it reaches the projection or its digest.
 """
 
 from __future__ import annotations

@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
 from keyload.log.codec import REGISTRY
+from keyload.operations.checkpoints import Announcer
 from keyload.projections import keys
+from keyload.service.runtime import run_until
+from keyload.service.system_commands import domain_for_partition
+from keyload.storage.principals import CHECKPOINTER_PRINCIPAL, system_credential
 
 from .support import (
     CHECKPOINT,
@@ -132,3 +137,15 @@ def test_a_projection_ahead_of_its_log_halts_instead_of_skipping_records(tmp_pat
         assert processor.step() == 0
     finally:
         second.close()
+
+
+def test_until_idle_applies_the_announcement_of_a_checkpoint_it_took(embedded: Embedded) -> None:
+    """The checkpoint announcer appends to the partition while it is being stepped (and rings for
+    nobody): a service told to stop once idle applies that record first."""
+    processor = embedded.processors[0]
+    processor.announce = Announcer(embedded.log, system_credential(embedded.data.root, CHECKPOINTER_PRINCIPAL))
+    domain = domain_for_partition(0, embedded.data.partitions)
+    embedded.log.append(0, [command(domain, CHECKPOINT, {}, "checkpoint-1")])
+    assert run_until([processor], threading.Event(), idle_exit=True) == []
+    assert processor.last_checkpoint is not None and processor.last_checkpoint.offset == 0
+    assert processor.applied_offset == embedded.log.end_offset(0) - 1 == 1

@@ -115,7 +115,9 @@ class OutcomeWaiters:
 
     def published(self, reply_partition: int | None, outcomes: list[bytes]) -> None:
         """Called by the runtime (processor thread) with outcomes it has published: those for the
-        server's reply partition are handed to the event loop. Cheap when nobody waits."""
+        server's reply partition are handed to the event loop. Cheap when nobody waits. The embedded
+        server names none, so it is also handed those of the service's own actors (Ticks,
+        checkpoint announcements), which name none either: `_deliver` matches no waiter to them."""
         loop = self._loop
         if reply_partition == self.reply_partition and self._waiting and loop is not None:
             loop.call_soon_threadsafe(self._deliver, outcomes)

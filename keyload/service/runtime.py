@@ -19,7 +19,8 @@ Order is what makes it safe:
   at the same offsets halts the partition instead of skipping a record.
 
 A fault halts at most the partition it touches: corruption in its log or
-projection halts it (`Halt`), a write that cannot be made (a full disk) leaves
+projection halts it (`Halt`; a row the processor reads from its read cache is
+checked as it was committed, `projections/read_cache.py`), a write that cannot be made (a full disk) leaves
 it at a command boundary and is retried (`Stalled`).
 """
 
@@ -429,6 +430,7 @@ class PartitionProcessor:
         if self.announce is not None:
             try:
                 self.announce(self.partition, self.last_checkpoint)
+                self.caught_up = False  # the announcement was appended to this partition: read it again
             except (LogError, OSError) as exc:  # the floor waits for a later checkpoint: never too early
                 log.warning(
                     "partition %d: checkpoint at offset %d not recorded: %s", self.partition, self._applied, exc
