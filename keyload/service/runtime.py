@@ -20,8 +20,8 @@ Order is what makes it safe:
 
 A fault halts at most the partition it touches: corruption in its log or
 projection halts it (`Halt`; a row the processor reads from its read cache is
-checked as it was committed, `projections/read_cache.py`), a write that cannot be made (a full disk) leaves
-it at a command boundary and is retried (`Stalled`).
+checked as it was committed, `projections/read_cache.py`), a write that cannot
+be made (a full disk) leaves it at a command boundary and is retried (`Stalled`).
 """
 
 from __future__ import annotations
@@ -520,9 +520,9 @@ def run_until(
     it has caught up (a short read says so: `caught_up`): a wake-up costs a read of the
     partition that has work, not of every one. While partitions are busy the rings that
     came meanwhile are taken with `idle(0)`, so a busy partition never keeps a rung one
-    waiting. Every partition is
-    read at least every `idle_max_s` all the same, busy or not, for appenders that do
-    not ring (the ticker's and the checkpoint announcer's appends, or a lost ring). Any
+    waiting. Every partition is read at least every `idle_max_s` all the same, busy or
+    not, for appenders that do not ring (the ticker's appends, or a lost ring; the
+    checkpoint announcer's append marks its partition not caught up). Any
     other answer of `idle` than a frozenset means: read every partition. A halted
     partition is reported once (and passed to `on_halt`) while the others go on; a
     stalled one is retried with back-off.
