@@ -1,7 +1,7 @@
 """The HTTP API's live path against the local SDK's, both served by one `keyload run` in one run.
 
     python -m bench.server [--cycles N] [--batches C] [--concurrency K] [--messages M] [--body-bytes B]
-                           [--rounds R] [--json]
+                           [--rounds R] [--no-strace] [--no-go] [--json]
 
 One `keyload run --data DIR --listen 127.0.0.1:0` child process serves a fresh data directory on the
 embedded file log (its URL from DIR/server.json). (a) and (b) share one domain, so one partition and
@@ -31,10 +31,15 @@ the administrator.
             round of (a)/(b) (cycle `1`) or of (e) (cycle `100`), `keyload run` idle meanwhile.
 (g) fsync on this disk: os.fsync after a 1 KiB append to a file in the bench's temporary directory, a
             share of the tries after each round of (a)/(b).
+(h) the Go client (bench/go/httpclient, built with `go build` when go is on PATH; --no-go skips it):
+            (b)'s cycles from a Go program on one keep-alive connection, taking turns with (a) and (b)
+            on their queue, and (c)'s fan-in with a goroutine and connection per client, taking turns
+            with (c); a Go client costs a fraction of httpx's CPU per request, so its figures show what
+            the server gives rather than what a Python client can ask of it.
 
 The report ends with the issue's targets, as ratios in this run: (b)'s cycles/s against (f)'s cycle `1`
 (≥ 0.5), (b)'s produce → received p50 against (g)'s p50 (≤ 3), K clients' enqueues/s against one's in
-(c) (≥ 4); and (e) against (f)'s cycle `100` (no target).
+(c) (≥ 4); the same three on (h)'s figures; and (e) against (f)'s cycle `100` (no target).
 
 Latency is per request, from the call until its outcome is in hand; CPU is per cycle or Enqueue, of this
 process and of `keyload run` (split into its main thread, which runs the processors, and the others: the
@@ -84,6 +89,8 @@ from .common import DOMAIN, QUEUE, SEED, BenchError, ServiceProcess, environment
 from .cycle import CYCLES as REFERENCE_CYCLES
 from .cycle import DEFAULTS as CYCLE_DEFAULTS
 from .cycle import QueueDriver
+from .go_client import GoClient
+from .go_client import build as build_go_client
 from .kafka import percentile
 
 FANIN_QUEUE = "bench-fanin"  # (c) and (d) enqueue here, in a domain of another partition, and never receive
@@ -344,6 +351,13 @@ class Tally:
             self.server_cpu_s += cpu.server[0]
             self.processors_cpu_s += cpu.server[1]
 
+    def add_round(self, count: int, seconds: float, cpu: Cpu, latencies: dict[str, Samples], headline: str) -> None:
+        """One timed round: its totals, its latencies by step, and the p50 of its `headline` step."""
+        self.add(count, seconds, cpu)
+        self.round_p50_ms.append(1000 * percentile(latencies[headline], 50))
+        for step, samples in latencies.items():
+            self.latencies.setdefault(step, []).extend(samples)
+
     @property
     def rate(self) -> float:
         return self.count / self.seconds if self.seconds > 0 else math.inf
@@ -426,10 +440,7 @@ def run_cycles(path: Side, messages: list[Message], tally: Tally | None, server_
         whole.append(done - sent)
     seconds = clock() - start
     if tally is not None:
-        tally.add(len(messages), seconds, cpu.spent())
-        tally.round_p50_ms.append(1000 * percentile(whole, 50))
-        for name, samples in zip(CYCLE_STEPS, steps, strict=True):
-            tally.latencies.setdefault(name, []).extend(samples)
+        tally.add_round(len(messages), seconds, cpu.spent(), dict(zip(CYCLE_STEPS, steps, strict=True)), "cycle")
 
 
 def run_batches(
@@ -461,10 +472,7 @@ def run_batches(
         whole.append(done - sent)
     seconds = clock() - start
     if tally is not None:
-        tally.add(count, seconds, cpu.spent())
-        tally.round_p50_ms.append(1000 * percentile(whole, 50))
-        for name, samples in zip(CYCLE_STEPS, steps, strict=True):
-            tally.latencies.setdefault(name, []).extend(samples)
+        tally.add_round(count, seconds, cpu.spent(), dict(zip(CYCLE_STEPS, steps, strict=True)), "cycle")
 
 
 def run_fanin(
@@ -525,11 +533,73 @@ def run_fanin(
     if failures:
         raise BenchError(f"(c) {failures[0]}")
     if tally is not None:
-        tally.add(sum(len(messages) for messages in per_client), max(finished) - start, spent)
         merged = [sample for mine in samples for sample in mine]
-        tally.latencies.setdefault("enqueue", []).extend(merged)
-        tally.round_p50_ms.append(1000 * percentile(merged, 50))
+        count = sum(len(messages) for messages in per_client)
+        tally.add_round(count, max(finished) - start, spent, {"enqueue": merged}, "enqueue")
     return sum(statuses, Counter())
+
+
+def run_go_cycles(go: GoClient, messages: list[Message], tally: Tally | None, server_pid: int) -> None:
+    """(h): run_cycles' cycles from the Go client; its CPU is the client's."""
+    cpu = CpuWatch(server_pid)
+    job = go.cycles(DOMAIN, QUEUE, [(message.message_id, message.encoded) for message in messages])
+    if tally is not None:
+        tally.add_round(len(messages), job.seconds, Cpu(job.cpu_s, cpu.spent().server), job.latencies, "cycle")
+
+
+def run_go_fanin(
+    go: GoClient, domain: str, per_client: list[list[Message]], tally: Tally | None, server_pid: int
+) -> None:
+    """(h): run_fanin's fan-in from the Go client, a goroutine and connection per client."""
+    cpu = CpuWatch(server_pid)
+    clients = [[(message.message_id, message.encoded) for message in messages] for messages in per_client]
+    job = go.fanin(domain, FANIN_QUEUE, FANIN_WARMUP, clients)
+    if tally is not None:
+        count = sum(len(messages) - FANIN_WARMUP for messages in per_client)
+        tally.add_round(count, job.seconds, Cpu(job.cpu_s, cpu.spent().server), job.latencies, "enqueue")
+
+
+CyclePlayer = Callable[[list[Message], "Tally | None"], None]  # plays cycles of these messages, timed into a tally
+FaninPlayer = Callable[[list[list[Message]], "Tally | None"], None]  # plays one fan-in of each client's messages
+GO = "Go"  # (h)'s path
+ONE, MANY = "one", "many"  # the fan-in players' keys end with which: one client, or --concurrency
+
+
+def cycle_players(sdk: SdkPath, http: HttpPath, go: GoClient | None, server_pid: int) -> dict[str, CyclePlayer]:
+    """(a), (b) and (h)'s cycles, by path name."""
+
+    def python_cycles(path: Side) -> CyclePlayer:
+        return lambda messages, tally: run_cycles(path, messages, tally, server_pid)
+
+    players = {path.name: python_cycles(path) for path in (sdk, http)}
+    if go is not None:
+        players[GO] = lambda messages, tally: run_go_cycles(go, messages, tally, server_pid)
+    return players
+
+
+def fanin_players(
+    url: str, token: str, domain: str, go: GoClient | None, server_pid: int, statuses: Counter[int]
+) -> dict[str, FaninPlayer]:
+    """(c) and (h)'s fan-ins, by key ("HTTP one", "HTTP many", "Go one", "Go many"); the httpx clients' HTTP
+    statuses are added to `statuses` (the Go client counts its own)."""
+
+    def httpx_fanin(per_client: list[list[Message]], tally: Tally | None) -> None:
+        statuses.update(run_fanin(url, token, domain, per_client, tally, server_pid))
+
+    players: dict[str, FaninPlayer] = {f"HTTP {ONE}": httpx_fanin, f"HTTP {MANY}": httpx_fanin}
+    if go is not None:
+
+        def go_fanin(per_client: list[list[Message]], tally: Tally | None) -> None:
+            run_go_fanin(go, domain, per_client, tally, server_pid)
+
+        players |= {f"{GO} {ONE}": go_fanin, f"{GO} {MANY}": go_fanin}
+    return players
+
+
+def taking_turns(names: list[str], turn: int) -> list[str]:
+    """The order of round `turn`: each name goes first in turn."""
+    first = turn % len(names)
+    return names[first:] + names[:first]
 
 
 # -- (d): fsyncs, counted by strace -------------------------------------------------------
@@ -808,6 +878,32 @@ class Target:
         }
 
 
+def cycle_ratios(path: Tally, reference: Tally) -> dict[str, float]:
+    """`path` / `reference`: above 1 for a rate, below 1 for a latency, means `path` is faster."""
+    ratios = {"cycles_per_s": path.rate / reference.rate}
+    for step in CYCLE_STEPS:
+        for q in (50, 99):
+            ratios[f"{step}_p{q}"] = path.ms(step, q) / reference.ms(step, q)
+    return ratios
+
+
+def fanin_ratios(many: Tally, one: Tally) -> dict[str, float]:
+    return {
+        "enqueues_per_s": many.rate / one.rate,
+        "enqueue_p50": many.ms("enqueue", 50) / one.ms("enqueue", 50),
+        "enqueue_p99": many.ms("enqueue", 99) / one.ms("enqueue", 99),
+    }
+
+
+@dataclass
+class GoRun:
+    """(h): the Go client's cycles (as (b)'s) and fan-ins (as (c)'s)."""
+
+    cycles: Tally
+    one: Tally
+    many: Tally
+
+
 @dataclass
 class Result:
     cycles: int
@@ -839,59 +935,57 @@ class Result:
     fanin_sent: int
     fsync: Samples = field(default_factory=list)  # (g), seconds
     references: dict[str, Reference] = field(default_factory=dict)  # (f), by bench.cycle's cycle key
-
-    def cycle_ratios(self) -> dict[str, float]:
-        """HTTP / SDK: above 1 for a rate, below 1 for a latency, means HTTP is faster."""
-        ratios = {"cycles_per_s": self.http.rate / self.sdk.rate}
-        for step in CYCLE_STEPS:
-            for q in (50, 99):
-                ratios[f"{step}_p{q}"] = self.http.ms(step, q) / self.sdk.ms(step, q)
-        return ratios
-
-    def fanin_ratios(self) -> dict[str, float]:
-        return {
-            "enqueues_per_s": self.many.rate / self.one.rate,
-            "enqueue_p50": self.many.ms("enqueue", 50) / self.one.ms("enqueue", 50),
-            "enqueue_p99": self.many.ms("enqueue", 99) / self.one.ms("enqueue", 99),
-        }
+    go: GoRun | None = None  # (h); None without go on PATH, or with --no-go
 
     def fsync_ms(self, q: int) -> float:
         return 1000 * percentile(self.fsync, q)
 
     def targets(self) -> list[Target]:
-        single, batched = self.references["1"], self.references["100"]
-        received, fsync = self.http.ms("received", 50), self.fsync_ms(50)
-        return [
-            Target(
-                "live_cycle_over_processor_only",
-                "(b) HTTP cycles/s, one at a time / (f) cycle 1 msg/s",
-                f"{self.http.rate:,.0f} / {single.rate:,.0f}",
-                self.http.rate / single.rate,
-                0.5,
-                True,
-            ),
-            Target(
-                "round_trip_p50_over_fsync_p50",
-                "(b) HTTP produce→received p50 / (g) fsync p50",
-                f"{received:.2f} / {fsync:.2f} ms",
-                received / fsync,
-                3.0,
-                False,
-            ),
-            Target(
-                "fanin_k_over_1",
-                f"(c) {self.clients} producers / 1, enqueues/s",
-                f"{self.many.rate:,.0f} / {self.one.rate:,.0f}",
-                self.many.rate / self.one.rate,
-                4.0,
-                True,
-            ),
+        """The issue's targets on the httpx client's figures, then on the Go client's ((h)), then (e)'s ratio."""
+        batched = self.references["100"]
+        targets = self._live_targets("", "(b) HTTP", "(c)", self.http, self.one, self.many)
+        if self.go is not None:
+            targets += self._live_targets("go_", "(h) Go", "(h) Go", self.go.cycles, self.go.one, self.go.many)
+        targets.append(
             Target(
                 "batched_over_processor_only",
                 "(e) HTTP batched msg/s / (f) cycle 100 msg/s",
                 f"{self.batched.rate:,.0f} / {batched.rate:,.0f}",
                 self.batched.rate / batched.rate,
                 None,
+                True,
+            )
+        )
+        return targets
+
+    def _live_targets(
+        self, prefix: str, cycles_label: str, fanin_label: str, cycles: Tally, one: Tally, many: Tally
+    ) -> list[Target]:
+        single = self.references["1"]
+        received, fsync = cycles.ms("received", 50), self.fsync_ms(50)
+        return [
+            Target(
+                f"{prefix}live_cycle_over_processor_only",
+                f"{cycles_label} cycles/s, one at a time / (f) cycle 1 msg/s",
+                f"{cycles.rate:,.0f} / {single.rate:,.0f}",
+                cycles.rate / single.rate,
+                0.5,
+                True,
+            ),
+            Target(
+                f"{prefix}round_trip_p50_over_fsync_p50",
+                f"{cycles_label} produce→received p50 / (g) fsync p50",
+                f"{received:.2f} / {fsync:.2f} ms",
+                received / fsync,
+                3.0,
+                False,
+            ),
+            Target(
+                f"{prefix}fanin_k_over_1",
+                f"{fanin_label} {self.clients} producers / 1, enqueues/s",
+                f"{many.rate:,.0f} / {one.rate:,.0f}",
+                many.rate / one.rate,
+                4.0,
                 True,
             ),
         ]
@@ -919,21 +1013,27 @@ class Interleaved:
 
 def measure(root: Path, work: Path, args: argparse.Namespace) -> Result:
     """(f)'s warm-up, then the live run with (f) and (g) interleaved, then (f)'s checks."""
+    go_binary = None if args.no_go else build_go_client(work)
+    paths = 2 if go_binary is None else 3  # (a), (b) and (h) cycle on one queue
     warm_references(work, args.body_bytes)
     with contextlib.ExitStack() as stack:
-        single = ReferenceRun(work / "reference-1", "1", 2 * (args.cycles + args.warmup), args.body_bytes)
+        single = ReferenceRun(work / "reference-1", "1", paths * (args.cycles + args.warmup), args.body_bytes)
         stack.callback(single.close)
         batched = ReferenceRun(work / "reference-100", "100", BATCH * (args.batches + BATCH_WARMUP), args.body_bytes)
         stack.callback(batched.close)
         between = Interleaved(work, single, batched, args)
-        result = measure_live(root, work, args, between)
+        result = measure_live(root, work, args, between, go_binary)
         result.fsync = between.fsync
         result.references = {"1": single.finish(), "100": batched.finish()}
     return result
 
 
-def measure_live(root: Path, work: Path, args: argparse.Namespace, between: Interleaved) -> Result:
+def measure_live(
+    root: Path, work: Path, args: argparse.Namespace, between: Interleaved, go_binary: Path | None
+) -> Result:
     server = Server(root)
+    go: GoClient | None = None
+    statuses: Counter[int] = Counter()
     try:
         data = DataDir.open(root)
         token = Credential.load(credential_path(root, ADMIN_PRINCIPAL)).bearer_token
@@ -944,18 +1044,20 @@ def measure_live(root: Path, work: Path, args: argparse.Namespace, between: Inte
         reply = sdk_reply_partition(data)
         sdk = SdkPath(root, reply)
         http = HttpPath(server.url, token)
+        if go_binary is not None:
+            go = GoClient(go_binary, server.url, token)
         try:
             sdk.client.create_queue(DOMAIN, QUEUE)
             policy = QueuePolicySpec(max_stored_messages=total, max_stored_bytes=max(1, total * args.body_bytes))
             sdk.client.create_queue(fanin, FANIN_QUEUE, policy)
             sdk.client.create_queue(batch_domain, BATCH_QUEUE, QueuePolicySpec(receive_max_messages=BATCH))
-            sides: tuple[Side, Side] = (sdk, http)
-            for path in sides:
-                run_cycles(path, messages.take(args.warmup), None, server.pid)
-            results = {"SDK": Tally(), "HTTP": Tally()}
+            players = cycle_players(sdk, http, go, server.pid)
+            for play in players.values():
+                play(messages.take(args.warmup), None)
+            results = {name: Tally() for name in players}
             for turn, size in enumerate(split(args.cycles, args.rounds)):
-                for path in sides if turn % 2 == 0 else sides[::-1]:
-                    run_cycles(path, messages.take(size), results[path.name], server.pid)
+                for name in taking_turns(list(players), turn):
+                    players[name](messages.take(size), results[name])
                     server.check_alive()
                 between.after_cycles(turn)
 
@@ -965,20 +1067,21 @@ def measure_live(root: Path, work: Path, args: argparse.Namespace, between: Inte
                 run_batches(http, batch_domain, [messages.take(BATCH) for _ in range(size)], batched, server.pid)
                 server.check_alive()
                 between.after_batches(turn)
-            statuses = Counter(http.statuses)
+            statuses += http.statuses
             counters = sdk.client.inspect_queue(DOMAIN, QUEUE).counters
             batch_counters = sdk.client.inspect_queue(batch_domain, BATCH_QUEUE).counters
         finally:
             sdk.close()
             http.close()
 
-        one, many = Tally(), Tally()
-        pairs = ((1, one), (args.concurrency, many))
+        fanins = fanin_players(server.url, token, fanin, go, server.pid, statuses)
+        fanin_results = {key: Tally() for key in fanins}
         fanin_sent = 0
         for turn, size in enumerate(split(args.messages, args.rounds)):
-            for clients, tally in pairs if turn % 2 == 0 else pairs[::-1]:
+            for key in taking_turns(list(fanins), turn):
+                clients = args.concurrency if key.endswith(MANY) else 1
                 per_client = [messages.take(FANIN_WARMUP + size) for _ in range(clients)]
-                statuses += run_fanin(server.url, token, fanin, per_client, tally, server.pid)
+                fanins[key](per_client, fanin_results[key])
                 fanin_sent += clients * (FANIN_WARMUP + size)
                 server.check_alive()
 
@@ -992,10 +1095,13 @@ def measure_live(root: Path, work: Path, args: argparse.Namespace, between: Inte
         with Client(root, timeout_s=REQUEST_TIMEOUT_S, reply_partition=reply) as client:
             fanin_counters = client.inspect_queue(fanin, FANIN_QUEUE).counters
     finally:
+        if go is not None:
+            go.close()
+            statuses += go.statuses
         status = server.stop()
     if status != 0 or any("halted" in line for line in server.lines):
         raise BenchError(f"`keyload run` exited with status {status}:\n{server.tail()}")
-    cycles = 2 * (args.cycles + args.warmup)
+    cycles = len(results) * (args.cycles + args.warmup)
     if (counters.acked_total, counters.stored_messages, counters.leased) != (cycles, 0, 0):
         raise BenchError(
             f"the cycles' queue counts {counters.acked_total} acked, {counters.stored_messages} stored and "
@@ -1030,8 +1136,8 @@ def measure_live(root: Path, work: Path, args: argparse.Namespace, between: Inte
         reply,
         results["SDK"],
         results["HTTP"],
-        one,
-        many,
+        fanin_results[f"HTTP {ONE}"],
+        fanin_results[f"HTTP {MANY}"],
         batched,
         fsyncs,
         idle,
@@ -1040,6 +1146,7 @@ def measure_live(root: Path, work: Path, args: argparse.Namespace, between: Inte
         batch_counters.acked_total,
         fanin_counters.enqueued_total,
         fanin_sent,
+        go=None if go is None else GoRun(results[GO], fanin_results[f"{GO} {ONE}"], fanin_results[f"{GO} {MANY}"]),
     )
 
 
@@ -1084,9 +1191,9 @@ def to_json(result: Result, command: str, env: dict[str, Any]) -> dict[str, Any]
         "batch_partition": result.batch_partition,
         "partitions": result.partitions,
         "cycles": {"sdk": tally_json(result.sdk, CYCLE_STEPS), "http": tally_json(result.http, CYCLE_STEPS)},
-        "cycle_ratios_http_over_sdk": result.cycle_ratios(),
+        "cycle_ratios_http_over_sdk": cycle_ratios(result.http, result.sdk),
         "fanin": {"1": tally_json(result.one, ["enqueue"]), str(result.clients): tally_json(result.many, ["enqueue"])},
-        "fanin_ratios_k_over_1": result.fanin_ratios(),
+        "fanin_ratios_k_over_1": fanin_ratios(result.many, result.one),
         "batched": tally_json(result.batched, CYCLE_STEPS),
         "processor_only": {
             key: {
@@ -1108,6 +1215,7 @@ def to_json(result: Result, command: str, env: dict[str, Any]) -> dict[str, Any]
             "p99": result.fsync_ms(99),
             "max": 1000 * max(result.fsync),
         },
+        "go_client": None if result.go is None else go_json(result.go, result),
         "targets": {target.key: target.json() for target in result.targets()},
         "fsyncs": None
         if result.fsyncs is None
@@ -1130,6 +1238,15 @@ def to_json(result: Result, command: str, env: dict[str, Any]) -> dict[str, Any]
             "uvicorn": importlib.metadata.version("uvicorn"),
         },
         "environment": env,
+    }
+
+
+def go_json(go: GoRun, result: Result) -> dict[str, Any]:
+    return {
+        "cycles": tally_json(go.cycles, CYCLE_STEPS),
+        "cycle_ratios_go_over_httpx": cycle_ratios(go.cycles, result.http),
+        "fanin": {"1": tally_json(go.one, ["enqueue"]), str(result.clients): tally_json(go.many, ["enqueue"])},
+        "fanin_ratios_k_over_1": fanin_ratios(go.many, go.one),
     }
 
 
@@ -1190,8 +1307,6 @@ def _tally_rows(
 
 def table(result: Result, command: str, env: dict[str, Any]) -> str:
     k = result.clients
-    cycle_ratios = {key.replace("cycles_per_s", "per_s"): value for key, value in result.cycle_ratios().items()}
-    fanin_ratios = {key.replace("enqueues_per_s", "per_s"): value for key, value in result.fanin_ratios().items()}
     lines = [
         "keyload bench.server: the HTTP API against the local SDK, one `keyload run --listen` on the embedded file "
         f"log, body {result.body_bytes} B",
@@ -1204,16 +1319,17 @@ def table(result: Result, command: str, env: dict[str, Any]) -> str:
         f"{result.rounds} rounds, taking turns at going first; warm-up of {result.warmup} cycles per path excluded",
         "",
         _row(f"cycles, one at a time ({result.cycles})", ["(a) SDK", "(b) HTTP", "HTTP / SDK"]),
-        *_tally_rows([result.sdk, result.http], CYCLE_STEPS, "cycle", cycle_ratios),
+        *_tally_rows([result.sdk, result.http], CYCLE_STEPS, "cycle", _cycle_ratios(result.http, result.sdk)),
         "(a cycle: enqueue → receive(max_messages=1) → ack. Latency: from the call until its outcome is in hand; "
         "enq→received: from the enqueue call until the receive that delivered it returned. cpu: over the timed "
         "loops, all threads of this process (client) and of `keyload run` (server))",
         "",
         _row(f"(c) HTTP fan-in ({result.messages} each)", ["1 client", f"{k} clients", f"{k} / 1"]),
-        *_tally_rows([result.one, result.many], ["enqueue"], "enqueue", fanin_ratios),
+        *_tally_rows([result.one, result.many], ["enqueue"], "enqueue", _fanin_ratios(result.many, result.one)),
         "(Enqueues one at a time per client, each client a thread with its own httpx.Client, all released together; "
         "wall: from the release until the last client finished)",
         "",
+        *_go_rows(result),
     ]
     if result.fsyncs is None:
         lines.append("(d) fsyncs per message: not counted (no strace on PATH, or --no-strace)")
@@ -1249,6 +1365,31 @@ def table(result: Result, command: str, env: dict[str, Any]) -> str:
         f"command: {command}",
     ]
     return "\n".join(lines)
+
+
+def _cycle_ratios(path: Tally, reference: Tally) -> dict[str, float]:
+    return {key.replace("cycles_per_s", "per_s"): value for key, value in cycle_ratios(path, reference).items()}
+
+
+def _fanin_ratios(many: Tally, one: Tally) -> dict[str, float]:
+    return {key.replace("enqueues_per_s", "per_s"): value for key, value in fanin_ratios(many, one).items()}
+
+
+def _go_rows(result: Result) -> list[str]:
+    """(h): the Go client's cycles beside (b)'s, and its fan-in."""
+    if result.go is None:
+        return ["(h) the Go client: not run (no go on PATH, or --no-go)", ""]
+    go, k = result.go, result.clients
+    return [
+        _row(f"(h) Go client, cycles ({result.cycles})", ["(b) httpx", "(h) Go", "Go / httpx"]),
+        *_tally_rows([result.http, go.cycles], CYCLE_STEPS, "cycle", _cycle_ratios(go.cycles, result.http)),
+        _row(f"(h) Go client, fan-in ({result.messages} each)", ["1 client", f"{k} clients", f"{k} / 1"]),
+        *_tally_rows([go.one, go.many], ["enqueue"], "enqueue", _fanin_ratios(go.many, go.one)),
+        "(bench/go/httpclient, standard library only: (b)'s cycles on one keep-alive connection, taking turns with "
+        "(a) and (b) on the same queue; (c)'s fan-in with a goroutine and a connection per client, taking turns "
+        "with (c). client cpu: the Go process's, over its timed loops)",
+        "",
+    ]
 
 
 def _reference_rows(result: Result) -> list[str]:
@@ -1352,6 +1493,7 @@ def main(argv: list[str] | None = None) -> int:
         "--fsync-tries", type=int, default=DEFAULT_FSYNC_TRIES, help="timed fsyncs of (g) (default %(default)s)"
     )
     parser.add_argument("--no-strace", action="store_true", help="skip (d), the fsync count")
+    parser.add_argument("--no-go", action="store_true", help="skip (h), the Go client")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     parser.add_argument("--dir", type=Path, default=None, help="parent of the temporary directory (default: $TMPDIR)")
     parser.add_argument("--keep", action="store_true", help="keep the temporary directory")

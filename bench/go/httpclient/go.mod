@@ -1,0 +1,3 @@
+module keyload.bench/httpclient
+
+go 1.21
