@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -11,7 +12,17 @@ from hypothesis import strategies as st
 
 from keyload.log.codec import REGISTRY
 from keyload.projections import keys
-from keyload.projections.store import Staged, Store, StoreError, verify_checkpoint
+from keyload.projections.store import (
+    PROJECTION_CACHE_BYTES,
+    PROJECTION_MEMTABLE_BYTES,
+    Staged,
+    Store,
+    StoreError,
+    shared_memory,
+    verify_checkpoint,
+)
+
+FLUSH_WAIT_S = 60.0  # for RocksDB's background flushes: only a hang reaches it
 
 small_keys = st.binary(min_size=1, max_size=3)
 operations = st.lists(st.tuples(st.booleans(), small_keys, st.binary(max_size=4)), max_size=40)
@@ -132,3 +143,30 @@ def test_staged_records_are_copied_into_a_child_and_dropped_with_it(tmp_path: Pa
     store.commit(group.encoded_writes(), 1, 0)
     assert REGISTRY.decode(name, store.get(b"k") or b"") == dict(entry, length=99)
     store.close()
+
+
+def test_projections_of_a_process_share_one_bounded_memory_budget(tmp_path: Path) -> None:
+    """Every open projection's memtables are charged to one budget: writing to one grows the shared
+    figure, and four projections each written less than a memtable of its own would hold (64 MiB,
+    RocksDB's default) are flushed to table files once together they pass the budget, after which
+    the memtables held are back within it."""
+    cache, memtables = shared_memory()
+    stores = [Store(tmp_path / f"p{n}") for n in range(4)]
+    try:
+        before = memtables.get_usage()
+        stores[0].commit({b"k%06d" % i: bytes(1024) for i in range(2048)}, 0, 0)
+        assert memtables.get_usage() >= before + 2 * 1024 * 1024
+        value = bytes(4096)
+        for offset in range(6):  # 6 x 8 MiB to each of 4: 3 times the budget, 3/4 of one default memtable each
+            for n, store in enumerate(stores):
+                store.commit({b"%d-%d-%06d" % (n, offset, i): value for i in range(2048)}, offset + 1, 0)
+        deadline = time.monotonic() + FLUSH_WAIT_S
+        while memtables.get_usage() > PROJECTION_MEMTABLE_BYTES and time.monotonic() < deadline:
+            time.sleep(0.05)  # flushes run on RocksDB's background threads
+        assert memtables.get_usage() <= PROJECTION_MEMTABLE_BYTES
+        assert any(store.path.glob("*.sst") for store in stores)
+        assert cache.get_usage() <= PROJECTION_CACHE_BYTES
+        assert all(store.get(b"%d-5-002047" % n) == value for n, store in enumerate(stores))
+    finally:
+        for store in stores:
+            store.close()
