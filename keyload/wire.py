@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+from collections.abc import Callable
 from functools import cache
 from typing import Any
 
@@ -44,13 +45,18 @@ class WireError(InvalidCommand):
     """A request body or parameter that does not match the command's schema (HTTP 400)."""
 
 
+JsonForm = Callable[[Any], Any]  # an Avro datum of one schema -> its JSON form
+
+
 class Names:
     """The named types of one top-level schema, so that a type referenced by name after its first
-    definition resolves to that definition."""
+    definition resolves to that definition; and the JSON form of each schema node, built once."""
 
     def __init__(self, top: Schema) -> None:
         self.types: dict[str, dict[str, Any]] = {}
         self._collect(top, "")
+        self._json_forms: dict[int, JsonForm | None] = {}  # by id of a schema node of `top` (kept alive by it)
+        self._record_forms: dict[str, JsonForm] = {}  # by full name: a record that contains itself
 
     def _collect(self, schema: Schema, namespace: str) -> None:
         if isinstance(schema, list):
@@ -74,6 +80,55 @@ class Names:
         if isinstance(schema, dict) and schema.get("type") in self.types:
             return self.types[schema["type"]]
         return schema
+
+    def json_form(self, schema: Schema) -> JsonForm | None:
+        """The function from an Avro datum of `schema` to its JSON form (None: the datum is its own
+        JSON form). Built once per schema node from the rules above, so that converting a value walks
+        the value alone: the schema is not looked at again (an outcome is converted per response)."""
+        key = id(schema)
+        if key not in self._json_forms:
+            self._json_forms[key] = self._build_json_form(schema)
+        return self._json_forms[key]
+
+    def _build_json_form(self, schema: Schema) -> JsonForm | None:
+        schema = self.resolve(schema)
+        kind = _kind(schema)
+        if kind == "union":
+            branches = _branches(self, schema)
+            if len(branches) == 1:
+                only = self.json_form(branches[0])
+                return None if only is None else lambda datum: None if datum is None else only(datum)
+            by_name = {full_name(b): (short_name(full_name(b)), self.json_form(b)) for b in branches}
+
+            def union(datum: Any) -> Any:
+                if datum is None:
+                    return None
+                name, inner = datum
+                member, form = by_name[name]
+                return {member: inner if form is None else form(inner)}
+
+            return union
+        if kind == "record":
+            name = full_name(schema)
+            if name in self._record_forms:
+                return self._record_forms[name]
+            fields: list[tuple[str, JsonForm | None]] = []
+
+            def record(datum: Any) -> Any:
+                return {field: datum[field] if form is None else form(datum[field]) for field, form in fields}
+
+            self._record_forms[name] = record  # before its fields: one of them may be this record
+            fields += [(field["name"], self.json_form(field["type"])) for field in schema["fields"]]
+            return record
+        if kind == "array":
+            item = self.json_form(schema["items"])
+            return list if item is None else lambda datum: [item(value) for value in datum]
+        if kind == "map":
+            value = self.json_form(schema["values"])
+            return dict if value is None else lambda datum: {key: value(v) for key, v in datum.items()}
+        if kind in ("bytes", "fixed"):
+            return _base64
+        return None
 
 
 def full_name(schema: dict[str, Any], namespace: str = "") -> str:
@@ -185,26 +240,12 @@ def to_avro(names_: Names, schema: Schema, value: Any, path: str) -> Any:
 def to_json(names_: Names, schema: Schema, datum: Any) -> Any:
     """The JSON form of `datum`, an Avro value of `schema` as the registry decodes it
     (a union of several records as a (full name, value) pair)."""
-    schema = names_.resolve(schema)
-    kind = _kind(schema)
-    if kind == "union":
-        if datum is None:
-            return None
-        branches = _branches(names_, schema)
-        if len(branches) == 1:
-            return to_json(names_, branches[0], datum)
-        name, inner = datum
-        branch = next(b for b in branches if full_name(b) == name)
-        return {short_name(name): to_json(names_, branch, inner)}
-    if kind == "record":
-        return {field["name"]: to_json(names_, field["type"], datum[field["name"]]) for field in schema["fields"]}
-    if kind == "array":
-        return [to_json(names_, schema["items"], item) for item in datum]
-    if kind == "map":
-        return {key: to_json(names_, schema["values"], item) for key, item in datum.items()}
-    if kind in ("bytes", "fixed"):
-        return base64.b64encode(datum).decode("ascii")
-    return datum
+    form = names_.json_form(schema)
+    return datum if form is None else form(datum)
+
+
+def _base64(datum: bytes) -> str:
+    return binascii.b2a_base64(datum, newline=False).decode("ascii")
 
 
 def from_text(names_: Names, schema: Schema, text: str, path: str) -> Any:

@@ -16,16 +16,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from keyload.log.avro_compiler import (
-    INT_MAX,
-    INT_MIN,
-    LONG_MAX,
-    LONG_MIN,
     CompiledSchema,
     Unsupported,
     compile_schema,
 )
 from keyload.log.codec import HEADER_BYTES, REGISTRY, TOP_LEVEL, CodecError
 
+from .avro_values import named_types, values
 from .support import ENQUEUE, command, enqueue_body
 
 SCHEMAS = [
@@ -35,79 +32,6 @@ SCHEMAS = [
     + [(f"v{released.version}", released.schema) for released in REGISTRY.released(name)]
 ]
 EXAMPLES = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-PRIMITIVES = frozenset(["null", "boolean", "int", "long", "string", "bytes"])
-
-
-def _named_types(schema: Any, found: dict[str, Any]) -> dict[str, Any]:
-    """Every named type a parsed schema defines, by full name, in definition order."""
-    if isinstance(schema, list):
-        for branch in schema:
-            _named_types(branch, found)
-    elif isinstance(schema, dict):
-        kind = schema["type"]
-        if isinstance(kind, (dict, list)):
-            _named_types(kind, found)
-            return found
-        if kind in ("record", "enum", "fixed"):
-            found.setdefault(schema["name"], schema)
-        for field in schema.get("fields", ()):
-            _named_types(field["type"], found)
-        for key in ("items", "values"):
-            if key in schema:
-                _named_types(schema[key], found)
-    return found
-
-
-def values(schema: Any, named: dict[str, Any]) -> st.SearchStrategy[Any]:
-    """Values as keyload writes them and fastavro reads them back: a union's record branches
-    tagged `(name, value)` unless the union has exactly one; omitted fields take defaults."""
-    if isinstance(schema, str) and schema not in PRIMITIVES:
-        return values(named[schema], named)
-    kind = schema["type"] if isinstance(schema, dict) else "union" if isinstance(schema, list) else schema
-    if isinstance(kind, (dict, list)):
-        return values(kind, named)
-    if kind == "union":
-        records = [b for b in schema if (isinstance(b, str) and b not in PRIMITIVES) or _kind(b) == "record"]
-        return st.one_of(
-            [
-                values(branch, named).map(lambda v, b=branch: (_name(b, named), v))
-                if len(records) > 1 and branch in records
-                else values(branch, named)
-                for branch in schema
-            ]
-        )
-    if kind == "record":
-        fields = {f["name"]: values(f["type"], named) for f in schema["fields"]}
-        defaults = [f["name"] for f in schema["fields"] if "default" in f]
-        return st.fixed_dictionaries(fields).flatmap(
-            lambda record: st.sets(st.sampled_from(defaults) if defaults else st.nothing()).map(
-                lambda omitted: {k: v for k, v in record.items() if k not in omitted}
-            )
-        )
-    return {
-        "null": st.none(),
-        "boolean": st.booleans(),
-        "int": st.integers(INT_MIN, INT_MAX),
-        "long": st.integers(LONG_MIN, LONG_MAX),
-        "string": st.text(max_size=12),
-        "bytes": st.binary(max_size=40),
-        "enum": st.sampled_from(schema["symbols"]) if kind == "enum" else st.nothing(),
-        "fixed": st.binary(min_size=schema.get("size", 0), max_size=schema.get("size", 0))
-        if kind == "fixed"
-        else st.nothing(),
-        "array": st.lists(values(schema["items"], named), max_size=3) if kind == "array" else st.nothing(),
-        "map": st.dictionaries(st.text(max_size=6), values(schema["values"], named), max_size=3)
-        if kind == "map"
-        else st.nothing(),
-    }[kind]
-
-
-def _kind(schema: Any) -> str:
-    return str(schema["type"]) if isinstance(schema, dict) else "union" if isinstance(schema, list) else str(schema)
-
-
-def _name(branch: Any, named: dict[str, Any]) -> str:
-    return str(branch["name"] if isinstance(branch, dict) else named[branch]["name"])
 
 
 _COMPILED: dict[int, CompiledSchema] = {}
@@ -136,7 +60,7 @@ def _fastavro_value(schema: Any, body: bytes) -> tuple[Any, int]:
 @EXAMPLES
 @given(data=st.data())
 def test_generated_codec_writes_and_reads_what_fastavro_does(schema: Any, data: st.DataObject) -> None:
-    value = data.draw(values(schema, _named_types(schema, {})))
+    value = data.draw(values(schema, named_types(schema, {})))
     compiled = _compiled(schema)
     expected = _fastavro_bytes(schema, value)
     assert compiled.encode(value) == expected  # never declines a value as keyload writes it
@@ -149,7 +73,7 @@ def test_generated_codec_writes_and_reads_what_fastavro_does(schema: Any, data: 
 @EXAMPLES
 @given(data=st.data())
 def test_generated_decoder_answers_mutated_bodies_as_fastavro_or_not_at_all(schema: Any, data: st.DataObject) -> None:
-    body = bytearray(_fastavro_bytes(schema, data.draw(values(schema, _named_types(schema, {})))))
+    body = bytearray(_fastavro_bytes(schema, data.draw(values(schema, named_types(schema, {})))))
     for _ in range(data.draw(st.integers(1, 3))):
         edit = data.draw(st.sampled_from(["flip", "cut", "insert"]))
         at = data.draw(st.integers(0, max(len(body) - 1, 0)))
