@@ -1,6 +1,6 @@
 """Per-command cost as one queue grows: Enqueue, Receive(1) and Ack at depths up to a million messages.
 
-    python -m bench.depth [--depths 10000,100000,1000000] [--probe P] [--body-bytes B] [--json]
+    python -m bench.depth [--depths 10000,100000,1000000] [--probe P] [--body-bytes B] [--group-records G] [--json]
 
 A fresh data directory, one domain and one queue, the embedded file log and a PartitionProcessor
 with the outcome stream on (bench.cycle's driver), at the feature level `keyload run` serves
@@ -12,6 +12,9 @@ untimed):
     enqueue  P Enqueues: the queue now holds depth + P
     receive  P Receives of one message each: the P oldest are leased
     ack      P Acks of those deliveries: the queue holds depth again
+
+With --group-records G the probes are applied G records per group (the fill stays at 512): G = 1 is
+a sparse service's shape, every command a group of its own, with its own read, fsync and commit.
 
 Only PartitionProcessor.step() loops are timed (thread CPU). Reported per depth: µs of processor CPU
 per command of each kind, µs per Enqueue of the fill that led there, the process's peak RSS so far and
@@ -33,6 +36,7 @@ from keyload import limits
 from keyload.log.codec import REGISTRY, Record
 from keyload.processors.policy import INTEGER_FIELDS, default_spec
 from keyload.projections import keys
+from keyload.service.runtime import MAX_GROUP_RECORDS
 
 from .common import DOMAIN, QUEUE, BenchError, Cycle, Driver, Settle, environment, peak_rss_kib
 from .cycle import ACK, CREATE_QUEUE, ENQUEUE, LEASE_MS, QUEUE_RECORD, RECEIVE, enqueue_body
@@ -103,9 +107,10 @@ def projection_bytes(path: Path) -> int:
     return sum(entry.stat().st_size for entry in path.iterdir() if entry.is_file())
 
 
-def run(root: Path, depths: list[int], probe: int, body_bytes: int) -> dict[str, Any]:
+def run(root: Path, depths: list[int], probe: int, body_bytes: int, group_records: int) -> dict[str, Any]:
     deepest = depths[-1]
     driver = DepthDriver(root, Cycle("depth", "depth", 1, Settle.ACK), body_bytes, feature_level=limits.FEATURE_LEVEL)
+    fill_group = driver.processor.group_records
     try:
         driver.setup(deepest + probe, probe)
         points = []
@@ -115,7 +120,9 @@ def run(root: Path, depths: list[int], probe: int, body_bytes: int) -> dict[str,
             driver.fill(depth)
             fill_cpu = driver.cpu()["fill"] - before["fill"]
             before = driver.cpu()
+            driver.processor.group_records = group_records
             driver.round(probe)
+            driver.processor.group_records = fill_group
             after = driver.cpu()
             points.append(
                 {
@@ -132,14 +139,21 @@ def run(root: Path, depths: list[int], probe: int, body_bytes: int) -> dict[str,
         driver.close()
     first, last = points[0], points[-1]
     ratios = {kind: last[f"{kind}_us"] / first[f"{kind}_us"] for kind in PROBE_KINDS}
-    return {"depths": points, "probe": probe, "body_bytes": body_bytes, "last_over_first": ratios}
+    return {
+        "depths": points,
+        "probe": probe,
+        "body_bytes": body_bytes,
+        "group_records": group_records,
+        "last_over_first": ratios,
+    }
 
 
 def table(result: dict[str, Any], env: dict[str, Any]) -> str:
     points = result["depths"]
     lines = [
         f"keyload bench.depth: one queue filled to {points[-1]['depth']:,} messages of {result['body_bytes']} B, "
-        f"probed with {result['probe']:,} Enqueues, Receives of one and Acks at each depth",
+        f"probed with {result['probe']:,} Enqueues, Receives of one and Acks at each depth, applied "
+        f"{result['group_records']} records per group",
         f"python {env['python']}, rocksdict {env['rocksdict']}, {env['cpus']} cpus, load {env['load_average_1m']:.2f}; "
         f"feature level {limits.FEATURE_LEVEL}; µs = processor thread CPU per command (step() only)",
         "",
@@ -181,9 +195,17 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--probe", type=int, default=DEFAULT_PROBE, help="commands of each kind a probe (%(default)s)")
     parser.add_argument("--body-bytes", type=int, default=DEFAULT_BODY_BYTES, help="body size (default %(default)s)")
+    parser.add_argument(
+        "--group-records",
+        type=int,
+        default=MAX_GROUP_RECORDS,
+        help="records per group while probing; 1: a sparse service (default %(default)s)",
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     parser.add_argument("--dir", type=Path, default=None, help="parent of the temporary directory (default: $TMPDIR)")
     args = parser.parse_args(argv)
+    if not 1 <= args.group_records <= MAX_GROUP_RECORDS:
+        parser.error(f"--group-records must be 1..{MAX_GROUP_RECORDS}")
     capacity = args.depths[-1] + args.probe
     if not 1 <= args.probe <= INTEGER_FIELDS["max_in_flight"].maximum:
         parser.error(f"--probe must be 1..{INTEGER_FIELDS['max_in_flight'].maximum} (the largest max_in_flight)")
@@ -193,7 +215,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("the deepest depth and a probe exceed the largest max_stored_messages a queue may have")
     root = Path(tempfile.mkdtemp(prefix="keyload-depth-", dir=args.dir))
     try:
-        result = run(root, args.depths, args.probe, args.body_bytes)
+        result = run(root, args.depths, args.probe, args.body_bytes, args.group_records)
         env = environment(0, root)
     except BenchError as exc:
         print(f"bench.depth: {exc}", file=sys.stderr)
