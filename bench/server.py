@@ -1433,11 +1433,12 @@ def _target_rows(targets: Sequence[Target]) -> list[str]:
 
 
 def fanin_total(args: argparse.Namespace) -> int:
-    """Every Enqueue of (c) and (d), warm-ups included: the fan-in queue's quota."""
+    """Every Enqueue of (c), (d) and (h), warm-ups included: the fan-in queue's quota."""
     clients: int = args.concurrency
     per_client: int = args.messages + (args.rounds + 1) * FANIN_WARMUP
     fsync_messages: int = args.fsync_messages
-    return (clients + 1) * per_client + 3 * fsync_messages
+    clients_sides = 1 if args.no_go else 2  # (c)'s httpx clients, and (h)'s Go clients unless skipped
+    return clients_sides * (clients + 1) * per_client + 3 * fsync_messages
 
 
 def _check_sizes(args: argparse.Namespace) -> None:
