@@ -10,6 +10,7 @@ Without `go` on PATH there is no Go client, and bench.server says so.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
 import subprocess
@@ -58,23 +59,31 @@ class GoClient:
     """The Go client as a child process: one keep-alive connection for cycles (kept across jobs), one per
     client for each fan-in job. `statuses`: the HTTP statuses of every job's requests."""
 
-    def __init__(self, binary: Path, url: str, token: str) -> None:
-        self.process = subprocess.Popen(
-            [str(binary), url, token],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
+    def __init__(self, binary: Path, url: str, token: str, errors: Path) -> None:
+        self.errors = errors  # the child's stderr: a crash's trace, quoted when it stops answering
+        with errors.open("w") as stderr:
+            self.process = subprocess.Popen(
+                [str(binary), url, token],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=stderr,
+                text=True,
+            )
         self.statuses: Counter[int] = Counter()
 
     def _run(self, job: dict[str, Any]) -> Job:
         assert self.process.stdin is not None and self.process.stdout is not None
-        self.process.stdin.write(json.dumps(job) + "\n")
-        self.process.stdin.flush()
+        try:
+            self.process.stdin.write(json.dumps(job) + "\n")
+            self.process.stdin.flush()
+        except BrokenPipeError:
+            pass  # it exited: the empty answer below says so, with its stderr
         line = self.process.stdout.readline()
         if not line:
-            raise BenchError(f"the Go client exited ({self.process.poll()}) without answering a {job['kind']} job")
+            raise BenchError(
+                f"the Go client exited ({self.process.poll()}) without answering a {job['kind']} job:\n"
+                + self.errors.read_text(errors="replace")[-4000:]
+            )
         answer = json.loads(line)
         if answer.get("error"):
             raise BenchError(f"Go client {job['kind']}: {answer['error']}")
@@ -93,7 +102,8 @@ class GoClient:
 
     def close(self) -> None:
         if self.process.stdin is not None:
-            self.process.stdin.close()
+            with contextlib.suppress(BrokenPipeError):  # the child is gone already
+                self.process.stdin.close()
         try:
             self.process.wait(STOP_TIMEOUT_S)
         except subprocess.TimeoutExpired:

@@ -5,14 +5,15 @@
 Two child processes, one after the other, each on a fresh directory, each doing the same work: open P
 projections, write M MiB of rows to each (commits of 1,000 rows of V seeded-random bytes, taking turns
 across the partitions, so every projection is written all along), then R point reads of random
-written keys in each. Reported per child: peak RSS (the child's ru_maxrss), RSS at the end, CPU µs per
-row written and per read.
+written keys in each. Reported per child: peak RSS (the child's ru_maxrss), CPU µs per row written and
+per read.
 
-  keyload    projections/store.py's Store: every projection of the process shares one block cache and
-             one memtable budget charged to it (PROJECTION_CACHE_BYTES, PROJECTION_MEMTABLE_BYTES).
+  keyload    projections/store.py's Store: every projection of the process shares one block cache
+             (PROJECTION_CACHE_BYTES), and each holds at most PROJECTION_WRITE_BUFFERS memtables of
+             PROJECTION_WRITE_BUFFER_BYTES.
   reference  the same rows through a bare rocksdict Rdict per partition with RocksDB's defaults and the
-             projections' bloom filter: what Store opened before the shared budget (a block cache and
-             up to two 64 MiB memtables of its own per projection).
+             projections' bloom filter: what Store opened before (a block cache and up to two 64 MiB
+             memtables of its own per projection).
 
 The ratios keyload / reference are the figures to compare.
 """
@@ -33,7 +34,13 @@ from typing import Any
 
 from rocksdict import BlockBasedOptions, Options, Rdict, WriteBatch
 
-from keyload.projections.store import BLOOM_BITS_PER_KEY, PROJECTION_CACHE_BYTES, PROJECTION_MEMTABLE_BYTES, Store
+from keyload.projections.store import (
+    BLOOM_BITS_PER_KEY,
+    PROJECTION_CACHE_BYTES,
+    PROJECTION_WRITE_BUFFER_BYTES,
+    PROJECTION_WRITE_BUFFERS,
+    Store,
+)
 
 from .common import SEED, BenchError, environment, peak_rss_kib
 
@@ -121,14 +128,9 @@ def child(kind: str, directory: Path, partitions: int, mib: int, value_bytes: in
     finally:
         for projection in opened:
             projection.close()
-    status = Path("/proc/self/status")
-    rss_kib = next(
-        (int(line.split()[1]) for line in status.read_text().splitlines() if line.startswith("VmRSS:")), None
-    )
     return {
         "kind": kind,
         "peak_rss_mib": peak_rss_kib() / 1024,
-        "end_rss_mib": None if rss_kib is None else rss_kib / 1024,
         "write_us_per_row": write_cpu / (rows * partitions) * 1e6,
         "read_us_per_get": read_cpu / (reads * partitions) * 1e6,
         "rows_per_partition": rows,
@@ -168,7 +170,11 @@ def run(root: Path, args: argparse.Namespace) -> dict[str, Any]:
         "mib_per_partition": args.mib,
         "value_bytes": args.value_bytes,
         "reads_per_partition": args.reads,
-        "budget": {"cache_bytes": PROJECTION_CACHE_BYTES, "memtable_bytes": PROJECTION_MEMTABLE_BYTES},
+        "budget": {
+            "cache_bytes": PROJECTION_CACHE_BYTES,
+            "write_buffer_bytes": PROJECTION_WRITE_BUFFER_BYTES,
+            "write_buffers": PROJECTION_WRITE_BUFFERS,
+        },
         "results": results,
         "keyload_over_reference": ratios,
     }
@@ -180,7 +186,6 @@ def table(result: dict[str, Any], env: dict[str, Any]) -> str:
     budget = result["budget"]
     rows = [
         ("peak RSS MiB", "peak_rss_mib", ".0f"),
-        ("RSS at the end MiB", "end_rss_mib", ".0f"),
         ("cpu µs per row written", "write_us_per_row", ".2f"),
         ("cpu µs per read", "read_us_per_get", ".2f"),
         ("wall s", "wall_s", ".1f"),
@@ -188,9 +193,9 @@ def table(result: dict[str, Any], env: dict[str, Any]) -> str:
     lines = [
         f"keyload bench.memory: {result['partitions']} projections in one process, {result['mib_per_partition']} MiB "
         f"of {result['value_bytes']} B rows written to each, then {result['reads_per_partition']:,} random reads each",
-        f"keyload's budget: a {budget['cache_bytes'] // 2**20} MiB block cache shared by every projection, "
-        f"memtables charged to it up to {budget['memtable_bytes'] // 2**20} MiB in all; python {env['python']}, "
-        f"rocksdict {env['rocksdict']}, {env['cpus']} cpus",
+        f"keyload: a {budget['cache_bytes'] // 2**20} MiB block cache shared by every projection, at most "
+        f"{budget['write_buffers']} memtables of {budget['write_buffer_bytes'] // 2**20} MiB each; "
+        f"python {env['python']}, rocksdict {env['rocksdict']}, {env['cpus']} cpus",
         "",
         f"{'':<26}{'keyload':>12}{'reference':>12}{'ratio':>8}",
     ]
@@ -199,7 +204,7 @@ def table(result: dict[str, Any], env: dict[str, Any]) -> str:
         lines.append(f"{label:<26}{keyload[figure]:>12{spec}}{reference[figure]:>12{spec}}{ratio:>8}")
     lines.append(
         "(reference: a bare Rdict per projection with RocksDB's defaults and the same bloom filter, what Store "
-        "opened before the shared budget; each side is a child process of its own, so peak RSS is its own)"
+        "opened before; each side is a child process of its own, so peak RSS is its own)"
     )
     return "\n".join(lines)
 

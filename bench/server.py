@@ -5,7 +5,7 @@
 
 One `keyload run --data DIR --listen 127.0.0.1:0` child process serves a fresh data directory on the
 embedded file log (its URL from DIR/server.json). (a) and (b) share one domain, so one partition and
-its processor; (c) and (d) use a domain of another partition, (e) one of a third. Both paths act as
+its processor; (c), (d) and (h)'s fan-in use a domain of another partition, (e) one of a third. Both paths act as
 the administrator.
 
 (a) SDK cycles: one keyload.Client(DIR): it appends each command to the file log itself (one fsync
@@ -26,7 +26,7 @@ the administrator.
             Enqueue mutations (one command) → POST …/receive {"max_messages": 100} → one POST
             …/leases/ack-batch of the 100 tokens. Rated in messages/s.
 (f) processor-only references: bench.cycle's cycles `1` and `100`, run in this process through its own
-            QueueDriver (rounds of 500, its default), each on as many messages as (a)+(b)'s queue, or
+            QueueDriver (rounds of 500, its default), each on as many messages as (a)+(b)(+(h))'s queue, or
             (e)'s, saw; their step() loops' wall-clock msg/s. Played a share of their rounds after each
             round of (a)/(b) (cycle `1`) or of (e) (cycle `100`), `keyload run` idle meanwhile.
 (g) fsync on this disk: os.fsync after a 1 KiB append to a file in the bench's temporary directory, a
@@ -93,7 +93,7 @@ from .go_client import GoClient
 from .go_client import build as build_go_client
 from .kafka import percentile
 
-FANIN_QUEUE = "bench-fanin"  # (c) and (d) enqueue here, in a domain of another partition, and never receive
+FANIN_QUEUE = "bench-fanin"  # (c), (d) and (h) enqueue here, in a domain of another partition, and never receive
 BATCH_QUEUE = "bench-batch"  # (e), in a domain of a third partition
 BATCH = 100  # messages per batched cycle: Enqueue mutations per Batch, max_messages, tokens per AckBatch
 assert min(limits.MAX_BATCH_MUTATIONS, limits.MAX_ACK_BATCH, limits.MAX_RECEIVE_MESSAGES) >= BATCH
@@ -106,7 +106,7 @@ DEFAULT_BODY_BYTES = 1024
 DEFAULT_ROUNDS = 4
 DEFAULT_WARMUP = 50  # untimed cycles per path before the first round
 DEFAULT_FSYNC_MESSAGES = 400  # per workload of (d)
-FANIN_WARMUP = 2  # untimed Enqueues per client of (c) per round, before the start line: its connection
+FANIN_WARMUP = 2  # untimed Enqueues per client of (c) and (h) per round, before the start line: its connection
 BATCH_WARMUP = 1  # untimed batched cycles of (e) before the first round
 DEFAULT_FSYNC_TRIES = 300  # (g)
 FSYNC_APPEND_BYTES = 1024  # (g): appended before each timed fsync
@@ -1044,9 +1044,9 @@ def measure_live(
         reply = sdk_reply_partition(data)
         sdk = SdkPath(root, reply)
         http = HttpPath(server.url, token)
-        if go_binary is not None:
-            go = GoClient(go_binary, server.url, token)
         try:
+            if go_binary is not None:
+                go = GoClient(go_binary, server.url, token, work / "go-client.err")
             sdk.client.create_queue(DOMAIN, QUEUE)
             policy = QueuePolicySpec(max_stored_messages=total, max_stored_bytes=max(1, total * args.body_bytes))
             sdk.client.create_queue(fanin, FANIN_QUEUE, policy)
@@ -1095,10 +1095,12 @@ def measure_live(
         with Client(root, timeout_s=REQUEST_TIMEOUT_S, reply_partition=reply) as client:
             fanin_counters = client.inspect_queue(fanin, FANIN_QUEUE).counters
     finally:
-        if go is not None:
-            go.close()
-            statuses += go.statuses
-        status = server.stop()
+        try:
+            if go is not None:
+                go.close()
+                statuses += go.statuses
+        finally:
+            status = server.stop()
     if status != 0 or any("halted" in line for line in server.lines):
         raise BenchError(f"`keyload run` exited with status {status}:\n{server.tail()}")
     cycles = len(results) * (args.cycles + args.warmup)
@@ -1311,7 +1313,7 @@ def table(result: Result, command: str, env: dict[str, Any]) -> str:
         "keyload bench.server: the HTTP API against the local SDK, one `keyload run --listen` on the embedded file "
         f"log, body {result.body_bytes} B",
         f"{result.url}; {result.partitions} partitions: (a) and (b) in domain {DOMAIN} (partition {result.partition}), "
-        f"(c) and (d) in {result.fanin_domain} (partition {result.fanin_partition}), (e) in {result.batch_domain} "
+        f"(c), (d) and (h) in {result.fanin_domain} (partition {result.fanin_partition}), (e) in {result.batch_domain} "
         f"(partition {result.batch_partition}); outcomes: the SDK client's on "
         f"partition {result.sdk_reply_partition}, the server's in process",
         f"python {env['python']}, httpx {importlib.metadata.version('httpx')}, "
@@ -1400,11 +1402,11 @@ def _reference_rows(result: Result) -> list[str]:
         rows.append(_row(f"`{ref.key}` {ref.label}", [*values, f"{ref.cpu_seconds:.2f}", f"{ref.cpu_rate:,.0f}"]))
     rows += [
         "(bench.cycle's cycles in this process, through its QueueDriver: rounds of "
-        f"{REFERENCE_WINDOW} messages (its default), each cycle on as many messages as its live queue saw, warm-ups "
-        f"included ((a)+(b)'s for `1`, (e)'s for `100`), after a discarded run of {REFERENCE_WARMUP}; played a share "
-        "of the rounds after each round of (a)/(b) (`1`) or of (e) (`100`), `keyload run` idle meanwhile. Timed: "
-        "PartitionProcessor.step() only (no appends or their fsyncs, no HTTP); msg/s is by wall clock, as the live "
-        "rates are)",
+        f"{REFERENCE_WINDOW} messages (its default), each cycle on as many messages as its live queue saw, "
+        f"warm-ups included ((a)+(b)(+(h))'s for `1`, (e)'s for `100`), after a discarded run of {REFERENCE_WARMUP}; "
+        "played a share of the rounds after each round of (a)/(b) (`1`) or of (e) (`100`), `keyload run` idle "
+        "meanwhile. Timed: PartitionProcessor.step() only (no appends or their fsyncs, no HTTP); msg/s is by wall "
+        "clock, as the live rates are)",
         f"(g) fsync after a {FSYNC_APPEND_BYTES} B append, {len(result.fsync)} tries: "
         f"p50 {result.fsync_ms(50):.3f} ms, p99 {result.fsync_ms(99):.3f} ms, max {1000 * max(result.fsync):.3f} ms "
         "(os.fsync of a file in the bench's temporary directory, next to the data directory; a share of the tries "
@@ -1437,7 +1439,8 @@ def fanin_total(args: argparse.Namespace) -> int:
     clients: int = args.concurrency
     per_client: int = args.messages + (args.rounds + 1) * FANIN_WARMUP
     fsync_messages: int = args.fsync_messages
-    clients_sides = 1 if args.no_go else 2  # (c)'s httpx clients, and (h)'s Go clients unless skipped
+    go = not args.no_go and shutil.which("go") is not None
+    clients_sides = 2 if go else 1  # (c)'s httpx clients, and (h)'s Go clients unless skipped
     return clients_sides * (clients + 1) * per_client + 3 * fsync_messages
 
 
@@ -1458,7 +1461,7 @@ def _check_sizes(args: argparse.Namespace) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.server", description=__doc__.split("\n\n")[0])
     parser.add_argument(
-        "--cycles", type=int, default=DEFAULT_CYCLES, help="cycles of (a) and of (b) (default %(default)s)"
+        "--cycles", type=int, default=DEFAULT_CYCLES, help="cycles of (a), (b) and (h) each (default %(default)s)"
     )
     parser.add_argument(
         "--batches",
@@ -1467,10 +1470,13 @@ def main(argv: list[str] | None = None) -> int:
         help=f"batched cycles of {BATCH} messages of (e) (default %(default)s)",
     )
     parser.add_argument(
-        "--concurrency", type=int, default=DEFAULT_CONCURRENCY, help="HTTP clients of (c) (default %(default)s)"
+        "--concurrency", type=int, default=DEFAULT_CONCURRENCY, help="HTTP clients of (c) and (h) (default %(default)s)"
     )
     parser.add_argument(
-        "--messages", type=int, default=DEFAULT_MESSAGES, help="Enqueues per client of (c) (default %(default)s)"
+        "--messages",
+        type=int,
+        default=DEFAULT_MESSAGES,
+        help="Enqueues per client of (c) and (h) (default %(default)s)",
     )
     parser.add_argument(
         "--body-bytes", type=int, default=DEFAULT_BODY_BYTES, help="message body size (default %(default)s)"

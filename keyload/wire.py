@@ -55,8 +55,12 @@ class Names:
     def __init__(self, top: Schema) -> None:
         self.types: dict[str, dict[str, Any]] = {}
         self._collect(top, "")
-        self._json_forms: dict[int, JsonForm | None] = {}  # by id of a schema node of `top` (kept alive by it)
+        # By id of a schema node, with the node itself: it stays alive, and an id is never taken for another's.
+        self._json_forms: dict[int, tuple[Schema, JsonForm | None]] = {}
         self._record_forms: dict[str, JsonForm] = {}  # by full name: a record that contains itself
+        # Every form of `top` is built here, so that converting (from any thread) only reads: a record's
+        # form is published before its fields are, for a record that contains itself.
+        self.json_form(top)
 
     def _collect(self, schema: Schema, namespace: str) -> None:
         if isinstance(schema, list):
@@ -85,10 +89,12 @@ class Names:
         """The function from an Avro datum of `schema` to its JSON form (None: the datum is its own
         JSON form). Built once per schema node from the rules above, so that converting a value walks
         the value alone: the schema is not looked at again (an outcome is converted per response)."""
-        key = id(schema)
-        if key not in self._json_forms:
-            self._json_forms[key] = self._build_json_form(schema)
-        return self._json_forms[key]
+        cached = self._json_forms.get(id(schema))
+        if cached is not None and cached[0] is schema:
+            return cached[1]
+        form = self._build_json_form(schema)
+        self._json_forms[id(schema)] = (schema, form)
+        return form
 
     def _build_json_form(self, schema: Schema) -> JsonForm | None:
         schema = self.resolve(schema)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import bisect
 import contextlib
-import functools
 import hashlib
 import json
 import os
@@ -23,7 +22,6 @@ from rocksdict import (
     Rdict,
     ReadOptions,
     WriteBatch,
-    WriteBufferManager,
     WriteOptions,
 )
 
@@ -37,11 +35,11 @@ NO_OFFSET = -1
 MANIFEST = "manifest.json"
 CHECKPOINT_DB = "db"
 BLOOM_BITS_PER_KEY = 10  # about 1 % false positives: a missing key is ruled out without reading its table
-# One memory budget for every projection a process opens (docs/ARCHITECTURE.md §6, "Memory"): their
-# data, index and filter blocks share one LRU block cache, and their memtables are charged to it.
-PROJECTION_CACHE_BYTES = 128 * 1024 * 1024
-PROJECTION_MEMTABLE_BYTES = 64 * 1024 * 1024  # memtables of all projections together, before the largest is flushed
-assert PROJECTION_MEMTABLE_BYTES <= PROJECTION_CACHE_BYTES // 2  # the other half stays for blocks
+# What a process's projections hold in memory (docs/ARCHITECTURE.md §6, "Memory"): the data blocks of
+# every projection share one LRU block cache, and each projection's memtables are capped.
+PROJECTION_CACHE_BYTES = 128 * 1024 * 1024  # one per process, whatever the number of projections
+PROJECTION_WRITE_BUFFER_BYTES = 16 * 1024 * 1024  # a projection's memtable before it is flushed to a table file
+PROJECTION_WRITE_BUFFERS = 2  # memtables one projection holds at most: the active one and one being flushed
 _LEN = struct.Struct(">I")
 
 
@@ -260,17 +258,14 @@ class Manifest:
         return Manifest(**raw)
 
 
-@functools.cache
-def shared_memory() -> tuple[Cache, WriteBufferManager]:
-    """The process's one block cache, and the write buffer manager that charges memtables to it.
+BLOCK_CACHE = Cache(PROJECTION_CACHE_BYTES)
+"""The one block cache of every projection the process opens.
 
-    RocksDB's defaults give each projection a block cache and up to two 64 MiB memtables of its own,
-    so a process's memory grew with the partitions it serves (bench.memory: 645 MiB peak RSS for 8
-    projections of 96 MiB each). Shared, and with the memtables charged to the cache, what RocksDB
-    holds of rows stays within PROJECTION_CACHE_BYTES however many projections are open: past
-    PROJECTION_MEMTABLE_BYTES of memtables in all, the largest is flushed to a table file."""
-    cache = Cache(PROJECTION_CACHE_BYTES)
-    return cache, WriteBufferManager.new_write_buffer_manager_with_cache(PROJECTION_MEMTABLE_BYTES, False, cache)
+RocksDB's defaults give each projection a block cache and up to two 64 MiB memtables of its own, so a
+process's memory grew by about 160 MiB with every partition it serves (bench.memory). Here the cache
+is shared and the memtables are capped (PROJECTION_WRITE_BUFFER_BYTES, PROJECTION_WRITE_BUFFERS): a
+process holds at most PROJECTION_CACHE_BYTES of blocks plus 32 MiB of memtables per open projection.
+Created at import, so that every Store shares the one instance, whichever thread opens it first."""
 
 
 def _tables(cache: Cache) -> BlockBasedOptions:
@@ -288,6 +283,14 @@ def _tables(cache: Cache) -> BlockBasedOptions:
     return tables
 
 
+def _unfilled() -> ReadOptions:
+    """Reads that leave the shared cache as it is: a scan of a whole projection (a digest, a census)
+    would otherwise push out the blocks every partition's processor reads again."""
+    options = ReadOptions()
+    options.fill_cache(False)  # type: ignore[call-arg]  # rocksdict 0.3.29's stub leaves out its argument
+    return options
+
+
 class Store:
     """One partition's projection in its own RocksDB directory.
 
@@ -303,11 +306,11 @@ class Store:
         self._db = self._open()
 
     def _open(self) -> Rdict:
-        cache, memtables = shared_memory()
         options = Options(raw_mode=True)
         options.create_if_missing(not self._read_only)
-        options.set_block_based_table_factory(_tables(cache))
-        options.set_write_buffer_manager(memtables)
+        options.set_block_based_table_factory(_tables(BLOCK_CACHE))
+        options.set_write_buffer_size(PROJECTION_WRITE_BUFFER_BYTES)
+        options.set_max_write_buffer_number(PROJECTION_WRITE_BUFFERS)
         try:
             if self._read_only:
                 db = Rdict(str(self.path), options, access_type=AccessType.read_only())
@@ -346,7 +349,7 @@ class Store:
         for: `Rdict.items` steps on as it hands a row out, so a scan that stops at its first row
         (the earliest due time, the first live timer) paid for a walk through every tombstone up
         to the second (measured: 210 µs against 3 µs with a thousand settled leases behind it)."""
-        bounded = ReadOptions()
+        bounded = _unfilled() if self._read_only else ReadOptions()  # read-only: a census, an inspection
         bounded.set_iterate_upper_bound(end)
         rows = self._db.iter(bounded)
         rows.seek(start)
@@ -415,7 +418,7 @@ class Store:
         h = hashlib.sha256()
         key: bytes
         value: bytes
-        for key, value in self._db.items():  # type: ignore[assignment]
+        for key, value in self._db.items(read_opt=_unfilled()):  # type: ignore[assignment]
             h.update(_LEN.pack(len(key)))
             h.update(key)
             h.update(_LEN.pack(len(value)))

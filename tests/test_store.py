@@ -13,12 +13,12 @@ from hypothesis import strategies as st
 from keyload.log.codec import REGISTRY
 from keyload.projections import keys
 from keyload.projections.store import (
+    BLOCK_CACHE,
     PROJECTION_CACHE_BYTES,
-    PROJECTION_MEMTABLE_BYTES,
+    PROJECTION_WRITE_BUFFER_BYTES,
     Staged,
     Store,
     StoreError,
-    shared_memory,
     verify_checkpoint,
 )
 
@@ -145,28 +145,29 @@ def test_staged_records_are_copied_into_a_child_and_dropped_with_it(tmp_path: Pa
     store.close()
 
 
-def test_projections_of_a_process_share_one_bounded_memory_budget(tmp_path: Path) -> None:
-    """Every open projection's memtables are charged to one budget: writing to one grows the shared
-    figure, and four projections each written less than a memtable of its own would hold (64 MiB,
-    RocksDB's default) are flushed to table files once together they pass the budget, after which
-    the memtables held are back within it."""
-    cache, memtables = shared_memory()
-    stores = [Store(tmp_path / f"p{n}") for n in range(4)]
+def test_projections_of_a_process_share_one_block_cache_and_cap_their_memtables(tmp_path: Path) -> None:
+    """A projection written past its memtable cap flushes to table files, and reading its rows back
+    fills the process's one block cache; so does reading another projection's; a full scan (a
+    digest) leaves the cache as it is."""
+    stores = [Store(tmp_path / f"p{n}") for n in range(2)]
     try:
-        before = memtables.get_usage()
-        stores[0].commit({b"k%06d" % i: bytes(1024) for i in range(2048)}, 0, 0)
-        assert memtables.get_usage() >= before + 2 * 1024 * 1024
         value = bytes(4096)
-        for offset in range(6):  # 6 x 8 MiB to each of 4: 3 times the budget, 3/4 of one default memtable each
-            for n, store in enumerate(stores):
-                store.commit({b"%d-%d-%06d" % (n, offset, i): value for i in range(2048)}, offset + 1, 0)
+        rows = 3 * PROJECTION_WRITE_BUFFER_BYTES // len(value)  # three memtables' worth each
+        for n, store in enumerate(stores):
+            for offset, start in enumerate(range(0, rows, 2048)):
+                store.commit({b"%d-%06d" % (n, i): value for i in range(start, min(rows, start + 2048))}, offset, 0)
         deadline = time.monotonic() + FLUSH_WAIT_S
-        while memtables.get_usage() > PROJECTION_MEMTABLE_BYTES and time.monotonic() < deadline:
+        while not all(any(store.path.glob("*.sst")) for store in stores) and time.monotonic() < deadline:
             time.sleep(0.05)  # flushes run on RocksDB's background threads
-        assert memtables.get_usage() <= PROJECTION_MEMTABLE_BYTES
-        assert any(store.path.glob("*.sst") for store in stores)
-        assert cache.get_usage() <= PROJECTION_CACHE_BYTES
-        assert all(store.get(b"%d-5-002047" % n) == value for n, store in enumerate(stores))
+        assert all(any(store.path.glob("*.sst")) for store in stores)
+        for n, store in enumerate(stores):
+            before = BLOCK_CACHE.get_usage()
+            assert all(store.get(b"%d-%06d" % (n, i)) == value for i in range(0, rows, 97))
+            assert BLOCK_CACHE.get_usage() > before
+        before = BLOCK_CACHE.get_usage()
+        stores[0].digest()
+        assert BLOCK_CACHE.get_usage() <= before
+        assert BLOCK_CACHE.get_usage() <= PROJECTION_CACHE_BYTES
     finally:
         for store in stores:
             store.close()
