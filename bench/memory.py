@@ -1,6 +1,7 @@
 """What the projections of one process hold in memory as the partitions it serves fill up.
 
-    python -m bench.memory [--partitions P] [--mib M] [--value-bytes V] [--reads R] [--json]
+    python -m bench.memory [--partitions P] [--mib M] [--value-bytes V] [--reads R]
+                           [--cache-mib C] [--memtable-mib W] [--json]
 
 Two child processes, one after the other, each on a fresh directory, each doing the same work: open P
 projections, write M MiB of rows to each (commits of 1,000 rows of V seeded-random bytes, taking turns
@@ -8,9 +9,9 @@ across the partitions, so every projection is written all along), then R point r
 written keys in each. Reported per child: peak RSS (the child's ru_maxrss), CPU µs per row written and
 per read.
 
-  keyload    projections/store.py's Store: every projection of the process shares one block cache
-             (PROJECTION_CACHE_BYTES), and each holds at most PROJECTION_WRITE_BUFFERS memtables of
-             PROJECTION_WRITE_BUFFER_BYTES.
+  keyload    projections/store.py's Store: every projection of the process shares one block cache of
+             C MiB, and each holds at most PROJECTION_WRITE_BUFFERS memtables of W MiB (`keyload run
+             --projection-cache-mib`, `--projection-memtable-mib`; by default theirs).
   reference  the same rows through a bare rocksdict Rdict per partition with RocksDB's defaults and the
              projections' bloom filter: what Store opened before (a block cache and up to two 64 MiB
              memtables of its own per projection).
@@ -36,10 +37,13 @@ from rocksdict import BlockBasedOptions, Options, Rdict, WriteBatch
 
 from keyload.projections.store import (
     BLOOM_BITS_PER_KEY,
-    PROJECTION_CACHE_BYTES,
-    PROJECTION_WRITE_BUFFER_BYTES,
+    DEFAULT_PROJECTION_CACHE_BYTES,
+    DEFAULT_PROJECTION_WRITE_BUFFER_BYTES,
+    MIB,
     PROJECTION_WRITE_BUFFERS,
+    ProjectionMemory,
     Store,
+    use_projection_memory,
 )
 
 from .common import SEED, BenchError, environment, peak_rss_kib
@@ -100,13 +104,26 @@ class Projection:
         self.store.close()
 
 
+def memory_of(args: argparse.Namespace) -> ProjectionMemory:
+    return ProjectionMemory(args.cache_mib * MIB, args.memtable_mib * MIB)
+
+
 def _cpu_s() -> float:
     usage = resource.getrusage(resource.RUSAGE_SELF)
     return usage.ru_utime + usage.ru_stime
 
 
-def child(kind: str, directory: Path, partitions: int, mib: int, value_bytes: int, reads: int) -> dict[str, Any]:
+def child(args: argparse.Namespace) -> dict[str, Any]:
     """One child's run: write, then read, then the figures."""
+    kind, directory, partitions, mib, value_bytes, reads = (
+        args.child,
+        args.dir,
+        args.partitions,
+        args.mib,
+        args.value_bytes,
+        args.reads,
+    )
+    use_projection_memory(memory_of(args))
     opened = [(Projection if kind == "keyload" else Reference)(directory / f"p-{p:04d}") for p in range(partitions)]
     rng = random.Random(SEED)
     values = [rng.randbytes(value_bytes) for _ in range(64)]
@@ -152,6 +169,7 @@ def run(root: Path, args: argparse.Namespace) -> dict[str, Any]:
             str(directory),
             *("--partitions", str(args.partitions), "--mib", str(args.mib)),
             *("--value-bytes", str(args.value_bytes), "--reads", str(args.reads)),
+            *("--cache-mib", str(args.cache_mib), "--memtable-mib", str(args.memtable_mib)),
         ]
         started = time.monotonic()
         done = subprocess.run(command, capture_output=True, text=True, timeout=CHILD_TIMEOUT_S, check=False)
@@ -171,8 +189,8 @@ def run(root: Path, args: argparse.Namespace) -> dict[str, Any]:
         "value_bytes": args.value_bytes,
         "reads_per_partition": args.reads,
         "budget": {
-            "cache_bytes": PROJECTION_CACHE_BYTES,
-            "write_buffer_bytes": PROJECTION_WRITE_BUFFER_BYTES,
+            "cache_bytes": args.cache_mib * MIB,
+            "write_buffer_bytes": args.memtable_mib * MIB,
             "write_buffers": PROJECTION_WRITE_BUFFERS,
         },
         "results": results,
@@ -215,14 +233,30 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--mib", type=int, default=DEFAULT_MIB, help="MiB written per partition (default %(default)s)")
     parser.add_argument("--value-bytes", type=int, default=DEFAULT_VALUE_BYTES, help="default %(default)s")
     parser.add_argument("--reads", type=int, default=DEFAULT_READS, help="reads per partition (default %(default)s)")
+    parser.add_argument(
+        "--cache-mib",
+        type=int,
+        default=DEFAULT_PROJECTION_CACHE_BYTES // MIB,
+        help="keyload's shared block cache, as `keyload run --projection-cache-mib` (default %(default)s)",
+    )
+    parser.add_argument(
+        "--memtable-mib",
+        type=int,
+        default=DEFAULT_PROJECTION_WRITE_BUFFER_BYTES // MIB,
+        help="keyload's memtable per projection, as `keyload run --projection-memtable-mib` (default %(default)s)",
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     parser.add_argument("--child", choices=KINDS, help=argparse.SUPPRESS)
     parser.add_argument("--dir", type=Path, default=None, help="parent of the temporary directory (default: $TMPDIR)")
     args = parser.parse_args(argv)
     if min(args.partitions, args.mib, args.value_bytes, args.reads) < 1:
         parser.error("--partitions, --mib, --value-bytes and --reads must be >= 1")
+    try:
+        memory_of(args)
+    except ValueError as exc:
+        parser.error(str(exc))
     if args.child is not None:
-        figures = child(args.child, args.dir, args.partitions, args.mib, args.value_bytes, args.reads)
+        figures = child(args)
         print(json.dumps(figures))
         return 0
     root = Path(tempfile.mkdtemp(prefix="keyload-bench-memory-", dir=args.dir))

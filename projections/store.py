@@ -8,6 +8,7 @@ import hashlib
 import json
 import os
 import struct
+import threading
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -37,9 +38,12 @@ CHECKPOINT_DB = "db"
 BLOOM_BITS_PER_KEY = 10  # about 1 % false positives: a missing key is ruled out without reading its table
 # What a process's projections hold in memory (docs/ARCHITECTURE.md §6, "Memory"): the data blocks of
 # every projection share one LRU block cache, and each projection's memtables are capped.
-PROJECTION_CACHE_BYTES = 128 * 1024 * 1024  # one per process, whatever the number of projections
-PROJECTION_WRITE_BUFFER_BYTES = 16 * 1024 * 1024  # a projection's memtable before it is flushed to a table file
+MIB = 1024 * 1024
+DEFAULT_PROJECTION_CACHE_BYTES = 128 * MIB  # one per process, whatever the number of projections
+DEFAULT_PROJECTION_WRITE_BUFFER_BYTES = 16 * MIB  # a projection's memtable before it is flushed to a table file
 PROJECTION_WRITE_BUFFERS = 2  # memtables one projection holds at most: the active one and one being flushed
+PROJECTION_CACHE_BYTES_RANGE = (1 * MIB, 64 * 1024 * MIB)  # `keyload run --projection-cache-mib`
+PROJECTION_WRITE_BUFFER_BYTES_RANGE = (1 * MIB, 1024 * MIB)  # `keyload run --projection-memtable-mib`
 _LEN = struct.Struct(">I")
 
 
@@ -258,16 +262,62 @@ class Manifest:
         return Manifest(**raw)
 
 
-BLOCK_CACHE = Cache(PROJECTION_CACHE_BYTES)
-"""The one block cache of every projection the process opens.
+@dataclass(frozen=True, slots=True)
+class ProjectionMemory:
+    """What the projections of one process may hold in memory: one block cache of `cache_bytes` shared
+    by all of them, and at most PROJECTION_WRITE_BUFFERS memtables of `write_buffer_bytes` per open
+    projection, besides each open table file's index and filter blocks.
 
-RocksDB's defaults give each projection a block cache (32 MiB) and up to two 64 MiB memtables of its
-own, so a process's memory grew with every partition it serves (bench.memory: 643 MiB peak RSS for 8
-projections of 96 MiB). Here the cache is shared and the memtables are capped
-(PROJECTION_WRITE_BUFFER_BYTES, PROJECTION_WRITE_BUFFERS): a process holds at most
-PROJECTION_CACHE_BYTES of blocks plus 32 MiB of memtables per open projection, besides each open
-table file's index and filter blocks. Created at import, so that every Store shares the one
-instance, whichever thread opens it first."""
+    RocksDB's defaults give each projection a block cache (32 MiB) and up to two 64 MiB memtables of
+    its own, so a process's memory grew with every partition it serves (bench.memory: 643 MiB peak RSS
+    for 8 projections of 96 MiB, 255 MiB with the defaults here). A smaller memtable bounds a service
+    of many partitions tighter, at the cost of more, smaller flushes; rows, digests and checkpoints
+    are the same whatever the sizes."""
+
+    cache_bytes: int = DEFAULT_PROJECTION_CACHE_BYTES
+    write_buffer_bytes: int = DEFAULT_PROJECTION_WRITE_BUFFER_BYTES
+
+    def __post_init__(self) -> None:
+        for name, value, (low, high) in (
+            ("the projection cache", self.cache_bytes, PROJECTION_CACHE_BYTES_RANGE),
+            ("a projection's memtable", self.write_buffer_bytes, PROJECTION_WRITE_BUFFER_BYTES_RANGE),
+        ):
+            if not low <= value <= high:
+                raise ValueError(f"{name} must be {low // MIB} to {high // MIB} MiB, not {value / MIB:g}")
+
+
+class _ProcessMemory:
+    """The projection memory of this process and its one block cache: every Store opened takes them
+    from here, whichever thread opens it. Made at import with the defaults, so that no two threads
+    can make two caches."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.memory = ProjectionMemory()
+        self.cache = Cache(self.memory.cache_bytes)
+
+    def use(self, memory: ProjectionMemory) -> None:
+        with self._lock:
+            if memory != self.memory:
+                self.memory, self.cache = memory, Cache(memory.cache_bytes)
+
+    def current(self) -> tuple[ProjectionMemory, Cache]:
+        with self._lock:
+            return self.memory, self.cache
+
+
+_PROCESS_MEMORY = _ProcessMemory()
+
+
+def use_projection_memory(memory: ProjectionMemory) -> None:
+    """Make `memory` the budget of every projection this process opens from now on (`keyload run`
+    calls it before it opens one); a projection already open keeps what it was opened with."""
+    _PROCESS_MEMORY.use(memory)
+
+
+def projection_memory() -> tuple[ProjectionMemory, Cache]:
+    """The budget projections opened now get, and the block cache they share."""
+    return _PROCESS_MEMORY.current()
 
 
 def _tables(cache: Cache) -> BlockBasedOptions:
@@ -310,8 +360,9 @@ class Store:
     def _open(self) -> Rdict:
         options = Options(raw_mode=True)
         options.create_if_missing(not self._read_only)
-        options.set_block_based_table_factory(_tables(BLOCK_CACHE))
-        options.set_write_buffer_size(PROJECTION_WRITE_BUFFER_BYTES)
+        memory, cache = projection_memory()
+        options.set_block_based_table_factory(_tables(cache))
+        options.set_write_buffer_size(memory.write_buffer_bytes)
         options.set_max_write_buffer_number(PROJECTION_WRITE_BUFFERS)
         try:
             if self._read_only:

@@ -35,6 +35,9 @@ def test_errors_without_a_service_are_one_line(tmp_path: Path) -> None:
     assert run_keyload("frobnicate").returncode == 2  # argparse usage error
     assert run_keyload("run", "--data", missing, "--tick-interval-ms", "0").returncode == 2
     assert "Traceback" not in run_keyload("run", "--data", missing, "--tick-interval-ms", "0").stderr
+    result = run_keyload("run", "--data", missing, "--projection-memtable-mib", "2048")
+    assert_one_clear_line(result, 2, "a projection's memtable must be 1 to 1024 MiB, not 2048")
+    assert not Path(missing).exists()
 
     DataDir.create(tmp_path / "data")
     data = str(tmp_path / "data")

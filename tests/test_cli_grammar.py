@@ -75,6 +75,7 @@ def test_the_cli_states_the_engines_defaults_and_choices() -> None:
     """The parser states defaults and choices without importing the engine: they must agree with it."""
     from keyload.operations import checkpoints, gc
     from keyload.processors.policy import ENUM_FIELDS, GROUP_ENUM_FIELDS, TOPIC_ENUM_FIELDS
+    from keyload.projections import store
     from keyload.sdk import client
     from keyload.server import runner
     from keyload.service import kafka, ticker
@@ -88,6 +89,8 @@ def test_the_cli_states_the_engines_defaults_and_choices() -> None:
         "checkpoint_interval_s": checkpoints.DEFAULT_CHECKPOINT_INTERVAL_S,
         "checkpoint_retain": checkpoints.DEFAULT_RETAINED_CHECKPOINTS,
         "gc_interval_s": gc.DEFAULT_GC_INTERVAL_S,
+        "projection_cache_mib": store.DEFAULT_PROJECTION_CACHE_BYTES // store.MIB,
+        "projection_memtable_mib": store.DEFAULT_PROJECTION_WRITE_BUFFER_BYTES // store.MIB,
         "timeout": client.DEFAULT_TIMEOUT_S,
         "poison_limit": client.DEFAULT_POISON_LIMIT,
         "listen": f"{runner.DEFAULT_HOST}:{runner.DEFAULT_PORT}",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -13,12 +14,13 @@ from hypothesis import strategies as st
 from keyload.log.codec import REGISTRY
 from keyload.projections import keys
 from keyload.projections.store import (
-    BLOCK_CACHE,
-    PROJECTION_CACHE_BYTES,
-    PROJECTION_WRITE_BUFFER_BYTES,
+    MIB,
+    ProjectionMemory,
     Staged,
     Store,
     StoreError,
+    projection_memory,
+    use_projection_memory,
     verify_checkpoint,
 )
 
@@ -145,29 +147,48 @@ def test_staged_records_are_copied_into_a_child_and_dropped_with_it(tmp_path: Pa
     store.close()
 
 
-def test_projections_of_a_process_share_one_block_cache_and_cap_their_memtables(tmp_path: Path) -> None:
+@pytest.fixture
+def small_memory() -> Iterator[ProjectionMemory]:
+    """A budget smaller than the default for the projections the test opens; the default again after."""
+    memory = ProjectionMemory(cache_bytes=8 * MIB, write_buffer_bytes=1 * MIB)
+    use_projection_memory(memory)
+    yield memory
+    use_projection_memory(ProjectionMemory())
+
+
+def test_projections_of_a_process_share_one_block_cache_and_cap_their_memtables(
+    tmp_path: Path, small_memory: ProjectionMemory
+) -> None:
     """A projection written past its memtable cap flushes to table files, and reading its rows back
     fills the process's one block cache; so does reading another projection's; a full scan (a
     digest) leaves the cache as it is."""
     stores = [Store(tmp_path / f"p{n}") for n in range(2)]
+    memory, cache = projection_memory()
+    assert memory == small_memory
     try:
         value = bytes(4096)
-        rows = 3 * PROJECTION_WRITE_BUFFER_BYTES // len(value)  # three memtables' worth each
+        rows = 3 * small_memory.write_buffer_bytes // len(value)  # three memtables' worth each
         for n, store in enumerate(stores):
-            for offset, start in enumerate(range(0, rows, 2048)):
-                store.commit({b"%d-%06d" % (n, i): value for i in range(start, min(rows, start + 2048))}, offset, 0)
+            for offset, start in enumerate(range(0, rows, 64)):
+                store.commit({b"%d-%06d" % (n, i): value for i in range(start, min(rows, start + 64))}, offset, 0)
         deadline = time.monotonic() + FLUSH_WAIT_S
         while not all(any(store.path.glob("*.sst")) for store in stores) and time.monotonic() < deadline:
             time.sleep(0.05)  # flushes run on RocksDB's background threads
         assert all(any(store.path.glob("*.sst")) for store in stores)
         for n, store in enumerate(stores):
-            before = BLOCK_CACHE.get_usage()
-            assert all(store.get(b"%d-%06d" % (n, i)) == value for i in range(0, rows, 97))
-            assert BLOCK_CACHE.get_usage() > before
-        before = BLOCK_CACHE.get_usage()
+            before = cache.get_usage()
+            assert all(store.get(b"%d-%06d" % (n, i)) == value for i in range(0, rows, 7))
+            assert cache.get_usage() > before
+        before = cache.get_usage()
         stores[0].digest()
-        assert BLOCK_CACHE.get_usage() <= before
-        assert BLOCK_CACHE.get_usage() <= PROJECTION_CACHE_BYTES
+        assert cache.get_usage() <= before
+        assert cache.get_usage() <= small_memory.cache_bytes
     finally:
         for store in stores:
             store.close()
+
+
+@pytest.mark.parametrize(("cache_mib", "memtable_mib"), [(0, 16), (64 * 1024 + 1, 16), (128, 0), (128, 1025)])
+def test_a_projection_memory_outside_its_bounds_is_refused(cache_mib: int, memtable_mib: int) -> None:
+    with pytest.raises(ValueError, match=r"must be \d+ to \d+ MiB"):
+        ProjectionMemory(cache_mib * MIB, memtable_mib * MIB)

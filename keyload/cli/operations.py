@@ -42,6 +42,8 @@ DEFAULTS: dict[str, Any] = {
     "checkpoint_interval_s": 600.0,  # keyload.operations.checkpoints.DEFAULT_CHECKPOINT_INTERVAL_S
     "checkpoint_retain": 3,  # keyload.operations.checkpoints.DEFAULT_RETAINED_CHECKPOINTS
     "gc_interval_s": 10.0,  # keyload.operations.gc.DEFAULT_GC_INTERVAL_S
+    "projection_cache_mib": 128,  # keyload.projections.store.DEFAULT_PROJECTION_CACHE_BYTES
+    "projection_memtable_mib": 16,  # keyload.projections.store.DEFAULT_PROJECTION_WRITE_BUFFER_BYTES
     "timeout": 10.0,  # keyload.sdk.client.DEFAULT_TIMEOUT_S
     "poison_limit": 100,  # keyload.sdk.client.DEFAULT_POISON_LIMIT
     "listen": "127.0.0.1:7411",  # keyload.server.runner.DEFAULT_HOST, DEFAULT_PORT
@@ -100,9 +102,14 @@ def _object_store(args: argparse.Namespace) -> ObjectStoreConfig | None:
 
 def run(args: argparse.Namespace) -> int:
     from keyload.operations.checkpoints import CheckpointPolicy
+    from keyload.projections.store import MIB, ProjectionMemory
     from keyload.service.embedded import ServiceSettings, serve
     from keyload.storage.datadir import DataDir, KafkaConfig
 
+    try:
+        memory = ProjectionMemory(args.projection_cache_mib * MIB, args.projection_memtable_mib * MIB)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
     kafka = None
     if args.kafka is not None:
         kafka = KafkaConfig(args.kafka, args.topic_prefix, args.replication_factor, args.min_insync_replicas)
@@ -124,6 +131,7 @@ def run(args: argparse.Namespace) -> int:
             raise UsageError(str(exc)) from None
     settings = ServiceSettings(
         checkpoints=CheckpointPolicy(args.checkpoint_every, args.checkpoint_interval_s, args.checkpoint_retain),
+        memory=memory,
         listen=listen,
         tick_interval_ms=args.tick_interval_ms,
         gc_interval_s=args.gc_interval_s,
@@ -786,6 +794,19 @@ def _add_run(sub: Any, common: argparse.ArgumentParser) -> None:
         type=float,
         default=d["gc_interval_s"],
         help="embedded: run a GC worker pass this often, in seconds (0: none; run `keyload gc run` instead)",
+    )
+    run_.add_argument(
+        "--projection-cache-mib",
+        type=positive,
+        default=d["projection_cache_mib"],
+        help=f"the block cache every projection of the process shares, in MiB (default {d['projection_cache_mib']})",
+    )
+    run_.add_argument(
+        "--projection-memtable-mib",
+        type=positive,
+        default=d["projection_memtable_mib"],
+        help="a projection's memtable, in MiB; each open projection holds at most two "
+        f"(default {d['projection_memtable_mib']})",
     )
     run_.set_defaults(func=run)
 

@@ -15,7 +15,7 @@ import sys
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 from threading import Event
@@ -28,7 +28,7 @@ from keyload.operations.checkpoints import Announcer, CheckpointPolicy
 from keyload.operations.gc import DEFAULT_GC_INTERVAL_S, GcWorker, LocalRetention, run_worker
 from keyload.processors.access import policy_epoch
 from keyload.processors.features import feature_level
-from keyload.projections.store import Store
+from keyload.projections.store import ProjectionMemory, Store, use_projection_memory
 from keyload.sdk.client import Client
 from keyload.server.runner import SERVER_REPLY_PARTITION, HttpServer, Listen
 from keyload.server.writer import OutcomeWaiters
@@ -68,6 +68,7 @@ class ServiceSettings:
     until_idle: bool = False  # stop once every partition is caught up (tests, batch jobs)
     listen: Listen | None = None  # where the HTTP API is served (embedded mode); None: not served
     fail_fast: bool = False  # exit on a write that fails (a full disk) instead of retrying until it succeeds
+    memory: ProjectionMemory = field(default_factory=ProjectionMemory)  # what its projections may hold in memory
 
 
 class _GcBeside:
@@ -96,6 +97,7 @@ class _GcBeside:
 
 def serve(data: DataDir, settings: ServiceSettings, stop: Event) -> list[Halt]:
     """Serve `data` until `stop` is set; returns the partitions that halted."""
+    use_projection_memory(settings.memory)
     with serving(data.root):
         ensure_system(data.root)  # a directory made before access control gets its principals' keys now
         for partition in range(data.partitions):
