@@ -6,13 +6,14 @@ import bisect
 import contextlib
 import hashlib
 import json
+import logging
 import os
 import struct
 import threading
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol, cast
 
 from rocksdict import (
     AccessType,
@@ -45,6 +46,7 @@ PROJECTION_WRITE_BUFFERS = 2  # memtables one projection holds at most: the acti
 PROJECTION_CACHE_BYTES_RANGE = (1 * MIB, 64 * 1024 * MIB)  # `keyload run --projection-cache-mib`
 PROJECTION_WRITE_BUFFER_BYTES_RANGE = (1 * MIB, 1024 * MIB)  # `keyload run --projection-memtable-mib`
 _LEN = struct.Struct(">I")
+log = logging.getLogger("keyload.projections")
 
 
 class StoreError(KeyloadError):
@@ -343,6 +345,22 @@ def _unfilled() -> ReadOptions:
     return options
 
 
+class _Unopened:
+    """Stands for a projection whose database could not be opened again (a full disk keeps RocksDB
+    from replaying its write-ahead log): any read of it raises the StoreError of that failure, not
+    rocksdict's DbClosedError, so a reader on another thread (the ticker, the HTTP API, the GC)
+    fails as a stalled partition's reader should; closing it does nothing."""
+
+    def __init__(self, failure: StoreError) -> None:
+        self._failure = failure
+
+    def close(self) -> None:
+        pass
+
+    def __getattr__(self, name: str) -> Any:
+        raise StoreError(f"the projection is not open: {self._failure}")
+
+
 class Store:
     """One partition's projection in its own RocksDB directory.
 
@@ -388,7 +406,11 @@ class Store:
         """
         with contextlib.suppress(Exception):  # closing a database with a write error fails too
             self._db.close()
-        self._db = self._open()
+        try:
+            self._db = self._open()
+        except StoreError as exc:
+            self._db = cast(Rdict, _Unopened(exc))
+            raise
 
     def get(self, key: bytes) -> bytes | None:
         value: bytes | None = self._db.get(key)
@@ -503,7 +525,13 @@ class Store:
         return manifest
 
     def close(self) -> None:
-        self._db.close()
+        """Close the projection. A close that fails (RocksDB flushes its memtable, and a full disk
+        refuses the table file) loses nothing: the write-ahead log holds those writes and the next
+        open replays it. So it is said in one line, and the caller goes on closing the others."""
+        try:
+            self._db.close()
+        except Exception as exc:
+            log.warning("projection at %s closed unflushed (its write-ahead log replays it): %s", self.path, exc)
 
 
 def _file_list(directory: Path) -> tuple[ManifestFile, ...]:

@@ -8,6 +8,7 @@ import os
 import shutil
 import subprocess
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -15,6 +16,7 @@ import httpx
 import pytest
 
 from keyload.credentials import ADMIN_PRINCIPAL
+from keyload.errors import KeyloadError
 from keyload.log.base import MAX_LOG_TIME_MS, LogError, LogRecord, partition_for, record_identity
 from keyload.log.codec import REGISTRY
 from keyload.log.file_log import FileLog, FileLogConfig, FsyncPolicy
@@ -31,6 +33,7 @@ from .support import (
     CHECKPOINT,
     CREATE_QUEUE,
     ENQUEUE,
+    assert_live_equals_replay,
     bearer,
     command,
     create_queue_body,
@@ -508,6 +511,83 @@ def test_a_full_disk_stalls_the_service_which_resumes_by_itself(tmp_path: Path) 
         assert_drills_pass(DataDir.open(root), tmp_path)
     finally:
         subprocess.run(["umount", "-l", str(projections)], check=False)
+
+
+def _fill_with_enqueues(root: Path) -> None:
+    """Enqueue 100 KB messages to every partition until the disk refuses (the log's append fails, or
+    an outcome does not come: the projection cannot commit)."""
+    domains = spread_domains(4, 4)
+    with Client(root, timeout_s=5) as client:
+        for domain in domains:
+            client.create_queue(domain, QUEUE)
+        for n in range(200):
+            try:
+                client.enqueue(domains[n % len(domains)], QUEUE, bytes(100_000), message_id=f"m{n}")
+            except KeyloadError:
+                return
+    raise AssertionError("200 enqueues of 100 KB fitted on a 4 MiB disk")
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path) -> Iterator[Path]:
+    """A 4 MiB tmpfs under the whole data directory: the log and the projections fill up together."""
+    if not _can_mount():
+        if os.environ.get("CI") == "true":
+            pytest.fail("the full-disk test needs root to mount a tmpfs, and CI runs as root")
+        pytest.skip("needs root to mount a small tmpfs (runs in CI)")
+    disk = tmp_path / "disk"
+    _mount_tmpfs(disk, "4m")
+    try:
+        yield disk
+    finally:
+        subprocess.run(["umount", "-l", str(disk)], check=False)
+
+
+@pytest.mark.slow
+def test_a_full_disk_under_every_partition_stalls_them_and_the_service_stays_up(
+    tmp_path: Path, small_disk: Path
+) -> None:
+    """When RocksDB cannot even reopen a projection (its write-ahead log does not fit a table file),
+    the partition stays stalled: the ticker and the GC pass it by, and a stop closes every projection
+    in one line each, never a traceback; with space back a new start serves and every drill passes."""
+    root = small_disk / "data"
+    DataDir.create(root, 4)
+    service = Service(root)
+    try:
+        _fill_with_enqueues(root)
+        wait_until(lambda: "cannot commit" in service.output(), timeout_s=60, what="the stall line")
+        time.sleep(2 * STALL_RETRY_MIN_S + 1.0)  # retries, ticks and a GC pass come and go meanwhile
+        assert service.process.poll() is None, service.output()
+    finally:
+        assert service.stop() == 0, service.output()
+    assert "Traceback" not in service.output()
+    assert "keyload: stopped" in service.output()
+    subprocess.run(["mount", "-o", "remount,size=64m", str(small_disk)], check=True)
+    restarted = Service(root)
+    try:
+        with Client(root, timeout_s=30) as client:
+            client.enqueue(spread_domains(4, 4)[0], QUEUE, b"after", message_id="after")
+    finally:
+        assert restarted.stop() == 0, restarted.output()
+    assert "Traceback" not in restarted.output()
+    assert_live_equals_replay(DataDir.open(root), tmp_path / "replay")
+
+
+@pytest.mark.slow
+def test_fail_fast_on_a_full_disk_exits_1_with_one_line(small_disk: Path) -> None:
+    root = small_disk / "data"
+    DataDir.create(root, 4)
+    service = Service(root, "--fail-fast")
+    try:
+        _fill_with_enqueues(root)
+        assert service.process.wait(60) == 1
+    finally:
+        if service.process.poll() is None:
+            service.process.kill()
+    service._reader.join(5)
+    output = service.output()
+    assert "Traceback" not in output
+    assert next(line for line in service.lines if "cannot commit" in line).startswith("keyload: partition ")
 
 
 def test_records_read_are_identified_by_offset_time_and_bytes() -> None:

@@ -37,7 +37,7 @@ from keyload.credentials import Credential
 from keyload.errors import ErrorCode, InvalidCommand, KeyloadError
 from keyload.log.base import LogError, partition_for
 from keyload.processors.access import EVERYTHING, allows, load_principal
-from keyload.projections.store import Readable
+from keyload.projections.store import Readable, StoreError
 from keyload.sdk.envelope import check_command_id, encode_command
 from keyload.server import statuses
 from keyload.server.auth import Authenticator, Unauthenticated
@@ -301,6 +301,8 @@ async def _answer(request: Request, answer: Callable[[str], Awaitable[Answer | R
         return error_response(statuses.TIMEOUT, detail, command_id)
     except (OSError, LogError) as exc:  # the append failed (a full disk): nothing of it applies
         return error_response(statuses.UNAVAILABLE, f"the command could not be appended: {exc}", command_id)
+    except StoreError as exc:  # the partition's projection cannot be read (a full disk stalls it)
+        return error_response(statuses.UNAVAILABLE, f"the partition cannot serve this now: {exc}", command_id)
     except KeyloadError as exc:  # a request the server cannot act on as given (a bad principal name)
         return error_response(statuses.BAD_REQUEST, str(exc))
     except Exception:  # a bug: the request fails alone, in the API's own form

@@ -36,7 +36,7 @@ from keyload.service import access_control
 from keyload.service.doorbell import Listener
 from keyload.service.halts import Halt, clear_halt, record_halt
 from keyload.service.kafka import DEFAULT_SESSION_TIMEOUT_MS, KafkaService
-from keyload.service.runtime import PartitionProcessor, run_until
+from keyload.service.runtime import PartitionProcessor, Stalled, run_until
 from keyload.service.system_commands import feature_level_command
 from keyload.service.ticker import DEFAULT_TICK_INTERVAL_MS, Ticker
 from keyload.storage.datadir import DataDir
@@ -88,11 +88,20 @@ class _GcBeside:
         """End the worker's pass, applying the commands it still appends, so the service stops caught up."""
         self.halt.set()
         while self.thread.is_alive():
-            if not sum(processor.step() for processor in processors):
+            if not sum(_step_unless_stalled(processor) for processor in processors):
                 self.thread.join(0.005)
         self.worker.close()
         self.client.close()
         self.checkpoints.close()
+
+
+def _step_unless_stalled(processor: PartitionProcessor) -> int:
+    """Step `processor`; a stalled one (a full disk) applies nothing, and what it has not applied
+    waits for the next start."""
+    try:
+        return processor.step()
+    except Stalled:
+        return 0
 
 
 def serve(data: DataDir, settings: ServiceSettings, stop: Event) -> list[Halt]:

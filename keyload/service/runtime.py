@@ -445,7 +445,10 @@ class PartitionProcessor:
         return self.outcomes is not None and 0 <= reply_to < self.outcomes.partitions
 
     def next_timer_ms(self) -> int | None:
-        """Due time of the earliest pending timer in the projection, if any."""
+        """Due time of the earliest pending timer in the projection, if any; None while a failed
+        commit stalls the partition (its projection may not even be open): a Tick could not apply."""
+        if self._store_failed:
+            return None
         return next_due_ms(self.store)
 
 
