@@ -38,12 +38,17 @@ def test_errors_without_a_service_are_one_line(tmp_path: Path) -> None:
     result = run_keyload("run", "--data", missing, "--projection-memtable-mib", "2048")
     assert_one_clear_line(result, 2, "a projection's memtable must be 1 to 1024 MiB, not 2048")
     assert not Path(missing).exists()
+    result = run_keyload("run", "--data", missing, "--listen", "bogus")
+    assert_one_clear_line(result, 2, "--listen takes HOST:PORT, not 'bogus'")
+    assert not Path(missing).exists()  # a usage error creates nothing, so it fixes no partition count
 
     DataDir.create(tmp_path / "data")
     data = str(tmp_path / "data")
     result = run_keyload(
         "enqueue", "--data", data, "--domain", "d", "--queue", "q", "--body", "x", "--command-id", "a b"
     )
+    assert_one_clear_line(result, 1, "command id must be 1..128 printable ASCII characters")
+    result = run_keyload("enqueue", "--data", data, "--domain", "d", "--queue", "q", "--body", "x", "--command-id", "")
     assert_one_clear_line(result, 1, "command id must be 1..128 printable ASCII characters")
     result = run_keyload("drill", "--data", data, "--partition", "0", "--from-checkpoint", "abc")
     assert_one_clear_line(result, 2, "--from-checkpoint must be 'latest' or a checkpoint offset")

@@ -124,8 +124,9 @@ def test_an_unknown_kind_or_a_body_that_does_not_match_appends_nothing(client: C
     assert "not bytes" not in str(wrong_type.value)
     assert_short(wrong_type.value)
 
-    with pytest.raises(InvalidCommand, match=r"command id must be 1\.\.128 printable ASCII characters"):
-        client.enqueue("shop", "q", b"x", command_id="has spaces")
+    for bad_id in ("has spaces", ""):  # an empty id is refused, never replaced by a random one
+        with pytest.raises(InvalidCommand, match=r"command id must be 1\.\.128 printable ASCII characters"):
+            client.enqueue("shop", "q", b"x", command_id=bad_id)
     assert log_ends(client) == [0, 0]
 
 

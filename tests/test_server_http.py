@@ -168,8 +168,9 @@ def test_idempotency_key_returns_the_stored_outcome(served: tuple[Path, str], ap
     other = api.post(f"{queue}/messages", json={"message_id": "m2", "body": b64(b"x")}, headers=key)
     assert (other.status_code, other.json()["error_code"]) == (409, "Conflict")
     before = log_end(root, d)
-    bad = api.post(f"{queue}/messages", json=body, headers={"Idempotency-Key": "with space"})
-    assert (bad.status_code, bad.json()["error_code"], bad.json()["status"]) == (400, "Validation", "error")
+    for bad_key in ("with space", ""):  # an empty key is refused, never replaced by a random one
+        bad = api.post(f"{queue}/messages", json=body, headers={"Idempotency-Key": bad_key})
+        assert (bad.status_code, bad.json()["error_code"], bad.json()["status"]) == (400, "Validation", "error")
     assert log_end(root, d) == before
 
 

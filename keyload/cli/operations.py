@@ -110,6 +110,14 @@ def run(args: argparse.Namespace) -> int:
         memory = ProjectionMemory(args.projection_cache_mib * MIB, args.projection_memtable_mib * MIB)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
+    listen = None
+    if args.listen != "none":
+        from keyload.server.runner import Listen
+
+        try:
+            listen = Listen.parse(args.listen, args.tls_cert, args.tls_key)
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
     kafka = None
     if args.kafka is not None:
         kafka = KafkaConfig(args.kafka, args.topic_prefix, args.replication_factor, args.min_insync_replicas)
@@ -121,14 +129,6 @@ def run(args: argparse.Namespace) -> int:
         keyring_from=args.keyring_from,
         segment_bytes=args.segment_bytes,
     )
-    listen = None
-    if args.listen != "none":
-        from keyload.server.runner import Listen
-
-        try:
-            listen = Listen.parse(args.listen, args.tls_cert, args.tls_key)
-        except ValueError as exc:
-            raise UsageError(str(exc)) from None
     settings = ServiceSettings(
         checkpoints=CheckpointPolicy(args.checkpoint_every, args.checkpoint_interval_s, args.checkpoint_retain),
         memory=memory,

@@ -275,7 +275,7 @@ class Client:
         A command that cannot be sent as given (unknown `kind`, a `body` that does not match the
         kind's schema, over the log's record limit, a bad command id) raises `InvalidCommand` and
         nothing is appended."""
-        command_id = command_id or str(uuid.uuid4())
+        command_id = str(uuid.uuid4()) if command_id is None else command_id
         check_command_id(command_id)
         return self._transport.submit(
             domain, kind, body, command_id, self.timeout_s if timeout_s is None else timeout_s
@@ -365,7 +365,7 @@ class Client:
         expires_at_ms: int | None = None,
         command_id: str | None = None,
     ) -> EnqueueResult:
-        command_id = command_id or str(uuid.uuid4())
+        command_id = str(uuid.uuid4()) if command_id is None else command_id
         record = {
             "queue": queue,
             "message_id": message_id or command_id,
@@ -469,7 +469,7 @@ class Client:
         """
         if not 1 <= len(lanes) <= MAX_LANES:
             raise InvalidCommand(f"receive_across takes 1..{MAX_LANES} lanes")
-        request_id = request_id or str(uuid.uuid4())
+        request_id = str(uuid.uuid4()) if request_id is None else request_id
         check_command_id(f"{request_id}.{len(lanes) - 1}")
         deadline = time.monotonic() + (self.timeout_s if timeout_s is None else timeout_s)
         outcomes: list[LaneOutcome] = []
@@ -1093,7 +1093,7 @@ class Client:
         from keyload.sdk.payloads import digest_of, staged_source  # lazily: see the imports
 
         resuming = request_id is not None
-        request_id = request_id or str(uuid.uuid4())
+        request_id = str(uuid.uuid4()) if request_id is None else request_id
         local = isinstance(self._transport, LogTransport)
         scratch = self.data.root / "scratch" / "payloads" if local else Path(tempfile.gettempdir())
         with staged_source(source, scratch) as path:
@@ -1247,7 +1247,7 @@ class Client:
 
     def _send_everywhere(self, name: str, body: dict[str, Any], command_id: str | None) -> PrincipalView:
         """Send a principal command to every partition under one command id; partition 0's view."""
-        command_id = command_id or str(uuid.uuid4())
+        command_id = str(uuid.uuid4()) if command_id is None else command_id
         views = [self._send_to(PrincipalView, name, p, body, command_id) for p in range(self.partitions)]
         return views[0]
 

@@ -276,7 +276,8 @@ async def answered(request: Request, answer: Callable[[str], Awaitable[Answer | 
 
 
 async def _answer(request: Request, answer: Callable[[str], Awaitable[Answer | Response]]) -> Response:
-    command_id = request.headers.get(IDEMPOTENCY_HEADER) or str(uuid.uuid4())
+    given = request.headers.get(IDEMPOTENCY_HEADER)  # present but empty is refused, not replaced
+    command_id = str(uuid.uuid4()) if given is None else given
     try:
         check_command_id(command_id)
         answer_or_response = await answer(command_id)
