@@ -162,13 +162,16 @@ def error_response(pair: tuple[str, int], detail: str, command_id: str | None = 
 def inspector_refusal(engine: Engine, request: Request, detail: str) -> Response | None:
     """The refusal (401, or 403 with `detail`) of a request for what names every domain's resources
     (metrics, the census), unless its caller may inspect every domain; None when it may. A Kafka
-    server holds no policy (Engine.policy): there a credential the keyring accepts is enough."""
+    server holds no policy (Engine.policy): there a credential the keyring accepts is enough. 503
+    while partition 0's projection, which holds the policy, cannot be read (a full disk stalls it)."""
     try:
         caller = engine.caller(request, 0)
+        policy = engine.policy(0)
+        record = None if policy is None else load_principal(policy, caller.principal)
     except Unauthenticated as exc:
         return error_response(statuses.UNAUTHENTICATED, str(exc))
-    policy = engine.policy(0)
-    record = None if policy is None else load_principal(policy, caller.principal)
+    except StoreError as exc:
+        return error_response(statuses.UNAVAILABLE, f"the access policy cannot be read now: {exc}")
     if policy is not None and (record is None or not allows(record.grants, Capability.inspect, None, EVERYTHING)):
         return error_response(statuses.FORBIDDEN, detail)
     return None

@@ -21,7 +21,7 @@ from prometheus_client.registry import Collector
 from keyload.log.base import CommandLog, LogError
 from keyload.projections import keys
 from keyload.projections.records import GroupRecord, QueueRecord, TopicRecord
-from keyload.projections.store import Store
+from keyload.projections.store import Store, StoreError
 
 MAX_SCRAPED_RESOURCES = 1000  # queues, and groups, reported per partition and scrape
 LATENCY_BUCKETS_S = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
@@ -106,7 +106,11 @@ class PartitionCollector(Collector):
             lag.add_metric([label], max(log_end - 1 - offset, 0))
         for partition, store in enumerate(self.stores):
             label = str(partition)
-            poison.add_metric([label], sum(1 for _ in store.scan(keys.POISON, keys.prefix_end(keys.POISON))))
+            try:
+                poisoned = sum(1 for _ in store.scan(keys.POISON, keys.prefix_end(keys.POISON)))
+            except StoreError:  # a full disk keeps its projection from reopening: no figures this time
+                continue
+            poison.add_metric([label], poisoned)
             for queue in _records(store, keys.QUEUE, QueueRecord):
                 view = queue.view
                 counters = view.counters

@@ -25,7 +25,7 @@ from keyload.errors import KeyloadError
 from keyload.log.base import CommandLog, LogError
 from keyload.log.file_log import FileLogConfig, FsyncPolicy
 from keyload.log.kafka_log import KafkaLog
-from keyload.projections.store import Store
+from keyload.projections.store import Store, StoreError
 from keyload.server import openapi
 from keyload.server.app import Engine, Halted, application
 from keyload.server.auth import Authenticator
@@ -135,7 +135,13 @@ class HttpServer:
         keyring = LiveKeyring(data.root)
 
         def applied() -> dict[int, int]:
-            return {partition: store.applied_offset for partition, store in enumerate(stores)}
+            """Each partition's applied offset; none for one whose projection cannot be read (a full
+            disk kept it from reopening: it is stalled, and says so in the service's output)."""
+            offsets = {}
+            for partition, store in enumerate(stores):
+                with contextlib.suppress(StoreError):
+                    offsets[partition] = store.applied_offset
+            return offsets
 
         log = data.file_command_log()
         backlog = {partition: _end_or_nothing(log, partition) for partition in range(data.partitions)}
