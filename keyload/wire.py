@@ -4,7 +4,9 @@
 One rule set, used both ways (request bodies into command records, outcomes into responses) and
 by the OpenAPI document (`json_schema`):
 
-- records are JSON objects with the schema's field names; a field with a default may be left out;
+- records are JSON objects with the schema's field names; a field with a default may be left out,
+  and so may a map (then empty) and a record whose every field has a default (then `{}`, those
+  defaults: `PUT .../queues/orders` with no body creates the queue with the default policy);
 - `bytes` and `fixed` values are base64 strings (RFC 4648, standard alphabet, padded);
 - `int` and `long` are JSON integers, `boolean` is true/false, enums are their symbol as a string;
 - an optional field (a union with `null`) is `null` or the value itself;
@@ -198,6 +200,8 @@ def to_avro(names_: Names, schema: Schema, value: Any, path: str) -> Any:
                 record[name] = to_avro(names_, field["type"], value[name], _join(path, name))
             elif "default" in field:
                 record[name] = field["default"]
+            elif _empty_when_left_out(names_, field):
+                record[name] = to_avro(names_, field["type"], {}, _join(path, name))
             else:
                 raise WireError(f"{_join(path, name)} is required")
         return record
@@ -241,6 +245,20 @@ def to_avro(names_: Names, schema: Schema, value: Any, path: str) -> Any:
             raise WireError(f"{path} must be null")
         return None
     raise TypeError(f"no JSON form for Avro type {kind!r}")  # a schema type the API does not use
+
+
+def _empty_when_left_out(names_: Names, field: dict[str, Any]) -> bool:
+    """Whether a field without a default may be left out as `{}`: a map (then empty) or a record
+    whose every field has a default (then those defaults)."""
+    schema = names_.resolve(field["type"])
+    kind = _kind(schema)
+    return kind == "map" or (kind == "record" and all("default" in inner for inner in schema["fields"]))
+
+
+def required(names_: Names, field: dict[str, Any]) -> bool:
+    """Whether a request must give `field` of a command's body: the OpenAPI document's request
+    bodies (a record's own schema, shared with outcomes, which give every field, lists all)."""
+    return "default" not in field and not _empty_when_left_out(names_, field)
 
 
 def to_json(names_: Names, schema: Schema, datum: Any) -> Any:

@@ -314,6 +314,23 @@ def test_a_malformed_request_is_400_naming_the_field(
     assert log_end(root, d) == before
 
 
+def test_a_policy_filter_or_headers_left_out_take_their_defaults(api: httpx.Client) -> None:
+    d = domain()
+    queue = committed(api.put(f"/v1/domains/{d}/queues/orders"))  # no body at all
+    assert queue["policy"]["max_attempts"] == 5 and queue["policy"]["lease_ms"] == 30_000
+    committed(api.put(f"/v1/domains/{d}/topics/events", json={}))
+    group = committed(api.put(f"/v1/domains/{d}/topics/events/groups/billing", json={"start": "beginning"}))
+    assert group["state"]["filter"] == {"event_types": [], "headers": {}}
+    reserved = api.post(
+        f"/v1/domains/{d}/queues/orders/reservations",
+        json={"message_id": "big", "length": 3, "sha256": base64.b64encode(hashlib.sha256(b"abc").digest()).decode()},
+    )
+    assert committed(reserved)["headers"] == {}
+    # A record with a field of its own to give is still required, by name.
+    missing = api.post("/v1/principals/someone/grants", json={})
+    assert (missing.status_code, missing.json()["detail"]) == (400, "grant is required")
+
+
 def test_routes_methods_and_sizes(api: httpx.Client) -> None:
     assert api.get("/v1/nowhere").status_code == 404
     assert api.get("/v1/nowhere").json()["error_code"] == "NotFound"

@@ -27,6 +27,7 @@ from keyload.wire import (
     field_schema,
     json_schema,
     names,
+    required,
 )
 
 _SCALARS = ("string", "int", "long", "boolean")
@@ -82,7 +83,7 @@ def _operation(kind: CommandKind, refs: dict[str, Any]) -> dict[str, Any]:
         schema = {
             "type": "object",
             "properties": properties,
-            "required": [f["name"] for f in body_fields if "default" not in f],
+            "required": [f["name"] for f in body_fields if required(commands, f)],
             "additionalProperties": False,
         }
         content: dict[str, Any] = {"application/json": {"schema": schema}}
