@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import socket
 import subprocess
 from pathlib import Path
 
@@ -41,6 +42,20 @@ def test_errors_without_a_service_are_one_line(tmp_path: Path) -> None:
     result = run_keyload("run", "--data", missing, "--listen", "bogus")
     assert_one_clear_line(result, 2, "--listen takes HOST:PORT, not 'bogus'")
     assert not Path(missing).exists()  # a usage error creates nothing, so it fixes no partition count
+    for option, value in (
+        ("--checkpoint-interval-s", "0"),
+        ("--gc-interval-s", "-1"),
+        ("--gc-interval-s", "nan"),
+        ("--timeout", "inf"),
+    ):
+        result = run_keyload("run", "--data", missing, option, value)
+        assert result.returncode == 2 and f"argument {option}: expected a number of seconds" in result.stderr, result
+        assert "Traceback" not in result.stderr
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        port = taken.getsockname()[1]
+        result = run_keyload("run", "--data", missing, "--listen", f"127.0.0.1:{port}")
+    assert_one_clear_line(result, 1, f"cannot listen on 127.0.0.1:{port}")
+    assert not Path(missing).exists()  # the port is bound before the data directory is created
 
     DataDir.create(tmp_path / "data")
     data = str(tmp_path / "data")

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import re
 import time
 import uuid
@@ -92,6 +93,31 @@ def positive(text: str) -> int:
     if not text.isdigit() or int(text) < 1:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
     return int(text)
+
+
+def seconds(text: str) -> float:
+    """A number of seconds, 0 or more (0 where an option documents it as "none")."""
+    value = _finite_seconds(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, 0 or more, got {text!r}")
+    return value
+
+
+def positive_seconds(text: str) -> float:
+    value = _finite_seconds(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds above 0, got {text!r}")
+    return value
+
+
+def _finite_seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}")
+    return value
 
 
 def integer(text: str) -> int:

@@ -93,7 +93,7 @@ def _common() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
     )
     common.add_argument(
         "--timeout",
-        type=float,
+        type=commands.positive_seconds,
         default=operations.DEFAULTS["timeout"],
         metavar="SECONDS",
         help="seconds to wait for an outcome (default 10)",

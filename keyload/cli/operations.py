@@ -17,7 +17,7 @@ from pathlib import Path
 from threading import Event
 from typing import TYPE_CHECKING, Any
 
-from keyload.cli.commands import integer, positive
+from keyload.cli.commands import integer, positive, positive_seconds, seconds
 from keyload.cli.output import UsageError, emit, jsonable, print_json, wants_json
 from keyload.errors import KeyloadError
 
@@ -118,6 +118,7 @@ def run(args: argparse.Namespace) -> int:
             listen = Listen.parse(args.listen, args.tls_cert, args.tls_key)
         except ValueError as exc:
             raise UsageError(str(exc)) from None
+        listen = listen.bound()  # a port in use fails here, before the data directory is created
     kafka = None
     if args.kafka is not None:
         kafka = KafkaConfig(args.kafka, args.topic_prefix, args.replication_factor, args.min_insync_replicas)
@@ -704,7 +705,10 @@ def add_parsers(sub: Any, common: argparse.ArgumentParser, command: argparse.Arg
     op = gc.add_parser("run", parents=[common], help="run the GC worker (`keyload run` runs one itself)")
     op.add_argument("--once", action="store_true", help="one pass, then exit")
     op.add_argument(
-        "--interval-s", type=float, default=DEFAULTS["gc_interval_s"], help="seconds between passes (default 10)"
+        "--interval-s",
+        type=positive_seconds,
+        default=DEFAULTS["gc_interval_s"],
+        help="seconds between passes (default 10)",
     )
     op.set_defaults(func=gc_run)
 
@@ -779,7 +783,7 @@ def _add_run(sub: Any, common: argparse.ArgumentParser) -> None:
     )
     run_.add_argument(
         "--checkpoint-interval-s",
-        type=float,
+        type=positive_seconds,
         default=d["checkpoint_interval_s"],
         help=f"or this many seconds after the last checkpoint (default {d['checkpoint_interval_s']:g})",
     )
@@ -791,7 +795,7 @@ def _add_run(sub: Any, common: argparse.ArgumentParser) -> None:
     )
     run_.add_argument(
         "--gc-interval-s",
-        type=float,
+        type=seconds,
         default=d["gc_interval_s"],
         help="embedded: run a GC worker pass this often, in seconds (0: none; run `keyload gc run` instead)",
     )

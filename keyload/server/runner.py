@@ -2,8 +2,10 @@
 
 uvicorn serves the Starlette application on a thread of its own (its event loop); the processors
 keep the service's main thread. The listening socket is bound before the thread starts, so a port
-in use is an error of `keyload run` itself, and port 0 picks a free one. The address served is
-written to DATA/server.json (0600) for local tools and tests, and removed when the server stops.
+in use is an error of `keyload run` itself, and port 0 picks a free one; `keyload run` binds it
+before it creates or opens the data directory (`Listen.bound`), so that error leaves nothing
+behind. The address served is written to DATA/server.json (0600) for local tools and tests, and
+removed when the server stops.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import os
 import socket
 import threading
 from collections.abc import Callable, Collection, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import uvicorn
@@ -63,6 +65,8 @@ class Listen:
     port: int = DEFAULT_PORT
     tls_cert: Path | None = None
     tls_key: Path | None = None
+    # Bound already (`bound`): the server serves on it rather than binding when it starts.
+    bound_socket: socket.socket | None = field(default=None, compare=False, repr=False)
 
     @classmethod
     def parse(cls, text: str, tls_cert: Path | None = None, tls_key: Path | None = None) -> Listen:
@@ -73,6 +77,10 @@ class Listen:
         if (tls_cert is None) != (tls_key is None):
             raise ValueError("TLS needs both --tls-cert and --tls-key")
         return cls(host.strip("[]"), int(port), tls_cert, tls_key)
+
+    def bound(self) -> Listen:
+        """This address with its socket bound now: ServerError when it cannot be (a port in use)."""
+        return replace(self, bound_socket=_bind(self))
 
     @property
     def scheme(self) -> str:
@@ -115,7 +123,7 @@ class HttpServer:
             ssl_keyfile=None if listen.tls_key is None else str(listen.tls_key),
         )
         self._server = uvicorn.Server(config)
-        self._socket = _bind(listen)
+        self._socket = _bind(listen) if listen.bound_socket is None else listen.bound_socket
         self._thread = threading.Thread(target=self._run, name="keyload-http", daemon=True)
         self._failure: BaseException | None = None
         self._stopped = threading.Event()
