@@ -558,11 +558,30 @@ def test_a_full_disk_under_every_partition_stalls_them_and_the_service_stays_up(
         wait_until(lambda: "cannot commit" in service.output(), timeout_s=60, what="the stall line")
         time.sleep(2 * STALL_RETRY_MIN_S + 1.0)  # retries, ticks and a GC pass come and go meanwhile
         assert service.process.poll() is None, service.output()
+
+        def stalled_now() -> set[int]:
+            """The partitions the service's last line about says are stalled."""
+            changes = [line for line in service.lines if "cannot commit" in line or "writes succeed again" in line]
+            last = {int(line.split()[2].rstrip(":")): line for line in changes}
+            return {partition for partition, line in last.items() if "cannot commit" in line}
+
+        def readiness() -> httpx.Response:
+            return httpx.get(f"{served_url(root)}/readyz", timeout=30)
+
+        wait_until(lambda: {int(p) for p in readiness().json()["stalled"]} == stalled_now(), what="/readyz stalls")
+        ready = readiness()
+        assert ready.status_code == 200, ready.text  # a stalled partition stops alone, as a halted one does
+        assert all("cannot commit" in why for why in ready.json()["stalled"].values()), ready.text
+        stalled = stalled_now()
         metrics = httpx.get(f"{served_url(root)}/metrics", headers=bearer(root), timeout=30)
-        # The stalled partitions' figures are left out, not the page; 503 when partition 0, which holds
-        # the access policy, is one whose projection could not reopen. Never a 500.
+        # 503 when partition 0, which holds the access policy, is one whose projection could not
+        # reopen, so the scrape's credential cannot be checked. Never a 500.
         assert metrics.status_code in (200, 503), metrics.text
-        assert "keyload_applied_offset" in metrics.text if metrics.status_code == 200 else "Unavailable" in metrics.text
+        if metrics.status_code == 200:
+            for partition in stalled:
+                assert f'keyload_partition_stalled{{partition="{partition}"}} 1.0' in metrics.text
+        else:
+            assert "Unavailable" in metrics.text
     finally:
         assert service.stop() == 0, service.output()
     assert "Traceback" not in service.output()

@@ -339,7 +339,7 @@ def test_routes_methods_and_sizes(api: httpx.Client) -> None:
     huge = api.post(f"/v1/domains/{domain()}/queues/q/messages", content=b"x" * (8 * 1024 * 1024 + 1))
     assert huge.status_code == 413
     assert api.get("/healthz").json() == {"status": "ok"}
-    assert api.get("/readyz").json() == {"status": "ready", "catching_up": {}, "halted": {}}
+    assert api.get("/readyz").json() == {"status": "ready", "catching_up": {}, "halted": {}, "stalled": {}}
 
 
 def test_keyload_codes_map_to_statuses(api: httpx.Client) -> None:

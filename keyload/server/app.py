@@ -42,6 +42,7 @@ from keyload.sdk.envelope import check_command_id, encode_command
 from keyload.server import statuses
 from keyload.server.auth import Authenticator, Unauthenticated
 from keyload.server.metrics import ServerMetrics
+from keyload.server.processing import Processing
 from keyload.server.writer import Answer, CommandWriter, OutcomeWaiters
 from keyload.service.system_commands import domain_for_partition
 from keyload.version import __version__
@@ -95,7 +96,7 @@ class Engine:
     policy: Callable[[int], Readable | None]
     authenticator: Authenticator
     waiters: OutcomeWaiters
-    halt_of: Callable[[int], str | None]  # why partition P is halted, or None
+    processing: Processing  # the processors beside: their offsets, halts and stalls
     metrics: ServerMetrics
     # The end of each partition's log when the server started: the backlog the processors replay
     # before the service is ready (`/readyz`); empty on Kafka, whose partitions come and go.
@@ -127,7 +128,7 @@ class Engine:
         self, credential: Credential, command_id: str, domain: str, partition: int, body: Branch
     ) -> Answer:
         """Sign the command (branch, datum) for `credential`, append it, and await its outcome."""
-        halt = self.halt_of(partition)
+        halt = self.processing.halt_of(partition)
         if halt is not None:
             raise Halted(f"partition {partition} is halted {halt}")
         envelope = {
@@ -406,15 +407,22 @@ def application(
         return JSONResponse({"status": "ok"})
 
     async def readyz(_: Request) -> Response:
-        """Ready once every partition has applied the backlog it had at start, or is halted (a halted
-        partition stops alone: the others serve); both are listed."""
-        halted = {str(p): reason for p in range(engine.partitions) if (reason := engine.halt_of(p)) is not None}
+        """Ready once every partition has applied the backlog it had at start, or is halted or stalled
+        (such a partition stops alone: the others serve); all three are listed."""
+        processing = engine.processing
+        halted = {str(p): reason for p in range(engine.partitions) if (reason := processing.halt_of(p)) is not None}
+        stalled = {str(p): reason for p in range(engine.partitions) if (reason := processing.stall_of(p)) is not None}
         catching_up = {
             str(p): f"applied through {applied} of {engine.backlog[p] - 1}"
-            for p, applied in engine.metrics.partitions.applied().items()
-            if str(p) not in halted and applied < engine.backlog.get(p, 0) - 1
+            for p, applied in processing.applied_offsets().items()
+            if str(p) not in halted and str(p) not in stalled and applied < engine.backlog.get(p, 0) - 1
         }
-        body = {"status": "unavailable" if catching_up else "ready", "catching_up": catching_up, "halted": halted}
+        body = {
+            "status": "unavailable" if catching_up else "ready",
+            "catching_up": catching_up,
+            "halted": halted,
+            "stalled": stalled,
+        }
         return JSONResponse(body, status_code=503 if catching_up else 200)
 
     async def service(_: Request) -> Response:

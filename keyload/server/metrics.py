@@ -11,7 +11,7 @@ MAX_SCRAPED_RESOURCES queues and as many groups per partition are reported.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Sequence
 from typing import TypeVar
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
@@ -22,6 +22,7 @@ from keyload.log.base import CommandLog, LogError
 from keyload.projections import keys
 from keyload.projections.records import GroupRecord, QueueRecord, TopicRecord
 from keyload.projections.store import Store, StoreError
+from keyload.server.processing import Processing
 
 MAX_SCRAPED_RESOURCES = 1000  # queues, and groups, reported per partition and scrape
 LATENCY_BUCKETS_S = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
@@ -52,21 +53,19 @@ class ServerMetrics:
 
 class PartitionCollector(Collector):
     """The partitions' state, read when scraped (one scrape at a time: the log is read by one thread):
-    the applied offset of every partition this process serves (`applied`), and what the projections
-    in `stores` hold (every partition's on the embedded log; none on Kafka, where projections come
-    and go with the partitions)."""
+    the applied offset, halt and stall of every partition this process serves (`processing`), and
+    what the projections in `stores` hold (every partition's on the embedded log; none on Kafka,
+    where projections come and go with the partitions)."""
 
     def __init__(
         self,
         log: CommandLog,
-        applied: Callable[[], Mapping[int, int]],
+        processing: Processing,
         stores: Sequence[Store],
-        halt_of: Callable[[int], str | None],
     ) -> None:
         self.log = log  # an instance of its own, for the log's end offsets
-        self.applied = applied
+        self.processing = processing
         self.stores = stores
-        self.halt_of = halt_of
         self._lock = threading.Lock()
 
     def collect(self) -> Iterator[Metric]:
@@ -78,6 +77,9 @@ class PartitionCollector(Collector):
         end = GaugeMetricFamily("keyload_log_end_offset", "next offset of the command log", labels=["partition"])
         lag = GaugeMetricFamily("keyload_lag_records", "records appended but not applied yet", labels=["partition"])
         halted = GaugeMetricFamily("keyload_partition_halted", "1 when the partition is halted", labels=["partition"])
+        stalled = GaugeMetricFamily(
+            "keyload_partition_stalled", "1 while the partition cannot make a group durable", labels=["partition"]
+        )
         poison = GaugeMetricFamily(
             "keyload_poison_records", "records no command could be read from", labels=["partition"]
         )
@@ -94,10 +96,11 @@ class PartitionCollector(Collector):
         parked = GaugeMetricFamily(
             "keyload_group_parked_events", "parked positions", labels=["domain", "topic", "group"]
         )
-        for partition, offset in sorted(self.applied().items()):
+        for partition, offset in sorted(self.processing.applied_offsets().items()):
             label = str(partition)
             applied.add_metric([label], offset)
-            halted.add_metric([label], 0 if self.halt_of(partition) is None else 1)
+            halted.add_metric([label], 0 if self.processing.halt_of(partition) is None else 1)
+            stalled.add_metric([label], 0 if self.processing.stall_of(partition) is None else 1)
             try:
                 log_end = self.log.end_offset(partition)
             except LogError:  # a damaged log (its partition halts), a broker away: no figure this time
@@ -125,7 +128,7 @@ class PartitionCollector(Collector):
                 backlog.add_metric(names, max(tail - seen.checkpoint, 0))
                 outstanding.add_metric(names, seen.outstanding)
                 parked.add_metric(names, seen.parked_count)
-        yield from (applied, end, lag, halted, poison, depth, acked, backlog, outstanding, parked)
+        yield from (applied, end, lag, halted, stalled, poison, depth, acked, backlog, outstanding, parked)
 
 
 R = TypeVar("R", QueueRecord, GroupRecord)

@@ -16,7 +16,7 @@ import json
 import os
 import socket
 import threading
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -27,7 +27,7 @@ from keyload.errors import KeyloadError
 from keyload.log.base import CommandLog, LogError
 from keyload.log.file_log import FileLogConfig, FsyncPolicy
 from keyload.log.kafka_log import KafkaLog
-from keyload.projections.store import Store, StoreError
+from keyload.projections.store import Store
 from keyload.server import openapi
 from keyload.server.app import Engine, Halted, application
 from keyload.server.auth import Authenticator
@@ -35,6 +35,7 @@ from keyload.server.census import census_route
 from keyload.server.metrics import PartitionCollector, ServerMetrics
 from keyload.server.payloads import payload_routes
 from keyload.server.principals import credential_routes
+from keyload.server.processing import Processing
 from keyload.server.writer import CommandWriter, OutcomeTail, OutcomeWaiters
 from keyload.service.doorbell import Doorbell
 from keyload.storage.datadir import DataDir
@@ -135,26 +136,18 @@ class HttpServer:
         listen: Listen,
         stores: Sequence[Store],
         waiters: OutcomeWaiters,
-        halt_of: Callable[[int], str | None],
+        processing: Processing,
     ) -> HttpServer:
         """The embedded service's server: the file log's writer, answered in process; it holds every
         partition's projection, so it authenticates against the policy and serves payloads and
         credentials itself."""
         keyring = LiveKeyring(data.root)
-
-        def applied() -> dict[int, int]:
-            """Each partition's applied offset; none for one whose projection cannot be read (a full
-            disk kept it from reopening: it is stalled, and says so in the service's output)."""
-            offsets = {}
-            for partition, store in enumerate(stores):
-                with contextlib.suppress(StoreError):
-                    offsets[partition] = store.applied_offset
-            return offsets
-
         log = data.file_command_log()
         backlog = {partition: _end_or_nothing(log, partition) for partition in range(data.partitions)}
-        metrics = ServerMetrics(PartitionCollector(log, applied, stores, halt_of))
-        engine = Engine(data.partitions, stores.__getitem__, Authenticator(keyring), waiters, halt_of, metrics, backlog)
+        metrics = ServerMetrics(PartitionCollector(log, processing, stores))
+        engine = Engine(
+            data.partitions, stores.__getitem__, Authenticator(keyring), waiters, processing, metrics, backlog
+        )
         doorbell = Doorbell(data.root)
         side = LogSide(
             lambda: data.file_command_log(FileLogConfig(segment_bytes=data.segment_bytes, fsync=FsyncPolicy.NONE)),
@@ -171,16 +164,15 @@ class HttpServer:
         data: DataDir,
         listen: Listen,
         waiters: OutcomeWaiters,
-        halt_of: Callable[[int], str | None],
-        applied: Callable[[], Mapping[int, int]],
+        processing: Processing,
     ) -> HttpServer:
         """A Kafka processor's server: it produces to the command topic and tails its reply partition
         of the outcomes topic, whichever process owns a command's partition; the keyring alone
         authenticates at the edge (the processor decides the policy)."""
         settings = data.kafka_settings()
-        metrics = ServerMetrics(PartitionCollector(KafkaLog.commands(settings), applied, (), halt_of))
+        metrics = ServerMetrics(PartitionCollector(KafkaLog.commands(settings), processing, ()))
         authenticator = Authenticator(LiveKeyring(data.root))
-        engine = Engine(data.partitions, _no_policy, authenticator, waiters, halt_of, metrics, {})
+        engine = Engine(data.partitions, _no_policy, authenticator, waiters, processing, metrics, {})
         side = LogSide(
             lambda: KafkaLog.commands(settings), _nothing, blocking=True, outcomes=lambda: KafkaLog.outcomes(settings)
         )

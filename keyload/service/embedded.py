@@ -16,7 +16,6 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from functools import partial
 from pathlib import Path
 from threading import Event
 
@@ -239,7 +238,7 @@ def _serve_embedded(data: DataDir, settings: ServiceSettings, stop: Event) -> li
         collector = None
         try:
             if settings.listen is not None:
-                http = HttpServer.embedded(data, settings.listen, stores, waiters, partial(_halt_reason, processors))
+                http = HttpServer.embedded(data, settings.listen, stores, waiters, _Beside(processors))
                 http.start()
                 print(f"keyload: HTTP API on {http.url}", flush=True)
             collector = _GcBeside(data, stores, settings.gc_interval_s) if settings.gc_interval_s > 0 else None
@@ -270,9 +269,21 @@ def _serve_embedded(data: DataDir, settings: ServiceSettings, stop: Event) -> li
         checkpoints.close()
 
 
-def _halt_reason(processors: list[PartitionProcessor], partition: int) -> str | None:
-    halt = processors[partition].halt
-    return None if halt is None else halt.where
+@dataclass(frozen=True)
+class _Beside:
+    """The embedded server's view of every partition's processor (keyload.server.processing)."""
+
+    processors: list[PartitionProcessor]
+
+    def applied_offsets(self) -> dict[int, int]:
+        return {processor.partition: processor.applied_offset for processor in self.processors}
+
+    def halt_of(self, partition: int) -> str | None:
+        halt = self.processors[partition].halt
+        return None if halt is None else halt.where
+
+    def stall_of(self, partition: int) -> str | None:
+        return self.processors[partition].stall
 
 
 def _serve_kafka(data: DataDir, settings: ServiceSettings, stop: Event) -> list[Halt]:
@@ -292,7 +303,7 @@ def _serve_kafka(data: DataDir, settings: ServiceSettings, stop: Event) -> list[
     http = None
     try:
         if settings.listen is not None:
-            http = HttpServer.on_kafka(data, settings.listen, waiters, service.halt_of, service.applied_offsets)
+            http = HttpServer.on_kafka(data, settings.listen, waiters, service)
             http.start()
             print(f"keyload: HTTP API on {http.url}", flush=True)
         halts = service.run(stop if http is None else http.drained_after(stop))

@@ -139,6 +139,11 @@ class KafkaService:
         halt = None if owned is None else owned.processor.halt
         return None if halt is None else halt.where
 
+    def stall_of(self, partition: int) -> str | None:
+        """Why an owned partition cannot make its next group durable (None: it can, or not owned)."""
+        owned = self.owned.get(partition)
+        return None if owned is None else owned.processor.stall
+
     def applied_offsets(self) -> dict[int, int]:
         """The applied offset of each partition this process owns now."""
         return {partition: owned.processor.applied_offset for partition, owned in list(self.owned.items())}

@@ -153,6 +153,7 @@ class PartitionProcessor:
         self._verified = False  # the log holds the applied record, as of the last read
         self.caught_up = False  # the last step applied every record its read found, and the read was short
         self._store_failed = False  # a commit failed: reopen the projection before the next one
+        self.stall: str | None = None  # why the last group could not be made durable, until one is
         self._verify_applied_record()
 
     @property
@@ -167,6 +168,15 @@ class PartitionProcessor:
         if the key is still missing the partition halts with RecoveryRequired.
         Raises Stalled when the group cannot be made durable; nothing is committed then.
         """
+        try:
+            count = self._step_with_keys(stop_after)
+        except Stalled as exc:
+            self.stall = str(exc)
+            raise
+        self.stall = None
+        return count
+
+    def _step_with_keys(self, stop_after: int | None) -> int:
         try:
             return self._step(stop_after)
         except MissingKey as first:
