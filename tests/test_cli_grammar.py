@@ -138,6 +138,11 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path: Path, capsys: pytest.Capture
     [line] = capsys.readouterr().err.splitlines()
     record = json.loads(line)
     assert record["level"] == "error" and "keyload data directory" in record["message"]
+    # A queue or topic is given once, as the row's positional or as its option.
+    assert main(["queue", "pause", "--data", data, "--domain", "d"]) == 2
+    assert capsys.readouterr().err == "keyload: the queue is required: QUEUE or --queue\n"
+    assert main(["topic", "read", "--data", data, "--domain", "d", "--topic", "t", "t"]) == 2
+    assert capsys.readouterr().err == "keyload: give the topic once: TOPIC or --topic\n"
 
 
 def cli_json(*args: str) -> Any:
@@ -172,7 +177,7 @@ def test_noun_verb_commands_against_a_running_service(tmp_path: Path) -> None:
         text = run_keyload("queue", "inspect", *at, "--queue", "jobs", "--output", "text")
         assert text.returncode == 0 and text.stdout.startswith("shop/jobs (policy version 1)")
         assert "acked_total" in text.stdout
-        assert cli_json("queue", "pause", *at, "--queue", "jobs", "--json")["paused"] is True
+        assert cli_json("queue", "pause", *at, "jobs", "--json")["paused"] is True  # as `queue create` takes it
         paused = run_keyload("queue", "receive", *at, "--queue", "jobs")
         assert paused.returncode == 1 and paused.stderr.startswith("keyload: rejected: DispatchPaused")
         assert cli_json("queue", "resume", *at, "--queue", "jobs", "--json")["paused"] is False
@@ -189,7 +194,7 @@ def test_noun_verb_commands_against_a_running_service(tmp_path: Path) -> None:
         )
         published = cli_json("topic", "publish", *at, "--topic", "news", "--events-json", events, "--json")
         assert [e["position"] for e in published["events"]] == [1, 2]
-        page = cli_json("topic", "read", *at, "--topic", "news", "--json")
+        page = cli_json("topic", "read", *at, "news", "--json")
         assert [e["body"] for e in page["events"]] == ["one", "two"]
         for readable in (("topic", "read", *at, "--topic", "news"), ("topic", "inspect", *at, "news")):
             shown = run_keyload(*readable, "--output", "text")

@@ -12,7 +12,8 @@ whose options come from its body's Avro record (keyload/schemas, read as JSON):
   (`queue create --max-stored-messages`); any other record or array is `--<field>-json JSON`.
 
 `SHAPES` holds what the schema cannot say: which fields are positional (the grammar of the
-commands as they were), renamed options, and the few bodies built from friendlier options
+commands as they were; a row with none takes its queue or topic as `--queue` or as a positional,
+NAMED_RESOURCES), renamed options, and the few bodies built from friendlier options
 (`--start beginning|end|N`, one event from `--event-id/--type/--body`). The handler builds the
 body, sends it with `Client.submit` (or the row's SDK method where a row needs one), and prints
 the typed result through `keyload.cli.output.emit`.
@@ -62,6 +63,10 @@ CHOICES: dict[str, tuple[str, ...]] = {
 # Integer fields given as a count or size that must be positive (argparse refuses 0, exit 2).
 POSITIVE = re.compile(r"^(max_|receive_max_|limit$|lease_ms$)")
 ABSOLUTE_TIMES = ("not_before_ms", "expires_at_ms")
+# A row without positionals takes its queue or topic as `--queue NAME` or as its one positional, so
+# `queue pause --domain d orders` reads as `queue create --domain d orders` does.
+NAMED_RESOURCES = ("queue", "topic")
+_AS_POSITIONAL = "__positional"  # the dest suffix of that positional
 DURATION = re.compile(r"^\+(\d+)(ms|s|m|h)?$")
 UNIT_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, None: 1}
 
@@ -275,7 +280,10 @@ def add_field(
         parser.add_argument(dest, metavar=f.name.upper(), **kwargs)
         return
     kind = f.kind
-    if kind == "bytes":
+    if f.name in NAMED_RESOURCES and not shape.positional and not scope and required:
+        parser.add_argument(flag, dest=dest, help=doc)
+        parser.add_argument(dest + _AS_POSITIONAL, nargs="?", metavar=f.name.upper(), help=f"the {f.name} (or {flag})")
+    elif kind == "bytes":
         parser.add_argument("--body", help="the body as UTF-8 text (or --body-file)")
         parser.add_argument("--body-file", metavar="PATH", help="read the body's bytes from this file (or --body)")
     elif kind == "map":
@@ -338,6 +346,8 @@ def add_row_options(parser: argparse.ArgumentParser, body: Sequence[Field], shap
 
 
 def _value(f: Field, args: argparse.Namespace, dest: str) -> Any:
+    if hasattr(args, dest + _AS_POSITIONAL):
+        return _named_once(f.name, getattr(args, dest + _AS_POSITIONAL), getattr(args, dest))
     if f.kind == "bytes":
         return body_bytes(args)
     raw = getattr(args, dest)
@@ -348,6 +358,15 @@ def _value(f: Field, args: argparse.Namespace, dest: str) -> Any:
     if raw is None and f.has_default:
         return f.default
     return raw
+
+
+def _named_once(name: str, positional: str | None, option: str | None) -> str:
+    """A queue or topic given as the positional or as the option, exactly once."""
+    given = [value for value in (positional, option) if value is not None]
+    if len(given) != 1:
+        needed = f"{name.upper()} or --{name}"
+        raise UsageError(f"give the {name} once: {needed}" if given else f"the {name} is required: {needed}")
+    return given[0]
 
 
 def _from_json(schema: Any, value: Any) -> Any:
