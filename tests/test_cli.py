@@ -42,6 +42,11 @@ def test_errors_without_a_service_are_one_line(tmp_path: Path) -> None:
     result = run_keyload("run", "--data", missing, "--listen", "bogus")
     assert_one_clear_line(result, 2, "--listen takes HOST:PORT, not 'bogus'")
     assert not Path(missing).exists()  # a usage error creates nothing, so it fixes no partition count
+    result = run_keyload("run", "--data", missing, "--partitions", "100000")
+    assert_one_clear_line(result, 2, "partition counts must be 1..1024")
+    result = run_keyload("run", "--data", missing, "--segment-bytes", "100")
+    assert_one_clear_line(result, 2, "segment bytes must be 4096..2147483648")
+    assert not Path(missing).exists()
     for option, value in (
         ("--checkpoint-interval-s", "0"),
         ("--gc-interval-s", "-1"),

@@ -104,10 +104,11 @@ def run(args: argparse.Namespace) -> int:
     from keyload.operations.checkpoints import CheckpointPolicy
     from keyload.projections.store import MIB, ProjectionMemory
     from keyload.service.embedded import ServiceSettings, serve
-    from keyload.storage.datadir import DataDir, KafkaConfig
+    from keyload.storage.datadir import DataDir, KafkaConfig, check_layout
 
     try:
         memory = ProjectionMemory(args.projection_cache_mib * MIB, args.projection_memtable_mib * MIB)
+        check_layout(args.partitions, segment_bytes=args.segment_bytes)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     listen = None

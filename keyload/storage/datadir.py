@@ -60,6 +60,18 @@ DIRECTORY_MODE = 0o700  # a data directory keyload creates: the owner only (its 
 KAFKA_CLIENT_CONFIG_ENV = "KEYLOAD_KAFKA_CLIENT_CONFIG"
 
 
+def check_layout(
+    partitions: int, outcome_partitions: int = DEFAULT_OUTCOME_PARTITIONS, segment_bytes: int | None = None
+) -> None:
+    """ValueError when a new data directory's partition counts or segment size are out of range
+    (`keyload run` checks its options with it before it creates anything)."""
+    for count in (partitions, outcome_partitions):
+        if not 1 <= count <= MAX_PARTITIONS:
+            raise ValueError(f"partition counts must be 1..{MAX_PARTITIONS}")
+    if segment_bytes is not None and not MIN_SEGMENT_BYTES <= segment_bytes <= MAX_SEGMENT_BYTES:
+        raise ValueError(f"segment bytes must be {MIN_SEGMENT_BYTES}..{MAX_SEGMENT_BYTES}")
+
+
 class DataDirError(KeyloadError):
     """The data directory is missing, unreadable or of another format."""
 
@@ -164,11 +176,10 @@ class DataDir:
             if kafka is not None and existing.kafka != kafka:
                 raise DataDirError(f"{path} was created with other log settings ({existing.describe_log()})")
             return existing
-        for count in (partitions, outcome_partitions):
-            if not 1 <= count <= MAX_PARTITIONS:
-                raise DataDirError(f"partition counts must be 1..{MAX_PARTITIONS}")
-        if segment_bytes is not None and not MIN_SEGMENT_BYTES <= segment_bytes <= MAX_SEGMENT_BYTES:
-            raise DataDirError(f"segment bytes must be {MIN_SEGMENT_BYTES}..{MAX_SEGMENT_BYTES}")
+        try:
+            check_layout(partitions, outcome_partitions, segment_bytes)
+        except ValueError as exc:
+            raise DataDirError(str(exc)) from None
         try:
             DataDir._create(path, partitions, outcome_partitions, kafka, object_store, keyring_from, segment_bytes)
         except OSError as exc:
