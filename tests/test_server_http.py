@@ -334,6 +334,8 @@ def test_a_policy_filter_or_headers_left_out_take_their_defaults(api: httpx.Clie
 def test_routes_methods_and_sizes(api: httpx.Client) -> None:
     assert api.get("/v1/nowhere").status_code == 404
     assert api.get("/v1/nowhere").json()["error_code"] == "NotFound"
+    slash = api.post(f"/v1/domains/{domain()}/queues/q/receive/", json={})  # no redirect to follow
+    assert (slash.status_code, slash.json()["error_code"]) == (404, "NotFound")
     wrong = api.delete(f"/v1/domains/{domain()}/queues/q/receive")
     assert (wrong.status_code, wrong.json()["status"]) == (405, "error")
     huge = api.post(f"/v1/domains/{domain()}/queues/q/messages", content=b"x" * (8 * 1024 * 1024 + 1))

@@ -463,5 +463,8 @@ def application(
         *more_routes,
     ]
     app = Starlette(routes=routes, lifespan=lifespan, exception_handlers={404: not_found, 405: wrong_method})
+    # A path with a trailing slash is no route (404 with its JSON body), not a redirect without one:
+    # a client that does not follow redirects would see an empty 307 to a POST.
+    app.router.redirect_slashes = False
     app.state.engine = engine
     return app
