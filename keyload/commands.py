@@ -66,6 +66,25 @@ class Route:
 
 
 @dataclass(frozen=True, slots=True)
+class RequestDefault:
+    """A default the clients' side fills in before a command is encoded: `field` takes `value` when
+    neither it nor any field of `unless` is given (null). The SDK's `Client.send` (every typed method,
+    both transports, the CLI) and the HTTP route apply it, so each of them sends the same command; the
+    processor does not, so a command written to the log with neither field is refused as before (and
+    replay of any log is unchanged)."""
+
+    field: str
+    value: Any
+    unless: tuple[str, ...] = ()
+
+    def filled(self, body: dict[str, Any]) -> dict[str, Any]:
+        """`body`, or a copy of it with the default filled in when it applies."""
+        if any(body.get(name) is not None for name in (self.field, *self.unless)):
+            return body
+        return {**body, self.field: self.value}
+
+
+@dataclass(frozen=True, slots=True)
 class CommandKind:
     name: str  # the body union branch is keyload.command.<name>
     handler: str  # "<module>:<function>" under keyload.processors
@@ -89,6 +108,7 @@ class CommandKind:
     # grant on every resource ("*") allows it, unless its handler checks the resource it finds
     # (`resource_in_handler`: a grant on any resource lets it that far).
     resource: str | None = None
+    request_default: RequestDefault | None = None  # filled in by the clients' side (`RequestDefault`)
 
     @property
     def branch(self) -> str:
@@ -102,6 +122,10 @@ class CommandKind:
             raise TypeError(f"{self.name}'s handler {self.handler} is not a function")
         handler: Callable[..., Any] = found
         return handler
+
+    def filled(self, body: dict[str, Any]) -> dict[str, Any]:
+        """`body` with this kind's request-side default filled in (`RequestDefault`)."""
+        return body if self.request_default is None else self.request_default.filled(body)
 
 
 def _kind(
@@ -121,6 +145,7 @@ def _kind(
     self_service: bool = False,
     resource_in_handler: bool = False,
     operator: bool = False,
+    request_default: RequestDefault | None = None,
 ) -> CommandKind:
     """A row, written compactly: `cli` as "noun verb", `route` as "METHOD /path"."""
     noun_verb = None if cli is None else tuple(cli.split())
@@ -144,6 +169,7 @@ def _kind(
         resource_in_handler,
         operator,
         next((name for name in RESOURCE_FIELDS if name in fields), None),
+        request_default,
     )
 
 
@@ -179,7 +205,7 @@ COMMANDS: tuple[CommandKind, ...] = (
     # Topics
     _kind("CreateTopic", "topics.topic:create_topic", "keyload.TopicView", C.resource_manage, "create_topic", "topic create", f"PUT {T}"),
     _kind("Publish", "topics.topic:publish", "keyload.result.PublishResult", C.topic_publish, "publish", "topic publish", f"POST {T}/events", batchable=True),
-    _kind("ReadTopic", "topics.topic:read_topic", "keyload.result.TopicPage", C.topic_read, "read_topic", "topic read", f"GET {T}/events", reads=True),
+    _kind("ReadTopic", "topics.topic:read_topic", "keyload.result.TopicPage", C.topic_read, "read_topic", "topic read", f"GET {T}/events", reads=True, request_default=RequestDefault("from_position", 1, unless=("cursor",))),
     _kind("InspectTopic", "topics.topic:inspect_topic", "keyload.TopicView", C.inspect, "inspect_topic", "topic inspect", f"GET {T}", reads=True),
     _kind("ConfigureTopic", "topics.topic:configure_topic", "keyload.TopicView", C.resource_manage, "configure_topic", "topic configure", f"PUT {T}/policy"),
     _kind("CloseTopic", "topics.topic:close_topic", "keyload.TopicView", C.resource_manage, "close_topic", "topic close", f"POST {T}/close"),

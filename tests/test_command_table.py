@@ -33,6 +33,7 @@ from keyload.projections.store import Staged, Store
 from keyload.sdk import results
 from keyload.sdk.client import Client
 from keyload.sdk.results import RESULT_TYPES, Outcome
+from keyload.wire import names
 
 PARAM = re.compile(r"\{(\w+)\}")
 
@@ -109,6 +110,19 @@ def test_routes_name_body_fields_and_are_unique() -> None:
         if kind.cli is not None:
             assert kind.cli not in seen_cli, kind.cli
             seen_cli.add(kind.cli)
+
+
+def test_request_defaults_fill_nullable_fields_of_their_body() -> None:
+    for kind in COMMANDS:
+        if kind.request_default is None:
+            continue
+        fields = {f["name"]: f for f in names("keyload.Command").types[kind.branch]["fields"]}
+        for name in (kind.request_default.field, *kind.request_default.unless):
+            assert "null" in fields[name]["type"], (kind.name, name)
+        assert kind.filled({}) == {kind.request_default.field: kind.request_default.value}
+        for name in (kind.request_default.field, *kind.request_default.unless):
+            given = {name: "given"}
+            assert kind.filled(given) is given, (kind.name, name)
 
 
 def test_batchable_rows_are_the_batch_mutation_union() -> None:

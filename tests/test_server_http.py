@@ -331,6 +331,20 @@ def test_a_policy_filter_or_headers_left_out_take_their_defaults(api: httpx.Clie
     assert (missing.status_code, missing.json()["detail"]) == (400, "grant is required")
 
 
+def test_a_topic_read_with_no_start_reads_from_position_1(api: httpx.Client) -> None:
+    """The table's request default (`RequestDefault`): the same page the SDK and the CLI read."""
+    topic = f"/v1/domains/{domain()}/topics/t"
+    committed(api.put(topic))
+    events = [{"event_id": f"e{i}", "type": "created", "body": b64(b"{}")} for i in range(3)]
+    committed(api.post(f"{topic}/events", json={"events": events}))
+    page = committed(api.get(f"{topic}/events", params={"max_events": 2}))
+    assert [e["position"] for e in page["events"]] == [1, 2]
+    rest = committed(api.get(f"{topic}/events", params={"cursor": page["next_cursor"]}))
+    assert [e["position"] for e in rest["events"]] == [3]
+    both = api.get(f"{topic}/events", params={"from_position": 1, "cursor": page["next_cursor"]})
+    assert (both.status_code, both.json()["error_code"]) == (400, "Validation")
+
+
 def test_routes_methods_and_sizes(api: httpx.Client) -> None:
     assert api.get("/v1/nowhere").status_code == 404
     assert api.get("/v1/nowhere").json()["error_code"] == "NotFound"

@@ -450,8 +450,6 @@ def _publish_build(args: argparse.Namespace, body: dict[str, Any]) -> None:
 def _read_build(args: argparse.Namespace, body: dict[str, Any]) -> None:
     if body["from_position"] is not None and body["cursor"] is not None:
         raise UsageError("give --from or --cursor, not both")
-    if body["from_position"] is None and body["cursor"] is None:
-        body["from_position"] = 1
 
 
 def _start_extra(parser: argparse.ArgumentParser) -> None:

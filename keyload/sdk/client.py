@@ -294,7 +294,7 @@ class Client:
         kind = self.commands.get(name)
         if kind is None:
             raise InvalidCommand(f"unknown command {shown(name)}; nothing was appended")
-        outcome = self.submit(domain, kind.branch, body, command_id, timeout_s)
+        outcome = self.submit(domain, kind.branch, kind.filled(body), command_id, timeout_s)
         if outcome.status != "committed":
             raise _refusal(kind, body, outcome)
         typed: Result = self._result(outcome, self.result_types[kind.result])
@@ -659,10 +659,8 @@ class Client:
         max_bytes: int | None = None,
         command_id: str | None = None,
     ) -> TopicPage:
-        """A page of events from `from_position` (default 1), or from `cursor`: a page's
-        `next_cursor`, to read on where it ended."""
-        if from_position is None and cursor is None:
-            from_position = 1
+        """A page of events from `from_position` (default 1, the table's request default), or from
+        `cursor`: a page's `next_cursor`, to read on where it ended."""
         body = {
             "topic": topic,
             "from_position": from_position,

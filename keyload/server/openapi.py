@@ -75,11 +75,12 @@ def _operation(kind: CommandKind, refs: dict[str, Any]) -> dict[str, Any]:
         for f in body_fields:
             if _scalar(f["type"]):
                 described = json_schema(commands, f["type"], refs)
-                parameters.append(
-                    {"name": f["name"], "in": "query", "required": "default" not in f, "schema": described}
-                )
+                parameter = {"name": f["name"], "in": "query", "required": "default" not in f, "schema": described}
+                parameters.append(parameter | _request_default(kind, f["name"]))
     elif body_fields:
-        properties = {f["name"]: json_schema(commands, f["type"], refs) for f in body_fields}
+        properties = {
+            f["name"]: json_schema(commands, f["type"], refs) | _request_default(kind, f["name"]) for f in body_fields
+        }
         schema = {
             "type": "object",
             "properties": properties,
@@ -91,6 +92,16 @@ def _operation(kind: CommandKind, refs: dict[str, Any]) -> dict[str, Any]:
             content[RAW_BODY_TYPE] = {"schema": {"type": "string", "format": "binary"}}
         operation["requestBody"] = {"required": False, "content": content}
     return operation
+
+
+def _request_default(kind: CommandKind, name: str) -> dict[str, Any]:
+    """The description of the field the table fills in when a request leaves it out (`RequestDefault`)."""
+    default = kind.request_default
+    if default is None or default.field != name:
+        return {}
+    others = " nor ".join(default.unless)
+    when = f"neither it nor {others} is given" if others else "it is not given"
+    return {"description": f"default {default.value} when {when}"}
 
 
 def _family(kind: CommandKind) -> str:
