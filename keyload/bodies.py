@@ -290,6 +290,26 @@ class ConfigureDomainCaps(AvroRecord, frozen=True, kw_only=True, forbid_unknown_
     expected_policy_version: int | None = None
 
 
+class NameListing(AvroRecord, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """A page of a domain's queues or topics: those whose name starts with prefix, in name order
+    after `after`; its limit (a null one takes its default) follows in each kind's record."""
+
+    prefix: str = ""
+    after: str | None = None
+
+
+class ListQueues(NameListing, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    AVRO_NAME = "keyload.command.ListQueues"
+
+    max_queues: int | None = None
+
+
+class ListTopics(NameListing, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    AVRO_NAME = "keyload.command.ListTopics"
+
+    max_topics: int | None = None
+
+
 class DeleteGroup(AvroRecord, frozen=True, kw_only=True, forbid_unknown_fields=True):
     AVRO_NAME = "keyload.command.DeleteGroup"
 
@@ -785,6 +805,8 @@ BODY_TYPES: dict[str, type[AvroRecord]] = {
         ConfigureDomain,
         InspectDomain,
         ConfigureDomainCaps,
+        ListQueues,
+        ListTopics,
     )
 }
 """The class of every command kind's body, by its branch name (keyload/commands.py's `branch`)."""

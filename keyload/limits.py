@@ -81,6 +81,11 @@ DEFAULT_LIST_DOCUMENTS = 100
 MAX_LIST_DOCUMENTS = 1_000
 DEFAULT_LIST_BYTES = 1024 * 1024
 MAX_LIST_BYTES = MAX_READ_BYTES  # values of one page, the first always included: inside MAX_OUTCOME_BYTES
+DEFAULT_LIST_RESOURCES = 100  # queues or topics one ListQueues or ListTopics page holds
+MAX_LIST_RESOURCES = 1_000
+MAX_RESOURCE_VIEW_BYTES = 1024  # a QueueView or TopicView: two names and about 40 numbers of ≤ 10 bytes
+assert DEFAULT_LIST_RESOURCES <= MAX_LIST_RESOURCES
+assert MAX_LIST_RESOURCES * MAX_RESOURCE_VIEW_BYTES <= MAX_OUTCOME_BYTES  # a full page is one outcome
 LIST_EXAMINATION_BUDGET = 256  # document rows (tombstones too) one ListDocuments looks at
 MAX_BATCH_MUTATIONS = 100  # mutations per Batch, effects per CompleteProcessing or CommitInbox
 MAX_HANDLER_SCOPE_CHARS = 128
@@ -342,6 +347,8 @@ INTEGER_FIELD_RANGES: dict[str, IntegerRange] = {
     # documents
     "PutDocument.expected_revision": REVISION,
     "DeleteDocument.expected_revision": IntegerRange(1, MAX_SEQUENCE, note=REVISION.note),
+    "ListQueues.max_queues": IntegerRange(1, MAX_LIST_RESOURCES),
+    "ListTopics.max_topics": IntegerRange(1, MAX_LIST_RESOURCES),
     "ListDocuments.max_documents": IntegerRange(1, MAX_LIST_DOCUMENTS),
     "ListDocuments.max_bytes": IntegerRange(1, MAX_LIST_BYTES),
     # processing and inboxes

@@ -554,6 +554,8 @@ WHOLE_DOMAIN: dict[str, tuple[Capability, dict[str, Any]]] = {
         {"outcome_horizon_ms": 60_000, "receipt_horizon_ms": None, "expected_policy_version": None},
     ),
     "InspectDomain": (Capability.inspect, {}),
+    "ListQueues": (Capability.inspect, {"prefix": "public", "after": None, "max_queues": None}),
+    "ListTopics": (Capability.inspect, {"prefix": "", "after": None, "max_topics": None}),
     "CommitInbox": (
         Capability.inbox_write,
         {

@@ -185,10 +185,17 @@ def test_noun_verb_commands_against_a_running_service(tmp_path: Path) -> None:
         assert closed.returncode == 0 and closed.stdout.startswith("shop/jobs (policy version 1, closed)")
         late = run_keyload("queue", "enqueue", *at, "--queue", "jobs", "--body", "late")
         assert late.returncode == 1 and late.stderr.startswith("keyload: rejected: Conflict")
+        cli_json("queue", "create", *at, "jobs-eu", "--json")
+        listed = cli_json("queue", "list", *at, "jobs", "--max-queues", "1", "--json")
+        assert ([q["queue"] for q in listed["queues"]], listed["next_after"]) == (["jobs"], "jobs")
+        later = cli_json("queue", "list", *at, "jobs", "--after", "jobs", "--json")
+        assert ([q["queue"] for q in later["queues"]], later["next_after"]) == (["jobs-eu"], None)
         assert cli_json("queue", "delete", *at, "--queue", "jobs", "--json")["closed"] is True
+        assert [q["queue"] for q in cli_json("queue", "list", *at, "--json")["queues"]] == ["jobs-eu"]
         gone = run_keyload("queue", "inspect", *at, "--queue", "jobs")
         assert gone.returncode == 1 and gone.stderr.startswith("keyload: rejected: NotFound")
         cli_json("topic", "create", *at, "news", "--json")
+        assert [t["topic"] for t in cli_json("topic", "list", *at, "--json")["topics"]] == ["news"]
         events = json.dumps(
             [{"event_id": "e-1", "type": "t", "body": "one"}, {"event_id": "e-2", "type": "t", "body": "two"}]
         )

@@ -408,6 +408,8 @@ BASES: dict[str, Builder] = {
     PUT_DOCUMENT: lambda w: put_document_body(w.fresh("doc")),
     DELETE_DOCUMENT: lambda w: {"key": _document(w), "expected_revision": 1},
     "keyload.command.ListDocuments": lambda w: list_documents_body(),
+    "keyload.command.ListQueues": lambda w: {"prefix": "", "after": None, "max_queues": None},
+    "keyload.command.ListTopics": lambda w: {"prefix": "", "after": None, "max_topics": None},
     "keyload.command.Batch": lambda w: {"mutations": _effects(w)},
     "keyload.command.CompleteProcessing": lambda w: {
         "token": _token(w),

@@ -28,6 +28,7 @@ from keyload.errors import (
     ResourceExhaustedError,
     RevisionConflictError,
     StaleLeaseError,
+    ValidationError,
 )
 from keyload.log.base import LogRecord, partition_for
 from keyload.log.codec import REGISTRY
@@ -132,6 +133,21 @@ def test_receive_across_reports_each_lane_and_a_retry_returns_the_same_receipts(
     assert [o.result for o in again] == [o.result for o in first]  # the original deliveries and tokens
     late = client.receive_across(lanes, request_id="req-2", timeout_s=0)
     assert [o.status for o in late] == ["not_attempted"] * 3
+
+
+def test_a_domain_lists_its_queues_and_topics_on_every_transport(client: Client) -> None:
+    for queue in ("orders", "orders-eu", "payments"):
+        client.create_queue("shop", queue)
+    client.create_topic("shop", "events")
+    first = client.list_queues("shop", "orders", max_queues=1)
+    assert ([q.queue for q in first.queues], first.next_after) == (["orders"], "orders")
+    rest = client.list_queues("shop", "orders", after=first.next_after)
+    assert ([q.queue for q in rest.queues], rest.next_after) == (["orders-eu"], None)
+    assert [q.queue for q in client.list_queues("shop").queues] == ["orders", "orders-eu", "payments"]
+    assert client.list_queues("shop").queues[0] == client.inspect_queue("shop", "orders")
+    assert [t.topic for t in client.list_topics("shop").topics] == ["events"]
+    with pytest.raises(ValidationError):
+        client.list_topics("shop", max_topics=0)
 
 
 def test_a_lane_without_an_outcome_is_unknown(tmp_path: Path) -> None:

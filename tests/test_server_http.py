@@ -345,6 +345,22 @@ def test_a_topic_read_with_no_start_reads_from_position_1(api: httpx.Client) -> 
     assert (both.status_code, both.json()["error_code"]) == (400, "Validation")
 
 
+def test_a_domain_lists_its_queues_and_topics_by_page(api: httpx.Client) -> None:
+    d = domain()
+    for queue in ("orders-us", "orders-eu", "payments"):
+        committed(api.put(f"/v1/domains/{d}/queues/{queue}"))
+    committed(api.put(f"/v1/domains/{d}/topics/events"))
+    first = committed(api.get(f"/v1/domains/{d}/queues", params={"prefix": "orders-", "max_queues": 1}))
+    assert ([q["queue"] for q in first["queues"]], first["next_after"]) == (["orders-eu"], "orders-eu")
+    rest = committed(api.get(f"/v1/domains/{d}/queues", params={"prefix": "orders-", "after": "orders-eu"}))
+    assert ([q["queue"] for q in rest["queues"]], rest["next_after"]) == (["orders-us"], None)
+    assert rest["queues"][0] == committed(api.get(f"/v1/domains/{d}/queues/orders-us"))
+    topics = committed(api.get(f"/v1/domains/{d}/topics"))
+    assert [t["topic"] for t in topics["topics"]] == ["events"]
+    wrong = api.get(f"/v1/domains/{d}/queues", params={"max_queues": 0})
+    assert (wrong.status_code, wrong.json()["error_code"]) == (400, "Validation")
+
+
 def test_routes_methods_and_sizes(api: httpx.Client) -> None:
     assert api.get("/v1/nowhere").status_code == 404
     assert api.get("/v1/nowhere").json()["error_code"] == "NotFound"

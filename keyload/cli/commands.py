@@ -571,6 +571,9 @@ SHAPES: dict[str, Shape] = {
     ),
     "AckBatch": Shape("complete several deliveries in one command", positional=("tokens",), send=_batch_send),
     "Nack": Shape("give a delivery back for retry", positional=("token",)),
+    "ListQueues": Shape(
+        "list the domain's queues by name prefix, in name order", positional=("prefix",), nargs={"prefix": "?"}
+    ),
     "ListDeadLetters": Shape(
         "list dead-lettered messages in parked order", rename={"after_sequence": "after", "include_body": "body"}
     ),
@@ -586,6 +589,9 @@ SHAPES: dict[str, Shape] = {
     ),
     "ReadTopic": Shape(
         "read a page of a topic's events in position order", rename={"from_position": "from"}, build=_read_build
+    ),
+    "ListTopics": Shape(
+        "list the domain's topics by name prefix, in name order", positional=("prefix",), nargs={"prefix": "?"}
     ),
     "InspectTopic": Shape("show a topic's retained range and counters", positional=("topic",)),
     "ConfigureTopic": Shape("replace a topic's policy (fields not given take their defaults)", positional=("topic",)),

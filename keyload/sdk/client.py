@@ -56,12 +56,14 @@ from keyload.sdk.results import (
     PrincipalView,
     ProcessingResult,
     PublishResult,
+    QueueList,
     QueuePolicySpec,
     QueueView,
     ReceiveResult,
     Result,
     RetentionPage,
     RetentionStatus,
+    TopicList,
     TopicPage,
     TopicPolicySpec,
     TopicView,
@@ -380,6 +382,20 @@ class Client:
     def inspect_queue(self, domain: str, queue: str, *, command_id: str | None = None) -> QueueView:
         return self._queue_command("InspectQueue", domain, queue, command_id)
 
+    def list_queues(
+        self,
+        domain: str,
+        prefix: str = "",
+        *,
+        after: str | None = None,
+        max_queues: int | None = None,
+        command_id: str | None = None,
+    ) -> QueueList:
+        """The domain's queues whose name starts with `prefix`, in name order, each as `inspect_queue`
+        shows it; read on with `after=page.next_after`."""
+        body = {"prefix": prefix, "after": after, "max_queues": max_queues}
+        return self._send(QueueList, "ListQueues", domain, body, command_id)
+
     def pause_queue(self, domain: str, queue: str, *, command_id: str | None = None) -> QueueView:
         """Stop dispatch: receives are refused with `DispatchPausedError` (a waiting receive waits for
         the resume); enqueues go on and leases in hand stay valid."""
@@ -672,6 +688,20 @@ class Client:
 
     def inspect_topic(self, domain: str, topic: str, *, command_id: str | None = None) -> TopicView:
         return self._send(TopicView, "InspectTopic", domain, {"topic": topic}, command_id)
+
+    def list_topics(
+        self,
+        domain: str,
+        prefix: str = "",
+        *,
+        after: str | None = None,
+        max_topics: int | None = None,
+        command_id: str | None = None,
+    ) -> TopicList:
+        """The domain's topics whose name starts with `prefix`, in name order, each as `inspect_topic`
+        shows it; read on with `after=page.next_after`."""
+        body = {"prefix": prefix, "after": after, "max_topics": max_topics}
+        return self._send(TopicList, "ListTopics", domain, body, command_id)
 
     def purge_topic(
         self, domain: str, topic: str, through: int, *, expected_generation: int, command_id: str | None = None

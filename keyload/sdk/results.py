@@ -472,6 +472,24 @@ class DocumentPage(AvroRecord, frozen=True, kw_only=True, forbid_unknown_fields=
     budget_exhausted: bool
 
 
+class QueueList(AvroRecord, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """A page of the domain's queues in name order; read on with `after=next_after` (None: no more)."""
+
+    AVRO_NAME = "keyload.result.QueueList"
+
+    queues: list[QueueView]
+    next_after: str | None = None
+
+
+class TopicList(AvroRecord, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """A page of the domain's topics in name order; read on with `after=next_after` (None: no more)."""
+
+    AVRO_NAME = "keyload.result.TopicList"
+
+    topics: list[TopicView]
+    next_after: str | None = None
+
+
 MutationResult = DocumentResult | EnqueueResult | PublishResult | MessageView
 
 
@@ -626,6 +644,8 @@ RESULT_CLASSES: tuple[type[ResultClass], ...] = (
     RetentionPage,
     PrincipalView,
     FeatureLevelResult,
+    QueueList,
+    TopicList,
 )
 """The class of each result record of the command table (keyload/commands.py), and so of every
 branch of the Outcome's result union; a BatchResult's mutation results are among them."""
@@ -660,6 +680,8 @@ Result = (
     | RetentionPage
     | PrincipalView
     | FeatureLevelResult
+    | QueueList
+    | TopicList
 )
 
 RESULT_TYPES: dict[str, type[Any]] = {cls.AVRO_NAME: cls for cls in RESULT_CLASSES}
