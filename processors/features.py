@@ -52,6 +52,10 @@ The levels:
    as it is then, as its inbox entries do; once its retention task is compacted too (its object
    deleted, its history gone), its id is new. Before it the identity stayed for as long as the
    queue, and still does for what finished earlier.
+9. Creating is declaring (processors/declare.py). A CreateQueue, CreateTopic or CreateGroup naming
+   one that exists with the same configuration (policy; a group's filter too) returns it as it
+   stands, as a declare does in RabbitMQ and CreateQueue in SQS, instead of Conflict; another
+   configuration is still Conflict, now naming what differs.
 """
 
 from __future__ import annotations
@@ -72,6 +76,7 @@ DOMAIN_CAPS = 5  # the level from which domains' holdings are counted and capped
 EVENT_IDS_KEPT = 6  # the level from which a topic's event ids are deduplicated within the receipt horizon
 CONFIRMED_INDEXED = 7  # the level from which compaction finds confirmed retention tasks by an index
 LARGE_IDENTITIES_KEPT = 8  # the level from which a compacted large message's identity keeps to the receipt horizon
+CREATES_DECLARE = 9  # the level from which a create of an existing resource, configured the same, returns it
 # The reads level 1 covers, frozen: tests/test_feature_levels.py holds the command table's `reads`
 # rows to it. Making an existing command a read changes how level-1 logs replay: a later level.
 LEVEL_1_READS = frozenset(
@@ -117,4 +122,4 @@ def raise_feature_level(stage: Staged, body: RaiseFeatureLevel, ctx: Context) ->
 
 
 assert READS_UNSTORED < OUTCOME_HORIZONS < LEASES_KEPT < WORK_COMPACTED < DOMAIN_CAPS < EVENT_IDS_KEPT
-assert EVENT_IDS_KEPT < CONFIRMED_INDEXED < LARGE_IDENTITIES_KEPT <= limits.FEATURE_LEVEL
+assert EVENT_IDS_KEPT < CONFIRMED_INDEXED < LARGE_IDENTITIES_KEPT < CREATES_DECLARE <= limits.FEATURE_LEVEL

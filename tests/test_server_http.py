@@ -345,6 +345,19 @@ def test_a_topic_read_with_no_start_reads_from_position_1(api: httpx.Client) -> 
     assert (both.status_code, both.json()["error_code"]) == (400, "Validation")
 
 
+def test_a_put_of_a_queue_as_it_is_declares_it(api: httpx.Client) -> None:
+    """PUT is idempotent: a second service start declaring its queue gets it (feature level 9)."""
+    path = f"/v1/domains/{domain()}/queues/orders"
+    first = committed(api.put(path, json={"policy": {"max_attempts": 3}}))
+    assert committed(api.put(path, json={"policy": {"max_attempts": 3}})) == first
+    other = api.put(path, json={"policy": {"max_attempts": 4}})
+    assert (other.status_code, other.json()["error_code"], other.json()["detail"]) == (
+        409,
+        "Conflict",
+        "queue already exists with another policy",
+    )
+
+
 def test_a_domain_lists_its_queues_and_topics_by_page(api: httpx.Client) -> None:
     d = domain()
     for queue in ("orders-us", "orders-eu", "payments"):

@@ -37,6 +37,7 @@ from keyload.log.codec import REGISTRY, Record
 from keyload.processors import usage, validation
 from keyload.processors.context import Context
 from keyload.processors.counters import adjusted
+from keyload.processors.declare import declared
 from keyload.processors.errors import Corruption, ErrorCode, Rejected
 from keyload.processors.policy import resolve_group_policy
 from keyload.processors.queues.state import (
@@ -347,8 +348,15 @@ def create_group(stage: Staged, body: CreateGroup, ctx: Context) -> Record:
     policy = resolve_group_policy(body.policy)
     checkpoint = _target_checkpoint(topic, body.start, body.position, "CreateGroup")
     topic_id = topic.incarnation
-    if stage.get(keys.group(topic_id, name)) is not None:
-        raise Rejected(ErrorCode.CONFLICT, "group already exists")
+    existing = load(stage, keys.group(topic_id, name), GroupRecord)
+    if existing is not None:
+        current = existing.view
+
+        def differing() -> list[str]:
+            compared = (("filter", current.filter == group_filter), ("policy", current.policy == policy))
+            return [what for what, same in compared if not same]
+
+        return declared(stage, "group", differing, lambda: group_view(stage, topic, current))
     if count_groups(stage, topic_id) == limits.MAX_GROUPS_PER_TOPIC:
         raise Rejected(ErrorCode.RESOURCE_EXHAUSTED, f"a topic has at most {limits.MAX_GROUPS_PER_TOPIC} groups")
     usage.charge(stage, ctx.domain, keys.topic(ctx.domain, topic.topic), groups=1)

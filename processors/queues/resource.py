@@ -22,6 +22,7 @@ from keyload.bodies import (
 from keyload.log.codec import Record
 from keyload.processors import reclamation, usage, validation, waiters
 from keyload.processors.context import Context
+from keyload.processors.declare import declared
 from keyload.processors.errors import Corruption, ErrorCode, Rejected
 from keyload.processors.horizons import read_identity_tombstone
 from keyload.processors.policy import resolve_policy
@@ -46,6 +47,7 @@ from keyload.projections.records import (
     QueueCounters,
     QueueRecord,
     QueueView,
+    load,
     save,
 )
 from keyload.projections.store import Staged
@@ -94,8 +96,10 @@ def create_queue(stage: Staged, body: CreateQueue, ctx: Context) -> Record:
     check_name("queue name", name, limits.MAX_QUEUE_NAME_CHARS, limits.QUEUE_NAME_PATTERN)
     policy = resolve_policy(body.policy)
     row = keys.queue(ctx.domain, name)
-    if stage.get(row) is not None:
-        raise Rejected(ErrorCode.CONFLICT, "queue already exists")
+    existing = load(stage, row, QueueRecord)
+    if existing is not None:
+        current = existing.view
+        return declared(stage, "queue", lambda: ["policy"] if current.policy != policy else [], current.to_avro)
     usage.charge(stage, ctx.domain, row, queues=1)
     queue_id = allocate_incarnation(stage)
     stage.put(keys.resource_key(queue_id), row)

@@ -24,6 +24,7 @@ from keyload.log.codec import REGISTRY, Record
 from keyload.processors import usage, validation
 from keyload.processors.context import Context
 from keyload.processors.counters import adjusted
+from keyload.processors.declare import declared
 from keyload.processors.errors import Corruption, ErrorCode, Rejected
 from keyload.processors.features import EVENT_IDS_KEPT, feature_level
 from keyload.processors.horizons import keep_until_receipt_horizon
@@ -91,8 +92,10 @@ def create_topic(stage: Staged, body: CreateTopic, ctx: Context) -> Record:
     check_name("topic name", name, limits.MAX_TOPIC_NAME_CHARS, limits.TOPIC_NAME_PATTERN)
     policy = resolve_topic_policy(body.policy)
     row = keys.topic(ctx.domain, name)
-    if stage.get(row) is not None:
-        raise Rejected(ErrorCode.CONFLICT, "topic already exists")
+    existing = load(stage, row, TopicRecord)
+    if existing is not None:
+        current = existing.view
+        return declared(stage, "topic", lambda: ["policy"] if current.policy != policy else [], current.to_avro)
     usage.charge(stage, ctx.domain, row, topics=1)
     record = TopicRecord(
         view=TopicView(
