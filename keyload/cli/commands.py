@@ -221,7 +221,7 @@ NAMED_HELP = {
     "from_position": "the first position read (default 1; or --cursor)",
     "limit": "most entries listed",
     "after": "read on: the previous page's next_after",
-    "prefix": "list keys starting with this text (default: all)",
+    "prefix": "list only those whose key or name starts with this text (default: all)",
     "max_receipts": "receipts the inbox keeps",
 }
 
@@ -547,7 +547,51 @@ def queue_text(view: Any) -> str:
     return "\n".join(lines + [f"  {name:<{width}}  {value}" for name, value in counters.items()])
 
 
-TEXT: dict[str, Callable[[Any], str]] = {"QueueView": queue_text}  # summaries by result type
+def columns(header: tuple[str, ...], rows: list[tuple[Any, ...]]) -> list[str]:
+    """`rows` under `header`, the first column left-aligned and the others right-aligned."""
+    cells = [tuple(str(cell) for cell in row) for row in (header, *rows)]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(header))]
+    return [
+        "  ".join(
+            cell.ljust(w) if i == 0 else cell.rjust(w) for i, (cell, w) in enumerate(zip(row, widths, strict=True))
+        )
+        for row in cells
+    ]
+
+
+def _flags(view: Any, *names: str) -> str:
+    return ",".join(name for name in names if getattr(view, name)) or "-"
+
+
+def _page_end(next_after: str | None) -> list[str]:
+    return [] if next_after is None else [f"more: read on with --after {next_after}"]
+
+
+def queue_list_text(page: Any) -> str:
+    """One line per queue: its messages by state and its flags."""
+    header = ("queue", "ready", "leased", "scheduled", "dead_lettered", "stored", "flags")
+    rows = [
+        (q.queue, c.ready, c.leased, c.scheduled, c.dead_lettered, c.stored_messages, _flags(q, "paused", "closed"))
+        for q, c in ((q, q.counters) for q in page.queues)
+    ]
+    return "\n".join(columns(header, rows) + _page_end(page.next_after))
+
+
+def topic_list_text(page: Any) -> str:
+    """One line per topic: its retained range and size, and its flags."""
+    header = ("topic", "first_available", "tail", "retained_events", "retained_bytes", "flags")
+    rows = [
+        (t.topic, t.first_available, t.tail, t.retained_events, t.retained_bytes, _flags(t, "closed"))
+        for t in page.topics
+    ]
+    return "\n".join(columns(header, rows) + _page_end(page.next_after))
+
+
+TEXT: dict[str, Callable[[Any], str]] = {  # summaries by result type
+    "QueueView": queue_text,
+    "QueueList": queue_list_text,
+    "TopicList": topic_list_text,
+}
 ROW_TEXT: dict[str, Callable[[Any], str]] = {"RotateKeys": _rotate_text}
 
 _MESSAGE_RENAME = {"expected_state_version": "state_version", "expected_delivery_generation": "generation"}
