@@ -334,6 +334,8 @@ class Client:
         *,
         command_id: str | None = None,
     ) -> QueueView:
+        """The queue, created; or, when it exists with this policy, as it stands (a declare: a service
+        may call this at every start). It existing with another policy is `ConflictError`."""
         body = {"queue": queue, "policy": (policy or QueuePolicySpec()).to_avro()}
         return self._send(QueueView, "CreateQueue", domain, body, command_id)
 
@@ -610,6 +612,8 @@ class Client:
         *,
         command_id: str | None = None,
     ) -> TopicView:
+        """The topic, created; or, when it exists with this policy, as it stands (a declare, as for
+        queues). It existing with another policy is `ConflictError`."""
         body = {"topic": topic, "policy": (policy or TopicPolicySpec()).to_avro()}
         return self._send(TopicView, "CreateTopic", domain, body, command_id)
 
@@ -727,7 +731,9 @@ class Client:
         command_id: str | None = None,
     ) -> GroupView:
         """A group delivering the topic's matching events from `start`: "beginning" (first_available),
-        "end" (only events published from now on), or a position (first_available..tail + 1)."""
+        "end" (only events published from now on), or a position (first_available..tail + 1). When
+        the group exists with this filter and policy it is returned as it stands, `start` unused (a
+        declare); with another filter or policy, `ConflictError`."""
         to, position = _group_start(start)
         body = {
             "topic": topic,
