@@ -127,6 +127,14 @@ class DeleteQueue(QueueCommand, frozen=True, kw_only=True, forbid_unknown_fields
     expected_incarnation: int | None = None
 
 
+class PurgeQueue(QueueCommand, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Drop every message: the queue becomes a new incarnation, configured as it was."""
+
+    AVRO_NAME = "keyload.command.PurgeQueue"
+
+    expected_incarnation: int | None = None
+
+
 class InspectMessage(AvroRecord, frozen=True, kw_only=True, forbid_unknown_fields=True):
     AVRO_NAME = "keyload.command.InspectMessage"
 
@@ -807,6 +815,7 @@ BODY_TYPES: dict[str, type[AvroRecord]] = {
         ConfigureDomainCaps,
         ListQueues,
         ListTopics,
+        PurgeQueue,
     )
 }
 """The class of every command kind's body, by its branch name (keyload/commands.py's `branch`)."""

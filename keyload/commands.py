@@ -190,6 +190,7 @@ COMMANDS: tuple[CommandKind, ...] = (
     _kind("ResumeQueue", "queues.resource:resume_queue", "keyload.QueueView", C.resource_manage, "resume_queue", "queue resume", f"POST {Q}/resume"),
     _kind("CloseQueue", "queues.resource:close_queue", "keyload.QueueView", C.resource_manage, "close_queue", "queue close", f"POST {Q}/close"),
     _kind("DeleteQueue", "queues.resource:delete_queue", "keyload.QueueView", C.resource_manage, "delete_queue", "queue delete", f"DELETE {Q}"),
+    _kind("PurgeQueue", "queues.resource:purge_queue", "keyload.QueueView", C.resource_manage, "purge_queue", "queue purge", f"POST {Q}/purge"),
     _kind("InspectQueue", "queues.resource:inspect_queue", "keyload.QueueView", C.inspect, "inspect_queue", "queue inspect", f"GET {Q}", reads=True),
     _kind("ListQueues", "listing:list_queues", "keyload.result.QueueList", C.inspect, "list_queues", "queue list", "GET /v1/domains/{domain}/queues", reads=True),
     _kind("InspectMessage", "queues.resource:inspect_message", "keyload.MessageView", C.inspect, "inspect_message", "message inspect", f"GET {Q}/messages/{{message_id}}", reads=True),

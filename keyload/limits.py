@@ -289,6 +289,7 @@ INTEGER_FIELD_RANGES: dict[str, IntegerRange] = {
     "QueuePolicySpec.payload_request_horizon_ms": IntegerRange(0, MAX_PAYLOAD_REQUEST_HORIZON_MS),
     "ConfigureQueue.expected_policy_version": FENCE,
     "DeleteQueue.expected_incarnation": FENCE,
+    "PurgeQueue.expected_incarnation": FENCE,
     # messages
     "Enqueue.not_before_ms": NOT_BEFORE,
     "Enqueue.expires_at_ms": IntegerRange(

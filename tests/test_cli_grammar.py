@@ -192,6 +192,8 @@ def test_noun_verb_commands_against_a_running_service(tmp_path: Path) -> None:
         assert ([q["queue"] for q in later["queues"]], later["next_after"]) == (["jobs-eu"], None)
         assert cli_json("queue", "delete", *at, "--queue", "jobs", "--json")["closed"] is True
         assert [q["queue"] for q in cli_json("queue", "list", *at, "--json")["queues"]] == ["jobs-eu"]
+        cli_json("queue", "enqueue", *at, "jobs-eu", "--body", "x", "--json")
+        assert cli_json("queue", "purge", *at, "jobs-eu", "--json")["counters"]["stored_messages"] == 0
         table = run_keyload("queue", "list", *at, "--max-queues", "1", "--output", "text").stdout.splitlines()
         assert table[0].split() == ["queue", "ready", "leased", "scheduled", "dead_lettered", "stored", "flags"]
         assert table[1].split() == ["jobs-eu", "0", "0", "0", "0", "0", "-"] and len(table) == 2

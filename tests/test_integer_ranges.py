@@ -370,6 +370,7 @@ BASES: dict[str, Builder] = {
         "expected_policy_version": None,
     },
     "keyload.command.DeleteQueue": lambda w: {"queue": _queue(w), "force": False, "expected_incarnation": None},
+    "keyload.command.PurgeQueue": lambda w: {"queue": _queue(w), "expected_incarnation": None},
     ENQUEUE: lambda w: enqueue_body("jobs", w.fresh("m")),
     RECEIVE: _receive,
     "keyload.command.Renew": lambda w: {"token": _token(w), "lease_ms": None},

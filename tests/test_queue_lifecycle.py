@@ -404,3 +404,47 @@ def test_a_forced_delete_drops_messages_in_every_state(embedded: Embedded, tmp_p
     ok(embedded, TICK, {})
     assert view(embedded).counters.stored_messages == 0
     assert_replay_equals_live(embedded, D, tmp_path)
+
+
+PURGE = "keyload.command.PurgeQueue"
+
+
+def test_a_purge_drops_every_message_and_keeps_the_queue_as_configured(embedded: Embedded, tmp_path: Path) -> None:
+    """SQS's PurgeQueue: messages in every state go, in one command; the queue keeps its name,
+    policy, policy version, flags and creation time as a new incarnation, so tokens in hand are
+    invalid, a waiting receive is answered empty, and the old rows are reclaimed as a deletion's."""
+    policy = {"max_attempts": 1, "lease_ms": 60_000, "receive_max_messages": 10}
+    created: QueueView = ok(embedded, CREATE_QUEUE, create_queue_body(Q, **policy))
+    ok(embedded, ENQUEUE, enqueue_body(Q, "dead"))
+    [dead] = ok(embedded, RECEIVE, receive_body(Q)).deliveries
+    ok(embedded, "keyload.command.Nack", {"token": dead.token, "delay_ms": None})  # dead-lettered
+    ok(embedded, ENQUEUE, enqueue_body(Q, "later", not_before_ms=embedded.now_ms + 60_000))
+    ok(embedded, ENQUEUE, enqueue_body(Q, "m1"))
+    [leased] = ok(embedded, RECEIVE, receive_body(Q)).deliveries
+    ok(embedded, ENQUEUE, enqueue_body(Q, "ready"))
+    ok(embedded, PAUSE, {"queue": Q})
+    before = view(embedded)
+    assert before.counters.stored_messages == 4 and before.paused
+    assert refused(embedded, PURGE, {"queue": Q, "expected_incarnation": 99}, "RevisionConflict")
+
+    purged: QueueView = ok(embedded, PURGE, {"queue": Q, "expected_incarnation": created.incarnation})
+    assert purged.incarnation > created.incarnation and purged == view(embedded)
+    assert purged.counters.stored_messages == 0 and purged.counters.enqueued_total == 0
+    kept = ("domain", "queue", "created_at_ms", "policy_version", "policy", "paused", "closed")
+    assert all(getattr(purged, field) == getattr(before, field) for field in kept)
+    assert refused(embedded, ACK, {"token": leased.token}, "TokenInvalidated")
+    ok(embedded, RESUME, {"queue": Q})
+    cursor = embedded.outcomes.end_offset(0)
+    embedded.append(D, command(D, RECEIVE, dict(receive_body(Q), wait_ms=20_000), "wait-1", reply_to=0))
+    embedded.run()
+    ok(embedded, PURGE, {"queue": Q, "expected_incarnation": None})
+    [answered] = [o for o in published(embedded, cursor) if o["command_id"] == "wait-1"]
+    assert (answered["status"], answered["result"][1]["deliveries"]) == ("committed", [])
+    # The new incarnation has a message id space of its own, and time passing fires nothing old.
+    assert ok(embedded, ENQUEUE, enqueue_body(Q, "m1", b"again")).state == "ready"
+    ok(embedded, TICK, {})
+    assert incarnation_rows(embedded, created.incarnation) == 0
+    embedded.now_ms += 120_000
+    ok(embedded, TICK, {})
+    assert view(embedded).counters.stored_messages == 1
+    assert_replay_equals_live(embedded, D, tmp_path)

@@ -1,6 +1,6 @@
 """Model-based test of queue deletion and the reclamation of its rows, against a reference model.
 
-Random creates, enqueues, drains, deletes (forced or not) and Ticks over two queue names. The model knows, per
+Random creates, enqueues, drains, deletes (forced or not), purges and Ticks over two queue names. The model knows, per
 name, the live incarnation and its messages, and the incarnations deleted. Checked after every
 step: a live queue's rows are all there (every message it ever took keeps its metadata); a deleted
 incarnation's rows only ever shrink, by at most the tick examination budget per record applied;
@@ -109,6 +109,24 @@ class ReclamationMachine(RuleBasedStateMachine):
         self.submit("keyload.command.DeleteQueue", body)
         del self.live[name]
         self.retired[incarnation] = self.rows(incarnation)
+
+    @rule(name=NAMES)
+    def purge(self, name: str) -> None:
+        """A purge retires the incarnation as a forced delete does, and a new one holding nothing takes
+        the name, configured as the queue was."""
+        body = {"queue": name, "expected_incarnation": None}
+        if name not in self.live:
+            self.submit("keyload.command.PurgeQueue", body, "NotFound")
+            return
+        incarnation = self.live[name]
+        before = self.submit("keyload.command.InspectQueue", {"queue": name})
+        view = self.submit("keyload.command.PurgeQueue", body)
+        assert view.incarnation > incarnation and view.counters.stored_messages == 0  # type: ignore[attr-defined]
+        kept = ("policy", "policy_version", "created_at_ms", "paused", "closed")
+        assert all(getattr(view, field) == getattr(before, field) for field in kept)
+        self.retired[incarnation] = self.rows(incarnation)
+        self.live[name] = view.incarnation  # type: ignore[attr-defined]
+        self.messages[view.incarnation] = self.pending[view.incarnation] = 0  # type: ignore[attr-defined]
 
     @rule(ms=st.integers(0, 50))
     def tick(self, ms: int) -> None:

@@ -28,6 +28,7 @@ from keyload.errors import (
     ResourceExhaustedError,
     RevisionConflictError,
     StaleLeaseError,
+    TokenInvalidatedError,
     ValidationError,
 )
 from keyload.log.base import LogRecord, partition_for
@@ -148,6 +149,20 @@ def test_a_domain_lists_its_queues_and_topics_on_every_transport(client: Client)
     assert [t.topic for t in client.list_topics("shop").topics] == ["events"]
     with pytest.raises(ValidationError):
         client.list_topics("shop", max_topics=0)
+
+
+def test_a_purge_empties_a_queue_on_every_transport(client: Client) -> None:
+    created = client.create_queue("shop", "jobs", QueuePolicySpec(max_attempts=2))
+    for i in range(3):
+        client.enqueue("shop", "jobs", b"job", message_id=f"m{i}")
+    [delivery] = client.receive("shop", "jobs", max_messages=1).deliveries
+    purged = client.purge_queue("shop", "jobs", expected_incarnation=created.incarnation)
+    assert (purged.counters.stored_messages, purged.policy.max_attempts) == (0, 2)
+    assert purged.incarnation != created.incarnation and client.list_queues("shop").queues == [purged]
+    with pytest.raises(TokenInvalidatedError):
+        client.ack("shop", delivery.token)
+    with pytest.raises(RevisionConflictError):
+        client.purge_queue("shop", "jobs", expected_incarnation=created.incarnation)
 
 
 def test_a_lane_without_an_outcome_is_unknown(tmp_path: Path) -> None:

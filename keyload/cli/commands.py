@@ -605,6 +605,7 @@ SHAPES: dict[str, Shape] = {
     "ResumeQueue": Shape("dispatch again"),
     "CloseQueue": Shape("take no new messages (one-way)"),
     "DeleteQueue": Shape("delete a queue holding no message (any, with --force); its rows are reclaimed after"),
+    "PurgeQueue": Shape("drop every message: a new incarnation, configured as the queue was (leases end)"),
     "InspectMessage": Shape("show one message", positional=("message_id",), rename={"include_body": "body"}),
     "Enqueue": Shape("enqueue one message", optional=("message_id",), build=_enqueue_build),
     "Receive": Shape("lease ready messages"),

@@ -82,6 +82,7 @@ class AsyncClient:
     resume_queue = _on_thread(Client.resume_queue)
     close_queue = _on_thread(Client.close_queue)
     delete_queue = _on_thread(Client.delete_queue)
+    purge_queue = _on_thread(Client.purge_queue)
     inspect_message = _on_thread(Client.inspect_message)
     receive = _on_thread(Client.receive)
     receive_across = _on_thread(Client.receive_across)

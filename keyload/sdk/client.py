@@ -431,6 +431,15 @@ class Client:
         body = {"queue": queue, "force": force, "expected_incarnation": expected_incarnation}
         return self._send(QueueView, "DeleteQueue", domain, body, command_id)
 
+    def purge_queue(
+        self, domain: str, queue: str, *, expected_incarnation: int | None = None, command_id: str | None = None
+    ) -> QueueView:
+        """Drop every message, in any state: the queue becomes a new incarnation with its policy, flags
+        and creation time (tokens in hand are invalid). `expected_incarnation` fences it as for
+        `delete_queue`. Returns the new incarnation's view."""
+        body = {"queue": queue, "expected_incarnation": expected_incarnation}
+        return self._send(QueueView, "PurgeQueue", domain, body, command_id)
+
     def inspect_message(
         self,
         domain: str,

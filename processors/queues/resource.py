@@ -17,6 +17,7 @@ from keyload.bodies import (
     InspectQueue,
     PauseQueue,
     PrepareLargeSchedule,
+    PurgeQueue,
     ResumeQueue,
 )
 from keyload.log.codec import Record
@@ -100,19 +101,27 @@ def create_queue(stage: Staged, body: CreateQueue, ctx: Context) -> Record:
     if existing is not None:
         current = existing.view
         return declared(stage, "queue", lambda: ["policy"] if current.policy != policy else [], current.to_avro)
-    usage.charge(stage, ctx.domain, row, queues=1)
+    view = QueueView(
+        domain=ctx.domain,
+        queue=name,
+        incarnation=0,  # _install allocates it
+        created_at_ms=ctx.now_ms,
+        policy_version=1,
+        policy=policy,
+        counters=_ZERO_COUNTERS,
+    )
+    return _install(stage, ctx.domain, view).view.to_avro()
+
+
+def _install(stage: Staged, domain: str, view: QueueView) -> QueueRecord:
+    """A new incarnation of the queue `view` names, configured as `view` says and holding nothing,
+    charged to its domain: a created queue, or a purged one's successor."""
+    row = keys.queue(domain, view.queue)
+    usage.charge(stage, domain, row, queues=1)
     queue_id = allocate_incarnation(stage)
     stage.put(keys.resource_key(queue_id), row)
     record = QueueRecord(
-        view=QueueView(
-            domain=ctx.domain,
-            queue=name,
-            incarnation=queue_id,
-            created_at_ms=ctx.now_ms,
-            policy_version=1,
-            policy=policy,
-            counters=_ZERO_COUNTERS,
-        ),
+        view=replace(view, incarnation=queue_id, counters=_ZERO_COUNTERS),
         next_enqueue_sequence=1,
         next_ready_sequence=1,
         next_parked_sequence=1,
@@ -124,7 +133,7 @@ def create_queue(stage: Staged, body: CreateQueue, ctx: Context) -> Record:
         waiter_floor=1,
     )
     save(stage, row, record)
-    return record.view.to_avro()
+    return record
 
 
 def configure_queue(stage: Staged, body: ConfigureQueue, ctx: Context) -> Record:
@@ -174,10 +183,7 @@ def delete_queue(stage: Staged, body: DeleteQueue, ctx: Context) -> Record:
     bounded steps, and what a forced deletion drops releases its objects to the GC as it goes
     (processors/reclamation.py). Returns its last view.
     """
-    record = load_queue(stage, ctx.domain, body.queue)
-    expected, incarnation = body.expected_incarnation, record.view.incarnation
-    detail = f"queue {body.queue} is incarnation {incarnation}, expected {expected}"
-    validation.check_fence("DeleteQueue.expected_incarnation", expected, incarnation, detail)
+    record = _fenced(stage, ctx, body.queue, "DeleteQueue.expected_incarnation", body.expected_incarnation)
     held = record.view.counters.stored_messages
     if not body.force and held:
         raise Rejected(
@@ -191,14 +197,41 @@ def delete_queue(stage: Staged, body: DeleteQueue, ctx: Context) -> Record:
             f"queue {body.queue} holds open large-payload reservations: commit, cancel or let them expire "
             "first, or delete it by force",
         )
+    return _retire(stage, ctx, record).view.to_avro()
+
+
+def purge_queue(stage: Staged, body: PurgeQueue, ctx: Context) -> Record:
+    """Drop every message, in any state, as SQS's PurgeQueue does; fenced by an optional expected
+    incarnation.
+
+    The incarnation is retired as a forced deletion's (its leases invalid, waiting receives answered
+    empty, its rows reclaimed in bounded steps, its large messages' objects released to the GC) and a
+    new one takes the name at once, with the same policy, policy version, flags and creation time:
+    one command, so no enqueue can fall between the two. Returns the new incarnation's view."""
+    record = _fenced(stage, ctx, body.queue, "PurgeQueue.expected_incarnation", body.expected_incarnation)
+    return _install(stage, ctx.domain, _retire(stage, ctx, record).view).view.to_avro()
+
+
+def _fenced(stage: Staged, ctx: Context, queue: str, field: str, expected: int | None) -> QueueRecord:
+    """The named queue, when it is the `expected` incarnation (None: any); RevisionConflict otherwise."""
+    record = load_queue(stage, ctx.domain, queue)
+    incarnation = record.view.incarnation
+    detail = f"queue {queue} is incarnation {incarnation}, expected {expected}"
+    validation.check_fence(field, expected, incarnation, detail)
+    return record
+
+
+def _retire(stage: Staged, ctx: Context, record: QueueRecord) -> QueueRecord:
+    """Retire the queue's incarnation: receives waiting on it are answered empty, its name is free,
+    its domain uncharged, and its rows go to reclamation (processors/reclamation.py). Its last state."""
     record, waiting = waiters.oldest(stage, record, limits.MAX_WAITERS_PER_RESOURCE)
     for sequence, waiter in waiting:
         record = waiters.complete(stage, record, ctx, sequence, waiter, receive_result([]))
-    row = keys.queue(ctx.domain, body.queue)
+    row = keys.queue(ctx.domain, record.view.queue)
     stage.delete(row)
     usage.charge(stage, ctx.domain, row, queues=-1)
     reclamation.retire(stage, reclamation.QUEUE_RETIREMENT, record, ctx.now_ms)
-    return record.view.to_avro()
+    return record
 
 
 def _holds_open_reservation(stage: Staged, record: QueueRecord, now_ms: int) -> bool:
