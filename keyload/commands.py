@@ -65,23 +65,33 @@ class Route:
         return tuple(segment[1:-1] for segment in self.path.split("/") if segment.startswith("{"))
 
 
+class _TheCommandId:
+    """The value of a RequestDefault that is the command's own id (an Enqueue's message id)."""
+
+    def __repr__(self) -> str:
+        return "the command id"
+
+
+COMMAND_ID = _TheCommandId()
+
+
 @dataclass(frozen=True, slots=True)
 class RequestDefault:
-    """A default the clients' side fills in before a command is encoded: `field` takes `value` when
-    neither it nor any field of `unless` is given (null). The SDK's `Client.send` (every typed method,
-    both transports, the CLI) and the HTTP route apply it, so each of them sends the same command; the
-    processor does not, so a command written to the log with neither field is refused as before (and
-    replay of any log is unchanged)."""
+    """A default the clients' side fills in before a command is encoded: `field` takes `value` (or,
+    for COMMAND_ID, the command's id) when neither it nor any field of `unless` is given (null). The
+    SDK's `Client.send` (every typed method, both transports, the CLI) and the HTTP route apply it, so
+    each of them sends the same command; the processor does not, so a command written to the log
+    without the field is refused as before (and replay of any log is unchanged)."""
 
     field: str
     value: Any
     unless: tuple[str, ...] = ()
 
-    def filled(self, body: dict[str, Any]) -> dict[str, Any]:
+    def filled(self, body: dict[str, Any], command_id: str) -> dict[str, Any]:
         """`body`, or a copy of it with the default filled in when it applies."""
         if any(body.get(name) is not None for name in (self.field, *self.unless)):
             return body
-        return {**body, self.field: self.value}
+        return {**body, self.field: command_id if self.value is COMMAND_ID else self.value}
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,9 +133,9 @@ class CommandKind:
         handler: Callable[..., Any] = found
         return handler
 
-    def filled(self, body: dict[str, Any]) -> dict[str, Any]:
+    def filled(self, body: dict[str, Any], command_id: str) -> dict[str, Any]:
         """`body` with this kind's request-side default filled in (`RequestDefault`)."""
-        return body if self.request_default is None else self.request_default.filled(body)
+        return body if self.request_default is None else self.request_default.filled(body, command_id)
 
 
 def _kind(
@@ -194,7 +204,7 @@ COMMANDS: tuple[CommandKind, ...] = (
     _kind("InspectQueue", "queues.resource:inspect_queue", "keyload.QueueView", C.inspect, "inspect_queue", "queue inspect", f"GET {Q}", reads=True),
     _kind("ListQueues", "listing:list_queues", "keyload.result.QueueList", C.inspect, "list_queues", "queue list", "GET /v1/domains/{domain}/queues", reads=True),
     _kind("InspectMessage", "queues.resource:inspect_message", "keyload.MessageView", C.inspect, "inspect_message", "message inspect", f"GET {Q}/messages/{{message_id}}", reads=True),
-    _kind("Enqueue", "queues.resource:enqueue", "keyload.result.EnqueueResult", C.enqueue, "enqueue", "queue enqueue", f"POST {Q}/messages", batchable=True),
+    _kind("Enqueue", "queues.resource:enqueue", "keyload.result.EnqueueResult", C.enqueue, "enqueue", "queue enqueue", f"POST {Q}/messages", batchable=True, request_default=RequestDefault("message_id", COMMAND_ID)),
     _kind("Receive", "queues.leases:receive", "keyload.result.ReceiveResult", C.consume, "receive", "queue receive", f"POST {Q}/receive"),
     _kind("Renew", "queues.leases:renew", "keyload.result.LeaseResult", C.consume, "renew", "lease renew", "POST /v1/domains/{domain}/leases/renew", resource_in_handler=True),
     _kind("Ack", "queues.leases:ack", "keyload.result.LeaseResult", C.consume, "ack", "lease ack", "POST /v1/domains/{domain}/leases/ack", resource_in_handler=True),

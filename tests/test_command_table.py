@@ -21,7 +21,7 @@ import pytest
 from keyload.cli import commands as cli_commands
 from keyload.cli.main import build_parser, main
 from keyload.cli.schema import body_record
-from keyload.commands import COMMANDS, CommandKind
+from keyload.commands import BY_NAME, COMMAND_ID, COMMANDS, CommandKind
 from keyload.log.codec import REGISTRY, expanded_current
 from keyload.processors.apply import COMMANDS as DISPATCHED
 from keyload.processors.apply import DISPATCH, UNSTORED_KINDS, Dispatch
@@ -112,17 +112,19 @@ def test_routes_name_body_fields_and_are_unique() -> None:
             seen_cli.add(kind.cli)
 
 
-def test_request_defaults_fill_nullable_fields_of_their_body() -> None:
-    for kind in COMMANDS:
-        if kind.request_default is None:
-            continue
-        fields = {f["name"]: f for f in names("keyload.Command").types[kind.branch]["fields"]}
-        for name in (kind.request_default.field, *kind.request_default.unless):
-            assert "null" in fields[name]["type"], (kind.name, name)
-        assert kind.filled({}) == {kind.request_default.field: kind.request_default.value}
-        for name in (kind.request_default.field, *kind.request_default.unless):
-            given = {name: "given"}
-            assert kind.filled(given) is given, (kind.name, name)
+def test_request_defaults_fill_fields_of_their_body() -> None:
+    """A request default names a field of its body (and alternatives that may be null), fills it
+    only when none of them is given, and COMMAND_ID stands for the command's own id."""
+    defaulted = {kind.name: kind.request_default for kind in COMMANDS if kind.request_default is not None}
+    assert set(defaulted) == {"ReadTopic", "Enqueue"}
+    for name, default in defaulted.items():
+        fields = {f["name"]: f for f in names("keyload.Command").types[BY_NAME[name].branch]["fields"]}
+        assert default.field in fields and all("null" in fields[other]["type"] for other in default.unless)
+        value = "c-1" if default.value is COMMAND_ID else default.value
+        assert BY_NAME[name].filled({}, "c-1") == {default.field: value}
+        for given_name in (default.field, *default.unless):
+            given = {given_name: "given"}
+            assert BY_NAME[name].filled(given, "c-1") is given, (name, given_name)
 
 
 def test_batchable_rows_are_the_batch_mutation_union() -> None:

@@ -345,6 +345,19 @@ def test_a_topic_read_with_no_start_reads_from_position_1(api: httpx.Client) -> 
     assert (both.status_code, both.json()["error_code"]) == (400, "Validation")
 
 
+def test_an_enqueue_without_a_message_id_takes_the_command_id(api: httpx.Client) -> None:
+    """As the SDK and the CLI do: a retry under the same Idempotency-Key is the same message."""
+    path = f"/v1/domains/{domain()}/queues/orders"
+    committed(api.put(path))
+    sent = api.post(f"{path}/messages", json={"body": b64(b"hi")}, headers={"Idempotency-Key": "order-7"})
+    assert committed(sent)["message_id"] == "order-7"
+    raw = api.post(f"{path}/messages", content=b"raw", headers={"content-type": "application/octet-stream"})
+    generated = committed(raw)
+    assert generated["message_id"] == raw.json()["command_id"]
+    message = committed(api.get(f"{path}/messages/order-7"))
+    assert message["meta"]["state"] == "ready"
+
+
 def test_a_put_of_a_queue_as_it_is_declares_it(api: httpx.Client) -> None:
     """PUT is idempotent: a second service start declaring its queue gets it (feature level 9)."""
     path = f"/v1/domains/{domain()}/queues/orders"

@@ -418,11 +418,6 @@ def _command_id(args: argparse.Namespace) -> str:
     return command_id
 
 
-def _enqueue_build(args: argparse.Namespace, body: dict[str, Any]) -> None:
-    if body["message_id"] is None:
-        body["message_id"] = _command_id(args)
-
-
 def _publish_extra(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--event-id", help="one event: its id, unique in the topic (default: the command id)")
     parser.add_argument("--type", help="one event: its type (required unless --events-json)")
@@ -607,7 +602,7 @@ SHAPES: dict[str, Shape] = {
     "DeleteQueue": Shape("delete a queue holding no message (any, with --force); its rows are reclaimed after"),
     "PurgeQueue": Shape("drop every message: a new incarnation, configured as the queue was (leases end)"),
     "InspectMessage": Shape("show one message", positional=("message_id",), rename={"include_body": "body"}),
-    "Enqueue": Shape("enqueue one message", optional=("message_id",), build=_enqueue_build),
+    "Enqueue": Shape("enqueue one message", optional=("message_id",)),
     "Receive": Shape("lease ready messages"),
     "Renew": Shape("extend a delivery's lease", positional=("token",)),
     "Ack": Shape(

@@ -296,7 +296,8 @@ class Client:
         kind = self.commands.get(name)
         if kind is None:
             raise InvalidCommand(f"unknown command {shown(name)}; nothing was appended")
-        outcome = self.submit(domain, kind.branch, kind.filled(body), command_id, timeout_s)
+        command_id = str(uuid.uuid4()) if command_id is None else command_id
+        outcome = self.submit(domain, kind.branch, kind.filled(body, command_id), command_id, timeout_s)
         if outcome.status != "committed":
             raise _refusal(kind, body, outcome)
         typed: Result = self._result(outcome, self.result_types[kind.result])
@@ -369,10 +370,10 @@ class Client:
         expires_at_ms: int | None = None,
         command_id: str | None = None,
     ) -> EnqueueResult:
-        command_id = str(uuid.uuid4()) if command_id is None else command_id
+        """Enqueue one message; `message_id` (unique in the queue) defaults to the command id."""
         record = {
             "queue": queue,
-            "message_id": message_id or command_id,
+            "message_id": message_id,
             "body": body,
             "headers": headers or {},
             "ordering_key": ordering_key,

@@ -210,7 +210,7 @@ class CommandRoute:
             body, raw = await self._body(request)
             targets = self._targets(request)
             credential = self.engine.caller(request, targets[0][1])
-            datum = to_avro(self.commands, self.record, self.kind.filled(body), "")
+            datum = to_avro(self.commands, self.record, self.kind.filled(body, command_id), "")
             if raw is not None:
                 datum[RAW_BODY_FIELD] = raw
             return await self.engine.submit_all(credential, command_id, targets, (self.kind.branch, datum))

@@ -84,7 +84,9 @@ def _operation(kind: CommandKind, refs: dict[str, Any]) -> dict[str, Any]:
         schema = {
             "type": "object",
             "properties": properties,
-            "required": [f["name"] for f in body_fields if required(commands, f)],
+            "required": [
+                f["name"] for f in body_fields if required(commands, f) and not _request_default(kind, f["name"])
+            ],
             "additionalProperties": False,
         }
         content: dict[str, Any] = {"application/json": {"schema": schema}}
