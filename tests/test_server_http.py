@@ -679,6 +679,22 @@ def test_metrics_report_partitions_queues_groups_and_requests(served: tuple[Path
     assert scrape(api)[ready] == loaded[ready] - 10
 
 
+def test_metrics_age_the_oldest_ready_message_from_its_enqueue(api: httpx.Client) -> None:
+    """SQS's ApproximateAgeOfOldestMessage: the head of the ready index, the next one delivered."""
+    d, queue = new_queue(api, "aging")
+    age = f'keyload_queue_oldest_ready_age_seconds{{domain="{d}",queue="aging"}}'
+    assert scrape(api)[age] == 0  # nothing ready
+    committed(api.post(f"{queue}/messages", json={"message_id": "first", "body": ""}))
+    time.sleep(1.0)
+    committed(api.post(f"{queue}/messages", json={"message_id": "second", "body": ""}))
+    assert 1.0 <= scrape(api)[age] < 60
+    [delivery] = committed(api.post(f"{queue}/receive", json={"max_messages": 1}))["deliveries"]
+    assert delivery["message_id"] == "first"
+    assert scrape(api)[age] < 1.0  # the head is now the second, enqueued after the pause
+    committed(api.post(f"{queue}/receive", json={"max_messages": 1}))
+    assert scrape(api)[age] == 0
+
+
 def scrape(api: httpx.Client) -> dict[str, float]:
     """The samples of one /metrics scrape, by name and labels."""
     scraped = api.get("/metrics")

@@ -3,14 +3,21 @@
 Two kinds: what the server counts as requests pass (requests by method and status, the time from
 a command's append to its outcome, by command kind), and what is read from the partitions when
 scraped (applied offset, log end and lag, halts, poison records, and per queue and group their
-depth, dead letters and backlog). The second kind reads the live projections read-only, so a
-scrape costs a scan of the queue, group and poison rows of every partition: at most
-MAX_SCRAPED_RESOURCES queues and as many groups per partition are reported.
+depth, dead letters and backlog, and the age of each queue's oldest ready message). The second
+kind reads the live projections read-only, so a scrape costs a scan of the queue, group and poison
+rows of every partition, and two point reads per queue: at most MAX_SCRAPED_RESOURCES queues and as
+many groups per partition are reported.
+
+The oldest ready message's age (SQS's ApproximateAgeOfOldestMessage, the usual alarm of a consumer
+falling behind) is the head of the queue's ready index, the next message a receive would deliver
+(found from the queue's ready floor, so no settled message's tombstone is walked), aged from its
+enqueue by the server's clock: metrics are not projection state, so reading the clock here is fine.
 """
 
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterator, Sequence
 from typing import TypeVar
 
@@ -20,7 +27,7 @@ from prometheus_client.registry import Collector
 
 from keyload.log.base import CommandLog, LogError
 from keyload.projections import keys
-from keyload.projections.records import GroupRecord, QueueRecord, TopicRecord
+from keyload.projections.records import GroupRecord, MessageMeta, QueueRecord, TopicRecord
 from keyload.projections.store import Store, StoreError
 from keyload.server.processing import Processing
 
@@ -87,6 +94,11 @@ class PartitionCollector(Collector):
             "keyload_queue_messages", "stored messages by state", labels=["domain", "queue", "state"]
         )
         acked = GaugeMetricFamily("keyload_queue_acked_total", "messages acked", labels=["domain", "queue"])
+        oldest = GaugeMetricFamily(
+            "keyload_queue_oldest_ready_age_seconds",
+            "time since the enqueue of the next message a receive would deliver; 0 when none is ready",
+            labels=["domain", "queue"],
+        )
         backlog = GaugeMetricFamily(
             "keyload_group_backlog_events", "events past the group's checkpoint", labels=["domain", "topic", "group"]
         )
@@ -107,6 +119,7 @@ class PartitionCollector(Collector):
                 continue
             end.add_metric([label], log_end)
             lag.add_metric([label], max(log_end - 1 - offset, 0))
+        now_ms = time.time() * 1000
         for partition, store in enumerate(self.stores):
             label = str(partition)
             try:
@@ -120,6 +133,7 @@ class PartitionCollector(Collector):
                 for state in QUEUE_STATES:
                     depth.add_metric([view.domain, view.queue, state], getattr(counters, state))
                 acked.add_metric([view.domain, view.queue], counters.acked_total)
+                oldest.add_metric([view.domain, view.queue], _oldest_ready_age_s(store, queue, now_ms))
             for group in _records(store, keys.GROUP, GroupRecord):
                 seen = group.view
                 topic_row = store.get(keys.topic(seen.domain, seen.topic))
@@ -128,7 +142,17 @@ class PartitionCollector(Collector):
                 backlog.add_metric(names, max(tail - seen.checkpoint, 0))
                 outstanding.add_metric(names, seen.outstanding)
                 parked.add_metric(names, seen.parked_count)
-        yield from (applied, end, lag, halted, stalled, poison, depth, acked, backlog, outstanding, parked)
+        yield from (applied, end, lag, halted, stalled, poison, depth, acked, oldest, backlog, outstanding, parked)
+
+
+def _oldest_ready_age_s(store: Store, queue: QueueRecord, now_ms: float) -> float:
+    """Seconds since the enqueue of the head of the queue's ready index (0: nothing ready)."""
+    queue_id = queue.view.incarnation
+    head = store.first(keys.ready(queue_id, queue.ready_floor), keys.prefix_end(keys.ready_prefix(queue_id)))
+    meta = None if head is None else store.get(keys.message(queue_id, head[1].decode()))
+    if meta is None:  # nothing ready (or settled since the head was read: no figure older than it)
+        return 0.0
+    return max(now_ms - MessageMeta.decode(meta).enqueued_at_ms, 0.0) / 1000
 
 
 R = TypeVar("R", QueueRecord, GroupRecord)
