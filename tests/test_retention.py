@@ -301,14 +301,23 @@ def test_a_deleted_queues_objects_are_still_collected_and_its_tasks_compact(
     assert_replay_equals_live(embedded, D, tmp_path / "replay")
 
 
-def test_a_forced_delete_sends_live_objects_and_open_uploads_to_the_gc(collected: Collected, tmp_path: Path) -> None:
-    """A queue deleted by force with a live large message and an open reservation: as reclamation
-    reaches them, each becomes a retention task, and the GC deletes both objects."""
+@pytest.mark.parametrize(
+    ("kind", "body"),
+    [
+        ("keyload.command.DeleteQueue", {"queue": Q, "force": True}),
+        ("keyload.command.PurgeQueue", {"queue": Q, "expected_incarnation": None}),
+    ],
+)
+def test_a_forced_delete_or_a_purge_sends_live_objects_and_open_uploads_to_the_gc(
+    collected: Collected, tmp_path: Path, kind: str, body: dict[str, object]
+) -> None:
+    """A queue deleted by force (or purged) with a live large message and an open reservation: as
+    reclamation reaches them, each becomes a retention task, and the GC deletes both objects."""
     large, embedded = collected.large, collected.large.embedded
     live = large.schedule("live", b"l" * 60_000, tmp_path)
     pending = large.prepare("pending", b"p" * 10_000)
     large.upload(pending, b"p" * 10_000, tmp_path)  # uploaded, never committed
-    expect(submit_unhalted(embedded, D, "keyload.command.DeleteQueue", {"queue": Q, "force": True}), None)
+    expect(submit_unhalted(embedded, D, kind, body), None)
     expect(submit_unhalted(embedded, D, CHECKPOINT, {}), None)  # a record: reclamation runs before it
     kinds = sorted(status.task.kind for status in collected.tasks())
     assert kinds == ["abandoned_reservation", "message_payload"]
