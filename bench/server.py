@@ -42,9 +42,10 @@ The report ends with the issue's targets, as ratios in this run: (b)'s cycles/s 
 (c) (≥ 4); the same three on (h)'s figures; and (e) against (f)'s cycle `100` (no target).
 
 Latency is per request, from the call until its outcome is in hand; CPU is per cycle or Enqueue, of this
-process and of `keyload run` (split into its main thread, which runs the processors, and the others: the
-HTTP API's event loop, the GC worker), from /proc. The figures to compare are the ratios against a
-reference measured in the same run (HTTP / SDK, K clients / 1). bench/README.md explains the columns.
+process and of `keyload run` (split into its main thread, which runs the processors and, between their
+steps, the HTTP API's event loop, and the others: the GC worker, the API's worker threads), from /proc.
+The figures to compare are the ratios against a reference measured in the same run (HTTP / SDK, K clients
+/ 1). bench/README.md explains the columns.
 """
 
 from __future__ import annotations
@@ -374,7 +375,8 @@ class Tally:
 
 def server_cpu_s(pid: int) -> tuple[float, float] | None:
     """CPU of `keyload run`: all its threads (exited ones included), and its main thread alone, which runs
-    the processors (the others: the HTTP API's event loop, the GC worker). None where there is no /proc."""
+    the processors and the HTTP API's event loop (the others: the GC worker, the API's worker threads).
+    None where there is no /proc."""
     main = process_cpu_s(pid, pid)
     every = process_cpu_s(pid)
     return None if main is None or every is None else (every, main)
@@ -1301,8 +1303,8 @@ def _tally_rows(
     rows += [
         _row(f"client cpu µs/{unit}", cpu(lambda t: t.client_cpu_s)),
         _row(f"server cpu µs/{unit}", cpu(lambda t: t.server_cpu_s)),
-        _row("  main thread (processors)", cpu(lambda t: t.processors_cpu_s)),
-        _row("  other threads (HTTP API, GC)", cpu(others)),
+        _row("  main thread (processors, HTTP API)", cpu(lambda t: t.processors_cpu_s)),
+        _row("  other threads (GC, API workers)", cpu(others)),
     ]
     return rows
 

@@ -230,6 +230,45 @@ def test_long_poll_is_answered_by_a_later_enqueue(api: httpx.Client, served: tup
     assert [m["message_id"] for m in committed(answered[0])["deliveries"]] == ["late"]
 
 
+def test_a_local_client_and_the_api_are_served_side_by_side(api: httpx.Client, served: tuple[Path, str]) -> None:
+    """The API and the processors share one thread: a local client's appends (the doorbell) are
+    applied while HTTP requests come and go, and each side sees the other's commands."""
+    root, url = served
+    d, queue = new_queue(api, "mixed")
+    waiting, answered = long_poll(url, bearer(root), f"{queue}/receive")
+    with Client(root) as local:
+        local.enqueue(d, "mixed", b"from-local", message_id="local-1")
+        waiting.join(30)
+        assert [m["message_id"] for m in committed(answered[0])["deliveries"]] == ["local-1"]
+        http_ids = [f"http-{n}" for n in range(20)]
+        local_ids = [f"local-{n}" for n in range(2, 22)]
+        failures: list[str] = []
+
+        def over_http() -> None:
+            with httpx.Client(base_url=url, headers=bearer(root), timeout=60) as own:
+                for message_id in http_ids:
+                    response = own.post(f"{queue}/messages", json={"message_id": message_id, "body": b64(b"h")})
+                    if response.status_code != 200:
+                        failures.append(response.text)
+
+        sender = threading.Thread(target=over_http)
+        sender.start()
+        for message_id in local_ids:
+            local.enqueue(d, "mixed", b"l", message_id=message_id)
+        sender.join(60)
+        assert not failures
+        delivered: list[str] = []
+        while len(delivered) < len(http_ids + local_ids):
+            deliveries = local.receive(d, "mixed", max_messages=10).deliveries
+            assert deliveries, f"received {len(delivered)} of {len(http_ids + local_ids)}"
+            delivered += [m.message_id for m in deliveries]
+            tokens = [m.token for m in deliveries]
+            committed(api.post(f"/v1/domains/{d}/leases/ack-batch", json={"tokens": tokens}))
+        assert sorted(delivered) == sorted(http_ids + local_ids)
+    view = committed(api.get(queue))
+    assert view["counters"]["acked_total"] == 40  # and local-1, which the long poll holds, is leased
+
+
 @pytest.mark.parametrize(
     "header",
     [

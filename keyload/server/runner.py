@@ -1,11 +1,19 @@
-"""Running the HTTP API beside the processors of an embedded `keyload run`.
+"""Running the HTTP API beside the processors of `keyload run`.
 
-uvicorn serves the Starlette application on a thread of its own (its event loop); the processors
-keep the service's main thread. The listening socket is bound before the thread starts, so a port
-in use is an error of `keyload run` itself, and port 0 picks a free one; `keyload run` binds it
-before it creates or opens the data directory (`Listen.bound`), so that error leaves nothing
-behind. The address served is written to DATA/server.json (0600) for local tools and tests, and
-removed when the server stops.
+Embedded, the server and the processors share the service's main thread: between processor steps
+the runtime's idle wait (`HttpServer.turn`) runs the server's event loop, which serves requests
+until the server appends commands, a local appender rings the doorbell (the loop watches its
+socket), or the wait is over. One thread, so no request or outcome crosses threads: measured with
+one client doing one-at-a-time cycles, two threads handing the GIL back and forth at every syscall
+cost about a fifth more CPU per cycle than one (bench/README.md, `bench.server`). Requests never
+block the loop: the slow ones (payload uploads and reads, credentials, census, metrics) run on
+worker threads, and the processors get the loop back between groups. On Kafka the server keeps a
+thread of its own: the main thread blocks in the consumer's fetch.
+
+The listening socket is bound before serving starts, so a port in use is an error of `keyload run`
+itself, and port 0 picks a free one; `keyload run` binds it before it creates or opens the data
+directory (`Listen.bound`), so that error leaves nothing behind. The address served is written to
+DATA/server.json (0600) for local tools and tests, and removed when the server stops.
 """
 
 from __future__ import annotations
@@ -16,7 +24,8 @@ import json
 import os
 import socket
 import threading
-from collections.abc import Callable, Collection, Sequence
+import time
+from collections.abc import Callable, Collection, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -37,7 +46,7 @@ from keyload.server.payloads import payload_routes
 from keyload.server.principals import credential_routes
 from keyload.server.processing import Processing
 from keyload.server.writer import CommandWriter, OutcomeTail, OutcomeWaiters
-from keyload.service.doorbell import Doorbell
+from keyload.service.doorbell import Listener
 from keyload.storage.datadir import DataDir
 from keyload.storage.keyring import LiveKeyring, write_private
 
@@ -49,6 +58,7 @@ STARTUP_TIMEOUT_S = 30.0
 SHUTDOWN_TIMEOUT_S = 10.0
 DRAIN_S = 5.0  # on a stop, requests in flight have this long to get their outcomes before a 503
 GRACEFUL_SHUTDOWN_S = 8  # connections still open this long after a stop are closed
+WAIT_TURN_S = 0.01  # how often a start or stop looks whether the server is up (or down)
 DRAIN_WATCH_S = 0.5  # how soon the drain watcher notices that the server was stopped without a drain
 assert DRAIN_S < GRACEFUL_SHUTDOWN_S, "the 503s of a drain are written before uvicorn closes connections"
 SERVER_REPLY_PARTITION = None  # the embedded server's commands name no reply partition: answered in process
@@ -98,18 +108,75 @@ class LogSide:
     wake: Callable[[Collection[int]], None]  # after appending to those partitions
     blocking: bool
     outcomes: Callable[[], CommandLog] | None = None
-    close: Callable[[], None] = lambda: None  # what `wake` holds open (the doorbell's socket)
+
+
+class Rings:
+    """The partitions appended to since the processors last looked, when the server shares their
+    thread: the server's writer rings on the event loop after each append, local appenders (SDK,
+    CLI, the GC worker) through the doorbell, whose socket the loop watches. Either ends the turn
+    the loop is given (`HttpServer.turn`)."""
+
+    def __init__(self, listener: Listener) -> None:
+        self.listener = listener
+        self._named: set[int] | None = set()  # None: a ring named none, look at every partition
+        self._rung = False
+        self.wakeup: asyncio.Future[None] | None = None  # the turn in progress, ended by a ring
+
+    def ring(self, partitions: Collection[int]) -> None:
+        """The server appended to `partitions` (its writer's `wake`)."""
+        if self._named is not None:
+            self._named.update(partitions)
+        self._rung = True
+        if self.wakeup is not None and not self.wakeup.done():
+            self.wakeup.set_result(None)
+
+    def doorbell(self) -> None:
+        """The doorbell's socket is readable: take its rings."""
+        named = self.listener.wait(0)
+        if named is None:
+            self._named = None
+        if named != frozenset():
+            self.ring(named or ())
+
+    @property
+    def rung(self) -> bool:
+        return self._rung
+
+    def take(self) -> frozenset[int] | None:
+        """What `Listener.wait` answers: the partitions rung since the last take (empty: none), or
+        None for every partition."""
+        named, self._named, self._rung = self._named, set(), False
+        return None if named is None else frozenset(named)
+
+
+class _Server(uvicorn.Server):
+    """uvicorn's server without its signal handlers: on the main thread uvicorn would take SIGINT
+    and SIGTERM from `keyload run`, whose own handlers set `stop`, which drains the server first."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
 
 
 class HttpServer:
-    """The API server of one data directory: started by `start`, stopped by `stop`. `embedded` and
-    `on_kafka` build it for the two kinds of service."""
+    """The API server of one data directory: started by `start`, stopped by `stop`. `embedded`
+    builds one that shares the caller's thread (turned by `turn`), `on_kafka` one on a thread of
+    its own."""
 
-    def __init__(self, data: DataDir, listen: Listen, engine: Engine, side: LogSide, routes: Sequence[Route]) -> None:
+    def __init__(
+        self,
+        data: DataDir,
+        listen: Listen,
+        engine: Engine,
+        side: LogSide,
+        routes: Sequence[Route],
+        rings: Rings | None = None,
+    ) -> None:
         self.data = data
         self.listen = listen
         self.engine = engine
         self.side = side
+        self.rings = rings
         self._writer: CommandWriter | None = None
         self._tail: OutcomeTail | None = None
         routes = [*routes, census_route(engine, data)]  # both kinds of service count the projections held here
@@ -123,10 +190,13 @@ class HttpServer:
             ssl_certfile=None if listen.tls_cert is None else str(listen.tls_cert),
             ssl_keyfile=None if listen.tls_key is None else str(listen.tls_key),
         )
-        self._server = uvicorn.Server(config)
+        self._server = _Server(config)
         self._socket = _bind(listen) if listen.bound_socket is None else listen.bound_socket
-        self._thread = threading.Thread(target=self._run, name="keyload-http", daemon=True)
+        self._runner = asyncio.Runner(loop_factory=config.get_loop_factory())
+        self._thread = None if rings else threading.Thread(target=self._run, name="keyload-http", daemon=True)
+        self._task: asyncio.Task[None] | None = None  # serving on the caller's thread (the loop holds it weakly)
         self._failure: BaseException | None = None
+        self._served = threading.Event()  # the server has ended (stopped, or failed)
         self._stopped = threading.Event()
 
     @classmethod
@@ -137,10 +207,12 @@ class HttpServer:
         stores: Sequence[Store],
         waiters: OutcomeWaiters,
         processing: Processing,
+        listener: Listener,
     ) -> HttpServer:
-        """The embedded service's server: the file log's writer, answered in process; it holds every
-        partition's projection, so it authenticates against the policy and serves payloads and
-        credentials itself."""
+        """The embedded service's server: the file log's writer, answered in process, on the
+        thread of the processors, which turn it while they idle (`turn`) and which it wakes
+        through `listener`'s rings; it holds every partition's projection, so it authenticates
+        against the policy and serves payloads and credentials itself."""
         keyring = LiveKeyring(data.root)
         log = data.file_command_log()
         backlog = {partition: _end_or_nothing(log, partition) for partition in range(data.partitions)}
@@ -148,15 +220,14 @@ class HttpServer:
         engine = Engine(
             data.partitions, stores.__getitem__, Authenticator(keyring), waiters, processing, metrics, backlog
         )
-        doorbell = Doorbell(data.root)
+        rings = Rings(listener)
         side = LogSide(
             lambda: data.file_command_log(FileLogConfig(segment_bytes=data.segment_bytes, fsync=FsyncPolicy.NONE)),
-            doorbell.ring,
+            rings.ring,
             blocking=False,
-            close=doorbell.close,
         )
         routes = [*credential_routes(engine, data.root, stores[0]), *payload_routes(engine, data, keyring, stores)]
-        return cls(data, listen, engine, side, routes)
+        return cls(data, listen, engine, side, routes, rings)
 
     @classmethod
     def on_kafka(
@@ -185,19 +256,36 @@ class HttpServer:
         return f"{self.listen.scheme}://{shown}:{port}"
 
     def start(self) -> None:
-        self._thread.start()
-        with contextlib.suppress(TimeoutError):
-            self._await_start()
+        if self._thread is not None:
+            self._thread.start()
+        else:
+            assert self.rings is not None
+            loop = self._runner.get_loop()
+            loop.add_reader(self.rings.listener.fileno(), self.rings.doorbell)
+            self._task = loop.create_task(self._serve())
+        self._wait_for(lambda: self._server.started, STARTUP_TIMEOUT_S)
         if not self._server.started:
             self.stop()
             raise ServerError(f"the HTTP API did not start on {self.url}: {self._failure or 'timed out'}")
         write_private(self.data.root / ADDRESS_FILE, (json.dumps({"url": self.url}) + "\n").encode())
 
-    def _await_start(self) -> None:
-        waited = 0.0
-        while not self._server.started and self._thread.is_alive() and waited < STARTUP_TIMEOUT_S:
-            self._thread.join(0.01)
-            waited += 0.01
+    def turn(self, timeout_s: float) -> frozenset[int] | None:
+        """The runtime's idle wait when the server shares its thread (`run_until(idle=...)`): serve
+        requests until the server appends or the doorbell rings, or for `timeout_s` (0: take what is
+        ready, without waiting); the partitions rung, as `Listener.wait` answers."""
+        assert self.rings is not None, "a server on a thread of its own turns by itself"
+        loop = self._runner.get_loop()
+        if self.rings.rung or timeout_s <= 0:
+            loop.run_until_complete(asyncio.sleep(0))
+        else:
+            self.rings.wakeup = wakeup = loop.create_future()
+            timer = loop.call_later(timeout_s, _resolve, wakeup)
+            try:
+                loop.run_until_complete(wakeup)
+            finally:
+                timer.cancel()
+                self.rings.wakeup = None
+        return self.rings.take()
 
     def drained_after(self, stop: threading.Event) -> threading.Event:
         """An event set once `stop` is set and the server has drained (`drain`): the processors run
@@ -218,30 +306,51 @@ class HttpServer:
     def drain(self) -> None:
         """Take no more requests (the listening socket closes, kept-alive connections close after
         their response) and let those in flight finish, for up to DRAIN_S while the processors still
-        run; the ones still waiting then (a long poll) are answered 503: retry by command id."""
+        run (and, sharing their thread, turn the server); the ones still waiting then (a long poll)
+        are answered 503: retry by command id. Called from a thread of its own."""
         with contextlib.suppress(FileNotFoundError):
             os.remove(self.data.root / ADDRESS_FILE)
         self._server.should_exit = True
-        self._thread.join(DRAIN_S)
+        self._served.wait(DRAIN_S)
         self.engine.waiters.abandon(Halted("the service is stopping"))
 
     def stop(self) -> None:
-        """Answer the requests still waiting 503 (retry by command id), then stop serving."""
+        """Answer the requests still waiting 503 (retry by command id), then stop serving (once)."""
+        if self._stopped.is_set():
+            return
         self._stopped.set()
         with contextlib.suppress(FileNotFoundError):
             os.remove(self.data.root / ADDRESS_FILE)
         self.engine.waiters.abandon(Halted("the service is stopping"))
         self._server.should_exit = True
-        self._thread.join(SHUTDOWN_TIMEOUT_S)
+        self._wait_for(self._served.is_set, SHUTDOWN_TIMEOUT_S)
+        if self.rings is not None:  # the loop is this thread's: close it (a thread of its own closes its own)
+            self._runner.get_loop().remove_reader(self.rings.listener.fileno())
+            self._runner.close()
         self._socket.close()
         self.engine.metrics.close()
-        self.side.close()
+
+    def _wait_for(self, condition: Callable[[], bool], timeout_s: float) -> None:
+        """Until `condition()` holds or the server has ended, for up to `timeout_s`, turning the
+        server meanwhile when it shares this thread."""
+        deadline = time.monotonic() + timeout_s
+        while not condition() and not self._served.is_set() and time.monotonic() < deadline:
+            if self._thread is None:
+                self._runner.get_loop().run_until_complete(asyncio.sleep(WAIT_TURN_S))
+            else:
+                self._served.wait(WAIT_TURN_S)
 
     def _run(self) -> None:
+        with self._runner:
+            self._runner.run(self._serve())
+
+    async def _serve(self) -> None:
         try:
-            self._server.run(sockets=[self._socket])
-        except BaseException as exc:  # reported by start(); a running server's failure ends the thread
+            await self._server.serve(sockets=[self._socket])
+        except BaseException as exc:  # reported by start(); a running server's failure ends serving
             self._failure = exc
+        finally:
+            self._served.set()
 
     async def _on_start(self, loop: asyncio.AbstractEventLoop) -> None:
         self._writer = CommandWriter(self.side.open_log(), loop, self.side.wake, blocking=self.side.blocking)
@@ -255,6 +364,11 @@ class HttpServer:
             self._tail.close()
         if self._writer is not None:
             self._writer.close()
+
+
+def _resolve(wakeup: asyncio.Future[None]) -> None:
+    if not wakeup.done():
+        wakeup.set_result(None)
 
 
 def _end_or_nothing(log: CommandLog, partition: int) -> int:

@@ -83,5 +83,9 @@ class Listener:
                 named = None
         return None if named is None else frozenset(named)
 
+    def fileno(self) -> int:
+        """The socket an event loop watches for rings (`wait(0)` then takes them)."""
+        return self._socket.fileno()
+
     def close(self) -> None:
         self._socket.close()

@@ -204,7 +204,6 @@ def _serve_embedded(data: DataDir, settings: ServiceSettings, stop: Event) -> li
     stores: list[Store] = []
     announce = Announcer(log, system_credential(data.root, CHECKPOINTER_PRINCIPAL))
     waiters = OutcomeWaiters(SERVER_REPLY_PARTITION)
-    http: HttpServer | None = None
     try:
         processors = []
         for partition in range(data.partitions):
@@ -236,9 +235,10 @@ def _serve_embedded(data: DataDir, settings: ServiceSettings, stop: Event) -> li
         positions = ", ".join(f"p{p.partition}@{p.applied_offset}" for p in processors)
         print(f"keyload: serving {data.root} ({data.partitions} partitions; applied {positions})", flush=True)
         collector = None
+        http: HttpServer | None = None
         try:
             if settings.listen is not None:
-                http = HttpServer.embedded(data, settings.listen, stores, waiters, _Beside(processors))
+                http = HttpServer.embedded(data, settings.listen, stores, waiters, _Beside(processors), listener)
                 http.start()
                 print(f"keyload: HTTP API on {http.url}", flush=True)
             collector = _GcBeside(data, stores, settings.gc_interval_s) if settings.gc_interval_s > 0 else None
@@ -247,7 +247,7 @@ def _serve_embedded(data: DataDir, settings: ServiceSettings, stop: Event) -> li
                 stop if http is None else http.drained_after(stop),
                 ticker,
                 idle_exit=settings.until_idle,
-                idle=listener.wait,
+                idle=listener.wait if http is None else http.turn,
                 idle_min_s=IDLE_WAIT_S,
                 idle_max_s=IDLE_WAIT_S,
                 on_halt=lambda halt: record_halt(data.root, halt),
@@ -256,12 +256,12 @@ def _serve_embedded(data: DataDir, settings: ServiceSettings, stop: Event) -> li
         finally:
             if collector is not None:
                 collector.stop(processors)
+            if http is not None:
+                http.stop()
             listener.close()
         print("keyload: stopped", flush=True)
         return halts
     finally:
-        if http is not None:
-            http.stop()
         for store in stores:
             store.close()
         log.close()
