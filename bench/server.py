@@ -42,7 +42,7 @@ The report ends with the issue's targets, as ratios in this run: (b)'s cycles/s 
 (c) (≥ 4); the same three on (h)'s figures; and (e) against (f)'s cycle `100` (no target).
 
 Latency is per request, from the call until its outcome is in hand; CPU is per cycle or Enqueue, of this
-process and of `keyload run` (split into its main thread, which runs the processors and, between their
+process and of `keyload run` (split into its service thread, which runs the processors and, between their
 steps, the HTTP API's event loop, and the others: the GC worker, the API's worker threads), from /proc.
 The figures to compare are the ratios against a reference measured in the same run (HTTP / SDK, K clients
 / 1). bench/README.md explains the columns.
@@ -84,6 +84,7 @@ from keyload.log.base import partition_for
 from keyload.processors.policy import INTEGER_FIELDS
 from keyload.sdk.results import QueuePolicySpec
 from keyload.server.runner import ADDRESS_FILE
+from keyload.service.embedded import SERVICE_THREAD
 from keyload.storage.datadir import DataDir
 
 from .common import DOMAIN, QUEUE, SEED, BenchError, ServiceProcess, environment, rounds
@@ -338,7 +339,7 @@ class Tally:
     seconds: float = 0.0  # wall clock of the timed loops
     client_cpu_s: float = 0.0  # this process, all threads, over the timed loops
     server_cpu_s: float | None = 0.0  # `keyload run`, all threads (None without /proc)
-    processors_cpu_s: float | None = 0.0  # its main thread, which runs the processors (None without /proc)
+    processors_cpu_s: float | None = 0.0  # its service thread: processors and HTTP API (None without /proc)
     latencies: dict[str, Samples] = field(default_factory=dict)  # per measured step, seconds
     round_p50_ms: list[float] = field(default_factory=list)  # of the whole cycle (of an Enqueue), per round
 
@@ -374,12 +375,24 @@ class Tally:
 
 
 def server_cpu_s(pid: int) -> tuple[float, float] | None:
-    """CPU of `keyload run`: all its threads (exited ones included), and its main thread alone, which runs
-    the processors and the HTTP API's event loop (the others: the GC worker, the API's worker threads).
-    None where there is no /proc."""
-    main = process_cpu_s(pid, pid)
+    """CPU of `keyload run`: all its threads (exited ones included), and its service thread alone, which
+    runs the processors and the HTTP API's event loop (the others: the main thread, which waits for it,
+    the GC worker, the API's worker threads). A `keyload run` of before the service thread ran the
+    processors on its main thread: that one then. None where there is no /proc."""
+    service = process_cpu_s(pid, service_thread(pid))
     every = process_cpu_s(pid)
-    return None if main is None or every is None else (every, main)
+    return None if service is None or every is None else (every, service)
+
+
+def service_thread(pid: int) -> int:
+    """The thread id of `keyload run`'s service thread, or its main thread's. It is named in the OS,
+    and the threads it starts (the GC worker, the API's workers) inherit the name: it is the first."""
+    named = []
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        with contextlib.suppress(OSError):
+            if (task / "comm").read_text().strip() == SERVICE_THREAD:
+                named.append(int(task.name))
+    return min(named, default=pid)
 
 
 def process_cpu_s(pid: int, thread: int | None = None) -> float | None:
@@ -395,7 +408,7 @@ def process_cpu_s(pid: int, thread: int | None = None) -> float | None:
 @dataclass(frozen=True)
 class Cpu:
     client: float  # this process
-    server: tuple[float, float] | None  # `keyload run`: (all threads, main thread)
+    server: tuple[float, float] | None  # `keyload run`: (all threads, service thread)
 
 
 class CpuWatch:
@@ -1303,7 +1316,7 @@ def _tally_rows(
     rows += [
         _row(f"client cpu µs/{unit}", cpu(lambda t: t.client_cpu_s)),
         _row(f"server cpu µs/{unit}", cpu(lambda t: t.server_cpu_s)),
-        _row("  main thread (processors, HTTP API)", cpu(lambda t: t.processors_cpu_s)),
+        _row("  service thread (processors, API)", cpu(lambda t: t.processors_cpu_s)),
         _row("  other threads (GC, API workers)", cpu(others)),
     ]
     return rows

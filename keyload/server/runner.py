@@ -1,14 +1,13 @@
 """Running the HTTP API beside the processors of `keyload run`.
 
-Embedded, the server and the processors share the service's main thread: between processor steps
-the runtime's idle wait (`HttpServer.turn`) runs the server's event loop, which serves requests
-until the server appends commands, a local appender rings the doorbell (the loop watches its
-socket), or the wait is over. One thread, so no request or outcome crosses threads: measured with
-one client doing one-at-a-time cycles, two threads handing the GIL back and forth at every syscall
-cost about a fifth more CPU per cycle than one (bench/README.md, `bench.server`). Requests never
-block the loop: the slow ones (payload uploads and reads, credentials, census, metrics) run on
-worker threads, and the processors get the loop back between groups. On Kafka the server keeps a
-thread of its own: the main thread blocks in the consumer's fetch.
+Embedded, the server and the processors share one thread, the service thread: between processor
+steps the runtime's idle wait (`HttpServer.turn`) runs the server's event loop, which serves
+requests until the server appends commands, a local appender rings the doorbell (the loop watches
+its socket), or the wait is over. One thread, so no request or outcome crosses threads, and no two
+threads hand the GIL to each other at every syscall (bench/README.md, "One thread"). Requests do
+not hold the loop long: the slow ones (payload uploads and reads, credentials, census, metrics) run
+on worker threads, and the processors get the thread back between turns. On Kafka the server keeps
+a thread of its own: the main thread blocks in the consumer's fetch.
 
 The listening socket is bound before serving starts, so a port in use is an error of `keyload run`
 itself, and port 0 picks a free one; `keyload run` binds it before it creates or opens the data

@@ -9,11 +9,12 @@ partition stops alone: the others keep serving, and the halt is recorded for
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import fcntl
 import os
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -49,6 +50,9 @@ from keyload.storage.principals import (
 
 IDLE_WAIT_S = 0.1  # with a doorbell, an idle service wakes at once for clients and at least this often
 GC_CLIENT_TIMEOUT_S = 2.0  # the in-service GC worker's outcome wait: short, so a stopping service is not held up
+SERVICE_THREAD = "keyload-service"  # the thread of the embedded service's processors and HTTP API
+SERVICE_JOIN_S = 0.5  # the calling thread waits for it this long at a time, taking signals between
+PR_SET_NAME = 15  # prctl(2): name the calling thread (up to 15 bytes)
 RUN_LOCK = "run.lock"  # held (flock) by the process serving the directory, which writes its pid into it
 
 
@@ -114,7 +118,46 @@ def serve(data: DataDir, settings: ServiceSettings, stop: Event) -> list[Halt]:
             checkpoints.clear_abandoned_takes()
         if data.kafka is not None:
             return _serve_kafka(data, settings, stop)
-        return _serve_embedded(data, settings, stop)
+        return _on_service_thread(lambda: _serve_embedded(data, settings, stop), stop)
+
+
+def _on_service_thread(run: Callable[[], list[Halt]], stop: Event) -> list[Halt]:
+    """`run()` on a thread of its own, the service thread, while the calling thread waits for it
+    (and, as the main thread, takes the signals that set `stop`; an exception there, such as a
+    KeyboardInterrupt, stops the service first and is raised once it has stopped). The embedded service's processors
+    and its HTTP server's event loop share that thread; off the main thread, because uvloop on the
+    main thread sets up its signal self-pipe (a socket pair, a wakeup fd, a reader) every time the
+    loop starts to run, and the processors start it for every turn they give the server
+    (bench/README.md, "One thread", measures both forms)."""
+    ended: list[list[Halt] | BaseException] = []
+
+    def body() -> None:
+        _name_os_thread(SERVICE_THREAD)
+        try:
+            ended.append(run())
+        except BaseException as exc:  # raised again on the calling thread
+            ended.append(exc)
+
+    thread = threading.Thread(target=body, name=SERVICE_THREAD)
+    thread.start()
+    try:
+        while thread.is_alive():
+            thread.join(SERVICE_JOIN_S)
+    except BaseException:
+        stop.set()
+        thread.join()
+        raise
+    [outcome] = ended
+    if isinstance(outcome, BaseException):
+        raise outcome
+    return outcome
+
+
+def _name_os_thread(name: str) -> None:
+    """Give the calling thread `name` in the OS too (`top -H`, /proc/PID/task/TID/comm, which
+    bench.server reads), as Python 3.11 names only its own Thread object; Linux, else nothing."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_NAME, name.encode()[:15], 0, 0, 0)
 
 
 @contextmanager
