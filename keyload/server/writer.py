@@ -12,10 +12,10 @@ outcome stream either: nothing but the server waits for them. On Kafka it produc
 topic and tails its reply partition of the outcomes topic (`OutcomeTail`), since another process
 may own the command's partition.
 
-Threads: requests run on the server's event loop; the processors call `published` from the
-service's main thread, which embedded is the loop's own (it turns the loop between processor steps)
-and on Kafka is not. Waiters are added and removed on the event loop only; `published` hands
-outcomes over with `call_soon_threadsafe`, right from either thread.
+Threads: requests run on the server's event loop; the processors call `published` from their
+thread, which embedded is the loop's own (the service thread turns the loop between processor
+steps) and on Kafka is not (the main thread). Waiters are added and removed on the event loop only;
+`published` hands outcomes over with `call_soon_threadsafe`, right from either thread.
 """
 
 from __future__ import annotations
