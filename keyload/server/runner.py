@@ -184,6 +184,9 @@ class HttpServer:
             app,
             log_level="warning",
             access_log=False,
+            # Nothing reads a request's client address or scheme, so X-Forwarded-* are not taken
+            # either (uvicorn's default takes them from 127.0.0.1): one middleware less a request.
+            proxy_headers=False,
             lifespan="on",
             timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
             ssl_certfile=None if listen.tls_cert is None else str(listen.tls_cert),

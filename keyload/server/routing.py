@@ -1,0 +1,71 @@
+"""Route lookup in one regular-expression match per request, not one per route.
+
+Starlette's router tries each route in turn, in Python, until one matches in path and method: with
+the command table's 66 routes ahead of the payload and credential routes, an Enqueue tries 16 and an
+ack 19 (about 14 µs a request on the development VM, against under 3 µs here). `IndexedRouter` asks
+one alternation per method instead, compiled from the routes' own path patterns in their order, so
+the route it finds is the one Starlette's scan would: the first route of that method whose path
+matches. A request no route of its method takes (a 404, a 405) goes through Starlette's scan,
+unchanged."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from typing import Any
+
+from starlette._utils import get_route_path  # the path Route.matches matches (root_path taken off)
+from starlette.routing import BaseRoute, Match, Route, Router
+from starlette.types import Receive, Scope, Send
+
+# A named group of a route's path pattern (Starlette's compile_path writes one per path parameter,
+# `(?P<name>regex)`, and escapes everything else): non-capturing in the alternation, where one
+# parameter name appears in many routes and a name may be defined only once.
+_PARAMETER_GROUP = re.compile(r"\(\?P<[^>]+>")
+
+
+class IndexedRouter(Router):
+    """A Router whose HTTP requests find their route by method and one match of an alternation."""
+
+    def __init__(self, routes: Sequence[BaseRoute], **options: Any) -> None:
+        super().__init__(list(routes), **options)
+        self._by_method = _index(self.routes)
+
+    def route_for(self, scope: Scope) -> Route | None:
+        """The first route, in the router's order, that takes the request's method and path (the
+        one Starlette's scan would hand it to); None when no route takes both."""
+        entry = self._by_method.get(scope["method"])
+        if entry is None:
+            return None
+        alternation, routes = entry
+        found = alternation.match(get_route_path(scope))
+        return None if found is None or found.lastgroup is None else routes[int(found.lastgroup[1:])]
+
+    async def app(self, scope: Scope, receive: Receive, send: Send) -> None:
+        route = self.route_for(scope) if scope["type"] == "http" else None
+        if route is None:
+            await super().app(scope, receive, send)
+            return
+        match, child_scope = route.matches(scope)  # the path parameters, converted as Starlette does
+        assert match is Match.FULL, f"{route.path} was chosen for {scope['method']} {scope['path']}"
+        scope.setdefault("router", self)
+        scope["route"] = route
+        scope.update(child_scope)
+        await route.handle(scope, receive, send)
+
+
+def _index(routes: Sequence[BaseRoute]) -> dict[str, tuple[re.Pattern[str], list[Route]]]:
+    """For each method, the alternation of the paths of the routes that take it, in their order
+    (alternative `_i` is the i-th of those routes)."""
+    by_method: dict[str, list[Route]] = {}
+    for route in routes:
+        assert isinstance(route, Route) and route.methods, "every route of the API is a Route with its methods"
+        for method in route.methods:
+            by_method.setdefault(method, []).append(route)
+    return {method: (_alternation(taking), taking) for method, taking in by_method.items()}
+
+
+def _alternation(routes: Sequence[Route]) -> re.Pattern[str]:
+    """One pattern of the routes' paths, tried in order; the alternative of route i is named `_i`."""
+    paths = (_PARAMETER_GROUP.sub("(?:", route.path_regex.pattern) for route in routes)
+    return re.compile("|".join(f"(?P<_{i}>{path})" for i, path in enumerate(paths)))
