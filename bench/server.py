@@ -27,8 +27,10 @@ the administrator.
             …/leases/ack-batch of the 100 tokens. Rated in messages/s.
 (f) processor-only references: bench.cycle's cycles `1` and `100`, run in this process through its own
             QueueDriver (rounds of 500, its default), each on as many messages as (a)+(b)(+(h))'s queue, or
-            (e)'s, saw; their step() loops' wall-clock msg/s. Played a share of their rounds after each
-            round of (a)/(b) (cycle `1`) or of (e) (cycle `100`), `keyload run` idle meanwhile.
+            (e)'s, saw; their step() loops' wall-clock msg/s. Cycle `1` once more in rounds of one message
+            (window 1): each step applies one command, as the live one-at-a-time cycle's steps do. Played a
+            share of their rounds after each round of (a)/(b) (cycle `1`) or of (e) (cycle `100`),
+            `keyload run` idle meanwhile.
 (g) fsync on this disk: os.fsync after a 1 KiB append to a file in the bench's temporary directory, a
             share of the tries after each round of (a)/(b).
 (h) the Go client (bench/go/httpclient, built with `go build` when go is on PATH; --no-go skips it):
@@ -39,7 +41,9 @@ the administrator.
 
 The report ends with the issue's targets, as ratios in this run: (b)'s cycles/s against (f)'s cycle `1`
 (≥ 0.5), (b)'s produce → received p50 against (g)'s p50 (≤ 3), K clients' enqueues/s against one's in
-(c) (≥ 4); the same three on (h)'s figures; and (e) against (f)'s cycle `100` (no target).
+(c) (≥ 4); the same three on (h)'s figures; and, with no target, (b)'s and (h)'s cycles/s against
+(f)'s cycle `1` one command a step, that against (f)'s cycle `1` in rounds of 500, and (e) against (f)'s
+cycle `100`.
 
 Latency is per request, from the call until its outcome is in hand; CPU is per cycle or Enqueue, of this
 process and of `keyload run` (split into its service thread, which runs the processors and, between their
@@ -116,6 +120,9 @@ FSYNC_WARMUP = 10  # (g): untimed tries first
 REFERENCE_WINDOW = CYCLE_DEFAULTS.window  # (f): bench.cycle's messages per round
 REFERENCE_WARMUP = CYCLE_DEFAULTS.warmup  # (f): messages per cycle of a discarded run first, as bench.cycle does
 REFERENCE_KEYS = ("1", "100")  # (f): bench.cycle's cycles, against (a)/(b) and against (e)
+# (f): cycle `1` once more in rounds of one message, so that each step applies one command, as the live
+# one-at-a-time cycle's do: what the processor alone does with the live cycle's group shape
+SINGLES = "1-singles"
 
 SERVER_START_S = 60.0
 SERVER_STOP_S = 15.0
@@ -789,17 +796,19 @@ def warm_references(work: Path, body_bytes: int) -> None:
 
 
 class ReferenceRun:
-    """(f): bench.cycle's (a) for one of its cycles on `messages` messages in rounds of REFERENCE_WINDOW, with
+    """(f): bench.cycle's (a) for one of its cycles on `messages` messages in rounds of `window`, with
     its QueueDriver on a fresh data directory (removed by close()), played a share of its rounds at a time
     between the live rounds, so that the machine's drift falls on both sides of the ratio. As in bench.cycle,
     only the processor's step() loops are timed, and the driver checks every outcome and, in finish(), the
     drained queue."""
 
-    def __init__(self, directory: Path, key: str, messages: int, body_bytes: int) -> None:
+    def __init__(
+        self, directory: Path, key: str, messages: int, body_bytes: int, window: int = REFERENCE_WINDOW
+    ) -> None:
         self.directory = directory
         self.cycle = {cycle.key: cycle for cycle in REFERENCE_CYCLES}[key]
         self.messages = messages
-        self.window = min(REFERENCE_WINDOW, messages)
+        self.window = min(window, messages)
         self.pending = list(rounds(messages, self.window))  # the sizes of the rounds still to play
         self.driver = QueueDriver(directory, self.cycle, body_bytes)
         self.closed = False
@@ -956,11 +965,22 @@ class Result:
         return 1000 * percentile(self.fsync, q)
 
     def targets(self) -> list[Target]:
-        """The issue's targets on the httpx client's figures, then on the Go client's ((h)), then (e)'s ratio."""
-        batched = self.references["100"]
+        """The issue's targets on the httpx client's figures, then on the Go client's ((h)), then the ratios
+        reported beside them: (f)'s two group shapes, and (e) against (f)'s cycle `100`."""
+        batched, single, singles = self.references["100"], self.references["1"], self.references[SINGLES]
         targets = self._live_targets("", "(b) HTTP", "(c)", self.http, self.one, self.many)
         if self.go is not None:
             targets += self._live_targets("go_", "(h) Go", "(h) Go", self.go.cycles, self.go.one, self.go.many)
+        targets.append(
+            Target(
+                "singles_over_processor_only",
+                "(f) cycle 1 msg/s, one command a step / rounds of 500",
+                f"{singles.rate:,.0f} / {single.rate:,.0f}",
+                singles.rate / single.rate,
+                None,
+                True,
+            )
+        )
         targets.append(
             Target(
                 "batched_over_processor_only",
@@ -976,7 +996,7 @@ class Result:
     def _live_targets(
         self, prefix: str, cycles_label: str, fanin_label: str, cycles: Tally, one: Tally, many: Tally
     ) -> list[Target]:
-        single = self.references["1"]
+        single, singles = self.references["1"], self.references[SINGLES]
         received, fsync = cycles.ms("received", 50), self.fsync_ms(50)
         return [
             Target(
@@ -985,6 +1005,14 @@ class Result:
                 f"{cycles.rate:,.0f} / {single.rate:,.0f}",
                 cycles.rate / single.rate,
                 0.5,
+                True,
+            ),
+            Target(
+                f"{prefix}live_cycle_over_singles",
+                f"{cycles_label} cycles/s, one at a time / (f) cycle 1, one command a step",
+                f"{cycles.rate:,.0f} / {singles.rate:,.0f}",
+                cycles.rate / singles.rate,
+                None,
                 True,
             ),
             Target(
@@ -1007,19 +1035,24 @@ class Result:
 
 
 class Interleaved:
-    """(f) and (g), played a share at a time after each round of (a)/(b) (cycle `1` and the fsyncs) and of (e)
+    """(f) and (g), played a share at a time after each round of (a)/(b) (cycle `1` in rounds of 500 and of one,
+    and the fsyncs) and of (e)
     (cycle `100`), with `keyload run` up and idle, so that the machine's drift falls on both sides of a ratio."""
 
-    def __init__(self, work: Path, single: ReferenceRun, batched: ReferenceRun, args: argparse.Namespace) -> None:
+    def __init__(
+        self, work: Path, single: ReferenceRun, singles: ReferenceRun, batched: ReferenceRun, args: argparse.Namespace
+    ) -> None:
         self.work = work
-        self.single, self.batched = single, batched
+        self.single, self.singles, self.batched = single, singles, batched
         self.single_shares = split(len(single.pending), args.rounds)
+        self.singles_shares = split(len(singles.pending), args.rounds)
         self.batched_shares = split(len(batched.pending), args.rounds)
         self.fsync_shares = split(args.fsync_tries, args.rounds)
         self.fsync: Samples = []
 
     def after_cycles(self, turn: int) -> None:
         self.single.play(self.single_shares[turn])
+        self.singles.play(self.singles_shares[turn])
         self.fsync += fsync_cost(self.work, self.fsync_shares[turn])
 
     def after_batches(self, turn: int) -> None:
@@ -1034,12 +1067,14 @@ def measure(root: Path, work: Path, args: argparse.Namespace) -> Result:
     with contextlib.ExitStack() as stack:
         single = ReferenceRun(work / "reference-1", "1", paths * (args.cycles + args.warmup), args.body_bytes)
         stack.callback(single.close)
+        singles = ReferenceRun(work / "reference-1-singles", "1", single.messages, args.body_bytes, window=1)
+        stack.callback(singles.close)
         batched = ReferenceRun(work / "reference-100", "100", BATCH * (args.batches + BATCH_WARMUP), args.body_bytes)
         stack.callback(batched.close)
-        between = Interleaved(work, single, batched, args)
+        between = Interleaved(work, single, singles, batched, args)
         result = measure_live(root, work, args, between, go_binary)
         result.fsync = between.fsync
-        result.references = {"1": single.finish(), "100": batched.finish()}
+        result.references = {"1": single.finish(), SINGLES: singles.finish(), "100": batched.finish()}
     return result
 
 
@@ -1411,17 +1446,19 @@ def _go_rows(result: Result) -> list[str]:
 
 def _reference_rows(result: Result) -> list[str]:
     """(f) and (g)."""
-    rows = [_row("(f) processor-only (bench.cycle)", ["messages", "records", "wall s", "msg/s", "cpu s", "msg/cpu-s"])]
+    columns = ["messages", "window", "records", "wall s", "msg/s", "cpu s", "msg/cpu-s"]
+    rows = [_row("(f) processor-only (bench.cycle)", columns)]
     for ref in result.references.values():
-        values = [f"{ref.messages:,}", f"{ref.records:,}", f"{ref.seconds:.2f}", f"{ref.rate:,.0f}"]
+        values = [f"{ref.messages:,}", f"{ref.window:,}", f"{ref.records:,}", f"{ref.seconds:.2f}", f"{ref.rate:,.0f}"]
         rows.append(_row(f"`{ref.key}` {ref.label}", [*values, f"{ref.cpu_seconds:.2f}", f"{ref.cpu_rate:,.0f}"]))
     rows += [
         "(bench.cycle's cycles in this process, through its QueueDriver: rounds of "
-        f"{REFERENCE_WINDOW} messages (its default), each cycle on as many messages as its live queue saw, "
-        f"warm-ups included ((a)+(b)(+(h))'s for `1`, (e)'s for `100`), after a discarded run of {REFERENCE_WARMUP}; "
-        "played a share of the rounds after each round of (a)/(b) (`1`) or of (e) (`100`), `keyload run` idle "
-        "meanwhile. Timed: PartitionProcessor.step() only (no appends or their fsyncs, no HTTP); msg/s is by wall "
-        "clock, as the live rates are)",
+        f"{REFERENCE_WINDOW} messages (its default; `1` once more in rounds of one message, window 1, so that each "
+        "step applies one command, as in the live one-at-a-time cycle), each cycle on as many messages as its live "
+        f"queue saw, warm-ups included ((a)+(b)(+(h))'s for `1`, (e)'s for `100`), after a discarded run of "
+        f"{REFERENCE_WARMUP}; played a share of the rounds after each round of (a)/(b) (`1`) or of (e) (`100`), "
+        "`keyload run` idle meanwhile. Timed: PartitionProcessor.step() only (no appends or their fsyncs, no "
+        "HTTP); msg/s is by wall clock, as the live rates are)",
         f"(g) fsync after a {FSYNC_APPEND_BYTES} B append, {len(result.fsync)} tries: "
         f"p50 {result.fsync_ms(50):.3f} ms, p99 {result.fsync_ms(99):.3f} ms, max {1000 * max(result.fsync):.3f} ms "
         "(os.fsync of a file in the bench's temporary directory, next to the data directory; a share of the tries "
