@@ -6,13 +6,14 @@ Served behaviour (404, 405, no redirect of a trailing slash) is tests/test_serve
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from typing import Any
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from starlette.requests import Request
 from starlette.responses import Response
-from starlette.routing import Match, Route
+from starlette.routing import BaseRoute, Match, Route
 
 from keyload.server import openapi
 from keyload.server.app import SLASHED_FIELDS
@@ -45,7 +46,7 @@ def _scope(method: str, path: str) -> dict[str, Any]:
     return {"type": "http", "method": method, "path": path, "root_path": "", "path_params": {}}
 
 
-def _scanned(routes: list[Route], scope: dict[str, Any]) -> Route | None:
+def _scanned(routes: Sequence[BaseRoute], scope: dict[str, Any]) -> BaseRoute | None:
     """What Starlette's Router.app hands a request to when it matches in full: the first such route."""
     return next((route for route in routes if route.matches(scope)[0] is Match.FULL), None)
 
@@ -77,7 +78,7 @@ def test_the_router_picks_the_route_starlettes_scan_would(request: tuple[str, st
     method, path = request
     for router in ROUTERS:
         scope = _scope(method, path)
-        assert router.route_for(scope) is _scanned(router.routes, scope)  # type: ignore[arg-type]
+        assert router.route_for(scope) is _scanned(router.routes, scope)
 
 
 def test_every_route_is_found_by_its_own_method_and_path() -> None:
