@@ -1035,9 +1035,9 @@ class Result:
 
 
 class Interleaved:
-    """(f) and (g), played a share at a time after each round of (a)/(b) (cycle `1` in rounds of 500 and of one,
-    and the fsyncs) and of (e)
-    (cycle `100`), with `keyload run` up and idle, so that the machine's drift falls on both sides of a ratio."""
+    """(f) and (g), played a share at a time after each round of (a)/(b) (cycle `1` in rounds of 500 and of
+    one, and the fsyncs) and of (e) (cycle `100`), with `keyload run` up and idle, so that the machine's drift
+    falls on both sides of a ratio."""
 
     def __init__(
         self, work: Path, single: ReferenceRun, singles: ReferenceRun, batched: ReferenceRun, args: argparse.Namespace
