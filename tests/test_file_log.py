@@ -7,12 +7,16 @@ import multiprocessing
 import os
 import random
 import struct
+import tempfile
 import time
 import zlib
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from keyload.log import file_log
 from keyload.log.base import LogCorruption, LogError, LogRecord
@@ -481,7 +485,7 @@ def test_a_segment_an_unsyncing_appender_began_is_made_durable_by_the_reader(
     real = file_log.fsync_directory
     monkeypatch.setattr(file_log, "fsync_directory", lambda path: (synced.append(path), real(path))[1])
     writer = FileLog(tmp_path, 1, FileLogConfig(segment_bytes=4096, fsync=FsyncPolicy.NONE))
-    reader = FileLog(tmp_path, 1)
+    reader = FileLog(tmp_path, 1, FileLogConfig(segment_bytes=4096))  # as the writer's (FileLogConfig)
     writer.append(0, [b"a" * 100])
     synced.clear()
     [record] = reader.read(0, 0, 10)
@@ -497,3 +501,44 @@ def test_a_segment_an_unsyncing_appender_began_is_made_durable_by_the_reader(
     assert len(synced) == 1, "the rolled segment's entry"
     writer.close()
     reader.close()
+
+
+ROOMY = FileLogConfig(segment_bytes=1024, fsync=FsyncPolicy.NONE, max_record_bytes=200)  # 4 to 40 frames a segment
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    steps=st.lists(
+        st.one_of(
+            st.tuples(st.sampled_from(["append-a", "append-b"]), st.lists(st.integers(0, 200), min_size=1, max_size=6)),
+            st.tuples(st.just("read"), st.integers(1, 8)),
+        ),
+        min_size=1,
+        max_size=60,
+    )
+)
+def test_instances_see_each_others_rolls_without_a_stat_per_read(steps: list[tuple[str, Any]]) -> None:
+    """An instance looks for a successor segment only once its segment lacks room for the largest
+    frame; below that it cannot have been rolled. Two appenders and a tailing reader, each its own
+    instance, over segments a few records long: the appenders never write behind each other's roll,
+    and the reader reads every record once, in order, across every roll."""
+    with tempfile.TemporaryDirectory() as directory:
+        with FileLog(directory, 1, ROOMY) as a, FileLog(directory, 1, ROOMY) as b, FileLog(directory, 1, ROOMY) as r:
+            appenders = {"append-a": a, "append-b": b}
+            written: list[bytes] = []
+            seen: list[LogRecord] = []
+            for step, argument in steps:
+                if step == "read":
+                    seen.extend(r.read(0, len(seen), argument))
+                    continue
+                values = [f"{len(written) + i}:".encode().ljust(size, b"x")[:size] for i, size in enumerate(argument)]
+                appended = appenders[step].append(0, values)
+                assert [x.offset for x in appended] == list(range(len(written), len(written) + len(values)))
+                written.extend(values)
+            while records := r.read(0, len(seen), 8):
+                seen.extend(records)
+            assert [x.offset for x in seen] == list(range(len(written)))
+            assert [x.value for x in seen] == written
+            assert a.end_offset(0) == b.end_offset(0) == r.end_offset(0) == len(written)
+        with FileLog(directory, 1, ROOMY) as fresh:
+            assert [x.value for x in _read_all(fresh)] == written
