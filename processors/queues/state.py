@@ -257,13 +257,24 @@ def refreshed_due(stage: Staged, record: TimedRecord) -> TimedRecord:
 
 def move_due_entry(stage: Staged, resource_id: int, previous: int | None, earliest: int | None) -> None:
     """Move a resource's due-index entry from `previous` to `earliest`, and recompute the
-    partition's next due time."""
+    partition's next due time, the due time of the index's first entry.
+
+    The index is read only when the entry moved away from that first due time to a later one (or
+    out): the first entry may then be another resource's at the same time, or any later one. In
+    every other move the next due time follows from the old one: an entry moved in front of it is
+    the new first, and an entry moved behind it (or added, or taken out) leaves it first."""
     if previous is not None:
         stage.delete(keys.due_queue(previous, resource_id))
     if earliest is not None:
         stage.put(keys.due_queue(earliest, resource_id), b"")
+    current = next_due_ms(stage)
+    if earliest is not None and (current is None or earliest < current):
+        stage.put(keys.NEXT_DUE, keys.u64(earliest))
+        return
+    if current is not None and (previous is None or previous > current):
+        return
     # The partition's earliest is at or after the smaller of its old value and this queue's new one.
-    candidates = [t for t in (next_due_ms(stage), earliest) if t is not None]
+    candidates = [t for t in (current, earliest) if t is not None]
     start = keys.due_queue(min(candidates), 0) if candidates else keys.DUE_QUEUE
     first_due = stage.first(start, keys.prefix_end(keys.DUE_QUEUE))
     if first_due is None:

@@ -1,0 +1,54 @@
+"""The partition's due index and next due time (`processors/queues/state.py`), against a model.
+
+Every queue and group with timers keeps one due-index entry at its earliest timer, and the partition
+keeps the earliest of them as its next due time, which the ticker reads on every record. A move reads
+the index only when the entry left the first due time for a later one; the model checks that the
+next due time is the first entry's after every move, across groups committed to RocksDB and commands
+staged over them, with ties at one due time between resources."""
+
+from __future__ import annotations
+
+import tempfile
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from keyload.processors.queues.state import move_due_entry, next_due_ms
+from keyload.projections import keys
+from keyload.projections.store import Staged, Store
+
+RESOURCES = 5
+DUE_TIMES = st.one_of(st.none(), st.integers(1, 6))  # few times: many ties
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    groups=st.lists(
+        st.lists(st.tuples(st.integers(0, RESOURCES - 1), DUE_TIMES), min_size=1, max_size=8),
+        min_size=1,
+        max_size=8,
+    )
+)
+def test_the_next_due_time_is_the_first_entry_after_every_move(groups: list[list[tuple[int, int | None]]]) -> None:
+    entries: dict[int, int] = {}  # resource -> its due time: the model
+    with tempfile.TemporaryDirectory() as directory:
+        store = Store(directory)
+        try:
+            for offset, moves in enumerate(groups):
+                group = Staged(store)
+                for resource, earliest in moves:
+                    command = Staged(group)  # as the processor stages each command over its group
+                    move_due_entry(command, resource, entries.get(resource), earliest)
+                    command.merge_into(group)
+                    if earliest is None:
+                        entries.pop(resource, None)
+                    else:
+                        entries[resource] = earliest
+                    rows = group.scan(keys.DUE_QUEUE, keys.prefix_end(keys.DUE_QUEUE))
+                    index = [keys.parse_due_queue(key) for key, _ in rows]
+                    assert index == sorted((due, resource) for resource, due in entries.items())
+                    assert next_due_ms(group) == min(entries.values(), default=None)
+                store.commit(group.encoded_writes(), offset, 0)
+            assert next_due_ms(store) == min(entries.values(), default=None)
+        finally:
+            store.close()
