@@ -40,6 +40,7 @@ from keyload.projections.store import Store
 from keyload.sdk.envelope import encode_command
 from keyload.server import openapi
 from keyload.storage.datadir import DataDir
+from keyload.wire import UPLOAD_HANDLE_HEADER
 
 from .support import bearer, served_url, start_service, stop_service, wait_until
 
@@ -676,6 +677,57 @@ def test_large_payloads_are_uploaded_attested_and_read_by_the_service(
             f"/v1/domains/{d}/reservations/{second['reservation_id']}/content", content=payload, headers=raw
         )
         assert (refused.status_code, refused.json()["error_code"]) == (403, "PermissionDenied")
+
+
+def test_a_reservation_is_answered_with_the_upload_handle_its_upload_takes(
+    served: tuple[Path, str], api: httpx.Client
+) -> None:
+    """The handle binds the reservation: it takes that reservation's upload (without the projection,
+    as a Kafka server takes it), not another's, and a forged one takes none."""
+    _, url = served
+    d, queue = new_queue(api, "clips")
+    payload = b"\x07" * 70_000
+    reserve = {"length": len(payload), "sha256": b64(hashlib.sha256(payload).digest()), "headers": {}}
+    first = api.post(f"{queue}/reservations", json={**reserve, "message_id": "clip-1"})
+    second = api.post(f"{queue}/reservations", json={**reserve, "message_id": "clip-2"})
+    handle = first.headers[UPLOAD_HANDLE_HEADER]
+    assert handle.startswith("ku1.") and handle != second.headers[UPLOAD_HANDLE_HEADER]
+    refused = api.post(f"{queue}/reservations", json={**reserve, "message_id": "clip-3", "length": -1})
+    assert refused.status_code == 400 and UPLOAD_HANDLE_HEADER not in refused.headers
+    again = api.post(f"{queue}/reservations", json={**reserve, "message_id": "clip-1"}, headers=first_id(first))
+    assert committed(again) == committed(first) and UPLOAD_HANDLE_HEADER in again.headers  # a repeat: the same one
+    content = f"/v1/domains/{d}/reservations/{{}}/content"
+    raw = {"content-type": "application/octet-stream"}
+    other = api.put(
+        content.format(committed(second)["reservation_id"]),
+        content=payload,
+        headers={**raw, UPLOAD_HANDLE_HEADER: handle},
+    )
+    assert (other.status_code, other.json()["error_code"]) == (400, "Validation")
+    assert "another reservation" in other.json()["detail"]
+    forged = api.put(
+        content.format(committed(first)["reservation_id"]),
+        content=payload,
+        headers={**raw, UPLOAD_HANDLE_HEADER: handle[:-4] + "AAAA"},
+    )
+    assert (forged.status_code, forged.json()["error_code"]) == (400, "Validation")
+    upload = api.put(
+        content.format(committed(first)["reservation_id"]),
+        content=payload,
+        headers={**raw, UPLOAD_HANDLE_HEADER: handle},
+    )
+    assert committed(upload)["state"] == "committed"
+    with httpx.Client(base_url=url, headers=api.headers) as envelope:  # the SDK's route answers it too
+        sent = envelope.post(
+            "/v1/commands",
+            json={"domain": d, "body": {"PrepareLargeSchedule": {**reserve, "queue": "clips", "message_id": "clip-4"}}},
+        )
+    assert committed(sent)["state"] == "reserved" and sent.headers[UPLOAD_HANDLE_HEADER].startswith("ku1.")
+
+
+def first_id(response: httpx.Response) -> dict[str, str]:
+    """The Idempotency-Key that repeats the command `response` answered."""
+    return {"Idempotency-Key": response.headers["Keyload-Command-Id"]}
 
 
 def test_metrics_report_partitions_queues_groups_and_requests(served: tuple[Path, str], api: httpx.Client) -> None:

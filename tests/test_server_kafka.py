@@ -3,7 +3,11 @@ and answers from the outcomes topic, whichever processor owns the command's part
 
 from __future__ import annotations
 
+import base64
+import contextlib
+import hashlib
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -13,6 +17,7 @@ from keyload import Client, Credential
 from keyload.credentials import CredentialError
 from keyload.storage.datadir import DataDir, KafkaConfig
 from keyload.storage.keyring import FILE as KEYRING_FILE
+from keyload.wire import UPLOAD_HANDLE_HEADER
 
 from .support import bearer, served_url, spread_domains, start_service, stop_service, wait_until
 
@@ -21,7 +26,10 @@ pytestmark = pytest.mark.slow
 PARTITIONS = 4
 
 
-def test_each_processor_serves_every_partition(kafka_bootstrap: str, tmp_path: Path) -> None:
+@contextlib.contextmanager
+def two_processors(kafka_bootstrap: str, tmp_path: Path) -> Iterator[tuple[Path, list[str]]]:
+    """Two processors of one Kafka deployment (one keyring, one object store), each serving the API:
+    the first's data directory and both URLs."""
     prefix = f"http-{uuid.uuid4().hex[:10]}"
     objects = tmp_path / "objects"
     first_root, second_root = tmp_path / "first", tmp_path / "second"
@@ -37,7 +45,14 @@ def test_each_processor_serves_every_partition(kafka_bootstrap: str, tmp_path: P
     first = start_service(first_root, *args)
     second = start_service(second_root, *args)
     try:
-        urls = [served_url(first_root), served_url(second_root)]
+        yield first_root, [served_url(first_root), served_url(second_root)]
+    finally:
+        assert stop_service(first, 30) == 0
+        assert stop_service(second, 30) == 0
+
+
+def test_each_processor_serves_every_partition(kafka_bootstrap: str, tmp_path: Path) -> None:
+    with two_processors(kafka_bootstrap, tmp_path) as (first_root, urls):
         credential = Credential.load(first_root / "credentials" / "keyload-admin.json")
         domains = spread_domains(PARTITIONS, PARTITIONS)
         with Client(urls[0], credential=credential, timeout_s=60) as client:
@@ -58,6 +73,41 @@ def test_each_processor_serves_every_partition(kafka_bootstrap: str, tmp_path: P
         metrics = httpx.get(f"{urls[0]}/metrics", headers=bearer(first_root), timeout=30)
         assert metrics.status_code == 200 and "keyload_http_requests_total" in metrics.text
         wait_until(lambda: httpx.get(f"{urls[1]}/readyz", timeout=30).status_code == 200, 30, "readiness")
-    finally:
-        assert stop_service(first, 30) == 0
-        assert stop_service(second, 30) == 0
+
+
+def test_large_payloads_are_taken_by_either_processor(kafka_bootstrap: str, tmp_path: Path) -> None:
+    """A reservation made through one processor's server is uploaded through the other's by its
+    upload handle (neither reads it from a projection), and a large delivery is read through either."""
+    with two_processors(kafka_bootstrap, tmp_path) as (first_root, urls):
+        credential = Credential.load(first_root / "credentials" / "keyload-admin.json")
+        [domain] = spread_domains(1, PARTITIONS)
+        payload = bytes(range(256)) * 5000
+        reserve = {
+            "message_id": "clip",
+            "length": len(payload),
+            "sha256": base64.b64encode(hashlib.sha256(payload).digest()).decode(),
+            "headers": {},
+        }
+        auth = {"Authorization": f"Bearer {credential.bearer_token}"}
+        with (
+            httpx.Client(base_url=urls[0], headers=auth, timeout=60) as first,
+            httpx.Client(base_url=urls[1], headers=auth, timeout=60) as second,
+        ):
+            assert first.put(f"/v1/domains/{domain}/queues/media", json={"policy": {}}).status_code == 200
+            reserved = first.post(f"/v1/domains/{domain}/queues/media/reservations", json=reserve)
+            assert reserved.status_code == 200, reserved.text
+            content = f"/v1/domains/{domain}/reservations/{reserved.json()['result']['reservation_id']}/content"
+            raw = {"content-type": "application/octet-stream"}
+            unhandled = second.put(content, content=payload, headers=raw)
+            assert (unhandled.status_code, unhandled.json()["error_code"]) == (400, "Validation")
+            assert UPLOAD_HANDLE_HEADER in unhandled.json()["detail"]
+            handle = {UPLOAD_HANDLE_HEADER: reserved.headers[UPLOAD_HANDLE_HEADER]}
+            uploaded = second.put(content, content=payload, headers={**raw, **handle})
+            assert (uploaded.status_code, uploaded.json()["result"]["state"]) == (200, "committed"), uploaded.text
+        with Client(urls[1], credential=credential, timeout_s=60) as client:
+            client.schedule_large(domain, "media", payload[::-1], message_id="clip-2")  # the SDK over HTTP
+            deliveries = client.receive(domain, "media", max_messages=10).deliveries
+            assert sorted(d.message_id for d in deliveries) == ["clip", "clip-2"]
+        with Client(urls[0], credential=credential, timeout_s=60) as client:
+            read = {d.message_id: client.read_payload(d) for d in deliveries}
+        assert read == {"clip": payload, "clip-2": payload[::-1]}

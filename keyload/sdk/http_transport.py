@@ -17,13 +17,14 @@ from keyload.commands import BY_BRANCH
 from keyload.credentials import Credential, CredentialError
 from keyload.errors import CensusError, InvalidCommand, KeyloadError, OutcomeTimeout, ServiceUnavailable, rejection
 from keyload.sdk.payloads import PayloadError, Progress
-from keyload.sdk.results import Census, Outcome
+from keyload.sdk.results import Census, Outcome, PayloadReservation
 from keyload.wire import (
     CENSUS_PATH,
     ENVELOPE_PATH,
     IDEMPOTENCY_HEADER,
     PARTITION_QUERY,
     SERVICE_PATH,
+    UPLOAD_HANDLE_HEADER,
     field_schema,
     names,
     short_name,
@@ -37,6 +38,7 @@ PAYLOAD_CONTENT_PATH = "/v1/domains/{domain}/reservations/{reservation_id}/conte
 PAYLOAD_READ_PATH = "/v1/payloads/read"
 UPLOAD_CHUNK_BYTES = 1024 * 1024
 RESERVATION = "keyload.PayloadReservation"
+MAX_UPLOAD_HANDLES = 1024  # reservations remembered for their uploads; the oldest go first
 PRINCIPAL_VIEW = "keyload.result.PrincipalView"
 
 
@@ -54,6 +56,9 @@ class HttpTransport:
         self._outcomes = names("keyload.Outcome")
         self._union = field_schema(self._commands, self._commands.types["keyload.Command"], "body")
         self._partitions: int | None = None
+        # The upload handles the server answered reservations with, for their uploads (any server of
+        # the keyring takes an upload by its handle; a Kafka processor's server needs it).
+        self._upload_handles: dict[tuple[str, int], str] = {}
 
     @property
     def partitions(self) -> int:
@@ -82,7 +87,14 @@ class HttpTransport:
             )
         except httpx.TimeoutException:
             raise OutcomeTimeout(command_id, timeout_s, "; the server did not answer in time") from None
-        return self._outcome(response, BY_BRANCH[kind].result, command_id, timeout_s)
+        outcome = self._outcome(response, BY_BRANCH[kind].result, command_id, timeout_s)
+        handle = response.headers.get(UPLOAD_HANDLE_HEADER)
+        if handle is not None and isinstance(outcome.result, PayloadReservation):
+            handles = self._upload_handles
+            if len(handles) >= MAX_UPLOAD_HANDLES:
+                del handles[next(iter(handles))]  # the oldest: a reservation never uploaded to
+            handles[(domain, outcome.result.reservation_id)] = handle
+        return outcome
 
     def _outcome(self, response: httpx.Response, result_record: str, command_id: str, timeout_s: float) -> Outcome:
         """The outcome a response carries; the SDK's exception when it carries an error instead."""
@@ -118,14 +130,20 @@ class HttpTransport:
         CommitLargeSchedule's outcome (keyload/server/payloads.py). No time limit but the connect's
         and `timeout_s` for the answer once the bytes are sent."""
         path = PAYLOAD_CONTENT_PATH.format(domain=domain, reservation_id=reservation_id)
+        headers = {"Content-Type": "application/octet-stream"}
+        handle = self._upload_handles.get((domain, reservation_id))
+        if handle is not None:
+            headers[UPLOAD_HANDLE_HEADER] = handle
         response = self._request(
             "PUT",
             path,
             content=_chunks(source, progress),
-            headers={"Content-Type": "application/octet-stream"},
+            headers=headers,
             timeout=httpx.Timeout(None, connect=CONNECT_TIMEOUT_S, read=timeout_s),
         )
-        return self._outcome(response, RESERVATION, f"upload of reservation {reservation_id}", timeout_s)
+        outcome = self._outcome(response, RESERVATION, f"upload of reservation {reservation_id}", timeout_s)
+        self._upload_handles.pop((domain, reservation_id), None)
+        return outcome
 
     def read_payload(self, read_handle: str, into: Path, timeout_s: float) -> None:
         """Copy a large delivery's bytes into a file (the server verifies them against their SHA-256)."""

@@ -80,21 +80,7 @@ class PayloadGateway:
 
     def upload_handle(self, receipt: Any, partition: int) -> str:
         """A handle for the reservation a PrepareLargeSchedule outcome (`receipt`) describes."""
-        if receipt.trust_key_id not in self.keyring:
-            raise PayloadError(f"the keyring has no key {receipt.trust_key_id!r} (the reservation's trust set)")
-        handle = UploadHandle(
-            key_id=receipt.trust_key_id,
-            domain=receipt.domain,
-            partition=partition,
-            reservation_id=receipt.reservation_id,
-            object_key=receipt.object_key,
-            length=receipt.length,
-            sha256=receipt.sha256.hex(),
-            expires_ms=receipt.upload_deadline_ms,
-            trust_set_version=receipt.trust_set_version,
-            trust_key_id=receipt.trust_key_id,
-        )
-        return issue(self.keyring, handle)
+        return upload_handle(self.keyring, receipt, partition)
 
     def _open_upload(self, text: str) -> UploadHandle:
         try:
@@ -189,6 +175,26 @@ class PayloadGateway:
             return self.objects.get(handle.object_key, into, handle.object_version)
         except ObjectStoreError as exc:
             raise PayloadError(f"payload {handle.object_key} cannot be read: {exc}") from None
+
+
+def upload_handle(keyring: Mapping[str, bytes], receipt: Any, partition: int) -> str:
+    """A handle for the reservation a PrepareLargeSchedule outcome (`receipt`) describes, signed with
+    its trust set's key: it binds the reservation, its object key, length, SHA-256 and upload deadline."""
+    if receipt.trust_key_id not in keyring:
+        raise PayloadError(f"the keyring has no key {receipt.trust_key_id!r} (the reservation's trust set)")
+    handle = UploadHandle(
+        key_id=receipt.trust_key_id,
+        domain=receipt.domain,
+        partition=partition,
+        reservation_id=receipt.reservation_id,
+        object_key=receipt.object_key,
+        length=receipt.length,
+        sha256=receipt.sha256.hex(),
+        expires_ms=receipt.upload_deadline_ms,
+        trust_set_version=receipt.trust_set_version,
+        trust_key_id=receipt.trust_key_id,
+    )
+    return issue(keyring, handle)
 
 
 def part_size(length: int) -> int:

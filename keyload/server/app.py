@@ -22,7 +22,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -32,7 +32,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from keyload.bodies import Branch
-from keyload.commands import COMMANDS, Capability, CommandKind
+from keyload.commands import BY_BRANCH, COMMANDS, Capability, CommandKind
 from keyload.credentials import Credential
 from keyload.errors import ErrorCode, InvalidCommand, KeyloadError
 from keyload.log.base import LogError, partition_for
@@ -103,6 +103,9 @@ class Engine:
     # before the service is ready (`/readyz`); empty on Kafka, whose partitions come and go.
     backlog: Mapping[int, int]
     writer: CommandWriter | None = None  # set when the event loop starts
+    # Headers a kind's outcome is answered with, made from it and never stored: a reservation's
+    # upload handle (keyload/server/payloads.py).
+    outcome_headers: Mapping[str, Callable[[Answer], Mapping[str, str]]] = field(default_factory=dict)
 
     async def submit_all(
         self, credential: Credential, command_id: str, targets: Sequence[tuple[str, int]], body: Branch
@@ -116,6 +119,14 @@ class Engine:
                 return answer
             answers.append(answer)
         return answers[0]
+
+    def response(self, kind: str, answer: Answer) -> JSONResponse:
+        """The outcome of a command of `kind` as the API answers it, with the headers of its kind."""
+        response = outcome_response(names("keyload.Outcome"), answer)
+        headers = self.outcome_headers.get(kind)
+        if headers is not None:
+            response.headers.update(headers(answer))
+        return response
 
     def everywhere(self) -> list[tuple[str, int]]:
         """(domain, partition) of every partition: where a principal command goes."""
@@ -207,14 +218,15 @@ class CommandRoute:
         self.raw_body = any(f["name"] == RAW_BODY_FIELD and f["type"] == "bytes" for f in self.record["fields"])
 
     async def respond(self, request: Request) -> Response:
-        async def answer(command_id: str) -> Answer:
+        async def answer(command_id: str) -> Response:
             body, raw = await self._body(request)
             targets = self._targets(request)
             credential = self.engine.caller(request, targets[0][1])
             datum = to_avro(self.commands, self.record, self.kind.filled(body, command_id), "")
             if raw is not None:
                 datum[RAW_BODY_FIELD] = raw
-            return await self.engine.submit_all(credential, command_id, targets, (self.kind.branch, datum))
+            outcome = await self.engine.submit_all(credential, command_id, targets, (self.kind.branch, datum))
+            return self.engine.response(self.kind.name, outcome)
 
         return await answered(request, answer)
 
@@ -326,7 +338,7 @@ class EnvelopeRoute:
         self.union = field_schema(self.commands, self.commands.types["keyload.Command"], "body")
 
     async def respond(self, request: Request) -> Response:
-        async def answer(command_id: str) -> Answer:
+        async def answer(command_id: str) -> Response:
             envelope = json_object(await read_capped(request))
             if set(envelope) != {"domain", "body"}:
                 raise WireError('the request body must be {"domain": DOMAIN, "body": {"Kind": {...}}}')
@@ -336,7 +348,8 @@ class EnvelopeRoute:
             partition = partition_for(domain, self.engine.partitions)
             credential = self.engine.caller(request, partition)
             body = to_avro(self.commands, self.union, envelope["body"], "body")
-            return await self.engine.submit(credential, command_id, domain, partition, body)
+            outcome = await self.engine.submit(credential, command_id, domain, partition, body)
+            return self.engine.response(BY_BRANCH[body[0]].name, outcome)
 
         return await answered(request, answer)
 

@@ -14,7 +14,7 @@ from typing import Any
 from keyload.commands import COMMANDS, CommandKind
 from keyload.server import statuses
 from keyload.server.app import METRICS_PATH, RAW_BODY_FIELD, RAW_BODY_TYPE
-from keyload.server.payloads import READ_PATH, UPLOAD_PATH
+from keyload.server.payloads import PREPARE, READ_PATH, UPLOAD_PATH
 from keyload.server.principals import CREATE_PATH, ROTATE_PATH
 from keyload.version import __version__
 from keyload.wire import (
@@ -24,6 +24,7 @@ from keyload.wire import (
     IDEMPOTENCY_HEADER,
     PARTITION_QUERY,
     SERVICE_PATH,
+    UPLOAD_HANDLE_HEADER,
     field_schema,
     json_schema,
     names,
@@ -118,6 +119,8 @@ def _responses(kind: CommandKind, refs: dict[str, Any]) -> dict[str, Any]:
     result = json_schema(outcomes, outcomes.types[kind.result], refs)
     outcome = {"allOf": [{"$ref": "#/components/schemas/Outcome"}, {"properties": {"result": result}}]}
     headers = {COMMAND_ID_HEADER: {"schema": {"type": "string"}, "description": "the command id"}}
+    if kind is PREPARE:
+        headers[UPLOAD_HANDLE_HEADER] = _UPLOAD_HANDLE
     return {
         "200": {
             "description": "committed: the outcome, its result",
@@ -173,10 +176,18 @@ def _envelope_operation(refs: dict[str, Any]) -> dict[str, Any]:
         "parameters": [_idempotency_parameter()],
         "requestBody": {"required": True, "content": {"application/json": {"schema": envelope}}},
         "responses": {
-            "200": {"description": "committed", "content": {"application/json": {"schema": outcome}}},
+            "200": {
+                "description": "committed",
+                "headers": {UPLOAD_HANDLE_HEADER: _UPLOAD_HANDLE | {"description": f"{PREPARE.name}: {_HANDLE_TEXT}"}},
+                "content": {"application/json": {"schema": outcome}},
+            },
             "default": _refused(),
         },
     }
+
+
+_HANDLE_TEXT = "the reservation's upload handle, signed by the service: its upload takes it back"
+_UPLOAD_HANDLE = {"schema": {"type": "string"}, "description": _HANDLE_TEXT}
 
 
 def _credential_operations(refs: dict[str, Any]) -> dict[str, Any]:
@@ -252,7 +263,17 @@ def _payload_operations(refs: dict[str, Any]) -> dict[str, Any]:
                 "operationId": "upload_payload",
                 "summary": "a reservation's bytes: the service stores, attests and commits them (the commit's outcome)",
                 "tags": ["reservations"],
-                "parameters": [_path_parameter("domain"), _path_parameter("reservation_id")],
+                "parameters": [
+                    _path_parameter("domain"),
+                    _path_parameter("reservation_id"),
+                    {
+                        "name": UPLOAD_HANDLE_HEADER,
+                        "in": "header",
+                        "required": False,
+                        "description": "the upload handle the reservation was answered with (a Kafka server needs it)",
+                        "schema": {"type": "string"},
+                    },
+                ],
                 "requestBody": {"required": True, "content": {"application/octet-stream": raw}},
                 "responses": {
                     "200": {"description": "committed", "content": {"application/json": {"schema": outcome}}},

@@ -5,15 +5,25 @@ client holds the keys that sign upload handles, commit proofs or read handles (D
     PUT  /v1/domains/{domain}/reservations/{reservation_id}/content    the bytes, raw: upload, attest, commit
     POST /v1/payloads/read    {"read_handle": H}: a large delivery's bytes, raw
 
+A committed reservation is answered with its upload handle in the `Keyload-Upload-Handle` header
+(`UploadHandles`, on the table route and on `POST /v1/commands` alike): signed by the service, it
+binds the reservation, its object key, length, SHA-256 and upload deadline, and it is never stored.
+The upload takes it back in the same header, so any server of the data directory's keyring can take
+the bytes without the reservation's projection: a Kafka processor's server, which holds none, needs
+it. The embedded service reads the reservation from its projection besides (and takes an upload
+without the header): it refuses the upload of a reservation that is cancelled or expired, or of a
+caller without `enqueue` on the reservation's queue, before any byte is stored. On Kafka those come
+out at the commit instead (the processor checks both); bytes stored meanwhile are the reserved ones
+exactly, under the reservation's own key, and retention deletes them after the upload deadline.
+
 The upload streams the request body into the service's scratch folder, checks its length and
-SHA-256 against the reservation, stores it in the object store under the reservation's key (an
+SHA-256 against the handle, stores it in the object store under the reservation's key (an
 immutable conditional put: the same bytes again are idempotent), reads it back, signs the
 PayloadCommitProof with the reservation's trust-set key, and appends CommitLargeSchedule signed
 with the caller's credential: the answer is that command's outcome (the committed reservation). It
 is idempotent by reservation: an upload to a reservation already committed with the same object
 answers the committed reservation again (each attempt's commit has a command id of its own, since
-its proof's attestation time differs). The caller must hold `enqueue` on the reservation's queue,
-checked before any byte is stored (the processor checks it again on the commit).
+its proof's attestation time differs).
 
 A read handle (a large delivery's `payload.read_handle`) is verified by the service and read
 while its lease lasts, for a caller authenticated against the handle's domain.
@@ -26,7 +36,7 @@ import hashlib
 import os
 import tempfile
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -38,23 +48,26 @@ from starlette.routing import Route
 from keyload.commands import BY_NAME, Capability
 from keyload.log.base import partition_for
 from keyload.processors.access import allows, load_principal
-from keyload.processors.payloads.handles import HandleError, ReadHandle, open_handle
+from keyload.processors.payloads.handles import HandleError, ReadHandle, UploadHandle, open_handle
 from keyload.projections import keys
 from keyload.projections.records import PayloadReservation, ReservationState, load
 from keyload.projections.store import Staged, Store
-from keyload.sdk.payloads import PayloadConflict, PayloadError, PayloadGateway
+from keyload.sdk.payloads import PayloadConflict, PayloadError, PayloadGateway, upload_handle
 from keyload.server import statuses
 from keyload.server.app import Engine, Refused, answered, is_number, json_object, outcome_response, read_capped
+from keyload.server.writer import Answer
 from keyload.storage.datadir import DataDir
 from keyload.storage.keyring import LiveKeyring
 from keyload.storage.object_store import ObjectStore, ObjectStoreError
-from keyload.wire import WireError, names
+from keyload.wire import UPLOAD_HANDLE_HEADER, WireError, names
 
+PREPARE = BY_NAME["PrepareLargeSchedule"]
 COMMIT = BY_NAME["CommitLargeSchedule"]
 UPLOAD_PATH = "/v1/domains/{domain}/reservations/{reservation_id}/content"
 READ_PATH = "/v1/payloads/read"
 SCRATCH = ("scratch", "payloads")  # under the data directory: where uploads are staged and reads copied
 NO_RESERVATION = ("NotFound", 404)
+HANDLE_NEEDED = f"send the {UPLOAD_HANDLE_HEADER} header the reservation was answered with"
 WRONG_BYTES = ("Conflict", 409)  # the bytes are not the reserved ones, or the key holds others
 STORE_UNAVAILABLE = ("Unavailable", 503)  # the object store failed: retry the upload
 
@@ -81,9 +94,8 @@ class PayloadRoutes:
             reservation_id = _reservation_id(request.path_params["reservation_id"])
             partition = partition_for(domain, self.engine.partitions)
             caller = self.engine.caller(request, partition)
-            reservation = self._reservation(partition, domain, reservation_id)
-            self._require(caller.principal, partition, Capability.enqueue, domain, reservation.queue)
-            proof = await self._store(request, reservation, partition)
+            given, handle = self._upload_handle(request, caller.principal, domain, partition, reservation_id)
+            proof = await self._store(request, given, handle)
             commit = {"reservation_id": reservation_id, "proof": proof}
             command_id = f"upload-{uuid.uuid4()}"  # a proof differs per attempt: idempotent by reservation
             committed = await self.engine.submit(caller, command_id, domain, partition, (COMMIT.branch, commit))
@@ -113,6 +125,37 @@ class PayloadRoutes:
 
         return await answered(request, answer)
 
+    def _upload_handle(
+        self, request: Request, principal: str, domain: str, partition: int, reservation_id: int
+    ) -> tuple[str, UploadHandle]:
+        """The upload's handle (as sent, and opened): the one the request carries, verified for the
+        reservation of its path. The embedded service first finds in its projection that the
+        reservation is open and the caller may enqueue to its queue, and makes the handle itself
+        when the request carries none."""
+        given = request.headers.get(UPLOAD_HANDLE_HEADER)
+        handle = None if given is None else self._opened(given, domain, partition, reservation_id)
+        if self.stores:
+            reservation = self._reservation(partition, domain, reservation_id)
+            self._require(principal, partition, Capability.enqueue, domain, reservation.queue)
+            if reservation.state not in (ReservationState.reserved, ReservationState.committed):
+                raise Refused(NO_RESERVATION, f"the reservation is {reservation.state.value}")
+            if given is None:
+                given = self.gateway().upload_handle(reservation, partition)
+                return given, open_handle(self.keyring, given, UploadHandle)
+        if given is None or handle is None:
+            raise Refused(statuses.BAD_REQUEST, HANDLE_NEEDED)
+        return given, handle
+
+    def _opened(self, given: str, domain: str, partition: int, reservation_id: int) -> UploadHandle:
+        """The upload handle the request carries, verified, for the reservation of its path."""
+        try:
+            handle = open_handle(self.keyring, given, UploadHandle)
+        except HandleError as exc:
+            raise WireError(f"{UPLOAD_HANDLE_HEADER}: {exc}") from None
+        if (handle.domain, handle.partition, handle.reservation_id) != (domain, partition, reservation_id):
+            raise WireError(f"{UPLOAD_HANDLE_HEADER} is the handle of another reservation")
+        return handle
+
     def _reservation(self, partition: int, domain: str, reservation_id: int) -> PayloadReservation:
         reservation = load(Staged(self.stores[partition]), keys.reservation(reservation_id), PayloadReservation)
         if reservation is None or reservation.domain != domain:
@@ -124,10 +167,8 @@ class PayloadRoutes:
         if record is None or not allows(record.grants, capability, domain, queue):
             raise Refused(statuses.FORBIDDEN, f"the principal holds no {capability.value} grant on this resource")
 
-    async def _store(self, request: Request, reservation: PayloadReservation, partition: int) -> dict[str, Any]:
+    async def _store(self, request: Request, given: str, handle: UploadHandle) -> dict[str, Any]:
         """Stage the request body, check it is the reserved bytes, store and attest it: the proof."""
-        if reservation.state not in (ReservationState.reserved, ReservationState.committed):
-            raise Refused(NO_RESERVATION, f"the reservation is {reservation.state.value}")
         self.scratch.mkdir(parents=True, exist_ok=True)
         fd, name = tempfile.mkstemp(dir=self.scratch, prefix="upload-")
         staged = Path(name)
@@ -136,17 +177,16 @@ class PayloadRoutes:
             with os.fdopen(fd, "wb") as out:
                 async for chunk in request.stream():
                     length += len(chunk)
-                    if length > reservation.length:
+                    if length > handle.length:
                         raise Refused(WRONG_BYTES, "the bytes are not the reserved ones (longer than reserved)")
                     digest.update(chunk)
                     out.write(chunk)
-            if (length, digest.digest()) != (reservation.length, reservation.sha256):
+            if (length, digest.hexdigest()) != (handle.length, handle.sha256):
                 raise Refused(WRONG_BYTES, "the bytes are not the reserved ones (length or SHA-256 differ)")
             gateway = self.gateway()
-            handle = gateway.upload_handle(reservation, partition)
             try:
-                await asyncio.to_thread(gateway.upload, handle, staged)
-                proof: dict[str, Any] = await asyncio.to_thread(gateway.attest, handle)
+                await asyncio.to_thread(gateway.upload, given, staged)
+                proof: dict[str, Any] = await asyncio.to_thread(gateway.attest, given)
             except PayloadConflict as exc:
                 raise Refused(WRONG_BYTES, str(exc)) from None
             except PayloadError as exc:
@@ -171,8 +211,29 @@ def _read_handle(raw: bytes) -> str:
     return value["read_handle"]
 
 
+class UploadHandles:
+    """The header a committed PrepareLargeSchedule is answered with: the reservation's upload handle."""
+
+    def __init__(self, keyring: Mapping[str, bytes]) -> None:
+        self.keyring = keyring
+
+    def __call__(self, answer: Answer) -> dict[str, str]:
+        record = answer.record
+        if record["status"] != "committed":
+            return {}
+        _, result = record["result"]
+        receipt = PayloadReservation.from_avro(result)
+        return {UPLOAD_HANDLE_HEADER: upload_handle(self.keyring, receipt, record["partition"])}
+
+
+def payload_headers(keyring: Mapping[str, bytes]) -> dict[str, Callable[[Answer], Mapping[str, str]]]:
+    """`Engine.outcome_headers`: a reservation is answered with its upload handle."""
+    return {PREPARE.name: UploadHandles(keyring)}
+
+
 def payload_routes(engine: Engine, data: DataDir, keyring: LiveKeyring, stores: Sequence[Store]) -> list[Route]:
-    """The embedded service's: they read reservations from the projections it holds."""
+    """The embedded service reads reservations from the projections it holds (`stores`); a Kafka
+    processor's server holds none (()), and takes uploads by their handles alone."""
     routes = PayloadRoutes(engine, data, keyring, stores)
     return [
         Route(UPLOAD_PATH, routes.upload, methods=["PUT"], name="upload_payload"),

@@ -41,7 +41,7 @@ from keyload.server.app import Engine, Halted, application
 from keyload.server.auth import Authenticator
 from keyload.server.census import census_route
 from keyload.server.metrics import PartitionCollector, ServerMetrics
-from keyload.server.payloads import payload_routes
+from keyload.server.payloads import payload_headers, payload_routes
 from keyload.server.principals import credential_routes
 from keyload.server.processing import Processing
 from keyload.server.writer import CommandWriter, OutcomeTail, OutcomeWaiters
@@ -220,7 +220,14 @@ class HttpServer:
         backlog = {partition: _end_or_nothing(log, partition) for partition in range(data.partitions)}
         metrics = ServerMetrics(PartitionCollector(log, processing, stores))
         engine = Engine(
-            data.partitions, stores.__getitem__, Authenticator(keyring), waiters, processing, metrics, backlog
+            data.partitions,
+            stores.__getitem__,
+            Authenticator(keyring),
+            waiters,
+            processing,
+            metrics,
+            backlog,
+            outcome_headers=payload_headers(keyring),
         )
         rings = Rings(listener)
         side = LogSide(
@@ -241,15 +248,25 @@ class HttpServer:
     ) -> HttpServer:
         """A Kafka processor's server: it produces to the command topic and tails its reply partition
         of the outcomes topic, whichever process owns a command's partition; the keyring alone
-        authenticates at the edge (the processor decides the policy)."""
+        authenticates at the edge (the processor decides the policy). It takes large payloads by
+        their upload handles, and reads them by their read handles, from the shared object store."""
         settings = data.kafka_settings()
         metrics = ServerMetrics(PartitionCollector(KafkaLog.commands(settings), processing, ()))
-        authenticator = Authenticator(LiveKeyring(data.root))
-        engine = Engine(data.partitions, _no_policy, authenticator, waiters, processing, metrics, {})
+        keyring = LiveKeyring(data.root)
+        engine = Engine(
+            data.partitions,
+            _no_policy,
+            Authenticator(keyring),
+            waiters,
+            processing,
+            metrics,
+            {},
+            outcome_headers=payload_headers(keyring),
+        )
         side = LogSide(
             lambda: KafkaLog.commands(settings), _nothing, blocking=True, outcomes=lambda: KafkaLog.outcomes(settings)
         )
-        return cls(data, listen, engine, side, ())
+        return cls(data, listen, engine, side, payload_routes(engine, data, keyring, ()))
 
     @property
     def url(self) -> str:
