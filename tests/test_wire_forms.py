@@ -9,8 +9,10 @@ import json
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from starlette.responses import JSONResponse
 
 from keyload.log.codec import REGISTRY
+from keyload.server.app import AnswerJSON
 from keyload.wire import names, to_avro, to_json
 
 from .avro_values import named_types, values
@@ -49,3 +51,28 @@ def test_the_json_form_follows_the_rules() -> None:
         {},
         None,
     )
+
+
+JSON_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers(-(2**63), 2**64 - 1) | st.text(),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(), inner, max_size=4),
+    max_leaves=20,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(value=JSON_VALUES)
+def test_answers_are_the_bytes_starlette_writes(value: object) -> None:
+    assert AnswerJSON(value).body == JSONResponse(value).body
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data())
+def test_an_outcome_is_answered_with_the_bytes_starlette_writes(data: st.DataObject) -> None:
+    schema = REGISTRY.schema("keyload.Outcome")
+    datum = REGISTRY.decode(
+        "keyload.Outcome", REGISTRY.encode("keyload.Outcome", data.draw(values(schema, named_types(schema, {}))))
+    )
+    names_ = names("keyload.Outcome")
+    form = to_json(names_, names_.types["keyload.Outcome"], datum)
+    assert AnswerJSON(form).body == JSONResponse(form).body
