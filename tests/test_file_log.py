@@ -542,3 +542,33 @@ def test_instances_see_each_others_rolls_without_a_stat_per_read(steps: list[tup
             assert a.end_offset(0) == b.end_offset(0) == r.end_offset(0) == len(written)
         with FileLog(directory, 1, ROOMY) as fresh:
             assert [x.value for x in _read_all(fresh)] == written
+
+
+@pytest.mark.parametrize("filled", [0, 1], ids=["at-the-threshold", "one-past-it"])
+def test_a_segment_at_the_roll_threshold_is_not_looked_past_and_one_byte_more_is(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, filled: int
+) -> None:
+    """ROOMY's threshold is 1024 - 24 - 200 = 800 bytes. Filled to exactly 800, a segment still takes
+    a frame of the largest record, so an appender looks for no successor and makes none; one byte
+    more, it looks (one stat) and the largest frame rolls the segment. The other instances read and
+    append on across the roll."""
+    threshold = ROOMY.segment_bytes - HEADER_BYTES - ROOMY.max_record_bytes
+    stats: list[str] = []
+    real = os.path.exists
+    monkeypatch.setattr(file_log.os.path, "exists", lambda path: (stats.append(str(path)), real(path))[1])
+    with FileLog(tmp_path, 1, ROOMY) as a, FileLog(tmp_path, 1, ROOMY) as b, FileLog(tmp_path, 1, ROOMY) as r:
+        b.append(0, [b"b"])  # b now holds the segment as its tail
+        values = [b"a" * (100 - HEADER_BYTES)] * 7 + [b"a" * (threshold - 725 - HEADER_BYTES + filled)]
+        a.append(0, values)
+        assert sum(len(v) + HEADER_BYTES for v in [b"b", *values]) == threshold + filled
+        assert len(r.read(0, 0, 100)) == 9
+        stats.clear()
+        b.append(0, [b"B" * ROOMY.max_record_bytes])  # the largest frame
+        assert len(stats) == filled, "b looked for a successor only past the threshold"
+        assert len(_segments(tmp_path)) == 1 + filled
+        [largest] = r.read(0, 9, 100)
+        a.append(0, [b"c"])
+        [last] = r.read(0, 10, 100)
+        assert (largest.offset, largest.value, last.offset, last.value) == (9, b"B" * 200, 10, b"c")
+    with FileLog(tmp_path, 1, ROOMY) as fresh:
+        assert [x.offset for x in _read_all(fresh)] == list(range(11))
