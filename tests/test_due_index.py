@@ -18,6 +18,18 @@ from keyload.projections import keys
 from keyload.projections.store import Staged, Store
 
 RESOURCES = 5
+
+
+class Looking(Staged):
+    """A command's stage that counts the lookups of the first row of a range."""
+
+    lookups = 0
+
+    def first(self, start: bytes, end: bytes) -> tuple[bytes, bytes] | None:
+        self.lookups += 1
+        return super().first(start, end)
+
+
 DUE_TIMES = st.one_of(st.none(), st.integers(1, 6))  # few times: many ties
 
 
@@ -37,8 +49,13 @@ def test_the_next_due_time_is_the_first_entry_after_every_move(groups: list[list
             for offset, moves in enumerate(groups):
                 group = Staged(store)
                 for resource, earliest in moves:
-                    command = Staged(group)  # as the processor stages each command over its group
-                    move_due_entry(command, resource, entries.get(resource), earliest)
+                    command = Looking(group)  # as the processor stages each command over its group
+                    previous, current = entries.get(resource), min(entries.values(), default=None)
+                    move_due_entry(command, resource, previous, earliest)
+                    left_first = (
+                        previous is not None and previous == current and (earliest is None or earliest > current)
+                    )
+                    assert command.lookups == (1 if left_first or current is None is earliest else 0)
                     command.merge_into(group)
                     if earliest is None:
                         entries.pop(resource, None)

@@ -261,14 +261,14 @@ def move_due_entry(stage: Staged, resource_id: int, previous: int | None, earlie
 
     The index is read only when the entry moved away from that first due time to a later one (or
     out): the first entry may then be another resource's at the same time, or any later one. In
-    every other move the next due time follows from the old one: an entry moved in front of it is
-    the new first, and an entry moved behind it (or added, or taken out) leaves it first."""
+    every other move the next due time follows from the old one: an entry moved to it or in front
+    of it is the new first, and an entry moved behind it (or added, or taken out) leaves it first."""
     if previous is not None:
         stage.delete(keys.due_queue(previous, resource_id))
     if earliest is not None:
         stage.put(keys.due_queue(earliest, resource_id), b"")
     current = next_due_ms(stage)
-    if earliest is not None and (current is None or earliest < current):
+    if earliest is not None and (current is None or earliest <= current):
         stage.put(keys.NEXT_DUE, keys.u64(earliest))
         return
     if current is not None and (previous is None or previous > current):
