@@ -36,9 +36,12 @@ from keyload.errors import (
 )
 from keyload.log.base import partition_for
 from keyload.projections import keys
+from keyload.projections.records import PayloadReservation, ReservationState
 from keyload.projections.store import Store
 from keyload.sdk.envelope import encode_command
 from keyload.server import openapi
+from keyload.server.payloads import UploadHandles
+from keyload.server.writer import Answer
 from keyload.storage.datadir import DataDir
 from keyload.wire import UPLOAD_HANDLE_HEADER
 
@@ -723,6 +726,29 @@ def test_a_reservation_is_answered_with_the_upload_handle_its_upload_takes(
             json={"domain": d, "body": {"PrepareLargeSchedule": {**reserve, "queue": "clips", "message_id": "clip-4"}}},
         )
     assert committed(sent)["state"] == "reserved" and sent.headers[UPLOAD_HANDLE_HEADER].startswith("ku1.")
+
+
+def test_a_reservation_is_answered_without_a_handle_when_the_keyring_lacks_its_trust_key() -> None:
+    """On Kafka a processor's keyring copy can lag a key rotation: the outcome stands, without the header."""
+    reservation = PayloadReservation(
+        reservation_id=7,
+        domain="d",
+        queue="q",
+        queue_id=1,
+        message_id="m",
+        object_key="payloads/d/1/m",
+        length=1,
+        sha256=b"\x00" * 32,
+        headers={},
+        upload_deadline_ms=2**40,
+        trust_set_version=1,
+        trust_key_id="k-missing",
+        state=ReservationState.reserved,
+        reserved_at_ms=1,
+    )
+    answer = Answer({"status": "committed", "partition": 0, "result": (reservation.AVRO_NAME, reservation.to_avro())})
+    assert UploadHandles({})(answer) == {}
+    assert UploadHandles({"k-missing": b"\x01" * 32})(answer)[UPLOAD_HANDLE_HEADER].startswith("ku1.")
 
 
 def first_id(response: httpx.Response) -> dict[str, str]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import hashlib
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -100,7 +101,18 @@ def test_large_payloads_are_taken_by_either_processor(kafka_bootstrap: str, tmp_
             raw = {"content-type": "application/octet-stream"}
             unhandled = second.put(content, content=payload, headers=raw)
             assert (unhandled.status_code, unhandled.json()["error_code"]) == (400, "Validation")
-            assert UPLOAD_HANDLE_HEADER in unhandled.json()["detail"]
+            assert UPLOAD_HANDLE_HEADER in unhandled.json()["detail"] and "Keyload-Command-Id" not in unhandled.headers
+            brief = first.post(
+                f"/v1/domains/{domain}/queues/media/reservations",
+                json={**reserve, "message_id": "brief", "upload_window_ms": 1000},
+            )
+            time.sleep(1.1)  # past its upload deadline: the handle is refused before a byte is read
+            late = second.put(
+                f"/v1/domains/{domain}/reservations/{brief.json()['result']['reservation_id']}/content",
+                content=payload,
+                headers={**raw, UPLOAD_HANDLE_HEADER: brief.headers[UPLOAD_HANDLE_HEADER]},
+            )
+            assert (late.status_code, late.json()["error_code"]) == (410, "Gone")
             handle = {UPLOAD_HANDLE_HEADER: reserved.headers[UPLOAD_HANDLE_HEADER]}
             uploaded = second.put(content, content=payload, headers={**raw, **handle})
             assert (uploaded.status_code, uploaded.json()["result"]["state"]) == (200, "committed"), uploaded.text

@@ -92,13 +92,13 @@ class PayloadGateway:
         """Store `source` under the handle's object key: one conditional PUT, or a multipart upload
         for more than PART_BYTES. The same bytes again are idempotent; other bytes are PayloadConflict."""
         handle = self._open_upload(handle_text)
-        self._check_alive(handle)
+        self.check_alive(handle)
         found = digest_of(source)
         if (found.length, found.sha256.hex()) != (handle.length, handle.sha256):
             raise PayloadConflict("the bytes are not the reserved ones (length or SHA-256 differ)")
         try:
             if handle.length <= PART_BYTES:
-                self._check_alive(handle)  # hashing a large file takes a while
+                self.check_alive(handle)  # hashing a large file takes a while
                 stored = _retrying(lambda: self.objects.put_if_absent(handle.object_key, source))
             else:
                 stored = self._multipart(handle, source, progress)
@@ -108,7 +108,7 @@ class PayloadGateway:
             progress(handle.length, handle.length)
         return stored
 
-    def _check_alive(self, handle: UploadHandle) -> None:
+    def check_alive(self, handle: UploadHandle) -> None:
         """Checked right before anything is created: an object must never appear under an expired
         handle, since retention deletes abandoned keys once the deadline and horizon have passed."""
         if self.clock() >= handle.expires_ms:
@@ -120,7 +120,7 @@ class PayloadGateway:
         if existing is not None and existing.etag == handle.sha256:
             return existing  # a retry after a completed upload
         part_bytes = part_size(handle.length)
-        self._check_alive(handle)
+        self.check_alive(handle)
         upload_id = _retrying(lambda: self.objects.begin_upload(key, handle.sha256))
         try:
             parts = 0
@@ -130,7 +130,7 @@ class PayloadGateway:
                     _retrying(functools.partial(self.objects.upload_part, key, upload_id, parts, chunk))
                     if progress is not None:
                         progress(min(parts * part_bytes, handle.length), handle.length)
-            self._check_alive(handle)
+            self.check_alive(handle)
             return _retrying(lambda: self.objects.complete_upload(key, upload_id, parts))
         except BaseException:
             with contextlib.suppress(ObjectStoreError):

@@ -292,25 +292,21 @@ class _TooLarge(Exception):
     pass
 
 
-async def answered(request: Request, answer: Callable[[str], Awaitable[Answer | Response]]) -> Response:
-    """The response to a request whose command `answer` submits under the request's command id: its
-    outcome (or the response `answer` makes of it), or the error of the HTTP layer that kept it
-    from having one."""
+async def answered(request: Request, answer: Callable[[str], Awaitable[Response]]) -> Response:
+    """The response to a request whose command `answer` submits under the request's command id: the
+    response `answer` makes of its outcome, or the error of the HTTP layer that kept it from having one."""
     response = await _answer(request, answer)
     engine: Engine = request.app.state.engine
     engine.metrics.requests.labels(request.method, str(response.status_code)).inc()
     return response
 
 
-async def _answer(request: Request, answer: Callable[[str], Awaitable[Answer | Response]]) -> Response:
+async def _answer(request: Request, answer: Callable[[str], Awaitable[Response]]) -> Response:
     given = request.headers.get(IDEMPOTENCY_HEADER)  # present but empty is refused, not replaced
     command_id = str(uuid.uuid4()) if given is None else given
     try:
         check_command_id(command_id)
-        answer_or_response = await answer(command_id)
-        if isinstance(answer_or_response, Response):
-            return answer_or_response
-        return outcome_response(names("keyload.Outcome"), answer_or_response)
+        return await answer(command_id)
     except Unauthenticated as exc:
         return error_response(statuses.UNAUTHENTICATED, str(exc))
     except Refused as exc:

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import logging
 import os
 import tempfile
 import uuid
@@ -68,6 +69,7 @@ READ_PATH = "/v1/payloads/read"
 SCRATCH = ("scratch", "payloads")  # under the data directory: where uploads are staged and reads copied
 NO_RESERVATION = ("NotFound", 404)
 HANDLE_NEEDED = f"send the {UPLOAD_HANDLE_HEADER} header the reservation was answered with"
+log = logging.getLogger("keyload.server")
 WRONG_BYTES = ("Conflict", 409)  # the bytes are not the reserved ones, or the key holds others
 STORE_UNAVAILABLE = ("Unavailable", 503)  # the object store failed: retry the upload
 
@@ -94,8 +96,8 @@ class PayloadRoutes:
             reservation_id = _reservation_id(request.path_params["reservation_id"])
             partition = partition_for(domain, self.engine.partitions)
             caller = self.engine.caller(request, partition)
-            given, handle = self._upload_handle(request, caller.principal, domain, partition, reservation_id)
-            proof = await self._store(request, given, handle)
+            handle_text, handle = self._upload_handle(request, caller.principal, domain, partition, reservation_id)
+            proof = await self._store(request, handle_text, handle)
             commit = {"reservation_id": reservation_id, "proof": proof}
             command_id = f"upload-{uuid.uuid4()}"  # a proof differs per attempt: idempotent by reservation
             committed = await self.engine.submit(caller, command_id, domain, partition, (COMMIT.branch, commit))
@@ -131,25 +133,29 @@ class PayloadRoutes:
         """The upload's handle (as sent, and opened): the one the request carries, verified for the
         reservation of its path. The embedded service first finds in its projection that the
         reservation is open and the caller may enqueue to its queue, and makes the handle itself
-        when the request carries none."""
-        given = request.headers.get(UPLOAD_HANDLE_HEADER)
-        handle = None if given is None else self._opened(given, domain, partition, reservation_id)
+        when the request carries none. A handle past its deadline is refused before any byte is read."""
+        handle_text = request.headers.get(UPLOAD_HANDLE_HEADER)
+        handle = None if handle_text is None else self._opened(handle_text, domain, partition, reservation_id)
         if self.stores:
             reservation = self._reservation(partition, domain, reservation_id)
             self._require(principal, partition, Capability.enqueue, domain, reservation.queue)
             if reservation.state not in (ReservationState.reserved, ReservationState.committed):
                 raise Refused(NO_RESERVATION, f"the reservation is {reservation.state.value}")
-            if given is None:
-                given = self.gateway().upload_handle(reservation, partition)
-                return given, open_handle(self.keyring, given, UploadHandle)
-        if given is None or handle is None:
-            raise Refused(statuses.BAD_REQUEST, HANDLE_NEEDED)
-        return given, handle
+            if handle_text is None:
+                handle_text = self.gateway().upload_handle(reservation, partition)
+                handle = open_handle(self.keyring, handle_text, UploadHandle)
+        if handle_text is None or handle is None:
+            raise WireError(HANDLE_NEEDED)
+        try:
+            self.gateway().check_alive(handle)
+        except PayloadError as exc:
+            raise Refused(statuses.GONE, str(exc)) from None
+        return handle_text, handle
 
-    def _opened(self, given: str, domain: str, partition: int, reservation_id: int) -> UploadHandle:
+    def _opened(self, handle_text: str, domain: str, partition: int, reservation_id: int) -> UploadHandle:
         """The upload handle the request carries, verified, for the reservation of its path."""
         try:
-            handle = open_handle(self.keyring, given, UploadHandle)
+            handle = open_handle(self.keyring, handle_text, UploadHandle)
         except HandleError as exc:
             raise WireError(f"{UPLOAD_HANDLE_HEADER}: {exc}") from None
         if (handle.domain, handle.partition, handle.reservation_id) != (domain, partition, reservation_id):
@@ -167,7 +173,7 @@ class PayloadRoutes:
         if record is None or not allows(record.grants, capability, domain, queue):
             raise Refused(statuses.FORBIDDEN, f"the principal holds no {capability.value} grant on this resource")
 
-    async def _store(self, request: Request, given: str, handle: UploadHandle) -> dict[str, Any]:
+    async def _store(self, request: Request, handle_text: str, handle: UploadHandle) -> dict[str, Any]:
         """Stage the request body, check it is the reserved bytes, store and attest it: the proof."""
         self.scratch.mkdir(parents=True, exist_ok=True)
         fd, name = tempfile.mkstemp(dir=self.scratch, prefix="upload-")
@@ -185,8 +191,8 @@ class PayloadRoutes:
                 raise Refused(WRONG_BYTES, "the bytes are not the reserved ones (length or SHA-256 differ)")
             gateway = self.gateway()
             try:
-                await asyncio.to_thread(gateway.upload, given, staged)
-                proof: dict[str, Any] = await asyncio.to_thread(gateway.attest, given)
+                await asyncio.to_thread(gateway.upload, handle_text, staged)
+                proof: dict[str, Any] = await asyncio.to_thread(gateway.attest, handle_text)
             except PayloadConflict as exc:
                 raise Refused(WRONG_BYTES, str(exc)) from None
             except PayloadError as exc:
@@ -218,12 +224,19 @@ class UploadHandles:
         self.keyring = keyring
 
     def __call__(self, answer: Answer) -> dict[str, str]:
+        """No header when the reservation was refused, or when this server's keyring lacks its trust
+        key (a Kafka processor's keyring copy behind a key rotation): the outcome stands, and the
+        upload is refused for want of the handle, which a repeat of the reservation answers again."""
         record = answer.record
         if record["status"] != "committed":
             return {}
         _, result = record["result"]
         receipt = PayloadReservation.from_avro(result)
-        return {UPLOAD_HANDLE_HEADER: upload_handle(self.keyring, receipt, record["partition"])}
+        try:
+            return {UPLOAD_HANDLE_HEADER: upload_handle(self.keyring, receipt, record["partition"])}
+        except PayloadError as exc:
+            log.warning("reservation %d is answered without its upload handle: %s", receipt.reservation_id, exc)
+            return {}
 
 
 def payload_headers(keyring: Mapping[str, bytes]) -> dict[str, Callable[[Answer], Mapping[str, str]]]:
