@@ -4,7 +4,8 @@ Everything here happens outside the log, between the reservation and the commit
 (DESIGN.md §8): the gateway signs an upload handle from a reservation receipt it
 received itself (the handle binds reservation, object key, length, SHA-256 and the
 upload deadline, and is never written to a command, outcome, checkpoint or query
-result), uploads bytes only under a valid handle to the key the handle names,
+result; the HTTP API gives it to the caller that reserved, in a response header,
+and takes it back with the upload), uploads bytes only under a valid handle to the key the handle names,
 attests the stored object by reading it back, and signs the PayloadCommitProof
 that CommitLargeSchedule verifies. Reads need a read handle from a delivery.
 
