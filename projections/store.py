@@ -373,6 +373,9 @@ class Store:
         self._read_only = read_only
         self._write_options = WriteOptions()
         self._write_options.sync = sync
+        # The applied offset this instance committed last: the position a commit checks, without a
+        # read (None until the first commit, and again after a reopen).
+        self._committed: int | None = None
         self._db = self._open()
 
     def _open(self) -> Rdict:
@@ -406,6 +409,7 @@ class Store:
         """
         with contextlib.suppress(Exception):  # closing a database with a write error fails too
             self._db.close()
+        self._committed = None  # RocksDB may have recovered the failed write: read the position again
         try:
             self._db = self._open()
         except StoreError as exc:
@@ -440,6 +444,9 @@ class Store:
         raw = self.get(keys.APPLIED_OFFSET)
         return NO_OFFSET if raw is None else keys.read_u64(raw)
 
+    def _position(self) -> int:
+        return self.applied_offset if self._committed is None else self._committed
+
     @property
     def last_time_ms(self) -> int:
         raw = self.get(keys.LAST_TIME)
@@ -463,7 +470,7 @@ class Store:
 
         A failed write (a full disk, say) leaves the projection as it was.
         """
-        assert applied_offset > self.applied_offset, "applied offset must advance"
+        assert applied_offset > self._position(), "applied offset must advance"
         batch = WriteBatch(raw_mode=True)
         for key, value in writes.items():
             if value is None:
@@ -475,6 +482,7 @@ class Store:
         if applied_record is not None:
             batch.put(keys.APPLIED_RECORD, applied_record)
         self._write(batch)
+        self._committed = applied_offset
 
     def record_applied(self, applied_record: bytes) -> None:
         """Keep the identity of the record already applied last (a projection from before identities)."""

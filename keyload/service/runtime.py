@@ -146,6 +146,9 @@ class PartitionProcessor:
         self.last_checkpoint: CatalogEntry | None = None
         self._applied = store.applied_offset
         self._last_time = store.last_time_ms
+        # The identity of the applied record as the projection holds it, once this processor has read
+        # or committed it: the check on resuming compares against it without reading the projection.
+        self._applied_identity: bytes | None = None
         self._checkpointed_offset = self._applied  # periodic checkpoints count from here ...
         self._checkpointed_at = time.monotonic()  # ... and from now
         self._identity_log = identity_log or log
@@ -293,12 +296,11 @@ class PartitionProcessor:
 
         False: a corrupt log halted the partition instead; nothing was committed.
         """
+        identity = record_identity(group.last_record)
         try:
             self.log.sync_through(self.partition, group.applied)
             self._publish(group.published)
-            self.reads.commit(
-                group.stage.encoded_writes(), group.applied, group.last_time, record_identity(group.last_record)
-            )
+            self.reads.commit(group.stage.encoded_writes(), group.applied, group.last_time, identity)
         except LogCorruption as exc:
             self._halt_on_corruption(exc)
             return False
@@ -307,7 +309,7 @@ class PartitionProcessor:
             raise Stalled(self.partition, group.applied, exc) from exc
         except LogError as exc:
             raise Stalled(self.partition, group.applied, exc) from exc
-        self._applied, self._last_time = group.applied, group.last_time
+        self._applied, self._last_time, self._applied_identity = group.applied, group.last_time, identity
         for record, reason in group.poison:
             log.warning(
                 "partition %d: poison record at offset %d (%d bytes): %s",
@@ -359,6 +361,7 @@ class PartitionProcessor:
             raise Stalled(self.partition, self._applied + 1, exc) from exc
         self._store_failed = False
         self._applied, self._last_time = self.store.applied_offset, self.store.last_time_ms
+        self._applied_identity = None
         self._verified = False
 
     def _verify_applied_record(self) -> None:
@@ -396,7 +399,7 @@ class PartitionProcessor:
             self.halt = Halt(self.partition, self._applied, reason)
             return False
         identity = record_identity(record)
-        stored = self.store.applied_record
+        stored = self._applied_identity if self._applied_identity is not None else self.store.applied_record
         if stored is None:
             self.store.record_applied(identity)  # a projection from before identities were kept
         elif stored != identity:
@@ -407,6 +410,7 @@ class PartitionProcessor:
             )
             self.halt = Halt(self.partition, self._applied, reason)
             return False
+        self._applied_identity = identity
         self._verified = True
         return True
 
