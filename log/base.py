@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import struct
 from collections.abc import Mapping
@@ -89,11 +90,16 @@ class LogTruncated(LogError):
     """The offset asked for lies below the log's start: the records before it were truncated."""
 
 
+ROUTED_DOMAINS = 4096  # domains whose partition is remembered: every request and command asks again
+
+
+@functools.lru_cache(maxsize=ROUTED_DOMAINS)
 def partition_for(domain: str, partitions: int) -> int:
     """The one domain→partition function; every backend must use it.
 
     SHA-256 of the UTF-8 domain, first 8 bytes big-endian, modulo the partition
-    count: stable across processes, languages and Python versions.
+    count: stable across processes, languages and Python versions. Pure, so the answers
+    for recent domains are kept (the HTTP API and the processor each ask once a command).
     """
     if partitions < 1:
         raise ValueError("partitions must be >= 1")

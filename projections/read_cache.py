@@ -7,12 +7,14 @@ in a deep projection each RocksDB read of a row written long ago costs more (und
 `bench.depth`'s probes: 1.9 µs per get with 10,000 messages in the queue, 4.9 µs with 1,000,000).
 The cache answers those reads from memory; a row known to be missing is cached as None.
 
-It is the processor's alone: the processor is the projection's only writer, and every group it
-commits passes through `commit`, which brings the cached rows it wrote up to date, so the cache
-never answers what RocksDB would not. Other threads (the HTTP server's policy reads) read the
-`Store` itself. It holds only rows of at most MAX_CACHED_VALUE_BYTES (message bodies pass by), at
-most MAX_CACHED_ROWS of them, least recently read first out: its memory is bounded (per partition:
-each processor has its own), and nothing of it reaches the projection or its digest.
+It is the processor's: the processor is the projection's only writer, and every group it commits
+passes through `commit`, which brings the cached rows it wrote up to date, so the cache never
+answers what RocksDB would not. It is not thread-safe, so only the processor's thread reads it:
+the embedded HTTP server authenticates each request through it, on that thread, between groups;
+other threads (the GC worker, metrics) read the `Store` itself. It holds only rows of at most
+MAX_CACHED_VALUE_BYTES (message bodies pass by), at most MAX_CACHED_ROWS of them, least recently
+read first out: its memory is bounded (per partition: each processor has its own), and nothing
+of it reaches the projection or its digest.
 """
 
 from __future__ import annotations

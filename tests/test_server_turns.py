@@ -52,7 +52,7 @@ def server(tmp_path: Path) -> Iterator[HttpServer]:
     data = DataDir.open(root)
     stores = [Store(data.projection(partition)) for partition in range(data.partitions)]
     listener = Listener(data.root)
-    served = HttpServer.embedded(data, Listen(port=0), stores, OutcomeWaiters(None), _Idle(), listener)
+    served = HttpServer.embedded(data, Listen(port=0), stores, stores, OutcomeWaiters(None), _Idle(), listener)
     served.start()
     try:
         yield served

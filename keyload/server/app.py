@@ -159,7 +159,7 @@ class Engine:
         started = time.perf_counter()
         try:
             waiter.position = (partition, await self.writer.append(partition, value))
-            answer = await asyncio.wait_for(asyncio.shield(waiter.future), OUTCOME_WAIT_S + wait_ms / 1000)
+            answer = await waiter.answer(OUTCOME_WAIT_S + wait_ms / 1000)
         finally:
             self.waiters.forget(domain, command_id, waiter)
         self.metrics.outcome_latency.labels(short_name(body[0])).observe(time.perf_counter() - started)
@@ -252,7 +252,8 @@ class CommandRoute:
         else:
             fields = json_object(body)
         given: dict[str, Any] = {}
-        for name, text in request.query_params.multi_items():
+        queried = request.query_params.multi_items() if request.scope["query_string"] else ()  # parsed only if given
+        for name, text in queried:
             if name == PARTITION_QUERY and self.everywhere:
                 continue
             given[name] = self._text(name, text)

@@ -35,7 +35,7 @@ from keyload.errors import KeyloadError
 from keyload.log.base import CommandLog, LogError
 from keyload.log.file_log import FileLogConfig, FsyncPolicy
 from keyload.log.kafka_log import KafkaLog
-from keyload.projections.store import Store
+from keyload.projections.store import Readable, Store
 from keyload.server import openapi
 from keyload.server.app import Engine, Halted, application
 from keyload.server.auth import Authenticator
@@ -207,6 +207,7 @@ class HttpServer:
         data: DataDir,
         listen: Listen,
         stores: Sequence[Store],
+        policies: Sequence[Readable],
         waiters: OutcomeWaiters,
         processing: Processing,
         listener: Listener,
@@ -214,14 +215,19 @@ class HttpServer:
         """The embedded service's server: the file log's writer, answered in process, on the
         thread of the processors, which turn it while they idle (`turn`) and which it wakes
         through `listener`'s rings; it holds every partition's projection, so it authenticates
-        against the policy and serves payloads and credentials itself."""
+        against the policy and serves payloads and credentials itself.
+
+        `policies`: what a request to each partition is authenticated against. The service passes
+        its processors' read caches (projections/read_cache.py), which hold the principals every
+        request reads: the server's event loop turns on the processors' thread, between their
+        groups, so it reads them as a processor would."""
         keyring = LiveKeyring(data.root)
         log = data.file_command_log()
         backlog = {partition: _end_or_nothing(log, partition) for partition in range(data.partitions)}
         metrics = ServerMetrics(PartitionCollector(log, processing, stores))
         engine = Engine(
             data.partitions,
-            stores.__getitem__,
+            policies.__getitem__,
             Authenticator(keyring),
             waiters,
             processing,

@@ -59,6 +59,16 @@ class Waiter:
     future: asyncio.Future[Answer]
     position: tuple[int, int] | None = None  # (partition, offset)
 
+    async def answer(self, timeout_s: float) -> Answer:
+        """The outcome once it is published; TimeoutError after `timeout_s`. One timer on the future
+        (`_deliver` skips a future already done), where asyncio.wait_for and shield would add two
+        futures and their callbacks to every request."""
+        timer = self.future.get_loop().call_later(timeout_s, _expire, self.future)
+        try:
+            return await self.future
+        finally:
+            timer.cancel()
+
     def answered_by(self, value: bytes, signed: SignedRecord | None, record: Record) -> bool:
         """An outcome sealed with the waiter's key answers it (the reply to that principal's
         command); so does an unsealed refusal of its own record (the processor could not
@@ -70,6 +80,11 @@ class Waiter:
             return self.credential.seals(value)
         own = self.position == (record["partition"], record["offset"])
         return own and record["status"] != "committed"
+
+
+def _expire(future: asyncio.Future[Answer]) -> None:
+    if not future.done():
+        future.set_exception(TimeoutError())
 
 
 class OutcomeWaiters:

@@ -281,7 +281,8 @@ def _serve_embedded(data: DataDir, settings: ServiceSettings, stop: Event) -> li
         http: HttpServer | None = None
         try:
             if settings.listen is not None:
-                http = HttpServer.embedded(data, settings.listen, stores, waiters, _Beside(processors), listener)
+                reads = [processor.reads for processor in processors]
+                http = HttpServer.embedded(data, settings.listen, stores, reads, waiters, _Beside(processors), listener)
                 http.start()
                 print(f"keyload: HTTP API on {http.url}", flush=True)
             collector = _GcBeside(data, stores, settings.gc_interval_s) if settings.gc_interval_s > 0 else None
