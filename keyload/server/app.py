@@ -44,7 +44,7 @@ from keyload.server import statuses
 from keyload.server.auth import Authenticator, Unauthenticated
 from keyload.server.metrics import ServerMetrics
 from keyload.server.processing import Processing
-from keyload.server.routing import IndexedRouter
+from keyload.server.routing import IndexedApp, IndexedRouter
 from keyload.server.writer import Answer, CommandWriter, OutcomeWaiters
 from keyload.service.system_commands import domain_for_partition
 from keyload.version import __version__
@@ -483,9 +483,9 @@ def application(
         *command_routes(engine),
         *more_routes,
     ]
-    app = Starlette(exception_handlers={404: not_found, 405: wrong_method})
     # A path with a trailing slash is no route (404 with its JSON body), not a redirect without one:
     # a client that does not follow redirects would see an empty 307 to a POST.
-    app.router = IndexedRouter(routes, lifespan=lifespan, redirect_slashes=False)
+    router = IndexedRouter(routes, lifespan=lifespan, redirect_slashes=False)
+    app = IndexedApp(router, exception_handlers={404: not_found, 405: wrong_method})
     app.state.engine = engine
     return app

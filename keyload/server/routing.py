@@ -1,12 +1,12 @@
-"""Route lookup in one regular-expression match per request, not one per route.
+"""A request's route found in one regular-expression match, and its endpoint called directly.
 
 Starlette's router tries each route in turn, in Python, until one matches in path and method: with
 the command table's 66 routes ahead of the payload and credential routes, an Enqueue tries 16 and an
 ack 19 (about 14 µs a request on the development VM, against under 3 µs here). `IndexedRouter` asks
 one alternation per method instead, compiled from the routes' own path patterns in their order, so
 the route it finds is the one Starlette's scan would: the first route of that method whose path
-matches. A request no route of its method takes (a 404, a 405) goes through Starlette's scan,
-unchanged."""
+matches. `IndexedApp` then hands the request straight to that route's endpoint. A request no route
+of its method takes (a 404, a 405) goes through Starlette's middleware and scan, unchanged."""
 
 from __future__ import annotations
 
@@ -14,7 +14,10 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-from starlette._utils import get_route_path  # the path Route.matches matches (root_path taken off)
+from starlette._utils import get_route_path, is_async_callable  # get_route_path: what Route.matches matches
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import PlainTextResponse
 from starlette.routing import BaseRoute, Match, Route, Router
 from starlette.types import Receive, Scope, Send
 
@@ -41,17 +44,42 @@ class IndexedRouter(Router):
         found = alternation.match(get_route_path(scope))
         return None if found is None or found.lastgroup is None else routes[int(found.lastgroup[1:])]
 
-    async def app(self, scope: Scope, receive: Receive, send: Send) -> None:
-        route = self.route_for(scope) if scope["type"] == "http" else None
+
+class IndexedApp(Starlette):
+    """A Starlette application whose router is an `IndexedRouter` and whose HTTP requests that find a
+    route go straight to its endpoint: not through Starlette's two exception middlewares, its router
+    and the route's request/response wrapper, five awaited layers and two wrapped `send`s per request
+    (under 16 concurrent Go clients, about 7 % of the server's CPU per Enqueue; bench/README.md). The
+    API needs nothing of them there: its endpoints are async, raise no HTTPException and write their
+    own refusals. An endpoint that fails unexpectedly still gets ServerErrorMiddleware's answer, a
+    plain 500, and its exception goes on to uvicorn, which logs it. A request that finds no route
+    (404, 405), the lifespan and any other scope go through Starlette."""
+
+    def __init__(self, router: IndexedRouter, **options: Any) -> None:
+        super().__init__(**options)
+        for route in router.routes:
+            assert isinstance(route, Route) and is_async_callable(route.endpoint), f"{route} is called directly"
+        self.router = router
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        router = self.router
+        assert isinstance(router, IndexedRouter)
+        route = router.route_for(scope) if scope["type"] == "http" else None
         if route is None:
-            await super().app(scope, receive, send)
+            await super().__call__(scope, receive, send)
             return
         match, child_scope = route.matches(scope)  # the path parameters, converted as Starlette does
         assert match is Match.FULL, f"{route.path} was chosen for {scope['method']} {scope['path']}"
-        scope.setdefault("router", self)
+        scope["app"] = self
+        scope.setdefault("router", router)
         scope["route"] = route
         scope.update(child_scope)
-        await route.handle(scope, receive, send)
+        try:
+            response = await route.endpoint(Request(scope, receive, send))
+        except Exception:
+            await PlainTextResponse("Internal Server Error", status_code=500)(scope, receive, send)
+            raise
+        await response(scope, receive, send)
 
 
 def _index(routes: Sequence[BaseRoute]) -> dict[str, tuple[re.Pattern[str], list[Route]]]:
