@@ -18,6 +18,8 @@ from keyload.processors.access import UNKNOWN_SIGNER, load_principal
 from keyload.projections.store import Readable
 from keyload.storage.keyring import LiveKeyring
 
+ACCEPTED_TOKENS = 1024  # bearer tokens the keyring accepted, kept parsed (oldest out first)
+
 
 class Unauthenticated(Exception):
     """The request carries no credential, or one the service does not accept (HTTP 401)."""
@@ -26,6 +28,10 @@ class Unauthenticated(Exception):
 class Authenticator:
     def __init__(self, keys: LiveKeyring) -> None:
         self.keys = keys
+        # Every request of a client carries the same token: its parse is kept once the keyring has
+        # accepted it (the checks below run on every request all the same). Tokens the keyring
+        # refused are not kept, so a caller sending made-up tokens grows nothing.
+        self._accepted: dict[str, Credential] = {}
 
     def credential(self, authorization: str | None, policy: Readable | None) -> Credential:
         """The credential of an `Authorization` header, proven against the keyring and the policy
@@ -35,16 +41,25 @@ class Authenticator:
         scheme, _, token = authorization.partition(" ")
         if scheme.lower() != "bearer" or not token.strip():
             raise Unauthenticated("the Authorization header must be Bearer PRINCIPAL:KEY_ID:SECRET")
-        try:
-            credential = Credential.from_bearer_token(token.strip())
-        except CredentialError as exc:
-            raise Unauthenticated(str(exc)) from None
+        token = token.strip()
+        credential = self._accepted.get(token) or _parsed(token)
         key = self.keys.get(credential.key_id)
         if key is None or not hmac.compare_digest(key, credential.secret):
             raise Unauthenticated(UNKNOWN_SIGNER)
+        if token not in self._accepted:
+            if len(self._accepted) >= ACCEPTED_TOKENS:
+                del self._accepted[next(iter(self._accepted))]
+            self._accepted[token] = credential
         if policy is None:
             return credential
         record = load_principal(policy, credential.principal)
         if record is None or not record.enabled or record.key_id != credential.key_id:
             raise Unauthenticated(UNKNOWN_SIGNER)
         return credential
+
+
+def _parsed(token: str) -> Credential:
+    try:
+        return Credential.from_bearer_token(token)
+    except CredentialError as exc:
+        raise Unauthenticated(str(exc)) from None

@@ -1,0 +1,38 @@
+"""The edge's authenticator (keyload/server/auth.py) keeps the parse of bearer tokens the keyring
+accepted, at most ACCEPTED_TOKENS of them, and checks keyring and policy on every request all the
+same (tests/test_server_http.py: a rotated or disabled credential is refused at once); what the
+keyring refuses is never kept. Over a real keyring file."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from keyload.credentials import Credential
+from keyload.server import auth
+from keyload.server.auth import Authenticator, Unauthenticated
+from keyload.storage import keyring
+from keyload.storage.keyring import LiveKeyring
+
+
+def bearer(credential: Credential) -> str:
+    return f"Bearer {credential.bearer_token}"
+
+
+def test_accepted_tokens_are_kept_within_the_bound_and_refused_ones_never(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(auth, "ACCEPTED_TOKENS", 2)
+    keyring.create(tmp_path)
+    good = [Credential(f"p{i}", f"edge-{i}", keyring.add(tmp_path, f"edge-{i}")) for i in range(3)]
+    authenticator = Authenticator(LiveKeyring(tmp_path))
+    for credential in good:
+        assert authenticator.credential(bearer(credential), None) == credential
+        assert authenticator.credential(bearer(credential), None) == credential  # from the kept parse
+    assert list(authenticator._accepted) == [good[1].bearer_token, good[2].bearer_token]  # oldest out
+    for refused in (Credential("p0", "edge-0", b"\x00" * 32), Credential("p9", "edge-9", b"\x01" * 32)):
+        with pytest.raises(Unauthenticated):
+            authenticator.credential(bearer(refused), None)
+    assert refused.bearer_token not in authenticator._accepted
+    assert len(authenticator._accepted) == 2
