@@ -10,10 +10,11 @@ import re
 from dataclasses import dataclass
 
 from keyload.errors import ErrorCode
-from keyload.log.base import MAX_LOG_TIME_MS, MIN_LOG_TIME_MS
+from keyload.log.base import MAX_LOG_TIME_MS, MIN_LOG_TIME_MS, ROUTED_DOMAIN_CHARS
 
 MAX_COMMAND_ID_CHARS = 128
 MAX_DOMAIN_CHARS = 64
+assert MAX_DOMAIN_CHARS <= ROUTED_DOMAIN_CHARS, "every valid domain's partition may be remembered"
 MAX_PRINCIPAL_CHARS = 256
 MAX_QUEUE_NAME_CHARS = 80
 MAX_MESSAGE_ID_CHARS = 128

@@ -91,9 +91,12 @@ class LogTruncated(LogError):
 
 
 ROUTED_DOMAINS = 4096  # domains whose partition is remembered: every request and command asks again
+# Only names no longer than a domain may be are remembered (keyload.limits asserts the relation): the
+# HTTP API routes a request by its domain before the domain is checked, so a longer name, never a
+# valid domain, is routed without being kept.
+ROUTED_DOMAIN_CHARS = 64
 
 
-@functools.lru_cache(maxsize=ROUTED_DOMAINS)
 def partition_for(domain: str, partitions: int) -> int:
     """The one domain→partition function; every backend must use it.
 
@@ -101,6 +104,17 @@ def partition_for(domain: str, partitions: int) -> int:
     count: stable across processes, languages and Python versions. Pure, so the answers
     for recent domains are kept (the HTTP API and the processor each ask once a command).
     """
+    if len(domain) <= ROUTED_DOMAIN_CHARS:
+        return _remembered_partition(domain, partitions)
+    return _partition(domain, partitions)
+
+
+@functools.lru_cache(maxsize=ROUTED_DOMAINS)
+def _remembered_partition(domain: str, partitions: int) -> int:
+    return _partition(domain, partitions)
+
+
+def _partition(domain: str, partitions: int) -> int:
     if partitions < 1:
         raise ValueError("partitions must be >= 1")
     digest = hashlib.sha256(domain.encode("utf-8")).digest()

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from keyload import limits
 from keyload.credentials import Credential
 from keyload.server import auth
 from keyload.server.auth import Authenticator, Unauthenticated
@@ -31,8 +32,20 @@ def test_accepted_tokens_are_kept_within_the_bound_and_refused_ones_never(
         assert authenticator.credential(bearer(credential), None) == credential
         assert authenticator.credential(bearer(credential), None) == credential  # from the kept parse
     assert list(authenticator._accepted) == [good[1].bearer_token, good[2].bearer_token]  # oldest out
-    for refused in (Credential("p0", "edge-0", b"\x00" * 32), Credential("p9", "edge-9", b"\x01" * 32)):
+    refused = [
+        (Credential("p0", "edge-0", b"\x00" * 32), None),  # a wrong secret
+        (Credential("p9", "edge-9", b"\x01" * 32), None),  # a key the keyring lacks
+        (Credential("p" * (limits.MAX_PRINCIPAL_CHARS + 1), "edge-0", good[0].secret), None),  # never a name
+        (Credential("nobody", "edge-0", good[0].secret), _NoPrincipals()),  # the policy knows no such principal
+    ]
+    for credential, policy in refused:
         with pytest.raises(Unauthenticated):
-            authenticator.credential(bearer(refused), None)
-    assert refused.bearer_token not in authenticator._accepted
-    assert len(authenticator._accepted) == 2
+            authenticator.credential(bearer(credential), policy)
+    assert list(authenticator._accepted) == [good[1].bearer_token, good[2].bearer_token]
+
+
+class _NoPrincipals:
+    """A policy (projections' Readable) that holds nothing."""
+
+    def get(self, key: bytes) -> bytes | None:
+        return None

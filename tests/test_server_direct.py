@@ -1,7 +1,8 @@
 """`IndexedApp` (keyload/server/routing.py) calls a found route's endpoint directly, past Starlette's
-middleware: the endpoint must see the request as Starlette would hand it over, an endpoint that
-fails must still be answered 500 with its exception logged, and what no route takes must still get
-Starlette's answers. On a real uvicorn server, driven by httpx."""
+middleware: the endpoint must see the request as Starlette would hand it over (HEAD and background
+tasks included), an endpoint that fails must still be answered 500 with its exception logged, what
+no route takes must still get Starlette's answers, and what the direct path would skip (middleware,
+other exception handlers, ASGI endpoints) is refused. On a real uvicorn server, driven by httpx."""
 
 from __future__ import annotations
 
@@ -14,13 +15,17 @@ from collections.abc import Iterator
 import httpx
 import pytest
 import uvicorn
+from starlette.background import BackgroundTask
+from starlette.middleware import Middleware
+from starlette.middleware.gzip import GZipMiddleware
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
 from keyload.server.routing import IndexedApp, IndexedRouter
 
 STARTUP_S = 10.0
+CLEANED = threading.Event()  # set by the background task of GET /cleanup
 
 
 async def _echo(request: Request) -> Response:
@@ -48,11 +53,15 @@ async def _missing(request: Request, _: Exception) -> Response:
 
 
 def _app() -> IndexedApp:
+    async def cleanup(_: Request) -> Response:
+        return PlainTextResponse("cleaning", background=BackgroundTask(CLEANED.set))
+
     router = IndexedRouter(
         [
             Route("/items/{item}/notes/{rest:path}", _echo, methods=["POST"]),
             Route("/items/{item}", _echo, methods=["GET"]),
             Route("/fail", _fail, methods=["GET"]),
+            Route("/cleanup", cleanup, methods=["GET"]),
         ],
         redirect_slashes=False,
     )
@@ -119,9 +128,45 @@ def test_what_no_route_takes_gets_starlettes_answers(base_url: str) -> None:
     assert wrong.status_code == 405
 
 
-def test_an_endpoint_that_is_not_async_is_refused() -> None:
+def test_head_and_background_tasks_work_on_the_direct_path(base_url: str) -> None:
+    CLEANED.clear()
+    with httpx.Client(base_url=base_url) as client:
+        head = client.head("/items/3")
+        cleaned = client.get("/cleanup")
+    assert (head.status_code, head.content) == (201, b"")
+    assert int(head.headers["content-length"]) > 0
+    assert cleaned.text == "cleaning"
+    assert CLEANED.wait(STARTUP_S), "the response's background task ran after it was sent"
+
+
+async def _plain(_: Request) -> Response:
+    return Response()
+
+
+class _AsgiEndpoint:
+    async def __call__(self, scope: object, receive: object, send: object) -> None:
+        raise AssertionError("never called")
+
+
+def test_what_the_direct_path_would_skip_is_refused() -> None:
     def blocking(_: Request) -> Response:
         return Response()
 
-    with pytest.raises(AssertionError, match="called directly"):
-        IndexedApp(IndexedRouter([Route("/b", blocking, methods=["GET"])]))
+    def app_of(route: Route) -> IndexedApp:
+        return IndexedApp(IndexedRouter([route]), exception_handlers={})
+
+    with pytest.raises(AssertionError, match="cannot be called directly"):
+        app_of(Route("/b", blocking, methods=["GET"]))
+    with pytest.raises(AssertionError, match="cannot be called directly"):
+        app_of(Route("/a", _AsgiEndpoint(), methods=["GET"]))
+    with pytest.raises(AssertionError, match="cannot be called directly"):
+        app_of(Route("/m", _plain, methods=["GET"], middleware=[Middleware(GZipMiddleware)]))
+    with pytest.raises(AssertionError, match="cannot be called directly"):
+        app_of(Route("/l", _plain, methods=["GET"], max_body_size=10))
+    app = app_of(Route("/ok", _plain, methods=["GET"]))
+    with pytest.raises(TypeError, match="middleware would not run"):
+        app.add_middleware(GZipMiddleware)
+    with pytest.raises(TypeError, match="handlers would run"):
+        app.add_exception_handler(500, _missing)
+    with pytest.raises(TypeError, match="handlers would run"):
+        IndexedApp(IndexedRouter([]), exception_handlers={RuntimeError: _missing})

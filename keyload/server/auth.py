@@ -13,12 +13,13 @@ from __future__ import annotations
 
 import hmac
 
+from keyload import limits
 from keyload.credentials import Credential, CredentialError
 from keyload.processors.access import UNKNOWN_SIGNER, load_principal
 from keyload.projections.store import Readable
 from keyload.storage.keyring import LiveKeyring
 
-ACCEPTED_TOKENS = 1024  # bearer tokens the keyring accepted, kept parsed (oldest out first)
+ACCEPTED_TOKENS = 1024  # bearer tokens accepted (keyring and policy), kept parsed (oldest out first)
 
 
 class Unauthenticated(Exception):
@@ -28,9 +29,9 @@ class Unauthenticated(Exception):
 class Authenticator:
     def __init__(self, keys: LiveKeyring) -> None:
         self.keys = keys
-        # Every request of a client carries the same token: its parse is kept once the keyring has
-        # accepted it (the checks below run on every request all the same). Tokens the keyring
-        # refused are not kept, so a caller sending made-up tokens grows nothing.
+        # Every request of a client carries the same token: its parse is kept once the token has
+        # been accepted (the checks run on every request all the same). Refused tokens are not kept,
+        # so a caller sending made-up ones grows nothing.
         self._accepted: dict[str, Credential] = {}
 
     def credential(self, authorization: str | None, policy: Readable | None) -> Credential:
@@ -43,18 +44,19 @@ class Authenticator:
             raise Unauthenticated("the Authorization header must be Bearer PRINCIPAL:KEY_ID:SECRET")
         token = token.strip()
         credential = self._accepted.get(token) or _parsed(token)
+        if len(credential.principal) > limits.MAX_PRINCIPAL_CHARS:  # never a principal's: not looked up
+            raise Unauthenticated(UNKNOWN_SIGNER)
         key = self.keys.get(credential.key_id)
         if key is None or not hmac.compare_digest(key, credential.secret):
             raise Unauthenticated(UNKNOWN_SIGNER)
+        if policy is not None:
+            record = load_principal(policy, credential.principal)
+            if record is None or not record.enabled or record.key_id != credential.key_id:
+                raise Unauthenticated(UNKNOWN_SIGNER)
         if token not in self._accepted:
             if len(self._accepted) >= ACCEPTED_TOKENS:
                 del self._accepted[next(iter(self._accepted))]
             self._accepted[token] = credential
-        if policy is None:
-            return credential
-        record = load_principal(policy, credential.principal)
-        if record is None or not record.enabled or record.key_id != credential.key_id:
-            raise Unauthenticated(UNKNOWN_SIGNER)
         return credential
 
 

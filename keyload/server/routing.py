@@ -10,8 +10,10 @@ of its method takes (a 404, a 405) goes through Starlette's middleware and scan,
 
 from __future__ import annotations
 
+import functools
+import inspect
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from starlette._utils import get_route_path, is_async_callable  # get_route_path: what Route.matches matches
@@ -19,7 +21,7 @@ from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import PlainTextResponse
 from starlette.routing import BaseRoute, Match, Route, Router
-from starlette.types import Receive, Scope, Send
+from starlette.types import ExceptionHandler, Receive, Scope, Send
 
 # A named group of a route's path pattern (Starlette's compile_path writes one per path parameter,
 # `(?P<name>regex)`, and escapes everything else): non-capturing in the alternation, where one
@@ -49,17 +51,31 @@ class IndexedApp(Starlette):
     """A Starlette application whose router is an `IndexedRouter` and whose HTTP requests that find a
     route go straight to its endpoint: not through Starlette's two exception middlewares, its router
     and the route's request/response wrapper, five awaited layers and two wrapped `send`s per request
-    (under 16 concurrent Go clients, about 7 % of the server's CPU per Enqueue; bench/README.md). The
-    API needs nothing of them there: its endpoints are async, raise no HTTPException and write their
-    own refusals. An endpoint that fails unexpectedly still gets ServerErrorMiddleware's answer, a
-    plain 500, and its exception goes on to uvicorn, which logs it. A request that finds no route
-    (404, 405), the lifespan and any other scope go through Starlette."""
+    (about 5 % of the server's CPU per Enqueue under 16 concurrent clients; bench/README.md). The
+    API needs nothing of them there: its endpoints are async functions, raise no HTTPException and
+    write their own refusals. An endpoint that fails unexpectedly still gets ServerErrorMiddleware's
+    answer, a plain 500, and its exception goes on to uvicorn, which logs it. A request that finds no
+    route (404, 405), the lifespan and any other scope go through Starlette.
 
-    def __init__(self, router: IndexedRouter, **options: Any) -> None:
-        super().__init__(**options)
+    What those layers would add for a found route is refused rather than skipped: middleware (of the
+    app or of a route), a body limit, debug pages, exception handlers other than 404's and 405's, and
+    endpoints Starlette would treat as ASGI applications."""
+
+    def __init__(self, router: IndexedRouter, exception_handlers: Mapping[Any, ExceptionHandler]) -> None:
+        super().__init__(exception_handlers={})
         for route in router.routes:
-            assert isinstance(route, Route) and is_async_callable(route.endpoint), f"{route} is called directly"
+            assert isinstance(route, Route) and _called_directly(route), f"{route!r} cannot be called directly"
         self.router = router
+        for key, handler in exception_handlers.items():
+            self.add_exception_handler(key, handler)
+
+    def add_exception_handler(self, exc_class_or_status_code: int | type[Exception], handler: Any) -> None:
+        if exc_class_or_status_code not in UNROUTED:
+            raise TypeError(f"IndexedApp calls endpoints directly: only {UNROUTED} handlers would run")
+        super().add_exception_handler(exc_class_or_status_code, handler)
+
+    def add_middleware(self, middleware_class: Any, *args: Any, **kwargs: Any) -> None:
+        raise TypeError("IndexedApp calls endpoints directly: middleware would not run for them")
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         router = self.router
@@ -80,6 +96,20 @@ class IndexedApp(Starlette):
             await PlainTextResponse("Internal Server Error", status_code=500)(scope, receive, send)
             raise
         await response(scope, receive, send)
+
+
+UNROUTED = (404, 405)  # the statuses of requests no route takes: Starlette answers those, with their handlers
+
+
+def _called_directly(route: Route) -> bool:
+    """Whether `route` is what IndexedApp may call without Starlette: an async function or method
+    endpoint (Starlette takes any other for an ASGI application), behind nothing but Starlette's own
+    request/response wrapper (a function; a route's middleware or body limit would be an object)."""
+    endpoint = route.endpoint
+    while isinstance(endpoint, functools.partial):
+        endpoint = endpoint.func
+    is_function = inspect.isfunction(endpoint) or inspect.ismethod(endpoint)
+    return is_function and is_async_callable(route.endpoint) and inspect.isfunction(route.app)
 
 
 def _index(routes: Sequence[BaseRoute]) -> dict[str, tuple[re.Pattern[str], list[Route]]]:
