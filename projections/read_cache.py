@@ -21,6 +21,8 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+from keyload.bounded import remember
+
 from . import keys
 from .store import Store
 
@@ -46,9 +48,7 @@ class ReadCache:
             return value
         value = self.store.get(key)
         if value is None or len(value) <= MAX_CACHED_VALUE_BYTES:
-            if len(rows) >= MAX_CACHED_ROWS:
-                del rows[next(iter(rows))]
-            rows[key] = value
+            remember(rows, key, value, MAX_CACHED_ROWS)
         return value
 
     def scan(self, start: bytes, end: bytes) -> Iterator[tuple[bytes, bytes]]:

@@ -13,6 +13,7 @@ from typing import Any
 
 import httpx
 
+from keyload.bounded import remember
 from keyload.commands import BY_BRANCH
 from keyload.credentials import Credential, CredentialError
 from keyload.errors import CensusError, InvalidCommand, KeyloadError, OutcomeTimeout, ServiceUnavailable, rejection
@@ -90,10 +91,8 @@ class HttpTransport:
         outcome = self._outcome(response, BY_BRANCH[kind].result, command_id, timeout_s)
         handle = response.headers.get(UPLOAD_HANDLE_HEADER)
         if handle is not None and isinstance(outcome.result, PayloadReservation):
-            handles = self._upload_handles
-            if len(handles) >= MAX_UPLOAD_HANDLES:
-                del handles[next(iter(handles))]  # the oldest: a reservation never uploaded to
-            handles[(domain, outcome.result.reservation_id)] = handle
+            # The oldest goes first when full: a reservation never uploaded to.
+            remember(self._upload_handles, (domain, outcome.result.reservation_id), handle, MAX_UPLOAD_HANDLES)
         return outcome
 
     def _outcome(self, response: httpx.Response, result_record: str, command_id: str, timeout_s: float) -> Outcome:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import hmac
 
 from keyload import limits
+from keyload.bounded import remember
 from keyload.credentials import Credential, CredentialError
 from keyload.processors.access import UNKNOWN_SIGNER, load_principal
 from keyload.projections.store import Readable
@@ -53,10 +54,7 @@ class Authenticator:
             record = load_principal(policy, credential.principal)
             if record is None or not record.enabled or record.key_id != credential.key_id:
                 raise Unauthenticated(UNKNOWN_SIGNER)
-        if token not in self._accepted:
-            if len(self._accepted) >= ACCEPTED_TOKENS:
-                del self._accepted[next(iter(self._accepted))]
-            self._accepted[token] = credential
+        remember(self._accepted, token, credential, ACCEPTED_TOKENS)
         return credential
 
 
