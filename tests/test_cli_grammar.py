@@ -78,7 +78,7 @@ def test_the_cli_states_the_engines_defaults_and_choices() -> None:
     from keyload.projections import store
     from keyload.sdk import client
     from keyload.server import runner
-    from keyload.service import kafka, ticker
+    from keyload.service import kafka, ticker, workers
     from keyload.storage import datadir
 
     assert {
@@ -95,6 +95,7 @@ def test_the_cli_states_the_engines_defaults_and_choices() -> None:
         "poison_limit": client.DEFAULT_POISON_LIMIT,
         "listen": f"{runner.DEFAULT_HOST}:{runner.DEFAULT_PORT}",
         "listen_env": runner.LISTEN_ENV,
+        "workers": workers.DEFAULT_WORKERS,
     } == DEFAULTS
     assert {**ENUM_FIELDS, **GROUP_ENUM_FIELDS, **TOPIC_ENUM_FIELDS} == cli_commands.CHOICES
 

@@ -50,10 +50,18 @@ from .support import bearer, served_url, start_service, stop_service, wait_until
 REPO = Path(__file__).resolve().parent.parent
 
 
+@pytest.fixture(scope="module", params=[1, 2], ids=["one-process", "two-workers"])
+def workers(request: pytest.FixtureRequest) -> int:
+    """Every test runs against `keyload run` alone and with a worker process beside it (`--workers 2`:
+    partitions 1 and 3 are the worker's), which must answer alike."""
+    count: int = request.param
+    return count
+
+
 @pytest.fixture(scope="module")
-def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, str]]:
+def served(tmp_path_factory: pytest.TempPathFactory, workers: int) -> Iterator[tuple[Path, str]]:
     root = tmp_path_factory.mktemp("http") / "data"
-    process = start_service(root)
+    process = start_service(root, "--workers", str(workers))
     try:
         yield root, served_url(root)
     finally:
@@ -875,20 +883,29 @@ def outcome_stream_ends(root: Path) -> list[int]:
 
 
 def test_the_servers_answers_are_not_appended_to_the_outcome_stream(
-    served: tuple[Path, str], api: httpx.Client
+    served: tuple[Path, str], api: httpx.Client, workers: int
 ) -> None:
-    """The server's commands name no reply partition: they are answered in process, including a long
-    poll served later by an enqueue, and the outcome stream (which local clients tail) gets none of it."""
+    """The server's commands to its own process's partitions name no reply partition: they are answered
+    in process, including a long poll served later by an enqueue, and the outcome stream (which local
+    clients tail) gets none of it. A worker process's partitions answer through one partition of the
+    stream, the server's reply partition."""
     root, url = served
-    d, queue = new_queue(api, "q")
-    before = outcome_stream_ends(root)
-    waiting, answered = long_poll(url, {**bearer(root), "Idempotency-Key": "poll-1"}, f"{queue}/receive")
-    committed(api.post(f"{queue}/messages", json={"message_id": "m-1", "body": b64(b"first")}))
-    waiting.join(30)
-    [delivery] = committed(answered[0])["deliveries"]
-    assert base64.b64decode(delivery["body"]) == b"first"
-    assert committed(api.post(f"/v1/domains/{d}/leases/ack", json={"token": delivery["token"]}))["state"] == "acked"
-    assert outcome_stream_ends(root) == before
+    partitions = DataDir.open(root).partitions
+    for worker in range(workers):
+        d = next(name for name in iter(domain, None) if partition_for(name, partitions) % workers == worker)
+        queue = f"/v1/domains/{d}/queues/q"
+        committed(api.put(queue, json={"policy": {}}))
+        before = outcome_stream_ends(root)
+        waiting, answered = long_poll(url, {**bearer(root), "Idempotency-Key": "poll-1"}, f"{queue}/receive")
+        committed(api.post(f"{queue}/messages", json={"message_id": "m-1", "body": b64(b"first")}))
+        waiting.join(30)
+        [delivery] = committed(answered[0])["deliveries"]
+        assert base64.b64decode(delivery["body"]) == b"first"
+        ack = api.post(f"/v1/domains/{d}/leases/ack", json={"token": delivery["token"]})
+        assert committed(ack)["state"] == "acked"
+        after = outcome_stream_ends(root)
+        grown = [partition for partition, (was, now) in enumerate(zip(before, after, strict=True)) if now != was]
+        assert len(grown) == (0 if worker == 0 else 1), (worker, before, after)
 
 
 def test_an_unsigned_record_under_a_waiting_command_id_answers_nobody(

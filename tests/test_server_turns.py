@@ -50,7 +50,7 @@ def server(tmp_path: Path) -> Iterator[HttpServer]:
     args = ("run", "--data", str(root), "--until-idle", "--gc-interval-s", "0", "--listen", "none")
     assert run_keyload(*args).returncode == 0
     data = DataDir.open(root)
-    stores = [Store(data.projection(partition)) for partition in range(data.partitions)]
+    stores = {partition: Store(data.projection(partition)) for partition in range(data.partitions)}
     listener = Listener(data.root)
     served = HttpServer.embedded(data, Listen(port=0), stores, stores, OutcomeWaiters(None), _Idle(), listener)
     served.start()
@@ -59,7 +59,7 @@ def server(tmp_path: Path) -> Iterator[HttpServer]:
     finally:
         served.stop()
         listener.close()
-        for store in stores:
+        for store in stores.values():
             store.close()
 
 

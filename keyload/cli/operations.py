@@ -48,6 +48,7 @@ DEFAULTS: dict[str, Any] = {
     "poison_limit": 100,  # keyload.sdk.client.DEFAULT_POISON_LIMIT
     "listen": "127.0.0.1:7411",  # keyload.server.runner.DEFAULT_HOST, DEFAULT_PORT
     "listen_env": "KEYLOAD_LISTEN",  # keyload.server.runner.LISTEN_ENV
+    "workers": 1,  # keyload.service.workers.DEFAULT_WORKERS
 }
 
 
@@ -131,6 +132,10 @@ def run(args: argparse.Namespace) -> int:
         keyring_from=args.keyring_from,
         segment_bytes=args.segment_bytes,
     )
+    if args.workers > 1 and data.kafka is not None:
+        raise UsageError("--workers is for the embedded log: on Kafka, run more `keyload run` in the consumer group")
+    if args.workers > data.partitions:
+        raise UsageError(f"--workers must be 1..{data.partitions} (the partitions of {args.data}), not {args.workers}")
     settings = ServiceSettings(
         checkpoints=CheckpointPolicy(args.checkpoint_every, args.checkpoint_interval_s, args.checkpoint_retain),
         memory=memory,
@@ -140,6 +145,7 @@ def run(args: argparse.Namespace) -> int:
         session_timeout_ms=args.session_timeout_ms,
         until_idle=args.until_idle,
         fail_fast=args.fail_fast,
+        workers=args.workers,
     )
     halts = serve(data, settings, _stop_on_signals())
     return EXIT_FAILED if halts else 0
@@ -744,6 +750,13 @@ def _add_run(sub: Any, common: argparse.ArgumentParser) -> None:
     )
     run_.add_argument("--tls-cert", type=Path, metavar="PEM", help="serve HTTPS with this certificate (and --tls-key)")
     run_.add_argument("--tls-key", type=Path, metavar="PEM", help="the private key of --tls-cert")
+    run_.add_argument(
+        "--workers",
+        type=positive,
+        default=d["workers"],
+        help=f"processes serving the embedded log's partitions, 1..partitions: worker w serves partitions "
+        f"p %% N == w, worker 0 is this one, with the HTTP API (default {d['workers']})",
+    )
     run_.add_argument("--until-idle", action="store_true", help="exit once every partition is caught up (embedded)")
     run_.add_argument(
         "--fail-fast",

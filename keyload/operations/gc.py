@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from threading import Event
 from typing import Protocol
@@ -95,7 +95,7 @@ class LocalRetention:
     Blockers are judged at the later of the projection's last log time and the wall clock: only a
     proposal, the processor decides at the BeginDelete's own log time."""
 
-    def __init__(self, client: Client, stores: Sequence[Store], clock: Callable[[], int] = wall_clock_ms) -> None:
+    def __init__(self, client: Client, stores: Mapping[int, Store], clock: Callable[[], int] = wall_clock_ms) -> None:
         self.client = client
         self.stores = stores
         self.clock = clock
@@ -107,7 +107,9 @@ class LocalRetention:
     def list_retention(
         self, partition: int, *, after_task: int | None = None, limit: int | None = None
     ) -> RetentionPage:
-        store = self.stores[partition]
+        store = self.stores.get(partition)
+        if store is None:  # a partition a worker process serves (`keyload run --workers`): asked by command
+            return self.client.list_retention(partition, after_task=after_task, limit=limit)
         now_ms = max(store.last_time_ms, self.clock())
         look = Context(partition, store.applied_offset, now_ms, "gc-look", "", "", {})
         page = retention.list_retention(Staged(store), ListRetention(after_task=after_task, limit=limit), look)

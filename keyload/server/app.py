@@ -149,7 +149,7 @@ class Engine:
             "domain": domain,
             "principal": credential.principal,
             "body": body,
-            "reply_to": self.waiters.reply_partition,
+            "reply_to": self.waiters.reply_to(partition),
             "client_time_ms": None,
         }
         value = credential.sign(encode_command(envelope))

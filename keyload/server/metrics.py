@@ -16,9 +16,10 @@ enqueue by the server's clock: metrics are not projection state, so reading the 
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from typing import TypeVar
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
@@ -29,6 +30,7 @@ from keyload.log.base import CommandLog, LogError
 from keyload.projections import keys
 from keyload.projections.records import GroupRecord, MessageMeta, QueueRecord, TopicRecord
 from keyload.projections.store import Store, StoreError
+from keyload.server.held import HeldProjections
 from keyload.server.processing import Processing
 
 MAX_SCRAPED_RESOURCES = 1000  # queues, and groups, reported per partition and scrape
@@ -61,18 +63,18 @@ class ServerMetrics:
 class PartitionCollector(Collector):
     """The partitions' state, read when scraped (one scrape at a time: the log is read by one thread):
     the applied offset, halt and stall of every partition this process serves (`processing`), and
-    what the projections in `stores` hold (every partition's on the embedded log; none on Kafka,
-    where projections come and go with the partitions)."""
+    what the projections hold (`projections`: every partition's on the embedded log, its workers'
+    too; none on Kafka, where projections come and go with the partitions)."""
 
     def __init__(
         self,
         log: CommandLog,
         processing: Processing,
-        stores: Sequence[Store],
+        projections: HeldProjections,
     ) -> None:
         self.log = log  # an instance of its own, for the log's end offsets
         self.processing = processing
-        self.stores = stores
+        self.projections = projections
         self._lock = threading.Lock()
 
     def collect(self) -> Iterator[Metric]:
@@ -120,7 +122,7 @@ class PartitionCollector(Collector):
             end.add_metric([label], log_end)
             lag.add_metric([label], max(log_end - 1 - offset, 0))
         now_ms = time.time() * 1000
-        for partition, store in enumerate(self.stores):
+        for partition, store in self._readable():
             label = str(partition)
             try:
                 poisoned = sum(1 for _ in store.scan(keys.POISON, keys.prefix_end(keys.POISON)))
@@ -143,6 +145,14 @@ class PartitionCollector(Collector):
                 outstanding.add_metric(names, seen.outstanding)
                 parked.add_metric(names, seen.parked_count)
         yield from (applied, end, lag, halted, stalled, poison, depth, acked, oldest, backlog, outstanding, parked)
+
+    def _readable(self) -> Iterator[tuple[int, Store]]:
+        """Each partition's projection that can be read now (a full disk keeps one from reopening,
+        a worker's may be replacing it with a checkpoint: no figures from it this time)."""
+        for partition in self.projections.partitions():
+            with contextlib.suppress(StoreError), self.projections.read(partition) as store:
+                if store is not None:
+                    yield partition, store
 
 
 def _oldest_ready_age_s(store: Store, queue: QueueRecord, now_ms: float) -> float:

@@ -37,7 +37,7 @@ import logging
 import os
 import tempfile
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -52,10 +52,11 @@ from keyload.processors.access import allows, load_principal
 from keyload.processors.payloads.handles import HandleError, ReadHandle, UploadHandle, open_handle
 from keyload.projections import keys
 from keyload.projections.records import PayloadReservation, ReservationState, load
-from keyload.projections.store import Staged, Store
+from keyload.projections.store import Readable, Staged
 from keyload.sdk.payloads import PayloadConflict, PayloadError, PayloadGateway, upload_handle
 from keyload.server import statuses
 from keyload.server.app import Engine, Refused, answered, is_number, json_object, outcome_response, read_capped
+from keyload.server.held import HeldProjections
 from keyload.server.writer import Answer
 from keyload.storage.datadir import DataDir
 from keyload.storage.keyring import LiveKeyring
@@ -75,9 +76,9 @@ STORE_UNAVAILABLE = ("Unavailable", 503)  # the object store failed: retry the u
 
 
 class PayloadRoutes:
-    def __init__(self, engine: Engine, data: DataDir, keyring: LiveKeyring, stores: Sequence[Store]) -> None:
+    def __init__(self, engine: Engine, data: DataDir, keyring: LiveKeyring, projections: HeldProjections) -> None:
         self.engine = engine
-        self.stores = stores
+        self.projections = projections
         self.data = data
         self.keyring = keyring
         self.scratch = data.root.joinpath(*SCRATCH)
@@ -136,14 +137,15 @@ class PayloadRoutes:
         when the request carries none. A handle past its deadline is refused before any byte is read."""
         handle_text = request.headers.get(UPLOAD_HANDLE_HEADER)
         handle = None if handle_text is None else self._opened(handle_text, domain, partition, reservation_id)
-        if self.stores:
-            reservation = self._reservation(partition, domain, reservation_id)
-            self._require(principal, partition, Capability.enqueue, domain, reservation.queue)
-            if reservation.state not in (ReservationState.reserved, ReservationState.committed):
-                raise Refused(NO_RESERVATION, f"the reservation is {reservation.state.value}")
-            if handle_text is None:
-                handle_text = self.gateway().upload_handle(reservation, partition)
-                handle = open_handle(self.keyring, handle_text, UploadHandle)
+        with self.projections.read(partition) as store:
+            if store is not None:
+                reservation = self._reservation(store, domain, reservation_id)
+                self._require(store, principal, Capability.enqueue, domain, reservation.queue)
+                if reservation.state not in (ReservationState.reserved, ReservationState.committed):
+                    raise Refused(NO_RESERVATION, f"the reservation is {reservation.state.value}")
+                if handle_text is None:
+                    handle_text = self.gateway().upload_handle(reservation, partition)
+                    handle = open_handle(self.keyring, handle_text, UploadHandle)
         if handle_text is None or handle is None:
             raise WireError(HANDLE_NEEDED)
         try:
@@ -162,14 +164,14 @@ class PayloadRoutes:
             raise WireError(f"{UPLOAD_HANDLE_HEADER} is the handle of another reservation")
         return handle
 
-    def _reservation(self, partition: int, domain: str, reservation_id: int) -> PayloadReservation:
-        reservation = load(Staged(self.stores[partition]), keys.reservation(reservation_id), PayloadReservation)
+    def _reservation(self, store: Readable, domain: str, reservation_id: int) -> PayloadReservation:
+        reservation = load(Staged(store), keys.reservation(reservation_id), PayloadReservation)
         if reservation is None or reservation.domain != domain:
             raise Refused(NO_RESERVATION, "reservation does not exist")
         return reservation
 
-    def _require(self, principal: str, partition: int, capability: Capability, domain: str, queue: str) -> None:
-        record = load_principal(self.stores[partition], principal)
+    def _require(self, store: Readable, principal: str, capability: Capability, domain: str, queue: str) -> None:
+        record = load_principal(store, principal)
         if record is None or not allows(record.grants, capability, domain, queue):
             raise Refused(statuses.FORBIDDEN, f"the principal holds no {capability.value} grant on this resource")
 
@@ -244,10 +246,12 @@ def payload_headers(keyring: Mapping[str, bytes]) -> dict[str, Callable[[Answer]
     return {PREPARE.name: UploadHandles(keyring)}
 
 
-def payload_routes(engine: Engine, data: DataDir, keyring: LiveKeyring, stores: Sequence[Store]) -> list[Route]:
-    """The embedded service reads reservations from the projections it holds (`stores`); a Kafka
-    processor's server holds none (()), and takes uploads by their handles alone."""
-    routes = PayloadRoutes(engine, data, keyring, stores)
+def payload_routes(engine: Engine, data: DataDir, keyring: LiveKeyring, projections: HeldProjections) -> list[Route]:
+    """The embedded service reads an upload's reservation and the caller's grant from the
+    partition's projection, and makes the upload's handle when the request carries none; a Kafka
+    processor's server holds no projection, and takes an upload by its handle alone (its
+    reservation and grant are checked when it is committed)."""
+    routes = PayloadRoutes(engine, data, keyring, projections)
     return [
         Route(UPLOAD_PATH, routes.upload, methods=["PUT"], name="upload_payload"),
         Route(READ_PATH, routes.read, methods=["POST"], name="read_payload"),

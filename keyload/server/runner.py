@@ -24,7 +24,7 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Callable, Collection, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -40,12 +40,14 @@ from keyload.server import openapi
 from keyload.server.app import Engine, Halted, application
 from keyload.server.auth import Authenticator
 from keyload.server.census import census_route
+from keyload.server.held import HeldProjections
 from keyload.server.metrics import PartitionCollector, ServerMetrics
 from keyload.server.payloads import payload_headers, payload_routes
 from keyload.server.principals import credential_routes
 from keyload.server.processing import Processing
-from keyload.server.writer import CommandWriter, OutcomeTail, OutcomeWaiters
+from keyload.server.writer import CommandWriter, OutcomeFeed, OutcomeTail, OutcomeWaiters
 from keyload.service.doorbell import Listener
+from keyload.service.workers import EDGE_BELL, WorkerPool
 from keyload.storage.datadir import DataDir
 from keyload.storage.keyring import LiveKeyring, write_private
 
@@ -60,7 +62,7 @@ GRACEFUL_SHUTDOWN_S = 8  # connections still open this long after a stop are clo
 WAIT_TURN_S = 0.01  # how often a start or stop looks whether the server is up (or down)
 DRAIN_WATCH_S = 0.5  # how soon the drain watcher notices that the server was stopped without a drain
 assert DRAIN_S < GRACEFUL_SHUTDOWN_S, "the 503s of a drain are written before uvicorn closes connections"
-SERVER_REPLY_PARTITION = None  # the embedded server's commands name no reply partition: answered in process
+PassOn = Callable[[Collection[int] | None], frozenset[int] | None]  # workers.WorkerBells.pass_on
 
 
 class ServerError(KeyloadError):
@@ -107,35 +109,45 @@ class LogSide:
     wake: Callable[[Collection[int]], None]  # after appending to those partitions
     blocking: bool
     outcomes: Callable[[], CommandLog] | None = None
+    # Embedded with worker processes: the bell they ring when they publish outcomes to the server's
+    # reply partition (read by `OutcomeFeed`); on Kafka None (`OutcomeTail` reads the topic).
+    outcome_bell: Callable[[], Listener] | None = None
 
 
 class Rings:
     """The partitions appended to since the processors last looked, when the server shares their
     thread: the server's writer rings on the event loop after each append, local appenders (SDK,
     CLI, the GC worker) through the doorbell, whose socket the loop watches. Either ends the turn
-    the loop is given (`HttpServer.turn`)."""
+    the loop is given (`HttpServer.turn`). With worker processes (`pass_on`, workers.py), the rings
+    naming their partitions are passed on to them and end no turn here."""
 
-    def __init__(self, listener: Listener) -> None:
+    def __init__(self, listener: Listener, pass_on: PassOn | None = None) -> None:
         self.listener = listener
+        self.pass_on = pass_on
         self._named: set[int] | None = set()  # None: a ring named none, look at every partition
         self._rung = False
         self.wakeup: asyncio.Future[None] | None = None  # the turn in progress, ended by a ring
 
     def ring(self, partitions: Collection[int]) -> None:
         """The server appended to `partitions` (its writer's `wake`)."""
-        if self._named is not None:
-            self._named.update(partitions)
-        self._rung = True
-        if self.wakeup is not None and not self.wakeup.done():
-            self.wakeup.set_result(None)
+        self._wake(partitions if self.pass_on is None else self.pass_on(partitions))
 
     def doorbell(self) -> None:
         """The doorbell's socket is readable: take its rings."""
         named = self.listener.wait(0)
+        if named != frozenset():
+            self._wake(named if self.pass_on is None else self.pass_on(named))
+
+    def _wake(self, named: Collection[int] | None) -> None:
         if named is None:
             self._named = None
-        if named != frozenset():
-            self.ring(named or ())
+        elif not named:  # every partition rung is a worker's
+            return
+        elif self._named is not None:
+            self._named.update(named)
+        self._rung = True
+        if self.wakeup is not None and not self.wakeup.done():
+            self.wakeup.set_result(None)
 
     @property
     def rung(self) -> bool:
@@ -177,7 +189,7 @@ class HttpServer:
         self.side = side
         self.rings = rings
         self._writer: CommandWriter | None = None
-        self._tail: OutcomeTail | None = None
+        self._tail: OutcomeTail | OutcomeFeed | None = None
         routes = [*routes, census_route(engine, data)]  # both kinds of service count the projections held here
         app = application(engine, self._on_start, self._on_stop, openapi.document(), routes)
         config = uvicorn.Config(
@@ -206,11 +218,12 @@ class HttpServer:
         cls,
         data: DataDir,
         listen: Listen,
-        stores: Sequence[Store],
-        policies: Sequence[Readable],
+        stores: Mapping[int, Store],
+        policies: Mapping[int, Readable],
         waiters: OutcomeWaiters,
         processing: Processing,
         listener: Listener,
+        pool: WorkerPool | None = None,
     ) -> HttpServer:
         """The embedded service's server: the file log's writer, answered in process, on the
         thread of the processors, which turn it while they idle (`turn`) and which it wakes
@@ -220,14 +233,21 @@ class HttpServer:
         `policies`: what a request to each partition is authenticated against. The service passes
         its processors' read caches (projections/read_cache.py), which hold the principals every
         request reads: the server's event loop turns on the processors' thread, between their
-        groups, so it reads them as a processor would."""
+        groups, so it reads them as a processor would.
+
+        With worker processes (`pool`, keyload/service/workers.py), `stores` and `policies` hold
+        worker 0's partitions, partition 0 among them: a request to a worker's partition is
+        authenticated against partition 0's policy (every partition holds every principal, §5a),
+        and its processor decides again, against its own; its outcome comes through the outcome
+        stream (`OutcomeFeed`)."""
         keyring = LiveKeyring(data.root)
         log = data.file_command_log()
         backlog = {partition: _end_or_nothing(log, partition) for partition in range(data.partitions)}
-        metrics = ServerMetrics(PartitionCollector(log, processing, stores))
+        projections = HeldProjections(data, stores, workers=pool is not None)
+        metrics = ServerMetrics(PartitionCollector(log, processing, projections))
         engine = Engine(
             data.partitions,
-            policies.__getitem__,
+            [policies.get(partition, policies[0]) for partition in range(data.partitions)].__getitem__,
             Authenticator(keyring),
             waiters,
             processing,
@@ -235,13 +255,18 @@ class HttpServer:
             backlog,
             outcome_headers=payload_headers(keyring),
         )
-        rings = Rings(listener)
+        rings = Rings(listener, None if pool is None else pool.bells.pass_on)
         side = LogSide(
             lambda: data.file_command_log(FileLogConfig(segment_bytes=data.segment_bytes, fsync=FsyncPolicy.NONE)),
             rings.ring,
             blocking=False,
+            outcomes=None if pool is None else data.outcome_log,
+            outcome_bell=None if pool is None else lambda: Listener(data.root, EDGE_BELL),
         )
-        routes = [*credential_routes(engine, data.root, stores[0]), *payload_routes(engine, data, keyring, stores)]
+        routes = [
+            *credential_routes(engine, data.root, stores[0]),
+            *payload_routes(engine, data, keyring, projections),
+        ]
         return cls(data, listen, engine, side, routes, rings)
 
     @classmethod
@@ -257,7 +282,7 @@ class HttpServer:
         authenticates at the edge (the processor decides the policy). It takes large payloads by
         their upload handles, and reads them by their read handles, from the shared object store."""
         settings = data.kafka_settings()
-        metrics = ServerMetrics(PartitionCollector(KafkaLog.commands(settings), processing, ()))
+        metrics = ServerMetrics(PartitionCollector(KafkaLog.commands(settings), processing, HeldProjections(data, {})))
         keyring = LiveKeyring(data.root)
         engine = Engine(
             data.partitions,
@@ -272,7 +297,7 @@ class HttpServer:
         side = LogSide(
             lambda: KafkaLog.commands(settings), _nothing, blocking=True, outcomes=lambda: KafkaLog.outcomes(settings)
         )
-        return cls(data, listen, engine, side, payload_routes(engine, data, keyring, ()))
+        return cls(data, listen, engine, side, payload_routes(engine, data, keyring, HeldProjections(data, {})))
 
     @property
     def url(self) -> str:
@@ -381,7 +406,9 @@ class HttpServer:
         self._writer = CommandWriter(self.side.open_log(), loop, self.side.wake, blocking=self.side.blocking)
         self.engine.writer = self._writer
         self.engine.waiters.attach(loop)
-        if self.side.outcomes is not None:
+        if self.side.outcomes is not None and self.side.outcome_bell is not None:
+            self._tail = OutcomeFeed(self.side.outcomes(), self.engine.waiters, self.side.outcome_bell(), loop)
+        elif self.side.outcomes is not None:
             self._tail = OutcomeTail(self.side.outcomes(), self.engine.waiters)
 
     async def _on_stop(self) -> None:

@@ -32,11 +32,13 @@ from dataclasses import dataclass
 from keyload.credentials import Credential, SignedRecord, unwrap
 from keyload.log.base import CommandLog, LogError, LogTruncated
 from keyload.log.codec import REGISTRY, CodecError, Record
+from keyload.service.doorbell import Listener
 
 OUTCOME = "keyload.Outcome"
 TAIL_READ_RECORDS = 256  # outcomes the Kafka outcome tail reads at a time
 TAIL_RETRY_S = 1.0  # after a failed read of the outcomes topic
 TAIL_CLOSE_S = 35.0  # a read in progress waits for the broker up to its fetch timeout (30 s)
+FEED_POLL_S = 0.1  # the embedded outcome feed reads its reply partition at least this often
 _Key = tuple[str, str]  # (domain, command id): command ids are scoped by domain
 _Pending = dict[int, list[tuple[bytes, "asyncio.Future[int]"]]]
 
@@ -61,7 +63,7 @@ class Waiter:
 
     async def answer(self, timeout_s: float) -> Answer:
         """The outcome once it is published; TimeoutError after `timeout_s`. One timer on the future
-        (`_deliver` skips a future already done), where asyncio.wait_for and shield would add two
+        (`deliver` skips a future already done), where asyncio.wait_for and shield would add two
         futures and their callbacks to every request."""
         timer = self.future.get_loop().call_later(timeout_s, _expire, self.future)
         try:
@@ -91,14 +93,22 @@ class OutcomeWaiters:
     """Requests waiting for their outcome, by (domain, command id) (`Waiter` says which outcome
     answers which)."""
 
-    def __init__(self, reply_partition: int | None) -> None:
+    def __init__(self, reply_partition: int | None, in_process: Collection[int] = ()) -> None:
         self.reply_partition = reply_partition  # what the server's commands name as reply_to
+        # Partitions whose processors run in this process and answer in process (their commands name
+        # no reply partition): the embedded server's own (with `--workers`, worker 0's).
+        self._in_process = frozenset(in_process)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._waiting: dict[_Key, list[Waiter]] = defaultdict(list)
 
     def attach(self, loop: asyncio.AbstractEventLoop) -> None:
         """The event loop the waiting requests run on (the server's, once it starts)."""
         self._loop = loop
+
+    def reply_to(self, partition: int) -> int | None:
+        """The reply partition a command to `partition` names: none when its processor answers in
+        process, else the one this server reads (`OutcomeTail`, `OutcomeFeed`)."""
+        return None if partition in self._in_process else self.reply_partition
 
     def expect(self, domain: str, command_id: str, credential: Credential) -> Waiter:
         """A waiter the outcome of (domain, command id) sent under `credential` answers; register
@@ -133,12 +143,14 @@ class OutcomeWaiters:
         """Called by the runtime (processor thread) with outcomes it has published: those for the
         server's reply partition are handed to the event loop. Cheap when nobody waits. The embedded
         server names none, so it is also handed those of the service's own actors (Ticks,
-        checkpoint announcements), which name none either: `_deliver` matches no waiter to them."""
+        checkpoint announcements), which name none either: `deliver` matches no waiter to them."""
         loop = self._loop
-        if reply_partition == self.reply_partition and self._waiting and loop is not None:
-            loop.call_soon_threadsafe(self._deliver, outcomes)
+        answered = reply_partition == self.reply_partition or (reply_partition is None and self._in_process)
+        if answered and self._waiting and loop is not None:
+            loop.call_soon_threadsafe(self.deliver, outcomes)
 
-    def _deliver(self, outcomes: list[bytes]) -> None:
+    def deliver(self, outcomes: list[bytes]) -> None:
+        """Answer the waiters these outcomes are for (on the event loop)."""
         for value in outcomes:
             if not self._waiting:
                 return
@@ -270,3 +282,54 @@ class OutcomeTail:
         self._thread.join(TAIL_CLOSE_S)
         if not self._thread.is_alive():
             self.outcomes.close()
+
+
+class OutcomeFeed:
+    """Embedded with worker processes (`keyload run --workers`, keyload/service/workers.py): the
+    server's reply partition of the outcome stream, read on the event loop whenever a worker rings
+    the edge's `bell` after publishing outcomes to it, and every FEED_POLL_S besides, so a lost ring
+    costs at most that. Outcomes of the serving process's own partitions come in process
+    (`OutcomeWaiters.published`)."""
+
+    def __init__(
+        self, outcomes: CommandLog, waiters: OutcomeWaiters, bell: Listener, loop: asyncio.AbstractEventLoop
+    ) -> None:
+        assert waiters.reply_partition is not None, "the feed reads the reply partition the server's commands name"
+        self.partition = waiters.reply_partition
+        self.outcomes = outcomes
+        self.waiters = waiters
+        self.bell = bell
+        self.loop = loop
+        self._cursor = outcomes.end_offset(self.partition)
+        loop.add_reader(bell.fileno(), self._rung)
+        self._timer = loop.call_later(FEED_POLL_S, self._poll)
+
+    def _rung(self) -> None:
+        self.bell.wait(0)
+        self.read()
+
+    def _poll(self) -> None:
+        self.read()
+        self._timer = self.loop.call_later(FEED_POLL_S, self._poll)
+
+    def read(self) -> None:
+        """Deliver what was published to the reply partition since the last read."""
+        while True:
+            try:
+                records = self.outcomes.read(self.partition, self._cursor, TAIL_READ_RECORDS)
+            except LogTruncated:  # retention passed the cursor: what is left to answer is newer
+                self._cursor = self.outcomes.start_offset(self.partition)
+                continue
+            except LogError as exc:  # the waiting requests time out; the next ring or poll reads again
+                log.warning("outcome feed of partition %d: %s", self.partition, exc)
+                return
+            if not records:
+                return
+            self._cursor = records[-1].offset + 1
+            self.waiters.deliver([record.value for record in records])
+
+    def close(self) -> None:
+        self.loop.remove_reader(self.bell.fileno())
+        self._timer.cancel()
+        self.bell.close()
+        self.outcomes.close()

@@ -10,6 +10,11 @@ the only source of truth.
 A ring names the partitions appended to (4 bytes each, big-endian), so the
 runtime reads those and not every partition on each wake-up; a one-byte ring
 names none, and wakes a look at them all.
+
+A data directory has one bell appenders ring (`bell` ""): the serving process's. With
+`keyload run --workers N` each worker process listens on a bell of its own, to which the serving
+process passes on the rings for its partitions, and the HTTP edge on one its workers ring when they
+publish outcomes it waits for (keyload/service/workers.py).
 """
 
 from __future__ import annotations
@@ -28,16 +33,16 @@ MAX_RING_BYTES = 1024  # a longer ring is read cut short: it wakes a look at eve
 UNNAMED = b"\x01"  # a ring naming no partition
 
 
-def _address(data_root: Path) -> str:
+def _address(data_root: Path, bell: str) -> str:
     digest = hashlib.sha256(os.fsencode(os.path.realpath(data_root))).hexdigest()[:32]
-    return f"\0keyload-doorbell-{digest}"
+    return f"\0keyload-doorbell-{digest}{bell and '-' + bell}"
 
 
 class Doorbell:
     """The ringing side: never blocks, never fails the caller."""
 
-    def __init__(self, data_root: Path) -> None:
-        self._address = _address(data_root)
+    def __init__(self, data_root: Path, bell: str = "") -> None:
+        self._address = _address(data_root, bell)
         self._socket = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
         self._socket.setblocking(False)
 
@@ -57,9 +62,9 @@ class Doorbell:
 class Listener:
     """The runtime's side: wait until rung or a timeout passes."""
 
-    def __init__(self, data_root: Path) -> None:
+    def __init__(self, data_root: Path, bell: str = "") -> None:
         self._socket = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-        self._socket.bind(_address(data_root))  # EADDRINUSE: another `keyload run` serves this directory
+        self._socket.bind(_address(data_root, bell))  # EADDRINUSE: another `keyload run` serves this directory
         self._socket.setblocking(False)
 
     def wait(self, timeout_s: float) -> frozenset[int] | None:

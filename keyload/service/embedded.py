@@ -9,16 +9,17 @@ partition stops alone: the others keep serving, and the halt is recorded for
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import fcntl
 import os
+import secrets
 import sys
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from threading import Event
+from typing import TYPE_CHECKING
 
 from keyload import limits
 from keyload.credentials import ADMIN_PRINCIPAL
@@ -30,15 +31,16 @@ from keyload.processors.access import policy_epoch
 from keyload.processors.features import feature_level
 from keyload.projections.store import ProjectionMemory, Store, use_projection_memory
 from keyload.sdk.client import Client
-from keyload.server.runner import SERVER_REPLY_PARTITION, HttpServer, Listen
 from keyload.server.writer import OutcomeWaiters
 from keyload.service import access_control
 from keyload.service.doorbell import Listener
-from keyload.service.halts import Halt, clear_halt, record_halt
+from keyload.service.halts import Halt, clear_halt, record_halt, recorded_halts
 from keyload.service.kafka import DEFAULT_SESSION_TIMEOUT_MS, KafkaService
+from keyload.service.prctl import name_os_thread
 from keyload.service.runtime import PartitionProcessor, Stalled, run_until
 from keyload.service.system_commands import feature_level_command
 from keyload.service.ticker import DEFAULT_TICK_INTERVAL_MS, Ticker
+from keyload.service.workers import DEFAULT_WORKERS, Ownership, Reporter, WorkerPool
 from keyload.storage.datadir import DataDir
 from keyload.storage.principals import (
     CHECKPOINTER_PRINCIPAL,
@@ -48,11 +50,13 @@ from keyload.storage.principals import (
     system_credential,
 )
 
+if TYPE_CHECKING:  # the server is imported when one is served: a worker process serves none
+    from keyload.server.runner import HttpServer, Listen
+
 IDLE_WAIT_S = 0.1  # with a doorbell, an idle service wakes at once for clients and at least this often
 GC_CLIENT_TIMEOUT_S = 2.0  # the in-service GC worker's outcome wait: short, so a stopping service is not held up
 SERVICE_THREAD = "keyload-service"  # the thread of the embedded service's processors and HTTP API
 SERVICE_JOIN_S = 0.5  # the calling thread waits for it this long at a time, taking signals between
-PR_SET_NAME = 15  # prctl(2): name the calling thread (up to 15 bytes)
 RUN_LOCK = "run.lock"  # held (flock) by the process serving the directory, which writes its pid into it
 
 
@@ -72,13 +76,14 @@ class ServiceSettings:
     listen: Listen | None = None  # where the HTTP API is served (embedded mode); None: not served
     fail_fast: bool = False  # exit on a write that fails (a full disk) instead of retrying until it succeeds
     memory: ProjectionMemory = field(default_factory=ProjectionMemory)  # what its projections may hold in memory
+    workers: int = DEFAULT_WORKERS  # processes serving the embedded log's partitions (workers.py)
 
 
 class _GcBeside:
     """The GC worker as a thread of an embedded `keyload run`: it reads retention from the live
     projections and appends only the commands that change something."""
 
-    def __init__(self, data: DataDir, stores: list[Store], interval_s: float) -> None:
+    def __init__(self, data: DataDir, stores: Mapping[int, Store], interval_s: float) -> None:
         credential = system_credential(data.root, GC_PRINCIPAL)
         self.client = Client(data.root, credential=credential, timeout_s=GC_CLIENT_TIMEOUT_S)
         self.checkpoints = data.checkpoints()
@@ -132,7 +137,7 @@ def _on_service_thread(run: Callable[[], list[Halt]], stop: Event) -> list[Halt]
     ended: list[list[Halt] | BaseException] = []
 
     def body() -> None:
-        _name_os_thread(SERVICE_THREAD)
+        name_os_thread(SERVICE_THREAD)
         try:
             ended.append(run())
         except BaseException as exc:  # raised again on the calling thread
@@ -151,13 +156,6 @@ def _on_service_thread(run: Callable[[], list[Halt]], stop: Event) -> list[Halt]
     if isinstance(outcome, BaseException):
         raise outcome
     return outcome
-
-
-def _name_os_thread(name: str) -> None:
-    """Give the calling thread `name` in the OS too (`top -H`, /proc/PID/task/TID/comm, which
-    bench.server reads), as Python 3.11 names only its own Thread object; Linux, else nothing."""
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_NAME, name.encode()[:15], 0, 0, 0)
 
 
 @contextmanager
@@ -240,20 +238,52 @@ def _raise_feature_levels(data: DataDir, log: CommandLog, processors: list[Parti
 
 
 def _serve_embedded(data: DataDir, settings: ServiceSettings, stop: Event) -> list[Halt]:
+    """Every partition from this process, or with `--workers N` those of worker 0, the others from
+    the worker processes this one starts (workers.py)."""
+    ownership = Ownership(settings.workers, data.partitions)
+    if settings.workers == 1:
+        return serve_partitions(data, settings, stop, ownership.owned(0))
+    reply_partition = secrets.randbelow(data.outcome_partitions)
+    pool = WorkerPool(data, settings, ownership, reply_partition, stop)
+    pool.start()
+    try:
+        halts = serve_partitions(data, settings, stop, ownership.owned(0), pool=pool)
+        if settings.until_idle:
+            pool.finish()
+    finally:
+        pool.stop()
+    recorded = recorded_halts(data.root)
+    return sorted([*halts, *(recorded[p] for p in pool.halts() if p in recorded)], key=lambda halt: halt.partition)
+
+
+def serve_partitions(
+    data: DataDir,
+    settings: ServiceSettings,
+    stop: Event,
+    owned: Sequence[int],
+    bell: str = "",
+    *,
+    pool: WorkerPool | None = None,
+    reporter: Reporter | None = None,
+) -> list[Halt]:
+    """Serve the `owned` partitions of the embedded log until `stop` is set, woken through `bell`:
+    the serving process (beside its workers' `pool`, if any: the HTTP edge and the GC worker serve
+    theirs too) or a worker process (`reporter`: no HTTP, no GC)."""
     log = data.file_command_log()
     outcomes = data.outcome_log()
     checkpoints = data.checkpoints(settings.checkpoints)
     keys = data.keyring()
-    stores: list[Store] = []
+    stores: dict[int, Store] = {}
     announce = Announcer(log, system_credential(data.root, CHECKPOINTER_PRINCIPAL))
-    waiters = OutcomeWaiters(SERVER_REPLY_PARTITION)
+    # The server's commands to the partitions served here name no reply partition (answered in process);
+    # those to its workers' partitions name the one it reads (`OutcomeFeed`).
+    waiters = OutcomeWaiters(None if pool is None else pool.reply_partition, owned)
     try:
         processors = []
-        for partition in range(data.partitions):
+        for partition in owned:
             with contextlib.suppress(LogCorruption):  # its processor applies what precedes the damage, then halts
                 log.repair(partition)
-            store = Store(data.projection(partition))
-            stores.append(store)
+            store = stores[partition] = Store(data.projection(partition))
             processors.append(
                 PartitionProcessor(
                     partition,
@@ -265,33 +295,49 @@ def _serve_embedded(data: DataDir, settings: ServiceSettings, stop: Event) -> li
                     keyring=keys,
                     keyring_loader=data.keyring,
                     announce=announce,
-                    on_published=waiters.published,
+                    on_published=waiters.published if reporter is None else reporter.published,
                 )
             )
         _turn_access_control_on(data, log, processors)
         _raise_feature_levels(data, log, processors)
         ticker = Ticker(log, system_credential(data.root, TICKER_PRINCIPAL), settings.tick_interval_ms)
         try:
-            listener = Listener(data.root)
+            listener = Listener(data.root, bell)
         except OSError as exc:
             raise KeyloadError(f"another `keyload run` serves {data.root} ({exc.strerror})") from None
-        positions = ", ".join(f"p{p.partition}@{p.applied_offset}" for p in processors)
-        print(f"keyload: serving {data.root} ({data.partitions} partitions; applied {positions})", flush=True)
+        if pool is not None:
+            pool.wait_ready()
+        applied = {} if pool is None else pool.applied_offsets()
+        applied.update({processor.partition: processor.applied_offset for processor in processors})
+        positions = ", ".join(f"p{partition}@{offset}" for partition, offset in sorted(applied.items()))
+        if reporter is None:  # the serving process speaks for its workers
+            print(f"keyload: serving {data.root} ({_served(data, pool)}; applied {positions})", flush=True)
         collector = None
         http: HttpServer | None = None
+        idle: Callable[[float], object] = listener.wait
         try:
+            if reporter is not None:
+                reporter.ready(processors)
+                idle = reporter.idle(processors, listener.wait)
+            elif pool is not None:
+                idle = lambda timeout_s: pool.bells.pass_on(listener.wait(timeout_s))  # noqa: E731
             if settings.listen is not None:
-                reads = [processor.reads for processor in processors]
-                http = HttpServer.embedded(data, settings.listen, stores, reads, waiters, _Beside(processors), listener)
+                from keyload.server.runner import HttpServer
+
+                reads = {processor.partition: processor.reads for processor in processors}
+                processing = _Beside({processor.partition: processor for processor in processors}, pool)
+                http = HttpServer.embedded(data, settings.listen, stores, reads, waiters, processing, listener, pool)
                 http.start()
+                idle = http.turn
                 print(f"keyload: HTTP API on {http.url}", flush=True)
-            collector = _GcBeside(data, stores, settings.gc_interval_s) if settings.gc_interval_s > 0 else None
+            if settings.gc_interval_s > 0 and reporter is None:
+                collector = _GcBeside(data, stores, settings.gc_interval_s)
             halts = run_until(
                 processors,
                 stop if http is None else http.drained_after(stop),
                 ticker,
                 idle_exit=settings.until_idle,
-                idle=listener.wait if http is None else http.turn,
+                idle=idle,
                 idle_min_s=IDLE_WAIT_S,
                 idle_max_s=IDLE_WAIT_S,
                 on_halt=lambda halt: record_halt(data.root, halt),
@@ -303,34 +349,50 @@ def _serve_embedded(data: DataDir, settings: ServiceSettings, stop: Event) -> li
             if http is not None:
                 http.stop()
             listener.close()
-        print("keyload: stopped", flush=True)
+        if reporter is None:
+            print("keyload: stopped", flush=True)
         return halts
     finally:
-        for store in stores:
+        for store in stores.values():
             store.close()
         log.close()
         outcomes.close()
         checkpoints.close()
 
 
+def _served(data: DataDir, pool: WorkerPool | None) -> str:
+    return f"{data.partitions} partitions" + ("" if pool is None else f", {pool.ownership.workers} workers")
+
+
 @dataclass(frozen=True)
 class _Beside:
-    """The embedded server's view of every partition's processor (keyload.server.processing)."""
+    """The embedded server's view of the partitions' processors (keyload.server.processing): its
+    own process's, and its workers' through their pool."""
 
-    processors: list[PartitionProcessor]
+    processors: dict[int, PartitionProcessor]
+    pool: WorkerPool | None
 
     def applied_offsets(self) -> dict[int, int]:
-        return {processor.partition: processor.applied_offset for processor in self.processors}
+        offsets = {} if self.pool is None else self.pool.applied_offsets()
+        offsets.update({partition: processor.applied_offset for partition, processor in self.processors.items()})
+        return offsets
 
     def halt_of(self, partition: int) -> str | None:
-        halt = self.processors[partition].halt
-        return None if halt is None else halt.where
+        processor = self.processors.get(partition)
+        if processor is None:
+            return None if self.pool is None else self.pool.halt_of(partition)
+        return None if processor.halt is None else processor.halt.where
 
     def stall_of(self, partition: int) -> str | None:
-        return self.processors[partition].stall
+        processor = self.processors.get(partition)
+        if processor is None:
+            return None if self.pool is None else self.pool.stall_of(partition)
+        return processor.stall
 
 
 def _serve_kafka(data: DataDir, settings: ServiceSettings, stop: Event) -> list[Halt]:
+    from keyload.server.runner import HttpServer
+
     # Each processor's server has a reply partition of its own choosing, so servers of the group do not
     # read one another's answers.
     waiters = OutcomeWaiters(int.from_bytes(os.urandom(2), "big") % data.outcome_partitions)

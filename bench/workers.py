@@ -1,0 +1,239 @@
+"""`keyload run --workers W` against one process, over the same log, measured in one run.
+
+    python -m bench.workers [--commands N] [--domains D] [--workers W] [--rounds R] [--json]
+
+One data directory gets D domains, an equal number on each partition (default 4 over the default 4
+partitions: one each), each a CreateQueue and N/D Enqueues of 1 KiB with reply_to set, signed by
+the administrator's credential, as local clients append them. Copies of it are then caught up by
+`keyload run --until-idle --listen none --workers K` for K = 1 and W, in turns (1, W, 1, W, ...,
+R rounds): the wall time from start to exit (start-up included: the workers' own is part of the
+price), the wall time from the run's "serving" line (every worker started) to exit, and the CPU
+time of the process tree. Reported: the commands per second of each run both ways, the median of
+each K, the ratios of the medians W / 1 (issue 17's target: at least 1.6 for W = 2 on 4 domains),
+and whether every partition's projection digest is the same in every copy (it must be: a
+partition is applied by one processor whichever process runs it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from keyload.credentials import ADMIN_PRINCIPAL
+from keyload.log.base import partition_for
+from keyload.processors.policy import default_spec
+from keyload.projections.store import Store
+from keyload.sdk.envelope import encode_command
+from keyload.service.runtime import MAX_GROUP_RECORDS
+from keyload.storage.datadir import DataDir
+from keyload.storage.principals import system_credential
+
+from .common import KEYLOAD_RUN, REPLY_TO, BenchError, environment
+
+DEFAULT_COMMANDS = 40_000
+DEFAULT_DOMAINS = 4
+DEFAULT_WORKERS = 2
+DEFAULT_ROUNDS = 3
+BODY_BYTES = 1024
+RUN_TIMEOUT_S = 900.0
+# No Tick and no GC command in a run (none is due in one this short): every copy's log stays the same,
+# so every copy's projections must be too.
+NO_TICKS = ["--tick-interval-ms", "3600000"]
+
+
+@dataclass(frozen=True)
+class Run:
+    workers: int
+    seconds: float  # wall clock, start to exit
+    serving_seconds: float  # wall clock, from the "serving" line (every worker started) to exit
+    cpu_seconds: float  # user + system of the process tree
+
+
+def domains(count: int, partitions: int) -> list[str]:
+    """`count` domain names, as many on each partition as on any other (count a multiple of partitions)."""
+    if count % partitions:
+        raise BenchError(f"--domains must be a multiple of the {partitions} partitions")
+    chosen: dict[int, list[str]] = {partition: [] for partition in range(partitions)}
+    n = 0
+    while any(len(names) < count // partitions for names in chosen.values()):
+        name = f"tenant-{n}"
+        n += 1
+        names = chosen[partition_for(name, partitions)]
+        if len(names) < count // partitions:
+            names.append(name)
+    return [name for names in chosen.values() for name in names]
+
+
+def prepare(root: Path, commands: int, tenants: list[str]) -> int:
+    """The served data directory (access control on), then each tenant's queue and its share of the
+    Enqueues appended; the number of commands appended."""
+    done = subprocess.run([*KEYLOAD_RUN, "--data", str(root), "--until-idle", "--listen", "none"], capture_output=True)
+    if done.returncode != 0:
+        raise BenchError(f"`keyload run` could not make {root}: {done.stdout.decode()}{done.stderr.decode()}")
+    data = DataDir.open(root)
+    admin = system_credential(root, ADMIN_PRINCIPAL)
+    body = os.urandom(BODY_BYTES)
+    share = commands // len(tenants)
+    policy = {**default_spec(), "max_stored_messages": share, "max_stored_bytes": share * BODY_BYTES}
+    appended = 0
+    log = data.command_log()
+    try:
+        for tenant in tenants:
+            values = [command(tenant, "keyload.command.CreateQueue", {"queue": "q", "policy": policy})]
+            for _ in range(share):
+                message_id = str(uuid.uuid4())
+                enqueue: dict[str, Any] = {"queue": "q", "message_id": message_id, "body": body, "headers": {}}
+                enqueue |= {"ordering_key": None, "not_before_ms": None, "expires_at_ms": None}
+                values.append(command(tenant, "keyload.command.Enqueue", enqueue, message_id))
+            signed = [admin.sign(value) for value in values]
+            partition = partition_for(tenant, data.partitions)
+            for at in range(0, len(signed), MAX_GROUP_RECORDS):
+                log.append(partition, signed[at : at + MAX_GROUP_RECORDS])
+            appended += len(signed)
+    finally:
+        log.close()
+    return appended
+
+
+def command(domain: str, kind: str, body: dict[str, Any], command_id: str | None = None) -> bytes:
+    envelope = {
+        "command_id": command_id or str(uuid.uuid4()),
+        "domain": domain,
+        "principal": ADMIN_PRINCIPAL,
+        "body": (kind, body),
+        "reply_to": REPLY_TO,
+        "client_time_ms": None,
+    }
+    return encode_command(envelope)
+
+
+def catch_up(root: Path, workers: int) -> Run:
+    """`keyload run --until-idle` over `root` with `workers` workers, timed."""
+    arguments = ["--data", str(root), "--until-idle", "--listen", "none", "--gc-interval-s", "0", *NO_TICKS]
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    started = time.perf_counter()
+    process = subprocess.Popen(
+        [*KEYLOAD_RUN, *arguments, "--workers", str(workers)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    assert process.stdout is not None
+    serving = None
+    output = []
+    for line in process.stdout:
+        output.append(line)
+        if serving is None and line.startswith("keyload: serving"):
+            serving = time.perf_counter()
+    code = process.wait(RUN_TIMEOUT_S)
+    ended = time.perf_counter()
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    if code != 0 or serving is None:
+        raise BenchError(f"`keyload run --workers {workers}` failed: {''.join(output)}")
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return Run(workers, ended - started, ended - serving, cpu)
+
+
+def digests(root: Path, partitions: int) -> list[str]:
+    found = []
+    for partition in range(partitions):
+        store = Store(root / "projections" / f"p-{partition:04d}", read_only=True)
+        try:
+            found.append(store.digest())
+        finally:
+            store.close()
+    return found
+
+
+def measure(directory: Path, commands: int, tenants: int, workers: int, rounds: int) -> dict[str, Any]:
+    source = directory / "source"
+    data_partitions = DataDir.create(source).partitions
+    appended = prepare(source, commands, domains(tenants, data_partitions))
+    runs: list[Run] = []
+    seen: set[tuple[str, ...]] = set()
+    for round_ in range(rounds):
+        for count in (1, workers):
+            copy = directory / f"r{round_}-w{count}"
+            shutil.copytree(source, copy)
+            runs.append(catch_up(copy, count))
+            seen.add(tuple(digests(copy, data_partitions)))
+            shutil.rmtree(copy)
+
+    def median_rate(count: int, serving: bool = False) -> float:
+        return statistics.median(
+            appended / (run.serving_seconds if serving else run.seconds) for run in runs if run.workers == count
+        )
+
+    return {
+        "commands": appended,
+        "domains": tenants,
+        "partitions": data_partitions,
+        "workers": workers,
+        "runs": [asdict(run) for run in runs],
+        "median_rate": {1: median_rate(1), workers: median_rate(workers)},
+        "median_serving_rate": {1: median_rate(1, True), workers: median_rate(workers, True)},
+        "ratio": median_rate(workers) / median_rate(1),
+        "serving_ratio": median_rate(workers, True) / median_rate(1, True),
+        "digests_equal": len(seen) == 1,
+    }
+
+
+def table(result: dict[str, Any]) -> str:
+    workers = result["workers"]
+    commands = result["commands"]
+    lines = [
+        f"{commands:,} commands ({result['domains']} domains over {result['partitions']} partitions), "
+        f"caught up by `keyload run --until-idle`; 'serving': from its serving line (every worker started) on",
+        f"{'workers':>8} {'seconds':>9} {'serving s':>10} {'CPU s':>8} {'commands/s':>11} {'serving/s':>10}",
+    ]
+    lines += [
+        f"{run['workers']:>8} {run['seconds']:>9.2f} {run['serving_seconds']:>10.2f} {run['cpu_seconds']:>8.2f} "
+        f"{commands / run['seconds']:>11,.0f} {commands / run['serving_seconds']:>10,.0f}"
+        for run in result["runs"]
+    ]
+    rate, serving = result["median_rate"], result["median_serving_rate"]
+    lines.append(
+        f"medians, commands/s: 1 worker {rate[1]:,.0f} ({serving[1]:,.0f} serving), {workers} workers "
+        f"{rate[workers]:,.0f} ({serving[workers]:,.0f} serving)"
+    )
+    lines.append(
+        f"ratio {workers}/1: {result['ratio']:.2f} start to exit, {result['serving_ratio']:.2f} serving "
+        "(issue 17's target: >= 1.6 for 2 workers)"
+    )
+    lines.append(f"every partition's digest the same in every copy: {'yes' if result['digests_equal'] else 'NO'}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.workers", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--commands", type=int, default=DEFAULT_COMMANDS, help="Enqueues in all (default 40,000)")
+    parser.add_argument("--domains", type=int, default=DEFAULT_DOMAINS, help="a multiple of the partitions (4)")
+    parser.add_argument("--workers", type=int, default=DEFAULT_WORKERS, help="measured against 1 (default 2)")
+    parser.add_argument("--rounds", type=int, default=DEFAULT_ROUNDS, help="turns of 1 and W workers (default 3)")
+    parser.add_argument("--json", action="store_true", help="print the result as JSON")
+    args = parser.parse_args(argv)
+    with tempfile.TemporaryDirectory(prefix="keyload-bench-workers-") as directory:
+        try:
+            result = measure(Path(directory), args.commands, args.domains, args.workers, args.rounds)
+        except BenchError as exc:
+            print(f"bench.workers: {exc}", file=sys.stderr)
+            return 1
+        result["environment"] = environment(0, Path(directory))
+    print(json.dumps(result, indent=2) if args.json else table(result))
+    return 0 if result["digests_equal"] else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

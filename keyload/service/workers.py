@@ -1,0 +1,362 @@
+"""`keyload run --workers N`: the embedded log's partitions served by N processes, one core each.
+
+One process applies commands on one core, and the HTTP edge shares that core with it (§10a). With
+N workers, worker w owns the partitions p with p % N == w: worker 0 is the serving process itself
+(with the HTTP edge, the GC worker and the credential issuer), workers 1..N-1 are processes it
+starts. A partition's log, projection, checkpoints and halt file have one owner, which runs the
+same processor as one process would: what a partition applies, and its digest, do not depend on N.
+
+Between the processes there is only the data directory and:
+- **rings**: appenders ring the serving process's bell, which passes the rings naming a worker's
+  partitions on to that worker's bell (`WorkerBells`); the edge's writer wakes them the same way.
+- **outcomes**: the edge's commands to a worker's partitions name the edge's reply partition; the
+  worker publishes their outcomes to the outcome stream, as it does for local clients, and rings
+  the edge's bell; the edge reads its reply partition from where it left off (`OutcomeFeed`).
+- **progress**: each worker writes its partitions' applied offsets and states (serving, halted,
+  stalled) to shared memory, which the edge reads for /readyz, /metrics and the 503 of a request to
+  a halted partition (`Progress`). Why a partition halted is in its halt file, as ever.
+- **supervision** (`WorkerPool`): the serving process serves HTTP once every worker has turned
+  access control on and raised its feature level; a worker killed by a signal (the OOM killer, a
+  kill -9) is started again after `RESTART_PAUSE_S` and resumes from its projections; a worker
+  that fails (an exception, as a process of its own would) stops the service. Workers die with the
+  serving process (PR_SET_PDEATHSIG), so a kill -9 of `keyload run` leaves none holding a projection.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import multiprocessing
+import multiprocessing.connection
+import os
+import signal
+import threading
+from collections.abc import Callable, Collection, Sequence
+from dataclasses import dataclass, replace
+from multiprocessing.connection import Connection
+from multiprocessing.process import BaseProcess
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from keyload.errors import KeyloadError
+from keyload.service.doorbell import Doorbell
+from keyload.service.halts import recorded_halts
+from keyload.service.prctl import die_with_parent, name_os_thread
+
+if TYPE_CHECKING:
+    from keyload.service.embedded import ServiceSettings
+    from keyload.service.runtime import PartitionProcessor
+    from keyload.storage.datadir import DataDir
+
+# One process unless asked: the serving process alone starts fastest and holds the whole of each
+# partition's state for its HTTP edge; `--workers 2` needs a core per worker to pay (bench/workers.py).
+DEFAULT_WORKERS = 1
+WORKER_BELL = "worker-{}"  # the bell worker w listens on
+EDGE_BELL = "edge"  # the bell the HTTP edge listens on for its outcomes
+RESTART_PAUSE_S = 1.0  # before a killed worker is started again
+STOP_WAIT_S = 30.0  # a stopping worker finishes its group and closes its projections; then it is killed
+READY_POLL_S = 0.01  # how often the serving process looks whether its workers are ready
+WORKER_NAME = "keyload-w{}"  # worker w's process name (`ps -o comm`, /proc/PID/comm)
+
+SERVING, HALTED, STALLED = 0, 1, 2
+
+log = logging.getLogger("keyload.service.workers")
+
+
+class WorkerFailed(KeyloadError):
+    """A worker process failed (an exception, not a signal): the service stops, as one process would."""
+
+
+@dataclass(frozen=True)
+class Ownership:
+    """Which worker owns which partition: partition p is worker p % N's, so the domains' partitions,
+    spread by hash, spread evenly over the workers."""
+
+    workers: int
+    partitions: int
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.workers <= self.partitions:
+            raise ValueError(f"--workers must be 1..{self.partitions} (the partitions), not {self.workers}")
+
+    def owner(self, partition: int) -> int:
+        return partition % self.workers
+
+    def owned(self, worker: int) -> list[int]:
+        return list(range(worker, self.partitions, self.workers))
+
+
+class Progress:
+    """Each partition's applied offset and state, written by its owner and read by the edge: shared
+    memory with one writer per slot, so no lock (an aligned 8-byte store is atomic)."""
+
+    def __init__(self, ownership: Ownership, context: Any) -> None:
+        self.applied = context.Array("q", ownership.partitions, lock=False)
+        self.states = context.Array("b", ownership.partitions, lock=False)
+        self.ready = context.Array("b", ownership.workers, lock=False)
+
+    def report(self, processors: Sequence[PartitionProcessor]) -> None:
+        for processor in processors:
+            self.applied[processor.partition] = processor.applied_offset
+            self.states[processor.partition] = (
+                HALTED if processor.halt is not None else STALLED if processor.stall is not None else SERVING
+            )
+
+
+class WorkerBells:
+    """Passes rings on to the workers that own the partitions they name."""
+
+    def __init__(self, root: Path, ownership: Ownership) -> None:
+        self.ownership = ownership
+        self._bells = [Doorbell(root, WORKER_BELL.format(worker)) for worker in range(1, ownership.workers)]
+
+    def pass_on(self, named: Collection[int] | None) -> frozenset[int] | None:
+        """Ring the owners of the partitions in `named` (every worker, when None names every
+        partition); what is left for the serving process's own processors."""
+        if named is None:
+            for bell in self._bells:
+                bell.ring()
+            return None
+        own: set[int] = set()
+        elsewhere: dict[int, list[int]] = {}
+        for partition in named:
+            owner = self.ownership.owner(partition)
+            if owner == 0:
+                own.add(partition)
+            else:
+                elsewhere.setdefault(owner, []).append(partition)
+        for owner, partitions in elsewhere.items():
+            self._bells[owner - 1].ring(partitions)
+        return frozenset(own)
+
+    def close(self) -> None:
+        for bell in self._bells:
+            bell.close()
+
+
+class WorkerPool:
+    """The serving process's side of its workers: starts and supervises them, passes rings on, and
+    answers for their partitions what the edge asks of processors (keyload.server.processing)."""
+
+    def __init__(
+        self,
+        data: DataDir,
+        settings: ServiceSettings,
+        ownership: Ownership,
+        reply_partition: int,
+        stop: threading.Event,
+    ) -> None:
+        self.data = data
+        self.until_idle = settings.until_idle
+        # A worker serves no HTTP and runs no GC worker (the serving process does, for every partition).
+        self.settings = replace(settings, listen=None, gc_interval_s=0)
+        self.ownership = ownership
+        self.reply_partition = reply_partition  # what the edge's commands to the workers' partitions name
+        self.bells = WorkerBells(data.root, ownership)
+        self.failure: str | None = None
+        self._stop = stop  # the service's: set when a worker fails
+        self._context = multiprocessing.get_context("spawn")
+        self.progress = Progress(ownership, self._context)
+        self._remote = [p for p in range(ownership.partitions) if ownership.owner(p) != 0]
+        self._processes: dict[int, BaseProcess] = {}
+        self._halts: dict[int, str] = {}
+        self._stopping = threading.Event()
+        # The workers stop when this pipe's one writing end is closed (a multiprocessing Event would
+        # hang its setter on a worker killed while waiting on it).
+        self._told, self._telling = self._context.Pipe(duplex=False)
+        self._wake_read, self._wake_write = os.pipe()
+        self._thread = threading.Thread(target=self._supervise, name="keyload-workers", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def wait_ready(self) -> None:
+        """Until every worker has turned access control on and raised its feature level (the edge
+        may serve their partitions then), or the service is stopping; WorkerFailed when one failed."""
+        while not all(self.progress.ready[1:]) and not self._stop.wait(READY_POLL_S):
+            pass
+        if self.failure is not None:
+            raise WorkerFailed(self.failure)
+
+    def finish(self) -> None:
+        """`--until-idle`: until every worker has caught up and ended."""
+        while self._processes and not self._stop.wait(READY_POLL_S):
+            pass
+
+    def stop(self) -> None:
+        """Stop the workers (each finishes its group and closes its projections); WorkerFailed when
+        one had failed."""
+        if not self._stopping.is_set():
+            self._stopping.set()
+            os.write(self._wake_write, b"\0")
+            self._thread.join()
+            os.close(self._wake_read)
+            os.close(self._wake_write)
+            self.bells.close()
+        if self.failure is not None:
+            raise WorkerFailed(self.failure)
+
+    # -- what the edge asks of its partitions' processors (keyload.server.processing) ----------------
+
+    def applied_offsets(self) -> dict[int, int]:
+        return {partition: self.progress.applied[partition] for partition in self._remote}
+
+    def halt_of(self, partition: int) -> str | None:
+        if self.progress.states[partition] != HALTED:
+            return None
+        if partition not in self._halts:  # read once: a halt lasts as long as its worker runs
+            halt = recorded_halts(self.data.root).get(partition)
+            self._halts[partition] = "halted (see `keyload status`)" if halt is None else halt.where
+        return self._halts[partition]
+
+    def stall_of(self, partition: int) -> str | None:
+        if self.progress.states[partition] != STALLED:
+            return None
+        return f"worker {self.ownership.owner(partition)} cannot make a group durable (see its log)"
+
+    def halts(self) -> dict[int, str]:
+        """Why each of the workers' halted partitions halted, as `halt_of` says."""
+        return {p: why for p in self._remote if (why := self.halt_of(p)) is not None}
+
+    # -- supervision, on a thread of its own (the workers' parent thread: they die when it ends) ----
+
+    def _supervise(self) -> None:
+        try:
+            self._watch()
+        except BaseException as exc:  # the workers are not watched any more: stop the service
+            self.failure = f"the workers' supervisor failed: {exc!r}"
+            self._stop.set()
+            raise
+        finally:
+            self._stop_all()
+
+    def _watch(self) -> None:
+        for worker in range(1, self.ownership.workers):
+            self._spawn(worker)
+        while not self._stopping.is_set() and self._processes:
+            by_sentinel = {process.sentinel: worker for worker, process in self._processes.items()}
+            ended = multiprocessing.connection.wait([*by_sentinel, self._wake_read])
+            for sentinel in ended:
+                if sentinel in by_sentinel and not self._stopping.is_set():
+                    self._ended(by_sentinel[sentinel])
+
+    def _stop_all(self) -> None:
+        self._telling.close()
+        for worker, process in self._processes.items():
+            process.join(STOP_WAIT_S)
+            if process.exitcode is None:
+                log.error("worker %d did not stop within %ss: killed", worker, STOP_WAIT_S)
+                process.kill()
+                process.join()
+
+    def _spawn(self, worker: int) -> None:
+        process = self._context.Process(
+            target=work,
+            args=(
+                str(self.data.root),
+                self.settings,
+                worker,
+                self.ownership,
+                self.progress,
+                self.reply_partition,
+                self._told,
+                os.getpid(),
+            ),
+            name=f"keyload-worker-{worker}",
+            daemon=True,
+        )
+        process.start()
+        self._processes[worker] = process
+
+    def _ended(self, worker: int) -> None:
+        process = self._processes.pop(worker)
+        process.join()  # its sentinel is readable: it has ended, reap it
+        code = process.exitcode
+        process.close()
+        if code == 0 and self.until_idle:
+            return
+        if code is not None and code < 0:
+            name = signal.Signals(-code).name
+            log.warning("worker %d (partitions %s) was killed by %s: restarting", worker, self._of(worker), name)
+            if not self._stopping.wait(RESTART_PAUSE_S):
+                self._spawn(worker)
+            return
+        self.failure = f"worker {worker} (partitions {self._of(worker)}) exited with status {code}: see its log"
+        self._stop.set()
+
+    def _of(self, worker: int) -> str:
+        return ", ".join(map(str, self.ownership.owned(worker)))
+
+
+class Reporter:
+    """A worker's side: its partitions' progress for the edge, and a ring on the edge's bell when it
+    publishes outcomes to the edge's reply partition."""
+
+    def __init__(self, root: Path, worker: int, progress: Progress, reply_partition: int) -> None:
+        self.worker = worker
+        self.progress = progress
+        self.reply_partition = reply_partition
+        self._edge = Doorbell(root, EDGE_BELL)
+
+    def published(self, reply_partition: int | None, outcomes: list[bytes]) -> None:
+        if reply_partition == self.reply_partition:
+            self._edge.ring()
+
+    def ready(self, processors: Sequence[PartitionProcessor]) -> None:
+        self.progress.report(processors)
+        self.progress.ready[self.worker] = 1
+
+    def idle(
+        self, processors: Sequence[PartitionProcessor], wait: Callable[[float], object]
+    ) -> Callable[[float], object]:
+        """The runtime's idle wait, reporting progress first (it is called between steps)."""
+
+        def idle(timeout_s: float) -> object:
+            self.progress.report(processors)
+            return wait(timeout_s)
+
+        return idle
+
+    def close(self) -> None:
+        self._edge.close()
+
+
+def work(
+    root: str,
+    settings: ServiceSettings,
+    worker: int,
+    ownership: Ownership,
+    progress: Progress,
+    reply_partition: int,
+    told: Connection,
+    parent: int,
+) -> None:
+    """A worker process: serve `worker`'s partitions until the serving process tells it to stop."""
+    from keyload.projections.store import use_projection_memory
+    from keyload.service.embedded import serve_partitions
+    from keyload.storage.datadir import DataDir
+
+    die_with_parent()
+    name_os_thread(WORKER_NAME.format(worker))
+    if os.getppid() != parent:  # the serving process died before the line above took effect
+        return
+    # The serving process says when to stop (`told`), after it has drained its HTTP API, which
+    # waits for answers from us: a ^C in a terminal, or a service manager's SIGTERM to every
+    # process of the service, reaches it as well.
+    for ignored in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(ignored, signal.SIG_IGN)
+    stop = threading.Event()
+
+    def relay() -> None:
+        with contextlib.suppress(EOFError, OSError):
+            told.recv_bytes()  # nothing is sent: it ends when the serving process closes its end
+        stop.set()
+
+    threading.Thread(target=relay, name="keyload-told", daemon=True).start()
+    use_projection_memory(settings.memory)
+    data = DataDir.open(root)
+    reporter = Reporter(data.root, worker, progress, reply_partition)
+    try:
+        serve_partitions(data, settings, stop, ownership.owned(worker), WORKER_BELL.format(worker), reporter=reporter)
+    finally:
+        reporter.close()
