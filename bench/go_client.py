@@ -95,10 +95,19 @@ class GoClient:
         listed = [{"id": message_id, "body": body} for message_id, body in messages]
         return self._run({"kind": "cycles", "domain": domain, "queue": queue, "messages": listed})
 
-    def fanin(self, domain: str, queue: str, warmup: int, clients: Sequence[Sequence[tuple[str, str]]]) -> Job:
-        """Each client's first `warmup` Enqueues untimed, then all released together on the rest."""
+    def fanin(
+        self,
+        domain: str,
+        queue: str,
+        warmup: int,
+        clients: Sequence[Sequence[tuple[str, str]]],
+        domains: Sequence[str] = (),
+    ) -> Job:
+        """Each client's first `warmup` Enqueues untimed, then all released together on the rest; with
+        `domains`, client i enqueues to the queue of domains[i % len(domains)] instead of `domain`'s."""
         listed = [[{"id": message_id, "body": body} for message_id, body in mine] for mine in clients]
-        return self._run({"kind": "fanin", "domain": domain, "queue": queue, "warmup": warmup, "clients": listed})
+        job = {"kind": "fanin", "domain": domain, "queue": queue, "warmup": warmup, "clients": listed}
+        return self._run({**job, "domains": list(domains)})
 
     def close(self) -> None:
         if self.process.stdin is not None:

@@ -142,8 +142,8 @@ class Server(ServiceProcess):
     """`keyload run --data ROOT --listen 127.0.0.1:0` as a child process; serving once ROOT/server.json
     names its URL."""
 
-    def __init__(self, root: Path) -> None:
-        super().__init__(["--data", str(root), "--listen", "127.0.0.1:0"], SERVER_STOP_S)
+    def __init__(self, root: Path, *arguments: str) -> None:
+        super().__init__(["--data", str(root), "--listen", "127.0.0.1:0", *arguments], SERVER_STOP_S)
         self.url = ""
         address = root / ADDRESS_FILE
 

@@ -12,11 +12,20 @@ time of the process tree. Reported: the commands per second of each run both way
 each K, the ratios of the medians W / 1 (issue 17's target: at least 1.6 for W = 2 on 4 domains),
 and whether every partition's projection digest is the same in every copy (it must be: a
 partition is applied by one processor whichever process runs it).
+
+Then (b), the HTTP API: a fresh `keyload run --workers K` (K = 1 and W, in turns, R rounds) with a
+queue in each domain, and HTTP_CLIENTS Go clients (bench/go/httpclient, one connection each, client
+i on domain i % D) enqueuing 1 KiB messages one at a time each, all at once: Enqueues per second
+from their release to the last answer, and the CPU per Enqueue of `keyload run` and its workers
+together. The API is served by worker 0 alone, so this shows what moving processors off its core
+gives the server. Without `go` on PATH, (b) is left out and says so.
 """
 
 from __future__ import annotations
 
 import argparse
+import base64
+import contextlib
 import json
 import os
 import resource
@@ -31,7 +40,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from keyload.credentials import ADMIN_PRINCIPAL
+from keyload import Client
+from keyload.credentials import ADMIN_PRINCIPAL, Credential, credential_path
 from keyload.log.base import partition_for
 from keyload.processors.policy import default_spec
 from keyload.projections.store import Store
@@ -41,6 +51,8 @@ from keyload.storage.datadir import DataDir
 from keyload.storage.principals import system_credential
 
 from .common import KEYLOAD_RUN, REPLY_TO, BenchError, environment
+from .go_client import GoClient, build
+from .server import Server
 
 DEFAULT_COMMANDS = 40_000
 DEFAULT_DOMAINS = 4
@@ -48,9 +60,19 @@ DEFAULT_WORKERS = 2
 DEFAULT_ROUNDS = 3
 BODY_BYTES = 1024
 RUN_TIMEOUT_S = 900.0
+HTTP_CLIENTS = 16
+HTTP_WARMUP = 20  # untimed Enqueues of each client first
+HTTP_MESSAGES = 300  # timed Enqueues of each client
 # No Tick and no GC command in a run (none is due in one this short): every copy's log stays the same,
 # so every copy's projections must be too.
 NO_TICKS = ["--tick-interval-ms", "3600000"]
+
+
+@dataclass(frozen=True)
+class HttpRun:
+    workers: int
+    enqueues_per_s: float
+    cpu_us_per_enqueue: float  # `keyload run` and its workers together
 
 
 @dataclass(frozen=True)
@@ -146,6 +168,41 @@ def catch_up(root: Path, workers: int) -> Run:
     return Run(workers, ended - started, ended - serving, cpu)
 
 
+def tree_cpu_s(pid: int) -> float:
+    """User + system CPU of a process and of its children (the workers), from /proc."""
+    total = 0.0
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError):
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+                if int(entry.name) == pid or int(fields[1]) == pid:
+                    total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return total
+
+
+def http_fanin(root: Path, workers: int, tenants: list[str], binary: Path) -> HttpRun:
+    """(b): HTTP_CLIENTS Go clients enqueuing at once over `tenants`, against `keyload run --workers`."""
+    server = Server(root, "--workers", str(workers))
+    try:
+        credential = Credential.load(credential_path(root, ADMIN_PRINCIPAL))
+        with Client(server.url, credential=credential) as admin:
+            for tenant in tenants:
+                admin.create_queue(tenant, "q")
+        body = base64.b64encode(os.urandom(BODY_BYTES)).decode()
+        batches = [[(str(uuid.uuid4()), body) for _ in range(HTTP_WARMUP + HTTP_MESSAGES)] for _ in range(HTTP_CLIENTS)]
+        go = GoClient(binary, server.url, credential.bearer_token, root.parent / "go.err")
+        try:
+            before = tree_cpu_s(server.pid)
+            job = go.fanin(tenants[0], "q", HTTP_WARMUP, batches, tenants)
+            spent = tree_cpu_s(server.pid) - before
+        finally:
+            go.close()
+    finally:
+        server.stop()
+    enqueued = HTTP_CLIENTS * (HTTP_WARMUP + HTTP_MESSAGES)
+    return HttpRun(workers, HTTP_CLIENTS * HTTP_MESSAGES / job.seconds, spent / enqueued * 1e6)
+
+
 def digests(root: Path, partitions: int) -> list[str]:
     found = []
     for partition in range(partitions):
@@ -171,6 +228,21 @@ def measure(directory: Path, commands: int, tenants: int, workers: int, rounds: 
             seen.add(tuple(digests(copy, data_partitions)))
             shutil.rmtree(copy)
 
+    binary = build(directory)
+    http: list[HttpRun] = []
+    if binary is not None:
+        tenant_names = domains(tenants, data_partitions)
+        for round_ in range(rounds):
+            for count in (1, workers):
+                http.append(http_fanin(directory / f"http-r{round_}-w{count}", count, tenant_names, binary))
+
+    def http_median(count: int) -> dict[str, float]:
+        mine = [run for run in http if run.workers == count]
+        return {
+            "enqueues_per_s": statistics.median(run.enqueues_per_s for run in mine),
+            "cpu_us_per_enqueue": statistics.median(run.cpu_us_per_enqueue for run in mine),
+        }
+
     def median_rate(count: int, serving: bool = False) -> float:
         return statistics.median(
             appended / (run.serving_seconds if serving else run.seconds) for run in runs if run.workers == count
@@ -187,6 +259,14 @@ def measure(directory: Path, commands: int, tenants: int, workers: int, rounds: 
         "ratio": median_rate(workers) / median_rate(1),
         "serving_ratio": median_rate(workers, True) / median_rate(1, True),
         "digests_equal": len(seen) == 1,
+        "http": None
+        if not http
+        else {
+            "clients": HTTP_CLIENTS,
+            "runs": [asdict(run) for run in http],
+            "median": {1: http_median(1), workers: http_median(workers)},
+            "ratio": http_median(workers)["enqueues_per_s"] / http_median(1)["enqueues_per_s"],
+        },
     }
 
 
@@ -213,6 +293,22 @@ def table(result: dict[str, Any]) -> str:
         "(issue 17's target: >= 1.6 for 2 workers)"
     )
     lines.append(f"every partition's digest the same in every copy: {'yes' if result['digests_equal'] else 'NO'}")
+    http = result["http"]
+    if http is None:
+        lines.append("(b) HTTP fan-in: left out, no `go` on PATH")
+        return "\n".join(lines)
+    lines.append(
+        f"(b) HTTP: {http['clients']} Go clients enqueuing at once over the {result['domains']} domains "
+        "(server CPU: keyload run and its workers)"
+    )
+    lines.append(f"{'workers':>8} {'enqueues/s':>11} {'server CPU µs/enqueue':>22}")
+    for run in http["runs"]:
+        lines.append(f"{run['workers']:>8} {run['enqueues_per_s']:>11,.0f} {run['cpu_us_per_enqueue']:>22,.0f}")
+    median = http["median"]
+    lines.append(
+        f"medians: 1 worker {median[1]['enqueues_per_s']:,.0f}/s, {workers} workers "
+        f"{median[workers]['enqueues_per_s']:,.0f}/s; ratio {http['ratio']:.2f}"
+    )
     return "\n".join(lines)
 
 

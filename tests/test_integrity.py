@@ -382,11 +382,14 @@ def _segment(root: Path, partition: int) -> Path:
     return segment
 
 
-def test_a_corrupt_partition_halts_alone_and_status_names_it(tmp_path: Path) -> None:
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_corrupt_partition_halts_alone_and_status_names_it(tmp_path: Path, workers: int) -> None:
+    """With `--workers 2` the damaged partition is the worker process's: its halt reaches the HTTP API,
+    `keyload status` and the service's output all the same."""
     root = tmp_path / "data"
     DataDir.create(root, 2)
-    damaged, healthy = spread_domains(2, 2)
-    service = Service(root)
+    healthy, damaged = sorted(spread_domains(2, 2), key=lambda domain: partition_for(domain, 2))
+    service = Service(root, "--workers", str(workers))
     try:
         with Client(root) as client:
             for domain in (damaged, healthy):
@@ -400,7 +403,7 @@ def test_a_corrupt_partition_halts_alone_and_status_names_it(tmp_path: Path) -> 
     raw = bytearray(segment.read_bytes())
     raw[len(raw) // 2] ^= 0x40  # one flipped byte in the middle of the segment
     segment.write_bytes(bytes(raw))
-    service = Service(root)
+    service = Service(root, "--workers", str(workers))
     try:
         with Client(root, timeout_s=30) as client:
             client.enqueue(healthy, QUEUE, b"after", message_id="after")
@@ -418,6 +421,13 @@ def test_a_corrupt_partition_halts_alone_and_status_names_it(tmp_path: Path) -> 
         assert ready.status_code == 200 and str(partition) in ready.json()["halted"]
         scraped = httpx.get(f"{url}/metrics", headers=bearer(root), timeout=30).text
         assert f'keyload_partition_halted{{partition="{partition}"}} 1.0' in scraped
+        refused = httpx.post(
+            f"{url}/v1/domains/{damaged}/queues/{QUEUE}/messages",
+            json={"message_id": "late", "body": ""},
+            headers=bearer(root),
+            timeout=30,
+        )
+        assert refused.status_code == 503 and f"halted at offset {halt.offset}" in refused.json()["detail"]
     finally:
         service.stop()
     assert f"partition {partition} halted at offset {halt.offset}" in service.output()

@@ -207,10 +207,15 @@ def test_what_workers_apply_replays_byte_for_byte_and_until_idle_waits_for_them(
     ("args", "says"),
     [
         (("--workers", "5"), "--workers must be 1..4"),
+        (("--partitions", "2", "--workers", "3"), "--workers must be 1..2"),
         (("--workers", "0"), "--workers"),
+        (("--kafka", "127.0.0.1:1", "--workers", "2"), "on Kafka, run more `keyload run`"),
     ],
 )
-def test_a_worker_count_the_partitions_cannot_take_is_refused(tmp_path: Path, args: tuple[str, ...], says: str) -> None:
+def test_a_worker_count_the_directory_cannot_take_is_refused_before_anything_is_made(
+    tmp_path: Path, args: tuple[str, ...], says: str
+) -> None:
     refused = run_keyload("run", "--data", str(tmp_path / "data"), "--listen", "none", *args)
     assert refused.returncode == 2
     assert says in refused.stderr
+    assert not (tmp_path / "data").exists()

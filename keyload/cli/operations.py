@@ -101,6 +101,19 @@ def _object_store(args: argparse.Namespace) -> ObjectStoreConfig | None:
     return S3StoreConfig(bucket, prefix.strip("/"), args.s3_endpoint, args.s3_region)
 
 
+def _check_workers(args: argparse.Namespace) -> None:
+    """`--workers` against the partitions and log the directory has, or will have once created."""
+    from keyload.storage.datadir import CONFIG, DataDir
+
+    existing = DataDir.open(args.data) if (Path(args.data) / CONFIG).exists() else None
+    partitions = args.partitions if existing is None else existing.partitions
+    on_kafka = args.kafka is not None if existing is None else existing.kafka is not None
+    if args.workers > 1 and on_kafka:
+        raise UsageError("--workers is for the embedded log: on Kafka, run more `keyload run` in the consumer group")
+    if args.workers > partitions:
+        raise UsageError(f"--workers must be 1..{partitions} (the partitions of {args.data}), not {args.workers}")
+
+
 def run(args: argparse.Namespace) -> int:
     from keyload.operations.checkpoints import CheckpointPolicy
     from keyload.projections.store import MIB, ProjectionMemory
@@ -121,6 +134,7 @@ def run(args: argparse.Namespace) -> int:
         except ValueError as exc:
             raise UsageError(str(exc)) from None
         listen = listen.bound()  # a port in use fails here, before the data directory is created
+    _check_workers(args)
     kafka = None
     if args.kafka is not None:
         kafka = KafkaConfig(args.kafka, args.topic_prefix, args.replication_factor, args.min_insync_replicas)
@@ -132,10 +146,6 @@ def run(args: argparse.Namespace) -> int:
         keyring_from=args.keyring_from,
         segment_bytes=args.segment_bytes,
     )
-    if args.workers > 1 and data.kafka is not None:
-        raise UsageError("--workers is for the embedded log: on Kafka, run more `keyload run` in the consumer group")
-    if args.workers > data.partitions:
-        raise UsageError(f"--workers must be 1..{data.partitions} (the partitions of {args.data}), not {args.workers}")
     settings = ServiceSettings(
         checkpoints=CheckpointPolicy(args.checkpoint_every, args.checkpoint_interval_s, args.checkpoint_retain),
         memory=memory,

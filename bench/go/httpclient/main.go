@@ -7,7 +7,8 @@
 // Reads one JSON job per line on stdin and answers each with one JSON line on stdout:
 //
 //	{"kind": "cycles", "domain": D, "queue": Q, "messages": [{"id": ID, "body": BASE64}, ...]}
-//	{"kind": "fanin", "domain": D, "queue": Q, "warmup": W, "clients": [[message, ...], ...]}
+//	{"kind": "fanin", "domain": D, "queue": Q, "warmup": W, "clients": [[message, ...], ...],
+//	 "domains": [D, ...] (optional: client i enqueues to the queue Q of domains[i % len], not to D's)}
 //
 // cycles: enqueue → receive (max_messages 1) → ack per message, one at a time, on one keep-alive
 // connection kept across jobs; each delivery must be the message just enqueued, with its body.
@@ -43,6 +44,15 @@ type job struct {
 	Messages []message   `json:"messages"`
 	Warmup   int         `json:"warmup"`
 	Clients  [][]message `json:"clients"`
+	Domains  []string    `json:"domains"`
+}
+
+// domainOf is the domain fan-in client i enqueues to.
+func (j job) domainOf(i int) string {
+	if len(j.Domains) == 0 {
+		return j.Domain
+	}
+	return j.Domains[i%len(j.Domains)]
 }
 
 type answer struct {
@@ -192,7 +202,7 @@ func fanin(base, token string, j job) answer {
 		clients[i] = newClient(base, token)
 		defer clients[i].http.CloseIdleConnections()
 		for _, m := range j.Clients[i][:j.Warmup] {
-			if err := clients[i].enqueue(j.Domain, j.Queue, m); err != nil {
+			if err := clients[i].enqueue(j.domainOf(i), j.Queue, m); err != nil {
 				return answer{Error: fmt.Sprintf("client %d: %v", i, err)}
 			}
 		}
@@ -209,7 +219,7 @@ func fanin(base, token string, j job) answer {
 			<-release
 			for _, m := range j.Clients[i][j.Warmup:] {
 				sent := time.Now()
-				if err := c.enqueue(j.Domain, j.Queue, m); err != nil {
+				if err := c.enqueue(j.domainOf(i), j.Queue, m); err != nil {
 					errs[i] = fmt.Errorf("client %d: %w", i, err)
 					return
 				}
