@@ -71,6 +71,13 @@ def configure(level: int | str = logging.WARNING, json: bool = False) -> logging
     return logger
 
 
+def settings() -> tuple[int, bool]:
+    """The level and form (`json`) `configure` last set, for a child process to configure alike."""
+    root = logging.getLogger()
+    json = any(isinstance(h.formatter, JsonFormatter) for h in root.handlers if getattr(h, _MARK, False))
+    return logging.getLogger(LOGGER).getEffectiveLevel(), json
+
+
 def get(name: str = LOGGER) -> logging.Logger:
     """A keyload logger (`keyload` or `keyload.<part>`)."""
     return logging.getLogger(name if name.startswith(LOGGER) else f"{LOGGER}.{name}")

@@ -83,6 +83,12 @@ def domain() -> str:
     return f"http-{uuid.uuid4().hex[:12]}"
 
 
+def domain_of(root: Path, worker: int, workers: int) -> str:
+    """A new domain whose partition worker `worker` of `workers` serves (worker 0: `keyload run` itself)."""
+    partitions = DataDir.open(root).partitions
+    return next(name for name in iter(domain, None) if partition_for(name, partitions) % workers == worker)
+
+
 def log_end(root: Path, of_domain: str) -> int:
     data = DataDir.open(root)
     with data.file_command_log() as log:
@@ -652,10 +658,14 @@ def test_the_sdk_speaks_http_with_typed_results_and_errors(served: tuple[Path, s
 
 
 def test_large_payloads_are_uploaded_attested_and_read_by_the_service(
-    served: tuple[Path, str], api: httpx.Client
+    served: tuple[Path, str], api: httpx.Client, workers: int
 ) -> None:
+    """The serving process checks an upload against the projection of its partition, and makes its
+    handle when the request carries none."""
     root, url = served
-    d, queue = new_queue(api, "media")
+    d = domain_of(root, 0, workers)
+    queue = f"/v1/domains/{d}/queues/media"
+    committed(api.put(queue, json={"policy": {}}))
     payload = bytes(range(256)) * 4096  # 1 MiB
     reserve = {
         "message_id": "video-1",
@@ -688,6 +698,33 @@ def test_large_payloads_are_uploaded_attested_and_read_by_the_service(
             f"/v1/domains/{d}/reservations/{second['reservation_id']}/content", content=payload, headers=raw
         )
         assert (refused.status_code, refused.json()["error_code"]) == (403, "PermissionDenied")
+
+
+def test_an_upload_to_a_worker_processs_partition_takes_its_handle(
+    served: tuple[Path, str], api: httpx.Client, workers: int
+) -> None:
+    """`keyload run` does not hold a worker process's projection: an upload to its partition must
+    carry the handle its reservation was answered with (400 without), as on Kafka; one process makes
+    it itself."""
+    root, _ = served
+    d = domain_of(root, workers - 1, workers)
+    queue = f"/v1/domains/{d}/queues/media"
+    committed(api.put(queue, json={"policy": {}}))
+    payload = b"\x05" * 10_000
+    reserve = {"message_id": "m", "length": len(payload), "sha256": b64(hashlib.sha256(payload).digest())}
+    reserved = api.post(f"{queue}/reservations", json={**reserve, "headers": {}})
+    content = f"/v1/domains/{d}/reservations/{committed(reserved)['reservation_id']}/content"
+    raw = {"content-type": "application/octet-stream"}
+    bare = api.put(content, content=payload, headers=raw)
+    if workers == 1:
+        assert committed(bare)["state"] == "committed"
+        return
+    assert (bare.status_code, bare.json()["error_code"]) == (400, "Validation")
+    assert UPLOAD_HANDLE_HEADER in bare.json()["detail"]
+    handled = api.put(
+        content, content=payload, headers={**raw, UPLOAD_HANDLE_HEADER: reserved.headers[UPLOAD_HANDLE_HEADER]}
+    )
+    assert committed(handled)["state"] == "committed"
 
 
 def test_a_reservation_is_answered_with_the_upload_handle_its_upload_takes(
@@ -764,9 +801,14 @@ def first_id(response: httpx.Response) -> dict[str, str]:
     return {"Idempotency-Key": response.headers["Keyload-Command-Id"]}
 
 
-def test_metrics_report_partitions_queues_groups_and_requests(served: tuple[Path, str], api: httpx.Client) -> None:
+def test_metrics_report_partitions_queues_groups_and_requests(
+    served: tuple[Path, str], api: httpx.Client, workers: int
+) -> None:
+    """With two workers, of a partition the worker process serves: its projection read read-only."""
     root, url = served
-    d, queue = new_queue(api, "depth")
+    d = domain_of(root, workers - 1, workers)
+    queue = f"/v1/domains/{d}/queues/depth"
+    committed(api.put(queue, json={"policy": {}}))
     for i in range(3):
         committed(api.post(f"{queue}/messages", json={"message_id": f"m{i}", "body": ""}))
     committed(api.post(f"{queue}/receive", json={"max_messages": 1}))

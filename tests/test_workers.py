@@ -22,6 +22,7 @@ from keyload.errors import OutcomeTimeout, ServiceUnavailable
 from keyload.log.base import partition_for
 from keyload.operations.recovery import drill
 from keyload.projections.store import Store
+from keyload.service.halts import recorded_halts
 from keyload.storage.datadir import DataDir
 
 from .support import run_keyload, start_service, stop_service, wait_until
@@ -120,7 +121,7 @@ def test_a_killed_worker_is_started_again_and_its_clients_lose_and_duplicate_not
         wait_until(lambda: worker_pid(service.pid, 1) not in (None, killed), 30, "worker 1 to be started again")
         for thread in threads:
             thread.join(GIVE_UP_S + 30)
-        assert service.poll() is None, "the serving process outlived its worker"
+        assert service.poll() is None, "the serving process did not outlive its worker"
         assert failures == []
         assert len(answered) == total
         with Client(url, credential=credential) as admin:
@@ -201,6 +202,37 @@ def test_what_workers_apply_replays_byte_for_byte_and_until_idle_waits_for_them(
                 assert local.inspect_queue(domain, "q").counters.stored_messages == 20
         finally:
             assert stop_service(service, 30) == 0
+
+
+def test_a_workers_halt_fails_an_until_idle_run_and_a_failing_worker_stops_the_service(tmp_path: Path) -> None:
+    """A partition of worker 1 that halts is reported by `keyload run --until-idle`, whose exit status
+    says so, as one process's would; a worker that cannot serve at all (a projection it cannot open)
+    stops the service, which names it."""
+    root = tmp_path / "data"
+    damaged = served_by(1, "halt")
+    assert run_keyload("run", "--data", str(root), "--until-idle", "--listen", "none").returncode == 0
+    with Client(root, timeout_s=0.05) as local:
+        for n in range(5):
+            with pytest.raises(OutcomeTimeout):
+                local.enqueue(damaged, "q", b"body-%d" % n, message_id=f"m{n}")
+    partition = partition_for(damaged, PARTITIONS)
+    [segment] = sorted((root / "log" / "commands" / f"p-{partition:04d}").glob("*.seg"))[-1:]
+    raw = bytearray(segment.read_bytes())
+    raw[len(raw) // 2] ^= 0x40  # one flipped byte in the middle of the segment
+    segment.write_bytes(bytes(raw))
+    halted = run_keyload("run", "--data", str(root), "--until-idle", "--listen", "none", "--workers", str(WORKERS))
+    assert halted.returncode == 1, halted.stdout + halted.stderr
+    assert partition in recorded_halts(root)
+    assert f"partition {partition} halted at offset" in halted.stdout + halted.stderr
+
+    projection = root / "projections" / f"p-{partition:04d}"
+    shutil.rmtree(projection)
+    projection.write_text("not a projection")
+    failed = run_keyload("run", "--data", str(root), "--listen", "none", "--workers", str(WORKERS))
+    assert failed.returncode == 1
+    owned = ", ".join(str(p) for p in range(1, PARTITIONS, WORKERS))
+    assert f"worker 1 (partitions {owned}) exited with status 1" in failed.stderr
+    assert "Traceback" not in failed.stderr
 
 
 @pytest.mark.parametrize(

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from threading import Event
 from typing import Protocol
@@ -107,9 +107,7 @@ class LocalRetention:
     def list_retention(
         self, partition: int, *, after_task: int | None = None, limit: int | None = None
     ) -> RetentionPage:
-        store = self.stores.get(partition)
-        if store is None:  # a partition a worker process serves (`keyload run --workers`): asked by command
-            return self.client.list_retention(partition, after_task=after_task, limit=limit)
+        store = self.stores[partition]
         now_ms = max(store.last_time_ms, self.clock())
         look = Context(partition, store.applied_offset, now_ms, "gc-look", "", "", {})
         page = retention.list_retention(Staged(store), ListRetention(after_task=after_task, limit=limit), look)
@@ -127,12 +125,18 @@ class LocalRetention:
 
 class GcWorker:
     """Payload objects and checkpoint orphans of one data directory (`checkpoints` has its object
-    store and catalog)."""
+    store and catalog): of every partition, or of `partitions` (a process of `keyload run
+    --workers` collects for the partitions it serves)."""
 
     def __init__(
-        self, client: RetentionClient, checkpoints: Checkpoints, clock: Callable[[], int] = wall_clock_ms
+        self,
+        client: RetentionClient,
+        checkpoints: Checkpoints,
+        clock: Callable[[], int] = wall_clock_ms,
+        partitions: Sequence[int] | None = None,
     ) -> None:
         self.client = client
+        self.partitions = range(client.data.partitions) if partitions is None else partitions
         self.checkpoints = checkpoints
         self.objects: ObjectStore = checkpoints.objects
         self.catalog = checkpoints.catalog
@@ -151,7 +155,7 @@ class GcWorker:
 
     def run_once(self) -> GcPass:
         done = GcPass()
-        for partition in range(self.client.data.partitions):
+        for partition in self.partitions:
             self._partition(partition, done)
             done.orphans_deleted += self.checkpoints.sweep_orphans(partition)
         return done

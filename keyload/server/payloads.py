@@ -52,11 +52,10 @@ from keyload.processors.access import allows, load_principal
 from keyload.processors.payloads.handles import HandleError, ReadHandle, UploadHandle, open_handle
 from keyload.projections import keys
 from keyload.projections.records import PayloadReservation, ReservationState, load
-from keyload.projections.store import Readable, Staged
+from keyload.projections.store import Readable, Staged, Store
 from keyload.sdk.payloads import PayloadConflict, PayloadError, PayloadGateway, upload_handle
 from keyload.server import statuses
 from keyload.server.app import Engine, Refused, answered, is_number, json_object, outcome_response, read_capped
-from keyload.server.held import HeldProjections
 from keyload.server.writer import Answer
 from keyload.storage.datadir import DataDir
 from keyload.storage.keyring import LiveKeyring
@@ -76,9 +75,9 @@ STORE_UNAVAILABLE = ("Unavailable", 503)  # the object store failed: retry the u
 
 
 class PayloadRoutes:
-    def __init__(self, engine: Engine, data: DataDir, keyring: LiveKeyring, projections: HeldProjections) -> None:
+    def __init__(self, engine: Engine, data: DataDir, keyring: LiveKeyring, stores: Mapping[int, Store]) -> None:
         self.engine = engine
-        self.projections = projections
+        self.stores = stores  # the projections this process holds, by partition
         self.data = data
         self.keyring = keyring
         self.scratch = data.root.joinpath(*SCRATCH)
@@ -137,15 +136,15 @@ class PayloadRoutes:
         when the request carries none. A handle past its deadline is refused before any byte is read."""
         handle_text = request.headers.get(UPLOAD_HANDLE_HEADER)
         handle = None if handle_text is None else self._opened(handle_text, domain, partition, reservation_id)
-        with self.projections.read(partition) as store:
-            if store is not None:
-                reservation = self._reservation(store, domain, reservation_id)
-                self._require(store, principal, Capability.enqueue, domain, reservation.queue)
-                if reservation.state not in (ReservationState.reserved, ReservationState.committed):
-                    raise Refused(NO_RESERVATION, f"the reservation is {reservation.state.value}")
-                if handle_text is None:
-                    handle_text = self.gateway().upload_handle(reservation, partition)
-                    handle = open_handle(self.keyring, handle_text, UploadHandle)
+        store = self.stores.get(partition)
+        if store is not None:
+            reservation = self._reservation(store, domain, reservation_id)
+            self._require(store, principal, Capability.enqueue, domain, reservation.queue)
+            if reservation.state not in (ReservationState.reserved, ReservationState.committed):
+                raise Refused(NO_RESERVATION, f"the reservation is {reservation.state.value}")
+            if handle_text is None:
+                handle_text = self.gateway().upload_handle(reservation, partition)
+                handle = open_handle(self.keyring, handle_text, UploadHandle)
         if handle_text is None or handle is None:
             raise WireError(HANDLE_NEEDED)
         try:
@@ -246,12 +245,13 @@ def payload_headers(keyring: Mapping[str, bytes]) -> dict[str, Callable[[Answer]
     return {PREPARE.name: UploadHandles(keyring)}
 
 
-def payload_routes(engine: Engine, data: DataDir, keyring: LiveKeyring, projections: HeldProjections) -> list[Route]:
+def payload_routes(engine: Engine, data: DataDir, keyring: LiveKeyring, stores: Mapping[int, Store]) -> list[Route]:
     """The embedded service reads an upload's reservation and the caller's grant from the
-    partition's projection, and makes the upload's handle when the request carries none; a Kafka
-    processor's server holds no projection, and takes an upload by its handle alone (its
-    reservation and grant are checked when it is committed)."""
-    routes = PayloadRoutes(engine, data, keyring, projections)
+    partition's projection it holds (`stores`), and makes the upload's handle when the request
+    carries none. A Kafka processor's server holds none ({}), nor does `keyload run` hold its
+    worker processes' (`--workers`): there an upload is taken by its handle alone, and its
+    reservation and grant are checked when it is committed."""
+    routes = PayloadRoutes(engine, data, keyring, stores)
     return [
         Route(UPLOAD_PATH, routes.upload, methods=["PUT"], name="upload_payload"),
         Route(READ_PATH, routes.read, methods=["POST"], name="read_payload"),

@@ -26,6 +26,7 @@ import threading
 import time
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from functools import partial
 from pathlib import Path
 
 import uvicorn
@@ -109,9 +110,8 @@ class LogSide:
     wake: Callable[[Collection[int]], None]  # after appending to those partitions
     blocking: bool
     outcomes: Callable[[], CommandLog] | None = None
-    # Embedded with worker processes: the bell they ring when they publish outcomes to the server's
-    # reply partition (read by `OutcomeFeed`); on Kafka None (`OutcomeTail` reads the topic).
-    outcome_bell: Callable[[], Listener] | None = None
+    # Embedded with worker processes: how the server reads their answers (`OutcomeFeed`).
+    feed: Callable[[OutcomeWaiters, asyncio.AbstractEventLoop], OutcomeFeed] | None = None
 
 
 class Rings:
@@ -260,12 +260,11 @@ class HttpServer:
             lambda: data.file_command_log(FileLogConfig(segment_bytes=data.segment_bytes, fsync=FsyncPolicy.NONE)),
             rings.ring,
             blocking=False,
-            outcomes=None if pool is None else data.outcome_log,
-            outcome_bell=None if pool is None else lambda: Listener(data.root, EDGE_BELL),
+            feed=None if pool is None else partial(_feed, data, pool),
         )
         routes = [
             *credential_routes(engine, data.root, stores[0]),
-            *payload_routes(engine, data, keyring, projections),
+            *payload_routes(engine, data, keyring, stores),
         ]
         return cls(data, listen, engine, side, routes, rings)
 
@@ -297,7 +296,7 @@ class HttpServer:
         side = LogSide(
             lambda: KafkaLog.commands(settings), _nothing, blocking=True, outcomes=lambda: KafkaLog.outcomes(settings)
         )
-        return cls(data, listen, engine, side, payload_routes(engine, data, keyring, HeldProjections(data, {})))
+        return cls(data, listen, engine, side, payload_routes(engine, data, keyring, {}))
 
     @property
     def url(self) -> str:
@@ -406,8 +405,8 @@ class HttpServer:
         self._writer = CommandWriter(self.side.open_log(), loop, self.side.wake, blocking=self.side.blocking)
         self.engine.writer = self._writer
         self.engine.waiters.attach(loop)
-        if self.side.outcomes is not None and self.side.outcome_bell is not None:
-            self._tail = OutcomeFeed(self.side.outcomes(), self.engine.waiters, self.side.outcome_bell(), loop)
+        if self.side.feed is not None:
+            self._tail = self.side.feed(self.engine.waiters, loop)
         elif self.side.outcomes is not None:
             self._tail = OutcomeTail(self.side.outcomes(), self.engine.waiters)
 
@@ -416,6 +415,10 @@ class HttpServer:
             self._tail.close()
         if self._writer is not None:
             self._writer.close()
+
+
+def _feed(data: DataDir, pool: WorkerPool, waiters: OutcomeWaiters, loop: asyncio.AbstractEventLoop) -> OutcomeFeed:
+    return OutcomeFeed(data.outcome_log(), waiters, Listener(data.root, EDGE_BELL), pool.committed, loop)
 
 
 def _resolve(wakeup: asyncio.Future[None]) -> None:

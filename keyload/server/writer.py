@@ -149,19 +149,34 @@ class OutcomeWaiters:
         if answered and self._waiting and loop is not None:
             loop.call_soon_threadsafe(self.deliver, outcomes)
 
+    @property
+    def waiting(self) -> bool:
+        return bool(self._waiting)
+
     def deliver(self, outcomes: list[bytes]) -> None:
         """Answer the waiters these outcomes are for (on the event loop)."""
         for value in outcomes:
             if not self._waiting:
                 return
-            try:
-                signed = unwrap(value)
-                record = REGISTRY.decode(OUTCOME, value if signed is None else signed.record)
-            except CodecError:  # not an outcome the service wrote (a stray record on the outcomes topic)
-                continue
-            for waiter in self._waiting.get((record["domain"], record["command_id"]), ()):
-                if not waiter.future.done() and waiter.answered_by(value, signed, record):
-                    waiter.future.set_result(Answer(record))
+            opened = open_outcome(value)
+            if opened is not None:
+                self.answer(value, *opened)
+
+    def answer(self, value: bytes, signed: SignedRecord | None, record: Record) -> None:
+        """Answer the waiters the outcome `value` (opened: `open_outcome`) is for."""
+        for waiter in self._waiting.get((record["domain"], record["command_id"]), ()):
+            if not waiter.future.done() and waiter.answered_by(value, signed, record):
+                waiter.future.set_result(Answer(record))
+
+
+def open_outcome(value: bytes) -> tuple[SignedRecord | None, Record] | None:
+    """An outcome record of the outcome stream, and its seal; None for a record that is not an
+    outcome the service wrote (a stray record on the outcomes topic)."""
+    try:
+        signed = unwrap(value)
+        return signed, REGISTRY.decode(OUTCOME, value if signed is None else signed.record)
+    except CodecError:
+        return None
 
 
 class CommandWriter:
@@ -287,18 +302,27 @@ class OutcomeTail:
 class OutcomeFeed:
     """Embedded with worker processes (`keyload run --workers`, keyload/service/workers.py): the
     server's reply partition of the outcome stream, read on the event loop whenever a worker rings
-    the edge's `bell` after publishing outcomes to it, and every FEED_POLL_S besides, so a lost ring
-    costs at most that. Outcomes of the serving process's own partitions come in process
-    (`OutcomeWaiters.published`)."""
+    the edge's `bell`, which it does once the outcomes it published there are committed, and every
+    FEED_POLL_S besides, so a lost ring costs at most that. A read by that poll holds back the
+    outcomes of a command its worker has not committed yet (`committed`: a worker partition's
+    applied offset; None for the serving process's own partitions), so a request is answered only
+    once what it did is in the projection. Outcomes of the serving process's own partitions come
+    in process (`OutcomeWaiters.published`)."""
 
     def __init__(
-        self, outcomes: CommandLog, waiters: OutcomeWaiters, bell: Listener, loop: asyncio.AbstractEventLoop
+        self,
+        outcomes: CommandLog,
+        waiters: OutcomeWaiters,
+        bell: Listener,
+        committed: Callable[[int], int | None],
+        loop: asyncio.AbstractEventLoop,
     ) -> None:
         assert waiters.reply_partition is not None, "the feed reads the reply partition the server's commands name"
         self.partition = waiters.reply_partition
         self.outcomes = outcomes
         self.waiters = waiters
         self.bell = bell
+        self.committed = committed
         self.loop = loop
         self._cursor = outcomes.end_offset(self.partition)
         loop.add_reader(bell.fileno(), self._rung)
@@ -313,7 +337,8 @@ class OutcomeFeed:
         self._timer = self.loop.call_later(FEED_POLL_S, self._poll)
 
     def read(self) -> None:
-        """Deliver what was published to the reply partition since the last read."""
+        """Deliver what was published to the reply partition since the last read, up to the first
+        outcome not committed yet."""
         while True:
             try:
                 records = self.outcomes.read(self.partition, self._cursor, TAIL_READ_RECORDS)
@@ -325,8 +350,14 @@ class OutcomeFeed:
                 return
             if not records:
                 return
-            self._cursor = records[-1].offset + 1
-            self.waiters.deliver([record.value for record in records])
+            for published in records:
+                opened = open_outcome(published.value) if self.waiters.waiting else None
+                if opened is not None:
+                    applied = self.committed(opened[1]["partition"])
+                    if applied is not None and opened[1]["offset"] > applied:
+                        return  # read again from here once its worker has committed it (it rings then)
+                    self.waiters.answer(published.value, *opened)
+                self._cursor = published.offset + 1
 
     def close(self) -> None:
         self.loop.remove_reader(self.bell.fileno())

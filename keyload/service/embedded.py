@@ -88,7 +88,7 @@ class _GcBeside:
         self.client = Client(data.root, credential=credential, timeout_s=GC_CLIENT_TIMEOUT_S)
         self.checkpoints = data.checkpoints()
         self.halt = Event()
-        self.worker = GcWorker(LocalRetention(self.client, stores), self.checkpoints)
+        self.worker = GcWorker(LocalRetention(self.client, stores), self.checkpoints, partitions=sorted(stores))
         self.thread = threading.Thread(target=run_worker, args=(self.worker, self.halt, interval_s), daemon=True)
         self.thread.start()
 
@@ -242,9 +242,10 @@ def _serve_embedded(data: DataDir, settings: ServiceSettings, stop: Event) -> li
     the worker processes this one starts (workers.py)."""
     ownership = Ownership(settings.workers, data.partitions)
     if settings.workers == 1:
-        return serve_partitions(data, settings, stop, ownership.owned(0))
-    reply_partition = secrets.randbelow(data.outcome_partitions)
-    pool = WorkerPool(data, settings, ownership, reply_partition, stop)
+        halts = serve_partitions(data, settings, stop, ownership.owned(0))
+        print("keyload: stopped", flush=True)
+        return halts
+    pool = WorkerPool(data, settings, ownership, reply_partition(data), stop)
     pool.start()
     try:
         halts = serve_partitions(data, settings, stop, ownership.owned(0), pool=pool)
@@ -252,8 +253,17 @@ def _serve_embedded(data: DataDir, settings: ServiceSettings, stop: Event) -> li
             pool.finish()
     finally:
         pool.stop()
+    print("keyload: stopped", flush=True)
+    # The workers' halts are those recorded in their partitions' halt files (`serve` cleared them all).
     recorded = recorded_halts(data.root)
-    return sorted([*halts, *(recorded[p] for p in pool.halts() if p in recorded)], key=lambda halt: halt.partition)
+    elsewhere = [recorded[p] for p in range(data.partitions) if ownership.owner(p) != 0 and p in recorded]
+    return sorted([*halts, *elsewhere], key=lambda halt: halt.partition)
+
+
+def reply_partition(data: DataDir) -> int:
+    """The reply partition of the outcome stream a server reads, when it reads one (Kafka mode, or
+    beside worker processes): chosen at random, so two servers seldom read each other's answers."""
+    return secrets.randbelow(data.outcome_partitions)
 
 
 def serve_partitions(
@@ -300,27 +310,25 @@ def serve_partitions(
             )
         _turn_access_control_on(data, log, processors)
         _raise_feature_levels(data, log, processors)
+        if pool is not None:
+            pool.wait_ready()
         ticker = Ticker(log, system_credential(data.root, TICKER_PRINCIPAL), settings.tick_interval_ms)
         try:
             listener = Listener(data.root, bell)
         except OSError as exc:
             raise KeyloadError(f"another `keyload run` serves {data.root} ({exc.strerror})") from None
-        if pool is not None:
-            pool.wait_ready()
-        applied = {} if pool is None else pool.applied_offsets()
-        applied.update({processor.partition: processor.applied_offset for processor in processors})
-        positions = ", ".join(f"p{partition}@{offset}" for partition, offset in sorted(applied.items()))
-        if reporter is None:  # the serving process speaks for its workers
-            print(f"keyload: serving {data.root} ({_served(data, pool)}; applied {positions})", flush=True)
         collector = None
         http: HttpServer | None = None
-        idle: Callable[[float], object] = listener.wait
         try:
+            idle: Callable[[float], object] = listener.wait if pool is None else pool.bells.passing_on(listener.wait)
             if reporter is not None:
                 reporter.ready(processors)
-                idle = reporter.idle(processors, listener.wait)
-            elif pool is not None:
-                idle = lambda timeout_s: pool.bells.pass_on(listener.wait(timeout_s))  # noqa: E731
+                idle = reporter.idle(processors, idle)
+            else:  # the serving process speaks for its workers
+                applied = {} if pool is None else pool.applied_offsets()
+                applied.update({processor.partition: processor.applied_offset for processor in processors})
+                positions = ", ".join(f"p{partition}@{offset}" for partition, offset in sorted(applied.items()))
+                print(f"keyload: serving {data.root} ({_served(data, pool)}; applied {positions})", flush=True)
             if settings.listen is not None:
                 from keyload.server.runner import HttpServer
 
@@ -330,7 +338,7 @@ def serve_partitions(
                 http.start()
                 idle = http.turn
                 print(f"keyload: HTTP API on {http.url}", flush=True)
-            if settings.gc_interval_s > 0 and reporter is None:
+            if settings.gc_interval_s > 0:
                 collector = _GcBeside(data, stores, settings.gc_interval_s)
             halts = run_until(
                 processors,
@@ -349,8 +357,8 @@ def serve_partitions(
             if http is not None:
                 http.stop()
             listener.close()
-        if reporter is None:
-            print("keyload: stopped", flush=True)
+        if reporter is not None:  # the last pass's progress (an `--until-idle` run ends without an idle wait)
+            reporter.report(processors)
         return halts
     finally:
         for store in stores.values():
@@ -395,7 +403,7 @@ def _serve_kafka(data: DataDir, settings: ServiceSettings, stop: Event) -> list[
 
     # Each processor's server has a reply partition of its own choosing, so servers of the group do not
     # read one another's answers.
-    waiters = OutcomeWaiters(int.from_bytes(os.urandom(2), "big") % data.outcome_partitions)
+    waiters = OutcomeWaiters(reply_partition(data))
     service = KafkaService(
         data,
         data.checkpoints(settings.checkpoints),

@@ -30,7 +30,9 @@ import multiprocessing
 import multiprocessing.connection
 import os
 import signal
+import sys
 import threading
+import time
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, replace
 from multiprocessing.connection import Connection
@@ -38,6 +40,7 @@ from multiprocessing.process import BaseProcess
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from keyload import logs
 from keyload.errors import KeyloadError
 from keyload.service.doorbell import Doorbell
 from keyload.service.halts import recorded_halts
@@ -58,7 +61,7 @@ STOP_WAIT_S = 30.0  # a stopping worker finishes its group and closes its projec
 READY_POLL_S = 0.01  # how often the serving process looks whether its workers are ready
 WORKER_NAME = "keyload-w{}"  # worker w's process name (`ps -o comm`, /proc/PID/comm)
 
-SERVING, HALTED, STALLED = 0, 1, 2
+SERVING, HALTED, STALLED, DOWN = 0, 1, 2, 3  # a partition's state in `Progress` (DOWN: its worker is restarting)
 
 log = logging.getLogger("keyload.service.workers")
 
@@ -129,6 +132,14 @@ class WorkerBells:
             self._bells[owner - 1].ring(partitions)
         return frozenset(own)
 
+    def passing_on(self, wait: Callable[[float], frozenset[int] | None]) -> Callable[[float], frozenset[int] | None]:
+        """The serving process's idle wait on its bell (`Listener.wait`), passing rings on."""
+
+        def waiting(timeout_s: float) -> frozenset[int] | None:
+            return self.pass_on(wait(timeout_s))
+
+        return waiting
+
     def close(self) -> None:
         for bell in self._bells:
             bell.close()
@@ -148,10 +159,15 @@ class WorkerPool:
     ) -> None:
         self.data = data
         self.until_idle = settings.until_idle
-        # A worker serves no HTTP and runs no GC worker (the serving process does, for every partition).
-        self.settings = replace(settings, listen=None, gc_interval_s=0)
+        # A worker serves no HTTP API (the serving process does, for every partition); each process's
+        # GC worker collects for its own partitions.
+        self.settings = replace(settings, listen=None)
         self.ownership = ownership
         self.reply_partition = reply_partition  # what the edge's commands to the workers' partitions name
+        level, json = logs.settings()
+        self.assignment = Assignment(
+            str(data.root), self.settings, ownership, reply_partition, level, json, os.getpid()
+        )
         self.bells = WorkerBells(data.root, ownership)
         self.failure: str | None = None
         self._stop = stop  # the service's: set when a worker fails
@@ -198,6 +214,10 @@ class WorkerPool:
 
     # -- what the edge asks of its partitions' processors (keyload.server.processing) ----------------
 
+    def committed(self, partition: int) -> int | None:
+        """The offset through which a worker has committed `partition`; None for the serving process's own."""
+        return None if self.ownership.owner(partition) == 0 else self.progress.applied[partition]
+
     def applied_offsets(self) -> dict[int, int]:
         return {partition: self.progress.applied[partition] for partition in self._remote}
 
@@ -210,13 +230,12 @@ class WorkerPool:
         return self._halts[partition]
 
     def stall_of(self, partition: int) -> str | None:
-        if self.progress.states[partition] != STALLED:
-            return None
-        return f"worker {self.ownership.owner(partition)} cannot make a group durable (see its log)"
-
-    def halts(self) -> dict[int, str]:
-        """Why each of the workers' halted partitions halted, as `halt_of` says."""
-        return {p: why for p in self._remote if (why := self.halt_of(p)) is not None}
+        state = self.progress.states[partition]
+        if state == DOWN:
+            return f"its worker {self.ownership.owner(partition)} was killed and is being started again"
+        if state == STALLED:
+            return f"worker {self.ownership.owner(partition)} cannot make a group durable (see its log)"
+        return None
 
     # -- supervision, on a thread of its own (the workers' parent thread: they die when it ends) ----
 
@@ -240,28 +259,10 @@ class WorkerPool:
                 if sentinel in by_sentinel and not self._stopping.is_set():
                     self._ended(by_sentinel[sentinel])
 
-    def _stop_all(self) -> None:
-        self._telling.close()
-        for worker, process in self._processes.items():
-            process.join(STOP_WAIT_S)
-            if process.exitcode is None:
-                log.error("worker %d did not stop within %ss: killed", worker, STOP_WAIT_S)
-                process.kill()
-                process.join()
-
     def _spawn(self, worker: int) -> None:
         process = self._context.Process(
             target=work,
-            args=(
-                str(self.data.root),
-                self.settings,
-                worker,
-                self.ownership,
-                self.progress,
-                self.reply_partition,
-                self._told,
-                os.getpid(),
-            ),
+            args=(self.assignment, worker, self.progress, self._told),
             name=f"keyload-worker-{worker}",
             daemon=True,
         )
@@ -269,50 +270,96 @@ class WorkerPool:
         self._processes[worker] = process
 
     def _ended(self, worker: int) -> None:
-        process = self._processes.pop(worker)
+        """A worker's process ended by itself: done (`--until-idle`), killed (started again), or failed."""
+        process = self._processes[worker]
         process.join()  # its sentinel is readable: it has ended, reap it
         code = process.exitcode
         process.close()
         if code == 0 and self.until_idle:
-            return
-        if code is not None and code < 0:
-            name = signal.Signals(-code).name
-            log.warning("worker %d (partitions %s) was killed by %s: restarting", worker, self._of(worker), name)
-            if not self._stopping.wait(RESTART_PAUSE_S):
+            del self._processes[worker]
+        elif code == -signal.SIGKILL:  # kill -9, the OOM killer: nothing of its own went wrong
+            log.warning("worker %d (partitions %s) was killed: starting it again", worker, self._of(worker))
+            for partition in self.ownership.owned(worker):
+                self.progress.states[partition] = DOWN
+            if self._stopping.wait(RESTART_PAUSE_S):  # it stays listed meanwhile: `finish` waits for it
+                del self._processes[worker]
+            else:
                 self._spawn(worker)
-            return
-        self.failure = f"worker {worker} (partitions {self._of(worker)}) exited with status {code}: see its log"
-        self._stop.set()
+        else:
+            del self._processes[worker]
+            how = f"exited with status {code}"
+            if code is not None and code < 0:
+                how = f"was ended by {signal.Signals(-code).name}"
+            self.failure = f"worker {worker} (partitions {self._of(worker)}) {how}: see its log"
+            self._stop.set()
+
+    def _stop_all(self) -> None:
+        """Tell every worker to stop; one that has not within STOP_WAIT_S of that is killed."""
+        self._telling.close()
+        deadline = time.monotonic() + STOP_WAIT_S
+        for worker, process in self._processes.items():
+            process.join(max(deadline - time.monotonic(), 0))
+            if process.exitcode is None:
+                log.error("worker %d did not stop within %ss: killed", worker, STOP_WAIT_S)
+                process.kill()
+                process.join()
+            elif process.exitcode != 0 and self.failure is None:
+                self.failure = f"worker {worker} exited with status {process.exitcode} while stopping: see its log"
+            process.close()
+        self._processes.clear()
+        self._told.close()
 
     def _of(self, worker: int) -> str:
         return ", ".join(map(str, self.ownership.owned(worker)))
 
 
+@dataclass(frozen=True)
+class Assignment:
+    """What every worker process of one `keyload run` is started with."""
+
+    root: str
+    settings: ServiceSettings  # a worker's: no HTTP API, no GC worker
+    ownership: Ownership
+    reply_partition: int  # the edge's: outcomes published to it ring the edge's bell
+    log_level: int  # the serving process's logging (`--log-level`, `--log-format`)
+    log_json: bool
+    parent: int  # the serving process
+
+
 class Reporter:
-    """A worker's side: its partitions' progress for the edge, and a ring on the edge's bell when it
-    publishes outcomes to the edge's reply partition."""
+    """A worker's side: its partitions' progress for the edge, and a ring on the edge's bell once
+    outcomes it published to the edge's reply partition are committed (the edge answers a request
+    only then, so what it reads of the projection afterwards holds what was answered)."""
 
     def __init__(self, root: Path, worker: int, progress: Progress, reply_partition: int) -> None:
         self.worker = worker
         self.progress = progress
         self.reply_partition = reply_partition
         self._edge = Doorbell(root, EDGE_BELL)
+        self._owed = False  # outcomes for the edge were published since the last report
 
     def published(self, reply_partition: int | None, outcomes: list[bytes]) -> None:
         if reply_partition == self.reply_partition:
+            self._owed = True
+
+    def report(self, processors: Sequence[PartitionProcessor]) -> None:
+        """Between steps (every group committed): the progress, then the ring owed."""
+        self.progress.report(processors)
+        if self._owed:
+            self._owed = False
             self._edge.ring()
 
     def ready(self, processors: Sequence[PartitionProcessor]) -> None:
-        self.progress.report(processors)
+        self.report(processors)
         self.progress.ready[self.worker] = 1
 
     def idle(
         self, processors: Sequence[PartitionProcessor], wait: Callable[[float], object]
     ) -> Callable[[float], object]:
-        """The runtime's idle wait, reporting progress first (it is called between steps)."""
+        """The runtime's idle wait, reporting first (it is called between steps)."""
 
         def idle(timeout_s: float) -> object:
-            self.progress.report(processors)
+            self.report(processors)
             return wait(timeout_s)
 
         return idle
@@ -321,30 +368,22 @@ class Reporter:
         self._edge.close()
 
 
-def work(
-    root: str,
-    settings: ServiceSettings,
-    worker: int,
-    ownership: Ownership,
-    progress: Progress,
-    reply_partition: int,
-    told: Connection,
-    parent: int,
-) -> None:
+def work(assignment: Assignment, worker: int, progress: Progress, told: Connection) -> None:
     """A worker process: serve `worker`'s partitions until the serving process tells it to stop."""
     from keyload.projections.store import use_projection_memory
     from keyload.service.embedded import serve_partitions
     from keyload.storage.datadir import DataDir
 
-    die_with_parent()
-    name_os_thread(WORKER_NAME.format(worker))
-    if os.getppid() != parent:  # the serving process died before the line above took effect
-        return
     # The serving process says when to stop (`told`), after it has drained its HTTP API, which
     # waits for answers from us: a ^C in a terminal, or a service manager's SIGTERM to every
     # process of the service, reaches it as well.
     for ignored in (signal.SIGINT, signal.SIGTERM):
         signal.signal(ignored, signal.SIG_IGN)
+    die_with_parent()
+    name_os_thread(WORKER_NAME.format(worker))
+    if os.getppid() != assignment.parent:  # the serving process died before the line above took effect
+        return
+    logs.configure(assignment.log_level, assignment.log_json)
     stop = threading.Event()
 
     def relay() -> None:
@@ -353,10 +392,17 @@ def work(
         stop.set()
 
     threading.Thread(target=relay, name="keyload-told", daemon=True).start()
+    settings = assignment.settings
     use_projection_memory(settings.memory)
-    data = DataDir.open(root)
-    reporter = Reporter(data.root, worker, progress, reply_partition)
     try:
-        serve_partitions(data, settings, stop, ownership.owned(worker), WORKER_BELL.format(worker), reporter=reporter)
-    finally:
-        reporter.close()
+        data = DataDir.open(assignment.root)
+        reporter = Reporter(data.root, worker, progress, assignment.reply_partition)
+        try:
+            bell = WORKER_BELL.format(worker)
+            serve_partitions(data, settings, stop, assignment.ownership.owned(worker), bell, reporter=reporter)
+        finally:
+            reporter.close()
+    except Exception as exc:  # one line, as `keyload run` reports its own failure; the pool stops the service
+        owned = ", ".join(map(str, assignment.ownership.owned(worker)))
+        log.error("worker %d (partitions %s) failed: %s", worker, owned, exc)
+        sys.exit(1)
