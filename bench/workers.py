@@ -63,8 +63,8 @@ RUN_TIMEOUT_S = 900.0
 HTTP_CLIENTS = 16
 HTTP_WARMUP = 20  # untimed Enqueues of each client first
 HTTP_MESSAGES = 300  # timed Enqueues of each client
-# No Tick and no GC command in a run (none is due in one this short): every copy's log stays the same,
-# so every copy's projections must be too.
+# No Tick (the interval outlasts the run) and no GC worker (`--gc-interval-s 0`): every copy's log
+# stays the same, so every copy's projections must be too.
 NO_TICKS = ["--tick-interval-ms", "3600000"]
 
 

@@ -1,6 +1,7 @@
 """What the HTTP server reads of the processors it runs beside, from its own thread: for `/readyz`,
 `/metrics` and the 503 of a request to a halted partition. The embedded service holds every
-partition's processor; a Kafka service those of the partitions it owns now."""
+partition's processor, or with worker processes reads their progress from shared memory
+(keyload/service/workers.py); a Kafka service those of the partitions it owns now."""
 
 from __future__ import annotations
 

@@ -1,7 +1,8 @@
 """The service `keyload run` starts: processors, ticker, doorbell and GC worker over one data directory.
 
-Embedded mode serves every partition of the file log from this process; Kafka
-mode joins the consumer group (`kafka_runtime.py`). Either way a halted
+Embedded mode serves every partition of the file log from this process, or with
+`--workers N` shares them with the worker processes it starts (`workers.py`); Kafka
+mode joins the consumer group (`kafka.py`). Either way a halted
 partition stops alone: the others keep serving, and the halt is recorded for
 `keyload status` (`halts.py`).
 """

@@ -36,9 +36,10 @@ import time
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, replace
 from multiprocessing.connection import Connection
+from multiprocessing.context import SpawnContext
 from multiprocessing.process import BaseProcess
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from keyload import logs
 from keyload.errors import KeyloadError
@@ -79,8 +80,7 @@ class Ownership:
     partitions: int
 
     def __post_init__(self) -> None:
-        if not 1 <= self.workers <= self.partitions:
-            raise ValueError(f"--workers must be 1..{self.partitions} (the partitions), not {self.workers}")
+        assert 1 <= self.workers <= self.partitions, "every worker owns a partition (`keyload run` checks --workers)"
 
     def owner(self, partition: int) -> int:
         return partition % self.workers
@@ -93,7 +93,7 @@ class Progress:
     """Each partition's applied offset and state, written by its owner and read by the edge: shared
     memory with one writer per slot, so no lock (an aligned 8-byte store is atomic)."""
 
-    def __init__(self, ownership: Ownership, context: Any) -> None:
+    def __init__(self, ownership: Ownership, context: SpawnContext) -> None:
         self.applied = context.Array("q", ownership.partitions, lock=False)
         self.states = context.Array("b", ownership.partitions, lock=False)
         self.ready = context.Array("b", ownership.workers, lock=False)
