@@ -5,13 +5,17 @@ from __future__ import annotations
 
 import asyncio
 import os
+from pathlib import Path
 
 import pytest
 
 from keyload.credentials import Credential
 from keyload.log.codec import REGISTRY
 from keyload.processors.outcomes import new_outcome
-from keyload.server.writer import OUTCOME, OutcomeWaiters
+from keyload.server.writer import OUTCOME, OutcomeFeed, OutcomeWaiters
+from keyload.service.doorbell import Listener
+from keyload.service.workers import EDGE_BELL
+from keyload.storage.datadir import DataDir
 
 DOMAIN = "orders"
 ALICE = Credential("alice", "k-alice", os.urandom(32))
@@ -73,3 +77,49 @@ def test_a_request_that_goes_away_cancels_only_its_own_wait() -> None:
         return gone.future.cancelled(), answer.record["offset"]
 
     assert asyncio.run(scenario()) == (True, 7)
+
+
+def test_the_outcome_feed_answers_a_workers_outcome_once_committed_and_holds_back_nothing_else(
+    tmp_path: Path,
+) -> None:
+    """`keyload run --workers 2` (partitions 1 and 3 the worker's): the server's feed of its reply
+    partition answers a worker's outcome only once the worker says it is committed (below its
+    `answered` offset), while an outcome behind it that is committed is answered at once; each once."""
+    data = DataDir.create(tmp_path / "data")
+    reply = 3
+    answered = {"below": 0}  # the worker's Progress.answered: nothing of it committed yet
+
+    def answerable_below(partition: int) -> int | None:
+        return None if partition % 2 == 0 else answered["below"]
+
+    async def scenario() -> list[tuple[str, bool]]:
+        loop = asyncio.get_running_loop()
+        waiters = OutcomeWaiters(reply, in_process=[0, 2])
+        waiters.attach(loop)
+        held, free = waiters.expect(DOMAIN, "c-held", ALICE), waiters.expect(DOMAIN, "c-free", ALICE)
+        outcomes = data.outcome_log()
+        feed = OutcomeFeed(data.outcome_log(), waiters, Listener(data.root, EDGE_BELL), answerable_below, loop)
+        try:
+            first = REGISTRY.encode(OUTCOME, new_outcome("c-held", DOMAIN, 1, 5, 1_000))
+            second = REGISTRY.encode(OUTCOME, new_outcome("c-free", DOMAIN, 2, 6, 1_000))
+            outcomes.append(reply, [ALICE.sign(first), ALICE.sign(second)])
+            feed.read()
+            seen = [("after the first read", held.future.done()), ("behind it", free.future.done())]
+            feed.read()
+            seen.append(("read again, still uncommitted", held.future.done()))
+            answered["below"] = outcomes.end_offset(reply)  # the worker committed, and says so
+            feed.read()
+            seen.append(("once committed", held.future.done()))
+            assert (await held.answer(1.0)).record["command_id"] == "c-held"
+            assert (await free.answer(1.0)).record["command_id"] == "c-free"
+            return seen
+        finally:
+            feed.close()
+            outcomes.close()
+
+    assert asyncio.run(scenario()) == [
+        ("after the first read", False),
+        ("behind it", True),
+        ("read again, still uncommitted", False),
+        ("once committed", True),
+    ]

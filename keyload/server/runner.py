@@ -418,7 +418,7 @@ class HttpServer:
 
 
 def _feed(data: DataDir, pool: WorkerPool, waiters: OutcomeWaiters, loop: asyncio.AbstractEventLoop) -> OutcomeFeed:
-    return OutcomeFeed(data.outcome_log(), waiters, Listener(data.root, EDGE_BELL), pool.committed, loop)
+    return OutcomeFeed(data.outcome_log(), waiters, Listener(data.root, EDGE_BELL), pool.answerable_below, loop)
 
 
 def _resolve(wakeup: asyncio.Future[None]) -> None:

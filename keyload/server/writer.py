@@ -63,7 +63,7 @@ class Waiter:
 
     async def answer(self, timeout_s: float) -> Answer:
         """The outcome once it is published; TimeoutError after `timeout_s`. One timer on the future
-        (`deliver` skips a future already done), where asyncio.wait_for and shield would add two
+        (`_deliver` skips a future already done), where asyncio.wait_for and shield would add two
         futures and their callbacks to every request."""
         timer = self.future.get_loop().call_later(timeout_s, _expire, self.future)
         try:
@@ -143,17 +143,21 @@ class OutcomeWaiters:
         """Called by the runtime (processor thread) with outcomes it has published: those for the
         server's reply partition are handed to the event loop. Cheap when nobody waits. The embedded
         server names none, so it is also handed those of the service's own actors (Ticks,
-        checkpoint announcements), which name none either: `deliver` matches no waiter to them."""
+        checkpoint announcements), which name none either: `_deliver` matches no waiter to them."""
         loop = self._loop
         answered = reply_partition == self.reply_partition or (reply_partition is None and self._in_process)
         if answered and self._waiting and loop is not None:
-            loop.call_soon_threadsafe(self.deliver, outcomes)
+            loop.call_soon_threadsafe(self._deliver, outcomes)
 
     @property
     def waiting(self) -> bool:
         return bool(self._waiting)
 
-    def deliver(self, outcomes: list[bytes]) -> None:
+    def awaits(self, record: Record) -> bool:
+        """Whether a request waits for the command this outcome answers."""
+        return (record["domain"], record["command_id"]) in self._waiting
+
+    def _deliver(self, outcomes: list[bytes]) -> None:
         """Answer the waiters these outcomes are for (on the event loop)."""
         for value in outcomes:
             if not self._waiting:
@@ -302,19 +306,23 @@ class OutcomeTail:
 class OutcomeFeed:
     """Embedded with worker processes (`keyload run --workers`, keyload/service/workers.py): the
     server's reply partition of the outcome stream, read on the event loop whenever a worker rings
-    the edge's `bell`, which it does once the outcomes it published there are committed, and every
-    FEED_POLL_S besides, so a lost ring costs at most that. A read by that poll holds back the
-    outcomes of a command its worker has not committed yet (`committed`: a worker partition's
-    applied offset; None for the serving process's own partitions), so a request is answered only
-    once what it did is in the projection. Outcomes of the serving process's own partitions come
-    in process (`OutcomeWaiters.published`)."""
+    the edge's `bell`, and every FEED_POLL_S besides, so a lost ring costs at most that.
+
+    A worker publishes a group's outcomes before it commits the group, and tells how far its
+    committed outcomes go (`answerable_below(partition)`: the reply-partition offset below which
+    the outcomes of that partition's worker are committed; None for the serving process's own
+    partitions) before it rings. An outcome above that is held until a later read finds it below,
+    so a request is answered only once what it did is in the projection, as in one process; held
+    outcomes hold back nothing else. Outcomes of the serving process's own partitions come in
+    process (`OutcomeWaiters.published`); those found here (a local client's, naming this reply
+    partition) are committed already, as the loop turns between steps."""
 
     def __init__(
         self,
         outcomes: CommandLog,
         waiters: OutcomeWaiters,
         bell: Listener,
-        committed: Callable[[int], int | None],
+        answerable_below: Callable[[int], int | None],
         loop: asyncio.AbstractEventLoop,
     ) -> None:
         assert waiters.reply_partition is not None, "the feed reads the reply partition the server's commands name"
@@ -322,9 +330,10 @@ class OutcomeFeed:
         self.outcomes = outcomes
         self.waiters = waiters
         self.bell = bell
-        self.committed = committed
+        self.answerable_below = answerable_below
         self.loop = loop
         self._cursor = outcomes.end_offset(self.partition)
+        self._held: list[tuple[int, bytes, SignedRecord | None, Record]] = []  # (offset, value, seal, record)
         loop.add_reader(bell.fileno(), self._rung)
         self._timer = loop.call_later(FEED_POLL_S, self._poll)
 
@@ -337,8 +346,11 @@ class OutcomeFeed:
         self._timer = self.loop.call_later(FEED_POLL_S, self._poll)
 
     def read(self) -> None:
-        """Deliver what was published to the reply partition since the last read, up to the first
-        outcome not committed yet."""
+        """Answer with what was published to the reply partition since the last read, and with the
+        held outcomes now committed."""
+        held, self._held = self._held, []
+        for offset, value, signed, record in held:
+            self._offer(offset, value, signed, record)
         while True:
             try:
                 records = self.outcomes.read(self.partition, self._cursor, TAIL_READ_RECORDS)
@@ -350,14 +362,21 @@ class OutcomeFeed:
                 return
             if not records:
                 return
+            self._cursor = records[-1].offset + 1
             for published in records:
                 opened = open_outcome(published.value) if self.waiters.waiting else None
                 if opened is not None:
-                    applied = self.committed(opened[1]["partition"])
-                    if applied is not None and opened[1]["offset"] > applied:
-                        return  # read again from here once its worker has committed it (it rings then)
-                    self.waiters.answer(published.value, *opened)
-                self._cursor = published.offset + 1
+                    self._offer(published.offset, published.value, *opened)
+
+    def _offer(self, offset: int, value: bytes, signed: SignedRecord | None, record: Record) -> None:
+        """Answer with the outcome at `offset` if it is committed; hold it while someone waits for it."""
+        if not self.waiters.awaits(record):
+            return
+        below = self.answerable_below(record["partition"])
+        if below is not None and offset >= below:
+            self._held.append((offset, value, signed, record))
+        else:
+            self.waiters.answer(value, signed, record)
 
     def close(self) -> None:
         self.loop.remove_reader(self.bell.fileno())

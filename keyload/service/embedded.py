@@ -41,7 +41,7 @@ from keyload.service.prctl import name_os_thread
 from keyload.service.runtime import PartitionProcessor, Stalled, run_until
 from keyload.service.system_commands import feature_level_command
 from keyload.service.ticker import DEFAULT_TICK_INTERVAL_MS, Ticker
-from keyload.service.workers import DEFAULT_WORKERS, Ownership, Reporter, WorkerPool
+from keyload.service.workers import DEFAULT_WORKERS, Ownership, Reporter, WorkerFailed, WorkerPool
 from keyload.storage.datadir import DataDir
 from keyload.storage.principals import (
     CHECKPOINTER_PRINCIPAL,
@@ -252,8 +252,11 @@ def _serve_embedded(data: DataDir, settings: ServiceSettings, stop: Event) -> li
         halts = serve_partitions(data, settings, stop, ownership.owned(0), pool=pool)
         if settings.until_idle:
             pool.finish()
-    finally:
-        pool.stop()
+    except BaseException:
+        with contextlib.suppress(WorkerFailed):  # what is raised already says why the service stops
+            pool.stop()
+        raise
+    pool.stop()
     print("keyload: stopped", flush=True)
     # The workers' halts are those recorded in their partitions' halt files (`serve` cleared them all).
     recorded = recorded_halts(data.root)
@@ -278,8 +281,8 @@ def serve_partitions(
     reporter: Reporter | None = None,
 ) -> list[Halt]:
     """Serve the `owned` partitions of the embedded log until `stop` is set, woken through `bell`:
-    the serving process (beside its workers' `pool`, if any: the HTTP edge and the GC worker serve
-    theirs too) or a worker process (`reporter`: no HTTP, no GC)."""
+    the serving process (beside its workers' `pool`, if any, whose partitions its HTTP API serves
+    too) or a worker process (`reporter`: no HTTP API). Each runs a GC worker for its partitions."""
     log = data.file_command_log()
     outcomes = data.outcome_log()
     checkpoints = data.checkpoints(settings.checkpoints)
@@ -320,21 +323,20 @@ def serve_partitions(
             raise KeyloadError(f"another `keyload run` serves {data.root} ({exc.strerror})") from None
         collector = None
         http: HttpServer | None = None
+        processing = _Beside({processor.partition: processor for processor in processors}, pool)
         try:
             idle: Callable[[float], object] = listener.wait if pool is None else pool.bells.passing_on(listener.wait)
             if reporter is not None:
                 reporter.ready(processors)
                 idle = reporter.idle(processors, idle)
             else:  # the serving process speaks for its workers
-                applied = {} if pool is None else pool.applied_offsets()
-                applied.update({processor.partition: processor.applied_offset for processor in processors})
-                positions = ", ".join(f"p{partition}@{offset}" for partition, offset in sorted(applied.items()))
+                applied = sorted(processing.applied_offsets().items())
+                positions = ", ".join(f"p{partition}@{offset}" for partition, offset in applied)
                 print(f"keyload: serving {data.root} ({_served(data, pool)}; applied {positions})", flush=True)
             if settings.listen is not None:
                 from keyload.server.runner import HttpServer
 
                 reads = {processor.partition: processor.reads for processor in processors}
-                processing = _Beside({processor.partition: processor for processor in processors}, pool)
                 http = HttpServer.embedded(data, settings.listen, stores, reads, waiters, processing, listener, pool)
                 http.start()
                 idle = http.turn

@@ -2,24 +2,26 @@
 
 One process applies commands on one core, and the HTTP edge shares that core with it (§10a). With
 N workers, worker w owns the partitions p with p % N == w: worker 0 is the serving process itself
-(with the HTTP edge, the GC worker and the credential issuer), workers 1..N-1 are processes it
-starts. A partition's log, projection, checkpoints and halt file have one owner, which runs the
-same processor as one process would: what a partition applies, and its digest, do not depend on N.
+(with the HTTP edge and the credential issuer), workers 1..N-1 are processes it starts. A
+partition's log, projection, checkpoints, GC and halt file have one owner, which runs the same
+processor as one process would: what a partition applies, and its digest, do not depend on N.
 
 Between the processes there is only the data directory and:
 - **rings**: appenders ring the serving process's bell, which passes the rings naming a worker's
   partitions on to that worker's bell (`WorkerBells`); the edge's writer wakes them the same way.
 - **outcomes**: the edge's commands to a worker's partitions name the edge's reply partition; the
-  worker publishes their outcomes to the outcome stream, as it does for local clients, and rings
-  the edge's bell; the edge reads its reply partition from where it left off (`OutcomeFeed`).
+  worker publishes their outcomes to the outcome stream, as it does for local clients, and once
+  they are committed says how far (`Progress.answered`) and rings the edge's bell; the edge reads
+  its reply partition from where it left off (`OutcomeFeed`).
 - **progress**: each worker writes its partitions' applied offsets and states (serving, halted,
   stalled) to shared memory, which the edge reads for /readyz, /metrics and the 503 of a request to
   a halted partition (`Progress`). Why a partition halted is in its halt file, as ever.
 - **supervision** (`WorkerPool`): the serving process serves HTTP once every worker has turned
-  access control on and raised its feature level; a worker killed by a signal (the OOM killer, a
-  kill -9) is started again after `RESTART_PAUSE_S` and resumes from its projections; a worker
-  that fails (an exception, as a process of its own would) stops the service. Workers die with the
-  serving process (PR_SET_PDEATHSIG), so a kill -9 of `keyload run` leaves none holding a projection.
+  access control on and raised its feature level; a worker killed by SIGKILL (the OOM killer, a
+  kill -9) once ready is started again after `RESTART_PAUSE_S` and resumes from its projections;
+  a worker that ends otherwise (an exception, as a process of its own would fail) stops the
+  service. Workers die with the serving process (PR_SET_PDEATHSIG), so a kill -9 of `keyload run`
+  leaves none holding a projection.
 """
 
 from __future__ import annotations
@@ -44,7 +46,7 @@ from typing import TYPE_CHECKING
 from keyload import logs
 from keyload.errors import KeyloadError
 from keyload.service.doorbell import Doorbell
-from keyload.service.halts import recorded_halts
+from keyload.service.halts import clear_halt, recorded_halts
 from keyload.service.prctl import die_with_parent, name_os_thread
 
 if TYPE_CHECKING:
@@ -88,15 +90,22 @@ class Ownership:
     def owned(self, worker: int) -> list[int]:
         return list(range(worker, self.partitions, self.workers))
 
+    def named(self, worker: int) -> str:
+        """`worker 1 (partitions 1, 3)`, as the service's lines name a worker."""
+        return f"worker {worker} (partitions {', '.join(map(str, self.owned(worker)))})"
+
 
 class Progress:
-    """Each partition's applied offset and state, written by its owner and read by the edge: shared
-    memory with one writer per slot, so no lock (an aligned 8-byte store is atomic)."""
+    """What the workers tell the edge, in shared memory with one writer per slot, so no lock (an
+    aligned 8-byte store is atomic): each partition's applied offset and state, each worker's
+    readiness, and the offset of the edge's reply partition below which every outcome the worker
+    published there is committed (`answered`: the edge answers nothing of a worker's above it)."""
 
     def __init__(self, ownership: Ownership, context: SpawnContext) -> None:
-        self.applied = context.Array("q", ownership.partitions, lock=False)
+        self.applied = context.Array("q", [-1] * ownership.partitions, lock=False)
         self.states = context.Array("b", ownership.partitions, lock=False)
         self.ready = context.Array("b", ownership.workers, lock=False)
+        self.answered = context.Array("q", ownership.workers, lock=False)
 
     def report(self, processors: Sequence[PartitionProcessor]) -> None:
         for processor in processors:
@@ -159,14 +168,13 @@ class WorkerPool:
     ) -> None:
         self.data = data
         self.until_idle = settings.until_idle
-        # A worker serves no HTTP API (the serving process does, for every partition); each process's
-        # GC worker collects for its own partitions.
-        self.settings = replace(settings, listen=None)
         self.ownership = ownership
         self.reply_partition = reply_partition  # what the edge's commands to the workers' partitions name
         level, json = logs.settings()
+        # A worker serves no HTTP API: the serving process does, for every partition.
+        worker_settings = replace(settings, listen=None)
         self.assignment = Assignment(
-            str(data.root), self.settings, ownership, reply_partition, level, json, os.getpid()
+            str(data.root), worker_settings, ownership, reply_partition, level, json, os.getpid()
         )
         self.bells = WorkerBells(data.root, ownership)
         self.failure: str | None = None
@@ -176,6 +184,7 @@ class WorkerPool:
         self._remote = [p for p in range(ownership.partitions) if ownership.owner(p) != 0]
         self._processes: dict[int, BaseProcess] = {}
         self._halts: dict[int, str] = {}
+        self._restarting: int | None = None  # the worker being started again after a kill
         self._stopping = threading.Event()
         # The workers stop when this pipe's one writing end is closed (a multiprocessing Event would
         # hang its setter on a worker killed while waiting on it).
@@ -196,7 +205,7 @@ class WorkerPool:
 
     def finish(self) -> None:
         """`--until-idle`: until every worker has caught up and ended."""
-        while self._processes and not self._stop.wait(READY_POLL_S):
+        while (self._processes or self._restarting is not None) and not self._stop.wait(READY_POLL_S):
             pass
 
     def stop(self) -> None:
@@ -214,9 +223,11 @@ class WorkerPool:
 
     # -- what the edge asks of its partitions' processors (keyload.server.processing) ----------------
 
-    def committed(self, partition: int) -> int | None:
-        """The offset through which a worker has committed `partition`; None for the serving process's own."""
-        return None if self.ownership.owner(partition) == 0 else self.progress.applied[partition]
+    def answerable_below(self, partition: int) -> int | None:
+        """The reply-partition offset below which the outcomes of `partition`'s worker are committed
+        (`Progress.answered`); None for the serving process's own partitions, answered in process."""
+        owner = self.ownership.owner(partition)
+        return None if owner == 0 else self.progress.answered[owner]
 
     def applied_offsets(self) -> dict[int, int]:
         return {partition: self.progress.applied[partition] for partition in self._remote}
@@ -226,7 +237,9 @@ class WorkerPool:
             return None
         if partition not in self._halts:  # read once: a halt lasts as long as its worker runs
             halt = recorded_halts(self.data.root).get(partition)
-            self._halts[partition] = "halted (see `keyload status`)" if halt is None else halt.where
+            if halt is None:  # halted, its file not written yet: read again next time
+                return "halted (see `keyload status`)"
+            self._halts[partition] = halt.where
         return self._halts[partition]
 
     def stall_of(self, partition: int) -> str | None:
@@ -260,6 +273,7 @@ class WorkerPool:
                     self._ended(by_sentinel[sentinel])
 
     def _spawn(self, worker: int) -> None:
+        self.progress.ready[worker] = 0
         process = self._context.Process(
             target=work,
             args=(self.assignment, worker, self.progress, self._told),
@@ -270,28 +284,34 @@ class WorkerPool:
         self._processes[worker] = process
 
     def _ended(self, worker: int) -> None:
-        """A worker's process ended by itself: done (`--until-idle`), killed (started again), or failed."""
+        """A worker's process ended by itself: done (`--until-idle`), killed by SIGKILL once it was
+        ready (started again), or failed."""
         process = self._processes[worker]
         process.join()  # its sentinel is readable: it has ended, reap it
         code = process.exitcode
         process.close()
+        del self._processes[worker]
         if code == 0 and self.until_idle:
-            del self._processes[worker]
-        elif code == -signal.SIGKILL:  # kill -9, the OOM killer: nothing of its own went wrong
-            log.warning("worker %d (partitions %s) was killed: starting it again", worker, self._of(worker))
+            return
+        if code == -signal.SIGKILL and self.progress.ready[worker]:  # kill -9, the OOM killer
+            log.warning("%s was killed: starting it again", self.ownership.named(worker))
             for partition in self.ownership.owned(worker):
                 self.progress.states[partition] = DOWN
-            if self._stopping.wait(RESTART_PAUSE_S):  # it stays listed meanwhile: `finish` waits for it
-                del self._processes[worker]
-            else:
-                self._spawn(worker)
-        else:
-            del self._processes[worker]
-            how = f"exited with status {code}"
-            if code is not None and code < 0:
-                how = f"was ended by {signal.Signals(-code).name}"
-            self.failure = f"worker {worker} (partitions {self._of(worker)}) {how}: see its log"
-            self._stop.set()
+                self._halts.pop(partition, None)
+            self._restarting = worker  # `finish` waits for it
+            try:
+                if not self._stopping.wait(RESTART_PAUSE_S):
+                    self._spawn(worker)
+            finally:
+                self._restarting = None
+            return
+        how = f"exited with status {code}"
+        if code is not None and code < 0:
+            how = f"was ended by {signal.Signals(-code).name}"
+            if code == -signal.SIGKILL:
+                how += " before it was ready"  # started again, it would only be killed again
+        self.failure = f"{self.ownership.named(worker)} {how}: see its log"
+        self._stop.set()
 
     def _stop_all(self) -> None:
         """Tell every worker to stop; one that has not within STOP_WAIT_S of that is killed."""
@@ -304,13 +324,10 @@ class WorkerPool:
                 process.kill()
                 process.join()
             elif process.exitcode != 0 and self.failure is None:
-                self.failure = f"worker {worker} exited with status {process.exitcode} while stopping: see its log"
+                self.failure = f"{self.ownership.named(worker)} exited with status {process.exitcode} while stopping"
             process.close()
         self._processes.clear()
         self._told.close()
-
-    def _of(self, worker: int) -> str:
-        return ", ".join(map(str, self.ownership.owned(worker)))
 
 
 @dataclass(frozen=True)
@@ -318,7 +335,7 @@ class Assignment:
     """What every worker process of one `keyload run` is started with."""
 
     root: str
-    settings: ServiceSettings  # a worker's: no HTTP API, no GC worker
+    settings: ServiceSettings  # a worker's: no HTTP API
     ownership: Ownership
     reply_partition: int  # the edge's: outcomes published to it ring the edge's bell
     log_level: int  # the serving process's logging (`--log-level`, `--log-format`)
@@ -327,15 +344,16 @@ class Assignment:
 
 
 class Reporter:
-    """A worker's side: its partitions' progress for the edge, and a ring on the edge's bell once
-    outcomes it published to the edge's reply partition are committed (the edge answers a request
-    only then, so what it reads of the projection afterwards holds what was answered)."""
+    """A worker's side: its partitions' progress for the edge, and, once outcomes it published to
+    the edge's reply partition are committed, how far they go (`Progress.answered`) and a ring on
+    the edge's bell: the edge answers a request only then, as one process answers after its step."""
 
-    def __init__(self, root: Path, worker: int, progress: Progress, reply_partition: int) -> None:
+    def __init__(self, data: DataDir, worker: int, progress: Progress, reply_partition: int) -> None:
         self.worker = worker
         self.progress = progress
         self.reply_partition = reply_partition
-        self._edge = Doorbell(root, EDGE_BELL)
+        self._outcomes = data.outcome_log()  # an instance of its own: for the reply partition's end
+        self._edge = Doorbell(data.root, EDGE_BELL)
         self._owed = False  # outcomes for the edge were published since the last report
 
     def published(self, reply_partition: int | None, outcomes: list[bytes]) -> None:
@@ -343,10 +361,11 @@ class Reporter:
             self._owed = True
 
     def report(self, processors: Sequence[PartitionProcessor]) -> None:
-        """Between steps (every group committed): the progress, then the ring owed."""
+        """Between steps (every group committed): the progress, then how far the edge may answer."""
         self.progress.report(processors)
         if self._owed:
             self._owed = False
+            self.progress.answered[self.worker] = self._outcomes.end_offset(self.reply_partition)
             self._edge.ring()
 
     def ready(self, processors: Sequence[PartitionProcessor]) -> None:
@@ -366,6 +385,7 @@ class Reporter:
 
     def close(self) -> None:
         self._edge.close()
+        self._outcomes.close()
 
 
 def work(assignment: Assignment, worker: int, progress: Progress, told: Connection) -> None:
@@ -393,16 +413,18 @@ def work(assignment: Assignment, worker: int, progress: Progress, told: Connecti
 
     threading.Thread(target=relay, name="keyload-told", daemon=True).start()
     settings = assignment.settings
+    owned = assignment.ownership.owned(worker)
     use_projection_memory(settings.memory)
     try:
         data = DataDir.open(assignment.root)
-        reporter = Reporter(data.root, worker, progress, assignment.reply_partition)
+        for partition in owned:  # one that halts again records it again (as `serve` does at start)
+            clear_halt(data.root, partition)
+        reporter = Reporter(data, worker, progress, assignment.reply_partition)
         try:
-            bell = WORKER_BELL.format(worker)
-            serve_partitions(data, settings, stop, assignment.ownership.owned(worker), bell, reporter=reporter)
+            serve_partitions(data, settings, stop, owned, WORKER_BELL.format(worker), reporter=reporter)
         finally:
             reporter.close()
     except Exception as exc:  # one line, as `keyload run` reports its own failure; the pool stops the service
-        owned = ", ".join(map(str, assignment.ownership.owned(worker)))
-        log.error("worker %d (partitions %s) failed: %s", worker, owned, exc)
+        what = str(exc) if isinstance(exc, KeyloadError) else f"{type(exc).__name__}: {exc}"
+        log.error("%s failed: %s", assignment.ownership.named(worker), what)
         sys.exit(1)
