@@ -604,3 +604,36 @@ def unavailable_in_ci(what: str, reason: str) -> NoReturn:
     if os.environ.get("CI") == "true":
         pytest.fail(f"no {what} for the tests: {reason}", pytrace=False)
     pytest.skip(f"no {what}: {reason}")
+
+
+RETRY_PAUSE_S = 0.1  # between a producer's tries of one command while the service is away
+
+
+def enqueue_retrying(client: Client, domain: str, queue: str, message_id: str, give_up_s: float) -> int:
+    """Enqueue `message_id` (also its command id, so a retry is the same command) through a service
+    that may be killed and started again meanwhile, retrying while it is away or does not answer in
+    time; the number of retries. AssertionError naming the message after `give_up_s`."""
+    from keyload.errors import OutcomeTimeout, ServiceUnavailable
+
+    deadline = time.monotonic() + give_up_s
+    retries = 0
+    while True:
+        try:
+            client.enqueue(domain, queue, message_id.encode(), message_id=message_id, command_id=message_id)
+            return retries
+        except (ServiceUnavailable, OutcomeTimeout):
+            retries += 1
+            if time.monotonic() > deadline:
+                raise AssertionError(f"{domain} {message_id}: no answer in {give_up_s} s") from None
+            time.sleep(RETRY_PAUSE_S)
+
+
+def assert_each_enqueued_once(admin: Client, domain: str, queue: str, producers: int, messages: int) -> None:
+    """The queue holds message p{P}-{N} (its body its id) of every producer P and number N once each:
+    none lost, none twice (it is received to the end to look)."""
+    counters = admin.inspect_queue(domain, queue).counters
+    assert (counters.enqueued_total, counters.stored_messages) == (producers * messages,) * 2
+    seen: list[bytes] = []
+    while batch := admin.receive(domain, queue, max_messages=10).deliveries:
+        seen += [delivery.body for delivery in batch]
+    assert sorted(seen) == sorted(f"p{p}-{n}".encode() for p in range(producers) for n in range(messages))

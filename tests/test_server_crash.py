@@ -14,19 +14,17 @@ import httpx
 import pytest
 
 from keyload import Client, Credential
-from keyload.errors import OutcomeTimeout, ServiceUnavailable
 from keyload.log.base import partition_for
 from keyload.operations.recovery import drill
 from keyload.storage.datadir import DataDir
 
-from .support import served_url, start_service, stop_service, wait_until
+from .support import assert_each_enqueued_once, enqueue_retrying, served_url, start_service, stop_service, wait_until
 
 pytestmark = pytest.mark.slow
 
 DOMAIN = "crash"
 PRODUCERS = 4
 MESSAGES = 150  # per producer
-RETRY_PAUSE_S = 0.1
 GIVE_UP_S = 180.0  # a producer that cannot get an answer this long after its first try fails the test
 
 
@@ -52,21 +50,12 @@ def test_a_killed_server_loses_and_duplicates_nothing(tmp_path: Path) -> None:
     def produce(producer: int) -> None:
         with Client(url, credential=credential, timeout_s=5) as client:
             for n in range(MESSAGES):
-                message_id = f"p{producer}-{n}"
-                deadline = time.monotonic() + GIVE_UP_S
-                while True:
-                    try:
-                        client.enqueue(
-                            DOMAIN, "jobs", message_id.encode(), message_id=message_id, command_id=message_id
-                        )
-                        answered.append(1)
-                        break
-                    except (ServiceUnavailable, OutcomeTimeout):
-                        retried.append(1)
-                        if time.monotonic() > deadline:
-                            failures.append(f"{message_id}: no answer in {GIVE_UP_S} s")
-                            return
-                        time.sleep(RETRY_PAUSE_S)
+                try:
+                    retried.append(enqueue_retrying(client, DOMAIN, "jobs", f"p{producer}-{n}", GIVE_UP_S))
+                except AssertionError as exc:
+                    failures.append(str(exc))
+                    return
+                answered.append(1)
 
     threads = [threading.Thread(target=produce, args=(p,)) for p in range(PRODUCERS)]
     for thread in threads:
@@ -84,18 +73,12 @@ def test_a_killed_server_loses_and_duplicates_nothing(tmp_path: Path) -> None:
             assert stop_service(service, 30) == 0
     assert failures == []
     assert len(answered) == PRODUCERS * MESSAGES
-    assert retried, "the kill reached the producers in flight"
+    assert sum(retried), "the kill reached the producers in flight"
 
     service = start_service(root, "--listen", listen)
     try:
         with Client(url, credential=credential) as admin:
-            counters = admin.inspect_queue(DOMAIN, "jobs").counters
-            assert (counters.enqueued_total, counters.stored_messages) == (PRODUCERS * MESSAGES,) * 2
-            seen: list[bytes] = []
-            while batch := admin.receive(DOMAIN, "jobs", max_messages=10).deliveries:
-                seen += [delivery.body for delivery in batch]
-        expected = sorted(f"p{p}-{n}".encode() for p in range(PRODUCERS) for n in range(MESSAGES))
-        assert sorted(seen) == expected  # every message once: none lost, none twice
+            assert_each_enqueued_once(admin, DOMAIN, "jobs", PRODUCERS, MESSAGES)
     finally:
         assert stop_service(service, 30) == 0
     data = DataDir.open(root)

@@ -12,20 +12,19 @@ import shutil
 import signal
 import socket
 import threading
-import time
 from pathlib import Path
 
 import pytest
 
 from keyload import Client, Credential
-from keyload.errors import OutcomeTimeout, ServiceUnavailable
+from keyload.errors import OutcomeTimeout
 from keyload.log.base import partition_for
 from keyload.operations.recovery import drill
 from keyload.projections.store import Store
 from keyload.service.halts import recorded_halts
 from keyload.storage.datadir import DataDir
 
-from .support import run_keyload, start_service, stop_service, wait_until
+from .support import assert_each_enqueued_once, enqueue_retrying, run_keyload, start_service, stop_service, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -33,7 +32,6 @@ WORKERS = 2
 PARTITIONS = 4  # the default
 PRODUCERS = 2  # per domain
 MESSAGES = 100  # per producer
-RETRY_PAUSE_S = 0.1
 GIVE_UP_S = 120.0
 
 
@@ -91,20 +89,12 @@ def test_a_killed_worker_is_started_again_and_its_clients_lose_and_duplicate_not
     def produce(domain: str, producer: int) -> None:
         with Client(url, credential=credential, timeout_s=5) as client:
             for n in range(MESSAGES):
-                message_id = f"p{producer}-{n}"
-                deadline = time.monotonic() + GIVE_UP_S
-                while True:
-                    try:
-                        client.enqueue(
-                            domain, "jobs", message_id.encode(), message_id=message_id, command_id=message_id
-                        )
-                        answered.append(1)
-                        break
-                    except (ServiceUnavailable, OutcomeTimeout):
-                        if time.monotonic() > deadline:
-                            failures.append(f"{domain} {message_id}: no answer in {GIVE_UP_S} s")
-                            return
-                        time.sleep(RETRY_PAUSE_S)
+                try:
+                    enqueue_retrying(client, domain, "jobs", f"p{producer}-{n}", GIVE_UP_S)
+                except AssertionError as exc:
+                    failures.append(str(exc))
+                    return
+                answered.append(1)
 
     threads = [
         threading.Thread(target=produce, args=(domain, producer)) for domain in domains for producer in range(PRODUCERS)
@@ -126,13 +116,7 @@ def test_a_killed_worker_is_started_again_and_its_clients_lose_and_duplicate_not
         assert len(answered) == total
         with Client(url, credential=credential) as admin:
             for domain in domains:
-                counters = admin.inspect_queue(domain, "jobs").counters
-                assert (counters.enqueued_total, counters.stored_messages) == (PRODUCERS * MESSAGES,) * 2
-                seen: list[bytes] = []
-                while batch := admin.receive(domain, "jobs", max_messages=10).deliveries:
-                    seen += [delivery.body for delivery in batch]
-                expected = sorted(f"p{p}-{n}".encode() for p in range(PRODUCERS) for n in range(MESSAGES))
-                assert sorted(seen) == expected  # every message once: none lost, none twice
+                assert_each_enqueued_once(admin, domain, "jobs", PRODUCERS, MESSAGES)
     finally:
         if service.poll() is None:
             assert stop_service(service, 30) == 0
