@@ -17,8 +17,9 @@ Then (b), the HTTP API: a fresh `keyload run --workers K` (K = 1 and W, in turns
 queue in each domain, and HTTP_CLIENTS Go clients (bench/go/httpclient, one connection each, client
 i on domain i % D) enqueuing 1 KiB messages one at a time each, all at once: Enqueues per second
 from their release to the last answer, and the CPU per Enqueue of `keyload run` and its workers
-together. The API is served by worker 0 alone, so this shows what moving processors off its core
-gives the server. Without `go` on PATH, (b) is left out and says so.
+together, with the Enqueues' p99 latency and the median time of a `/metrics` scrape every 0.5 s
+meanwhile (with workers it reads their projections too). The API is served by worker 0 alone, so
+this shows what moving processors off its core gives the server. Without `go` on PATH, (b) is left out and says so.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import argparse
 import base64
 import contextlib
 import json
+import math
 import os
 import resource
 import shutil
@@ -34,11 +36,14 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
+
+import httpx
 
 from keyload import Client
 from keyload.credentials import ADMIN_PRINCIPAL, Credential, credential_path
@@ -62,7 +67,8 @@ BODY_BYTES = 1024
 RUN_TIMEOUT_S = 900.0
 HTTP_CLIENTS = 16
 HTTP_WARMUP = 20  # untimed Enqueues of each client first
-HTTP_MESSAGES = 300  # timed Enqueues of each client
+HTTP_MESSAGES = 1000  # timed Enqueues of each client (long enough for the workers to fill memtables)
+SCRAPE_EVERY_S = 0.5  # (b)'s /metrics scrapes, meanwhile
 # No Tick (the interval outlasts the run) and no GC worker (`--gc-interval-s 0`): every copy's log
 # stays the same, so every copy's projections must be too.
 NO_TICKS = ["--tick-interval-ms", "3600000"]
@@ -73,6 +79,8 @@ class HttpRun:
     workers: int
     enqueues_per_s: float
     cpu_us_per_enqueue: float  # `keyload run` and its workers together
+    enqueue_p99_ms: float
+    scrape_ms: float  # median time of a /metrics scrape meanwhile
 
 
 @dataclass(frozen=True)
@@ -191,16 +199,47 @@ def http_fanin(root: Path, workers: int, tenants: list[str], binary: Path) -> Ht
         body = base64.b64encode(os.urandom(BODY_BYTES)).decode()
         batches = [[(str(uuid.uuid4()), body) for _ in range(HTTP_WARMUP + HTTP_MESSAGES)] for _ in range(HTTP_CLIENTS)]
         go = GoClient(binary, server.url, credential.bearer_token, root.parent / "go.err")
+        scrapes = Scrapes(server.url, credential.bearer_token)
         try:
             before = tree_cpu_s(server.pid)
             job = go.fanin(tenants[0], "q", HTTP_WARMUP, batches, tenants)
             spent = tree_cpu_s(server.pid) - before
         finally:
+            scrapes.stop()
             go.close()
     finally:
         server.stop()
     enqueued = HTTP_CLIENTS * (HTTP_WARMUP + HTTP_MESSAGES)
-    return HttpRun(workers, HTTP_CLIENTS * HTTP_MESSAGES / job.seconds, spent / enqueued * 1e6)
+    latencies = sorted(job.latencies["enqueue"])
+    return HttpRun(
+        workers,
+        HTTP_CLIENTS * HTTP_MESSAGES / job.seconds,
+        spent / enqueued * 1e6,
+        latencies[int(len(latencies) * 0.99)] * 1000,
+        statistics.median(scrapes.ms) if scrapes.ms else math.nan,
+    )
+
+
+class Scrapes:
+    """A Prometheus server's part: GET /metrics every SCRAPE_EVERY_S on a thread of its own, timed."""
+
+    def __init__(self, url: str, token: str) -> None:
+        self.ms: list[float] = []
+        self._stop = threading.Event()
+        self._client = httpx.Client(base_url=url, headers={"Authorization": f"Bearer {token}"}, timeout=30)
+        self._thread = threading.Thread(target=self._scrape, daemon=True)
+        self._thread.start()
+
+    def _scrape(self) -> None:
+        while not self._stop.wait(SCRAPE_EVERY_S):
+            started = time.perf_counter()
+            if self._client.get("/metrics").status_code == 200:
+                self.ms.append((time.perf_counter() - started) * 1000)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+        self._client.close()
 
 
 def digests(root: Path, partitions: int) -> list[str]:
@@ -241,6 +280,8 @@ def measure(directory: Path, commands: int, tenants: int, workers: int, rounds: 
         return {
             "enqueues_per_s": statistics.median(run.enqueues_per_s for run in mine),
             "cpu_us_per_enqueue": statistics.median(run.cpu_us_per_enqueue for run in mine),
+            "enqueue_p99_ms": statistics.median(run.enqueue_p99_ms for run in mine),
+            "scrape_ms": statistics.median(run.scrape_ms for run in mine),
         }
 
     def median_rate(count: int, serving: bool = False) -> float:
@@ -301,13 +342,18 @@ def table(result: dict[str, Any]) -> str:
         f"(b) HTTP: {http['clients']} Go clients enqueuing at once over the {result['domains']} domains "
         "(server CPU: keyload run and its workers)"
     )
-    lines.append(f"{'workers':>8} {'enqueues/s':>11} {'server CPU µs/enqueue':>22}")
+    lines.append(f"{'workers':>8} {'enqueues/s':>11} {'server CPU µs/enqueue':>22} {'p99 ms':>7} {'scrape ms':>10}")
     for run in http["runs"]:
-        lines.append(f"{run['workers']:>8} {run['enqueues_per_s']:>11,.0f} {run['cpu_us_per_enqueue']:>22,.0f}")
+        lines.append(
+            f"{run['workers']:>8} {run['enqueues_per_s']:>11,.0f} {run['cpu_us_per_enqueue']:>22,.0f} "
+            f"{run['enqueue_p99_ms']:>7.1f} {run['scrape_ms']:>10.1f}"
+        )
     median = http["median"]
     lines.append(
-        f"medians: 1 worker {median[1]['enqueues_per_s']:,.0f}/s, {workers} workers "
-        f"{median[workers]['enqueues_per_s']:,.0f}/s; ratio {http['ratio']:.2f}"
+        f"medians: 1 worker {median[1]['enqueues_per_s']:,.0f}/s (p99 {median[1]['enqueue_p99_ms']:.1f} ms, scrape "
+        f"{median[1]['scrape_ms']:.1f} ms), {workers} workers {median[workers]['enqueues_per_s']:,.0f}/s (p99 "
+        f"{median[workers]['enqueue_p99_ms']:.1f} ms, scrape {median[workers]['scrape_ms']:.1f} ms); "
+        f"ratio {http['ratio']:.2f}"
     )
     return "\n".join(lines)
 

@@ -365,12 +365,23 @@ class Store:
     """One partition's projection in its own RocksDB directory.
 
     Opened writable, it is first migrated to the current schemas (`migration.py`), so
-    its bytes match a replay by this processor; read-only, it is read as it is.
+    its bytes match a replay by this processor; read-only, it is read as it is. Opened to
+    `follow` another process's writable instance (RocksDB's secondary instance, keeping its
+    own files in the folder `follow`), it reads what that one had committed at its last
+    `catch_up()`, which replays only what was written since the one before.
     """
 
-    def __init__(self, path: str | os.PathLike[str], *, read_only: bool = False, sync: bool = False) -> None:
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        read_only: bool = False,
+        sync: bool = False,
+        follow: Path | None = None,
+    ) -> None:
         self.path = Path(path)
-        self._read_only = read_only
+        self._follow = follow
+        self._read_only = read_only or follow is not None
         self._write_options = WriteOptions()
         self._write_options.sync = sync
         # The applied offset this instance committed last: the position a commit checks, without a
@@ -386,7 +397,10 @@ class Store:
         options.set_write_buffer_size(memory.write_buffer_bytes)
         options.set_max_write_buffer_number(PROJECTION_WRITE_BUFFERS)
         try:
-            if self._read_only:
+            if self._follow is not None:
+                self._follow.mkdir(mode=0o700, parents=True, exist_ok=True)
+                db = Rdict(str(self.path), options, access_type=AccessType.secondary(str(self._follow)))
+            elif self._read_only:
                 db = Rdict(str(self.path), options, access_type=AccessType.read_only())
             else:
                 self.path.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -415,6 +429,15 @@ class Store:
         except StoreError as exc:
             self._db = cast(Rdict, _Unopened(exc))
             raise
+
+    def catch_up(self) -> None:
+        """A following instance: read on from what its writer has committed since (StoreError when
+        it cannot, such as after its writer's projection was replaced: open it again)."""
+        assert self._follow is not None, "only an instance that follows another catches up"
+        try:
+            self._db.try_catch_up_with_primary()
+        except Exception as exc:
+            raise StoreError(f"cannot catch up with projection at {self.path}: {exc}") from exc
 
     def get(self, key: bytes) -> bytes | None:
         value: bytes | None = self._db.get(key)

@@ -192,3 +192,21 @@ def test_projections_of_a_process_share_one_block_cache_and_cap_their_memtables(
 def test_a_projection_memory_outside_its_bounds_is_refused(cache_mib: int, memtable_mib: int) -> None:
     with pytest.raises(ValueError, match=r"must be \d+ to \d+ MiB"):
         ProjectionMemory(cache_mib * MIB, memtable_mib * MIB)
+
+
+def test_a_following_store_reads_what_its_writer_had_committed_at_its_last_catch_up(tmp_path: Path) -> None:
+    """`/metrics` beside worker processes follows their projections (keyload/server/held.py)."""
+    writer = Store(tmp_path / "projection")
+    writer.commit({b"a": b"1"}, 0, 1)
+    follower = Store(tmp_path / "projection", follow=tmp_path / "follower")
+    try:
+        assert (follower.get(b"a"), follower.applied_offset) == (b"1", 0)
+        writer.commit({b"b": b"2", b"a": None}, 1, 2)
+        assert (follower.get(b"a"), follower.get(b"b"), follower.applied_offset) == (b"1", None, 0)
+        follower.catch_up()
+        assert (follower.get(b"a"), follower.get(b"b"), follower.applied_offset) == (None, b"2", 1)
+        with pytest.raises(StoreError):
+            follower.commit({b"c": b"3"}, 2, 3)  # it only reads
+    finally:
+        follower.close()
+        writer.close()

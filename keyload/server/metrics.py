@@ -57,7 +57,7 @@ class ServerMetrics:
         self.registry.register(partitions)
 
     def close(self) -> None:
-        self.partitions.log.close()
+        self.partitions.close()
 
 
 class PartitionCollector(Collector):
@@ -76,6 +76,11 @@ class PartitionCollector(Collector):
         self.processing = processing
         self.projections = projections
         self._lock = threading.Lock()
+
+    def close(self) -> None:
+        with self._lock:  # after a scrape still in progress
+            self.log.close()
+            self.projections.close()
 
     def collect(self) -> Iterator[Metric]:
         with self._lock:
