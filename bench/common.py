@@ -137,13 +137,15 @@ def create_bench_principal(root: Path) -> None:
         admin.create_principal(PRINCIPAL, grants)
 
 
-def encode_command(command_id: str, kind: str, body: dict[str, Any], principal: str = PRINCIPAL) -> bytes:
+def encode_command(
+    command_id: str, kind: str, body: dict[str, Any], principal: str = PRINCIPAL, domain: str = DOMAIN
+) -> bytes:
     """A Command envelope as the SDK writes it: one domain and principal, reply_to set."""
     return REGISTRY.encode(
         COMMAND,
         {
             "command_id": command_id,
-            "domain": DOMAIN,
+            "domain": domain,
             "principal": principal,
             "body": (kind, body),
             "reply_to": REPLY_TO,

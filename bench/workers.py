@@ -50,14 +50,14 @@ from keyload.credentials import ADMIN_PRINCIPAL, Credential, credential_path
 from keyload.log.base import partition_for
 from keyload.processors.policy import default_spec
 from keyload.projections.store import Store
-from keyload.sdk.envelope import encode_command
 from keyload.service.runtime import MAX_GROUP_RECORDS
 from keyload.storage.datadir import DataDir
 from keyload.storage.principals import system_credential
 
-from .common import KEYLOAD_RUN, REPLY_TO, BenchError, environment
+from .common import KEYLOAD_RUN, BenchError, encode_command, environment
 from .go_client import GoClient, build
 from .server import Server
+from .throughput import CREATE_QUEUE, ENQUEUE
 
 DEFAULT_COMMANDS = 40_000
 DEFAULT_DOMAINS = 4
@@ -121,12 +121,13 @@ def prepare(root: Path, commands: int, tenants: list[str]) -> int:
     log = data.command_log()
     try:
         for tenant in tenants:
-            values = [command(tenant, "keyload.command.CreateQueue", {"queue": "q", "policy": policy})]
+            create = {"queue": "q", "policy": policy}
+            values = [encode_command(str(uuid.uuid4()), CREATE_QUEUE, create, ADMIN_PRINCIPAL, tenant)]
             for _ in range(share):
                 message_id = str(uuid.uuid4())
                 enqueue: dict[str, Any] = {"queue": "q", "message_id": message_id, "body": body, "headers": {}}
                 enqueue |= {"ordering_key": None, "not_before_ms": None, "expires_at_ms": None}
-                values.append(command(tenant, "keyload.command.Enqueue", enqueue, message_id))
+                values.append(encode_command(message_id, ENQUEUE, enqueue, ADMIN_PRINCIPAL, tenant))
             signed = [admin.sign(value) for value in values]
             partition = partition_for(tenant, data.partitions)
             for at in range(0, len(signed), MAX_GROUP_RECORDS):
@@ -135,18 +136,6 @@ def prepare(root: Path, commands: int, tenants: list[str]) -> int:
     finally:
         log.close()
     return appended
-
-
-def command(domain: str, kind: str, body: dict[str, Any], command_id: str | None = None) -> bytes:
-    envelope = {
-        "command_id": command_id or str(uuid.uuid4()),
-        "domain": domain,
-        "principal": ADMIN_PRINCIPAL,
-        "body": (kind, body),
-        "reply_to": REPLY_TO,
-        "client_time_ms": None,
-    }
-    return encode_command(envelope)
 
 
 def catch_up(root: Path, workers: int) -> Run:
