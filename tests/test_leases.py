@@ -9,11 +9,14 @@ from __future__ import annotations
 import base64
 import json
 import shutil
+import tempfile
 import uuid
 from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from keyload import limits
 from keyload.log.codec import REGISTRY
@@ -780,6 +783,60 @@ def test_ack_batch_reports_each_token(embedded: Embedded) -> None:
     refused(embedded, ACK_BATCH, {"tokens": []}, "Validation")
     refused(embedded, ACK_BATCH, {"tokens": [fresh["m2"].token] * (limits.MAX_ACK_BATCH + 1)}, "Validation")
     assert d0.token != fresh["m0"].token and d1.token != fresh["m1"].token
+
+
+@settings(max_examples=20, deadline=None)
+@given(
+    picks=st.lists(st.integers(0, 7), min_size=1, max_size=10),
+    expire_first=st.booleans(),
+)
+def test_ack_batch_leaves_what_single_acks_leave(picks: list[int], expire_first: bool) -> None:
+    """An AckBatch shares its queues between its tokens (one read and one save per queue): the queues,
+    messages, indexes, timers and due entries it leaves are those a run of single Acks of the same
+    tokens, in order, leaves (duplicates, tokens of two queues, a stale token and garbage among them)."""
+    with tempfile.TemporaryDirectory() as scratch:
+        first, second = Path(scratch) / "batch", Path(scratch) / "single"
+        embedded = Embedded(first)
+        texts: list[str] = []
+        for queue in ("jobs", "other"):
+            committed(embedded, CREATE_QUEUE, create_queue_body(queue, lease_ms=1_000))
+            for i in range(3):
+                enqueue(embedded, f"{queue}-{i}", b"12", queue=queue)
+        texts += [d.token for d in receive(embedded, "jobs", max_messages=1)]
+        if expire_first:
+            embedded.now_ms += 1_000
+            tick(embedded)  # the first jobs lease runs out: its token is stale
+        embedded.now_ms += 10
+        texts += [d.token for d in receive(embedded, "jobs")] + [d.token for d in receive(embedded, "other")]
+        texts += ["garbage"]
+        now_ms = embedded.now_ms
+        embedded.close()
+        shutil.copytree(first, second)
+        chosen = [texts[pick % len(texts)] for pick in picks]
+
+        batched = Embedded(first)
+        batched.now_ms = now_ms + 10
+        committed(batched, ACK_BATCH, {"tokens": chosen})
+        singly = Embedded(second)
+        singly.now_ms = now_ms + 10
+        for text in chosen:
+            submit_as(singly, ACK, {"token": text})
+        try:
+            assert _settled_state(batched) == _settled_state(singly)
+        finally:
+            batched.close()
+            singly.close()
+
+
+def _settled_state(embedded: Embedded) -> list[tuple[bytes, bytes]]:
+    """The partition's rows but its position and what its commands' outcomes leave (their stored rows and
+    those rows' retention entries), which differ between one AckBatch and many Acks."""
+    moved = {keys.APPLIED_OFFSET, keys.LAST_TIME, keys.APPLIED_RECORD}
+    return [
+        (key, value)
+        for key, value in embedded.store(D).scan(b"", b"\xff")
+        if key not in moved and key[:1] != keys.OUTCOME and keys.OUTCOME + D.encode() not in key
+    ]
 
 
 # -- 6. operator commands: fencing and paging ----------------------------------------------------

@@ -13,7 +13,7 @@ from starlette.responses import JSONResponse
 
 from keyload.log.codec import REGISTRY
 from keyload.server.app import AnswerJSON
-from keyload.wire import names, to_avro, to_json
+from keyload.wire import WireError, field_schema, names, to_avro, to_json
 
 from .avro_values import named_types, values
 from .support import ENQUEUE, command, enqueue_body
@@ -76,3 +76,42 @@ def test_an_outcome_is_answered_with_the_bytes_starlette_writes(data: st.DataObj
     names_ = names("keyload.Outcome")
     form = to_json(names_, names_.types["keyload.Outcome"], datum)
     assert AnswerJSON(form).body == JSONResponse(form).body
+
+
+def _enqueue(**fields: object) -> dict[str, object]:
+    return {"mutations": [{"mutation": {"Enqueue": fields}}]}
+
+
+AT = "mutations[0].mutation.Enqueue"
+
+
+@pytest.mark.parametrize(
+    ("body", "error"),
+    [
+        ([], "the body must be a JSON object"),
+        ({"mutations": {}}, "mutations must be a JSON array"),
+        (_enqueue(queue="q", message_id="m", body="!"), f"{AT}.body is not valid base64"),
+        (_enqueue(queue="q", message_id="m", body=7), f"{AT}.body must be a base64 string"),
+        (_enqueue(queue="q", body="AA=="), f"{AT}.message_id is required"),
+        (_enqueue(queue="q", message_id="m", bodyy=""), f"{AT}.bodyy is not a field of Enqueue"),
+        (_enqueue(queue=1, message_id="m", body=""), f"{AT}.queue must be a string"),
+        (_enqueue(queue="q", message_id="m", body="", headers={"trace": 1}), f"{AT}.headers.trace must be a string"),
+        (
+            {"mutations": [{"mutation": {"Enqueuee": {}}}]},
+            "mutations[0].mutation must be an object with one member, one of PutDocument, DeleteDocument, Enqueue, "
+            "Publish, Cancel, Redrive, ParkPending",
+        ),
+    ],
+)
+def test_a_request_that_does_not_fit_is_refused_naming_its_path(body: object, error: str) -> None:
+    """The converter built once per schema says where a value does not fit, never the value."""
+    names_ = names("keyload.Command")
+    with pytest.raises(WireError) as refused:
+        to_avro(names_, names_.types["keyload.command.Batch"], body, "")
+    assert str(refused.value) == error
+
+
+def test_the_path_given_leads_the_one_reported() -> None:
+    names_ = names("keyload.Command")
+    with pytest.raises(WireError, match=r"^body\.Enqueue\.queue must be a string$"):
+        to_avro(names_, field_schema(names_, "keyload.Command", "body"), {"Enqueue": {"queue": 1}}, "body")

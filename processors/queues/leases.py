@@ -232,14 +232,19 @@ def _serve_later(stage: Staged, work: Working, ctx: Context) -> None:
 def verified_token(stage: Staged, ctx: Context, token_text: str) -> tuple[QueueRecord, tokens.Token]:
     """(queue record, token) of a token this queue signed for the command's principal, or the refusal."""
     token = tokens.parse(token_text)
-    record = load_queue_by_id(stage, token.incarnation)
+    return _signed_for(stage, ctx, token, load_queue_by_id(stage, token.incarnation)), token
+
+
+def _signed_for(stage: Staged, ctx: Context, token: tokens.Token, record: QueueRecord | None) -> QueueRecord:
+    """The queue record of the incarnation the token names (None: no such queue) if that queue signed
+    the token for the command's principal; else the refusal."""
     if record is None or record.view.domain != ctx.domain:
         raise Rejected(ErrorCode.TOKEN_INVALIDATED, "delivery token is not valid")
     tokens.verify_signature(access.service_key(stage, ctx, token.key_id), token, record.view.domain, record.view.queue)
     if token.principal != ctx.principal:
         raise Rejected(ErrorCode.PERMISSION_DENIED, "the delivery was issued to another principal")
     access.require(ctx, Capability.consume, record.view.queue)  # the queue a token names is known only now
-    return record, token
+    return record
 
 
 def _leased(stage: Staged, ctx: Context, token: tokens.Token) -> MessageMeta:
@@ -333,17 +338,26 @@ def ack_lease(stage: Staged, ctx: Context, token: tokens.Token) -> Record:
 
 
 def _ack(stage: Staged, ctx: Context, work: Working, message_id: str, meta: MessageMeta) -> Record:
-    meta = leave(stage, work, message_id, meta)
-    meta = enter(stage, work, message_id, meta, MessageState.acked, ctx)
+    meta = _acked(stage, ctx, work, message_id, meta)
     save_queue(stage, work.record)
     return _lease_result(message_id, meta)
+
+
+def _acked(stage: Staged, ctx: Context, work: Working, message_id: str, meta: MessageMeta) -> MessageMeta:
+    """Move a checked lease's message to acked (the queue record changed in `work`, not saved)."""
+    meta = leave(stage, work, message_id, meta)
+    return enter(stage, work, message_id, meta, MessageState.acked, ctx)
+
+
+def check_settle_count(batch: list[str]) -> None:
+    if not 1 <= len(batch) <= limits.MAX_ACK_BATCH:
+        raise Rejected(ErrorCode.VALIDATION, f"tokens must hold 1..{limits.MAX_ACK_BATCH} tokens")
 
 
 def settle_each(stage: Staged, batch: list[str], settle: Callable[[Staged, str], Record]) -> list[Record | ErrorCode]:
     """Settle 1..MAX_ACK_BATCH tokens, each in its own child stage: one refusal does not undo the
     others. Per token, its result or its refusal's code."""
-    if not 1 <= len(batch) <= limits.MAX_ACK_BATCH:
-        raise Rejected(ErrorCode.VALIDATION, f"tokens must hold 1..{limits.MAX_ACK_BATCH} tokens")
+    check_settle_count(batch)
     settled: list[Record | ErrorCode] = []
     for token in batch:
         child = Staged(stage)
@@ -357,13 +371,32 @@ def settle_each(stage: Staged, batch: list[str], settle: Callable[[Staged, str],
 
 
 def ack_batch(stage: Staged, body: AckBatch, ctx: Context) -> Record:
-    """Ack each token on its own: one refusal does not undo the others."""
-    results = [
-        {"status": "committed", "error_code": None, "message_id": settled["message_id"]}
-        if isinstance(settled, dict)
-        else {"status": "rejected", "error_code": str(settled), "message_id": None}
-        for settled in settle_each(stage, body.tokens, lambda child, token: ack(child, Ack(token=token), ctx))
-    ]
+    """Ack each token on its own: one refusal does not undo the others.
+
+    A token's checks only read, and a checked lease is acked without another refusal, so a refused
+    token leaves nothing behind and the acks need no child stage each (as `settle_each` gives): they
+    share their queues instead, each read at its first token and saved once after the last, its due
+    entry and timer floor brought up to date once rather than per token. The projection is the one a
+    run of single Acks in token order leaves."""
+    check_settle_count(body.tokens)
+    queues: dict[int, Working] = {}
+    results: list[Record] = []
+    for text in body.tokens:
+        try:
+            token = tokens.parse(text)
+            work = queues.get(token.incarnation)
+            known = load_queue_by_id(stage, token.incarnation) if work is None else work.record
+            record = _signed_for(stage, ctx, token, known)
+            meta = _leased(stage, ctx, token)
+        except Rejected as refusal:
+            results.append({"status": "rejected", "error_code": str(refusal.code), "message_id": None})
+            continue
+        if work is None:
+            work = queues[token.incarnation] = Working(record)
+        _acked(stage, ctx, work, token.message_id, meta)
+        results.append({"status": "committed", "error_code": None, "message_id": token.message_id})
+    for work in queues.values():
+        save_queue(stage, work.record)
     return {"results": results}
 
 
