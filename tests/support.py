@@ -336,6 +336,19 @@ class Embedded:
                 digest.update(len(key).to_bytes(4, "big") + key + len(value).to_bytes(4, "big") + value)
         return digest.hexdigest()
 
+    def settled_rows(self, domain: str) -> list[tuple[bytes, bytes]]:
+        """The rows of the domain's partition but its position and what commands leave of themselves
+        (stored outcomes, receipts and their horizon entries), which differ between one batch command
+        and the run of single commands it stands for."""
+        moved = {keys.APPLIED_OFFSET, keys.LAST_TIME, keys.APPLIED_RECORD}
+        return [
+            (key, value)
+            for key, value in self.store(domain).scan(b"", b"\xff")
+            if key not in moved
+            and key[:1] not in (keys.OUTCOME, keys.RECEIPT)
+            and not (key[:1] == keys.HORIZON and keys.horizon_row(key) is None)
+        ]
+
     def close(self) -> None:
         for store in self.stores:
             store.close()

@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import json
+import shutil
+import tempfile
 from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from keyload import limits
 from keyload.errors import DispatchPausedError, ResourceExhaustedError
@@ -257,6 +261,41 @@ def test_ack_batch_reports_each_token(news: Embedded) -> None:
     ]
     assert result.checkpoint == 1
     assert refused(news, GROUP_ACK_BATCH, {"topic": T, "group": "g", "tokens": []}) == "Validation"
+
+
+@settings(max_examples=20, deadline=None)
+@given(picks=st.lists(st.integers(0, 7), min_size=1, max_size=10), expire_first=st.booleans())
+def test_ack_batch_leaves_what_single_acks_leave(picks: list[int], expire_first: bool) -> None:
+    """A GroupAckBatch reads and saves its group once: the group, its position rows, timers, due
+    entries and checkpoint it leaves are those a run of single GroupAcks of the same tokens, in
+    order, leaves (duplicates, an expired lease's token and garbage among them)."""
+    with tempfile.TemporaryDirectory() as scratch:
+        first, second = Path(scratch) / "batch", Path(scratch) / "single"
+        embedded = Embedded(first)
+        ok(embedded, CREATE_TOPIC, create_topic_body(T))
+        publish(embedded, 6)
+        create(embedded, lease_ms=1_000)
+        texts = [d.token for d in receive(embedded, max_events=2).deliveries]
+        if expire_first:
+            tick(embedded, embedded.now_ms + 1_000)  # both leases run out: their tokens are stale
+        embedded.now_ms += 10
+        texts += [d.token for d in receive(embedded).deliveries] + ["garbage"]
+        now_ms = embedded.now_ms
+        embedded.close()
+        shutil.copytree(first, second)
+        chosen = [texts[pick % len(texts)] for pick in picks]
+
+        batched, singly = Embedded(first), Embedded(second)
+        try:
+            batched.now_ms = singly.now_ms = now_ms + 10
+            result = ok(batched, GROUP_ACK_BATCH, {"topic": T, "group": "g", "tokens": chosen})
+            for text in chosen:
+                singly.submit(D, GROUP_ACK, {"topic": T, "group": "g", "token": text})
+            assert result.checkpoint == status(singly).checkpoint
+            assert batched.settled_rows(D) == singly.settled_rows(D)
+        finally:
+            batched.close()
+            singly.close()
 
 
 def test_seek_invalidates_tokens_and_waits_for_resume(news: Embedded) -> None:

@@ -37,7 +37,7 @@ from keyload.processors.groups.group import (
     topic_view,
 )
 from keyload.processors.key_rotation import JITTER, TOKEN, active_key
-from keyload.processors.queues.leases import settle_each
+from keyload.processors.queues.leases import check_settle_count
 from keyload.processors.queues.lifecycle import retry_delay_ms
 from keyload.processors.queues.state import bounded, due_timers, result_item_bytes
 from keyload.processors.topics.topic import EVENT_RECORD, event_item
@@ -281,6 +281,12 @@ def _verified_token(
     stage: Staged, ctx: Context, topic: str, group_name: str, token_text: str
 ) -> tuple[Working, tokens.Token]:
     _, work = load_group(stage, ctx.domain, topic, group_name)
+    return work, _signed_by(stage, ctx, work, topic, token_text)
+
+
+def _signed_by(stage: Staged, ctx: Context, work: Working, topic: str, token_text: str) -> tokens.Token:
+    """The token, if the group signed it in its current generation for the command's principal;
+    else the refusal."""
     group = work.view
     token = tokens.parse(token_text)
     if token.incarnation != group.incarnation:
@@ -291,7 +297,7 @@ def _verified_token(
     if token.principal != ctx.principal:
         raise Rejected(ErrorCode.PERMISSION_DENIED, "the delivery was issued to another principal")
     access.require(ctx, Capability.consume, topic)  # a CompleteProcessing names its topic in no route
-    return work, token
+    return token
 
 
 def verified_group_token(
@@ -400,19 +406,25 @@ def _ack(stage: Staged, ctx: Context, work: Working, position: int, meta: Positi
 
 
 def group_ack_batch(stage: Staged, body: GroupAckBatch, ctx: Context) -> Record:
-    """Ack each token on its own: one refusal does not undo the others."""
-    load_group(stage, ctx.domain, body.topic, body.group)  # NotFound refuses the whole batch
+    """Ack each token on its own: one refusal does not undo the others.
 
-    def ack_one(child: Staged, token: str) -> Record:
-        return group_ack(child, GroupAck(topic=body.topic, group=body.group, token=token), ctx)
-
-    results = [
-        {"status": "committed", "error_code": None, "position": settled["position"]}
-        if isinstance(settled, dict)
-        else {"status": "rejected", "error_code": str(settled), "position": None}
-        for settled in settle_each(stage, body.tokens, ack_one)
-    ]
-    _, work = load_group(stage, ctx.domain, body.topic, body.group)
+    As a queue's AckBatch does (processors/queues/leases.py), the acks share the group: a token's
+    checks only read, and a checked lease is acked without another refusal, so the group is read
+    once and saved once, after the last token, when any was acked. The projection is the one a run
+    of single GroupAcks in token order leaves."""
+    _, work = load_group(stage, ctx.domain, body.topic, body.group)  # NotFound refuses the whole batch
+    check_settle_count(body.tokens)
+    results: list[Record] = []
+    for text in body.tokens:
+        try:
+            position, meta = _leased(stage, ctx, work, _signed_by(stage, ctx, work, body.topic, text))
+        except Rejected as refusal:
+            results.append({"status": "rejected", "error_code": str(refusal.code), "position": None})
+            continue
+        resolve(stage, work, position, meta, PositionState.acked, ctx.now_ms)
+        results.append({"status": "committed", "error_code": None, "position": position})
+    if any(result["status"] == "committed" for result in results):
+        store_group(stage, work)
     return {"results": results, "checkpoint": work.view.checkpoint}
 
 

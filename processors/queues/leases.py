@@ -9,7 +9,7 @@ lease version and state (StaleLease), deadline (LeaseExpired).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from msgspec.structs import replace
@@ -350,34 +350,19 @@ def _acked(stage: Staged, ctx: Context, work: Working, message_id: str, meta: Me
 
 
 def check_settle_count(batch: list[str]) -> None:
+    """An AckBatch or GroupAckBatch settles 1..MAX_ACK_BATCH tokens."""
     if not 1 <= len(batch) <= limits.MAX_ACK_BATCH:
         raise Rejected(ErrorCode.VALIDATION, f"tokens must hold 1..{limits.MAX_ACK_BATCH} tokens")
-
-
-def settle_each(stage: Staged, batch: list[str], settle: Callable[[Staged, str], Record]) -> list[Record | ErrorCode]:
-    """Settle 1..MAX_ACK_BATCH tokens, each in its own child stage: one refusal does not undo the
-    others. Per token, its result or its refusal's code."""
-    check_settle_count(batch)
-    settled: list[Record | ErrorCode] = []
-    for token in batch:
-        child = Staged(stage)
-        try:
-            settled.append(settle(child, token))
-        except Rejected as refusal:
-            settled.append(refusal.code)
-            continue
-        child.merge_into(stage)
-    return settled
 
 
 def ack_batch(stage: Staged, body: AckBatch, ctx: Context) -> Record:
     """Ack each token on its own: one refusal does not undo the others.
 
     A token's checks only read, and a checked lease is acked without another refusal, so a refused
-    token leaves nothing behind and the acks need no child stage each (as `settle_each` gives): they
-    share their queues instead, each read at its first token and saved once after the last, its due
-    entry and timer floor brought up to date once rather than per token. The projection is the one a
-    run of single Acks in token order leaves."""
+    token leaves nothing behind and the acks need no stage of their own: they share their queues,
+    each read at its first token and saved once after the last, its due entry and timer floor brought
+    up to date once rather than per token. The projection is the one a run of single Acks in token
+    order leaves."""
     check_settle_count(body.tokens)
     queues: dict[int, Working] = {}
     results: list[Record] = []
