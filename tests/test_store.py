@@ -69,6 +69,10 @@ def test_staged_scans_match_a_dictionary_model(
                 assert child.first(start, end) == expected, (start, end)
                 assert parent.first(start, end) == next(parent.scan(start, end), None), (start, end)
         child.merge_into(parent)
+        # The parent now reads what the child did: its order of staged keys took the child's in.
+        assert list(parent.scan(b"", b"\xff\xff\xff\xff")) == sorted(model.items())
+        for start in bounds:
+            assert parent.first(start, b"\xff\xff\xff\xff") == child.first(start, b"\xff\xff\xff\xff")
         store.commit(parent.encoded_writes(), 1, 5)
         assert list(store.scan(b"", b"\xff\xff\xff\xff")) == sorted(
             {**model, keys.APPLIED_OFFSET: keys.u64(1), keys.LAST_TIME: keys.u64(5)}.items()
