@@ -92,6 +92,13 @@ def clone(record: Record) -> Record:
     return copy
 
 
+# A merge inserts at most this many keys into the parent's order one by one, and sorts above it. An
+# insertion costs about 0.5 µs plus the move of the list's tail (4 µs into 20,000 keys), a sort
+# about 22 ns a key of the whole list: insertions win below about 20 keys into 400, 60 into 2,000,
+# 110 into 20,000 (measured on the development VM), so this is within twice the best for them all.
+MERGE_BY_INSERTION = 48
+
+
 class Staged:
     """Writes staged over a readable base, read back before they are committed.
 
@@ -217,18 +224,22 @@ class Staged:
         return staged, value
 
     def merge_into(self, parent: Staged) -> None:
-        """Hand this stage's writes to `parent`; the records now belong to it. A command stages a few
-        hundred rows (a Batch of 100 Enqueues), and its group's stage often holds none yet: the keys
-        new to the parent join its order in one merge of two sorted runs, not one insertion each."""
+        """Hand this stage's writes to `parent`; the records now belong to it. The child's keys are
+        sorted already, so the keys new to the parent join its order by an append when they all sort
+        after it (its group's stage often holds nothing yet), by an insertion each when they are few,
+        else by one merge of the two sorted runs: a Batch of 100 Enqueues stages about 400 rows."""
         writes = parent._writes
         new = [key for key in self._order if key not in writes]
         writes.update(self._writes)
-        if new:
-            order = parent._order
-            behind = bool(order) and order[-1] > new[0]
+        order = parent._order
+        if not order or (new and order[-1] < new[0]):
             order.extend(new)
-            if behind:
-                order.sort()  # two sorted runs, which timsort merges in one pass
+        elif len(new) <= MERGE_BY_INSERTION:
+            for key in new:
+                bisect.insort(order, key)
+        else:
+            order.extend(new)
+            order.sort()  # two sorted runs, which timsort merges in one pass
         if parent._loaded:
             for key in self._writes:
                 parent._loaded.pop(key, None)

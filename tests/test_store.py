@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from keyload.log.codec import REGISTRY
 from keyload.projections import keys
 from keyload.projections.store import (
+    MERGE_BY_INSERTION,
     MIB,
     ProjectionMemory,
     Staged,
@@ -32,7 +33,9 @@ operations = st.lists(st.tuples(st.booleans(), small_keys, st.binary(max_size=4)
 
 @settings(max_examples=60, deadline=None)
 @given(
-    base=st.dictionaries(small_keys, st.binary(max_size=4), max_size=20), parent_ops=operations, child_ops=operations
+    base=st.dictionaries(small_keys, st.binary(max_size=4), max_size=20),
+    parent_ops=operations,
+    child_ops=operations,
 )
 def test_staged_scans_match_a_dictionary_model(
     base: dict[bytes, bytes], parent_ops: list[tuple[bool, bytes, bytes]], child_ops: list[tuple[bool, bytes, bytes]]
@@ -78,6 +81,42 @@ def test_staged_scans_match_a_dictionary_model(
             {**model, keys.APPLIED_OFFSET: keys.u64(1), keys.LAST_TIME: keys.u64(5)}.items()
         )
         store.close()
+
+
+@pytest.mark.parametrize(
+    ("parent_keys", "child_keys"),
+    [
+        (range(0, 200, 2), range(200, 300)),  # every new key sorts after the parent's: appended
+        (range(0, 200, 2), range(1, 2 * MERGE_BY_INSERTION, 2)),  # a few between them: inserted
+        (range(0, 400, 2), range(1, 400, 2)),  # many between them: the two runs merged
+        ((), range(100)),
+    ],
+)
+def test_a_merge_keeps_the_parents_keys_in_order(parent_keys: range, child_keys: range) -> None:
+    parent = Staged(_Nothing())
+    for number in parent_keys:
+        parent.put(number.to_bytes(2, "big"), b"p")
+    child = Staged(parent)
+    for number in (*child_keys, *parent_keys[:3]):  # new keys, and some the parent has
+        child.put(number.to_bytes(2, "big"), b"c")
+    child.merge_into(parent)
+    expected = {number.to_bytes(2, "big"): b"p" for number in parent_keys}
+    expected.update({number.to_bytes(2, "big"): b"c" for number in (*child_keys, *parent_keys[:3])})
+    assert list(parent.scan(b"", b"\xff\xff")) == sorted(expected.items())
+    assert parent.first(b"\x00\x03", b"\xff\xff") == min((k, v) for k, v in expected.items() if k >= b"\x00\x03")
+
+
+class _Nothing:
+    """A base that holds no row."""
+
+    def get(self, key: bytes) -> bytes | None:
+        return None
+
+    def scan(self, start: bytes, end: bytes) -> Iterator[tuple[bytes, bytes]]:
+        return iter(())
+
+    def first(self, start: bytes, end: bytes) -> tuple[bytes, bytes] | None:
+        return None
 
 
 def test_digest_depends_on_every_key_and_value(tmp_path: Path) -> None:
