@@ -24,7 +24,7 @@ import base64
 import binascii
 from collections.abc import Callable
 from functools import cache
-from typing import Any
+from typing import Any, TypeVar
 
 from keyload.errors import InvalidCommand
 from keyload.log.codec import expanded_current
@@ -72,6 +72,7 @@ class _Misfit(Exception):
 
 JsonForm = Callable[[Any], Any]  # an Avro datum of one schema -> its JSON form
 AvroForm = Callable[[Any], Any]  # the JSON form of a value of one schema -> its Avro datum, or _Misfit
+F = TypeVar("F")  # what is built per schema node: a JsonForm (or None), an AvroForm
 _REQUIRED = object()  # a record field a request must give
 _EMPTY = object()  # a record field left out as {}: an empty map, or a record of its defaults
 _PLAIN: dict[str, tuple[type, str]] = {"boolean": (bool, "must be true or false"), "string": (str, "must be a string")}
@@ -84,7 +85,7 @@ class Names:
     def __init__(self, top: Schema) -> None:
         self.types: dict[str, dict[str, Any]] = {}
         self._collect(top, "")
-        # By id of a schema node, with the node itself: it stays alive, and an id is never taken for another's.
+        # By id of a schema node, with the node itself (`_once`).
         self._json_forms: dict[int, tuple[Schema, JsonForm | None]] = {}
         self._record_forms: dict[str, JsonForm] = {}  # by full name: a record that contains itself
         self._avro_forms: dict[int, tuple[Schema, AvroForm]] = {}  # the same, the other way
@@ -121,12 +122,7 @@ class Names:
         """The function from an Avro datum of `schema` to its JSON form (None: the datum is its own
         JSON form). Built once per schema node from the rules above, so that converting a value walks
         the value alone: the schema is not looked at again (an outcome is converted per response)."""
-        cached = self._json_forms.get(id(schema))
-        if cached is not None and cached[0] is schema:
-            return cached[1]
-        form = self._build_json_form(schema)
-        self._json_forms[id(schema)] = (schema, form)
-        return form
+        return _once(self._json_forms, schema, self._build_json_form)
 
     def _build_json_form(self, schema: Schema) -> JsonForm | None:
         schema = self.resolve(schema)
@@ -173,12 +169,7 @@ class Names:
         the rules above (`_Misfit` where it does not fit). Built once per schema node, as `json_form`
         is, so that converting a request body walks the value alone: a Batch of 100 Enqueues is
         converted per request."""
-        cached = self._avro_forms.get(id(schema))
-        if cached is not None and cached[0] is schema:
-            return cached[1]
-        form = self._build_avro_form(schema)
-        self._avro_forms[id(schema)] = (schema, form)
-        return form
+        return _once(self._avro_forms, schema, self._build_avro_form)
 
     def _build_avro_form(self, schema: Schema) -> AvroForm:
         schema = self.resolve(schema)
@@ -288,6 +279,17 @@ class Names:
             )
             fields.append((field["name"], self.avro_form(field["type"]), default))
         return record
+
+
+def _once(built: dict[int, tuple[Schema, F]], schema: Schema, build: Callable[[Schema], F]) -> F:
+    """What `build` makes of a schema node, made once per node: by its id, kept with the node itself,
+    which so stays alive and its id is never taken for another's."""
+    cached = built.get(id(schema))
+    if cached is not None and cached[0] is schema:
+        return cached[1]
+    made = build(schema)
+    built[id(schema)] = (schema, made)
+    return made
 
 
 def full_name(schema: dict[str, Any], namespace: str = "") -> str:
