@@ -56,6 +56,10 @@ class StoreError(KeyloadError):
 class Readable(Protocol):
     def get(self, key: bytes) -> bytes | None: ...
 
+    def record(self, key: bytes, name: str) -> Record | None:
+        """The row at `key` decoded as the record `name`, a copy the caller owns (may mutate)."""
+        ...
+
     def scan(self, start: bytes, end: bytes) -> Iterator[tuple[bytes, bytes]]:
         """Key/value pairs with start <= key < end, in key order."""
         ...
@@ -144,18 +148,15 @@ class Staged:
         """The decoded record at `key`, owned by this stage: mutate it, then `put_record` it."""
         if key in self._writes or key in self._loaded:
             return self._own_record(key, name)
-        if isinstance(self._base, Staged):
-            shared = self._base._own_record(key, name)
-            if shared is None:
-                return None
-            record = clone(shared)
-        else:
-            raw = self._base.get(key)
-            if raw is None:
-                return None
-            record = REGISTRY.decode(name, raw)
-        self._loaded[key] = record
+        record = self._base.record(key, name)
+        if record is not None:
+            self._loaded[key] = record
         return record
+
+    def record(self, key: bytes, name: str) -> Record | None:
+        """A copy of this stage's record at `key`, for a child stage to own."""
+        shared = self._own_record(key, name)
+        return None if shared is None else clone(shared)
 
     def peek_record(self, key: bytes, name: str) -> Record | None:
         """The decoded record at `key` for reading only: never mutate it (it may be a parent's).
@@ -253,6 +254,13 @@ class Staged:
     def encoded_writes(self) -> dict[bytes, bytes | None]:
         """The staged writes as bytes, each pending record encoded once."""
         return {k: v.encode() if isinstance(v, _Pending) else v for k, v in self._writes.items()}
+
+    def written_records(self) -> Iterator[tuple[bytes, str, Record]]:
+        """(key, schema name, record) of each record staged decoded: what `encoded_writes` encodes
+        them from. Once the stage is committed, nothing mutates them again (a read cache keeps them)."""
+        for key, value in self._writes.items():
+            if isinstance(value, _Pending):
+                yield key, value.name, value.record
 
     def __len__(self) -> int:
         return len(self._writes)
@@ -464,6 +472,10 @@ class Store:
     def get(self, key: bytes) -> bytes | None:
         value: bytes | None = self._db.get(key)
         return value
+
+    def record(self, key: bytes, name: str) -> Record | None:
+        raw = self.get(key)
+        return None if raw is None else REGISTRY.decode(name, raw)
 
     def scan(self, start: bytes, end: bytes) -> Iterator[tuple[bytes, bytes]]:
         """The iterator is bounded at `end` inside RocksDB: a range emptied by deletions ends at its

@@ -10,9 +10,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from keyload.log.codec import REGISTRY
 from keyload.projections import read_cache
 from keyload.projections.read_cache import MAX_CACHED_VALUE_BYTES, ReadCache
-from keyload.projections.store import Store
+from keyload.projections.records import DocumentRecord, load, save
+from keyload.projections.store import Staged, Store
 
 KEYS = [bytes([0x40, n]) for n in range(8)]
 SMALL_BOUND = 4  # rows the model's cache may hold, so that it evicts
@@ -80,4 +82,91 @@ def test_a_failed_commit_forgets_every_row(tmp_path: Path) -> None:
         cache.commit({b"a": b"2"}, 0, 0)
     assert cache._rows == {}
     assert cache.get(b"a") == b"1"
+    store.close()
+
+
+DOCUMENT = DocumentRecord.SCHEMA
+document_values = st.one_of(
+    st.none(),  # deleted
+    st.binary(max_size=16),
+    st.binary(min_size=MAX_CACHED_VALUE_BYTES + 1, max_size=MAX_CACHED_VALUE_BYTES + 8),  # never kept decoded
+)
+record_operations = st.lists(
+    st.one_of(
+        st.tuples(st.just("read"), st.sampled_from(KEYS)),
+        st.tuples(st.just("mutate"), st.sampled_from(KEYS)),
+        st.tuples(st.just("group"), st.dictionaries(st.sampled_from(KEYS), document_values, max_size=4)),
+    ),
+    max_size=60,
+)
+
+
+def _decoded(store: Store, key: bytes) -> dict[str, object] | None:
+    raw = store.get(key)
+    return None if raw is None else REGISTRY.decode(DOCUMENT, raw)
+
+
+@settings(max_examples=80, deadline=None)
+@given(record_operations)
+def test_records_read_through_the_cache_are_the_store_s_decoded(script: list[tuple[str, object]]) -> None:
+    """Any interleaving of groups committed as the processor commits them (staged records over the
+    cache), reads and mutations of what was read: every record read equals the store's row decoded,
+    a reader's mutation reaches neither the cache nor the next reader, and the cache holds at most
+    its bound of records, none decoded from a row over its size bound."""
+    with tempfile.TemporaryDirectory() as tmp, pytest.MonkeyPatch.context() as patch:
+        patch.setattr(read_cache, "MAX_CACHED_RECORDS", SMALL_BOUND)
+        store = Store(Path(tmp) / "db")
+        cache = ReadCache(store)
+        offset = 0
+        try:
+            for operation, argument in script:
+                if operation == "group":
+                    assert isinstance(argument, dict)
+                    stage = Staged(cache)
+                    for key, value in argument.items():
+                        if value is None:
+                            stage.delete(key)
+                        else:
+                            before = load(stage, key, DocumentRecord)
+                            revision = 1 if before is None else before.revision + 1
+                            save(
+                                stage,
+                                key,
+                                DocumentRecord(value=value, revision=revision, updated_at_ms=offset, deleted=False),
+                            )
+                    offset += 1
+                    cache.commit(stage.encoded_writes(), offset, offset, None, stage.written_records())
+                else:
+                    assert isinstance(argument, bytes)
+                    read = cache.record(argument, DOCUMENT)
+                    assert read == _decoded(store, argument)
+                    if operation == "mutate" and read is not None:
+                        read["revision"] = -1
+                        read["value"] = b"mutated"
+                        assert cache.record(argument, DOCUMENT) == _decoded(store, argument)
+                assert len(cache._records) <= SMALL_BOUND
+                assert all(len(store.get(key) or b"") <= MAX_CACHED_VALUE_BYTES for key in cache._records)
+            for key in KEYS:
+                assert cache.record(key, DOCUMENT) == _decoded(store, key)
+        finally:
+            store.close()
+
+
+def test_a_committed_record_is_read_without_a_decode(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The records a group staged are what the next group reads: nobody decodes their rows."""
+    store = Store(tmp_path / "db")
+    cache = ReadCache(store)
+    stage = Staged(cache)
+    save(stage, b"a", DocumentRecord(value=b"v", revision=1, updated_at_ms=0, deleted=False))
+    cache.commit(stage.encoded_writes(), 0, 0, None, stage.written_records())
+    decodes: list[str] = []
+    decode = REGISTRY.decode
+    monkeypatch.setattr(REGISTRY, "decode", lambda name, raw: decodes.append(name) or decode(name, raw))
+    assert load(Staged(Staged(cache)), b"a", DocumentRecord) == DocumentRecord(
+        value=b"v", revision=1, updated_at_ms=0, deleted=False
+    )
+    assert decodes == []
+    cache.clear()
+    assert cache.record(b"a", DOCUMENT) == {"value": b"v", "revision": 1, "updated_at_ms": 0, "deleted": False}
+    assert decodes == [DOCUMENT]
     store.close()

@@ -112,6 +112,9 @@ class _Nothing:
     def get(self, key: bytes) -> bytes | None:
         return None
 
+    def record(self, key: bytes, name: str) -> dict[str, object] | None:
+        return None
+
     def scan(self, start: bytes, end: bytes) -> Iterator[tuple[bytes, bytes]]:
         return iter(())
 

@@ -300,7 +300,8 @@ class PartitionProcessor:
         try:
             self.log.sync_through(self.partition, group.applied)
             self._publish(group.published)
-            self.reads.commit(group.stage.encoded_writes(), group.applied, group.last_time, identity)
+            stage = group.stage
+            self.reads.commit(stage.encoded_writes(), group.applied, group.last_time, identity, stage.written_records())
         except LogCorruption as exc:
             self._halt_on_corruption(exc)
             return False
