@@ -27,6 +27,7 @@ its digest.
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Iterable, Iterator
 
 from keyload.bounded import remember
@@ -51,14 +52,14 @@ class ReadCache:
 
     def __init__(self, store: Store) -> None:
         self.store = store
-        self._rows: dict[bytes, bytes | None] = {}  # in read order, least recent first
-        self._records: dict[bytes, tuple[str, Record]] = {}  # decoded rows, with their schema
+        self._rows: OrderedDict[bytes, bytes | None] = OrderedDict()  # in read order, least recent first
+        self._records: OrderedDict[bytes, tuple[str, Record]] = OrderedDict()  # decoded rows, with their schema
 
     def get(self, key: bytes) -> bytes | None:
         rows = self._rows
         if key in rows:
-            value = rows[key] = rows.pop(key)  # now the most recently read
-            return value
+            rows.move_to_end(key)  # now the most recently read
+            return rows[key]
         value = self.store.get(key)
         if value is None or len(value) <= MAX_CACHED_VALUE_BYTES:
             remember(rows, key, value, MAX_CACHED_ROWS)
@@ -68,7 +69,7 @@ class ReadCache:
         records = self._records
         cached = records.get(key)
         if cached is not None and cached[0] == name:
-            records[key] = records.pop(key)  # now the most recently read
+            records.move_to_end(key)  # now the most recently read
             return clone(cached[1])
         raw = self.get(key)
         if raw is None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import base64
 import ssl
+from collections import OrderedDict
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -59,7 +60,7 @@ class HttpTransport:
         self._partitions: int | None = None
         # The upload handles the server answered reservations with, for their uploads (any server of
         # the keyring takes an upload by its handle; a Kafka processor's server needs it).
-        self._upload_handles: dict[tuple[str, int], str] = {}
+        self._upload_handles: OrderedDict[tuple[str, int], str] = OrderedDict()
 
     @property
     def partitions(self) -> int:

@@ -12,6 +12,7 @@ command's log position): that decision is the authoritative one.
 from __future__ import annotations
 
 import hmac
+from collections import OrderedDict
 
 from keyload import limits
 from keyload.bounded import remember
@@ -33,7 +34,7 @@ class Authenticator:
         # Every request of a client carries the same token: its parse is kept once the token has
         # been accepted (the checks run on every request all the same). Refused tokens are not kept,
         # so a caller sending made-up ones grows nothing.
-        self._accepted: dict[str, Credential] = {}
+        self._accepted: OrderedDict[str, Credential] = OrderedDict()
 
     def credential(self, authorization: str | None, policy: Readable | None) -> Credential:
         """The credential of an `Authorization` header, proven against the keyring and the policy
