@@ -30,7 +30,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Protocol
 
 from rocksdict import Options, Rdict, WriteBatch, WriteOptions
 
@@ -288,6 +288,14 @@ class RecordingStore(Store):
             self.commits.append((writes, applied_offset, last_time_ms))
 
 
+class Profiler(Protocol):
+    """What samples the timed loops (cProfile.Profile; bench.interpreter's perf)."""
+
+    def enable(self) -> None: ...
+
+    def disable(self) -> None: ...
+
+
 class Driver(ABC):
     """Producers, consumers and the processor of one partition, for one cycle.
 
@@ -302,7 +310,7 @@ class Driver(ABC):
         root: Path,
         cycle: Cycle,
         body_bytes: int,
-        profiler: cProfile.Profile | None = None,
+        profiler: Profiler | None = None,
         feature_level: int = 0,
     ) -> None:
         self.root = root
