@@ -68,9 +68,11 @@ class ReadCache:
     def record(self, key: bytes, name: str) -> Record | None:
         records = self._records
         cached = records.get(key)
-        if cached is not None and cached[0] == name:
-            records.move_to_end(key)  # now the most recently read
-            return clone(cached[1])
+        if cached is not None:
+            if cached[0] == name:
+                records.move_to_end(key)  # now the most recently read
+                return clone(cached[1])
+            del records[key]  # read as another record: decoded afresh, as the store's reader would
         raw = self.get(key)
         if raw is None:
             return None

@@ -238,6 +238,17 @@ def message_fence(queue: str, message_id: str, state_version: int, delivery_gene
     }
 
 
+def assert_read_cache_holds_the_store(processor: PartitionProcessor) -> None:
+    """What the processor's read cache keeps between groups, rows and decoded records, is what its
+    projection holds: no cached record was mutated after it was committed or read."""
+    reads = processor.reads
+    for key, value in reads._rows.items():
+        assert reads.store.get(key) == value, f"read cache row {key!r} differs from the projection's"
+    for key, (name, record) in reads._records.items():
+        raw = reads.store.get(key)
+        assert raw is not None and REGISTRY.decode(name, raw) == record, f"read cache record {key!r} differs"
+
+
 class Embedded:
     """The embedded deployment driven synchronously: append, then step the processors.
 
@@ -282,6 +293,8 @@ class Embedded:
     def run(self) -> None:
         while sum(p.step() for p in self.processors):
             pass
+        for processor in self.processors:
+            assert_read_cache_holds_the_store(processor)
 
     def enable_access_control(self) -> Credential:
         """Turn access control on in every partition, as `keyload run` does; the administrator's credential."""
