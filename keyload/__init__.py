@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from keyload.projections.records import MessageState, PositionState
     from keyload.sdk.async_client import AsyncClient
     from keyload.sdk.client import Client
+    from keyload.sdk.coalescer import Coalescer
     from keyload.sdk.consumer import ConsumeStats, ExactlyOnce
     from keyload.sdk.results import (
         CancelMessage,
@@ -55,6 +56,7 @@ _HOMES = {
     "PositionState": "keyload.projections.records",
     "Client": "keyload.sdk.client",
     "AsyncClient": "keyload.sdk.async_client",
+    "Coalescer": "keyload.sdk.coalescer",
     "ConsumeStats": "keyload.sdk.consumer",
     "ExactlyOnce": "keyload.sdk.consumer",
 }
@@ -73,6 +75,7 @@ __all__ = [
     "CancelMessage",
     "Capability",
     "Client",
+    "Coalescer",
     "CommandRejected",
     "ConsumeStats",
     "Credential",

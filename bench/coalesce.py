@@ -1,0 +1,238 @@
+"""Concurrent producers over HTTP, one command per message against a `Coalescer`, measured in one run.
+
+    python -m bench.coalesce [--threads K] [--messages N] [--rounds R] [--linger-ms L] [--json]
+
+A fresh `keyload run` (HTTP API on loopback, the embedded file log) and one `Client` of it shared by
+K threads (default 16), each enqueuing its N/K messages of 1 KiB (default N = 8,000) to a queue of
+its workload's own, in three ways taken in turns (R rounds, default 3):
+
+- (a) **lone**: each thread calls `client.enqueue` and waits for the answer before the next: one
+  Enqueue command (one request) per message. The reference.
+- (b) **coalesced, each call waited for**: each thread hands its message to one shared
+  `Coalescer` (linger L ms, default 0; up to 100 messages a Batch) and waits for its future before
+  the next: the same calling pattern as (a), its messages carried in Batches with the other
+  threads'.
+- (c) **coalesced, fire and collect**: each thread hands in all its messages, then waits for
+  their futures.
+
+Each workload's first WARMUP messages of each thread are untimed. Reported per workload: the median messages
+per second (wall clock from the threads' release to the last answer), the CPU per message of
+`keyload run` (every thread) and of this process, the commands sent per message, and for (a) and
+(b) the p50 and p99 of one call's wait; then the ratios of (b) and (c) to (a). Every workload's
+queue must hold exactly its messages afterwards (`enqueued_total`), or the run fails.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from keyload import Client, Coalescer, Credential
+from keyload.sdk.coalescer import DEFAULT_LINGER_MS
+from keyload.sdk.results import EnqueueResult
+
+from .common import BenchError, environment
+from .server import Server, process_cpu_s
+
+DEFAULT_THREADS = 16
+DEFAULT_MESSAGES = 8_000
+DEFAULT_ROUNDS = 3
+WARMUP = 10  # untimed messages of each thread before each timed workload
+BODY = b"x" * 1024
+DOMAIN = "bench"
+WORKLOADS = ("lone", "coalesced-waited", "coalesced-collected")
+
+
+@dataclass(frozen=True)
+class Run:
+    workload: str
+    messages: int
+    wall_s: float
+    server_cpu_s: float
+    client_cpu_s: float
+    commands: int
+    waits_s: list[float]
+
+
+Produce = Callable[[str, int, list[float]], None]  # (queue, messages, waits out) on one thread
+
+
+def producers(client: Client, coalescer: Coalescer) -> dict[str, Produce]:
+    def lone(queue: str, count: int, waits: list[float]) -> None:
+        for _ in range(count):
+            started = time.perf_counter()
+            client.enqueue(DOMAIN, queue, BODY)
+            waits.append(time.perf_counter() - started)
+
+    def waited(queue: str, count: int, waits: list[float]) -> None:
+        for _ in range(count):
+            started = time.perf_counter()
+            coalescer.enqueue(queue, BODY).result()
+            waits.append(time.perf_counter() - started)
+
+    def collected(queue: str, count: int, _: list[float]) -> None:
+        futures: list[Future[EnqueueResult]] = [coalescer.enqueue(queue, BODY) for _ in range(count)]
+        for future in futures:
+            future.result()
+
+    return dict(zip(WORKLOADS, (lone, waited, collected), strict=True))
+
+
+def run(produce: Produce, workload: str, queue: str, threads: int, per_thread: int, server_pid: int) -> Run:
+    """K threads producing at once after a warm-up of their own; the run's wall time, CPU and waits."""
+    waits: list[list[float]] = [[] for _ in range(threads)]
+    release = threading.Barrier(threads + 1)
+    done = threading.Barrier(threads + 1)
+
+    def thread(index: int) -> None:
+        produce(queue, WARMUP, [])
+        release.wait()
+        produce(queue, per_thread, waits[index])
+        done.wait()
+
+    workers = [threading.Thread(target=thread, args=(i,)) for i in range(threads)]
+    for worker in workers:
+        worker.start()
+    release.wait()
+    server_cpu, client_cpu, started = process_cpu_s(server_pid) or 0.0, time.process_time(), time.perf_counter()
+    done.wait()
+    wall = time.perf_counter() - started
+    spent = Run(
+        workload,
+        threads * per_thread,
+        wall,
+        (process_cpu_s(server_pid) or 0.0) - server_cpu,
+        time.process_time() - client_cpu,
+        0,
+        [wait for mine in waits for wait in mine],
+    )
+    for worker in workers:
+        worker.join()
+    return spent
+
+
+def measure(directory: Path, threads: int, messages: int, rounds: int, linger_ms: int) -> dict[str, Any]:
+    per_thread = messages // threads
+    if per_thread < 1:
+        raise BenchError("--messages must be at least --threads")
+    root = directory / "data"
+    server = Server(root)
+    runs: list[Run] = []
+    try:
+        credential = Credential.load(root / "credentials" / "keyload-admin.json")
+        with (
+            Client(server.url, credential=credential) as client,
+            Coalescer(client, DOMAIN, linger_ms=linger_ms) as coalescer,
+        ):
+            by_workload = producers(client, coalescer)
+            for round_ in range(rounds):
+                for workload in WORKLOADS:
+                    queue = f"{workload}-{round_}"
+                    client.create_queue(DOMAIN, queue)
+                    commands = coalescer.stats.commands
+                    measured = run(by_workload[workload], workload, queue, threads, per_thread, server.pid)
+                    total = threads * (per_thread + WARMUP)
+                    sent = total if workload == "lone" else coalescer.stats.commands - commands
+                    runs.append(replace(measured, commands=sent))
+                    enqueued = client.inspect_queue(DOMAIN, queue).counters.enqueued_total
+                    if enqueued != total:
+                        raise BenchError(f"{queue} holds {enqueued} messages, not {total}")
+                    server.check_alive()
+            coalescer.close()
+    finally:
+        server.stop()
+    return {**summary(runs, threads, per_thread), "linger_ms": linger_ms}
+
+
+def summary(runs: list[Run], threads: int, per_thread: int) -> dict[str, Any]:
+    workloads: dict[str, Any] = {}
+    for workload in WORKLOADS:
+        mine = [run for run in runs if run.workload == workload]
+        waits = sorted(wait for run in mine for wait in run.waits_s)
+
+        def per_message_us(cpu: Callable[[Run], float]) -> int:
+            return round(statistics.median(1e6 * cpu(run) / run.messages for run in mine))  # noqa: B023
+
+        workloads[workload] = {
+            "messages_per_s": [round(run.messages / run.wall_s) for run in mine],
+            "median_messages_per_s": round(statistics.median(run.messages / run.wall_s for run in mine)),
+            "server_cpu_us_per_message": round(
+                statistics.median(1e6 * run.server_cpu_s / run.messages for run in mine)
+            ),
+            "client_cpu_us_per_message": round(
+                statistics.median(1e6 * run.client_cpu_s / run.messages for run in mine)
+            ),
+            "commands_per_message": round(
+                statistics.median(run.commands / (run.messages + threads * WARMUP) for run in mine), 3
+            ),
+            "wait_p50_ms": round(1e3 * waits[len(waits) // 2], 2) if waits else None,
+            "wait_p99_ms": round(1e3 * waits[int(len(waits) * 0.99)], 2) if waits else None,
+        }
+    lone = workloads["lone"]["median_messages_per_s"]
+    return {
+        "threads": threads,
+        "messages_per_thread": per_thread,
+        "rounds": len(runs) // len(WORKLOADS),
+        "workloads": workloads,
+        "ratios_to_lone": {
+            workload: round(workloads[workload]["median_messages_per_s"] / lone, 2) for workload in WORKLOADS[1:]
+        },
+    }
+
+
+def table(result: dict[str, Any]) -> str:
+    lines = [
+        f"keyload bench.coalesce: {result['threads']} threads x {result['messages_per_thread']} messages of "
+        f"{len(BODY)} B, one shared Client over HTTP, "
+        f"linger {result['linger_ms']} ms, {result['rounds']} rounds (medians)",
+        f"python {sys.version.split()[0]}; {result['environment']['cpus']} cpus",
+        "",
+        f"{'':24} {'msg/s':>8} {'runs':>22} {'server µs/msg':>14} {'client µs/msg':>14} {'cmd/msg':>8}"
+        f" {'wait p50 ms':>12} {'p99 ms':>8}",
+    ]
+    for workload, figures in result["workloads"].items():
+        shown = ", ".join(f"{rate:,}" for rate in figures["messages_per_s"])
+        p50 = "-" if figures["wait_p50_ms"] is None else f"{figures['wait_p50_ms']:.2f}"
+        p99 = "-" if figures["wait_p99_ms"] is None else f"{figures['wait_p99_ms']:.2f}"
+        lines.append(
+            f"{workload:24} {figures['median_messages_per_s']:>8,} {shown:>22}"
+            f" {figures['server_cpu_us_per_message']:>14,} {figures['client_cpu_us_per_message']:>14,}"
+            f" {figures['commands_per_message']:>8} {p50:>12} {p99:>8}"
+        )
+    lines.append("")
+    for workload, ratio in result["ratios_to_lone"].items():
+        lines.append(f"{workload} / lone, msg/s: {ratio}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.coalesce", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--threads", type=int, default=DEFAULT_THREADS, help="producer threads (default 16)")
+    parser.add_argument("--messages", type=int, default=DEFAULT_MESSAGES, help="timed messages per workload (8,000)")
+    parser.add_argument("--rounds", type=int, default=DEFAULT_ROUNDS, help="turns of the three workloads (default 3)")
+    parser.add_argument("--linger-ms", type=int, default=DEFAULT_LINGER_MS, help="the coalescer's (default 0)")
+    parser.add_argument("--json", action="store_true", help="print the result as JSON")
+    args = parser.parse_args(argv)
+    with tempfile.TemporaryDirectory(prefix="keyload-bench-coalesce-") as directory:
+        try:
+            result = measure(Path(directory), args.threads, args.messages, args.rounds, args.linger_ms)
+        except BenchError as exc:
+            print(f"bench.coalesce: {exc}", file=sys.stderr)
+            return 1
+        result["environment"] = environment(0, Path(directory))
+    print(json.dumps(result, indent=2) if args.json else table(result))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,306 @@
+"""The coalescer (keyload/sdk/coalescer.py, docs/ARCHITECTURE.md §10) against a real `keyload run`, over
+HTTP and through the file log.
+
+What a user notices: every call's future answers with its own result or its own typed error, as the
+call on its own would have; messages are enqueued once each, in the order handed in; many calls go
+as few commands; a service that is away (stopped, or killed with -9 mid-load) delays the answers
+and loses or doubles nothing.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from concurrent.futures import Future
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from keyload import Client, Coalescer, Credential
+from keyload.errors import CommandRejected, ConflictError, KeyloadError, NotFoundError, ValidationError
+from keyload.limits import MAX_INLINE_BODY_BYTES
+from keyload.log.base import partition_for
+from keyload.operations.recovery import drill
+from keyload.sdk.results import EnqueueResult
+from keyload.storage.datadir import DataDir
+
+from .support import assert_each_enqueued_once, served_url, start_service, stop_service, wait_until
+from .test_server_crash import free_port
+
+LONG_LINGER_MS = 60_000  # the tests' commands go when full or flushed, never by the clock
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, str]]:
+    root = tmp_path_factory.mktemp("coalescer") / "data"
+    process = start_service(root)
+    try:
+        yield root, served_url(root)
+    finally:
+        assert stop_service(process) == 0
+
+
+@pytest.fixture
+def client(served: tuple[Path, str]) -> Iterator[Client]:
+    root, url = served
+    with Client(url, credential=Credential.load(root / "credentials" / "keyload-admin.json")) as client:
+        yield client
+
+
+def new_domain() -> str:
+    return f"co-{uuid.uuid4().hex[:12]}"
+
+
+def drained(client: Client, domain: str, queue: str) -> list[tuple[str, bytes]]:
+    """The queue's messages (id, body) in delivery order, each received and acked."""
+    seen: list[tuple[str, bytes]] = []
+    while deliveries := client.receive(domain, queue, max_messages=10).deliveries:
+        seen += [(delivery.message_id, delivery.body) for delivery in deliveries]
+        client.ack_batch(domain, [delivery.token for delivery in deliveries])
+    return seen
+
+
+def error_of(future: Future[Any]) -> BaseException | None:
+    return future.exception(timeout=60)
+
+
+def test_calls_from_many_threads_go_as_full_batches_and_each_message_once(client: Client) -> None:
+    domain = new_domain()
+    client.create_queue(domain, "jobs")
+    threads, per_thread = 8, 50
+    futures: dict[str, Future[EnqueueResult]] = {}
+    with Coalescer(client, domain, linger_ms=LONG_LINGER_MS) as coalescer:
+
+        def hand_in(thread: int) -> None:
+            for n in range(per_thread):
+                futures[f"t{thread}-{n}"] = coalescer.enqueue("jobs", f"t{thread}-{n}".encode())
+
+        workers = [threading.Thread(target=hand_in, args=(t,)) for t in range(threads)]
+        for worker in workers:
+            worker.start()
+        for worker in workers:
+            worker.join()
+        results = {body: future.result(timeout=60) for body, future in futures.items()}
+    # 400 calls, 100 to a Batch: four commands, each sent the moment it was full.
+    assert (coalescer.stats.commands, coalescer.stats.messages, coalescer.stats.resent) == (4, 400, 0)
+    assert sorted(result.enqueue_sequence for result in results.values()) == list(range(1, 401))
+    received = drained(client, domain, "jobs")
+    assert sorted(body.decode() for _, body in received) == sorted(futures)
+    assert {message_id: body.decode() for message_id, body in received} == {
+        result.message_id: body for body, result in results.items()
+    }
+    # One thread's messages keep its order.
+    order = [body.decode() for _, body in received]
+    for thread in range(threads):
+        mine = [body for body in order if body.startswith(f"t{thread}-")]
+        assert mine == [f"t{thread}-{n}" for n in range(per_thread)]
+
+
+def test_a_refused_message_gets_its_own_error_and_the_others_are_enqueued_in_order(client: Client) -> None:
+    domain = new_domain()
+    client.create_queue(domain, "jobs")
+    with Coalescer(client, domain, linger_ms=LONG_LINGER_MS) as coalescer:
+        first = coalescer.enqueue("jobs", b"1", message_id="m1")
+        missing = coalescer.enqueue("absent", b"2", message_id="m2")
+        third = coalescer.enqueue("jobs", b"3", message_id="m3")
+        reused = coalescer.enqueue("jobs", b"4", message_id="m1")
+        too_large = coalescer.enqueue("jobs", b"x" * (MAX_INLINE_BODY_BYTES + 1), message_id="m5")
+        last = coalescer.enqueue("jobs", b"6", message_id="m6")
+        coalescer.flush(timeout_s=60)
+        assert [future.result().message_id for future in (first, third, last)] == ["m1", "m3", "m6"]
+        assert isinstance(error_of(missing), NotFoundError)
+        assert isinstance(error_of(reused), ConflictError)
+        assert str(error_of(reused)) == "Conflict: message id is already used in this queue"
+        assert isinstance(error_of(too_large), ValidationError)
+    # One Batch carried all six; each of its three refusals sent the rest again as a new Batch.
+    assert (coalescer.stats.commands, coalescer.stats.resent, coalescer.stats.messages) == (4, 3, 3)
+    assert drained(client, domain, "jobs") == [("m1", b"1"), ("m3", b"3"), ("m6", b"6")]
+
+
+def test_each_coalesced_ack_answers_as_a_lone_ack_would(client: Client) -> None:
+    domain = new_domain()
+    client.create_queue(domain, "jobs")
+    for n in range(5):
+        client.enqueue(domain, "jobs", b"x", message_id=f"m{n}")
+    deliveries = client.receive(domain, "jobs", max_messages=5).deliveries
+    client.ack(domain, deliveries[0].token)
+    with pytest.raises(CommandRejected) as lone:
+        client.ack(domain, deliveries[0].token)
+    with Coalescer(client, domain, linger_ms=LONG_LINGER_MS) as coalescer:
+        futures = [coalescer.ack(delivery.token) for delivery in deliveries]
+        coalescer.flush(timeout_s=60)
+    refusal = error_of(futures[0])
+    assert type(refusal) is type(lone.value)
+    assert isinstance(refusal, CommandRejected)
+    assert refusal.outcome.error_code == lone.value.outcome.error_code
+    assert [future.result().message_id for future in futures[1:]] == ["m1", "m2", "m3", "m4"]
+    assert coalescer.stats.commands == 1
+    assert client.inspect_queue(domain, "jobs").counters.stored_messages == 0
+
+
+def test_enqueues_and_acks_share_one_coalescer(client: Client) -> None:
+    domain = new_domain()
+    client.create_queue(domain, "jobs")
+    client.enqueue(domain, "jobs", b"old", message_id="old")
+    (delivery,) = client.receive(domain, "jobs").deliveries
+    with Coalescer(client, domain, linger_ms=LONG_LINGER_MS) as coalescer:
+        new = coalescer.enqueue("jobs", b"new", message_id="new")
+        acked = coalescer.ack(delivery.token)
+        coalescer.flush(timeout_s=60)
+        assert new.result().message_id == "new"
+        assert acked.result().message_id == "old"
+    assert coalescer.stats.commands == 2
+    assert drained(client, domain, "jobs") == [("new", b"new")]
+
+
+def test_a_cancelled_call_is_left_out_and_a_full_coalescer_pushes_back(client: Client) -> None:
+    domain = new_domain()
+    client.create_queue(domain, "jobs")
+    coalescer = Coalescer(client, domain, linger_ms=LONG_LINGER_MS, max_pending=2, block_s=0)
+    cancelled = coalescer.enqueue("jobs", b"a", message_id="a")
+    kept = coalescer.enqueue("jobs", b"b", message_id="b")
+    with pytest.raises(TimeoutError):
+        coalescer.enqueue("jobs", b"c", message_id="c")
+    assert cancelled.cancel()
+    coalescer.close()
+    assert kept.result().message_id == "b"
+    with pytest.raises(KeyloadError, match="closed"):
+        coalescer.enqueue("jobs", b"d")
+    assert drained(client, domain, "jobs") == [("b", b"b")]
+
+
+def test_options_out_of_range_are_refused(client: Client) -> None:
+    for options in ({"linger_ms": -1}, {"max_messages": 0}, {"max_messages": 101}, {"max_bytes": 0}):
+        with pytest.raises(ValueError):
+            Coalescer(client, "d", **options)
+
+
+# One call as the model says a lone enqueue would end: a message id that is new in its queue is
+# enqueued; a used one is Conflict; a queue that does not exist is NotFound; an empty id Validation.
+CALLS = st.lists(
+    st.tuples(st.sampled_from(["jobs", "jobs", "other", "absent"]), st.sampled_from(["a", "b", "c", "d", ""])),
+    min_size=1,
+    max_size=30,
+)
+
+
+@settings(max_examples=12, deadline=None)
+@given(calls=CALLS, max_messages=st.integers(1, 8), max_bytes=st.sampled_from([1, 3, 1024]))
+def test_coalesced_calls_end_as_lone_calls_in_order_would(
+    served: tuple[Path, str], calls: list[tuple[str, str]], max_messages: int, max_bytes: int
+) -> None:
+    root, url = served
+    domain = new_domain()
+    with Client(url, credential=Credential.load(root / "credentials" / "keyload-admin.json")) as client:
+        for queue in ("jobs", "other"):
+            client.create_queue(domain, queue)
+        with Coalescer(
+            client, domain, linger_ms=LONG_LINGER_MS, max_messages=max_messages, max_bytes=max_bytes
+        ) as coalescer:
+            futures = [coalescer.enqueue(queue, b"xy", message_id=message_id) for queue, message_id in calls]
+            coalescer.flush(timeout_s=120)
+        used: dict[str, list[str]] = {"jobs": [], "other": []}
+        for (queue, message_id), future in zip(calls, futures, strict=True):
+            error = error_of(future)
+            if queue == "absent":
+                assert isinstance(error, NotFoundError)
+            elif message_id == "":
+                assert isinstance(error, ValidationError)
+            elif message_id in used[queue]:
+                assert isinstance(error, ConflictError)
+            else:
+                assert error is None, error
+                used[queue].append(message_id)
+        for queue, ids in used.items():
+            assert [message_id for message_id, _ in drained(client, domain, queue)] == ids
+
+
+def test_calls_wait_out_a_stopped_service_and_apply_once(tmp_path: Path) -> None:
+    """Through the file log: the outcomes do not come while no service runs, so each command is
+    appended again by its command id until the service is back; each message is enqueued once."""
+    root = tmp_path / "data"
+    service = start_service(root, "--listen", "none")
+    with Client(root) as admin:
+        admin.create_queue("away", "jobs")
+    assert stop_service(service) == 0
+    with Client(root, timeout_s=0.5) as client, Coalescer(client, "away", linger_ms=0, max_messages=2) as coalescer:
+        futures = [coalescer.enqueue("jobs", f"p0-{n}".encode(), message_id=f"p0-{n}") for n in range(5)]
+        wait_until(lambda: coalescer.stats.retries >= 2, 30, "the coalescer to try again")
+        assert not any(future.done() for future in futures)
+        service = start_service(root, "--listen", "none")
+        try:
+            assert [future.result(timeout=60).message_id for future in futures] == [f"p0-{n}" for n in range(5)]
+        finally:
+            coalescer.close()
+            assert stop_service(service) == 0
+    assert coalescer.stats.commands == 3
+    service = start_service(root, "--listen", "none")
+    try:
+        with Client(root) as admin:
+            assert_each_enqueued_once(admin, "away", "jobs", 1, 5)
+    finally:
+        assert stop_service(service) == 0
+
+
+PRODUCERS = 4
+GIVE_UP_S = 180.0  # how long a producer may block for room while the server is away
+MESSAGES = 200  # per producer (the queue leases up to 1,000 at once: all of them are received to check)
+
+
+@pytest.mark.slow
+def test_a_server_killed_mid_load_loses_and_doubles_nothing(tmp_path: Path) -> None:
+    """kill -9 of `keyload run` while four threads hand messages to one coalescer over HTTP: the
+    commands in flight are sent again by their ids through the restart, every future answers with
+    its message's result, each message is in the queue once, and the drill passes."""
+    root = tmp_path / "data"
+    listen = f"127.0.0.1:{free_port()}"
+    url = f"http://{listen}"
+    service = start_service(root, "--listen", listen)
+    credential = Credential.load(root / "credentials" / "keyload-admin.json")
+    futures: list[Future[EnqueueResult]] = []
+    with Client(url, credential=credential, timeout_s=5) as client:
+        client.create_queue("crash", "jobs")
+        coalescer = Coalescer(client, "crash", max_messages=20, max_pending=100, block_s=GIVE_UP_S)
+
+        killed = threading.Event()
+
+        def produce(producer: int) -> None:
+            for n in range(MESSAGES):
+                if n == MESSAGES * 2 // 3:
+                    killed.wait()  # the last third is handed in after the kill: tried while the server is down
+                futures.append(coalescer.enqueue("jobs", f"p{producer}-{n}".encode(), message_id=f"p{producer}-{n}"))
+
+        threads = [threading.Thread(target=produce, args=(p,)) for p in range(PRODUCERS)]
+        for thread in threads:
+            thread.start()
+        try:
+            wait_until(lambda: coalescer.stats.messages >= PRODUCERS * MESSAGES // 3, 120, "a third of the messages")
+            service.send_signal(signal.SIGKILL)
+            service.wait()
+            killed.set()
+            time.sleep(0.5)  # the coalescer meets a server that is not there
+            service = start_service(root, "--listen", listen)
+            for thread in threads:
+                thread.join(180)
+            coalescer.close()
+            answered = [future.result(timeout=0) for future in futures]
+        finally:
+            if service.poll() is None:
+                assert stop_service(service, 30) == 0
+    assert len(answered) == PRODUCERS * MESSAGES
+    assert coalescer.stats.retries > 0, "commands were tried while the server was down"
+    service = start_service(root, "--listen", listen)
+    try:
+        with Client(url, credential=credential) as admin:
+            assert_each_enqueued_once(admin, "crash", "jobs", PRODUCERS, MESSAGES)
+    finally:
+        assert stop_service(service, 30) == 0
+    data = DataDir.open(root)
+    report = drill(data, partition_for("crash", data.partitions), tmp_path / "drill", progress=False)
+    assert report.passed, report
