@@ -154,26 +154,22 @@ def measure(directory: Path, threads: int, messages: int, rounds: int, linger_ms
     return {**summary(runs, threads, per_thread), "linger_ms": linger_ms}
 
 
+def median_of(runs: list[Run], figure: Callable[[Run], float]) -> float:
+    return statistics.median(figure(run) for run in runs)
+
+
 def summary(runs: list[Run], threads: int, per_thread: int) -> dict[str, Any]:
     workloads: dict[str, Any] = {}
     for workload in WORKLOADS:
         mine = [run for run in runs if run.workload == workload]
         waits = sorted(wait for run in mine for wait in run.waits_s)
-
-        def per_message_us(cpu: Callable[[Run], float]) -> int:
-            return round(statistics.median(1e6 * cpu(run) / run.messages for run in mine))  # noqa: B023
-
         workloads[workload] = {
             "messages_per_s": [round(run.messages / run.wall_s) for run in mine],
-            "median_messages_per_s": round(statistics.median(run.messages / run.wall_s for run in mine)),
-            "server_cpu_us_per_message": round(
-                statistics.median(1e6 * run.server_cpu_s / run.messages for run in mine)
-            ),
-            "client_cpu_us_per_message": round(
-                statistics.median(1e6 * run.client_cpu_s / run.messages for run in mine)
-            ),
+            "median_messages_per_s": round(median_of(mine, lambda run: run.messages / run.wall_s)),
+            "server_cpu_us_per_message": round(median_of(mine, lambda run: 1e6 * run.server_cpu_s / run.messages)),
+            "client_cpu_us_per_message": round(median_of(mine, lambda run: 1e6 * run.client_cpu_s / run.messages)),
             "commands_per_message": round(
-                statistics.median(run.commands / (run.messages + threads * WARMUP) for run in mine), 3
+                median_of(mine, lambda run: run.commands / (run.messages + threads * WARMUP)), 3
             ),
             "wait_p50_ms": round(1e3 * waits[len(waits) // 2], 2) if waits else None,
             "wait_p99_ms": round(1e3 * waits[int(len(waits) * 0.99)], 2) if waits else None,

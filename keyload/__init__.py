@@ -1,8 +1,9 @@
 """keyload: a durable messaging engine built as an event-sourced log processor.
 
 The public surface is what this module exports: the `Client`, the exception root and the
-error codes, the typed results a client sends and receives, and the consumer helpers'
-options. Everything else (`keyload.sdk`, `keyload.service`, `keyload.processors`, ...) is
+error codes, the typed results a client sends and receives, the consumer helpers'
+options, and the `Coalescer` (many threads' enqueues and acks as batch commands).
+Everything else (`keyload.sdk`, `keyload.service`, `keyload.processors`, ...) is
 reachable for operators and tests but not promised to stay where it is.
 
 Names are loaded when first used (PEP 562), so `import keyload.cli` or `keyload.errors`

@@ -11,6 +11,7 @@ free of SDK imports):
     │   └── ValidationError, NotFoundError, ConflictError, ... one per error code (`BY_CODE`)
     ├── OutcomeTimeout                    no outcome in time: resubmit with the same command id
     ├── ServiceUnavailable                a keyload server cannot take the command now: resubmit with the same id
+    ├── CoalescerTimeout (also TimeoutError)  keyload.sdk.coalescer: no room for a call, or no answers, in time
     ├── InvalidCommand (also ValueError)  refused by the client before appending: nothing was appended
     │   └── CommandTooLarge               the encoded command is over the log's record limit
     ├── DataDirError                      keyload.storage.datadir: the data directory is missing or unreadable
@@ -118,6 +119,12 @@ class ServiceUnavailable(KeyloadError):
     """A keyload server could not take the command now: it cannot be reached, the partition is halted,
     or its log cannot be written. Nothing may have been applied, or it may: resubmit with the same
     `command_id` to learn its outcome without applying it twice."""
+
+
+class CoalescerTimeout(KeyloadError, TimeoutError):
+    """A caller of a coalescer (keyload/sdk/coalescer.py) waited longer than it allows: for room to hand
+    a call in (`block_s`: nothing was handed in), or for the answers of `flush` or `close`. Defined
+    here so that the tree above names it. Also a `TimeoutError`."""
 
 
 class CensusError(KeyloadError):

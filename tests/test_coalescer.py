@@ -23,7 +23,16 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from keyload import Client, Coalescer, Credential
-from keyload.errors import CommandRejected, ConflictError, KeyloadError, NotFoundError, ValidationError
+from keyload.errors import (
+    CoalescerTimeout,
+    CommandRejected,
+    ConflictError,
+    InvalidCommand,
+    KeyloadError,
+    NotFoundError,
+    OutcomeTimeout,
+    ValidationError,
+)
 from keyload.limits import MAX_INLINE_BODY_BYTES
 from keyload.log.base import partition_for
 from keyload.operations.recovery import drill
@@ -114,7 +123,9 @@ def test_a_refused_message_gets_its_own_error_and_the_others_are_enqueued_in_ord
         last = coalescer.enqueue("jobs", b"6", message_id="m6")
         coalescer.flush(timeout_s=60)
         assert [future.result().message_id for future in (first, third, last)] == ["m1", "m3", "m6"]
-        assert isinstance(error_of(missing), NotFoundError)
+        refused = error_of(missing)
+        assert isinstance(refused, NotFoundError)
+        assert (refused.failed_index, refused.outcome.status, refused.outcome.error_code) == (1, "rejected", "NotFound")
         assert isinstance(error_of(reused), ConflictError)
         assert str(error_of(reused)) == "Conflict: message id is already used in this queue"
         assert isinstance(error_of(too_large), ValidationError)
@@ -165,7 +176,7 @@ def test_a_cancelled_call_is_left_out_and_a_full_coalescer_pushes_back(client: C
     coalescer = Coalescer(client, domain, linger_ms=LONG_LINGER_MS, max_pending=2, block_s=0)
     cancelled = coalescer.enqueue("jobs", b"a", message_id="a")
     kept = coalescer.enqueue("jobs", b"b", message_id="b")
-    with pytest.raises(TimeoutError):
+    with pytest.raises(CoalescerTimeout):
         coalescer.enqueue("jobs", b"c", message_id="c")
     assert cancelled.cancel()
     coalescer.close()
@@ -175,10 +186,86 @@ def test_a_cancelled_call_is_left_out_and_a_full_coalescer_pushes_back(client: C
     assert drained(client, domain, "jobs") == [("b", b"b")]
 
 
-def test_options_out_of_range_are_refused(client: Client) -> None:
-    for options in ({"linger_ms": -1}, {"max_messages": 0}, {"max_messages": 101}, {"max_bytes": 0}):
-        with pytest.raises(ValueError):
-            Coalescer(client, "d", **options)
+def test_a_call_that_cannot_be_sent_as_given_fails_alone(client: Client) -> None:
+    """A field of the wrong type makes the client refuse the whole Batch before sending it: each call
+    then goes alone, so only the bad one fails (InvalidCommand, as a lone enqueue would)."""
+    domain = new_domain()
+    client.create_queue(domain, "jobs")
+    headers = {"n": "0"}
+    with Coalescer(client, domain, linger_ms=LONG_LINGER_MS) as coalescer:
+        first = coalescer.enqueue("jobs", b"1", message_id="m1", headers=headers)
+        headers["n"] = "1"  # handed in: the coalescer keeps its own copy
+        bad = coalescer.enqueue("jobs", b"2", message_id="m2", ordering_key=5)  # type: ignore[arg-type]
+        last = coalescer.enqueue("jobs", b"3", message_id="m3", headers=headers)
+        coalescer.flush(timeout_s=60)
+    assert isinstance(error_of(bad), InvalidCommand)
+    assert (first.result().message_id, last.result().message_id) == ("m1", "m3")
+    assert coalescer.stats.resent == 3
+    received = client.receive(domain, "jobs", max_messages=10).deliveries
+    assert [(d.message_id, d.headers) for d in received] == [("m1", {"n": "0"}), ("m3", {"n": "1"})]
+
+
+def test_a_full_coalescer_sends_without_waiting_out_its_linger(client: Client) -> None:
+    """Callers blocked for room make the waiting command due at once, whatever the linger."""
+    domain = new_domain()
+    client.create_queue(domain, "jobs")
+    with Coalescer(client, domain, linger_ms=LONG_LINGER_MS, max_pending=1, block_s=30) as coalescer:
+        futures = [coalescer.enqueue("jobs", b"x", message_id=f"m{n}") for n in range(3)]
+        assert [future.result(timeout=30).message_id for future in futures] == ["m0", "m1", "m2"]
+
+
+def test_a_callback_may_hand_in_but_not_flush_or_close(client: Client) -> None:
+    domain = new_domain()
+    client.create_queue(domain, "jobs")
+    raised: list[BaseException] = []
+    followers: list[Future[EnqueueResult]] = []
+    with Coalescer(client, domain) as coalescer:
+
+        def on_done(_: Future[EnqueueResult]) -> None:
+            followers.append(coalescer.enqueue("jobs", b"after", message_id="after"))
+            for wait in (coalescer.flush, coalescer.close):
+                try:
+                    wait()
+                except KeyloadError as error:
+                    raised.append(error)
+
+        coalescer.enqueue("jobs", b"first", message_id="first").add_done_callback(on_done)
+        wait_until(lambda: len(raised) == 2, 30, "the callback")
+    assert [str(error) for error in raised] == [
+        f"{what} from a future's callback: callbacks run on the coalescer's own thread" for what in ("flush", "close")
+    ]
+    assert followers[0].result(timeout=0).message_id == "after"
+
+
+def test_a_command_without_an_answer_gives_up_after_the_delivery_timeout(tmp_path: Path) -> None:
+    """No service: each try times out, the command is tried again by its id, and one second after the
+    call was handed in its future gets the OutcomeTimeout."""
+    root = tmp_path / "data"
+    DataDir.create(root, 2)
+    with Client(root, timeout_s=0.2) as client:
+        with Coalescer(client, "away", delivery_timeout_s=1.0) as coalescer:
+            future = coalescer.enqueue("jobs", b"x")
+            assert isinstance(error_of(future), OutcomeTimeout)
+        assert coalescer.stats.commands == 1 and coalescer.stats.retries >= 2
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"linger_ms": -1},
+        {"linger_ms": 60_001},
+        {"max_messages": 0},
+        {"max_messages": 101},
+        {"max_bytes": 0},
+        {"max_bytes": 2 * 1024 * 1024 + 1},
+        {"max_pending": 0},
+        {"block_s": -1},
+        {"delivery_timeout_s": -1},
+    ],
+)
+def test_options_out_of_range_are_refused(client: Client, options: dict[str, Any]) -> None:
+    with pytest.raises(ValueError):
+        Coalescer(client, "d", **options)
 
 
 # One call as the model says a lone enqueue would end: a message id that is new in its queue is
@@ -200,11 +287,24 @@ def test_coalesced_calls_end_as_lone_calls_in_order_would(
     with Client(url, credential=Credential.load(root / "credentials" / "keyload-admin.json")) as client:
         for queue in ("jobs", "other"):
             client.create_queue(domain, queue)
+        sizes: list[int] = []  # messages each command carried
+        submit = client.submit
+
+        def counted(domain: str, kind: str, body: dict[str, Any], *args: Any) -> Any:
+            sizes.append(len(body["mutations"]))
+            return submit(domain, kind, body, *args)
+
+        client.submit = counted  # type: ignore[method-assign]
         with Coalescer(
             client, domain, linger_ms=LONG_LINGER_MS, max_messages=max_messages, max_bytes=max_bytes
         ) as coalescer:
             futures = [coalescer.enqueue(queue, b"xy", message_id=message_id) for queue, message_id in calls]
             coalescer.flush(timeout_s=120)
+        del client.submit  # the class's again
+        # Each command within the limits (bodies of 2 bytes: a max_bytes under 4 sends them one by one),
+        # and the first carried as many as fit.
+        assert max(sizes) <= (max_messages if max_bytes >= 4 else 1)
+        assert sizes[0] == min(len(calls), max_messages if max_bytes >= 4 else 1)
         used: dict[str, list[str]] = {"jobs": [], "other": []}
         for (queue, message_id), future in zip(calls, futures, strict=True):
             error = error_of(future)

@@ -39,6 +39,7 @@ USER_FACING = (
     "keyload.cli",
     "keyload.sdk.client",
     "keyload.sdk.consumer",
+    "keyload.sdk.coalescer",
     "keyload.sdk.results",
     "keyload.storage.datadir",
     "keyload.storage.keyring",
