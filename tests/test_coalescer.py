@@ -205,6 +205,27 @@ def test_a_call_that_cannot_be_sent_as_given_fails_alone(client: Client) -> None
     assert [(d.message_id, d.headers) for d in received] == [("m1", {"n": "0"}), ("m3", {"n": "1"})]
 
 
+def test_a_body_or_headers_of_the_wrong_type_are_refused_at_once_and_what_is_handed_in_is_copied(
+    client: Client,
+) -> None:
+    domain = new_domain()
+    client.create_queue(domain, "jobs")
+    with Coalescer(client, domain, linger_ms=LONG_LINGER_MS) as coalescer:
+        with pytest.raises(InvalidCommand, match="body must be bytes"):
+            coalescer.enqueue("jobs", "text")  # type: ignore[arg-type]
+        with pytest.raises(InvalidCommand, match="headers must map str to str"):
+            coalescer.enqueue("jobs", b"x", headers={"n": 5})  # type: ignore[dict-item]
+        body = bytearray(b"as handed in")
+        future = coalescer.enqueue("jobs", body, message_id="m")  # type: ignore[arg-type]
+        body[:] = b"changed after"
+        mine = coalescer.enqueue("jobs", b"y", message_id="mine")
+        mine.set_result("settled by its caller")  # left as it is; the others still go
+        coalescer.flush(timeout_s=60)
+    assert future.result().message_id == "m"
+    assert mine.result() == "settled by its caller"
+    assert drained(client, domain, "jobs") == [("m", b"as handed in")]
+
+
 def test_a_full_coalescer_sends_without_waiting_out_its_linger(client: Client) -> None:
     """Callers blocked for room make the waiting command due at once, whatever the linger."""
     domain = new_domain()

@@ -5,7 +5,7 @@ signature, routing, the stored outcome), and a request costs the server and the 
 again: an Enqueue inside a Batch of 100 costs a fraction of an Enqueue on its own (bench.coalesce,
 bench/README.md). A `Coalescer` sends what its callers hand it from a thread of its own, one command
 at a time: calls gather while a command is in flight (and for `linger_ms` after the first, if set).
-Each call returns a `Future` at once.
+Each call returns a `Future`, at once unless `max_pending` calls already wait.
 
     with Coalescer(client, "shop") as coalescer:
         futures = [coalescer.enqueue("orders", body) for body in bodies]
@@ -31,7 +31,8 @@ What a caller keeps (docs/ARCHITECTURE.md §10 says it in full, with every defau
 - **Back-pressure.** At most `max_pending` calls wait; a further call blocks up to `block_s`.
 
 Futures are settled on the coalescer's thread, so their done-callbacks run there: a callback may
-hand in a call while there is room, but not `flush` or `close` (`KeyloadError`). The thread is a
+hand in a call while there is room, but not `flush` or `close` (`KeyloadError`), and must not wait
+for another of its futures (the thread would wait on itself). The thread is a
 daemon: close the coalescer (or leave its `with` block) before the program ends, or what is
 pending is lost unsent. In an asyncio program, await `asyncio.wrap_future(coalescer.enqueue(...))`
 given `Coalescer(async_client.client, domain)`. The coalescer's thread is the only user of a local
@@ -41,12 +42,13 @@ pool is thread-safe).
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 import uuid
 from collections import deque
 from collections.abc import Callable
-from concurrent.futures import Future
+from concurrent.futures import Future, InvalidStateError
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
@@ -182,17 +184,24 @@ class Coalescer:
         expires_at_ms: int | None = None,
     ) -> Future[EnqueueResult]:
         """Enqueue one message in a Batch with others: its `EnqueueResult`, or its own error, in time.
-        `message_id` defaults to a new UUID (the future's result names it); `headers` are copied."""
+        `message_id` defaults to a new UUID (the future's result names it). The body and headers are
+        copied when handed in; a body that is not bytes, or headers that are not str to str, are
+        `InvalidCommand` at once."""
+        if not isinstance(body, bytes | bytearray | memoryview):
+            raise InvalidCommand("a message's body must be bytes; nothing was handed in")
+        copied = dict(headers or {})
+        if not all(isinstance(name, str) and isinstance(value, str) for name, value in copied.items()):
+            raise InvalidCommand("a message's headers must map str to str; nothing was handed in")
         message = EnqueueMessage(
             queue=queue,
             message_id=str(uuid.uuid4()) if message_id is None else message_id,
-            body=body,
-            headers=dict(headers or {}),
+            body=bytes(body),
+            headers=copied,
             ordering_key=ordering_key,
             not_before_ms=not_before_ms,
             expires_at_ms=expires_at_ms,
         )
-        size = len(body) + sum(len(name.encode()) + len(value.encode()) for name, value in message.headers.items())
+        size = len(message.body) + sum(len(name.encode()) + len(value.encode()) for name, value in copied.items())
         return self._hand_in(self._enqueues, message, size)
 
     def ack(self, token: str) -> Future[TokenResult]:
@@ -273,21 +282,22 @@ class Coalescer:
                         self._work.wait(self._until_due())
                     self._sending = self._take(line)
                     self._answers.notify_all()  # room for callers
-                self._send(line, list(self._sending))
+                self._send(line, list(self._sending))  # a copy: a refused message leaves it, not `_sending`
                 with self._work:
                     self._sending = []
                     self._answers.notify_all()
         except BaseException as defect:  # of the coalescer itself: no caller is left waiting on it
             with self._work:
                 self._closing = True
-                failed = KeyloadError(f"the coalescer's thread failed: {defect!r}")
-                self._fail(self._sending, failed)
+                held = [*self._sending, *self._enqueues.calls, *self._acks.calls]
                 self._sending = []
                 for waiting in (self._enqueues, self._acks):
-                    self._fail(list(waiting.calls), failed)
                     waiting.calls.clear()
+                    waiting.size = 0
                 self._pending = 0
                 self._answers.notify_all()
+            # Outside the lock: a done-callback may call the coalescer (and be told it is closed).
+            self._fail(held, KeyloadError(f"the coalescer's thread failed: {defect!r}"))
             raise
 
     def _oldest(self) -> _Line[Any] | None:
@@ -332,9 +342,10 @@ class Coalescer:
             line.calls.popleft()
             line.size -= call.size
             self._pending -= 1
-            if call.future.set_running_or_notify_cancel():
-                taken.append(call)
-                size += call.size
+            with contextlib.suppress(RuntimeError):  # its caller settled it already: nothing to send
+                if call.future.set_running_or_notify_cancel():
+                    taken.append(call)
+                    size += call.size
         return taken
 
     def _send(self, line: _Line[Item], calls: list[_Call[Item]]) -> None:
@@ -359,28 +370,26 @@ class Coalescer:
     @staticmethod
     def _fail(calls: list[_Call[Any]], error: BaseException) -> None:
         for call in calls:
-            if not call.future.done():
-                call.future.set_exception(error)
+            _answer(call.future, error=error)
 
     def _send_enqueues(self, calls: list[_Call[EnqueueMessage]]) -> None:
         """One Batch of the messages; a message the service refuses gets its error, and the rest go again."""
-        first_handed = calls[0].since
         while calls:
             body = {"mutations": [mutation_record(call.item) for call in calls]}
             try:
-                outcome = self._committed("Batch", body, first_handed)
+                outcome = self._committed("Batch", body, calls[0].since)
             except CommandRejected as refusal:
                 failed = refusal.failed_index
                 if failed is None or not 0 <= failed < len(calls):
                     raise
                 detail = refusal.outcome.detail.removeprefix(f"mutation {failed}: ")
                 message = f"{refusal.outcome.error_code}: {detail}"
-                calls.pop(failed).future.set_exception(rejection(refusal.outcome, message))
+                _answer(calls.pop(failed).future, error=rejection(refusal.outcome, message))
                 self.stats.resent += bool(calls)
                 continue
             assert isinstance(outcome.result, BatchResult)
             for call, result in zip(calls, outcome.result.results, strict=True):
-                call.future.set_result(result)
+                _answer(call.future, result)
             self.stats.messages += len(calls)
             return
 
@@ -390,13 +399,13 @@ class Coalescer:
         assert isinstance(outcome.result, AckBatchResult)
         for call, result in zip(calls, outcome.result.results, strict=True):
             if result.error_code is None:
-                call.future.set_result(result)
+                _answer(call.future, result)
                 self.stats.acks += 1
                 continue
             # A copy of the AckBatch's receipt, rejected with the token's code: what a lone Ack's would say.
             refused = replace(outcome, status=OutcomeStatus.rejected, error_code=result.error_code, result=None)
             message = f"{result.error_code}: a token of AckBatch {outcome.command_id!r}"
-            call.future.set_exception(rejection(refused, message))
+            _answer(call.future, error=rejection(refused, message))
 
     def _committed(self, name: str, body: dict[str, Any], first_handed: float) -> Outcome:
         """Send one command under a new command id, again under the same id while its outcome does not
@@ -419,3 +428,14 @@ class Coalescer:
         if outcome.status != OutcomeStatus.committed:
             raise rejection(outcome)
         return outcome
+
+
+def _answer(future: Future[Any], result: object = None, error: BaseException | None = None) -> None:
+    """Settle a call's future with its result or its error. One its caller settled itself, or
+    cancelled while it waited, stays as it is."""
+    with contextlib.suppress(InvalidStateError, RuntimeError):
+        if future.running() or future.set_running_or_notify_cancel():
+            if error is None:
+                future.set_result(result)
+            else:
+                future.set_exception(error)
