@@ -1,10 +1,10 @@
-"""Concurrent producers over HTTP, one command per message against a `Coalescer`, measured in one run.
+"""Concurrent producers over HTTP, one command per message against coalescing (the SDK's, the server's), in one run.
 
     python -m bench.coalesce [--threads K] [--messages N] [--rounds R] [--linger-ms L] [--json]
 
 A fresh `keyload run` (HTTP API on loopback, the embedded file log) and one `Client` of it shared by
 K threads (default 16), each enqueuing its N/K messages of 1 KiB (default N = 8,000) to a queue of
-its workload's own, in three ways taken in turns (R rounds, default 3):
+its workload's own, in five ways taken in turns (R rounds, default 3):
 
 - (a) **lone**: each thread calls `client.enqueue` and waits for the answer before the next: one
   Enqueue command (one request) per message. The reference.
@@ -14,11 +14,18 @@ its workload's own, in three ways taken in turns (R rounds, default 3):
   threads'.
 - (c) **coalesced, fire and collect**: each thread hands in all its messages, then waits for
   their futures.
+- (d) **raw lone**: each thread posts its message as raw bytes to the HTTP API's enqueue route
+  (`POST /v1/domains/D/queues/Q/messages`, through one shared `httpx.Client`) and waits for the
+  answer: (e)'s reference, one Enqueue command a request.
+- (e) **coalesced by the server**: (d) with `Keyload-Coalesce: true`: the server carries
+  concurrent requests in Batches (keyload/server/coalescing.py). Its commands are the Batches the
+  server's `/metrics` counts.
 
 Each workload's first WARMUP messages of each thread are untimed. Reported per workload: the median messages
 per second (wall clock from the threads' release to the last answer), the CPU per message of
 `keyload run` (every thread) and of this process, the commands sent per message, and for (a) and
-(b) the p50 and p99 of one call's wait; then the ratios of (b) and (c) to (a). Every workload's
+(b), (d) and (e) the p50 and p99 of one call's wait; then the ratios of (b) and (c) to (a), and
+of (e) to (d). Every workload's
 queue must hold exactly its messages afterwards (`enqueued_total`), or the run fails.
 """
 
@@ -37,6 +44,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+import httpx
+
 from keyload import Client, Coalescer, Credential
 from keyload.sdk.coalescer import DEFAULT_LINGER_MS
 from keyload.sdk.results import EnqueueResult
@@ -49,8 +58,12 @@ DEFAULT_MESSAGES = 8_000
 DEFAULT_ROUNDS = 3
 WARMUP = 10  # untimed messages of each thread before each timed workload
 BODY = b"x" * 1024
+RAW = {"Content-Type": "application/octet-stream"}
+SERVER_COALESCED = {**RAW, "Keyload-Coalesce": "true"}
 DOMAIN = "bench"
-WORKLOADS = ("lone", "coalesced-waited", "coalesced-collected")
+WORKLOADS = ("lone", "coalesced-waited", "coalesced-collected", "raw-lone", "server-coalesced")
+RATIOS = (("coalesced-waited", "lone"), ("coalesced-collected", "lone"), ("server-coalesced", "raw-lone"))
+BATCHES = 'keyload_outcome_latency_seconds_count{kind="Batch"}'  # the server's /metrics: Batches answered
 
 
 @dataclass(frozen=True)
@@ -67,7 +80,7 @@ class Run:
 Produce = Callable[[str, int, list[float]], None]  # (queue, messages, waits out) on one thread
 
 
-def producers(client: Client, coalescer: Coalescer) -> dict[str, Produce]:
+def producers(client: Client, coalescer: Coalescer, http: httpx.Client) -> dict[str, Produce]:
     def lone(queue: str, count: int, waits: list[float]) -> None:
         for _ in range(count):
             started = time.perf_counter()
@@ -85,7 +98,27 @@ def producers(client: Client, coalescer: Coalescer) -> dict[str, Produce]:
         for future in futures:
             future.result()
 
-    return dict(zip(WORKLOADS, (lone, waited, collected), strict=True))
+    def posted(headers: dict[str, str]) -> Produce:
+        def post(queue: str, count: int, waits: list[float]) -> None:
+            path = f"/v1/domains/{DOMAIN}/queues/{queue}/messages"
+            for _ in range(count):
+                started = time.perf_counter()
+                response = http.post(path, content=BODY, headers=headers)
+                if response.status_code != 200:
+                    raise BenchError(f"an enqueue was answered {response.status_code}: {response.text[:200]}")
+                waits.append(time.perf_counter() - started)
+
+        return post
+
+    return dict(zip(WORKLOADS, (lone, waited, collected, posted(RAW), posted(SERVER_COALESCED)), strict=True))
+
+
+def batches_answered(http: httpx.Client) -> int:
+    """The Batches the server has appended and answered (its /metrics)."""
+    for line in http.get("/metrics").text.splitlines():
+        if line.startswith(BATCHES):
+            return int(float(line.rsplit(" ", 1)[1]))
+    return 0
 
 
 def run(produce: Produce, workload: str, queue: str, threads: int, per_thread: int, server_pid: int) -> Run:
@@ -130,19 +163,25 @@ def measure(directory: Path, threads: int, messages: int, rounds: int, linger_ms
     runs: list[Run] = []
     try:
         credential = Credential.load(root / "credentials" / "keyload-admin.json")
+        bearer = {"Authorization": f"Bearer {credential.bearer_token}"}
         with (
             Client(server.url, credential=credential) as client,
             Coalescer(client, DOMAIN, linger_ms=linger_ms) as coalescer,
+            httpx.Client(base_url=server.url, headers=bearer, timeout=60) as http,
         ):
-            by_workload = producers(client, coalescer)
+            by_workload = producers(client, coalescer, http)
             for round_ in range(rounds):
                 for workload in WORKLOADS:
                     queue = f"{workload}-{round_}"
                     client.create_queue(DOMAIN, queue)
-                    commands = coalescer.stats.commands
+                    commands = coalescer.stats.commands, batches_answered(http)
                     measured = run(by_workload[workload], workload, queue, threads, per_thread, server.pid)
                     total = threads * (per_thread + WARMUP)
-                    sent = total if workload == "lone" else coalescer.stats.commands - commands
+                    sent = {
+                        "lone": total,
+                        "raw-lone": total,
+                        "server-coalesced": batches_answered(http) - commands[1],
+                    }.get(workload, coalescer.stats.commands - commands[0])
                     runs.append(replace(measured, commands=sent))
                     enqueued = client.inspect_queue(DOMAIN, queue).counters.enqueued_total
                     if enqueued != total:
@@ -174,14 +213,16 @@ def summary(runs: list[Run], threads: int, per_thread: int) -> dict[str, Any]:
             "wait_p50_ms": round(1e3 * waits[len(waits) // 2], 2) if waits else None,
             "wait_p99_ms": round(1e3 * waits[int(len(waits) * 0.99)], 2) if waits else None,
         }
-    lone = workloads["lone"]["median_messages_per_s"]
     return {
         "threads": threads,
         "messages_per_thread": per_thread,
         "rounds": len(runs) // len(WORKLOADS),
         "workloads": workloads,
-        "ratios_to_lone": {
-            workload: round(workloads[workload]["median_messages_per_s"] / lone, 2) for workload in WORKLOADS[1:]
+        "ratios": {
+            f"{workload} / {reference}": round(
+                workloads[workload]["median_messages_per_s"] / workloads[reference]["median_messages_per_s"], 2
+            )
+            for workload, reference in RATIOS
         },
     }
 
@@ -206,8 +247,8 @@ def table(result: dict[str, Any]) -> str:
             f" {figures['commands_per_message']:>8} {p50:>12} {p99:>8}"
         )
     lines.append("")
-    for workload, ratio in result["ratios_to_lone"].items():
-        lines.append(f"{workload} / lone, msg/s: {ratio}")
+    for name, ratio in result["ratios"].items():
+        lines.append(f"{name}, msg/s: {ratio}")
     return "\n".join(lines)
 
 

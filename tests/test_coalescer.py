@@ -18,6 +18,7 @@ from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -39,7 +40,7 @@ from keyload.operations.recovery import drill
 from keyload.sdk.results import EnqueueResult
 from keyload.storage.datadir import DataDir
 
-from .support import assert_each_enqueued_once, served_url, start_service, stop_service, wait_until
+from .support import assert_each_enqueued_once, bearer, served_url, start_service, stop_service, wait_until
 from .test_server_crash import free_port
 
 LONG_LINGER_MS = 60_000  # the tests' commands go when full or flushed, never by the clock
@@ -425,3 +426,103 @@ def test_a_server_killed_mid_load_loses_and_doubles_nothing(tmp_path: Path) -> N
     data = DataDir.open(root)
     report = drill(data, partition_for("crash", data.partitions), tmp_path / "drill", progress=False)
     assert report.passed, report
+
+
+# -- the server's coalescing (keyload/server/coalescing.py) ---------------------------------------------
+
+
+def batches_appended(http: httpx.Client) -> dict[str, float]:
+    """How many commands of each kind the server has appended and had answered (its /metrics)."""
+    counts: dict[str, float] = {}
+    for line in http.get("/metrics").text.splitlines():
+        if line.startswith("keyload_outcome_latency_seconds_count{"):
+            kind = line.split('kind="', 1)[1].split('"', 1)[0]
+            counts[kind] = float(line.rsplit(" ", 1)[1])
+    return counts
+
+
+def test_coalesced_enqueue_requests_are_answered_each_as_a_lone_enqueue(served: tuple[Path, str]) -> None:
+    """16 threads post enqueues with `Keyload-Coalesce: true`: each gets its own result (the Batch
+    that carried it named) or its own refusal (every seventh names a queue that does not exist), the
+    server appends Batches and no Enqueue, and every message it accepted is in the queue once."""
+    root, url = served
+    domain = new_domain()
+    coalesce = {"Keyload-Coalesce": "true"}
+    with httpx.Client(base_url=url, headers=bearer(root), timeout=60) as http:
+        assert http.put(f"/v1/domains/{domain}/queues/jobs", json={}).status_code == 200
+        before = batches_appended(http)
+        answers: list[httpx.Response] = []
+        refused: list[httpx.Response] = []  # every seventh message goes to a queue that does not exist
+
+        def post(thread: int) -> None:
+            with httpx.Client(base_url=url, headers=bearer(root), timeout=60) as mine:
+                for n in range(20):
+                    queue = "absent" if n % 7 == 3 else "jobs"
+                    body = {"body": "eA==", "message_id": f"t{thread}-{n}"}
+                    response = mine.post(f"/v1/domains/{domain}/queues/{queue}/messages", json=body, headers=coalesce)
+                    (refused if queue == "absent" else answers).append(response)
+
+        threads = [threading.Thread(target=post, args=(t,)) for t in range(16)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        assert {(r.status_code, r.json()["error_code"], r.json()["detail"]) for r in refused} == {
+            (404, "NotFound", "queue does not exist")
+        }
+        assert {response.status_code for response in answers} == {200}
+        results = [response.json() for response in answers]
+        assert all(r["result"]["queue"] == "jobs" and r["failed_index"] is None for r in results)
+        assert [response.headers["Keyload-Command-Id"] for response in answers] == [r["command_id"] for r in results]
+        assert sorted(r["result"]["enqueue_sequence"] for r in results) == list(range(1, len(answers) + 1))
+        after = batches_appended(http)
+        assert after.get("Enqueue", 0) == before.get("Enqueue", 0)
+        assert 1 <= after["Batch"] - before.get("Batch", 0) <= 320
+
+        used = http.post(
+            f"/v1/domains/{domain}/queues/jobs/messages", json={"body": "eA==", "message_id": "t0-0"}, headers=coalesce
+        )
+        assert (used.status_code, used.json()["error_code"], used.json()["detail"]) == (
+            409,
+            "Conflict",
+            "message id is already used in this queue",
+        )
+        missing = http.post(
+            f"/v1/domains/{domain}/queues/absent/messages",
+            content=b"raw",
+            headers={**coalesce, "Content-Type": "application/octet-stream"},
+        )
+        assert (missing.status_code, missing.json()["error_code"]) == (404, "NotFound")
+        raw = http.post(
+            f"/v1/domains/{domain}/queues/jobs/messages",
+            content=b"raw",
+            headers={**coalesce, "Content-Type": "application/octet-stream"},
+        )
+        assert raw.status_code == 200 and raw.json()["result"]["message_id"]  # the request's own id, as alone
+    with Client(url, credential=Credential.load(root / "credentials" / "keyload-admin.json")) as client:
+        ids = sorted(message_id for message_id, _ in drained(client, domain, "jobs"))
+    enqueued = [f"t{t}-{n}" for t in range(16) for n in range(20) if n % 7 != 3]
+    assert ids == sorted([*enqueued, raw.json()["result"]["message_id"]])
+
+
+@pytest.mark.parametrize(
+    ("path", "headers", "detail"),
+    [
+        ("queues/jobs/messages", {"Keyload-Coalesce": "yes"}, "Keyload-Coalesce must be true or false"),
+        (
+            "queues/jobs/messages",
+            {"Keyload-Coalesce": "true", "Idempotency-Key": "k"},
+            "Keyload-Coalesce and Idempotency-Key together",
+        ),
+        ("leases/ack", {"Keyload-Coalesce": "true"}, "Keyload-Coalesce is for enqueueing one message"),
+    ],
+)
+def test_coalescing_asked_of_what_cannot_be_coalesced_is_refused(
+    served: tuple[Path, str], path: str, headers: dict[str, str], detail: str
+) -> None:
+    root, url = served
+    domain = new_domain()
+    with httpx.Client(base_url=url, headers=bearer(root), timeout=60) as http:
+        response = http.post(f"/v1/domains/{domain}/{path}", json={"body": "eA==", "token": "t"}, headers=headers)
+    assert (response.status_code, response.json()["error_code"]) == (400, "Validation")
+    assert response.json()["detail"].startswith(detail)

@@ -42,6 +42,7 @@ from keyload.projections.store import Readable, StoreError
 from keyload.sdk.envelope import check_command_id, encode_command
 from keyload.server import statuses
 from keyload.server.auth import Authenticator, Unauthenticated
+from keyload.server.coalescing import COALESCED_KIND, Coalescing
 from keyload.server.metrics import ServerMetrics
 from keyload.server.processing import Processing
 from keyload.server.routing import IndexedApp, IndexedRouter
@@ -49,6 +50,7 @@ from keyload.server.writer import Answer, CommandWriter, OutcomeWaiters
 from keyload.service.system_commands import domain_for_partition
 from keyload.version import __version__
 from keyload.wire import (
+    COALESCE_HEADER,
     COMMAND_ID_HEADER,
     ENVELOPE_PATH,
     IDEMPOTENCY_HEADER,
@@ -107,6 +109,10 @@ class Engine:
     # Headers a kind's outcome is answered with, made from it and never stored: a reservation's
     # upload handle (keyload/server/payloads.py).
     outcome_headers: Mapping[str, Callable[[Answer], Mapping[str, str]]] = field(default_factory=dict)
+    coalescing: Coalescing = field(init=False)  # Enqueue requests that allow it, in Batches
+
+    def __post_init__(self) -> None:
+        self.coalescing = Coalescing(self.submit)
 
     async def submit_all(
         self, credential: Credential, command_id: str, targets: Sequence[tuple[str, int]], body: Branch
@@ -229,16 +235,40 @@ class CommandRoute:
 
     async def respond(self, request: Request) -> Response:
         async def answer(command_id: str) -> Response:
+            coalesced = self._coalesced(request)
             body, raw = await self._body(request)
             targets = self._targets(request)
             credential = self.engine.caller(request, targets[0][1])
             datum = to_avro(self.commands, self.record, self.kind.filled(body, command_id), "")
             if raw is not None:
                 datum[RAW_BODY_FIELD] = raw
-            outcome = await self.engine.submit_all(credential, command_id, targets, (self.kind.branch, datum))
+            if coalesced:
+                ((domain, partition),) = targets
+                outcome = await self.engine.coalescing.enqueue(credential, domain, partition, datum)
+            else:
+                outcome = await self.engine.submit_all(credential, command_id, targets, (self.kind.branch, datum))
             return self.engine.response(self.kind.name, outcome)
 
         return await answered(request, answer)
+
+    def _coalesced(self, request: Request) -> bool:
+        """Whether the request asks to go in a Batch with others (`Keyload-Coalesce: true`): only an
+        Enqueue's may, and only without a command id of its own (keyload/server/coalescing.py)."""
+        given = request.headers.get(COALESCE_HEADER)
+        if given is None:
+            return False
+        if given.lower() not in ("true", "false"):
+            raise WireError(f"{COALESCE_HEADER} must be true or false")
+        if given.lower() == "false":
+            return False
+        if self.kind.name != COALESCED_KIND:
+            raise WireError(f"{COALESCE_HEADER} is for enqueueing one message (POST …/messages)")
+        if IDEMPOTENCY_HEADER in request.headers:
+            raise WireError(
+                f"{COALESCE_HEADER} and {IDEMPOTENCY_HEADER} together: a coalesced message's outcome is its "
+                "Batch's, so it has no command id of its own to send again"
+            )
+        return True
 
     async def _body(self, request: Request) -> tuple[dict[str, Any], bytes | None]:
         """The command body's fields (JSON form) from the JSON body, the query and the path; and the

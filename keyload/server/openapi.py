@@ -14,11 +14,13 @@ from typing import Any
 from keyload.commands import COMMANDS, CommandKind
 from keyload.server import statuses
 from keyload.server.app import METRICS_PATH, RAW_BODY_FIELD, RAW_BODY_TYPE
+from keyload.server.coalescing import COALESCED_KIND
 from keyload.server.payloads import PREPARE, READ_PATH, UPLOAD_PATH
 from keyload.server.principals import CREATE_PATH, ROTATE_PATH
 from keyload.version import __version__
 from keyload.wire import (
     CENSUS_PATH,
+    COALESCE_HEADER,
     COMMAND_ID_HEADER,
     ENVELOPE_PATH,
     IDEMPOTENCY_HEADER,
@@ -53,6 +55,8 @@ def _operation(kind: CommandKind, refs: dict[str, Any]) -> dict[str, Any]:
     in_path = set(kind.route.fields)
     parameters = [_path_parameter(name) for name in kind.route.fields]
     parameters.append(_idempotency_parameter())
+    if kind.name == COALESCED_KIND:
+        parameters.append(_coalesce_parameter())
     everywhere = kind.partition_wide and not in_path & {"partition", "domain"}
     if everywhere and kind.route.method == "GET":
         parameters.append(
@@ -305,6 +309,18 @@ def _idempotency_parameter() -> dict[str, Any]:
         "returns the stored outcome, a receive's with each lease as it stands; past it, 410 HistoryUnavailable "
         "until the receipt horizon, then the id is new (a read keeps none: its repeat is answered afresh)",
         "schema": {"type": "string"},
+    }
+
+
+def _coalesce_parameter() -> dict[str, Any]:
+    return {
+        "name": COALESCE_HEADER,
+        "in": "header",
+        "required": False,
+        "description": "true: the message may go in one Batch command with this caller's other coalesced "
+        "requests to the domain (fewer commands under load); answered as alone, its outcome naming the Batch. "
+        "Not with Idempotency-Key (400): the message has no command id of its own",
+        "schema": {"type": "string", "enum": ["true", "false"]},
     }
 
 
