@@ -35,7 +35,6 @@ import argparse
 import json
 import statistics
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -50,7 +49,7 @@ from keyload import Client, Coalescer, Credential
 from keyload.sdk.coalescer import DEFAULT_LINGER_MS
 from keyload.sdk.results import EnqueueResult
 
-from .common import BenchError, environment
+from .common import BenchError, measured
 from .server import Server, process_cpu_s
 
 DEFAULT_THREADS = 16
@@ -256,17 +255,15 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.coalesce", description=__doc__.split("\n\n")[0])
     parser.add_argument("--threads", type=int, default=DEFAULT_THREADS, help="producer threads (default 16)")
     parser.add_argument("--messages", type=int, default=DEFAULT_MESSAGES, help="timed messages per workload (8,000)")
-    parser.add_argument("--rounds", type=int, default=DEFAULT_ROUNDS, help="turns of the three workloads (default 3)")
+    parser.add_argument("--rounds", type=int, default=DEFAULT_ROUNDS, help="turns of the five workloads (default 3)")
     parser.add_argument("--linger-ms", type=int, default=DEFAULT_LINGER_MS, help="the coalescer's (default 0)")
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
     args = parser.parse_args(argv)
-    with tempfile.TemporaryDirectory(prefix="keyload-bench-coalesce-") as directory:
-        try:
-            result = measure(Path(directory), args.threads, args.messages, args.rounds, args.linger_ms)
-        except BenchError as exc:
-            print(f"bench.coalesce: {exc}", file=sys.stderr)
-            return 1
-        result["environment"] = environment(0, Path(directory))
+    result = measured(
+        "coalesce", lambda directory: measure(directory, args.threads, args.messages, args.rounds, args.linger_ms)
+    )
+    if result is None:
+        return 1
     print(json.dumps(result, indent=2) if args.json else table(result))
     return 0
 

@@ -223,6 +223,19 @@ def read_and_decode(data: DataDir, partition: int, first: int, groups: Sequence[
     return watch
 
 
+def measured(name: str, measure: Callable[[Path], dict[str, Any]]) -> dict[str, Any] | None:
+    """`measure` run in a temporary directory of its own: its result with the environment, or None once
+    a BenchError it raised is printed (`bench.NAME: ...` on stderr)."""
+    with tempfile.TemporaryDirectory(prefix=f"keyload-bench-{name}-") as directory:
+        try:
+            result = measure(Path(directory))
+        except BenchError as exc:
+            print(f"bench.{name}: {exc}", file=sys.stderr)
+            return None
+        result["environment"] = environment(0, Path(directory))
+    return result
+
+
 def environment(warmup: int, directory: Path) -> dict[str, Any]:
     return {
         "python": platform.python_version(),

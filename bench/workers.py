@@ -34,8 +34,6 @@ import resource
 import shutil
 import statistics
 import subprocess
-import sys
-import tempfile
 import threading
 import time
 import uuid
@@ -54,7 +52,7 @@ from keyload.service.runtime import MAX_GROUP_RECORDS
 from keyload.storage.datadir import DataDir
 from keyload.storage.principals import system_credential
 
-from .common import KEYLOAD_RUN, BenchError, encode_command, environment
+from .common import KEYLOAD_RUN, BenchError, encode_command, measured
 from .go_client import GoClient, build
 from .server import Server
 from .throughput import CREATE_QUEUE, ENQUEUE
@@ -355,13 +353,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=DEFAULT_ROUNDS, help="turns of 1 and W workers (default 3)")
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
     args = parser.parse_args(argv)
-    with tempfile.TemporaryDirectory(prefix="keyload-bench-workers-") as directory:
-        try:
-            result = measure(Path(directory), args.commands, args.domains, args.workers, args.rounds)
-        except BenchError as exc:
-            print(f"bench.workers: {exc}", file=sys.stderr)
-            return 1
-        result["environment"] = environment(0, Path(directory))
+    result = measured(
+        "workers", lambda directory: measure(directory, args.commands, args.domains, args.workers, args.rounds)
+    )
+    if result is None:
+        return 1
     print(json.dumps(result, indent=2) if args.json else table(result))
     return 0 if result["digests_equal"] else 1
 

@@ -301,27 +301,27 @@ def _payload_operations(refs: dict[str, Any]) -> dict[str, Any]:
 
 
 def _idempotency_parameter() -> dict[str, Any]:
-    return {
-        "name": IDEMPOTENCY_HEADER,
-        "in": "header",
-        "required": False,
-        "description": "the command id (1..128 printable ASCII): a repeat within the domain's outcome horizon "
+    return _header_parameter(
+        IDEMPOTENCY_HEADER,
+        "the command id (1..128 printable ASCII): a repeat within the domain's outcome horizon "
         "returns the stored outcome, a receive's with each lease as it stands; past it, 410 HistoryUnavailable "
         "until the receipt horizon, then the id is new (a read keeps none: its repeat is answered afresh)",
-        "schema": {"type": "string"},
-    }
+        {"type": "string"},
+    )
 
 
 def _coalesce_parameter() -> dict[str, Any]:
-    return {
-        "name": COALESCE_HEADER,
-        "in": "header",
-        "required": False,
-        "description": "true: the message may go in one Batch command with this caller's other coalesced "
+    return _header_parameter(
+        COALESCE_HEADER,
+        "true: the message may go in one Batch command with this caller's other coalesced "
         "requests to the domain (fewer commands under load); answered as alone, its outcome naming the Batch. "
         "Not with Idempotency-Key (400): the message has no command id of its own",
-        "schema": {"type": "string", "enum": ["true", "false"]},
-    }
+        {"type": "string", "enum": ["true", "false"]},
+    )
+
+
+def _header_parameter(name: str, description: str, schema: dict[str, Any]) -> dict[str, Any]:
+    return {"name": name, "in": "header", "required": False, "description": description, "schema": schema}
 
 
 def _refused() -> dict[str, Any]:
