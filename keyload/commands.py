@@ -278,3 +278,15 @@ BY_BRANCH: dict[str, CommandKind] = {kind.branch: kind for kind in COMMANDS}
 BY_NAME: dict[str, CommandKind] = {kind.name: kind for kind in COMMANDS}
 assert len(BY_BRANCH) == len(COMMANDS), "a command kind is declared twice"
 assert all(kind.capability is not None or kind.parts is not None for kind in COMMANDS), "a row allows nothing"
+
+
+def part_refused(index: int, detail: str) -> str:
+    """The detail of a command refused for one of its parts (a Batch's mutation, a processing's effect,
+    `CommandKind.parts`), whose index the outcome's `failed_index` holds too: a contract of outcomes."""
+    return f"mutation {index}: {detail}"
+
+
+def part_detail(index: int, detail: str) -> str:
+    """The part's own detail, out of the detail of a command refused for it (`part_refused`): what the
+    part alone would have been refused with (coalescing answers each part so)."""
+    return detail.removeprefix(part_refused(index, ""))

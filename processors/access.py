@@ -32,7 +32,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from keyload.bodies import BODY_TYPES
-from keyload.commands import BY_BRANCH, Capability, CommandKind
+from keyload.commands import BY_BRANCH, Capability, CommandKind, part_refused
 from keyload.credentials import SignedRecord
 from keyload.processors.context import Context
 from keyload.processors.errors import ErrorCode, Rejected
@@ -193,4 +193,4 @@ def authorize(ctx: Context, kind: CommandKind, body: Any) -> None:
         try:
             authorize(ctx, BY_BRANCH[branch], BODY_TYPES[branch].from_avro(mutation))
         except Rejected as refusal:
-            raise Rejected(refusal.code, f"mutation {index}: {refusal.detail}", index) from None
+            raise Rejected(refusal.code, part_refused(index, refusal.detail), index) from None

@@ -20,7 +20,7 @@ from typing import Any, cast
 
 from keyload import limits
 from keyload.bodies import BODY_TYPES, Batch, BatchMutation
-from keyload.commands import COMMANDS
+from keyload.commands import COMMANDS, part_refused
 from keyload.log.codec import Record
 from keyload.processors.context import Context
 from keyload.processors.errors import ErrorCode, Rejected
@@ -59,7 +59,7 @@ def apply_mutations(stage: Staged, mutations: list[BatchMutation], ctx: Context)
         try:
             result = handler(stage, BODY_TYPES[kind].from_avro(body), ctx)
         except Rejected as refusal:
-            raise Rejected(refusal.code, f"mutation {index}: {refusal.detail}", index) from None
+            raise Rejected(refusal.code, part_refused(index, refusal.detail), index) from None
         results.append((result_type, result))
     return {"results": results}
 

@@ -9,6 +9,7 @@ and loses or doubles nothing.
 
 from __future__ import annotations
 
+import asyncio
 import signal
 import threading
 import time
@@ -24,9 +25,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from keyload import Client, Coalescer, Credential
+from keyload.commands import part_refused
 from keyload.errors import (
     CoalescerTimeout,
     CommandRejected,
+    CommandTooLarge,
     ConflictError,
     InvalidCommand,
     KeyloadError,
@@ -38,6 +41,8 @@ from keyload.limits import MAX_INLINE_BODY_BYTES
 from keyload.log.base import partition_for
 from keyload.operations.recovery import drill
 from keyload.sdk.results import EnqueueResult
+from keyload.server.coalescing import Coalescing, UnknownOutcome
+from keyload.server.writer import Answer
 from keyload.storage.datadir import DataDir
 
 from .support import assert_each_enqueued_once, bearer, served_url, start_service, stop_service, wait_until
@@ -476,8 +481,8 @@ def test_coalesced_enqueue_requests_are_answered_each_as_a_lone_enqueue(served: 
         assert [response.headers["Keyload-Command-Id"] for response in answers] == [r["command_id"] for r in results]
         assert sorted(r["result"]["enqueue_sequence"] for r in results) == list(range(1, len(answers) + 1))
         after = batches_appended(http)
-        assert after.get("Enqueue", 0) == before.get("Enqueue", 0)
-        assert 1 <= after["Batch"] - before.get("Batch", 0) <= 320
+        assert after.get("Enqueue", 0) == before.get("Enqueue", 0)  # coalesced messages go only in Batches
+        assert after["Batch"] > before.get("Batch", 0)
 
         used = http.post(
             f"/v1/domains/{domain}/queues/jobs/messages", json={"body": "eA==", "message_id": "t0-0"}, headers=coalesce
@@ -498,7 +503,8 @@ def test_coalesced_enqueue_requests_are_answered_each_as_a_lone_enqueue(served: 
             content=b"raw",
             headers={**coalesce, "Content-Type": "application/octet-stream"},
         )
-        assert raw.status_code == 200 and raw.json()["result"]["message_id"]  # the request's own id, as alone
+        assert raw.status_code == 200
+        assert raw.json()["result"]["message_id"] not in ("", raw.json()["command_id"])  # the request's own id
     with Client(url, credential=Credential.load(root / "credentials" / "keyload-admin.json")) as client:
         ids = sorted(message_id for message_id, _ in drained(client, domain, "jobs"))
     enqueued = [f"t{t}-{n}" for t in range(16) for n in range(20) if n % 7 != 3]
@@ -526,3 +532,93 @@ def test_coalescing_asked_of_what_cannot_be_coalesced_is_refused(
         response = http.post(f"/v1/domains/{domain}/{path}", json={"body": "eA==", "token": "t"}, headers=headers)
     assert (response.status_code, response.json()["error_code"]) == (400, "Validation")
     assert response.json()["detail"].startswith(detail)
+
+
+# The server's gathering, on its own: a service that applies a Batch as the processor does (each
+# message in order, the first refused one refusing the whole), and counts what it was sent.
+
+
+RECORD_LIMIT = 2_000  # the fake log's, in characters of message ids
+
+
+class BatchService:
+    def __init__(self) -> None:
+        self.batches: list[list[str]] = []  # the message ids of each Batch appended
+        self.queued: list[str] = []
+        self.refuse: set[str] = set()  # message ids refused with NotFound
+        self.timeout = False
+
+    async def submit(self, credential: Credential, command_id: str, domain: str, partition: int, body: Any) -> Answer:
+        await asyncio.sleep(0)  # an append and an outcome take turns of the event loop
+        ids = [mutation["mutation"][1]["message_id"] for mutation in body[1]["mutations"]]
+        if sum(map(len, ids)) > RECORD_LIMIT:
+            raise CommandTooLarge("the command is over the record limit; nothing was appended")
+        self.batches.append(ids)
+        if self.timeout:
+            raise TimeoutError
+        record = {"command_id": command_id, "domain": domain, "status": "committed", "detail": "", "result": None}
+        for index, message_id in enumerate(ids):
+            if message_id in self.refuse:
+                detail = part_refused(index, "queue does not exist")
+                return Answer(
+                    {**record, "status": "rejected", "error_code": "NotFound", "detail": detail, "failed_index": index}
+                )
+        self.queued += ids
+        results = [("keyload.result.EnqueueResult", {"message_id": message_id}) for message_id in ids]
+        return Answer({**record, "error_code": None, "result": ("keyload.result.BatchResult", {"results": results})})
+
+
+def gathered(service: BatchService, requests: list[tuple[str, str]]) -> list[Any]:
+    """Each request (principal, message id) sent at once through one Coalescing: its answer's record or error."""
+    coalescing = Coalescing(service.submit, "30 s")
+
+    async def one(principal: str, message_id: str) -> Any:
+        credential = Credential(principal, "k1", b"s" * 32)
+        enqueue = {"message_id": message_id, "body": b"x", "headers": {}, "ordering_key": None}
+        try:
+            return (await coalescing.enqueue(credential, "d", 0, enqueue)).record
+        except Exception as error:
+            return error
+
+    async def all_of() -> list[Any]:
+        return await asyncio.gather(*(one(principal, message_id) for principal, message_id in requests))
+
+    return asyncio.run(all_of())
+
+
+def test_the_server_gathers_one_callers_requests_in_order_up_to_the_count() -> None:
+    service = BatchService()
+    answers = gathered(service, [("alice", f"m{n}") for n in range(250)] + [("bob", "b0")])
+    assert [answer["result"][1]["message_id"] for answer in answers] == [f"m{n}" for n in range(250)] + ["b0"]
+    # All came in one turn of the event loop: alice's by the hundred, in order; bob's apart.
+    assert [len(batch) for batch in service.batches if batch[0] != "b0"] == [100, 100, 50]
+    assert ["b0"] in service.batches
+
+
+def test_the_server_answers_a_refused_message_alone_and_sends_the_rest_again() -> None:
+    service = BatchService()
+    service.refuse = {"m3", "m5"}
+    answers = gathered(service, [("alice", f"m{n}") for n in range(8)])
+    refused = {answer["result"] is None and answer["detail"] for answer in answers if answer["status"] == "rejected"}
+    assert refused == {"queue does not exist"}
+    statuses = [answer["status"] for answer in answers]
+    assert statuses == ["committed"] * 3 + ["rejected", "committed", "rejected"] + ["committed"] * 2
+    assert all(answer["failed_index"] is None for answer in answers)
+    assert service.queued == ["m0", "m1", "m2", "m4", "m6", "m7"]
+
+
+def test_the_server_sends_a_batch_it_cannot_encode_message_by_message() -> None:
+    service = BatchService()
+    long_id = "x" * (RECORD_LIMIT + 1)  # over the fake record limit even alone
+    answers = gathered(service, [("alice", "a"), ("alice", "b"), ("alice", long_id), ("alice", "c")])
+    assert isinstance(answers[2], CommandTooLarge)
+    assert [answer["result"][1]["message_id"] for answer in (answers[0], answers[1], answers[3])] == ["a", "b", "c"]
+    assert service.batches == [["a"], ["b"], ["c"]]  # the four together were never appended
+
+
+def test_a_batch_without_an_outcome_tells_each_request_how_to_learn_it() -> None:
+    service = BatchService()
+    service.timeout = True
+    (answer,) = gathered(service, [("alice", "m1")])
+    assert isinstance(answer, UnknownOutcome) and isinstance(answer, TimeoutError)
+    assert "message 'm1'" in str(answer) and "enqueue the message again under that message_id" in str(answer)

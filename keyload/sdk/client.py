@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol, TypeGuard, TypeVar, Unpack
 
-from keyload.commands import BY_NAME, CommandKind
+from keyload.commands import BY_NAME, CommandKind, part_refused
 from keyload.credentials import ADMIN_PRINCIPAL, Credential, CredentialError, credential_path
 from keyload.errors import CommandRejected, InvalidCommand, KeyloadError, OutcomeTimeout, rejection
 from keyload.log.base import LogError, partition_for
@@ -112,7 +112,7 @@ def _refusal(kind: CommandKind, body: dict[str, Any], outcome: Outcome) -> Comma
     if kind.name == "Batch" and failed is not None and failed < len(body["mutations"]):
         branch, mutation = body["mutations"][failed]["mutation"]
         if branch == BY_NAME["Publish"].branch:
-            return _naming_events(outcome, mutation["events"], f"mutation {failed}: ")
+            return _naming_events(outcome, mutation["events"], part_refused(failed, ""))
     return rejection(outcome)
 
 

@@ -52,6 +52,7 @@ from concurrent.futures import Future, InvalidStateError
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
+from keyload.commands import part_detail
 from keyload.errors import (
     CoalescerTimeout,
     CommandRejected,
@@ -61,7 +62,7 @@ from keyload.errors import (
     ServiceUnavailable,
     rejection,
 )
-from keyload.limits import MAX_ACK_BATCH, MAX_BATCH_MUTATIONS
+from keyload.limits import COALESCED_BATCH_BYTES, MAX_ACK_BATCH, MAX_BATCH_MUTATIONS
 from keyload.sdk.results import (
     AckBatchResult,
     BatchResult,
@@ -82,7 +83,7 @@ if TYPE_CHECKING:
 DEFAULT_LINGER_MS = 0
 MAX_LINGER_MS = 60_000
 MAX_CALLS = min(MAX_BATCH_MUTATIONS, MAX_ACK_BATCH)  # calls one command carries: both commands' limit
-DEFAULT_MAX_BATCH_BYTES = 1024 * 1024  # bodies and header names and values of one Batch
+DEFAULT_MAX_BATCH_BYTES = COALESCED_BATCH_BYTES  # bodies and header names and values of one Batch
 # A Batch is one log record (≤ 4 MiB with its ids and framing; over HTTP, base64 in an 8 MiB request):
 # 2 MiB of bodies leaves room for the rest. A message larger than max_bytes goes in a Batch alone.
 MAX_BATCH_BYTES = 2 * 1024 * 1024
@@ -382,7 +383,7 @@ class Coalescer:
                 failed = refusal.failed_index
                 if failed is None or not 0 <= failed < len(calls):
                     raise
-                detail = refusal.outcome.detail.removeprefix(f"mutation {failed}: ")
+                detail = part_detail(failed, refusal.outcome.detail)
                 message = f"{refusal.outcome.error_code}: {detail}"
                 _answer(calls.pop(failed).future, error=rejection(refusal.outcome, message))
                 self.stats.resent += bool(calls)

@@ -42,11 +42,11 @@ from keyload.projections.store import Readable, StoreError
 from keyload.sdk.envelope import check_command_id, encode_command
 from keyload.server import statuses
 from keyload.server.auth import Authenticator, Unauthenticated
-from keyload.server.coalescing import COALESCED_KIND, Coalescing
+from keyload.server.coalescing import COALESCED_KIND, Coalescing, UnknownOutcome
 from keyload.server.metrics import ServerMetrics
 from keyload.server.processing import Processing
 from keyload.server.routing import IndexedApp, IndexedRouter
-from keyload.server.writer import Answer, CommandWriter, OutcomeWaiters
+from keyload.server.writer import Answer, CommandWriter, Halted, OutcomeWaiters
 from keyload.service.system_commands import domain_for_partition
 from keyload.version import __version__
 from keyload.wire import (
@@ -75,10 +75,6 @@ METRICS_PATH = "/metrics"
 
 
 log = logging.getLogger("keyload.server")
-
-
-class Halted(Exception):
-    """The partition a request goes to is halted, or the service is stopping (HTTP 503)."""
 
 
 class Refused(Exception):
@@ -112,7 +108,7 @@ class Engine:
     coalescing: Coalescing = field(init=False)  # Enqueue requests that allow it, in Batches
 
     def __post_init__(self) -> None:
-        self.coalescing = Coalescing(self.submit)
+        self.coalescing = Coalescing(self.submit, f"{OUTCOME_WAIT_S:g} s")
 
     async def submit_all(
         self, credential: Credential, command_id: str, targets: Sequence[tuple[str, int]], body: Branch
@@ -257,9 +253,9 @@ class CommandRoute:
         given = request.headers.get(COALESCE_HEADER)
         if given is None:
             return False
-        if given.lower() not in ("true", "false"):
+        if given not in ("true", "false"):
             raise WireError(f"{COALESCE_HEADER} must be true or false")
-        if given.lower() == "false":
+        if given == "false":
             return False
         if self.kind.name != COALESCED_KIND:
             raise WireError(f"{COALESCE_HEADER} is for enqueueing one message (POST …/messages)")
@@ -348,6 +344,8 @@ async def _answer(request: Request, answer: Callable[[str], Awaitable[Response]]
         return error_response(statuses.TOO_LARGE, f"the request body is over {MAX_REQUEST_BYTES} bytes")
     except Halted as exc:
         return error_response(statuses.UNAVAILABLE, str(exc), command_id)
+    except UnknownOutcome as exc:  # a coalesced message's Batch: the request's own id was never appended
+        return error_response(statuses.TIMEOUT, str(exc))
     except TimeoutError:
         detail = (
             f"no outcome within {OUTCOME_WAIT_S:g} s; the command may still apply: "

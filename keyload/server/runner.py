@@ -38,7 +38,7 @@ from keyload.log.file_log import FileLogConfig, FsyncPolicy
 from keyload.log.kafka_log import KafkaLog
 from keyload.projections.store import Readable, Store
 from keyload.server import openapi
-from keyload.server.app import Engine, Halted, application
+from keyload.server.app import Engine, application
 from keyload.server.auth import Authenticator
 from keyload.server.census import census_route
 from keyload.server.held import HeldProjections
@@ -46,7 +46,7 @@ from keyload.server.metrics import PartitionCollector, ServerMetrics
 from keyload.server.payloads import payload_headers, payload_routes
 from keyload.server.principals import credential_routes
 from keyload.server.processing import Processing
-from keyload.server.writer import CommandWriter, OutcomeFeed, OutcomeTail, OutcomeWaiters
+from keyload.server.writer import CommandWriter, Halted, OutcomeFeed, OutcomeTail, OutcomeWaiters
 from keyload.service.doorbell import Listener
 from keyload.service.workers import EDGE_BELL, WorkerPool
 from keyload.storage.datadir import DataDir

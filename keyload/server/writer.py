@@ -45,6 +45,10 @@ _Pending = dict[int, list[tuple[bytes, "asyncio.Future[int]"]]]
 log = logging.getLogger("keyload.server")
 
 
+class Halted(Exception):
+    """The partition a request goes to is halted, or the service is stopping (HTTP 503)."""
+
+
 @dataclass(frozen=True, slots=True)
 class Answer:
     """A published outcome, decoded."""
