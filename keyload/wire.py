@@ -39,9 +39,8 @@ CENSUS_PATH = "/v1/census"  # GET [?partition=P]: {"partitions": [census, ...]} 
 PARTITION_QUERY = "partition"
 IDEMPOTENCY_HEADER = "Idempotency-Key"  # the command id
 COMMAND_ID_HEADER = "Keyload-Command-Id"  # on every response to a request that became a command
-COALESCE_HEADER = (
-    "Keyload-Coalesce"  # "true": an Enqueue request may go in a Batch with others (keyload/server/coalescing.py)
-)
+# "true": an enqueue request may go in a Batch with others (keyload/server/coalescing.py)
+COALESCE_HEADER = "Keyload-Coalesce"
 UPLOAD_HANDLE_HEADER = "Keyload-Upload-Handle"  # a committed reservation's upload handle, for its upload
 
 _INTEGERS = {"int": (-(2**31), 2**31 - 1), "long": (-(2**63), 2**63 - 1)}
