@@ -1,10 +1,11 @@
-"""Concurrent producers over HTTP, one command per message against coalescing (the SDK's, the server's), in one run.
+"""Concurrent producers and consumers over HTTP, one command per message against coalescing (the SDK's,
+the server's), in one run.
 
     python -m bench.coalesce [--threads K] [--messages N] [--rounds R] [--linger-ms L] [--json]
 
 A fresh `keyload run` (HTTP API on loopback, the embedded file log) and one `Client` of it shared by
-K threads (default 16), each enqueuing its N/K messages of 1 KiB (default N = 8,000) to a queue of
-its workload's own, in five ways taken in turns (R rounds, default 3):
+K threads (default 16), each enqueuing (or acking) its N/K messages of 1 KiB (default N = 8,000) in
+a queue of its workload's own, in seven ways taken in turns (R rounds, default 3):
 
 - (a) **lone**: each thread calls `client.enqueue` and waits for the answer before the next: one
   Enqueue command (one request) per message. The reference.
@@ -20,13 +21,18 @@ its workload's own, in five ways taken in turns (R rounds, default 3):
 - (e) **coalesced by the server**: (d) with `Keyload-Coalesce: true`: the server carries
   concurrent requests in Batches (keyload/server/coalescing.py). Its commands are the Batches the
   server's `/metrics` counts.
+- (f) **raw lone ack**: the queue is filled and its messages leased first (untimed); then each
+  thread posts one lease's ack (`POST /v1/domains/D/leases/ack`) and waits for the answer: (g)'s
+  reference, one Ack command a request.
+- (g) **acks coalesced by the server**: (f) with `Keyload-Coalesce: true`: the server carries
+  concurrent acks in AckBatches, counted as (e)'s.
 
 Each workload's first WARMUP messages of each thread are untimed. Reported per workload: the median messages
 per second (wall clock from the threads' release to the last answer), the CPU per message of
-`keyload run` (every thread) and of this process, the commands sent per message, and for (a) and
-(b), (d) and (e) the p50 and p99 of one call's wait; then the ratios of (b) and (c) to (a), and
-of (e) to (d). Every workload's
-queue must hold exactly its messages afterwards (`enqueued_total`), or the run fails.
+`keyload run` (every thread) and of this process, the commands sent per message, and but for (c)
+the p50 and p99 of one call's wait; then the ratios of (b) and (c) to (a), and
+of (e) to (d) and (g) to (f). Every workload's queue must hold exactly its messages afterwards
+(`enqueued_total`; `acked_total` for (f) and (g)), or the run fails.
 """
 
 from __future__ import annotations
@@ -37,6 +43,7 @@ import statistics
 import sys
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, replace
@@ -45,7 +52,8 @@ from typing import Any
 
 import httpx
 
-from keyload import Client, Coalescer, Credential
+from keyload import Client, Coalescer, Credential, QueuePolicySpec
+from keyload.limits import MAX_IN_FLIGHT
 from keyload.sdk.coalescer import DEFAULT_LINGER_MS
 from keyload.sdk.results import EnqueueResult
 
@@ -60,9 +68,25 @@ BODY = b"x" * 1024
 RAW = {"Content-Type": "application/octet-stream"}
 SERVER_COALESCED = {**RAW, "Keyload-Coalesce": "true"}
 DOMAIN = "bench"
-WORKLOADS = ("lone", "coalesced-waited", "coalesced-collected", "raw-lone", "server-coalesced")
-RATIOS = (("coalesced-waited", "lone"), ("coalesced-collected", "lone"), ("server-coalesced", "raw-lone"))
-BATCHES = 'keyload_outcome_latency_seconds_count{kind="Batch"}'  # the server's /metrics: Batches answered
+WORKLOADS = (
+    "lone",
+    "coalesced-waited",
+    "coalesced-collected",
+    "raw-lone",
+    "server-coalesced",
+    "raw-lone-ack",
+    "server-coalesced-ack",
+)
+ACKING = ("raw-lone-ack", "server-coalesced-ack")  # workloads that ack leases instead of enqueuing
+RATIOS = (
+    ("coalesced-waited", "lone"),
+    ("coalesced-collected", "lone"),
+    ("server-coalesced", "raw-lone"),
+    ("server-coalesced-ack", "raw-lone-ack"),
+)
+# The server's /metrics: the commands of a kind it appended and answered.
+ANSWERED = 'keyload_outcome_latency_seconds_count{{kind="{}"}}'
+LEASE_MS = 600_000  # (f) and (g) lease their messages before the clock starts: the leases outlive the run
 
 
 @dataclass(frozen=True)
@@ -77,9 +101,10 @@ class Run:
 
 
 Produce = Callable[[str, int, list[float]], None]  # (queue, messages, waits out) on one thread
+Leases = dict[str, deque[str]]  # the tokens of each acking workload's queue, taken by its threads
 
 
-def producers(client: Client, coalescer: Coalescer, http: httpx.Client) -> dict[str, Produce]:
+def producers(client: Client, coalescer: Coalescer, http: httpx.Client, leases: Leases) -> dict[str, Produce]:
     def lone(queue: str, count: int, waits: list[float]) -> None:
         for _ in range(count):
             started = time.perf_counter()
@@ -101,23 +126,59 @@ def producers(client: Client, coalescer: Coalescer, http: httpx.Client) -> dict[
         def post(queue: str, count: int, waits: list[float]) -> None:
             path = f"/v1/domains/{DOMAIN}/queues/{queue}/messages"
             for _ in range(count):
-                started = time.perf_counter()
-                response = http.post(path, content=BODY, headers=headers)
-                if response.status_code != 200:
-                    raise BenchError(f"an enqueue was answered {response.status_code}: {response.text[:200]}")
-                waits.append(time.perf_counter() - started)
+                timed_post(http, path, waits, content=BODY, headers=headers)
 
         return post
 
-    return dict(zip(WORKLOADS, (lone, waited, collected, posted(RAW), posted(SERVER_COALESCED)), strict=True))
+    def acked(headers: dict[str, str]) -> Produce:
+        def ack(queue: str, count: int, waits: list[float]) -> None:
+            path = f"/v1/domains/{DOMAIN}/leases/ack"
+            for _ in range(count):
+                timed_post(http, path, waits, json={"token": leases[queue].popleft()}, headers=headers)
+
+        return ack
+
+    ways = (
+        lone,
+        waited,
+        collected,
+        posted(RAW),
+        posted(SERVER_COALESCED),
+        acked({}),
+        acked({"Keyload-Coalesce": "true"}),
+    )
+    return dict(zip(WORKLOADS, ways, strict=True))
 
 
-def batches_answered(http: httpx.Client) -> int:
-    """The Batches the server has appended and answered (its /metrics)."""
+def timed_post(http: httpx.Client, path: str, waits: list[float], **request: Any) -> None:
+    """One request, answered 200, its wait appended to `waits`."""
+    started = time.perf_counter()
+    response = http.post(path, **request)
+    if response.status_code != 200:
+        raise BenchError(f"{path} was answered {response.status_code}: {response.text[:200]}")
+    waits.append(time.perf_counter() - started)
+
+
+def answered(http: httpx.Client, kind: str) -> int:
+    """The commands of `kind` the server has appended and answered (its /metrics)."""
+    series = ANSWERED.format(kind)
     for line in http.get("/metrics").text.splitlines():
-        if line.startswith(BATCHES):
+        if line.startswith(series):
             return int(float(line.rsplit(" ", 1)[1]))
     return 0
+
+
+def leased(client: Client, coalescer: Coalescer, queue: str, count: int) -> deque[str]:
+    """The tokens of `count` messages enqueued to `queue` and leased for LEASE_MS (untimed set-up)."""
+    for future in [coalescer.enqueue(queue, BODY) for _ in range(count)]:
+        future.result()
+    tokens: deque[str] = deque()
+    while len(tokens) < count:
+        deliveries = client.receive(DOMAIN, queue, max_messages=100, lease_ms=LEASE_MS).deliveries
+        if not deliveries:
+            raise BenchError(f"{queue} has {len(tokens)} messages to lease, not {count}")
+        tokens.extend(delivery.token for delivery in deliveries)
+    return tokens
 
 
 def run(produce: Produce, workload: str, queue: str, threads: int, per_thread: int, server_pid: int) -> Run:
@@ -168,23 +229,30 @@ def measure(directory: Path, threads: int, messages: int, rounds: int, linger_ms
             Coalescer(client, DOMAIN, linger_ms=linger_ms) as coalescer,
             httpx.Client(base_url=server.url, headers=bearer, timeout=60) as http,
         ):
-            by_workload = producers(client, coalescer, http)
+            leases: Leases = {}
+            by_workload = producers(client, coalescer, http, leases)
+            total = threads * (per_thread + WARMUP)
+            policy = QueuePolicySpec(receive_max_messages=100, max_lease_ms=LEASE_MS, max_in_flight=MAX_IN_FLIGHT)
             for round_ in range(rounds):
                 for workload in WORKLOADS:
                     queue = f"{workload}-{round_}"
-                    client.create_queue(DOMAIN, queue)
-                    commands = coalescer.stats.commands, batches_answered(http)
+                    client.create_queue(DOMAIN, queue, policy)
+                    if workload in ACKING:
+                        leases[queue] = leased(client, coalescer, queue, total)
+                    commands = coalescer.stats.commands, answered(http, "Batch"), answered(http, "AckBatch")
                     measured = run(by_workload[workload], workload, queue, threads, per_thread, server.pid)
-                    total = threads * (per_thread + WARMUP)
                     sent = {
                         "lone": total,
                         "raw-lone": total,
-                        "server-coalesced": batches_answered(http) - commands[1],
+                        "raw-lone-ack": total,
+                        "server-coalesced": answered(http, "Batch") - commands[1],
+                        "server-coalesced-ack": answered(http, "AckBatch") - commands[2],
                     }.get(workload, coalescer.stats.commands - commands[0])
                     runs.append(replace(measured, commands=sent))
-                    enqueued = client.inspect_queue(DOMAIN, queue).counters.enqueued_total
-                    if enqueued != total:
-                        raise BenchError(f"{queue} holds {enqueued} messages, not {total}")
+                    counters = client.inspect_queue(DOMAIN, queue).counters
+                    settled = counters.acked_total if workload in ACKING else counters.enqueued_total
+                    if settled != total:
+                        raise BenchError(f"{queue} counts {settled} messages settled, not {total}")
                     server.check_alive()
             coalescer.close()
     finally:
@@ -255,7 +323,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.coalesce", description=__doc__.split("\n\n")[0])
     parser.add_argument("--threads", type=int, default=DEFAULT_THREADS, help="producer threads (default 16)")
     parser.add_argument("--messages", type=int, default=DEFAULT_MESSAGES, help="timed messages per workload (8,000)")
-    parser.add_argument("--rounds", type=int, default=DEFAULT_ROUNDS, help="turns of the five workloads (default 3)")
+    parser.add_argument("--rounds", type=int, default=DEFAULT_ROUNDS, help="turns of the seven workloads (default 3)")
     parser.add_argument("--linger-ms", type=int, default=DEFAULT_LINGER_MS, help="the coalescer's (default 0)")
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
     args = parser.parse_args(argv)

@@ -89,8 +89,8 @@ assert DEFAULT_LIST_RESOURCES <= MAX_LIST_RESOURCES
 assert MAX_LIST_RESOURCES * MAX_RESOURCE_VIEW_BYTES <= MAX_OUTCOME_BYTES  # a full page is one outcome
 LIST_EXAMINATION_BUDGET = 256  # document rows (tombstones too) one ListDocuments looks at
 MAX_BATCH_MUTATIONS = 100  # mutations per Batch, effects per CompleteProcessing or CommitInbox
-# What coalescing puts in one Batch at most, by default (the SDK's Coalescer) or always (the server's):
-# bodies and headers of 1 MiB leave room in a log record (≤ 4 MiB) for ids and framing, in base64 too.
+# What coalescing puts in one command at most, by default (the SDK's Coalescer) or always (the server's):
+# bodies, headers and tokens of 1 MiB leave room in a log record (≤ 4 MiB) for ids and framing, in base64 too.
 COALESCED_BATCH_BYTES = 1024 * 1024
 MAX_HANDLER_SCOPE_CHARS = 128
 MAX_INBOX_RECEIPTS = 10_000_000  # the largest max_receipts a target inbox may be configured with

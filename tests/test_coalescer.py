@@ -511,6 +511,85 @@ def test_coalesced_enqueue_requests_are_answered_each_as_a_lone_enqueue(served: 
     assert ids == sorted([*enqueued, raw.json()["result"]["message_id"]])
 
 
+def test_coalesced_ack_requests_are_answered_each_as_a_lone_ack(client: Client, served: tuple[Path, str]) -> None:
+    """16 threads ack leases with `Keyload-Coalesce: true`, each also acking one lease twice and
+    sending a forged token: an acked lease's answer is the LeaseResult a lone Ack gives, a refusal is
+    the lone Ack's own (status, code, detail, the request's own command id); the server appends
+    AckBatches, and an Ack only for each refused token; every message is acked once."""
+    root, url = served
+    domain = new_domain()
+    client.create_queue(domain, "jobs")
+    for n in range(16 * 10 + 1):
+        client.enqueue(domain, "jobs", b"x", message_id=f"m{n}")
+    leases = [d for _ in range(17) for d in client.receive(domain, "jobs", max_messages=10).deliveries]
+    assert [lease.message_id for lease in leases] == [f"m{n}" for n in range(161)]
+    forged = leases[0].token[:-4] + ("AAAA" if not leases[0].token.endswith("AAAA") else "BBBB")
+    coalesce = {"Keyload-Coalesce": "true"}
+    with httpx.Client(base_url=url, headers=bearer(root), timeout=60) as http:
+
+        def acked(token: str, headers: dict[str, str]) -> httpx.Response:
+            return http.post(f"/v1/domains/{domain}/leases/ack", json={"token": token}, headers=headers)
+
+        lone = acked(leases[160].token, {})  # the references: what a lone Ack answers
+        twice, bad = acked(leases[160].token, {}), acked(forged, {})
+        assert (lone.status_code, twice.status_code, twice.json()["error_code"]) == (200, 409, "StaleLease")
+        before = batches_appended(http)
+        answers: dict[str, httpx.Response] = {}
+        refused: list[tuple[httpx.Response, httpx.Response]] = []  # (answer, its lone reference)
+
+        def ack_all(thread: int) -> None:
+            with httpx.Client(base_url=url, headers=bearer(root), timeout=60) as mine:
+                for delivery in leases[thread * 10 : thread * 10 + 10]:
+                    response = mine.post(
+                        f"/v1/domains/{domain}/leases/ack", json={"token": delivery.token}, headers=coalesce
+                    )
+                    answers[delivery.message_id] = response
+                again = {"token": leases[thread * 10].token}
+                refused.append((mine.post(f"/v1/domains/{domain}/leases/ack", json=again, headers=coalesce), twice))
+                forgery = {"token": forged}
+                refused.append((mine.post(f"/v1/domains/{domain}/leases/ack", json=forgery, headers=coalesce), bad))
+
+        threads = [threading.Thread(target=ack_all, args=(t,)) for t in range(16)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        after = batches_appended(http)
+
+    reference = lone.json()
+    assert reference["result"] == {
+        "message_id": "m160",
+        "state": "acked",
+        "lease_until_ms": None,
+        "not_before_ms": None,
+        "retry_delay_ms": None,
+    }
+    assert len(answers) == 160
+    for message_id, response in answers.items():
+        body = response.json()
+        assert response.status_code == 200
+        assert list(body) == list(reference)  # the same fields, in the same order
+        assert body["result"] == {**reference["result"], "message_id": message_id}
+        assert (body["status"], body["error_code"], body["detail"], body["failed_index"]) == (
+            "committed",
+            None,
+            "",
+            None,
+        )
+        assert response.headers["Keyload-Command-Id"] == body["command_id"]
+    for response, alone in refused:
+        assert (response.status_code, response.json()["error_code"], response.json()["detail"]) == (
+            alone.status_code,
+            alone.json()["error_code"],
+            alone.json()["detail"],
+        )
+    own_ids = {response.json()["command_id"] for response, _ in refused}
+    assert len(own_ids) == 32  # each refusal went alone, under its request's own id
+    assert after.get("Ack", 0) - before.get("Ack", 0) == 32  # only the refused tokens went as lone Acks
+    assert after["AckBatch"] - before.get("AckBatch", 0) < 32 * 10
+    assert client.inspect_queue(domain, "jobs").counters.acked_total == 161
+
+
 @pytest.mark.parametrize(
     ("path", "headers", "detail"),
     [
@@ -520,7 +599,8 @@ def test_coalesced_enqueue_requests_are_answered_each_as_a_lone_enqueue(served: 
             {"Keyload-Coalesce": "true", "Idempotency-Key": "k"},
             "Keyload-Coalesce and Idempotency-Key together",
         ),
-        ("leases/ack", {"Keyload-Coalesce": "true"}, "Keyload-Coalesce is for enqueueing one message"),
+        ("leases/ack", {"Keyload-Coalesce": "true", "Idempotency-Key": "k"}, "Keyload-Coalesce and Idempotency-Key"),
+        ("leases/nack", {"Keyload-Coalesce": "true"}, "Keyload-Coalesce is for enqueueing one message or acking"),
     ],
 )
 def test_coalescing_asked_of_what_cannot_be_coalesced_is_refused(
@@ -543,29 +623,32 @@ RECORD_LIMIT = 2_000  # the fake log's, in characters of message ids
 
 class BatchService:
     def __init__(self) -> None:
-        self.batches: list[list[str]] = []  # the message ids of each Batch appended
+        self.sent: list[tuple[str, list[str]]] = []  # (command kind, message ids) of each command appended
         self.queued: list[str] = []
         self.refuse: set[str] = set()  # message ids refused with NotFound
         self.timeout = False
 
     async def submit(self, credential: Credential, command_id: str, domain: str, partition: int, body: Any) -> Answer:
         await asyncio.sleep(0)  # an append and an outcome take turns of the event loop
-        ids = [mutation["mutation"][1]["message_id"] for mutation in body[1]["mutations"]]
+        kind, datum = body[0].rsplit(".", 1)[1], body[1]
+        ids = [m["mutation"][1]["message_id"] for m in datum["mutations"]] if kind == "Batch" else [datum["message_id"]]
         if sum(map(len, ids)) > RECORD_LIMIT:
             raise CommandTooLarge("the command is over the record limit; nothing was appended")
-        self.batches.append(ids)
+        self.sent.append((kind, ids))
         if self.timeout:
             raise TimeoutError
         record = {"command_id": command_id, "domain": domain, "status": "committed", "detail": "", "result": None}
         for index, message_id in enumerate(ids):
             if message_id in self.refuse:
-                detail = part_refused(index, "queue does not exist")
+                detail = part_refused(index, "queue does not exist") if kind == "Batch" else "queue does not exist"
+                failed = index if kind == "Batch" else None
                 return Answer(
-                    {**record, "status": "rejected", "error_code": "NotFound", "detail": detail, "failed_index": index}
+                    {**record, "status": "rejected", "error_code": "NotFound", "detail": detail, "failed_index": failed}
                 )
         self.queued += ids
         results = [("keyload.result.EnqueueResult", {"message_id": message_id}) for message_id in ids]
-        return Answer({**record, "error_code": None, "result": ("keyload.result.BatchResult", {"results": results})})
+        result = ("keyload.result.BatchResult", {"results": results}) if kind == "Batch" else results[0]
+        return Answer({**record, "error_code": None, "result": result})
 
 
 def gathered(service: BatchService, requests: list[tuple[str, str]]) -> list[Any]:
@@ -576,7 +659,7 @@ def gathered(service: BatchService, requests: list[tuple[str, str]]) -> list[Any
         credential = Credential(principal, "k1", b"s" * 32)
         enqueue = {"message_id": message_id, "body": b"x", "headers": {}, "ordering_key": None}
         try:
-            return (await coalescing.enqueue(credential, "d", 0, enqueue)).record
+            return (await coalescing.submit("Enqueue", credential, f"c-{message_id}", "d", 0, enqueue)).record
         except Exception as error:
             return error
 
@@ -591,8 +674,8 @@ def test_the_server_gathers_one_callers_requests_in_order_up_to_the_count() -> N
     answers = gathered(service, [("alice", f"m{n}") for n in range(250)] + [("bob", "b0")])
     assert [answer["result"][1]["message_id"] for answer in answers] == [f"m{n}" for n in range(250)] + ["b0"]
     # All came in one turn of the event loop: alice's by the hundred, in order; bob's apart.
-    assert [len(batch) for batch in service.batches if batch[0] != "b0"] == [100, 100, 50]
-    assert ["b0"] in service.batches
+    assert [len(ids) for _, ids in service.sent if ids[0] != "b0"] == [100, 100, 50]
+    assert ("Batch", ["b0"]) in service.sent
 
 
 def test_the_server_answers_a_refused_message_alone_and_sends_the_rest_again() -> None:
@@ -607,13 +690,15 @@ def test_the_server_answers_a_refused_message_alone_and_sends_the_rest_again() -
     assert service.queued == ["m0", "m1", "m2", "m4", "m6", "m7"]
 
 
-def test_the_server_sends_a_batch_it_cannot_encode_message_by_message() -> None:
+def test_the_server_sends_a_batch_it_cannot_encode_message_by_message_each_alone() -> None:
     service = BatchService()
     long_id = "x" * (RECORD_LIMIT + 1)  # over the fake record limit even alone
     answers = gathered(service, [("alice", "a"), ("alice", "b"), ("alice", long_id), ("alice", "c")])
     assert isinstance(answers[2], CommandTooLarge)
     assert [answer["result"][1]["message_id"] for answer in (answers[0], answers[1], answers[3])] == ["a", "b", "c"]
-    assert service.batches == [["a"], ["b"], ["c"]]  # the four together were never appended
+    assert [answer["command_id"] for answer in (answers[0], answers[1], answers[3])] == ["c-a", "c-b", "c-c"]
+    # The four together were never appended; each went as its own Enqueue, under its request's id.
+    assert service.sent == [("Enqueue", ["a"]), ("Enqueue", ["b"]), ("Enqueue", ["c"])]
 
 
 def test_a_batch_without_an_outcome_tells_each_request_how_to_learn_it() -> None:
@@ -622,3 +707,83 @@ def test_a_batch_without_an_outcome_tells_each_request_how_to_learn_it() -> None
     (answer,) = gathered(service, [("alice", "m1")])
     assert isinstance(answer, UnknownOutcome) and isinstance(answer, TimeoutError)
     assert "message 'm1'" in str(answer) and "enqueue the message again under that message_id" in str(answer)
+
+
+class AckService:
+    """Applies an AckBatch as the processor does: each token alone; "good" tokens are acked once."""
+
+    def __init__(self) -> None:
+        self.sent: list[tuple[str, str, list[str]]] = []  # (kind, command id, tokens) of each command
+        self.acked: set[str] = set()
+
+    async def submit(self, credential: Credential, command_id: str, domain: str, partition: int, body: Any) -> Answer:
+        await asyncio.sleep(0)
+        kind, datum = body[0].rsplit(".", 1)[1], body[1]
+        tokens = datum["tokens"] if kind == "AckBatch" else [datum["token"]]
+        self.sent.append((kind, command_id, tokens))
+        record = {"command_id": command_id, "domain": domain, "detail": "", "failed_index": None}
+        results = []
+        for token in tokens:
+            if token.startswith("good") and token not in self.acked:
+                self.acked.add(token)
+                results.append({"status": "committed", "error_code": None, "message_id": token.upper()})
+            else:
+                results.append({"status": "rejected", "error_code": "StaleLease", "message_id": None})
+        if kind == "AckBatch":
+            result = ("keyload.result.AckBatchResult", {"results": results})
+            return Answer({**record, "status": "committed", "error_code": None, "result": result})
+        (only,) = results
+        if only["status"] == "committed":
+            lease = {"message_id": only["message_id"], "state": "acked"}
+            return Answer({**record, "status": "committed", "error_code": None, "result": ("LeaseResult", lease)})
+        return Answer({**record, "status": "rejected", "error_code": "StaleLease", "detail": "stale", "result": None})
+
+
+def test_the_server_answers_acked_tokens_from_the_batch_and_sends_refused_ones_alone() -> None:
+    service = AckService()
+    coalescing = Coalescing(service.submit, "30 s")
+    credential = Credential("alice", "k1", b"s" * 32)
+    tokens = ["good1", "bad1", "good2", "good1"]
+
+    async def all_of() -> list[Answer]:
+        return await asyncio.gather(
+            *(coalescing.submit("Ack", credential, f"c{n}", "d", 0, {"token": t}) for n, t in enumerate(tokens))
+        )
+
+    answers = [answer.record for answer in asyncio.run(all_of())]
+    batch_id = service.sent[0][1]
+    assert service.sent == [("AckBatch", batch_id, tokens), ("Ack", "c1", ["bad1"]), ("Ack", "c3", ["good1"])]
+    assert [(a["command_id"], a["status"]) for a in answers] == [
+        (batch_id, "committed"),
+        ("c1", "rejected"),
+        (batch_id, "committed"),
+        ("c3", "rejected"),
+    ]
+    assert answers[0]["result"] == (
+        "keyload.result.LeaseResult",
+        {
+            "message_id": "GOOD1",
+            "state": "acked",
+            "lease_until_ms": None,
+            "not_before_ms": None,
+            "retry_delay_ms": None,
+        },
+    )
+    assert answers[1]["detail"] == "stale"
+
+
+def test_an_ack_batch_without_an_outcome_tells_each_request_how_to_learn_it() -> None:
+    async def silent(credential: Credential, command_id: str, domain: str, partition: int, body: Any) -> Answer:
+        raise TimeoutError
+
+    async def one() -> BaseException:
+        coalescing = Coalescing(silent, "30 s")
+        try:
+            await coalescing.submit("Ack", Credential("alice", "k1", b"s" * 32), "c0", "d", 0, {"token": "t"})
+        except UnknownOutcome as error:
+            return error
+        raise AssertionError("answered without an outcome")
+
+    error = asyncio.run(one())
+    assert str(error).startswith("no outcome within 30 s for AckBatch ")
+    assert "ack again with the same token" in str(error)

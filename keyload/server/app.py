@@ -42,7 +42,7 @@ from keyload.projections.store import Readable, StoreError
 from keyload.sdk.envelope import check_command_id, encode_command
 from keyload.server import statuses
 from keyload.server.auth import Authenticator, Unauthenticated
-from keyload.server.coalescing import COALESCED_KIND, Coalescing, UnknownOutcome
+from keyload.server.coalescing import COALESCED_KINDS, Coalescing, UnknownOutcome
 from keyload.server.metrics import ServerMetrics
 from keyload.server.processing import Processing
 from keyload.server.routing import IndexedApp, IndexedRouter
@@ -105,7 +105,7 @@ class Engine:
     # Headers a kind's outcome is answered with, made from it and never stored: a reservation's
     # upload handle (keyload/server/payloads.py).
     outcome_headers: Mapping[str, Callable[[Answer], Mapping[str, str]]] = field(default_factory=dict)
-    coalescing: Coalescing = field(init=False)  # Enqueue requests that allow it, in Batches
+    coalescing: Coalescing = field(init=False)  # Enqueues and Acks that allow it, in Batches and AckBatches
 
     def __post_init__(self) -> None:
         self.coalescing = Coalescing(self.submit, f"{OUTCOME_WAIT_S:g} s")
@@ -240,7 +240,9 @@ class CommandRoute:
                 datum[RAW_BODY_FIELD] = raw
             if coalesced:
                 ((domain, partition),) = targets
-                outcome = await self.engine.coalescing.enqueue(credential, domain, partition, datum)
+                outcome = await self.engine.coalescing.submit(
+                    self.kind.name, credential, command_id, domain, partition, datum
+                )
             else:
                 outcome = await self.engine.submit_all(credential, command_id, targets, (self.kind.branch, datum))
             return self.engine.response(self.kind.name, outcome)
@@ -248,8 +250,9 @@ class CommandRoute:
         return await answered(request, answer)
 
     def _coalesced(self, request: Request) -> bool:
-        """Whether the request asks to go in a Batch with others (`Keyload-Coalesce: true`): only an
-        Enqueue's may, and only without a command id of its own (keyload/server/coalescing.py)."""
+        """Whether the request asks to go in one command with others (`Keyload-Coalesce: true`): only
+        an Enqueue's or an Ack's may, and only without a command id of its own
+        (keyload/server/coalescing.py)."""
         given = request.headers.get(COALESCE_HEADER)
         if given is None:
             return False
@@ -257,12 +260,12 @@ class CommandRoute:
             raise WireError(f"{COALESCE_HEADER} must be true or false")
         if given == "false":
             return False
-        if self.kind.name != COALESCED_KIND:
-            raise WireError(f"{COALESCE_HEADER} is for enqueueing one message (POST …/messages)")
+        if self.kind.name not in COALESCED_KINDS:
+            raise WireError(f"{COALESCE_HEADER} is for enqueueing one message or acking one lease")
         if IDEMPOTENCY_HEADER in request.headers:
             raise WireError(
-                f"{COALESCE_HEADER} and {IDEMPOTENCY_HEADER} together: a coalesced message's outcome is its "
-                "Batch's, so it has no command id of its own to send again"
+                f"{COALESCE_HEADER} and {IDEMPOTENCY_HEADER} together: a coalesced request's outcome is the "
+                "command's that carried it, so it has no command id of its own to send again"
             )
         return True
 
@@ -344,7 +347,7 @@ async def _answer(request: Request, answer: Callable[[str], Awaitable[Response]]
         return error_response(statuses.TOO_LARGE, f"the request body is over {MAX_REQUEST_BYTES} bytes")
     except Halted as exc:
         return error_response(statuses.UNAVAILABLE, str(exc), command_id)
-    except UnknownOutcome as exc:  # a coalesced message's Batch: the request's own id was never appended
+    except UnknownOutcome as exc:  # a coalesced request's carrier: the request's own id was never appended
         return error_response(statuses.TIMEOUT, str(exc))
     except TimeoutError:
         detail = (

@@ -1,29 +1,37 @@
-"""Coalesced Enqueues: concurrent requests that allow it are appended as Batch commands.
+"""Coalesced requests: concurrent Enqueues and Acks that allow it are appended as Batch and AckBatch commands.
 
-A request to enqueue one message that carries `Keyload-Coalesce: true` and no `Idempotency-Key`
-joins the other such requests of its caller (principal and credential key) to its domain: one Batch
-command carries them, up to MAX_BATCH_MUTATIONS messages and COALESCED_BATCH_BYTES of bodies,
-headers and ids (a larger message goes alone). The requests arriving while a Batch of their line is
-in flight, or in the same turn of the event loop as the first, go together in the next one; nothing
-waits on a clock. A command costs the processor a fixed share of its work whatever it carries, so a
-Batch of many messages costs it less per message than as many Enqueues (bench/README.md,
-bench.coalesce).
+A request to enqueue one message (`POST …/queues/{q}/messages`) or to ack one lease (`POST
+…/leases/ack`) that carries `Keyload-Coalesce: true` and no `Idempotency-Key` joins the other such
+requests of its kind from its caller (principal and credential key) to its domain: one command
+carries them, a Batch of their Enqueues or an AckBatch of their tokens, up to MAX_BATCH_MUTATIONS
+(MAX_ACK_BATCH) requests and COALESCED_BATCH_BYTES of bodies, headers, ids and tokens (a larger
+request goes alone). The requests arriving while a command of their line is in flight, or in the
+same turn of the event loop as the first, go together in the next one; nothing waits on a clock. A
+command costs the processor a fixed share of its work whatever it carries, so a command of many
+requests costs it less per request than as many lone commands (bench/README.md, bench.coalesce).
 
-Each request is answered as a lone Enqueue would be, with its own result or its own refusal:
+Each request is answered as it would be without the header, with its own result or its own refusal:
 
 - A Batch is all or nothing. When the service refuses one message (its queue is full or missing,
   its id is used), nothing of the Batch applied: that request gets the refusal (its detail without
   the `mutation i: ` prefix, `failed_index` null) and the rest go again, in order, as a new Batch.
-  A Batch the server cannot encode (over the log's record limit: CommandTooLarge) goes again
-  message by message, so only a message that cannot go alone fails.
-- A message's id defaults to the command id the server gave its request, as a lone Enqueue's does;
-  its outcome's `command_id` (and the `Keyload-Command-Id` header) names the Batch that carried it.
-- A Batch without an answer answers each of its requests with that error: a halted partition or a
-  stopping service 503, a log that cannot be written 503, no outcome in time 504 (`UnknownOutcome`,
-  naming the Batch and the message id to enqueue again by). Such a request has no command id of its
-  own to send again, which is why coalescing is for requests without an Idempotency-Key: a producer
-  that must retry by id coalesces in its own process (keyload/sdk/coalescer.py), where the Batch's id
-  is kept.
+- An AckBatch settles each token on its own. An acked token's request is answered with the
+  LeaseResult a lone Ack gives (the message acked, no lease left). A refused token's result holds
+  only its error code, so its request goes again alone, as an Ack under the request's own command
+  id, and is answered with that Ack's outcome: the refusal with its detail (or, if the token has
+  become good since, the ack).
+- A command the server cannot encode (over the log's record limit: CommandTooLarge) is sent again
+  request by request, each alone under its own command id, so only a request that cannot go alone
+  fails, as it would have without the header.
+- A message's id defaults to the command id the server gave its request, as a lone Enqueue's does.
+  The outcome's `command_id` (and the `Keyload-Command-Id` header) names the command that carried
+  the request: the Batch or AckBatch, or the request's own when it went alone.
+- A command without an answer answers each of its requests with that error: a halted partition or
+  a stopping service 503, a log that cannot be written 503, no outcome in time 504
+  (`UnknownOutcome`, naming the command and what to do). Such a request has no command id of its
+  own to send again, which is why coalescing is for requests without an Idempotency-Key: a client
+  that must retry by id coalesces in its own process (keyload/sdk/coalescer.py), where the
+  command's id is kept.
 
 Everything runs on the event loop: a line is a list, and no await comes between the checks and the
 changes of one.
@@ -34,6 +42,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
+from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
@@ -41,74 +50,179 @@ from keyload.bodies import Branch
 from keyload.commands import BY_NAME, part_detail
 from keyload.credentials import Credential
 from keyload.errors import InvalidCommand
-from keyload.limits import COALESCED_BATCH_BYTES, MAX_BATCH_MUTATIONS
+from keyload.limits import COALESCED_BATCH_BYTES, MAX_ACK_BATCH, MAX_BATCH_MUTATIONS
 from keyload.log.codec import Record
 from keyload.server.writer import Answer, Halted
 
-COALESCED_KIND = "Enqueue"  # the one kind a request may ask to coalesce: a Batch's result holds its own
-BATCH = BY_NAME["Batch"].branch
-ENQUEUE = BY_NAME[COALESCED_KIND].branch
-
 # Sign a command for a credential, append it, await its outcome: Engine.submit.
 Submit = Callable[[Credential, str, str, int, Branch], Awaitable[Answer]]
-_Request = tuple[Record, "asyncio.Future[Answer]"]  # an Enqueue's datum, and its request's answer
 
 log = logging.getLogger("keyload.server")
 
 
 class UnknownOutcome(TimeoutError):
-    """The Batch that carried a coalesced message had no outcome in time (HTTP 504): the message may
-    or may not be enqueued, and the request has no command id to learn it by."""
+    """The command that carried a coalesced request had no outcome in time (HTTP 504): the request
+    may or may not have applied, and it has no command id of its own to learn it by."""
 
-    def __init__(self, batch_id: str, message_id: str, waited_s: str) -> None:
-        super().__init__(
-            f"no outcome within {waited_s} for Batch {batch_id!r}, which carried message {message_id!r}: it may "
-            "still apply; enqueue the message again under that message_id (409 Conflict then means it is enqueued)"
+    def __init__(self, kind: str, command_id: str, carried: str, waited_s: str, learn: str) -> None:
+        super().__init__(f"no outcome within {waited_s} for {kind} {command_id!r}, which carried {carried}: {learn}")
+
+
+@dataclass(slots=True)
+class _Request:
+    command_id: str  # the request's own, which it goes alone under
+    datum: Record  # the body of its own command
+    answer: asyncio.Future[Answer]
+
+
+class _Carrier(ABC):
+    """How the requests of one command kind ride together in one command of another."""
+
+    kind: str  # the requests' own command kind
+    batch: str  # the kind of the command that carries them
+    most: int  # requests one command carries at most
+
+    @abstractmethod
+    def body(self, data: list[Record]) -> Record:
+        """The carrying command's body, of the requests' own commands' bodies in order."""
+
+    @abstractmethod
+    def size(self, datum: Record) -> int:
+        """What a request adds to its carrying command (UTF-8 bytes), against COALESCED_BATCH_BYTES."""
+
+    @abstractmethod
+    def answered(self, outcome: Record, requests: list[_Request]) -> list[_Request]:
+        """Answer each request the carrying command's committed outcome answers as its own command's
+        would; the requests it cannot answer so, to go alone."""
+
+    @abstractmethod
+    def unknown(self, command_id: str, datum: Record, waited_s: str) -> UnknownOutcome:
+        """The error of a request whose carrying command had no outcome in time."""
+
+
+class _Enqueues(_Carrier):
+    """Enqueues in a Batch: each mutation's result is its Enqueue's."""
+
+    kind, batch, most = "Enqueue", "Batch", MAX_BATCH_MUTATIONS
+
+    def body(self, data: list[Record]) -> Record:
+        return {"mutations": [{"domain": None, "mutation": (BY_NAME[self.kind].branch, datum)} for datum in data]}
+
+    def size(self, datum: Record) -> int:
+        texts = [datum["message_id"], datum["ordering_key"] or "", *datum["headers"], *datum["headers"].values()]
+        return len(datum["body"]) + sum(len(text.encode()) for text in texts)
+
+    def answered(self, outcome: Record, requests: list[_Request]) -> list[_Request]:
+        _, carried = outcome["result"]
+        for request, result in zip(requests, carried["results"], strict=True):
+            _answer(request, {**outcome, "result": result})
+        return []
+
+    def unknown(self, command_id: str, datum: Record, waited_s: str) -> UnknownOutcome:
+        learn = (
+            "it may still apply; enqueue the message again under that message_id "
+            "(409 Conflict then means it is enqueued)"
         )
+        return UnknownOutcome(self.batch, command_id, f"message {datum['message_id']!r}", waited_s, learn)
+
+
+class _Acks(_Carrier):
+    """Acks in an AckBatch: an acked token's request gets the LeaseResult of a lone Ack; a refused
+    token's result holds only its error code, so its request goes alone for its own refusal."""
+
+    kind, batch, most = "Ack", "AckBatch", MAX_ACK_BATCH
+
+    def body(self, data: list[Record]) -> Record:
+        return {"tokens": [datum["token"] for datum in data]}
+
+    def size(self, datum: Record) -> int:
+        return len(datum["token"].encode())
+
+    def answered(self, outcome: Record, requests: list[_Request]) -> list[_Request]:
+        _, carried = outcome["result"]
+        refused = []
+        for request, result in zip(requests, carried["results"], strict=True):
+            if result["status"] != "committed":
+                refused.append(request)
+                continue
+            acked = {
+                "message_id": result["message_id"],
+                "state": "acked",
+                "lease_until_ms": None,
+                "not_before_ms": None,
+                "retry_delay_ms": None,
+            }
+            _answer(request, {**outcome, "result": (LEASE_RESULT, acked)})
+        return refused
+
+    def unknown(self, command_id: str, datum: Record, waited_s: str) -> UnknownOutcome:
+        learn = (
+            "it may still apply; ack again with the same token "
+            "(409 StaleLease then means the lease is no longer held: acked, or ended)"
+        )
+        return UnknownOutcome(self.batch, command_id, "this ack", waited_s, learn)
+
+
+LEASE_RESULT = "keyload.result.LeaseResult"  # a lone Ack's result
+CARRIERS: dict[str, _Carrier] = {carrier.kind: carrier for carrier in (_Enqueues(), _Acks())}
+COALESCED_KINDS = tuple(CARRIERS)  # the kinds a request may ask to coalesce
 
 
 @dataclass
 class _Line:
-    """The requests of one caller to one domain waiting for a Batch, in the order they came."""
+    """The requests of one kind from one caller to one domain waiting for a command, in the order they came."""
 
     waiting: list[_Request] = field(default_factory=list)
     sending: bool = False
+
+
+_LineKey = tuple[str, str, str, str]  # (kind, principal, key id, domain)
 
 
 class Coalescing:
     def __init__(self, submit: Submit, outcome_wait: str) -> None:
         self._submit = submit
         self._outcome_wait = outcome_wait  # how long a request waits for an outcome, as the 504 says it
-        self._lines: dict[tuple[str, str, str], _Line] = {}  # by (principal, key id, domain)
+        self._lines: dict[_LineKey, _Line] = {}
         self._tasks: set[asyncio.Task[None]] = set()  # the sending tasks, held until done
 
-    async def enqueue(self, credential: Credential, domain: str, partition: int, enqueue: Record) -> Answer:
-        """The outcome of one Enqueue (its datum, filled as the request's own command would be), as a
-        lone Enqueue's would read, carried in a Batch with the caller's other coalesced requests."""
-        key = (credential.principal, credential.key_id, domain)
+    async def submit(
+        self, kind: str, credential: Credential, command_id: str, domain: str, partition: int, datum: Record
+    ) -> Answer:
+        """The outcome of one request's command of `kind` (its body `datum`, filled under the request's
+        `command_id`), as a lone command's would read, carried with the caller's other coalesced
+        requests of that kind."""
+        carrier = CARRIERS[kind]
+        key = (kind, credential.principal, credential.key_id, domain)
         line = self._lines.setdefault(key, _Line())
         answer: asyncio.Future[Answer] = asyncio.get_running_loop().create_future()
-        line.waiting.append((enqueue, answer))
+        line.waiting.append(_Request(command_id, datum, answer))
         if not line.sending:
             line.sending = True
-            task = asyncio.create_task(self._send(key, line, credential, partition))
+            task = asyncio.create_task(self._send(carrier, key, line, credential, partition))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
         return await answer
 
-    async def _send(self, key: tuple[str, str, str], line: _Line, credential: Credential, partition: int) -> None:
+    async def _send(
+        self, carrier: _Carrier, key: _LineKey, line: _Line, credential: Credential, partition: int
+    ) -> None:
         taken: list[_Request] = []
+        domain = key[3]
         try:
             while line.waiting:
-                taken = _taken(line.waiting)
+                taken = _taken(carrier, line.waiting)
                 del line.waiting[: len(taken)]
-                await self._send_batch(credential, key[2], partition, [r for r in taken if not r[1].cancelled()])
+                live = [request for request in taken if not request.answer.cancelled()]
+                alone = await self._carry(carrier, credential, domain, partition, live)
+                for request in alone:
+                    await self._alone(carrier, credential, domain, partition, request)
         except asyncio.CancelledError:  # the service is stopping: no request is left waiting on the task
             _fail([*taken, *line.waiting], Halted("the service is stopping"))
             line.waiting.clear()
             raise
         except Exception as defect:  # of the coalescing itself: each request fails alone, as it would (500)
-            log.exception("coalesced enqueues to %s failed", key[2][:64])
+            log.exception("coalesced %s requests to %s failed", carrier.kind, domain[:64])
             _fail([*taken, *line.waiting], defect)
             line.waiting.clear()
         finally:
@@ -116,65 +230,66 @@ class Coalescing:
             if not line.waiting:
                 del self._lines[key]
 
-    async def _send_batch(self, credential: Credential, domain: str, partition: int, requests: list[_Request]) -> None:
-        """One Batch of the requests' messages. A message the service refuses is answered with its
-        refusal and the rest go again; a Batch that cannot be encoded goes again message by message."""
+    async def _carry(
+        self, carrier: _Carrier, credential: Credential, domain: str, partition: int, requests: list[_Request]
+    ) -> list[_Request]:
+        """Carry the requests in one command; a request it refuses is answered with its refusal and the
+        rest carried again. The requests left to go alone: those the carrying command could not answer,
+        or all when it could not be encoded."""
         while requests:
-            batch_id = str(uuid.uuid4())
-            mutations = [{"domain": None, "mutation": (ENQUEUE, enqueue)} for enqueue, _ in requests]
-            batch = (BATCH, {"mutations": mutations})
+            command_id = str(uuid.uuid4())
+            body = (BY_NAME[carrier.batch].branch, carrier.body([request.datum for request in requests]))
             try:
-                outcome = await self._submit(credential, batch_id, domain, partition, batch)
-            except InvalidCommand as error:
-                if len(requests) == 1:
-                    _fail(requests, error)
-                    return
-                for request in requests:
-                    await self._send_batch(credential, domain, partition, [request])
-                return
+                outcome = (await self._submit(credential, command_id, domain, partition, body)).record
+            except InvalidCommand:
+                return requests
             except TimeoutError:
-                for enqueue, answer in requests:
-                    _fail([(enqueue, answer)], UnknownOutcome(batch_id, enqueue["message_id"], self._outcome_wait))
-                return
+                for request in requests:
+                    _fail([request], carrier.unknown(command_id, request.datum, self._outcome_wait))
+                return []
             except Exception as error:  # no outcome (a halted partition, a log that cannot be written)
                 _fail(requests, error)
-                return
-            record = outcome.record
-            if record["status"] == "committed":
-                _, carried = record["result"]
-                for (_, answer), result in zip(requests, carried["results"], strict=True):
-                    _answer(answer, {**record, "result": result})
-                return
-            failed = record["failed_index"]
-            if failed is None or not 0 <= failed < len(requests):  # the Batch as a whole: each its refusal
-                for _, answer in requests:
-                    _answer(answer, record)
-                return
-            _answer(requests.pop(failed)[1], {**record, "detail": part_detail(failed, record["detail"])})
+                return []
+            if outcome["status"] == "committed":
+                return carrier.answered(outcome, requests)
+            failed = outcome["failed_index"]
+            if failed is None or not 0 <= failed < len(requests):  # the command as a whole: each its refusal
+                for request in requests:
+                    _answer(request, outcome)
+                return []
+            _answer(requests.pop(failed), {**outcome, "detail": part_detail(failed, outcome["detail"])})
+        return []
+
+    async def _alone(
+        self, carrier: _Carrier, credential: Credential, domain: str, partition: int, request: _Request
+    ) -> None:
+        """Send the request's own command under its own id, as without the header."""
+        body = (BY_NAME[carrier.kind].branch, request.datum)
+        try:
+            answer = await self._submit(credential, request.command_id, domain, partition, body)
+        except Exception as error:  # answered as the request alone would have been: a 400, 503 or 504
+            _fail([request], error)
+            return
+        if not request.answer.done():
+            request.answer.set_result(answer)
 
 
-def _taken(waiting: list[_Request]) -> list[_Request]:
-    """The next Batch's requests: the first ones, up to the count and the bytes (the first always)."""
+def _taken(carrier: _Carrier, waiting: list[_Request]) -> list[_Request]:
+    """The next command's requests: the first ones, up to the count and the bytes (the first always)."""
     size = 0
-    for index, (enqueue, _) in enumerate(waiting[:MAX_BATCH_MUTATIONS]):
-        size += _size(enqueue)
+    for index, request in enumerate(waiting[: carrier.most]):
+        size += carrier.size(request.datum)
         if index and size > COALESCED_BATCH_BYTES:
             return waiting[:index]
-    return waiting[:MAX_BATCH_MUTATIONS]
+    return waiting[: carrier.most]
 
 
-def _size(enqueue: Record) -> int:
-    """What a message adds to its Batch: body, header names and values, ids (UTF-8 bytes)."""
-    texts = [enqueue["message_id"], enqueue["ordering_key"] or "", *enqueue["headers"], *enqueue["headers"].values()]
-    return len(enqueue["body"]) + sum(len(text.encode()) for text in texts)
-
-
-def _answer(answer: asyncio.Future[Answer], record: Record) -> None:
-    if not answer.done():
-        answer.set_result(Answer({**record, "failed_index": None}))
+def _answer(request: _Request, record: Record) -> None:
+    if not request.answer.done():
+        request.answer.set_result(Answer({**record, "failed_index": None}))
 
 
 def _fail(requests: list[_Request], error: BaseException) -> None:
-    for _, answer in requests:
-        if not answer.done():
-            answer.set_exception(error)
+    for request in requests:
+        if not request.answer.done():
+            request.answer.set_exception(error)

@@ -14,7 +14,7 @@ from typing import Any
 from keyload.commands import COMMANDS, CommandKind
 from keyload.server import statuses
 from keyload.server.app import METRICS_PATH, RAW_BODY_FIELD, RAW_BODY_TYPE
-from keyload.server.coalescing import COALESCED_KIND
+from keyload.server.coalescing import CARRIERS
 from keyload.server.payloads import PREPARE, READ_PATH, UPLOAD_PATH
 from keyload.server.principals import CREATE_PATH, ROTATE_PATH
 from keyload.version import __version__
@@ -55,8 +55,9 @@ def _operation(kind: CommandKind, refs: dict[str, Any]) -> dict[str, Any]:
     in_path = set(kind.route.fields)
     parameters = [_path_parameter(name) for name in kind.route.fields]
     parameters.append(_idempotency_parameter())
-    if kind.name == COALESCED_KIND:
-        parameters.append(_coalesce_parameter())
+    carrier = CARRIERS.get(kind.name)
+    if carrier is not None:
+        parameters.append(_coalesce_parameter(carrier.batch))
     everywhere = kind.partition_wide and not in_path & {"partition", "domain"}
     if everywhere and kind.route.method == "GET":
         parameters.append(
@@ -310,12 +311,12 @@ def _idempotency_parameter() -> dict[str, Any]:
     )
 
 
-def _coalesce_parameter() -> dict[str, Any]:
+def _coalesce_parameter(batch: str) -> dict[str, Any]:
     return _header_parameter(
         COALESCE_HEADER,
-        "true: the message may go in one Batch command with this caller's other coalesced "
-        "requests to the domain (fewer commands under load); answered as alone, its outcome naming the Batch. "
-        "Not with Idempotency-Key (400): the message has no command id of its own",
+        f"true: the request may go in one {batch} command with this caller's other coalesced "
+        f"requests to the domain (fewer commands under load); answered as alone, its outcome naming the {batch}. "
+        "Not with Idempotency-Key (400): the request has no command id of its own",
         {"type": "string", "enum": ["true", "false"]},
     )
 
