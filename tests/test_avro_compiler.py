@@ -16,6 +16,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from keyload.log.avro_compiler import (
+    INT_MAX,
+    INT_MIN,
+    LONG_MAX,
+    LONG_MIN,
     CompiledSchema,
     Unsupported,
     compile_schema,
@@ -125,6 +129,37 @@ def test_longs_fastavro_reads_its_own_way_are_left_to_it(varint: bytes, why: str
     schema = {"type": "record", "name": "R", "fields": [{"name": "n", "type": "long"}]}
     with pytest.raises(Unsupported):
         compile_schema(schema).decode(varint, 0)
+
+
+def _number_record(kind: str) -> Any:
+    return parse_schema({"type": "record", "name": "R", "fields": [{"name": "n", "type": kind}]})
+
+
+@pytest.mark.parametrize(
+    ("kind", "value"),
+    [(kind, value) for kind in ("int", "long") for value in (-65, -64, -1, 0, 63, 64, 8191, 8192)]
+    + [("int", INT_MIN), ("int", INT_MAX), ("long", LONG_MIN), ("long", LONG_MAX), ("long", 1_733_470_030_000)],
+)
+def test_numbers_at_every_varint_length_write_as_fastavro_does(kind: str, value: int) -> None:
+    schema = _number_record(kind)
+    assert compile_schema(schema).encode({"n": value}) == _fastavro_bytes(schema, {"n": value})
+
+
+@pytest.mark.parametrize(
+    ("kind", "value"),
+    [
+        ("int", INT_MAX + 1),
+        ("int", INT_MIN - 1),
+        ("long", LONG_MAX + 1),
+        ("long", LONG_MIN - 1),
+        ("long", True),  # fastavro writes a bool as 1; the generated code leaves it to fastavro
+        ("long", 1.0),
+        ("int", "1"),
+    ],
+)
+def test_numbers_out_of_range_or_of_another_type_are_left_to_fastavro(kind: str, value: Any) -> None:
+    with pytest.raises(Unsupported):
+        compile_schema(_number_record(kind)).encode({"n": value})
 
 
 def test_registry_decodes_a_malformed_command_with_fastavros_error() -> None:
