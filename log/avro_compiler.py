@@ -57,16 +57,6 @@ def compile_schema(schema: Any) -> CompiledSchema:
 # --- runtime helpers the generated code calls -------------------------------------------------
 
 
-def _write_long(out: bytearray, value: Any, low: int = LONG_MIN, high: int = LONG_MAX) -> None:
-    if type(value) is not int or not low <= value <= high:
-        raise Unsupported
-    zigzag = (value << 1) ^ (value >> 63)
-    while zigzag > 0x7F:
-        out.append((zigzag & 0x7F) | 0x80)
-        zigzag >>= 7
-    out.append(zigzag)
-
-
 def _read_long_tail(data: bytes, pos: int, first: int) -> tuple[int, int]:
     """The rest of a varint whose first byte (already read, high bit set) was `first`."""
     unsigned = first & 0x7F
@@ -88,7 +78,6 @@ def _read_long_tail(data: bytes, pos: int, first: int) -> tuple[int, int]:
 _RUNTIME: dict[str, Any] = {
     "Unsupported": Unsupported,
     "_MISSING": _MISSING,
-    "_write_long": _write_long,
     "_read_long_tail": _read_long_tail,
     "INT_MIN": INT_MIN,
     "INT_MAX": INT_MAX,
@@ -264,7 +253,7 @@ class _Generator:
             f"    i = {index}.get(v)",
             "    if i is None:",
             "        raise Unsupported",
-            "    _write_long(out, i)",
+            *_indent(_count_write("i")),
             "",
             f"def {reader}(data, pos):",
             "    end = len(data)",
@@ -310,7 +299,8 @@ class _Generator:
             f"    if type(v) is not {pytype}:",
             "        raise Unsupported",
             "    if v:",
-            "        _write_long(out, len(v))",
+            "        n = len(v)",
+            *_indent(_count_write("n"), 2),
             f"        {loop}",
             *_indent(write_key + self._inline_write(item), 3),
             "    out.append(0)",
@@ -366,7 +356,8 @@ class _Generator:
             "        v = v[1]",
             "    else:",
             f"        i = {choice}(v)",
-            "    _write_long(out, i)",
+            "    n = i",
+            *_indent(_count_write("n")),
             f"    {write_table}[i](v, out)",
             "",
             f"def {reader}(data, pos):",
@@ -450,27 +441,43 @@ _STRING_READ = [*_SIZED_READ, "x = str(data[pos:pos + n], 'utf-8')", "pos += n"]
 # float and double: keyload's schemas hold none, fastavro writes and reads them.
 _DEFERRED = (["raise Unsupported"], ["raise Unsupported"])
 
-_SIZED_WRITE = ["if len(x) < 64:", "    out.append(len(x) << 1)", "else:", "    _write_long(out, len(x))", "out += x"]
+# Numbers are written in place, never by a call per value: a receive's outcome writes about ten a
+# delivery, most of them timestamps and sequences of several varint bytes.
+
+
+def _varint_write(name: str) -> list[str]:
+    """Lines writing the int in variable `name` (within a long's range) as a zig-zag varint; they
+    consume the variable."""
+    return [
+        f"{name} = ({name} << 1) ^ ({name} >> 63)",
+        f"while {name} > 0x7F:",
+        f"    out.append(({name} & 0x7F) | 0x80)",
+        f"    {name} >>= 7",
+        f"out.append({name})",
+    ]
+
+
+def _count_write(name: str) -> list[str]:
+    """Lines writing the count or index in variable `name` (an int >= 0 the generated code made): one
+    byte below 64."""
+    return [f"if {name} < 64:", f"    out.append({name} << 1)", "else:", *_indent(_varint_write(name))]
 
 
 def _long_write(low: str, high: str) -> list[str]:
-    """A long (or an int) within low..high, written in place: one byte for -64..63, else the zig-zag
-    varint a byte at a time (`_write_long`'s loop, without a call per value: a receive's outcome
-    writes about ten a delivery)."""
+    """Lines writing the value `x`, a long (or an int) within low..high: one byte for -64..63."""
     return [
         "if type(x) is not int:",
         "    raise Unsupported",
         "if -64 <= x < 64:",
         "    out.append((x << 1) ^ (x >> 63))",
         f"elif {low} <= x <= {high}:",
-        "    x = (x << 1) ^ (x >> 63)",
-        "    while x > 0x7F:",
-        "        out.append((x & 0x7F) | 0x80)",
-        "        x >>= 7",
-        "    out.append(x)",
+        *_indent(_varint_write("x")),
         "else:",
         "    raise Unsupported",
     ]
+
+
+_SIZED_WRITE = ["n = len(x)", *_count_write("n"), "out += x"]
 
 
 # kind -> (lines writing `x` to `out`, lines reading `x` at `pos`)

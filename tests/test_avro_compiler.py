@@ -131,7 +131,8 @@ def test_longs_fastavro_reads_its_own_way_are_left_to_it(varint: bytes, why: str
         compile_schema(schema).decode(varint, 0)
 
 
-def _number_record(kind: str) -> Any:
+def _one_field(kind: Any) -> Any:
+    """A record of one field `n` of type `kind`."""
     return parse_schema({"type": "record", "name": "R", "fields": [{"name": "n", "type": kind}]})
 
 
@@ -141,7 +142,26 @@ def _number_record(kind: str) -> Any:
     + [("int", INT_MIN), ("int", INT_MAX), ("long", LONG_MIN), ("long", LONG_MAX), ("long", 1_733_470_030_000)],
 )
 def test_numbers_at_every_varint_length_write_as_fastavro_does(kind: str, value: int) -> None:
-    schema = _number_record(kind)
+    schema = _one_field(kind)
+    assert compile_schema(schema).encode({"n": value}) == _fastavro_bytes(schema, {"n": value})
+
+
+MANY = [f"s{n}" for n in range(100)]  # past one varint byte of indexes and counts
+
+
+@pytest.mark.parametrize(
+    ("kind", "value"),
+    [
+        ({"type": "enum", "name": "E", "symbols": MANY}, "s99"),
+        ([*({"type": "record", "name": name, "fields": []} for name in MANY), "long"], 7),
+        ({"type": "array", "items": "long"}, list(range(-100, 100))),
+        ({"type": "map", "values": "int"}, {name: n for n, name in enumerate(MANY)}),
+        ("string", "é" * 5_000),
+        ("bytes", bytes(range(256)) * 40),
+    ],
+)
+def test_counts_and_indexes_past_one_byte_write_as_fastavro_does(kind: Any, value: Any) -> None:
+    schema = _one_field(kind)
     assert compile_schema(schema).encode({"n": value}) == _fastavro_bytes(schema, {"n": value})
 
 
@@ -159,7 +179,7 @@ def test_numbers_at_every_varint_length_write_as_fastavro_does(kind: str, value:
 )
 def test_numbers_out_of_range_or_of_another_type_are_left_to_fastavro(kind: str, value: Any) -> None:
     with pytest.raises(Unsupported):
-        compile_schema(_number_record(kind)).encode({"n": value})
+        compile_schema(_one_field(kind)).encode({"n": value})
 
 
 def test_registry_decodes_a_malformed_command_with_fastavros_error() -> None:
