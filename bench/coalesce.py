@@ -100,11 +100,11 @@ class Run:
     waits_s: list[float]
 
 
-Produce = Callable[[str, int, list[float]], None]  # (queue, messages, waits out) on one thread
+Calls = Callable[[str, int, list[float]], None]  # one thread's calls: (queue, messages, waits out)
 Leases = dict[str, deque[str]]  # the tokens of each acking workload's queue, taken by its threads
 
 
-def producers(client: Client, coalescer: Coalescer, http: httpx.Client, leases: Leases) -> dict[str, Produce]:
+def calls_of(client: Client, coalescer: Coalescer, http: httpx.Client, leases: Leases) -> dict[str, Calls]:
     def lone(queue: str, count: int, waits: list[float]) -> None:
         for _ in range(count):
             started = time.perf_counter()
@@ -122,7 +122,7 @@ def producers(client: Client, coalescer: Coalescer, http: httpx.Client, leases: 
         for future in futures:
             future.result()
 
-    def posted(headers: dict[str, str]) -> Produce:
+    def posted(headers: dict[str, str]) -> Calls:
         def post(queue: str, count: int, waits: list[float]) -> None:
             path = f"/v1/domains/{DOMAIN}/queues/{queue}/messages"
             for _ in range(count):
@@ -130,7 +130,7 @@ def producers(client: Client, coalescer: Coalescer, http: httpx.Client, leases: 
 
         return post
 
-    def acked(headers: dict[str, str]) -> Produce:
+    def acked(headers: dict[str, str]) -> Calls:
         def ack(queue: str, count: int, waits: list[float]) -> None:
             path = f"/v1/domains/{DOMAIN}/leases/ack"
             for _ in range(count):
@@ -181,16 +181,16 @@ def leased(client: Client, coalescer: Coalescer, queue: str, count: int) -> dequ
     return tokens
 
 
-def run(produce: Produce, workload: str, queue: str, threads: int, per_thread: int, server_pid: int) -> Run:
+def run(calls: Calls, workload: str, queue: str, threads: int, per_thread: int, server_pid: int) -> Run:
     """K threads producing at once after a warm-up of their own; the run's wall time, CPU and waits."""
     waits: list[list[float]] = [[] for _ in range(threads)]
     release = threading.Barrier(threads + 1)
     done = threading.Barrier(threads + 1)
 
     def thread(index: int) -> None:
-        produce(queue, WARMUP, [])
+        calls(queue, WARMUP, [])
         release.wait()
-        produce(queue, per_thread, waits[index])
+        calls(queue, per_thread, waits[index])
         done.wait()
 
     workers = [threading.Thread(target=thread, args=(i,)) for i in range(threads)]
@@ -230,7 +230,7 @@ def measure(directory: Path, threads: int, messages: int, rounds: int, linger_ms
             httpx.Client(base_url=server.url, headers=bearer, timeout=60) as http,
         ):
             leases: Leases = {}
-            by_workload = producers(client, coalescer, http, leases)
+            by_workload = calls_of(client, coalescer, http, leases)
             total = threads * (per_thread + WARMUP)
             policy = QueuePolicySpec(receive_max_messages=100, max_lease_ms=LEASE_MS, max_in_flight=MAX_IN_FLIGHT)
             for round_ in range(rounds):
@@ -321,7 +321,7 @@ def table(result: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.coalesce", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--threads", type=int, default=DEFAULT_THREADS, help="producer threads (default 16)")
+    parser.add_argument("--threads", type=int, default=DEFAULT_THREADS, help="calling threads (default 16)")
     parser.add_argument("--messages", type=int, default=DEFAULT_MESSAGES, help="timed messages per workload (8,000)")
     parser.add_argument("--rounds", type=int, default=DEFAULT_ROUNDS, help="turns of the seven workloads (default 3)")
     parser.add_argument("--linger-ms", type=int, default=DEFAULT_LINGER_MS, help="the coalescer's (default 0)")

@@ -715,12 +715,19 @@ class AckService:
     def __init__(self) -> None:
         self.sent: list[tuple[str, str, list[str]]] = []  # (kind, command id, tokens) of each command
         self.acked: set[str] = set()
+        self.in_flight = self.most_in_flight = 0
+        self.silent: set[str] = set()  # tokens whose lone Ack gets no outcome in time
 
     async def submit(self, credential: Credential, command_id: str, domain: str, partition: int, body: Any) -> Answer:
-        await asyncio.sleep(0)
         kind, datum = body[0].rsplit(".", 1)[1], body[1]
         tokens = datum["tokens"] if kind == "AckBatch" else [datum["token"]]
         self.sent.append((kind, command_id, tokens))
+        self.in_flight += 1
+        self.most_in_flight = max(self.most_in_flight, self.in_flight)
+        await asyncio.sleep(0.01)  # an append and its outcome
+        self.in_flight -= 1
+        if kind == "Ack" and datum["token"] in self.silent:
+            raise TimeoutError
         record = {"command_id": command_id, "domain": domain, "detail": "", "failed_index": None}
         results = []
         for token in tokens:
@@ -739,20 +746,36 @@ class AckService:
         return Answer({**record, "status": "rejected", "error_code": "StaleLease", "detail": "stale", "result": None})
 
 
-def test_the_server_answers_acked_tokens_from_the_batch_and_sends_refused_ones_alone() -> None:
-    service = AckService()
+def acks_coalesced(service: AckService, tokens: list[str], cancelled: frozenset[int] = frozenset()) -> list[Any]:
+    """Each token acked at once through one Coalescing, the requests at `cancelled` given up by their
+    clients while the AckBatch is in flight: each answer's record or error."""
     coalescing = Coalescing(service.submit, "30 s")
     credential = Credential("alice", "k1", b"s" * 32)
+
+    async def one(n: int, token: str) -> Any:
+        try:
+            return (await coalescing.submit("Ack", credential, f"c{n}", "d", 0, {"token": token})).record
+        except BaseException as error:  # a cancelled request's CancelledError too
+            return error
+
+    async def all_of() -> list[Any]:
+        requests = [asyncio.create_task(one(n, token)) for n, token in enumerate(tokens)]
+        await asyncio.sleep(0.005)
+        for n in cancelled:
+            requests[n].cancel()
+        return await asyncio.gather(*requests)
+
+    return asyncio.run(all_of())
+
+
+def test_the_server_answers_acked_tokens_from_the_batch_and_sends_refused_ones_alone_together() -> None:
+    service = AckService()
     tokens = ["good1", "bad1", "good2", "good1"]
-
-    async def all_of() -> list[Answer]:
-        return await asyncio.gather(
-            *(coalescing.submit("Ack", credential, f"c{n}", "d", 0, {"token": t}) for n, t in enumerate(tokens))
-        )
-
-    answers = [answer.record for answer in asyncio.run(all_of())]
+    answers = acks_coalesced(service, tokens)
     batch_id = service.sent[0][1]
-    assert service.sent == [("AckBatch", batch_id, tokens), ("Ack", "c1", ["bad1"]), ("Ack", "c3", ["good1"])]
+    assert service.sent[0] == ("AckBatch", batch_id, tokens)
+    assert sorted(service.sent[1:]) == [("Ack", "c1", ["bad1"]), ("Ack", "c3", ["good1"])]
+    assert service.most_in_flight == 2  # the two refused acks went alone at once
     assert [(a["command_id"], a["status"]) for a in answers] == [
         (batch_id, "committed"),
         ("c1", "rejected"),
@@ -770,6 +793,17 @@ def test_the_server_answers_acked_tokens_from_the_batch_and_sends_refused_ones_a
         },
     )
     assert answers[1]["detail"] == "stale"
+
+
+def test_a_refused_ack_without_an_outcome_alone_is_an_ordinary_timeout_and_a_gone_request_is_not_sent() -> None:
+    service = AckService()
+    service.silent = {"bad1"}
+    answers = acks_coalesced(service, ["good1", "bad1", "bad2"], cancelled=frozenset({2}))
+    assert answers[0]["status"] == "committed"
+    # Its own Ack was appended under its own id: the ordinary 504, which names that id, not UnknownOutcome.
+    assert type(answers[1]) is TimeoutError
+    assert isinstance(answers[2], asyncio.CancelledError)
+    assert [kind for kind, _, _ in service.sent] == ["AckBatch", "Ack"]  # bad2's client had gone
 
 
 def test_an_ack_batch_without_an_outcome_tells_each_request_how_to_learn_it() -> None:

@@ -5,7 +5,7 @@ A request to enqueue one message (`POST …/queues/{q}/messages`) or to ack one 
 requests of its kind from its caller (principal and credential key) to its domain: one command
 carries them, a Batch of their Enqueues or an AckBatch of their tokens, up to MAX_BATCH_MUTATIONS
 (MAX_ACK_BATCH) requests and COALESCED_BATCH_BYTES of bodies, headers, ids and tokens (a larger
-request goes alone). The requests arriving while a command of their line is in flight, or in the
+request is carried by itself). The requests arriving while a command of their line is in flight, or in the
 same turn of the event loop as the first, go together in the next one; nothing waits on a clock. A
 command costs the processor a fixed share of its work whatever it carries, so a command of many
 requests costs it less per request than as many lone commands (bench/README.md, bench.coalesce).
@@ -19,7 +19,8 @@ Each request is answered as it would be without the header, with its own result 
   LeaseResult a lone Ack gives (the message acked, no lease left). A refused token's result holds
   only its error code, so its request goes again alone, as an Ack under the request's own command
   id, and is answered with that Ack's outcome: the refusal with its detail (or, if the token has
-  become good since, the ack).
+  become good since, the ack). The refused acks of one AckBatch go alone together, not one after
+  another: each settles its own lease, so their order does not matter.
 - A command the server cannot encode (over the log's record limit: CommandTooLarge) is sent again
   request by request, each alone under its own command id, so only a request that cannot go alone
   fails, as it would have without the header.
@@ -81,6 +82,9 @@ class _Carrier(ABC):
     kind: str  # the requests' own command kind
     batch: str  # the kind of the command that carries them
     most: int  # requests one command carries at most
+    # Whether the requests apply in the order they came (a queue's messages): then those that go
+    # alone go one after another; else (acks, each settling its own lease) all at once.
+    ordered: bool
 
     @abstractmethod
     def body(self, data: list[Record]) -> Record:
@@ -103,7 +107,7 @@ class _Carrier(ABC):
 class _Enqueues(_Carrier):
     """Enqueues in a Batch: each mutation's result is its Enqueue's."""
 
-    kind, batch, most = "Enqueue", "Batch", MAX_BATCH_MUTATIONS
+    kind, batch, most, ordered = "Enqueue", "Batch", MAX_BATCH_MUTATIONS, True
 
     def body(self, data: list[Record]) -> Record:
         return {"mutations": [{"domain": None, "mutation": (BY_NAME[self.kind].branch, datum)} for datum in data]}
@@ -130,7 +134,7 @@ class _Acks(_Carrier):
     """Acks in an AckBatch: an acked token's request gets the LeaseResult of a lone Ack; a refused
     token's result holds only its error code, so its request goes alone for its own refusal."""
 
-    kind, batch, most = "Ack", "AckBatch", MAX_ACK_BATCH
+    kind, batch, most, ordered = "Ack", "AckBatch", MAX_ACK_BATCH, False
 
     def body(self, data: list[Record]) -> Record:
         return {"tokens": [datum["token"] for datum in data]}
@@ -145,6 +149,7 @@ class _Acks(_Carrier):
             if result["status"] != "committed":
                 refused.append(request)
                 continue
+            # What processors/queues/leases.py's `_lease_result` gives for a lease it acked.
             acked = {
                 "message_id": result["message_id"],
                 "state": "acked",
@@ -152,18 +157,17 @@ class _Acks(_Carrier):
                 "not_before_ms": None,
                 "retry_delay_ms": None,
             }
-            _answer(request, {**outcome, "result": (LEASE_RESULT, acked)})
+            _answer(request, {**outcome, "result": (BY_NAME[self.kind].result, acked)})
         return refused
 
     def unknown(self, command_id: str, datum: Record, waited_s: str) -> UnknownOutcome:
         learn = (
             "it may still apply; ack again with the same token "
-            "(409 StaleLease then means the lease is no longer held: acked, or ended)"
+            "(a 409 StaleLease or 410 LeaseExpired then means the lease is no longer held: acked, or ended)"
         )
         return UnknownOutcome(self.batch, command_id, "this ack", waited_s, learn)
 
 
-LEASE_RESULT = "keyload.result.LeaseResult"  # a lone Ack's result
 CARRIERS: dict[str, _Carrier] = {carrier.kind: carrier for carrier in (_Enqueues(), _Acks())}
 COALESCED_KINDS = tuple(CARRIERS)  # the kinds a request may ask to coalesce
 
@@ -199,24 +203,26 @@ class Coalescing:
         line.waiting.append(_Request(command_id, datum, answer))
         if not line.sending:
             line.sending = True
-            task = asyncio.create_task(self._send(carrier, key, line, credential, partition))
+            task = asyncio.create_task(self._send(carrier, key, line, credential, domain, partition))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
         return await answer
 
     async def _send(
-        self, carrier: _Carrier, key: _LineKey, line: _Line, credential: Credential, partition: int
+        self, carrier: _Carrier, key: _LineKey, line: _Line, credential: Credential, domain: str, partition: int
     ) -> None:
         taken: list[_Request] = []
-        domain = key[3]
         try:
             while line.waiting:
                 taken = _taken(carrier, line.waiting)
                 del line.waiting[: len(taken)]
                 live = [request for request in taken if not request.answer.cancelled()]
                 alone = await self._carry(carrier, credential, domain, partition, live)
-                for request in alone:
-                    await self._alone(carrier, credential, domain, partition, request)
+                if carrier.ordered:
+                    for request in alone:
+                        await self._alone(carrier, credential, domain, partition, request)
+                else:
+                    await asyncio.gather(*(self._alone(carrier, credential, domain, partition, r) for r in alone))
         except asyncio.CancelledError:  # the service is stopping: no request is left waiting on the task
             _fail([*taken, *line.waiting], Halted("the service is stopping"))
             line.waiting.clear()
@@ -263,15 +269,17 @@ class Coalescing:
     async def _alone(
         self, carrier: _Carrier, credential: Credential, domain: str, partition: int, request: _Request
     ) -> None:
-        """Send the request's own command under its own id, as without the header."""
+        """Send the request's own command under its own id, as without the header (unless its client
+        has gone: then nothing is sent)."""
+        if request.answer.done():
+            return
         body = (BY_NAME[carrier.kind].branch, request.datum)
         try:
             answer = await self._submit(credential, request.command_id, domain, partition, body)
         except Exception as error:  # answered as the request alone would have been: a 400, 503 or 504
             _fail([request], error)
             return
-        if not request.answer.done():
-            request.answer.set_result(answer)
+        _settle(request, answer)
 
 
 def _taken(carrier: _Carrier, waiting: list[_Request]) -> list[_Request]:
@@ -285,8 +293,13 @@ def _taken(carrier: _Carrier, waiting: list[_Request]) -> list[_Request]:
 
 
 def _answer(request: _Request, record: Record) -> None:
-    if not request.answer.done():
-        request.answer.set_result(Answer({**record, "failed_index": None}))
+    """Answer with an outcome of the carrying command, made the request's own."""
+    _settle(request, Answer({**record, "failed_index": None}))
+
+
+def _settle(request: _Request, answer: Answer) -> None:
+    if not request.answer.done():  # not given up on by its client
+        request.answer.set_result(answer)
 
 
 def _fail(requests: list[_Request], error: BaseException) -> None:
