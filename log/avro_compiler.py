@@ -57,28 +57,9 @@ def compile_schema(schema: Any) -> CompiledSchema:
 # --- runtime helpers the generated code calls -------------------------------------------------
 
 
-def _read_long_tail(data: bytes, pos: int, first: int) -> tuple[int, int]:
-    """The rest of a varint whose first byte (already read, high bit set) was `first`."""
-    unsigned = first & 0x7F
-    shift = 7
-    while True:
-        byte = data[pos]
-        pos += 1
-        unsigned |= (byte & 0x7F) << shift
-        if not byte & 0x80:
-            break
-        shift += 7
-        if shift >= 7 * MAX_VARINT_BYTES:
-            raise Unsupported
-    if unsigned >> 64:
-        raise Unsupported
-    return (unsigned >> 1) ^ -(unsigned & 1), pos
-
-
 _RUNTIME: dict[str, Any] = {
     "Unsupported": Unsupported,
     "_MISSING": _MISSING,
-    "_read_long_tail": _read_long_tail,
     "INT_MIN": INT_MIN,
     "INT_MAX": INT_MAX,
     "LONG_MIN": LONG_MIN,
@@ -428,11 +409,27 @@ def _indent(lines: list[str], depth: int = 1) -> list[str]:
     return ["    " * depth + line for line in lines]
 
 
+# A zig-zag varint read in place, as fastavro reads it but for what it reads its own way: an eleventh
+# byte, or a value past 64 bits (Unsupported). A body that ends mid-varint raises IndexError, which
+# `decode` turns into Unsupported.
 _READ_LONG = [
     "b = data[pos]",
     "pos += 1",
     "if b & 0x80:",
-    "    x, pos = _read_long_tail(data, pos, b)",
+    "    x = b & 0x7F",
+    "    shift = 7",
+    "    while True:",
+    "        b = data[pos]",
+    "        pos += 1",
+    "        x |= (b & 0x7F) << shift",
+    "        if not b & 0x80:",
+    "            break",
+    "        shift += 7",
+    f"        if shift >= {7 * MAX_VARINT_BYTES}:",
+    "            raise Unsupported",
+    "    if x >> 64:",
+    "        raise Unsupported",
+    "    x = (x >> 1) ^ -(x & 1)",
     "else:",
     "    x = (b >> 1) ^ -(b & 1)",
 ]

@@ -131,6 +131,12 @@ def test_longs_fastavro_reads_its_own_way_are_left_to_it(varint: bytes, why: str
         compile_schema(schema).decode(varint, 0)
 
 
+def _written_and_read_as_fastavro_does(schema: Any, value: Any) -> None:
+    compiled, body = compile_schema(schema), _fastavro_bytes(schema, value)
+    assert compiled.encode(value) == body
+    assert compiled.decode(body, 0) == _fastavro_value(schema, body) == (value, len(body))
+
+
 def _one_field(kind: Any) -> Any:
     """A record of one field `n` of type `kind`."""
     return parse_schema({"type": "record", "name": "R", "fields": [{"name": "n", "type": kind}]})
@@ -141,9 +147,8 @@ def _one_field(kind: Any) -> Any:
     [(kind, value) for kind in ("int", "long") for value in (-65, -64, -1, 0, 63, 64, 8191, 8192)]
     + [("int", INT_MIN), ("int", INT_MAX), ("long", LONG_MIN), ("long", LONG_MAX), ("long", 1_733_470_030_000)],
 )
-def test_numbers_at_every_varint_length_write_as_fastavro_does(kind: str, value: int) -> None:
-    schema = _one_field(kind)
-    assert compile_schema(schema).encode({"n": value}) == _fastavro_bytes(schema, {"n": value})
+def test_numbers_at_every_varint_length_write_and_read_as_fastavro_does(kind: str, value: int) -> None:
+    _written_and_read_as_fastavro_does(_one_field(kind), {"n": value})
 
 
 MANY = [f"s{n}" for n in range(100)]  # past one varint byte of indexes and counts
@@ -160,9 +165,8 @@ MANY = [f"s{n}" for n in range(100)]  # past one varint byte of indexes and coun
         ("bytes", bytes(range(256)) * 40),
     ],
 )
-def test_counts_and_indexes_past_one_byte_write_as_fastavro_does(kind: Any, value: Any) -> None:
-    schema = _one_field(kind)
-    assert compile_schema(schema).encode({"n": value}) == _fastavro_bytes(schema, {"n": value})
+def test_counts_and_indexes_past_one_byte_write_and_read_as_fastavro_does(kind: Any, value: Any) -> None:
+    _written_and_read_as_fastavro_does(_one_field(kind), {"n": value})
 
 
 @pytest.mark.parametrize(
