@@ -54,7 +54,7 @@ def compile_schema(schema: Any) -> CompiledSchema:
     return _Generator(schema).build()
 
 
-# --- runtime helpers the generated code calls -------------------------------------------------
+# --- the names the generated code uses besides its own ------------------------------------------
 
 
 _RUNTIME: dict[str, Any] = {

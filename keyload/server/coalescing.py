@@ -5,10 +5,11 @@ A request to enqueue one message (`POST …/queues/{q}/messages`) or to ack one 
 requests of its kind from its caller (principal and credential key) to its domain: one command
 carries them, a Batch of their Enqueues or an AckBatch of their tokens, up to MAX_BATCH_MUTATIONS
 (MAX_ACK_BATCH) requests and COALESCED_BATCH_BYTES of bodies, headers, ids and tokens (a larger
-request is carried by itself). The requests arriving while a command of their line is in flight, or in the
-same turn of the event loop as the first, go together in the next one; nothing waits on a clock. A
-command costs the processor a fixed share of its work whatever it carries, so a command of many
-requests costs it less per request than as many lone commands (bench/README.md, bench.coalesce).
+request is carried by itself). The requests arriving while a command of their line is in flight,
+or in the same turn of the event loop as the first, go together in the next one; nothing waits on
+a clock. A command costs the processor a fixed share of its work whatever it carries, so a command
+of many requests costs it less per request than as many lone commands (bench/README.md,
+bench.coalesce).
 
 Each request is answered as it would be without the header, with its own result or its own refusal:
 
