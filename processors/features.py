@@ -56,6 +56,11 @@ The levels:
    one that exists with the same configuration (policy; a group's filter too) returns it as it
    stands, as a declare does in RabbitMQ and CreateQueue in SQS, instead of Conflict; another
    configuration is still Conflict, now naming what differs.
+10. A group's ack batch names each token's checkpoint. Each acked token's result in a
+   GroupAckBatch's outcome holds the group's checkpoint right after that token's ack, what a
+   lone GroupAck answers (the batch's own `checkpoint` stays the one after its last token), so
+   the HTTP API can carry concurrent GroupAcks in one GroupAckBatch and answer each as alone
+   (keyload/server/coalescing.py). Before it the per-token checkpoint is null.
 """
 
 from __future__ import annotations
@@ -77,6 +82,7 @@ EVENT_IDS_KEPT = 6  # the level from which a topic's event ids are deduplicated 
 CONFIRMED_INDEXED = 7  # the level from which compaction finds confirmed retention tasks by an index
 LARGE_IDENTITIES_KEPT = 8  # the level from which a compacted large message's identity keeps to the receipt horizon
 CREATES_DECLARE = 9  # the level from which a create of an existing resource, configured the same, returns it
+TOKEN_CHECKPOINTS = 10  # the level from which a GroupAckBatch's result names each acked token's checkpoint
 # The reads level 1 covers, frozen: tests/test_feature_levels.py holds the command table's `reads`
 # rows to it. Making an existing command a read changes how level-1 logs replay: a later level.
 LEVEL_1_READS = frozenset(
@@ -122,4 +128,5 @@ def raise_feature_level(stage: Staged, body: RaiseFeatureLevel, ctx: Context) ->
 
 
 assert READS_UNSTORED < OUTCOME_HORIZONS < LEASES_KEPT < WORK_COMPACTED < DOMAIN_CAPS < EVENT_IDS_KEPT
-assert EVENT_IDS_KEPT < CONFIRMED_INDEXED < LARGE_IDENTITIES_KEPT < CREATES_DECLARE <= limits.FEATURE_LEVEL
+assert EVENT_IDS_KEPT < CONFIRMED_INDEXED < LARGE_IDENTITIES_KEPT < CREATES_DECLARE < TOKEN_CHECKPOINTS
+assert TOKEN_CHECKPOINTS <= limits.FEATURE_LEVEL

@@ -40,7 +40,7 @@ from keyload.errors import (
 from keyload.limits import MAX_INLINE_BODY_BYTES
 from keyload.log.base import partition_for
 from keyload.operations.recovery import drill
-from keyload.sdk.results import EnqueueResult
+from keyload.sdk.results import EnqueueResult, Event
 from keyload.server.coalescing import Coalescing, UnknownOutcome
 from keyload.server.writer import Answer
 from keyload.storage.datadir import DataDir
@@ -590,6 +590,84 @@ def test_coalesced_ack_requests_are_answered_each_as_a_lone_ack(client: Client, 
     assert client.inspect_queue(domain, "jobs").counters.acked_total == 161
 
 
+def test_coalesced_group_ack_requests_are_answered_each_as_a_lone_group_ack(
+    client: Client, served: tuple[Path, str]
+) -> None:
+    """16 threads ack a subscription group's positions with `Keyload-Coalesce: true`, each also
+    acking one position twice and sending a forged token: an acked position's answer is the
+    GroupLeaseResult a lone GroupAck gives, with the checkpoint right after that ack (feature level
+    10); a refusal is the lone GroupAck's own; the server appends GroupAckBatches, and a GroupAck
+    only for each refused token; every position is acked once and the checkpoint passes them all."""
+    root, url = served
+    domain = new_domain()
+    client.create_topic(domain, "news")
+    client.publish(domain, "news", [Event(f"e{n}", "t", b"x") for n in range(1, 16 * 6 + 2)])
+    client.create_group(domain, "news", "g")
+    leases = [d for _ in range(10) for d in client.group_receive(domain, "news", "g", max_events=10).deliveries]
+    assert [lease.position for lease in leases] == list(range(1, 16 * 6 + 2))
+    forged = leases[0].token[:-4] + ("AAAA" if not leases[0].token.endswith("AAAA") else "BBBB")
+    path = f"/v1/domains/{domain}/topics/news/groups/g/ack"
+    coalesce = {"Keyload-Coalesce": "true"}
+    with httpx.Client(base_url=url, headers=bearer(root), timeout=60) as http:
+        lone = http.post(path, json={"token": leases[-1].token})  # the references: what a lone GroupAck answers
+        twice, bad = http.post(path, json={"token": leases[-1].token}), http.post(path, json={"token": forged})
+        assert (lone.status_code, twice.status_code, twice.json()["error_code"]) == (200, 409, "StaleLease")
+        assert bad.status_code in (403, 409)  # refused as its group's token checks find it
+        before = batches_appended(http)
+        answers: dict[int, httpx.Response] = {}
+        refused: list[tuple[httpx.Response, httpx.Response]] = []  # (answer, its lone reference)
+
+        def ack_all(thread: int) -> None:
+            with httpx.Client(base_url=url, headers=bearer(root), timeout=60) as mine:
+                for delivery in leases[thread * 6 : thread * 6 + 6]:
+                    answers[delivery.position] = mine.post(path, json={"token": delivery.token}, headers=coalesce)
+                again = {"token": leases[thread * 6].token}
+                refused.append((mine.post(path, json=again, headers=coalesce), twice))
+                refused.append((mine.post(path, json={"token": forged}, headers=coalesce), bad))
+
+        threads = [threading.Thread(target=ack_all, args=(t,)) for t in range(16)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        after = batches_appended(http)
+
+    reference = lone.json()
+    last = 16 * 6 + 1
+    assert reference["result"] == {
+        "position": last,
+        "state": "acked",
+        "checkpoint": 0,  # positions 1..96 were still leased
+        "lease_until_ms": None,
+        "not_before_ms": None,
+        "retry_delay_ms": None,
+    }
+    assert sorted(answers) == list(range(1, last))
+    checkpoints = []
+    for position, response in answers.items():
+        body = response.json()
+        assert response.status_code == 200
+        assert list(body) == list(reference)  # the same fields, in the same order
+        checkpoint = body["result"]["checkpoint"]
+        assert body["result"] == {**reference["result"], "position": position, "checkpoint": checkpoint}
+        # Right after its own ack: a checkpoint of position - 1 would be one from before it.
+        assert 0 <= checkpoint <= last and checkpoint != position - 1
+        assert response.headers["Keyload-Command-Id"] == body["command_id"]
+        checkpoints.append(checkpoint)
+    assert max(checkpoints) == last  # the ack that closed the last gap moved the checkpoint over every position
+    for response, alone in refused:
+        assert (response.status_code, response.json()["error_code"], response.json()["detail"]) == (
+            alone.status_code,
+            alone.json()["error_code"],
+            alone.json()["detail"],
+        )
+    assert len({response.json()["command_id"] for response, _ in refused}) == 32  # each went alone
+    assert after.get("GroupAck", 0) - before.get("GroupAck", 0) == 32  # only the refused tokens went alone
+    assert after["GroupAckBatch"] - before.get("GroupAckBatch", 0) < 32 * 6
+    view = client.group_status(domain, "news", "g")
+    assert (view.checkpoint, view.outstanding, view.acked_total) == (last, 0, last)
+
+
 @pytest.mark.parametrize(
     ("path", "headers", "detail"),
     [
@@ -821,3 +899,57 @@ def test_an_ack_batch_without_an_outcome_tells_each_request_how_to_learn_it() ->
     error = asyncio.run(one())
     assert str(error).startswith("no outcome within 30 s for AckBatch ")
     assert "ack again with the same token" in str(error)
+
+
+def test_the_server_carries_each_groups_acks_in_a_group_ack_batch_of_its_own() -> None:
+    """One caller's acks to two groups of a topic go in two GroupAckBatches, each naming its group;
+    each acked request is answered with its token's checkpoint, or the batch's where the token's
+    result has none (a partition below feature level 10)."""
+    sent: list[tuple[str, Any]] = []
+
+    async def submit(credential: Credential, command_id: str, domain: str, partition: int, body: Any) -> Answer:
+        kind, datum = body[0].rsplit(".", 1)[1], body[1]
+        sent.append((kind, datum))
+        await asyncio.sleep(0.01)  # an append and its outcome
+        results = [
+            {
+                "status": "committed",
+                "error_code": None,
+                "position": int(token[1:]),
+                "checkpoint": None if datum["group"] == "old" else int(token[1:]),
+            }
+            for token in datum["tokens"]
+        ]
+        result = ("keyload.result.GroupAckBatchResult", {"results": results, "checkpoint": 7})
+        record = {"command_id": command_id, "domain": domain, "detail": "", "failed_index": None}
+        return Answer({**record, "status": "committed", "error_code": None, "result": result})
+
+    async def all_of() -> list[Answer]:
+        coalescing = Coalescing(submit, "30 s")
+        credential = Credential("alice", "k1", b"s" * 32)
+        groups = ["new", "old", "new", "old"]
+        return await asyncio.gather(
+            *(
+                coalescing.submit("GroupAck", credential, f"c{n}", "d", 0, {"topic": "t", "group": g, "token": f"p{n}"})
+                for n, g in enumerate(groups)
+            )
+        )
+
+    answers = asyncio.run(all_of())
+    assert sorted((kind, datum["group"], datum["tokens"]) for kind, datum in sent) == [
+        ("GroupAckBatch", "new", ["p0", "p2"]),
+        ("GroupAckBatch", "old", ["p1", "p3"]),
+    ]
+    assert all(datum["topic"] == "t" for _, datum in sent)
+    assert answers[2].record["result"] == (
+        "keyload.result.GroupLeaseResult",
+        {
+            "position": 2,
+            "state": "acked",
+            "checkpoint": 2,
+            "lease_until_ms": None,
+            "not_before_ms": None,
+            "retry_delay_ms": None,
+        },
+    )
+    assert [answer.record["result"][1]["checkpoint"] for answer in answers] == [0, 7, 2, 7]

@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from keyload import limits
 from keyload.errors import DispatchPausedError, ResourceExhaustedError
 from keyload.operations.recovery import replay
+from keyload.processors.features import TOKEN_CHECKPOINTS
 from keyload.sdk.client import Client
 from keyload.sdk.results import (
     Event,
@@ -44,6 +45,7 @@ from .support import (
     PAUSE_GROUP,
     PUBLISH,
     PURGE_TOPIC,
+    RAISE_FEATURE_LEVEL,
     READ_TOPIC,
     RESUME_GROUP,
     SEEK_GROUP,
@@ -260,7 +262,27 @@ def test_ack_batch_reports_each_token(news: Embedded) -> None:
         ("committed", None, 3),
     ]
     assert result.checkpoint == 1
+    assert [r.checkpoint for r in result.results] == [None, None, None]  # below feature level 10
     assert refused(news, GROUP_ACK_BATCH, {"topic": T, "group": "g", "tokens": []}) == "Validation"
+
+
+def test_ack_batch_names_each_acked_tokens_checkpoint_from_level_10(news: Embedded) -> None:
+    """From feature level 10 each acked token's result holds the checkpoint right after its ack, what
+    a lone GroupAck answers; the batch's own is the one after its last token."""
+    ok(news, RAISE_FEATURE_LEVEL, {"level": TOKEN_CHECKPOINTS})
+    publish(news, 4)
+    create(news)
+    tokens = [d.token for d in receive(news).deliveries]
+    chosen = [tokens[2], tokens[0], tokens[0], tokens[1], tokens[3]]
+    result = ok(news, GROUP_ACK_BATCH, {"topic": T, "group": "g", "tokens": chosen})
+    assert [(r.status, r.position, r.checkpoint) for r in result.results] == [
+        ("committed", 3, 0),
+        ("committed", 1, 1),
+        ("rejected", None, None),
+        ("committed", 2, 3),
+        ("committed", 4, 4),
+    ]
+    assert result.checkpoint == 4
 
 
 @settings(max_examples=20, deadline=None)
@@ -268,10 +290,13 @@ def test_ack_batch_reports_each_token(news: Embedded) -> None:
 def test_ack_batch_leaves_what_single_acks_leave(picks: list[int], expire_first: bool) -> None:
     """A GroupAckBatch reads and saves its group once: the group, its position rows, timers, due
     entries and checkpoint it leaves are those a run of single GroupAcks of the same tokens, in
-    order, leaves (duplicates, an expired lease's token and garbage among them)."""
+    order, leaves (duplicates, an expired lease's token and garbage among them), and each token's
+    result (feature level 10) is what its single GroupAck answers: its position and checkpoint, or
+    its refusal's code."""
     with tempfile.TemporaryDirectory() as scratch:
         first, second = Path(scratch) / "batch", Path(scratch) / "single"
         embedded = Embedded(first)
+        ok(embedded, RAISE_FEATURE_LEVEL, {"level": TOKEN_CHECKPOINTS})
         ok(embedded, CREATE_TOPIC, create_topic_body(T))
         publish(embedded, 6)
         create(embedded, lease_ms=1_000)
@@ -289,8 +314,16 @@ def test_ack_batch_leaves_what_single_acks_leave(picks: list[int], expire_first:
         try:
             batched.now_ms = singly.now_ms = now_ms + 10
             result = ok(batched, GROUP_ACK_BATCH, {"topic": T, "group": "g", "tokens": chosen})
-            for text in chosen:
-                singly.submit(D, GROUP_ACK, {"topic": T, "group": "g", "token": text})
+            for text, token_result in zip(chosen, result.results, strict=True):
+                alone = singly.submit(D, GROUP_ACK, {"topic": T, "group": "g", "token": text})
+                if token_result.status == "committed":
+                    assert alone.error_code is None
+                    assert (token_result.position, token_result.checkpoint) == (
+                        alone.result.position,
+                        alone.result.checkpoint,
+                    )
+                else:
+                    assert (token_result.error_code, token_result.checkpoint) == (alone.error_code, None)
             assert result.checkpoint == status(singly).checkpoint
             assert batched.settled_rows(D) == singly.settled_rows(D)
         finally:

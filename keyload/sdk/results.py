@@ -350,6 +350,7 @@ class GroupTokenResult(_Settled, frozen=True, kw_only=True, forbid_unknown_field
     AVRO_NAME = "keyload.result.GroupTokenResult"
 
     position: Long | None = None
+    checkpoint: Long | None = None  # an acked token's: the group's checkpoint right after it (feature level 10)
 
 
 class GroupAckBatchResult(AvroRecord, frozen=True, kw_only=True, forbid_unknown_fields=True):

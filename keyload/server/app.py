@@ -105,7 +105,7 @@ class Engine:
     # Headers a kind's outcome is answered with, made from it and never stored: a reservation's
     # upload handle (keyload/server/payloads.py).
     outcome_headers: Mapping[str, Callable[[Answer], Mapping[str, str]]] = field(default_factory=dict)
-    coalescing: Coalescing = field(init=False)  # Enqueues and Acks that allow it, in Batches and AckBatches
+    coalescing: Coalescing = field(init=False)  # Enqueues and acks that allow it, in batch commands
 
     def __post_init__(self) -> None:
         self.coalescing = Coalescing(self.submit, f"{OUTCOME_WAIT_S:g} s")
@@ -251,7 +251,7 @@ class CommandRoute:
 
     def _coalesced(self, request: Request) -> bool:
         """Whether the request asks to go in one command with others (`Keyload-Coalesce: true`): only
-        an Enqueue's or an Ack's may, and only without a command id of its own
+        an Enqueue's, an Ack's or a GroupAck's may, and only without a command id of its own
         (keyload/server/coalescing.py)."""
         given = request.headers.get(COALESCE_HEADER)
         if given is None:
@@ -261,7 +261,7 @@ class CommandRoute:
         if given == "false":
             return False
         if self.kind.name not in COALESCED_KINDS:
-            raise WireError(f"{COALESCE_HEADER} is for enqueueing one message or acking one lease")
+            raise WireError(f"{COALESCE_HEADER} is for enqueueing one message or acking one lease of a queue or group")
         if IDEMPOTENCY_HEADER in request.headers:
             raise WireError(
                 f"{COALESCE_HEADER} and {IDEMPOTENCY_HEADER} together: a coalesced request's outcome is the "

@@ -1,11 +1,12 @@
-"""Coalesced requests: concurrent Enqueues and Acks that allow it are appended as Batch and AckBatch commands.
+"""Coalesced requests: concurrent Enqueues and acks that allow it are appended as batch commands.
 
-A request to enqueue one message (`POST …/queues/{q}/messages`) or to ack one lease (`POST
-…/leases/ack`) that carries `Keyload-Coalesce: true` and no `Idempotency-Key` joins the other such
-requests of its kind from its caller (principal and credential key) to its domain: one command
-carries them, a Batch of their Enqueues or an AckBatch of their tokens, up to MAX_BATCH_MUTATIONS
-(MAX_ACK_BATCH) requests and COALESCED_BATCH_BYTES of bodies, headers, ids and tokens (a larger
-request is carried by itself). The requests arriving while a command of their line is in flight,
+A request to enqueue one message (`POST …/queues/{q}/messages`), to ack one lease (`POST
+…/leases/ack`) or to ack one position of a subscription group (`POST …/groups/{g}/ack`) that
+carries `Keyload-Coalesce: true` and no `Idempotency-Key` joins the other such requests of its kind
+from its caller (principal and credential key) to its domain (and a group's acks, to their group):
+one command carries them, a Batch of their Enqueues, an AckBatch or a GroupAckBatch of their tokens,
+up to MAX_BATCH_MUTATIONS (MAX_ACK_BATCH) requests and COALESCED_BATCH_BYTES of bodies, headers, ids
+and tokens (a larger request is carried by itself). The requests arriving while a command of their line is in flight,
 or in the same turn of the event loop as the first, go together in the next one; nothing waits on
 a clock. A command costs the processor a fixed share of its work whatever it carries, so a command
 of many requests costs it less per request than as many lone commands (bench/README.md,
@@ -16,18 +17,20 @@ Each request is answered as it would be without the header, with its own result 
 - A Batch is all or nothing. When the service refuses one message (its queue is full or missing,
   its id is used), nothing of the Batch applied: that request gets the refusal (its detail without
   the `mutation i: ` prefix, `failed_index` null) and the rest go again, in order, as a new Batch.
-- An AckBatch settles each token on its own. An acked token's request is answered with the
-  LeaseResult a lone Ack gives (the message acked, no lease left). A refused token's result holds
-  only its error code, so its request goes again alone, as an Ack under the request's own command
-  id, and is answered with that Ack's outcome: the refusal with its detail (or, if the token has
-  become good since, the ack). The refused acks of one AckBatch go alone together, not one after
-  another: each settles its own lease, so their order does not matter.
+- An AckBatch or GroupAckBatch settles each token on its own. An acked token's request is answered
+  with the LeaseResult (GroupLeaseResult) a lone Ack (GroupAck) gives: the message or position
+  acked, no lease left, and a group's checkpoint right after that token's ack, which the token's
+  result holds from feature level 10 (processors/features.py). A refused token's result holds only
+  its error code, so its request goes again alone, under the request's own command id, and is
+  answered with that command's outcome: the refusal with its detail (or, if the token has become
+  good since, the ack). The refused acks of one command go alone together, not one after another:
+  each settles its own lease, so their order does not matter.
 - A command the server cannot encode (over the log's record limit: CommandTooLarge) is sent again
   request by request, each alone under its own command id, so only a request that cannot go alone
   fails, as it would have without the header.
 - A message's id defaults to the command id the server gave its request, as a lone Enqueue's does.
   The outcome's `command_id` (and the `Keyload-Command-Id` header) names the command that carried
-  the request: the Batch or AckBatch, or the request's own when it went alone.
+  the request: the Batch, AckBatch or GroupAckBatch, or the request's own when it went alone.
 - A command without an answer answers each of its requests with that error: a halted partition or
   a stopping service 503, a log that cannot be written 503, no outcome in time 504
   (`UnknownOutcome`, naming the command and what to do). Such a request has no command id of its
@@ -87,9 +90,14 @@ class _Carrier(ABC):
     # alone go one after another; else (acks, each settling its own lease) all at once.
     ordered: bool
 
+    def line(self, datum: Record) -> tuple[str, ...]:
+        """What a request's line is keyed by beyond its caller and domain: what the carrying command
+        names once for all it carries (a group's acks: the topic and the group)."""
+        return ()
+
     @abstractmethod
     def body(self, data: list[Record]) -> Record:
-        """The carrying command's body, of the requests' own commands' bodies in order."""
+        """The carrying command's body, of the requests' own commands' bodies in order (one line's)."""
 
     @abstractmethod
     def size(self, datum: Record) -> int:
@@ -131,14 +139,15 @@ class _Enqueues(_Carrier):
         return UnknownOutcome(self.batch, command_id, f"message {datum['message_id']!r}", waited_s, learn)
 
 
-class _Acks(_Carrier):
-    """Acks in an AckBatch: an acked token's request gets the LeaseResult of a lone Ack; a refused
+class _Settles(_Carrier):
+    """Acks in a command of tokens: an acked token's request gets the result of its lone ack; a refused
     token's result holds only its error code, so its request goes alone for its own refusal."""
 
-    kind, batch, most, ordered = "Ack", "AckBatch", MAX_ACK_BATCH, False
+    most, ordered = MAX_ACK_BATCH, False
 
-    def body(self, data: list[Record]) -> Record:
-        return {"tokens": [datum["token"] for datum in data]}
+    @abstractmethod
+    def acked(self, result: Record, carried: Record) -> Record:
+        """A lone ack's result for a token the carrying command acked (`result`, of its `carried` result)."""
 
     def size(self, datum: Record) -> int:
         return len(datum["token"].encode())
@@ -150,15 +159,7 @@ class _Acks(_Carrier):
             if result["status"] != "committed":
                 refused.append(request)
                 continue
-            # What processors/queues/leases.py's `_lease_result` gives for a lease it acked.
-            acked = {
-                "message_id": result["message_id"],
-                "state": "acked",
-                "lease_until_ms": None,
-                "not_before_ms": None,
-                "retry_delay_ms": None,
-            }
-            _answer(request, {**outcome, "result": (BY_NAME[self.kind].result, acked)})
+            _answer(request, {**outcome, "result": (BY_NAME[self.kind].result, self.acked(result, carried))})
         return refused
 
     def unknown(self, command_id: str, datum: Record, waited_s: str) -> UnknownOutcome:
@@ -169,19 +170,65 @@ class _Acks(_Carrier):
         return UnknownOutcome(self.batch, command_id, "this ack", waited_s, learn)
 
 
-CARRIERS: dict[str, _Carrier] = {carrier.kind: carrier for carrier in (_Enqueues(), _Acks())}
+class _Acks(_Settles):
+    """A queue's acks in an AckBatch."""
+
+    kind, batch = "Ack", "AckBatch"
+
+    def body(self, data: list[Record]) -> Record:
+        return {"tokens": [datum["token"] for datum in data]}
+
+    def acked(self, result: Record, carried: Record) -> Record:
+        # What processors/queues/leases.py's `_lease_result` gives for a lease it acked.
+        return {
+            "message_id": result["message_id"],
+            "state": "acked",
+            "lease_until_ms": None,
+            "not_before_ms": None,
+            "retry_delay_ms": None,
+        }
+
+
+class _GroupAcks(_Settles):
+    """A subscription group's acks in a GroupAckBatch, which names the topic and group once."""
+
+    kind, batch = "GroupAck", "GroupAckBatch"
+
+    def line(self, datum: Record) -> tuple[str, ...]:
+        return (datum["topic"], datum["group"])
+
+    def body(self, data: list[Record]) -> Record:
+        return {"topic": data[0]["topic"], "group": data[0]["group"], "tokens": [datum["token"] for datum in data]}
+
+    def acked(self, result: Record, carried: Record) -> Record:
+        # What processors/groups/leases.py's `_lease_result` gives for a position it acked. The
+        # token's own checkpoint is the batch's (after its last token) on a partition an older
+        # processor applies, below feature level 10.
+        checkpoint = result["checkpoint"]
+        return {
+            "position": result["position"],
+            "state": "acked",
+            "checkpoint": carried["checkpoint"] if checkpoint is None else checkpoint,
+            "lease_until_ms": None,
+            "not_before_ms": None,
+            "retry_delay_ms": None,
+        }
+
+
+CARRIERS: dict[str, _Carrier] = {carrier.kind: carrier for carrier in (_Enqueues(), _Acks(), _GroupAcks())}
 COALESCED_KINDS = tuple(CARRIERS)  # the kinds a request may ask to coalesce
 
 
 @dataclass
 class _Line:
-    """The requests of one kind from one caller to one domain waiting for a command, in the order they came."""
+    """The requests of one kind from one caller to one domain (a group's acks: to one group) waiting for a
+    command, in the order they came."""
 
     waiting: list[_Request] = field(default_factory=list)
     sending: bool = False
 
 
-_LineKey = tuple[str, str, str, str]  # (kind, principal, key id, domain)
+_LineKey = tuple[str, ...]  # (kind, principal, key id, domain, *what the carrier keys by)
 
 
 class Coalescing:
@@ -198,7 +245,7 @@ class Coalescing:
         `command_id`), as a lone command's would read, carried with the caller's other coalesced
         requests of that kind."""
         carrier = CARRIERS[kind]
-        key = (kind, credential.principal, credential.key_id, domain)
+        key = (kind, credential.principal, credential.key_id, domain, *carrier.line(datum))
         line = self._lines.setdefault(key, _Line())
         answer: asyncio.Future[Answer] = asyncio.get_running_loop().create_future()
         line.waiting.append(_Request(command_id, datum, answer))

@@ -315,7 +315,8 @@ def _coalesce_parameter(batch: str) -> dict[str, Any]:
     return _header_parameter(
         COALESCE_HEADER,
         f"true: the request may go in one {batch} command with this caller's other coalesced "
-        "requests of its kind to the domain (fewer commands under load); answered as alone, its outcome "
+        "requests of its kind to the domain (a group's acks: to the group; fewer commands under load); "
+        "answered as alone, its outcome "
         f"naming the command that carried it (the {batch}, or the request's own when it went alone). "
         "Not with Idempotency-Key (400): the request has no command id of its own",
         {"type": "string", "enum": ["true", "false"]},

@@ -21,6 +21,7 @@ from keyload.log.codec import REGISTRY, Record
 from keyload.processors import access, tokens, waiters
 from keyload.processors.context import Context
 from keyload.processors.errors import Corruption, ErrorCode, Rejected
+from keyload.processors.features import TOKEN_CHECKPOINTS, feature_level
 from keyload.processors.groups.group import (
     GROUP_RECEIVE_RESULT,
     GROUP_RECORD,
@@ -411,18 +412,22 @@ def group_ack_batch(stage: Staged, body: GroupAckBatch, ctx: Context) -> Record:
     As a queue's AckBatch does (processors/queues/leases.py), the acks share the group: a token's
     checks only read, and a checked lease is acked without another refusal, so the group is read
     once and saved once, after the last token, when any was acked. The projection is the one a run
-    of single GroupAcks in token order leaves."""
+    of single GroupAcks in token order leaves, and from feature level 10 each acked token's result
+    holds the checkpoint the lone GroupAck would have answered."""
     _, work = load_group(stage, ctx.domain, body.topic, body.group)  # NotFound refuses the whole batch
     check_settle_count(body.tokens)
+    token_checkpoints = feature_level(stage) >= TOKEN_CHECKPOINTS
     results: list[Record] = []
     for text in body.tokens:
         try:
             position, meta = _leased(stage, ctx, work, _signed_by(stage, ctx, work, body.topic, text))
         except Rejected as refusal:
-            results.append({"status": "rejected", "error_code": str(refusal.code), "position": None})
+            refused = {"status": "rejected", "error_code": str(refusal.code), "position": None, "checkpoint": None}
+            results.append(refused)
             continue
         resolve(stage, work, position, meta, PositionState.acked, ctx.now_ms)
-        results.append({"status": "committed", "error_code": None, "position": position})
+        checkpoint = work.view.checkpoint if token_checkpoints else None
+        results.append({"status": "committed", "error_code": None, "position": position, "checkpoint": checkpoint})
     if any(result["status"] == "committed" for result in results):
         store_group(stage, work)
     return {"results": results, "checkpoint": work.view.checkpoint}
