@@ -5,7 +5,7 @@ the server's), in one run.
 
 A fresh `keyload run` (HTTP API on loopback, the embedded file log) and one `Client` of it shared by
 K threads (default 16), each enqueuing (or acking) its N/K messages of 1 KiB (default N = 8,000) in
-a queue of its workload's own, in seven ways taken in turns (R rounds, default 3):
+a queue (or topic) of its workload's own, in nine ways taken in turns (R rounds, default 3):
 
 - (a) **lone**: each thread calls `client.enqueue` and waits for the answer before the next: one
   Enqueue command (one request) per message. The reference.
@@ -26,13 +26,20 @@ a queue of its workload's own, in seven ways taken in turns (R rounds, default 3
   reference, one Ack command a request.
 - (g) **acks coalesced by the server**: (f) with `Keyload-Coalesce: true`: the server carries
   concurrent acks in AckBatches, counted as (e)'s.
+- (h) **raw lone group ack**: as (f) for a subscription group: the topic is published to and its
+  group's positions leased first (untimed); then each thread posts one position's ack (`POST
+  /v1/domains/D/topics/T/groups/g/ack`) and waits for the answer: (i)'s reference, one GroupAck
+  command a request.
+- (i) **group acks coalesced by the server**: (h) with `Keyload-Coalesce: true`: the server carries
+  concurrent acks in GroupAckBatches, counted as (e)'s.
 
 Each workload's first WARMUP messages of each thread are untimed. Reported per workload: the median messages
 per second (wall clock from the threads' release to the last answer), the CPU per message of
 `keyload run` (every thread) and of this process, the commands sent per message, and but for (c)
 the p50 and p99 of one call's wait; then the ratios of (b) and (c) to (a), and
-of (e) to (d) and (g) to (f). Every workload's queue must hold exactly its messages afterwards
-(`enqueued_total`; `acked_total` for (f) and (g)), or the run fails.
+of (e) to (d), (g) to (f) and (i) to (h). Every workload's queue must hold exactly its messages
+afterwards (`enqueued_total`; `acked_total` for (f) and (g), the group's for (h) and (i)), or the run
+fails.
 """
 
 from __future__ import annotations
@@ -53,9 +60,10 @@ from typing import Any
 import httpx
 
 from keyload import Client, Coalescer, Credential, QueuePolicySpec
-from keyload.limits import MAX_IN_FLIGHT
+from keyload.bodies import GroupPolicySpec
+from keyload.limits import MAX_GROUP_RECEIVE_EVENTS, MAX_GROUP_WINDOW, MAX_IN_FLIGHT, MAX_PUBLISH_EVENTS
 from keyload.sdk.coalescer import DEFAULT_LINGER_MS
-from keyload.sdk.results import EnqueueResult
+from keyload.sdk.results import EnqueueResult, Event
 
 from .common import BenchError, measured
 from .server import Server, process_cpu_s
@@ -76,17 +84,28 @@ WORKLOADS = (
     "server-coalesced",
     "raw-lone-ack",
     "server-coalesced-ack",
+    "raw-lone-group-ack",
+    "server-coalesced-group-ack",
 )
 ACKING = ("raw-lone-ack", "server-coalesced-ack")  # workloads that ack leases instead of enqueuing
+GROUP_ACKING = ("raw-lone-group-ack", "server-coalesced-group-ack")  # ... a group's leases (its topic named so)
 RATIOS = (
     ("coalesced-waited", "lone"),
     ("coalesced-collected", "lone"),
     ("server-coalesced", "raw-lone"),
     ("server-coalesced-ack", "raw-lone-ack"),
+    ("server-coalesced-group-ack", "raw-lone-group-ack"),
 )
 # The server's /metrics: the commands of a kind it appended and answered.
 ANSWERED = 'keyload_outcome_latency_seconds_count{{kind="{}"}}'
-LEASE_MS = 600_000  # (f) and (g) lease their messages before the clock starts: the leases outlive the run
+LEASE_MS = 600_000  # (f) to (i) lease their messages before the clock starts: the leases outlive the run
+GROUP = "g"  # (h) and (i)'s group on their topic
+# The server's coalescing workloads: the kind of the commands that carry their requests.
+CARRIERS = {
+    "server-coalesced": "Batch",
+    "server-coalesced-ack": "AckBatch",
+    "server-coalesced-group-ack": "GroupAckBatch",
+}
 
 
 @dataclass(frozen=True)
@@ -101,7 +120,7 @@ class Run:
 
 
 Calls = Callable[[str, int, list[float]], None]  # one thread's calls: (queue, messages, waits out)
-Leases = dict[str, deque[str]]  # the tokens of each acking workload's queue, taken by its threads
+Leases = dict[str, deque[str]]  # the tokens of each acking workload's queue (or topic), taken by its threads
 
 
 def calls_of(client: Client, coalescer: Coalescer, http: httpx.Client, leases: Leases) -> dict[str, Calls]:
@@ -130,13 +149,19 @@ def calls_of(client: Client, coalescer: Coalescer, http: httpx.Client, leases: L
 
         return post
 
-    def acked(headers: dict[str, str]) -> Calls:
-        def ack(queue: str, count: int, waits: list[float]) -> None:
-            path = f"/v1/domains/{DOMAIN}/leases/ack"
+    def acked(path: str, headers: dict[str, str]) -> Calls:
+        def ack(resource: str, count: int, waits: list[float]) -> None:
+            route = path.format(resource=resource)
             for _ in range(count):
-                timed_post(http, path, waits, json={"token": leases[queue].popleft()}, headers=headers)
+                timed_post(http, route, waits, json={"token": leases[resource].popleft()}, headers=headers)
 
         return ack
+
+    lease_ack, group_ack = (
+        f"/v1/domains/{DOMAIN}/leases/ack",
+        f"/v1/domains/{DOMAIN}/topics/{{resource}}/groups/{GROUP}/ack",
+    )
+    coalesce = {"Keyload-Coalesce": "true"}
 
     ways = (
         lone,
@@ -144,8 +169,10 @@ def calls_of(client: Client, coalescer: Coalescer, http: httpx.Client, leases: L
         collected,
         posted(RAW),
         posted(SERVER_COALESCED),
-        acked({}),
-        acked({"Keyload-Coalesce": "true"}),
+        acked(lease_ack, {}),
+        acked(lease_ack, coalesce),
+        acked(group_ack, {}),
+        acked(group_ack, coalesce),
     )
     return dict(zip(WORKLOADS, ways, strict=True))
 
@@ -178,6 +205,24 @@ def leased(client: Client, coalescer: Coalescer, queue: str, count: int) -> dequ
         if not deliveries:
             raise BenchError(f"{queue} has {len(tokens)} messages to lease, not {count}")
         tokens.extend(delivery.token for delivery in deliveries)
+    return tokens
+
+
+def group_leased(client: Client, topic: str, count: int) -> deque[str]:
+    """The tokens of `count` events published to `topic` and leased by its group for LEASE_MS (untimed
+    set-up)."""
+    client.create_topic(DOMAIN, topic)
+    for first in range(0, count, MAX_PUBLISH_EVENTS):
+        events = [Event(f"e{n}", "t", BODY) for n in range(first, min(first + MAX_PUBLISH_EVENTS, count))]
+        client.publish(DOMAIN, topic, events)
+    policy = GroupPolicySpec(max_window=MAX_GROUP_WINDOW, max_lease_ms=LEASE_MS)
+    client.create_group(DOMAIN, topic, GROUP, policy=policy)
+    tokens: deque[str] = deque()
+    while len(tokens) < count:
+        receive = client.group_receive(DOMAIN, topic, GROUP, max_events=MAX_GROUP_RECEIVE_EVENTS, lease_ms=LEASE_MS)
+        if not receive.deliveries:
+            raise BenchError(f"{topic}'s group has {len(tokens)} positions to lease, not {count}")
+        tokens.extend(delivery.token for delivery in receive.deliveries)
     return tokens
 
 
@@ -233,31 +278,43 @@ def measure(directory: Path, threads: int, messages: int, rounds: int, linger_ms
             by_workload = calls_of(client, coalescer, http, leases)
             total = threads * (per_thread + WARMUP)
             policy = QueuePolicySpec(receive_max_messages=100, max_lease_ms=LEASE_MS, max_in_flight=MAX_IN_FLIGHT)
+            if total > MAX_GROUP_WINDOW:
+                raise BenchError(f"(h) and (i) lease {total} positions at once, more than a group's {MAX_GROUP_WINDOW}")
             for round_ in range(rounds):
                 for workload in WORKLOADS:
-                    queue = f"{workload}-{round_}"
-                    client.create_queue(DOMAIN, queue, policy)
+                    name = f"{workload}-{round_}"  # the workload's queue, or topic
+                    if workload in GROUP_ACKING:
+                        leases[name] = group_leased(client, name, total)
+                    else:
+                        client.create_queue(DOMAIN, name, policy)
                     if workload in ACKING:
-                        leases[queue] = leased(client, coalescer, queue, total)
-                    commands = coalescer.stats.commands, answered(http, "Batch"), answered(http, "AckBatch")
-                    measured = run(by_workload[workload], workload, queue, threads, per_thread, server.pid)
-                    sent = {
-                        "lone": total,
-                        "raw-lone": total,
-                        "raw-lone-ack": total,
-                        "server-coalesced": answered(http, "Batch") - commands[1],
-                        "server-coalesced-ack": answered(http, "AckBatch") - commands[2],
-                    }.get(workload, coalescer.stats.commands - commands[0])
+                        leases[name] = leased(client, coalescer, name, total)
+                    before = coalescer.stats.commands, {kind: answered(http, kind) for kind in CARRIERS.values()}
+                    measured = run(by_workload[workload], workload, name, threads, per_thread, server.pid)
+                    carrier = CARRIERS.get(workload)
+                    if carrier is not None:
+                        sent = answered(http, carrier) - before[1][carrier]
+                    elif workload in ("lone", "raw-lone", "raw-lone-ack", "raw-lone-group-ack"):
+                        sent = total
+                    else:
+                        sent = coalescer.stats.commands - before[0]
                     runs.append(replace(measured, commands=sent))
-                    counters = client.inspect_queue(DOMAIN, queue).counters
-                    settled = counters.acked_total if workload in ACKING else counters.enqueued_total
+                    settled = settled_count(client, workload, name)
                     if settled != total:
-                        raise BenchError(f"{queue} counts {settled} messages settled, not {total}")
+                        raise BenchError(f"{name} counts {settled} messages settled, not {total}")
                     server.check_alive()
             coalescer.close()
     finally:
         server.stop()
     return {**summary(runs, threads, per_thread), "linger_ms": linger_ms}
+
+
+def settled_count(client: Client, workload: str, name: str) -> int:
+    """What a workload's queue (or group) counts as settled: enqueued, or acked."""
+    if workload in GROUP_ACKING:
+        return client.group_status(DOMAIN, name, GROUP).acked_total
+    counters = client.inspect_queue(DOMAIN, name).counters
+    return counters.acked_total if workload in ACKING else counters.enqueued_total
 
 
 def median_of(runs: list[Run], figure: Callable[[Run], float]) -> float:
@@ -301,7 +358,7 @@ def table(result: dict[str, Any]) -> str:
         f"linger {result['linger_ms']} ms, {result['rounds']} rounds (medians)",
         f"python {sys.version.split()[0]}; {result['environment']['cpus']} cpus",
         "",
-        f"{'':24} {'msg/s':>8} {'runs':>22} {'server µs/msg':>14} {'client µs/msg':>14} {'cmd/msg':>8}"
+        f"{'':28} {'msg/s':>8} {'runs':>22} {'server µs/msg':>14} {'client µs/msg':>14} {'cmd/msg':>8}"
         f" {'wait p50 ms':>12} {'p99 ms':>8}",
     ]
     for workload, figures in result["workloads"].items():
@@ -309,7 +366,7 @@ def table(result: dict[str, Any]) -> str:
         p50 = "-" if figures["wait_p50_ms"] is None else f"{figures['wait_p50_ms']:.2f}"
         p99 = "-" if figures["wait_p99_ms"] is None else f"{figures['wait_p99_ms']:.2f}"
         lines.append(
-            f"{workload:24} {figures['median_messages_per_s']:>8,} {shown:>22}"
+            f"{workload:28} {figures['median_messages_per_s']:>8,} {shown:>22}"
             f" {figures['server_cpu_us_per_message']:>14,} {figures['client_cpu_us_per_message']:>14,}"
             f" {figures['commands_per_message']:>8} {p50:>12} {p99:>8}"
         )
@@ -323,7 +380,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.coalesce", description=__doc__.split("\n\n")[0])
     parser.add_argument("--threads", type=int, default=DEFAULT_THREADS, help="calling threads (default 16)")
     parser.add_argument("--messages", type=int, default=DEFAULT_MESSAGES, help="timed messages per workload (8,000)")
-    parser.add_argument("--rounds", type=int, default=DEFAULT_ROUNDS, help="turns of the seven workloads (default 3)")
+    parser.add_argument("--rounds", type=int, default=DEFAULT_ROUNDS, help="turns of the nine workloads (default 3)")
     parser.add_argument("--linger-ms", type=int, default=DEFAULT_LINGER_MS, help="the coalescer's (default 0)")
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
     args = parser.parse_args(argv)
