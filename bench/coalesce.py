@@ -59,11 +59,10 @@ from typing import Any
 
 import httpx
 
-from keyload import Client, Coalescer, Credential, QueuePolicySpec
-from keyload.bodies import GroupPolicySpec
+from keyload import Client, Coalescer, Credential, Event, GroupPolicySpec, QueuePolicySpec
 from keyload.limits import MAX_GROUP_RECEIVE_EVENTS, MAX_GROUP_WINDOW, MAX_IN_FLIGHT, MAX_PUBLISH_EVENTS
 from keyload.sdk.coalescer import DEFAULT_LINGER_MS
-from keyload.sdk.results import EnqueueResult, Event
+from keyload.sdk.results import EnqueueResult
 
 from .common import BenchError, measured
 from .server import Server, process_cpu_s
@@ -101,11 +100,13 @@ ANSWERED = 'keyload_outcome_latency_seconds_count{{kind="{}"}}'
 LEASE_MS = 600_000  # (f) to (i) lease their messages before the clock starts: the leases outlive the run
 GROUP = "g"  # (h) and (i)'s group on their topic
 # The server's coalescing workloads: the kind of the commands that carry their requests.
-CARRIERS = {
+CARRIED_BY = {
     "server-coalesced": "Batch",
     "server-coalesced-ack": "AckBatch",
     "server-coalesced-group-ack": "GroupAckBatch",
 }
+# The workloads that send one command a message (what (a) and the raw workloads are the reference of).
+ONE_COMMAND_A_MESSAGE = ("lone", "raw-lone", "raw-lone-ack", "raw-lone-group-ack")
 
 
 @dataclass(frozen=True)
@@ -289,12 +290,12 @@ def measure(directory: Path, threads: int, messages: int, rounds: int, linger_ms
                         client.create_queue(DOMAIN, name, policy)
                     if workload in ACKING:
                         leases[name] = leased(client, coalescer, name, total)
-                    before = coalescer.stats.commands, {kind: answered(http, kind) for kind in CARRIERS.values()}
+                    before = coalescer.stats.commands, {kind: answered(http, kind) for kind in CARRIED_BY.values()}
                     measured = run(by_workload[workload], workload, name, threads, per_thread, server.pid)
-                    carrier = CARRIERS.get(workload)
+                    carrier = CARRIED_BY.get(workload)
                     if carrier is not None:
                         sent = answered(http, carrier) - before[1][carrier]
-                    elif workload in ("lone", "raw-lone", "raw-lone-ack", "raw-lone-group-ack"):
+                    elif workload in ONE_COMMAND_A_MESSAGE:
                         sent = total
                     else:
                         sent = coalescer.stats.commands - before[0]

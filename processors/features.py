@@ -56,11 +56,11 @@ The levels:
    one that exists with the same configuration (policy; a group's filter too) returns it as it
    stands, as a declare does in RabbitMQ and CreateQueue in SQS, instead of Conflict; another
    configuration is still Conflict, now naming what differs.
-10. A group's ack batch names each token's checkpoint. Each acked token's result in a
-   GroupAckBatch's outcome holds the group's checkpoint right after that token's ack, what a
-   lone GroupAck answers (the batch's own `checkpoint` stays the one after its last token), so
-   the HTTP API can carry concurrent GroupAcks in one GroupAckBatch and answer each as alone
-   (keyload/server/coalescing.py). Before it the per-token checkpoint is null.
+10. A group's ack batch names each token's checkpoint (processors/groups/leases.py). Each acked
+    token's result in a GroupAckBatch's outcome holds the group's checkpoint right after that
+    token's ack, what a lone GroupAck answers (the batch's own `checkpoint` stays the one after its
+    last token), so the HTTP API can carry concurrent GroupAcks in one GroupAckBatch and answer
+    each as alone (keyload/server/coalescing.py). Before it the per-token checkpoint is null.
 """
 
 from __future__ import annotations

@@ -6,9 +6,9 @@ carries `Keyload-Coalesce: true` and no `Idempotency-Key` joins the other such r
 from its caller (principal and credential key) to its domain (and a group's acks, to their group):
 one command carries them, a Batch of their Enqueues, an AckBatch or a GroupAckBatch of their tokens,
 up to MAX_BATCH_MUTATIONS (MAX_ACK_BATCH) requests and COALESCED_BATCH_BYTES of bodies, headers, ids
-and tokens (a larger request is carried by itself). The requests arriving while a command of their line is in flight,
-or in the same turn of the event loop as the first, go together in the next one; nothing waits on
-a clock. A command costs the processor a fixed share of its work whatever it carries, so a command
+and tokens (a larger request is carried by itself). The requests arriving while a command of their
+line is in flight, or in the same turn of the event loop as the first, go together in the next one;
+nothing waits on a clock. A command costs the processor a fixed share of its work whatever it carries, so a command
 of many requests costs it less per request than as many lone commands (bench/README.md,
 bench.coalesce).
 
@@ -20,7 +20,9 @@ Each request is answered as it would be without the header, with its own result 
 - An AckBatch or GroupAckBatch settles each token on its own. An acked token's request is answered
   with the LeaseResult (GroupLeaseResult) a lone Ack (GroupAck) gives: the message or position
   acked, no lease left, and a group's checkpoint right after that token's ack, which the token's
-  result holds from feature level 10 (processors/features.py). A refused token's result holds only
+  result holds from feature level 10 (processors/features.py; on a partition below it, where a
+  raise was refused or an older processor applies, the checkpoint after the GroupAckBatch's last
+  token, which may be later than a lone GroupAck's). A refused token's result holds only
   its error code, so its request goes again alone, under the request's own command id, and is
   answered with that command's outcome: the refusal with its detail (or, if the token has become
   good since, the ack). The refused acks of one command go alone together, not one after another:
@@ -85,6 +87,7 @@ class _Carrier(ABC):
 
     kind: str  # the requests' own command kind
     batch: str  # the kind of the command that carries them
+    joins: str = "domain"  # what a caller's requests must share to ride together, beyond their kind
     most: int  # requests one command carries at most
     # Whether the requests apply in the order they came (a queue's messages): then those that go
     # alone go one after another; else (acks, each settling its own lease) all at once.
@@ -192,7 +195,7 @@ class _Acks(_Settles):
 class _GroupAcks(_Settles):
     """A subscription group's acks in a GroupAckBatch, which names the topic and group once."""
 
-    kind, batch = "GroupAck", "GroupAckBatch"
+    kind, batch, joins = "GroupAck", "GroupAckBatch", "group"
 
     def line(self, datum: Record) -> tuple[str, ...]:
         return (datum["topic"], datum["group"])
@@ -201,9 +204,9 @@ class _GroupAcks(_Settles):
         return {"topic": data[0]["topic"], "group": data[0]["group"], "tokens": [datum["token"] for datum in data]}
 
     def acked(self, result: Record, carried: Record) -> Record:
-        # What processors/groups/leases.py's `_lease_result` gives for a position it acked. The
-        # token's own checkpoint is the batch's (after its last token) on a partition an older
-        # processor applies, below feature level 10.
+        # What processors/groups/leases.py's `_lease_result` gives for a position it acked. Below
+        # feature level 10 the token's result has no checkpoint of its own: the batch's (after its
+        # last token) is the nearest the outcome holds, and the ack has applied, so it cannot go again.
         checkpoint = result["checkpoint"]
         return {
             "position": result["position"],

@@ -57,7 +57,7 @@ def _operation(kind: CommandKind, refs: dict[str, Any]) -> dict[str, Any]:
     parameters.append(_idempotency_parameter())
     carrier = CARRIERS.get(kind.name)
     if carrier is not None:
-        parameters.append(_coalesce_parameter(carrier.batch))
+        parameters.append(_coalesce_parameter(carrier.batch, carrier.joins))
     everywhere = kind.partition_wide and not in_path & {"partition", "domain"}
     if everywhere and kind.route.method == "GET":
         parameters.append(
@@ -311,12 +311,11 @@ def _idempotency_parameter() -> dict[str, Any]:
     )
 
 
-def _coalesce_parameter(batch: str) -> dict[str, Any]:
+def _coalesce_parameter(batch: str, joins: str) -> dict[str, Any]:
     return _header_parameter(
         COALESCE_HEADER,
         f"true: the request may go in one {batch} command with this caller's other coalesced "
-        "requests of its kind to the domain (a group's acks: to the group; fewer commands under load); "
-        "answered as alone, its outcome "
+        f"requests of its kind to the {joins} (fewer commands under load); answered as alone, its outcome "
         f"naming the command that carried it (the {batch}, or the request's own when it went alone). "
         "Not with Idempotency-Key (400): the request has no command id of its own",
         {"type": "string", "enum": ["true", "false"]},
