@@ -14,8 +14,9 @@ import signal
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -446,6 +447,18 @@ def test_a_server_killed_mid_load_loses_and_doubles_nothing(tmp_path: Path) -> N
 # -- the server's coalescing (keyload/server/coalescing.py) ---------------------------------------------
 
 
+COALESCE = {"Keyload-Coalesce": "true"}
+
+
+def in_threads(work: Callable[[int], None], count: int) -> None:
+    """`work(i)` for i in 0..count-1, each on a thread of its own, all at once; returns when all are done."""
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(count)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+
+
 def batches_appended(http: httpx.Client) -> dict[str, float]:
     """How many commands of each kind the server has appended and had answered (its /metrics)."""
     counts: dict[str, float] = {}
@@ -462,7 +475,6 @@ def test_coalesced_enqueue_requests_are_answered_each_as_a_lone_enqueue(served: 
     server appends Batches and no Enqueue, and every message it accepted is in the queue once."""
     root, url = served
     domain = new_domain()
-    coalesce = {"Keyload-Coalesce": "true"}
     with httpx.Client(base_url=url, headers=bearer(root), timeout=60) as http:
         assert http.put(f"/v1/domains/{domain}/queues/jobs", json={}).status_code == 200
         before = batches_appended(http)
@@ -474,14 +486,10 @@ def test_coalesced_enqueue_requests_are_answered_each_as_a_lone_enqueue(served: 
                 for n in range(20):
                     queue = "absent" if n % 7 == 3 else "jobs"
                     body = {"body": "eA==", "message_id": f"t{thread}-{n}"}
-                    response = mine.post(f"/v1/domains/{domain}/queues/{queue}/messages", json=body, headers=coalesce)
+                    response = mine.post(f"/v1/domains/{domain}/queues/{queue}/messages", json=body, headers=COALESCE)
                     (refused if queue == "absent" else answers).append(response)
 
-        threads = [threading.Thread(target=post, args=(t,)) for t in range(16)]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join()
+        in_threads(post, 16)
         assert {(r.status_code, r.json()["error_code"], r.json()["detail"]) for r in refused} == {
             (404, "NotFound", "queue does not exist")
         }
@@ -495,7 +503,7 @@ def test_coalesced_enqueue_requests_are_answered_each_as_a_lone_enqueue(served: 
         assert after["Batch"] > before.get("Batch", 0)
 
         used = http.post(
-            f"/v1/domains/{domain}/queues/jobs/messages", json={"body": "eA==", "message_id": "t0-0"}, headers=coalesce
+            f"/v1/domains/{domain}/queues/jobs/messages", json={"body": "eA==", "message_id": "t0-0"}, headers=COALESCE
         )
         assert (used.status_code, used.json()["error_code"], used.json()["detail"]) == (
             409,
@@ -505,13 +513,13 @@ def test_coalesced_enqueue_requests_are_answered_each_as_a_lone_enqueue(served: 
         missing = http.post(
             f"/v1/domains/{domain}/queues/absent/messages",
             content=b"raw",
-            headers={**coalesce, "Content-Type": "application/octet-stream"},
+            headers={**COALESCE, "Content-Type": "application/octet-stream"},
         )
         assert (missing.status_code, missing.json()["error_code"]) == (404, "NotFound")
         raw = http.post(
             f"/v1/domains/{domain}/queues/jobs/messages",
             content=b"raw",
-            headers={**coalesce, "Content-Type": "application/octet-stream"},
+            headers={**COALESCE, "Content-Type": "application/octet-stream"},
         )
         assert raw.status_code == 200
         assert raw.json()["result"]["message_id"] not in ("", raw.json()["command_id"])  # the request's own id
@@ -519,6 +527,45 @@ def test_coalesced_enqueue_requests_are_answered_each_as_a_lone_enqueue(served: 
         ids = sorted(message_id for message_id, _ in drained(client, domain, "jobs"))
     enqueued = [f"t{t}-{n}" for t in range(16) for n in range(20) if n % 7 != 3]
     assert ids == sorted([*enqueued, raw.json()["result"]["message_id"]])
+
+
+@dataclass
+class AckRun:
+    """What 16 threads' coalesced acks got (`acks_of_16_threads`)."""
+
+    lone: httpx.Response  # the last lease's ack, sent alone: what a lone ack answers
+    answers: dict[Any, httpx.Response]  # by each lease's key
+    refused: list[tuple[httpx.Response, httpx.Response]]  # (answer, its lone reference)
+    appended: dict[str, float]  # the commands the server appended meanwhile, by kind
+
+
+def acks_of_16_threads(url: str, root: Path, path: str, leases: list[tuple[Any, str]]) -> AckRun:
+    """The last of `leases` ((key, token) pairs) acked at `path` alone, then again, and a forged token
+    sent alone: the references. Then 16 threads ack the other leases, a share each, with
+    `Keyload-Coalesce: true`, and each acks its share's first lease again and sends the forged token."""
+    *shared, (_, last) = leases
+    forged = last[:-4] + ("AAAA" if not last.endswith("AAAA") else "BBBB")
+    share = len(shared) // 16
+    answers: dict[Any, httpx.Response] = {}
+    refused: list[tuple[httpx.Response, httpx.Response]] = []
+    with httpx.Client(base_url=url, headers=bearer(root), timeout=60) as http:
+        lone = http.post(path, json={"token": last})
+        twice, bad = http.post(path, json={"token": last}), http.post(path, json={"token": forged})
+        assert (lone.status_code, twice.status_code, twice.json()["error_code"]) == (200, 409, "StaleLease")
+        assert bad.status_code in (403, 409)  # refused as its resource's token checks find it
+        before = batches_appended(http)
+
+        def ack_all(thread: int) -> None:
+            mine = shared[thread * share : thread * share + share]
+            with httpx.Client(base_url=url, headers=bearer(root), timeout=60) as own:
+                for key, token in mine:
+                    answers[key] = own.post(path, json={"token": token}, headers=COALESCE)
+                refused.append((own.post(path, json={"token": mine[0][1]}, headers=COALESCE), twice))
+                refused.append((own.post(path, json={"token": forged}, headers=COALESCE), bad))
+
+        in_threads(ack_all, 16)
+        after = batches_appended(http)
+    return AckRun(lone, answers, refused, {kind: count - before.get(kind, 0) for kind, count in after.items()})
 
 
 def test_coalesced_ack_requests_are_answered_each_as_a_lone_ack(client: Client, served: tuple[Path, str]) -> None:
@@ -533,40 +580,9 @@ def test_coalesced_ack_requests_are_answered_each_as_a_lone_ack(client: Client, 
         client.enqueue(domain, "jobs", b"x", message_id=f"m{n}")
     leases = [d for _ in range(17) for d in client.receive(domain, "jobs", max_messages=10).deliveries]
     assert [lease.message_id for lease in leases] == [f"m{n}" for n in range(161)]
-    forged = leases[0].token[:-4] + ("AAAA" if not leases[0].token.endswith("AAAA") else "BBBB")
-    coalesce = {"Keyload-Coalesce": "true"}
-    with httpx.Client(base_url=url, headers=bearer(root), timeout=60) as http:
+    run = acks_of_16_threads(url, root, f"/v1/domains/{domain}/leases/ack", [(d.message_id, d.token) for d in leases])
 
-        def acked(token: str, headers: dict[str, str]) -> httpx.Response:
-            return http.post(f"/v1/domains/{domain}/leases/ack", json={"token": token}, headers=headers)
-
-        lone = acked(leases[160].token, {})  # the references: what a lone Ack answers
-        twice, bad = acked(leases[160].token, {}), acked(forged, {})
-        assert (lone.status_code, twice.status_code, twice.json()["error_code"]) == (200, 409, "StaleLease")
-        before = batches_appended(http)
-        answers: dict[str, httpx.Response] = {}
-        refused: list[tuple[httpx.Response, httpx.Response]] = []  # (answer, its lone reference)
-
-        def ack_all(thread: int) -> None:
-            with httpx.Client(base_url=url, headers=bearer(root), timeout=60) as mine:
-                for delivery in leases[thread * 10 : thread * 10 + 10]:
-                    response = mine.post(
-                        f"/v1/domains/{domain}/leases/ack", json={"token": delivery.token}, headers=coalesce
-                    )
-                    answers[delivery.message_id] = response
-                again = {"token": leases[thread * 10].token}
-                refused.append((mine.post(f"/v1/domains/{domain}/leases/ack", json=again, headers=coalesce), twice))
-                forgery = {"token": forged}
-                refused.append((mine.post(f"/v1/domains/{domain}/leases/ack", json=forgery, headers=coalesce), bad))
-
-        threads = [threading.Thread(target=ack_all, args=(t,)) for t in range(16)]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join()
-        after = batches_appended(http)
-
-    reference = lone.json()
+    reference = run.lone.json()
     assert reference["result"] == {
         "message_id": "m160",
         "state": "acked",
@@ -574,29 +590,13 @@ def test_coalesced_ack_requests_are_answered_each_as_a_lone_ack(client: Client, 
         "not_before_ms": None,
         "retry_delay_ms": None,
     }
-    assert len(answers) == 160
-    for message_id, response in answers.items():
-        body = response.json()
-        assert response.status_code == 200
-        assert list(body) == list(reference)  # the same fields, in the same order
-        assert body["result"] == {**reference["result"], "message_id": message_id}
-        assert (body["status"], body["error_code"], body["detail"], body["failed_index"]) == (
-            "committed",
-            None,
-            "",
-            None,
-        )
-        assert response.headers["Keyload-Command-Id"] == body["command_id"]
-    for response, alone in refused:
-        assert (response.status_code, response.json()["error_code"], response.json()["detail"]) == (
-            alone.status_code,
-            alone.json()["error_code"],
-            alone.json()["detail"],
-        )
-    own_ids = {response.json()["command_id"] for response, _ in refused}
-    assert len(own_ids) == 32  # each refusal went alone, under its request's own id
-    assert after.get("Ack", 0) - before.get("Ack", 0) == 32  # only the refused tokens went as lone Acks
-    assert after["AckBatch"] - before.get("AckBatch", 0) < 16 * 12  # some AckBatch carried more than one
+    assert len(run.answers) == 160
+    assert_answered_as_alone(
+        run.answers, reference, lambda message_id: {**reference["result"], "message_id": message_id}
+    )
+    assert_refused_as_alone(run.refused)
+    assert run.appended.get("Ack", 0) == 32  # only the refused tokens went as lone Acks
+    assert run.appended["AckBatch"] < 16 * 12  # some AckBatch carried more than one
     assert client.inspect_queue(domain, "jobs").counters.acked_total == 161
 
 
@@ -610,40 +610,16 @@ def test_coalesced_group_ack_requests_are_answered_each_as_a_lone_group_ack(
     only for each refused token; every position is acked once and the checkpoint passes them all."""
     root, url = served
     domain = new_domain()
+    last = 16 * 6 + 1
     client.create_topic(domain, "news")
-    client.publish(domain, "news", [Event(f"e{n}", "t", b"x") for n in range(1, 16 * 6 + 2)])
+    client.publish(domain, "news", [Event(f"e{n}", "t", b"x") for n in range(1, last + 1)])
     client.create_group(domain, "news", "g")
     leases = [d for _ in range(10) for d in client.group_receive(domain, "news", "g", max_events=10).deliveries]
-    assert [lease.position for lease in leases] == list(range(1, 16 * 6 + 2))
-    forged = leases[0].token[:-4] + ("AAAA" if not leases[0].token.endswith("AAAA") else "BBBB")
+    assert [lease.position for lease in leases] == list(range(1, last + 1))
     path = f"/v1/domains/{domain}/topics/news/groups/g/ack"
-    coalesce = {"Keyload-Coalesce": "true"}
-    with httpx.Client(base_url=url, headers=bearer(root), timeout=60) as http:
-        lone = http.post(path, json={"token": leases[-1].token})  # the references: what a lone GroupAck answers
-        twice, bad = http.post(path, json={"token": leases[-1].token}), http.post(path, json={"token": forged})
-        assert (lone.status_code, twice.status_code, twice.json()["error_code"]) == (200, 409, "StaleLease")
-        assert bad.status_code in (403, 409)  # refused as its group's token checks find it
-        before = batches_appended(http)
-        answers: dict[int, httpx.Response] = {}
-        refused: list[tuple[httpx.Response, httpx.Response]] = []  # (answer, its lone reference)
+    run = acks_of_16_threads(url, root, path, [(d.position, d.token) for d in leases])
 
-        def ack_all(thread: int) -> None:
-            with httpx.Client(base_url=url, headers=bearer(root), timeout=60) as mine:
-                for delivery in leases[thread * 6 : thread * 6 + 6]:
-                    answers[delivery.position] = mine.post(path, json={"token": delivery.token}, headers=coalesce)
-                again = {"token": leases[thread * 6].token}
-                refused.append((mine.post(path, json=again, headers=coalesce), twice))
-                refused.append((mine.post(path, json={"token": forged}, headers=coalesce), bad))
-
-        threads = [threading.Thread(target=ack_all, args=(t,)) for t in range(16)]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join()
-        after = batches_appended(http)
-
-    reference = lone.json()
-    last = 16 * 6 + 1
+    reference = run.lone.json()
     assert reference["result"] == {
         "position": last,
         "state": "acked",
@@ -652,13 +628,28 @@ def test_coalesced_group_ack_requests_are_answered_each_as_a_lone_group_ack(
         "not_before_ms": None,
         "retry_delay_ms": None,
     }
-    assert sorted(answers) == list(range(1, last))
+    assert sorted(run.answers) == list(range(1, last))
     after_own_ack = checkpoints_after_each_ack(root, domain, {lease.token: lease.position for lease in leases})
-    for position, response in answers.items():
+    assert_answered_as_alone(
+        run.answers, reference, lambda at: {**reference["result"], "position": at, "checkpoint": after_own_ack[at]}
+    )
+    assert_refused_as_alone(run.refused)
+    assert run.appended.get("GroupAck", 0) == 32  # only the refused tokens went alone
+    assert run.appended["GroupAckBatch"] < 16 * 8  # some carried more than one
+    view = client.group_status(domain, "news", "g")
+    assert (view.checkpoint, view.outstanding, view.acked_total) == (last, 0, last)
+
+
+def assert_answered_as_alone(
+    answers: dict[Any, httpx.Response], reference: dict[str, Any], result_of: Callable[[Any], dict[str, Any]]
+) -> None:
+    """Each coalesced request's answer reads as its lone command's (`reference`): 200, the same fields
+    in the same order, `result_of` its key as its result, committed, the carrying command named."""
+    for key, response in answers.items():
         body = response.json()
         assert response.status_code == 200
-        assert list(body) == list(reference)  # the same fields, in the same order
-        assert body["result"] == {**reference["result"], "position": position, "checkpoint": after_own_ack[position]}
+        assert list(body) == list(reference)
+        assert body["result"] == result_of(key)
         assert (body["status"], body["error_code"], body["detail"], body["failed_index"]) == (
             "committed",
             None,
@@ -666,17 +657,18 @@ def test_coalesced_group_ack_requests_are_answered_each_as_a_lone_group_ack(
             None,
         )
         assert response.headers["Keyload-Command-Id"] == body["command_id"]
+
+
+def assert_refused_as_alone(refused: list[tuple[httpx.Response, httpx.Response]]) -> None:
+    """Each refused coalesced request got its lone reference's status, code and detail, and went alone
+    under a command id of its own."""
     for response, alone in refused:
         assert (response.status_code, response.json()["error_code"], response.json()["detail"]) == (
             alone.status_code,
             alone.json()["error_code"],
             alone.json()["detail"],
         )
-    assert len({response.json()["command_id"] for response, _ in refused}) == 32  # each went alone
-    assert after.get("GroupAck", 0) - before.get("GroupAck", 0) == 32  # only the refused tokens went alone
-    assert after["GroupAckBatch"] - before.get("GroupAckBatch", 0) < 16 * 8  # some carried more than one
-    view = client.group_status(domain, "news", "g")
-    assert (view.checkpoint, view.outstanding, view.acked_total) == (last, 0, last)
+    assert len({response.json()["command_id"] for response, _ in refused}) == len(refused)
 
 
 def checkpoints_after_each_ack(root: Path, domain: str, positions: dict[str, int]) -> dict[int, int]:
