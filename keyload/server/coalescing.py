@@ -1,16 +1,16 @@
 """Coalesced requests: concurrent Enqueues and acks that allow it are appended as batch commands.
 
 A request to enqueue one message (`POST …/queues/{q}/messages`), to ack one lease (`POST
-…/leases/ack`) or to ack one position of a subscription group (`POST …/groups/{g}/ack`) that
-carries `Keyload-Coalesce: true` and no `Idempotency-Key` joins the other such requests of its kind
-from its caller (principal and credential key) to its domain (and a group's acks, to their group):
-one command carries them, a Batch of their Enqueues, an AckBatch or a GroupAckBatch of their tokens,
-up to MAX_BATCH_MUTATIONS (MAX_ACK_BATCH) requests and COALESCED_BATCH_BYTES of bodies, headers, ids
+…/leases/ack`) or to ack one position of a subscription group (`POST …/groups/{g}/ack`) that carries
+`Keyload-Coalesce: true` and no `Idempotency-Key` joins the other such requests of its kind from its
+caller (principal and credential key) to its domain (and a group's acks, to their group): one
+command carries them, a Batch of their Enqueues, an AckBatch or a GroupAckBatch of their tokens, up
+to MAX_BATCH_MUTATIONS (MAX_ACK_BATCH) requests and COALESCED_BATCH_BYTES of bodies, headers, ids
 and tokens (a larger request is carried by itself). The requests arriving while a command of their
 line is in flight, or in the same turn of the event loop as the first, go together in the next one;
-nothing waits on a clock. A command costs the processor a fixed share of its work whatever it carries, so a command
-of many requests costs it less per request than as many lone commands (bench/README.md,
-bench.coalesce).
+nothing waits on a clock. A command costs the processor a fixed share of its work whatever it
+carries, so a command of many requests costs it less per request than as many lone commands
+(bench/README.md, bench.coalesce).
 
 Each request is answered as it would be without the header, with its own result or its own refusal:
 
@@ -20,13 +20,13 @@ Each request is answered as it would be without the header, with its own result 
 - An AckBatch or GroupAckBatch settles each token on its own. An acked token's request is answered
   with the LeaseResult (GroupLeaseResult) a lone Ack (GroupAck) gives: the message or position
   acked, no lease left, and a group's checkpoint right after that token's ack, which the token's
-  result holds from feature level 10 (processors/features.py; on a partition below it, where a
-  raise was refused or an older processor applies, the checkpoint after the GroupAckBatch's last
-  token, which may be later than a lone GroupAck's). A refused token's result holds only
-  its error code, so its request goes again alone, under the request's own command id, and is
-  answered with that command's outcome: the refusal with its detail (or, if the token has become
-  good since, the ack). The refused acks of one command go alone together, not one after another:
-  each settles its own lease, so their order does not matter.
+  result holds from feature level 10 (processors/features.py; on a partition below it, where a raise
+  was refused or an older processor applies, the checkpoint after the GroupAckBatch's last token,
+  which may be later than a lone GroupAck's). A refused token's result holds only its error code, so
+  its request goes again alone, under the request's own command id, and is answered with that
+  command's outcome: the refusal with its detail (or, if the token has become good since, the ack).
+  The refused acks of one command go alone together, not one after another: each settles its own
+  lease, so their order does not matter.
 - A command the server cannot encode (over the log's record limit: CommandTooLarge) is sent again
   request by request, each alone under its own command id, so only a request that cannot go alone
   fails, as it would have without the header.
