@@ -82,10 +82,16 @@ _PLAIN: dict[str, tuple[type, str]] = {"boolean": (bool, "must be true or false"
 
 class Names:
     """The named types of one top-level schema, so that a type referenced by name after its first
-    definition resolves to that definition; and the JSON form of each schema node, built once."""
+    definition resolves to that definition; and the JSON form of each schema node, built once.
 
-    def __init__(self, top: Schema) -> None:
+    `skip_unknown_fields`: a record's JSON form may hold fields the schema lacks, and converting
+    leaves them out. For a reader of results (an SDK reading a newer server's outcomes, whose records
+    gain fields only at their end, as Avro schema resolution reads them); requests are refused such
+    fields, so that a typo is not silently dropped."""
+
+    def __init__(self, top: Schema, *, skip_unknown_fields: bool = False) -> None:
         self.types: dict[str, dict[str, Any]] = {}
+        self._skip_unknown_fields = skip_unknown_fields
         self._collect(top, "")
         # By id of a schema node, with the node itself (`_once`).
         self._json_forms: dict[int, tuple[Schema, JsonForm | None]] = {}
@@ -254,7 +260,7 @@ class Names:
         def record(value: Any) -> Any:
             if not isinstance(value, dict):
                 raise _Misfit("must be a JSON object", unnamed="the body")
-            if not known.issuperset(value):
+            if not self._skip_unknown_fields and not known.issuperset(value):
                 raise _Misfit(not_a_field).within(sorted(set(value) - known)[0][:64], field=True)
             datum = {}
             for field, form, default in fields:
@@ -307,9 +313,9 @@ def short_name(name: str) -> str:
 
 
 @cache
-def names(top: str) -> Names:
+def names(top: str, *, skip_unknown_fields: bool = False) -> Names:
     """The named types of the current schema of `top` (keyload.Command, keyload.Outcome)."""
-    return Names(expanded_current(top))
+    return Names(expanded_current(top), skip_unknown_fields=skip_unknown_fields)
 
 
 def _kind(schema: Schema) -> str:

@@ -115,3 +115,32 @@ def test_the_path_given_leads_the_one_reported() -> None:
     names_ = names("keyload.Command")
     with pytest.raises(WireError, match=r"^body\.Enqueue\.queue must be a string$"):
         to_avro(names_, field_schema(names_, "keyload.Command", "body"), {"Enqueue": {"queue": 1}}, "body")
+
+
+def test_a_reader_of_results_leaves_out_fields_its_schema_lacks_and_a_request_may_not_have_them() -> None:
+    """A newer server's outcome (here: a GroupTokenResult and the outcome itself with a field this
+    schema lacks) converts for the SDK's reader as it would without them; the strict form, which
+    requests go through, refuses it, naming the field."""
+    token = {"status": "committed", "position": 3, "checkpoint": 3}
+    answer = {
+        "command_id": "c-1",
+        "domain": "d",
+        "partition": 0,
+        "offset": 7,
+        "eval_time_ms": 1,
+        "status": "committed",
+        "error_code": None,
+        "detail": "",
+        "result": {"GroupAckBatchResult": {"results": [token], "checkpoint": 3}},
+        "failed_index": None,
+    }
+    newer = {
+        **answer,
+        "result": {"GroupAckBatchResult": {"results": [{**token, "acked_by": "w-1"}], "checkpoint": 3}},
+        "served_by": "node-2",
+    }
+    reader, strict = names("keyload.Outcome", skip_unknown_fields=True), names("keyload.Outcome")
+    top = strict.types["keyload.Outcome"]
+    assert to_avro(reader, reader.types["keyload.Outcome"], newer, "") == to_avro(strict, top, answer, "")
+    with pytest.raises(WireError, match="is not a field of"):
+        to_avro(strict, top, newer, "")

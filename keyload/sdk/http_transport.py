@@ -55,7 +55,8 @@ class HttpTransport:
             timeout=httpx.Timeout(None, connect=CONNECT_TIMEOUT_S),
         )
         self._commands = names("keyload.Command")
-        self._outcomes = names("keyload.Outcome")
+        # A newer server's results may hold fields this SDK's schema lacks: they are left out.
+        self._outcomes = names("keyload.Outcome", skip_unknown_fields=True)
         self._union = field_schema(self._commands, self._commands.types["keyload.Command"], "body")
         self._partitions: int | None = None
         # The upload handles the server answered reservations with, for their uploads (any server of
