@@ -11,6 +11,7 @@ free of SDK imports):
     │   └── ValidationError, NotFoundError, ConflictError, ... one per error code (`BY_CODE`)
     ├── OutcomeTimeout                    no outcome in time: resubmit with the same command id
     ├── ServiceUnavailable                a keyload server cannot take the command now: resubmit with the same id
+    ├── UnreadableOutcome                 applied, but its outcome holds what this SDK cannot read (a newer server's)
     ├── CoalescerTimeout (also TimeoutError)  keyload.sdk.coalescer: no room for a call, or no answers, in time
     ├── InvalidCommand (also ValueError)  refused by the client before appending: nothing was appended
     │   └── CommandTooLarge               the encoded command is over the log's record limit
@@ -119,6 +120,19 @@ class ServiceUnavailable(KeyloadError):
     """A keyload server could not take the command now: it cannot be reached, the partition is halted,
     or its log cannot be written. Nothing may have been applied, or it may: resubmit with the same
     `command_id` to learn its outcome without applying it twice."""
+
+
+class UnreadableOutcome(KeyloadError):
+    """The command was applied, but the server's answer holds what this SDK cannot represent: a
+    newer server's value (an enum symbol this SDK does not know in a result) or an answer that is
+    not an outcome at all. Nothing is lost: the outcome is stored. Upgrade the SDK, then submit
+    again with the same `command_id` to read it without applying the command twice. (A rejected
+    outcome whose error code this SDK does not know is still a `CommandRejected`, its
+    `outcome.error_code` the code as a string.)"""
+
+    def __init__(self, command_id: str, reason: str) -> None:
+        super().__init__(f"the outcome of command {command_id!r} cannot be read by this SDK: {reason}")
+        self.command_id = command_id
 
 
 class CoalescerTimeout(KeyloadError, TimeoutError):

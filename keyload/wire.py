@@ -84,14 +84,15 @@ class Names:
     """The named types of one top-level schema, so that a type referenced by name after its first
     definition resolves to that definition; and the JSON form of each schema node, built once.
 
-    `skip_unknown_fields`: a record's JSON form may hold fields the schema lacks, and converting
-    leaves them out. For a reader of results (an SDK reading a newer server's outcomes, whose records
-    gain fields only at their end, as Avro schema resolution reads them); requests are refused such
-    fields, so that a typo is not silently dropped."""
+    `reader`: converting reads what a newer writer may have written. A record's JSON form may hold
+    fields the schema lacks, and they are left out (records gain fields only at their end, as Avro
+    schema resolution reads them); an enum's symbol the schema lacks is kept, as its string, for the
+    typed layer to read or refuse (keyload/sdk/http_transport.py). For an SDK reading a newer
+    server's outcomes; requests are held to their schema, so that a typo is not silently dropped."""
 
-    def __init__(self, top: Schema, *, skip_unknown_fields: bool = False) -> None:
+    def __init__(self, top: Schema, *, reader: bool = False) -> None:
         self.types: dict[str, dict[str, Any]] = {}
-        self._skip_unknown_fields = skip_unknown_fields
+        self._reader = reader
         self._collect(top, "")
         # By id of a schema node, with the node itself (`_once`).
         self._json_forms: dict[int, tuple[Schema, JsonForm | None]] = {}
@@ -191,7 +192,7 @@ class Names:
             listing = ", ".join(symbols)
 
             def enum(value: Any) -> Any:
-                if not isinstance(value, str) or value not in symbols:
+                if not isinstance(value, str) or not (self._reader or value in symbols):
                     raise _Misfit(f"must be one of {listing}")
                 return value
 
@@ -260,7 +261,7 @@ class Names:
         def record(value: Any) -> Any:
             if not isinstance(value, dict):
                 raise _Misfit("must be a JSON object", unnamed="the body")
-            if not self._skip_unknown_fields and not known.issuperset(value):
+            if not self._reader and not known.issuperset(value):
                 raise _Misfit(not_a_field).within(sorted(set(value) - known)[0][:64], field=True)
             datum = {}
             for field, form, default in fields:
@@ -313,9 +314,10 @@ def short_name(name: str) -> str:
 
 
 @cache
-def names(top: str, *, skip_unknown_fields: bool = False) -> Names:
-    """The named types of the current schema of `top` (keyload.Command, keyload.Outcome)."""
-    return Names(expanded_current(top), skip_unknown_fields=skip_unknown_fields)
+def names(top: str, *, reader: bool = False) -> Names:
+    """The named types of the current schema of `top` (keyload.Command, keyload.Outcome); `reader`:
+    as a reader of a newer writer's values converts them (`Names`)."""
+    return Names(expanded_current(top), reader=reader)
 
 
 def _kind(schema: Schema) -> str:

@@ -119,8 +119,9 @@ def test_the_path_given_leads_the_one_reported() -> None:
 
 def test_a_reader_of_results_leaves_out_fields_its_schema_lacks_and_a_request_may_not_have_them() -> None:
     """A newer server's outcome (here: a GroupTokenResult and the outcome itself with a field this
-    schema lacks) converts for the SDK's reader as it would without them; the strict form, which
-    requests go through, refuses it, naming the field."""
+    schema lacks) converts for the SDK's reader as it would without them, and an enum symbol this
+    schema lacks is kept as its string; the strict form, which requests go through, refuses both,
+    naming the field."""
     token = {"status": "committed", "position": 3, "checkpoint": 3}
     answer = {
         "command_id": "c-1",
@@ -139,8 +140,12 @@ def test_a_reader_of_results_leaves_out_fields_its_schema_lacks_and_a_request_ma
         "result": {"GroupAckBatchResult": {"results": [{**token, "acked_by": "w-1"}], "checkpoint": 3}},
         "served_by": "node-2",
     }
-    reader, strict = names("keyload.Outcome", skip_unknown_fields=True), names("keyload.Outcome")
+    reader, strict = names("keyload.Outcome", reader=True), names("keyload.Outcome")
     top = strict.types["keyload.Outcome"]
     assert to_avro(reader, reader.types["keyload.Outcome"], newer, "") == to_avro(strict, top, answer, "")
     with pytest.raises(WireError, match="is not a field of"):
         to_avro(strict, top, newer, "")
+    refused = {**answer, "status": "rejected", "error_code": "QueueFrozen", "result": None}
+    assert to_avro(reader, reader.types["keyload.Outcome"], refused, "")["error_code"] == "QueueFrozen"
+    with pytest.raises(WireError, match=r"^error_code must be one of Validation, "):
+        to_avro(strict, top, refused, "")

@@ -17,7 +17,15 @@ import httpx
 from keyload.bounded import remember
 from keyload.commands import BY_BRANCH
 from keyload.credentials import Credential, CredentialError
-from keyload.errors import CensusError, InvalidCommand, KeyloadError, OutcomeTimeout, ServiceUnavailable, rejection
+from keyload.errors import (
+    CensusError,
+    InvalidCommand,
+    KeyloadError,
+    OutcomeTimeout,
+    ServiceUnavailable,
+    UnreadableOutcome,
+    rejection,
+)
 from keyload.sdk.payloads import PayloadError, Progress
 from keyload.sdk.results import Census, Outcome, PayloadReservation
 from keyload.wire import (
@@ -55,8 +63,8 @@ class HttpTransport:
             timeout=httpx.Timeout(None, connect=CONNECT_TIMEOUT_S),
         )
         self._commands = names("keyload.Command")
-        # A newer server's results may hold fields this SDK's schema lacks: they are left out.
-        self._outcomes = names("keyload.Outcome", skip_unknown_fields=True)
+        # A newer server's outcomes may hold fields and enum symbols this SDK's schema lacks (wire.Names).
+        self._outcomes = names("keyload.Outcome", reader=True)
         self._union = field_schema(self._commands, self._commands.types["keyload.Command"], "body")
         self._partitions: int | None = None
         # The upload handles the server answered reservations with, for their uploads (any server of
@@ -98,14 +106,18 @@ class HttpTransport:
         return outcome
 
     def _outcome(self, response: httpx.Response, result_record: str, command_id: str, timeout_s: float) -> Outcome:
-        """The outcome a response carries; the SDK's exception when it carries an error instead."""
-        answer = response.json()
+        """The outcome a response carries; the SDK's exception when it carries an error instead, or
+        UnreadableOutcome when this SDK cannot represent it (a newer server's value)."""
+        answer = _json_answer(response)
         if answer.get("status") == "error":
             raise _http_error(response.status_code, answer, command_id, timeout_s)
-        result = answer["result"]
+        result = answer.get("result")
         if result is not None:
             answer["result"] = {short_name(result_record): result}
-        return Outcome.from_record(to_avro(self._outcomes, self._outcomes.types["keyload.Outcome"], answer, ""))
+        try:
+            return Outcome.from_record(to_avro(self._outcomes, self._outcomes.types["keyload.Outcome"], answer, ""))
+        except ValueError as exc:  # WireError, msgspec's ValidationError, an enum's: a value it does not know
+            raise UnreadableOutcome(command_id, str(exc)[:256]) from None
 
     def issue_credential(
         self, principal: str, grants: list[dict[str, Any]] | None, command_id: str, timeout_s: float
@@ -154,7 +166,7 @@ class HttpTransport:
             ) as response:
                 if response.status_code != 200:
                     response.read()
-                    raise _http_error(response.status_code, response.json(), "read_payload", timeout_s)
+                    raise _http_error(response.status_code, _json_answer(response), "read_payload", timeout_s)
                 with into.open("wb") as out:
                     for chunk in response.iter_bytes():
                         out.write(chunk)
@@ -195,6 +207,19 @@ def _chunks(source: Path, progress: Progress | None) -> Iterator[bytes]:
             sent += len(chunk)
             if progress is not None:
                 progress(sent, total)
+
+
+def _json_answer(response: httpx.Response) -> dict[str, Any]:
+    """The JSON object a keyload server answers with; an answer that is not one comes from something
+    else on the way (a proxy's error page): ServiceUnavailable for a 5xx, KeyloadError otherwise."""
+    try:
+        answer = response.json()
+    except ValueError:
+        answer = None
+    if isinstance(answer, dict):
+        return answer
+    what = f"the server answered {response.status_code} without a JSON object: {response.text[:128]!r}"
+    raise ServiceUnavailable(what) if response.status_code >= 500 else KeyloadError(what)
 
 
 def _http_error(status: int, answer: dict[str, Any], command_id: str, timeout_s: float) -> KeyloadError:

@@ -798,7 +798,8 @@ class Outcome:
     offset: int
     eval_time_ms: int
     status: OutcomeStatus
-    error_code: ErrorCode | None
+    # Rejected: its code; one this SDK does not know (a newer server's) is kept as its string.
+    error_code: ErrorCode | str | None
     detail: str
     result: Result | None
     failed_index: int | None = None  # a rejected batch or processing: the mutation that failed
@@ -811,7 +812,15 @@ class Outcome:
             **dict(
                 record,
                 status=OutcomeStatus(record["status"]),
-                error_code=None if error_code is None else ErrorCode(error_code),
+                error_code=None if error_code is None else _error_code(error_code),
                 result=None if result is None else decode_result(result[0], result[1]),
             )
         )
+
+
+_ERROR_CODES = frozenset(ErrorCode)
+
+
+def _error_code(code: str) -> ErrorCode | str:
+    """The ErrorCode of `code`, or `code` itself when this SDK does not know it (a newer server's)."""
+    return ErrorCode(code) if code in _ERROR_CODES else code
