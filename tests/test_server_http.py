@@ -371,6 +371,25 @@ def test_a_malformed_request_is_400_naming_the_field(
     assert log_end(root, d) == before
 
 
+def test_raw_bytes_sent_as_a_form_are_told_the_content_type_a_raw_body_needs(
+    served: tuple[Path, str], api: httpx.Client
+) -> None:
+    """curl's --data-binary sends a form's content type: a route whose command has a raw body says
+    which type takes raw bytes; one without says only that the body is not JSON."""
+    root, _ = served
+    d = domain()
+    before = log_end(root, d)
+    form = {"content-type": "application/x-www-form-urlencoded"}
+    response = api.post(f"/v1/domains/{d}/queues/q/messages", content=b"hello", headers=form)
+    assert (response.status_code, response.json()["error_code"]) == (400, "Validation")
+    assert response.json()["detail"] == (
+        "the request body is not JSON (raw bytes as the body need Content-Type: application/octet-stream)"
+    )
+    receive = api.post(f"/v1/domains/{d}/queues/q/receive", content=b"hello", headers=form)
+    assert (receive.status_code, receive.json()["detail"]) == (400, "the request body is not JSON")
+    assert log_end(root, d) == before
+
+
 def test_a_policy_filter_or_headers_left_out_take_their_defaults(api: httpx.Client) -> None:
     d = domain()
     queue = committed(api.put(f"/v1/domains/{d}/queues/orders"))  # no body at all

@@ -279,7 +279,13 @@ class CommandRoute:
             fields: dict[str, Any] = {RAW_BODY_FIELD: ""}  # a placeholder: the raw bytes replace it at the end
             raw = body
         else:
-            fields = json_object(body)
+            try:
+                fields = json_object(body)
+            except WireError as exc:
+                if not self.raw_body:
+                    raise
+                # Most likely raw bytes sent without the type (curl's --data-binary sends them as a form).
+                raise WireError(f"{exc} (raw bytes as the body need Content-Type: {RAW_BODY_TYPE})") from None
         given: dict[str, Any] = {}
         queried = request.query_params.multi_items() if request.scope["query_string"] else ()  # parsed only if given
         for name, text in queried:
