@@ -60,9 +60,14 @@ def newer() -> Iterator[tuple[Answers, str]]:
     answers = Answers()
 
     class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self._answer()
+
         def do_POST(self) -> None:
-            sent = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-            answers.requests.append(sent)
+            answers.requests.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
+            self._answer()
+
+        def _answer(self) -> None:
             status, content_type, body = answers.next
             if content_type == "application/json":
                 answer = json.loads(body)
@@ -159,4 +164,7 @@ def test_an_answer_that_is_not_a_json_object_is_a_keyload_error_naming_the_statu
     answers.next = (status, "application/json", b"[1, 2]")
     with Client(url, credential=CREDENTIAL) as client, pytest.raises(KeyloadError) as failed:
         client.enqueue("shop", "orders", b"hello")
+    assert type(failed.value) is error
+    with Client(url, credential=CREDENTIAL) as client, pytest.raises(KeyloadError) as failed:
+        client.partitions  # noqa: B018  # GET /v1/service, asked once
     assert type(failed.value) is error

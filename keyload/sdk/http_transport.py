@@ -76,7 +76,10 @@ class HttpTransport:
         """The server's partition count (asked once)."""
         if self._partitions is None:
             response = self._request("GET", SERVICE_PATH, timeout=CONNECT_TIMEOUT_S)
-            self._partitions = int(response.json()["partitions"])
+            answer = _json_answer(response)
+            if response.status_code != 200:
+                raise _http_error(response.status_code, answer, "service", CONNECT_TIMEOUT_S)
+            self._partitions = int(answer["partitions"])
         return self._partitions
 
     def close(self) -> None:
@@ -180,9 +183,7 @@ class HttpTransport:
         (keyload/server/census.py). No time limit but the connect's: the server reads every row."""
         params = {} if partition is None else {PARTITION_QUERY: partition}
         response = self._request("GET", CENSUS_PATH, params=params)
-        if response.headers.get("content-type") != "application/json":
-            raise KeyloadError(f"the server answered {response.status_code} without JSON: {response.text[:256]}")
-        answer = response.json()
+        answer = _json_answer(response)
         if response.status_code == 404:  # no projection of it here (an older server: no such route)
             raise CensusError(str(answer.get("detail", "")))
         if response.status_code != 200:
