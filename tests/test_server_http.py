@@ -371,6 +371,30 @@ def test_a_malformed_request_is_400_naming_the_field(
     assert log_end(root, d) == before
 
 
+@pytest.mark.parametrize(
+    ("method", "path", "named"),
+    [
+        ("POST", "/queues/q/messages?queue=other", "queue"),  # the path's, again in the query
+        ("POST", "/queues/q/messages?message_id=a&message_id=b", "message_id"),  # the query's, twice
+        ("GET", "/queues/q?queue=other", "queue"),
+        ("DELETE", "/queues/q?queue=other", "queue"),
+    ],
+)
+def test_a_field_given_twice_in_the_path_and_query_is_refused_not_overridden(
+    served: tuple[Path, str], api: httpx.Client, method: str, path: str, named: str
+) -> None:
+    root, _ = served
+    d = domain()
+    committed(api.put(f"/v1/domains/{d}/queues/q"))
+    committed(api.put(f"/v1/domains/{d}/queues/other"))
+    before = log_end(root, d)
+    raw = {"content-type": "application/octet-stream"}
+    response = api.request(method, f"/v1/domains/{d}{path}", content=b"x" if method == "POST" else None, headers=raw)
+    assert (response.status_code, response.json()["error_code"]) == (400, "Validation")
+    assert response.json()["detail"] == f"{named} is given twice (path, query or body)"
+    assert log_end(root, d) == before
+
+
 def test_raw_bytes_sent_as_a_form_are_told_the_content_type_a_raw_body_needs(
     served: tuple[Path, str], api: httpx.Client
 ) -> None:

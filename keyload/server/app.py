@@ -286,19 +286,17 @@ class CommandRoute:
                     raise
                 # Most likely raw bytes sent without the type (curl's --data-binary sends them as a form).
                 raise WireError(f"{exc} (raw bytes as the body need Content-Type: {RAW_BODY_TYPE})") from None
-        given: dict[str, Any] = {}
+        given = set(fields)  # each field once, from one place: a repeat is refused, never overridden
         queried = request.query_params.multi_items() if request.scope["query_string"] else ()  # parsed only if given
         for name, text in queried:
             if name == PARTITION_QUERY and self.everywhere:
                 continue
-            given[name] = self._text(name, text)
+            _give(given, name)
+            fields[name] = self._text(name, text)
         for name, text in request.path_params.items():
+            _give(given, name)
             if name not in ("domain", "partition"):
-                given[name] = self._text(name, text)
-        for name, value in given.items():
-            if name in fields:
-                raise WireError(f"{name} is given twice (path, query or body)")
-            fields[name] = value
+                fields[name] = self._text(name, text)
         return fields, raw
 
     def _text(self, name: str, text: str) -> Any:
@@ -396,6 +394,13 @@ class EnvelopeRoute:
             return self.engine.response(BY_BRANCH[body[0]].name, outcome)
 
         return await answered(request, answer)
+
+
+def _give(given: set[str], name: str) -> None:
+    """Note a request field as given; WireError if it already was (in the path, query or body)."""
+    if name in given:
+        raise WireError(f"{name} is given twice (path, query or body)")
+    given.add(name)
 
 
 def json_object(raw: bytes) -> dict[str, Any]:
