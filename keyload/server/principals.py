@@ -99,7 +99,7 @@ class CredentialIssuer:
             return outcome_response(self.outcomes, answer)
         (view,) = to_json(self.outcomes, self.outcomes.types["keyload.Outcome"], answer.record)["result"].values()
         issued = {
-            "principal": view["principal"],
+            "principal": view,
             "credential": {
                 "principal": credential.principal,
                 "key_id": credential.key_id,
