@@ -119,6 +119,10 @@ class CommandKind:
     # (`resource_in_handler`: a grant on any resource lets it that far).
     resource: str | None = None
     request_default: RequestDefault | None = None  # filled in by the clients' side (`RequestDefault`)
+    # The body fields naming keys of the service's keyring. The processor halts on a key its keyring
+    # lacks (whether a key exists is configuration, not a refusal), so the HTTP API refuses one
+    # before appending (keyload/server/app.py, Engine.submit_all).
+    keyring_fields: tuple[str, ...] = ()
 
     @property
     def branch(self) -> str:
@@ -156,6 +160,7 @@ def _kind(
     resource_in_handler: bool = False,
     operator: bool = False,
     request_default: RequestDefault | None = None,
+    keyring_fields: tuple[str, ...] = (),
 ) -> CommandKind:
     """A row, written compactly: `cli` as "noun verb", `route` as "METHOD /path"."""
     noun_verb = None if cli is None else tuple(cli.split())
@@ -180,6 +185,7 @@ def _kind(
         operator,
         next((name for name in RESOURCE_FIELDS if name in fields), None),
         request_default,
+        keyring_fields,
     )
 
 
@@ -257,7 +263,7 @@ COMMANDS: tuple[CommandKind, ...] = (
     _kind("CancelLargeSchedule", "payloads.reservations:cancel_large_schedule", "keyload.PayloadReservation", C.enqueue, "cancel_large_schedule", None, "POST /v1/domains/{domain}/reservations/{reservation_id}/cancel", resource_in_handler=True),
     _kind("InspectReservation", "payloads.reservations:inspect_reservation", "keyload.PayloadReservation", C.inspect, "inspect_reservation", None, "GET /v1/domains/{domain}/reservations/{reservation_id}", resource_in_handler=True, reads=True),
     # Administration (partition-scoped commands name the partition, not a domain)
-    _kind("RotateKeys", "key_rotation:rotate_keys", "keyload.result.ActiveKeys", C.admin, "rotate_keys", "keys rotate", "POST /v1/domains/{domain}/keys/rotate", partition_wide=True),
+    _kind("RotateKeys", "key_rotation:rotate_keys", "keyload.result.ActiveKeys", C.admin, "rotate_keys", "keys rotate", "POST /v1/domains/{domain}/keys/rotate", partition_wide=True, keyring_fields=("token_key_id", "jitter_key_id", "proof_key_id")),
     _kind("Tick", "timers:tick", "keyload.result.TickResult", C.tick, None, None, None, stored=False, partition_wide=True),
     _kind("Checkpoint", "timers:checkpoint", "keyload.result.CheckpointResult", C.admin, "request_checkpoint", None, f"POST {P}/checkpoints", stored=False, partition_wide=True),
     _kind("ListRetention", "payloads.retention:list_retention", "keyload.result.RetentionPage", C.recovery, "list_retention", None, f"GET {P}/retention", stored=False, partition_wide=True),
@@ -266,7 +272,7 @@ COMMANDS: tuple[CommandKind, ...] = (
     _kind("DeleteConfirmed", "payloads.retention:delete_confirmed", "keyload.result.RetentionStatus", C.recovery, "delete_confirmed", None, f"POST {P}/retention/{{task_id}}/deleted", stored=False, partition_wide=True),
     # Access control (partition-wide: the SDK sends each to every partition, under one command id)
     _kind("EnableAccessControl", "principals:enable_access_control", "keyload.result.PrincipalView", C.admin, None, None, None, stored=False, partition_wide=True),
-    _kind("PutPrincipal", "principals:put_principal", "keyload.result.PrincipalView", C.admin, "put_principal", None, "PUT /v1/principals/{principal}", partition_wide=True),
+    _kind("PutPrincipal", "principals:put_principal", "keyload.result.PrincipalView", C.admin, "put_principal", None, "PUT /v1/principals/{principal}", partition_wide=True, keyring_fields=("key_id",)),
     _kind("GrantCapability", "principals:grant_capability", "keyload.result.PrincipalView", C.admin, "grant", None, "POST /v1/principals/{principal}/grants", partition_wide=True),
     _kind("RevokeCapability", "principals:revoke_capability", "keyload.result.PrincipalView", C.admin, "revoke", None, "POST /v1/principals/{principal}/revoke", partition_wide=True),
     _kind("CheckpointPublished", "payloads.retention:checkpoint_published", "keyload.result.CheckpointResult", C.checkpoint, None, None, None, stored=False, partition_wide=True),
@@ -278,6 +284,7 @@ BY_BRANCH: dict[str, CommandKind] = {kind.branch: kind for kind in COMMANDS}
 BY_NAME: dict[str, CommandKind] = {kind.name: kind for kind in COMMANDS}
 assert len(BY_BRANCH) == len(COMMANDS), "a command kind is declared twice"
 assert all(kind.capability is not None or kind.parts is not None for kind in COMMANDS), "a row allows nothing"
+assert all(kind.partition_wide for kind in COMMANDS if kind.keyring_fields), "keys are named on every partition"
 
 
 def part_refused(index: int, detail: str) -> str:

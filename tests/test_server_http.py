@@ -42,6 +42,7 @@ from keyload.sdk.envelope import encode_command
 from keyload.server import openapi
 from keyload.server.payloads import UploadHandles
 from keyload.server.writer import Answer
+from keyload.storage import keyring
 from keyload.storage.datadir import DataDir
 from keyload.wire import UPLOAD_HANDLE_HEADER
 
@@ -1015,6 +1016,61 @@ def test_an_unsigned_record_under_a_waiting_command_id_answers_nobody(
     committed(api.post(f"{queue}/messages", json={"message_id": "m", "body": b64(b"real")}))
     waiting.join(30)
     assert [base64.b64decode(m["body"]) for m in committed(answered[0])["deliveries"]] == [b"real"]
+
+
+def test_an_issued_credential_is_answered_with_the_principals_view_and_works(
+    served: tuple[Path, str], api: httpx.Client
+) -> None:
+    """The answer's shape as §10a and the OpenAPI document give it: the PrincipalView (record and
+    policy epoch) the PutPrincipal committed, the credential and its bearer token."""
+    _, url = served
+    name = f"issued-{uuid.uuid4().hex[:8]}"
+    created = api.post("/v1/principals", json={"principal": name, "grants": []})
+    assert created.status_code == 200, created.text
+    issued = created.json()
+    assert set(issued) == {"principal", "credential", "bearer_token"}
+    assert issued["principal"] == committed(api.get(f"/v1/principals/{name}"))
+    assert issued["principal"]["principal"]["key_id"] == issued["credential"]["key_id"]
+    rotated = api.post(f"/v1/principals/{name}/credential").json()
+    assert rotated["principal"]["principal"]["revision"] == 2
+    assert rotated["principal"]["policy_epoch"] > issued["principal"]["policy_epoch"]
+    for token, status in ((issued["bearer_token"], 401), (rotated["bearer_token"], 200)):
+        whoami = httpx.get(f"{url}/v1/principals/{name}", headers={"Authorization": f"Bearer {token}"})
+        assert whoami.status_code == status
+
+
+def log_ends(root: Path) -> list[int]:
+    data = DataDir.open(root)
+    with data.file_command_log() as log:
+        return [log.end_offset(partition) for partition in range(data.partitions)]
+
+
+def test_a_key_the_keyring_lacks_is_refused_before_it_could_halt_a_partition(
+    served: tuple[Path, str], api: httpx.Client
+) -> None:
+    """A PutPrincipal or RotateKeys naming a key the keyring lacks would halt every partition it
+    reaches until the key is added: an administrator's typo is a 400 instead, nothing appended. A
+    caller that may not send the command is refused by the processor, as for any other key id."""
+    root, url = served
+    name = f"keyed-{uuid.uuid4().hex[:8]}"
+    before = log_ends(root)
+    missing = api.put(f"/v1/principals/{name}", json={"key_id": "no-such-key", "grants": [], "expected_revision": 0})
+    assert (missing.status_code, missing.json()["error_code"]) == (400, "Validation"), missing.text
+    assert missing.json()["detail"] == "key_id names no key of the service's keyring: add it first (keyload keys add)"
+    rotate = api.post(f"/v1/domains/{domain()}/keys/rotate", json={"jitter_key_id": "no-such-key"})
+    assert (rotate.status_code, rotate.json()["detail"].split(" ")[0]) == (400, "jitter_key_id")
+    assert log_ends(root) == before
+    assert api.get("/readyz").json()["halted"] == {}
+    with Client(root) as admin:
+        tenant = admin.create_principal(name, [Grant(capability=Capability.consume, domain="*")])
+    as_tenant = {"Authorization": f"Bearer {tenant.bearer_token}"}
+    other = f"/v1/principals/{name}-2"
+    denied = httpx.put(f"{url}{other}", json={"key_id": "no-such-key", "grants": []}, headers=as_tenant)
+    assert (denied.status_code, denied.json()["error_code"]) == (403, "PermissionDenied")
+    keyring.add(root, "added-later")  # read again by the server: a key added while it runs counts
+    added = api.put(other, json={"key_id": "added-later", "grants": [], "expected_revision": 0})
+    assert committed(added)["principal"]["key_id"] == "added-later"
+    assert api.get("/readyz").json()["halted"] == {}
 
 
 def test_credential_issuing_refuses_what_it_must(api: httpx.Client) -> None:

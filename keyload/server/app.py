@@ -114,7 +114,9 @@ class Engine:
         self, credential: Credential, command_id: str, targets: Sequence[tuple[str, int]], body: Branch
     ) -> Answer:
         """Submit the command to each (domain, partition) in turn under one command id (a principal
-        command goes to every partition, 0 first): the first refusal, else the first target's answer."""
+        command goes to every partition, 0 first): the first refusal, else the first target's answer.
+        A key id the keyring lacks is refused first (`_refuse_missing_key`): nothing is appended."""
+        self._refuse_missing_key(credential, body)
         answers = []
         for domain, partition in targets:
             answer = await self.submit(credential, command_id, domain, partition, body)
@@ -122,6 +124,23 @@ class Engine:
                 return answer
             answers.append(answer)
         return answers[0]
+
+    def _refuse_missing_key(self, credential: Credential, body: Branch) -> None:
+        """A 400 for a command naming a key the keyring lacks (CommandKind.keyring_fields), which would
+        halt the partitions it reaches (processors/key_rotation.py, MissingKey) until the key is added,
+        when its caller may send it: one that may not is left to the processor, which refuses it
+        (PermissionDenied) before it looks at the key, so that nobody else learns which keys exist."""
+        kind = BY_BRANCH[body[0]]
+        keyring = self.authenticator.keys  # reread when it has changed since: a key added meanwhile counts
+        named = [(name, body[1].get(name)) for name in kind.keyring_fields]
+        missing = [name for name, key_id in named if key_id is not None and key_id not in keyring]
+        if not missing or kind.capability is None:
+            return
+        policy = self.policy(0)  # a kind naming keys is partition-wide: every partition holds the same policy
+        record = None if policy is None else load_principal(policy, credential.principal)
+        if policy is None or (record is not None and allows(record.grants, kind.capability, None, EVERYTHING)):
+            detail = f"{missing[0]} names no key of the service's keyring: add it first (keyload keys add)"
+            raise Refused(statuses.BAD_REQUEST, detail)
 
     def response(self, kind: str, answer: Answer) -> JSONResponse:
         """The outcome of a command of `kind` as the API answers it, with the headers of its kind."""
