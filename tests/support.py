@@ -663,3 +663,21 @@ def assert_each_enqueued_once(admin: Client, domain: str, queue: str, producers:
     while batch := admin.receive(domain, queue, max_messages=10).deliveries:
         seen += [delivery.body for delivery in batch]
     assert sorted(seen) == sorted(f"p{p}-{n}".encode() for p in range(producers) for n in range(messages))
+
+
+def outcome_json(**fields: Any) -> dict[str, Any]:
+    """An Outcome in the HTTP API's JSON form (keyload/wire.py), committed at offset 7 with no result;
+    `fields` replace or add members (as a newer server's may)."""
+    return {
+        "command_id": "c-1",
+        "domain": "shop",
+        "partition": 0,
+        "offset": 7,
+        "eval_time_ms": 1,
+        "status": "committed",
+        "error_code": None,
+        "detail": "",
+        "result": None,
+        "failed_index": None,
+        **fields,
+    }

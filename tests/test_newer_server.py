@@ -19,6 +19,8 @@ from keyload import Client, CommandRejected, ErrorCode, KeyloadError
 from keyload.credentials import Credential
 from keyload.errors import BY_CODE, InvalidCommand, NotFoundError, ServiceUnavailable, UnreadableOutcome
 
+from .support import outcome_json
+
 CREDENTIAL = Credential("tenant", "tenant-1", b"s" * 32)
 ENQUEUE_RESULT = {
     "queue": "orders",
@@ -39,19 +41,7 @@ class Answers:
 
     def outcome(self, http_status: int, **fields: Any) -> None:
         """An outcome of the command the client sends next, as a newer server's JSON form."""
-        answer = {
-            "command_id": "",  # filled from the request's Idempotency-Key
-            "domain": "shop",
-            "partition": 0,
-            "offset": 7,
-            "eval_time_ms": 1,
-            "status": "committed",
-            "error_code": None,
-            "detail": "",
-            "result": None,
-            "failed_index": None,
-            **fields,
-        }
+        answer = outcome_json(**fields)  # its command_id is the request's Idempotency-Key (`_answer`)
         self.next = (http_status, "application/json", json.dumps(answer).encode())
 
 

@@ -16,7 +16,7 @@ from keyload.server.app import AnswerJSON
 from keyload.wire import WireError, field_schema, names, to_avro, to_json
 
 from .avro_values import named_types, values
-from .support import ENQUEUE, command, enqueue_body
+from .support import ENQUEUE, command, enqueue_body, outcome_json
 
 TOPS = ("keyload.Command", "keyload.Outcome")
 
@@ -123,18 +123,7 @@ def test_a_reader_of_results_leaves_out_fields_its_schema_lacks_and_a_request_ma
     schema lacks is kept as its string; the strict form, which requests go through, refuses both,
     naming the field."""
     token = {"status": "committed", "position": 3, "checkpoint": 3}
-    answer = {
-        "command_id": "c-1",
-        "domain": "d",
-        "partition": 0,
-        "offset": 7,
-        "eval_time_ms": 1,
-        "status": "committed",
-        "error_code": None,
-        "detail": "",
-        "result": {"GroupAckBatchResult": {"results": [token], "checkpoint": 3}},
-        "failed_index": None,
-    }
+    answer = outcome_json(result={"GroupAckBatchResult": {"results": [token], "checkpoint": 3}})
     newer = {
         **answer,
         "result": {"GroupAckBatchResult": {"results": [{**token, "acked_by": "w-1"}], "checkpoint": 3}},
