@@ -140,21 +140,23 @@ def test_a_result_holding_a_symbol_this_sdk_does_not_know_is_unreadable_not_inva
     ("status", "error"),
     [(502, ServiceUnavailable), (503, ServiceUnavailable), (404, KeyloadError), (200, KeyloadError)],
 )
-def test_an_answer_that_is_not_a_json_object_is_a_keyload_error_naming_the_status(
+def test_an_answer_no_keyload_server_gives_is_a_keyload_error_naming_the_status(
     newer: tuple[Answers, str], status: int, error: type[KeyloadError]
 ) -> None:
-    """A proxy's error page, or anything else that is not a keyload server's answer: a 5xx may be
-    retried by command id (ServiceUnavailable); neither escapes as a JSON decoding error."""
+    """A proxy's error page (HTML, or JSON of its own), or anything else that is not a keyload
+    server's answer: a 5xx may be retried by command id (ServiceUnavailable), and neither escapes as
+    a JSON decoding error nor claims that the command was applied (UnreadableOutcome)."""
     answers, url = newer
     answers.next = (status, "text/html", b"<html><body>Bad Gateway</body></html>")
     with Client(url, credential=CREDENTIAL) as client, pytest.raises(KeyloadError) as failed:
         client.enqueue("shop", "orders", b"hello")
     assert type(failed.value) is error
-    assert f"answered {status} without a JSON object" in str(failed.value)
-    answers.next = (status, "application/json", b"[1, 2]")
-    with Client(url, credential=CREDENTIAL) as client, pytest.raises(KeyloadError) as failed:
-        client.enqueue("shop", "orders", b"hello")
-    assert type(failed.value) is error
+    assert f"answered {status} with no keyload answer" in str(failed.value)
+    for other in (b"[1, 2]", b'{"message": "Bad Gateway"}'):
+        answers.next = (status, "application/json", other)
+        with Client(url, credential=CREDENTIAL) as client, pytest.raises(KeyloadError) as failed:
+            client.enqueue("shop", "orders", b"hello")
+        assert type(failed.value) is error
     with Client(url, credential=CREDENTIAL) as client, pytest.raises(KeyloadError) as failed:
         client.partitions  # noqa: B018  # GET /v1/service, asked once
     assert type(failed.value) is error

@@ -50,6 +50,7 @@ UPLOAD_CHUNK_BYTES = 1024 * 1024
 RESERVATION = "keyload.PayloadReservation"
 MAX_UPLOAD_HANDLES = 1024  # reservations remembered for their uploads; the oldest go first
 PRINCIPAL_VIEW = "keyload.result.PrincipalView"
+OUTCOME_MEMBERS = frozenset({"command_id", "status"})  # what makes a JSON answer an outcome (§10a)
 
 
 class HttpTransport:
@@ -77,9 +78,11 @@ class HttpTransport:
         if self._partitions is None:
             response = self._request("GET", SERVICE_PATH, timeout=CONNECT_TIMEOUT_S)
             answer = _json_answer(response)
-            if response.status_code != 200:
+            if answer.get("status") == "error":
                 raise _http_error(response.status_code, answer, "service", CONNECT_TIMEOUT_S)
-            self._partitions = int(answer["partitions"])
+            if response.status_code != 200 or not isinstance(answer.get("partitions"), int):
+                raise _foreign(response)
+            self._partitions = answer["partitions"]
         return self._partitions
 
     def close(self) -> None:
@@ -114,6 +117,8 @@ class HttpTransport:
         answer = _json_answer(response)
         if answer.get("status") == "error":
             raise _http_error(response.status_code, answer, command_id, timeout_s)
+        if not answer.keys() >= OUTCOME_MEMBERS:  # JSON, but no keyload answer: a proxy's, say
+            raise _foreign(response)
         result = answer.get("result")
         if result is not None:
             answer["result"] = {short_name(result_record): result}
@@ -212,15 +217,20 @@ def _chunks(source: Path, progress: Progress | None) -> Iterator[bytes]:
 
 def _json_answer(response: httpx.Response) -> dict[str, Any]:
     """The JSON object a keyload server answers with; an answer that is not one comes from something
-    else on the way (a proxy's error page): ServiceUnavailable for a 5xx, KeyloadError otherwise."""
+    else on the way (a proxy's error page): `_foreign`."""
     try:
         answer = response.json()
     except ValueError:
         answer = None
     if isinstance(answer, dict):
         return answer
-    what = f"the server answered {response.status_code} without a JSON object: {response.text[:128]!r}"
-    raise ServiceUnavailable(what) if response.status_code >= 500 else KeyloadError(what)
+    raise _foreign(response)
+
+
+def _foreign(response: httpx.Response) -> KeyloadError:
+    """The error of an answer no keyload server gives: ServiceUnavailable for a 5xx, KeyloadError otherwise."""
+    what = f"the server answered {response.status_code} with no keyload answer: {response.text[:128]!r}"
+    return ServiceUnavailable(what) if response.status_code >= 500 else KeyloadError(what)
 
 
 def _http_error(status: int, answer: dict[str, Any], command_id: str, timeout_s: float) -> KeyloadError:
