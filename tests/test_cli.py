@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from keyload import Client
+from keyload.errors import InvalidCommand
 from keyload.storage.datadir import DataDir
 
 from .support import run_keyload, start_service, stop_service
@@ -75,6 +77,34 @@ def test_errors_without_a_service_are_one_line(tmp_path: Path) -> None:
     for broken in ("[]", '{"format": 1}', '{"format": 1, "partitions": 0, "outcome_partitions": 8}'):
         (tmp_path / "data" / "keyload.json").write_text(broken)
         assert_one_clear_line(run_keyload("status", "--data", data), 1, "keyload.json")
+
+
+def test_a_key_the_keyring_lacks_is_refused_before_it_is_appended(tmp_path: Path) -> None:
+    """`keys rotate` or a PutPrincipal naming a key the keyring lacks would halt every partition it
+    reaches (RecoveryRequired) until the key is added: a local client refuses it, appending nothing."""
+    data = DataDir.create(tmp_path / "data")
+
+    def log_ends() -> list[int]:
+        with data.file_command_log() as log:
+            return [log.end_offset(partition) for partition in range(data.partitions)]
+
+    result = run_keyload("keys", "rotate", "--data", str(data.root), "--partition", "0", "--token-key", "nosuch")
+    assert_one_clear_line(result, 1, "token_key_id names no key of the keyring: add it first (keyload keys add)")
+    with Client(data.root) as admin, pytest.raises(InvalidCommand, match=r"^key_id names no key of the keyring"):
+        admin.put_principal("late", key_id="nosuch", grants=[])
+    assert log_ends() == [0] * data.partitions
+
+
+def test_a_restore_prints_its_result_as_json(tmp_path: Path) -> None:
+    """The replaced projection's path is a string in JSON (it once stopped `--json` with a traceback)."""
+    root = tmp_path / "data"
+    DataDir.create(root)
+    assert run_keyload("run", "--data", str(root), "--listen", "none", "--until-idle").returncode == 0
+    result = run_keyload("restore", "--data", str(root), "--partition", "0", "--quiet", "--json")
+    assert result.returncode == 0, result.stderr
+    restored = json.loads(result.stdout)
+    assert (restored["partition"], restored["start"]) == (0, "offset 0")
+    assert Path(restored["kept_aside"]).is_dir()
 
 
 @pytest.mark.slow

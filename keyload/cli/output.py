@@ -5,8 +5,8 @@ the full result as indented JSON; `--output text` prints a readable summary; the
 `--output auto`, is text on a terminal and JSON when stdout is a pipe or a file, so scripts and
 tests that parse the output keep getting JSON.
 
-JSON encoding: results (msgspec Structs and dataclasses) become objects (field order kept), tuples lists, and `bytes` a
-string when they are valid UTF-8, else `{"base64": "<standard base64>"}`.
+JSON encoding: results (msgspec Structs and dataclasses) become objects (field order kept), tuples lists, paths
+strings, and `bytes` a string when they are valid UTF-8, else `{"base64": "<standard base64>"}`.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ import base64
 import json
 import sys
 from dataclasses import fields, is_dataclass
+from pathlib import PurePath
 from typing import Any
 
 import msgspec
@@ -52,6 +53,8 @@ def jsonable(value: Any) -> Any:
             return value.decode("utf-8")
         except UnicodeDecodeError:
             return {"base64": base64.b64encode(value).decode("ascii")}
+    if isinstance(value, PurePath):  # a restore's kept-aside projection, a replay's directory
+        return str(value)
     return value
 
 

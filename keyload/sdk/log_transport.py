@@ -8,6 +8,7 @@ import os
 import time
 from typing import Any
 
+from keyload.commands import BY_BRANCH
 from keyload.credentials import Credential, contents
 from keyload.errors import InvalidCommand, OutcomeTimeout
 from keyload.log.base import partition_for
@@ -15,7 +16,9 @@ from keyload.log.codec import REGISTRY
 from keyload.sdk.envelope import encode_command, unsealed_note
 from keyload.sdk.results import Outcome
 from keyload.service.doorbell import Doorbell
+from keyload.storage import keyring
 from keyload.storage.datadir import DataDir
+from keyload.storage.keyring import KeyringError
 
 OUTCOME_POLL_MIN_S = 0.0005  # first wait for an outcome; doubles while none comes
 OUTCOME_POLL_MAX_S = 0.010
@@ -53,6 +56,7 @@ class LogTransport:
             self._doorbell.close()
 
     def submit(self, domain: str, kind: str, body: dict[str, Any], command_id: str, timeout_s: float) -> Outcome:
+        self._refuse_missing_key(kind, body)
         envelope = {
             "command_id": command_id,
             "domain": domain,
@@ -69,6 +73,23 @@ class LogTransport:
         if self._doorbell is not None:
             self._doorbell.ring((partition,))
         return self._await(command_id, domain, timeout_s)
+
+    def _refuse_missing_key(self, kind: str, body: dict[str, Any]) -> None:
+        """InvalidCommand for a command naming a key this data directory's keyring lacks
+        (CommandKind.keyring_fields), which would halt every partition it reaches until the key is
+        added. A client that may not read the keyring (a service's, §5a) leaves it to the processor."""
+        row = BY_BRANCH.get(kind)
+        if row is None or not row.keyring_fields:
+            return
+        try:
+            held = keyring.load(self.data.root)
+        except (OSError, KeyringError):
+            return
+        missing = row.keys_missing(body, held)
+        if missing:
+            raise InvalidCommand(
+                f"{missing[0]} names no key of the keyring: add it first (keyload keys add); nothing was appended"
+            )
 
     def _await(self, command_id: str, domain: str, timeout_s: float) -> Outcome:
         """Tail the reply partition for the outcome of (domain, command id), sealed with this

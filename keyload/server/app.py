@@ -131,9 +131,8 @@ class Engine:
         when its caller may send it: one that may not is left to the processor, which refuses it
         (PermissionDenied) before it looks at the key, so that nobody else learns which keys exist."""
         kind = BY_BRANCH[body[0]]
-        keyring = self.authenticator.keys  # reread when it has changed since: a key added meanwhile counts
-        named = [(name, body[1].get(name)) for name in kind.keyring_fields]
-        missing = [name for name, key_id in named if key_id is not None and key_id not in keyring]
+        # The keyring is read again when it has changed since: a key added meanwhile counts.
+        missing = kind.keys_missing(body[1], self.authenticator.keys)
         if not missing or kind.capability is None:
             return
         policy = self.policy(0)  # a kind naming keys is partition-wide: every partition holds the same policy
