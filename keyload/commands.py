@@ -87,11 +87,6 @@ class RequestDefault:
     value: Any
     unless: tuple[str, ...] = ()
 
-    def keys_missing(self, body: Mapping[str, Any], keyring: Container[str]) -> list[str]:
-        """The fields of `keyring_fields` whose key id `body` gives and `keyring` lacks: what the
-        clients' side refuses before appending (the processor would halt on it)."""
-        return [name for name in self.keyring_fields if body.get(name) is not None and body[name] not in keyring]
-
     def filled(self, body: dict[str, Any], command_id: str) -> dict[str, Any]:
         """`body`, or a copy of it with the default filled in when it applies."""
         if any(body.get(name) is not None for name in (self.field, *self.unless)):
