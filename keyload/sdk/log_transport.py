@@ -16,9 +16,7 @@ from keyload.log.codec import REGISTRY
 from keyload.sdk.envelope import encode_command, unsealed_note
 from keyload.sdk.results import Outcome
 from keyload.service.doorbell import Doorbell
-from keyload.storage import keyring
 from keyload.storage.datadir import DataDir
-from keyload.storage.keyring import KeyringError
 
 OUTCOME_POLL_MIN_S = 0.0005  # first wait for an outcome; doubles while none comes
 OUTCOME_POLL_MAX_S = 0.010
@@ -81,6 +79,9 @@ class LogTransport:
         row = BY_BRANCH.get(kind)
         if row is None or not row.keyring_fields:
             return
+        from keyload.storage import keyring  # lazily: it loads processor code, which a client need not
+        from keyload.storage.keyring import KeyringError
+
         try:
             held = keyring.load(self.data.root)
         except (OSError, KeyringError):
