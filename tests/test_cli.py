@@ -44,6 +44,12 @@ def test_errors_without_a_service_are_one_line(tmp_path: Path) -> None:
     result = run_keyload("run", "--data", missing, "--listen", "bogus")
     assert_one_clear_line(result, 2, "--listen takes HOST:PORT, not 'bogus'")
     assert not Path(missing).exists()  # a usage error creates nothing, so it fixes no partition count
+    (tmp_path / "garbage.pem").write_text("garbage")
+    for cert, key in (("no-cert.pem", "no-key.pem"), ("garbage.pem", "garbage.pem")):
+        tls = ("--tls-cert", str(tmp_path / cert), "--tls-key", str(tmp_path / key))
+        result = run_keyload("run", "--data", missing, "--listen", "127.0.0.1:0", *tls)
+        assert_one_clear_line(result, 2, f"{' '.join(tls).replace(' --tls-key', ' with --tls-key')} cannot be loaded")
+    assert not Path(missing).exists()
     result = run_keyload("run", "--data", missing, "--partitions", "100000")
     assert_one_clear_line(result, 2, "partition counts must be 1..1024")
     result = run_keyload("run", "--data", missing, "--segment-bytes", "100")

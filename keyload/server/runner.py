@@ -22,6 +22,7 @@ import contextlib
 import json
 import os
 import socket
+import ssl
 import threading
 import time
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
@@ -89,6 +90,8 @@ class Listen:
             raise ValueError(f"--listen takes HOST:PORT, not {text[:64]!r}")
         if (tls_cert is None) != (tls_key is None):
             raise ValueError("TLS needs both --tls-cert and --tls-key")
+        if tls_cert is not None and tls_key is not None:
+            _check_tls(tls_cert, tls_key)
         return cls(host.strip("[]"), int(port), tls_cert, tls_key)
 
     def bound(self) -> Listen:
@@ -98,6 +101,15 @@ class Listen:
     @property
     def scheme(self) -> str:
         return "http" if self.tls_cert is None else "https"
+
+
+def _check_tls(cert: Path, key: Path) -> None:
+    """ValueError unless the certificate and its key load as the server will load them: a missing or
+    unreadable file, or one that is no PEM of a matching pair, is found before anything is created."""
+    try:
+        ssl.create_default_context(ssl.Purpose.CLIENT_AUTH).load_cert_chain(cert, key)
+    except OSError as exc:  # ssl.SSLError included
+        raise ValueError(f"--tls-cert {cert} with --tls-key {key} cannot be loaded: {exc}") from None
 
 
 @dataclass(frozen=True)
