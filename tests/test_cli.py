@@ -101,10 +101,13 @@ def test_a_key_the_keyring_lacks_is_refused_before_it_is_appended(tmp_path: Path
     assert log_ends() == [0] * data.partitions
 
 
-def test_a_restore_prints_its_result_as_json(tmp_path: Path) -> None:
-    """The replaced projection's path is a string in JSON (it once stopped `--json` with a traceback)."""
+def test_a_restore_prints_its_result_as_json_and_needs_a_record(tmp_path: Path) -> None:
+    """The replaced projection's path is a string in JSON (it once stopped `--json` with a traceback);
+    a partition whose log is still empty has nothing to restore, and says so."""
     root = tmp_path / "data"
     DataDir.create(root)
+    empty = run_keyload("restore", "--data", str(root), "--partition", "0", "--quiet")
+    assert_one_clear_line(empty, 1, "partition 0's log holds no record yet: there is nothing to restore")
     assert run_keyload("run", "--data", str(root), "--listen", "none", "--until-idle").returncode == 0
     result = run_keyload("restore", "--data", str(root), "--partition", "0", "--quiet", "--json")
     assert result.returncode == 0, result.stderr

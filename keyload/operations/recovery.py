@@ -185,6 +185,8 @@ def _restore(data: DataDir, partition: int, scratch: Path, progress: bool) -> Re
         end = log.end_offset(partition)
     finally:
         log.close()
+    if end == 0:
+        raise RecoveryError(f"partition {partition}'s log holds no record yet: there is nothing to restore")
     with data.checkpoints() as checkpoints:
         candidates = sorted(checkpoints.entries(partition), key=lambda entry: entry.offset, reverse=True)
     retired: list[int] = [entry.offset for entry in candidates if entry.offset >= end]
