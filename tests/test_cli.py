@@ -35,7 +35,10 @@ def test_errors_without_a_service_are_one_line(tmp_path: Path) -> None:
     assert_one_clear_line(result, 2, "exactly one of --body or --body-file")
     result = run_keyload("drill", "--data", missing, "--partition", "0")
     assert_one_clear_line(result, 1, "is not a keyload data directory")
-    assert run_keyload("frobnicate").returncode == 2  # argparse usage error
+    assert_one_clear_line(run_keyload("frobnicate"), 2, "invalid choice: 'frobnicate'")  # argparse's, one line too
+    result = run_keyload("log", "truncate", "--data", missing, "--partition", "0", "--before", "-5")
+    assert_one_clear_line(result, 2, "argument --before: expected a log offset (0 or more), got '-5'")
+    assert "`keyload log truncate --help` shows the options" in result.stderr
     assert run_keyload("run", "--data", missing, "--tick-interval-ms", "0").returncode == 2
     assert "Traceback" not in run_keyload("run", "--data", missing, "--tick-interval-ms", "0").stderr
     result = run_keyload("run", "--data", missing, "--projection-memtable-mib", "2048")

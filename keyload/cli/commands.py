@@ -132,6 +132,14 @@ def integer(text: str) -> int:
         raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
 
 
+def offset(text: str) -> int:
+    """A log offset: an integer, 0 or more."""
+    value = integer(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected a log offset (0 or more), got {text!r}")
+    return value
+
+
 def epoch_ms(text: str) -> int:
     """Absolute epoch milliseconds, or `+N[ms|s|m|h]` from now."""
     relative = DURATION.match(text)

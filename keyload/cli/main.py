@@ -37,7 +37,7 @@ import logging
 import os
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NoReturn
 
 from keyload.cli import commands, operations, principals
 from keyload.cli.output import UsageError
@@ -132,10 +132,19 @@ def _common() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
     return common, command
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse, its usage errors one line on stderr as every other error is (`keyload: ...`), with
+    where the options are shown instead of the whole usage; its subcommands' parsers are of this
+    class too (argparse makes them of their parent's)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_USAGE, f"keyload: {message} (`{self.prog} --help` shows the options)\n")
+
+
 def build_parser(table: commands.Table = commands.TABLE) -> argparse.ArgumentParser:
     """The whole command line; `table`: what the table-derived subcommands are built from."""
     common, command = _common()
-    parser = argparse.ArgumentParser(
+    parser: argparse.ArgumentParser = _Parser(
         prog="keyload",
         description="keyload: durable messaging on an event-sourced log. Grammar: keyload NOUN VERB [options].",
         epilog="Aliases: enqueue, receive, inspect, stats (queue); ack, nack, renew (lease); publish, read (topic); "

@@ -17,7 +17,7 @@ from pathlib import Path
 from threading import Event
 from typing import TYPE_CHECKING, Any
 
-from keyload.cli.commands import integer, positive, positive_seconds, seconds
+from keyload.cli.commands import integer, offset, positive, positive_seconds, seconds
 from keyload.cli.output import UsageError, emit, jsonable, print_json, wants_json
 from keyload.errors import KeyloadError
 
@@ -628,8 +628,8 @@ def add_parsers(sub: Any, common: argparse.ArgumentParser, command: argparse.Arg
     op = sub.add_parser(
         "replay", parents=[common, locate, quiet], help="rebuild a partition's projection into a directory"
     )
-    op.add_argument("--from-offset", type=integer, default=0, metavar="N", help="first log offset replayed (default 0)")
-    op.add_argument("--to-offset", type=integer, metavar="N", help="last log offset replayed (default: the log's end)")
+    op.add_argument("--from-offset", type=offset, default=0, metavar="N", help="first log offset replayed (default 0)")
+    op.add_argument("--to-offset", type=offset, metavar="N", help="last log offset replayed (default: the log's end)")
     op.add_argument("--into", required=True, metavar="DIR", help="the directory the projection is rebuilt into")
     op.set_defaults(func=replay)
     op = sub.add_parser(
@@ -686,7 +686,7 @@ def add_parsers(sub: Any, common: argparse.ArgumentParser, command: argparse.Arg
         parents=[common, locate],
         help="delete a partition's records below an offset (not past the recovery floor)",
     )
-    op.add_argument("--before", type=integer, required=True, metavar="OFFSET", help="first offset to keep")
+    op.add_argument("--before", type=offset, required=True, metavar="OFFSET", help="first offset to keep")
     op.set_defaults(func=log_truncate)
 
     payload = sub.add_parser("payload", help="large payloads in the object store").add_subparsers(
