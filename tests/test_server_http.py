@@ -39,6 +39,7 @@ from keyload.projections import keys
 from keyload.projections.records import PayloadReservation, ReservationState
 from keyload.projections.store import Store
 from keyload.sdk.envelope import encode_command
+from keyload.sdk.payloads import PayloadError
 from keyload.server import openapi
 from keyload.server.payloads import UploadHandles
 from keyload.server.writer import Answer
@@ -742,6 +743,45 @@ def test_large_payloads_are_uploaded_attested_and_read_by_the_service(
             f"/v1/domains/{d}/reservations/{second['reservation_id']}/content", content=payload, headers=raw
         )
         assert (refused.status_code, refused.json()["error_code"]) == (403, "PermissionDenied")
+
+
+def test_a_payload_changed_at_rest_is_never_served(served: tuple[Path, str], api: httpx.Client) -> None:
+    """A byte of the stored object flipped after its commit: the read route refuses it (410, its detail
+    naming the SHA-256) rather than streaming it, and neither SDK transport hands it on or leaves a
+    file behind (PayloadError)."""
+    root, url = served
+    d = domain()
+    queue = f"/v1/domains/{d}/queues/media"
+    committed(api.put(queue, json={"policy": {}}))
+    payload = bytes(range(256)) * 256  # 64 KiB
+    reserve = {
+        "message_id": "m",
+        "length": len(payload),
+        "sha256": b64(hashlib.sha256(payload).digest()),
+        "headers": {},
+    }
+    reservation = committed(api.post(f"{queue}/reservations", json=reserve))
+    content = f"/v1/domains/{d}/reservations/{reservation['reservation_id']}/content"
+    committed(api.put(content, content=payload, headers={"content-type": "application/octet-stream"}))
+    admin = Credential.load(root / "credentials" / "keyload-admin.json")
+    with Client(url, credential=admin) as client, Client(root) as local:
+        [delivery] = client.receive(d, "media").deliveries
+        assert delivery.payload is not None and client.read_payload(delivery) == payload
+        stored = root / "objects" / f"{delivery.payload.object_key}~" / delivery.payload.object_version
+        changed = bytearray(stored.read_bytes())
+        changed[0] ^= 0xFF
+        stored.chmod(0o600)
+        stored.write_bytes(bytes(changed))
+        read = api.post("/v1/payloads/read", json={"read_handle": delivery.payload.read_handle})
+        assert (read.status_code, read.json()["error_code"]) == (410, "Gone")
+        assert "do not match their SHA-256" in read.json()["detail"]
+        into = root.parent / f"read-{uuid.uuid4().hex[:8]}"
+        for reader in (client, local):
+            with pytest.raises(PayloadError, match="do not match"):
+                reader.read_payload(delivery)
+            with pytest.raises(PayloadError, match="do not match"):
+                reader.read_payload(delivery, into)
+            assert not into.exists()
 
 
 def test_an_upload_to_a_worker_processs_partition_takes_its_handle(

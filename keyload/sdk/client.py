@@ -1176,12 +1176,12 @@ class Client:
         """A large delivery's bytes (verified against its SHA-256); with `into`, written to that file."""
         if delivery.payload is None or delivery.payload.read_handle is None:
             raise InvalidCommand("the delivery has no large payload: its bytes are in `body`")
-        handle = delivery.payload.read_handle
+        handle, sha256 = delivery.payload.read_handle, delivery.payload.sha256
         local = isinstance(self._transport, LogTransport)
         read: Callable[[Path], object] = (
             functools.partial(self.payloads.read, handle)
             if local
-            else functools.partial(self._http("read_payload").read_payload, handle, timeout_s=self.timeout_s)
+            else functools.partial(self._http("read_payload").read_payload, handle, sha256, timeout_s=self.timeout_s)
         )
         if into is not None:
             read(Path(into))

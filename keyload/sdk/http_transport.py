@@ -6,6 +6,7 @@ from the response (docs/ARCHITECTURE.md §10a). The body travels in the API's JS
 from __future__ import annotations
 
 import base64
+import hashlib
 import ssl
 from collections import OrderedDict
 from collections.abc import Iterator
@@ -166,8 +167,21 @@ class HttpTransport:
         self._upload_handles.pop((domain, reservation_id), None)
         return outcome
 
-    def read_payload(self, read_handle: str, into: Path, timeout_s: float) -> None:
-        """Copy a large delivery's bytes into a file (the server verifies them against their SHA-256)."""
+    def read_payload(self, read_handle: str, sha256: bytes, into: Path, timeout_s: float) -> None:
+        """Copy a large delivery's bytes into a file, checked against `sha256`, the delivery's (the
+        server checks them too, before it sends any): on any failure the file is removed."""
+        try:
+            read = self._download(read_handle, into, timeout_s)
+        except BaseException:
+            into.unlink(missing_ok=True)
+            raise
+        if read != sha256:
+            into.unlink(missing_ok=True)
+            raise PayloadError("the bytes read do not match the delivery's SHA-256: read it again")
+
+    def _download(self, read_handle: str, into: Path, timeout_s: float) -> bytes:
+        """Stream what the read route answers into a file; the SHA-256 of what was written."""
+        digest = hashlib.sha256()
         try:
             with self._http.stream(
                 "POST", PAYLOAD_READ_PATH, json={"read_handle": read_handle}, timeout=timeout_s
@@ -177,11 +191,13 @@ class HttpTransport:
                     raise _http_error(response.status_code, _json_answer(response), "read_payload", timeout_s)
                 with into.open("wb") as out:
                     for chunk in response.iter_bytes():
+                        digest.update(chunk)
                         out.write(chunk)
         except httpx.TimeoutException:
             raise OutcomeTimeout("read_payload", timeout_s, "; the server did not answer in time") from None
         except httpx.HTTPError as exc:
             raise ServiceUnavailable(f"the keyload server at {self._http.base_url} cannot be reached: {exc}") from None
+        return digest.digest()
 
     def census(self, partition: int | None) -> list[Census]:
         """The census of the partitions the server holds projections of, or of the one named

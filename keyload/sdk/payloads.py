@@ -174,7 +174,8 @@ class PayloadGateway:
             raise PayloadError("the read handle has expired (its lease has ended): receive the message again")
         try:
             return self.objects.get(handle.object_key, into, handle.object_version)
-        except ObjectStoreError as exc:
+        except ObjectStoreError as exc:  # ObjectCorrupt included: bytes changed at rest are never handed on
+            into.unlink(missing_ok=True)
             raise PayloadError(f"payload {handle.object_key} cannot be read: {exc}") from None
 
 
