@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -128,7 +129,9 @@ def write_late(store: ObjectStore, key: str, data: bytes, tmp_path: Path, monkey
         store.client.put_object(Bucket=store.bucket, Key=key, Body=data, Metadata={"sha256": sha256(data)})
         return
     real_head = store.head
-    stale = iter([None])  # its HEAD ran before the other version was linked
+    # Both its HEADs, before and under the folder's lock, ran before the other version was linked:
+    # what a writer that took no lock (keyload before it took one) could leave.
+    stale = iter([None, None])
     monkeypatch.setattr(store, "head", lambda key: next(stale, real_head(key)))
     store.put_if_absent(key, write(tmp_path / "late", data))
     monkeypatch.undo()
@@ -345,3 +348,14 @@ def test_s3_conditional_complete_settles_a_race(
         with pytest.raises(ObjectConflict):
             store.complete_upload("k", upload_id, 2)
     assert store.versions("k") == [theirs] and store.uploads("k") == []
+
+
+def test_writers_of_the_same_bytes_at_once_make_one_version(store: ObjectStore, tmp_path: Path) -> None:
+    """The conditional create under concurrent writers of the same key (an upload sent twice at once):
+    every writer gets the one version made, so nothing is left that no reservation names."""
+    data = b"same bytes " * 10_000
+    sources = [write(tmp_path / f"source-{n}", data) for n in range(8)]
+    with ThreadPoolExecutor(len(sources)) as pool:
+        made = list(pool.map(lambda source: store.put_if_absent("payloads/raced", source), sources))
+    assert {version.version for version in made} == {store.versions("payloads/raced")[0].version}
+    assert len(store.versions("payloads/raced")) == 1

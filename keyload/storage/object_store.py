@@ -36,6 +36,7 @@ from __future__ import annotations
 import base64
 import builtins  # `list` is also a method name of the stores
 import contextlib
+import fcntl
 import hashlib
 import os
 import re
@@ -231,6 +232,18 @@ def _make_in(folder: Path, make: Callable[[], T]) -> T:
     raise ObjectStoreError(f"{folder} kept vanishing under concurrent deletes")
 
 
+@contextlib.contextmanager
+def _held(folder: Path) -> Iterator[None]:
+    """An exclusive lock on an object's folder (flock of the folder itself, so nothing is left in it
+    to keep it from being removed once empty), across threads and processes of this machine."""
+    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
 class FileObjectStore:
     """A versioned object store in a folder; safe for several processes on one machine."""
 
@@ -280,13 +293,13 @@ class FileObjectStore:
             if written != etag:
                 raise ObjectCorrupt(f"object {key}: the bytes' SHA-256 is {written}, not the declared {etag}")
             version = f"{time.time_ns():020d}.{os.urandom(4).hex()}-{etag}"
-            with contextlib.suppress(FileExistsError):
-                # link, not rename: it fails when another writer created the version first.
-                os.link(name, folder / version)
+            with _held(folder):  # writers of the key take turns: the first creates, the others find it
+                winner = _settled(key, self.head(key), etag)
+                if winner is None:
+                    os.link(name, folder / version)
+                    winner = self._describe(key, version)
         finally:
             os.unlink(name)
-        winner = _settled(key, self.head(key), etag)
-        assert winner is not None
         return winner
 
     def put_if_absent(self, key: str, source: Path) -> ObjectVersion:
