@@ -702,6 +702,16 @@ def test_the_sdk_speaks_http_with_typed_results_and_errors(served: tuple[Path, s
         client.inspect_queue(d, "q")
 
 
+def reservation_of(message_id: str, payload: bytes) -> dict[str, Any]:
+    """The body of a reservation of `payload` for message `message_id` (PrepareLargeSchedule)."""
+    return {
+        "message_id": message_id,
+        "length": len(payload),
+        "sha256": b64(hashlib.sha256(payload).digest()),
+        "headers": {},
+    }
+
+
 def test_large_payloads_are_uploaded_attested_and_read_by_the_service(
     served: tuple[Path, str], api: httpx.Client, workers: int
 ) -> None:
@@ -712,12 +722,7 @@ def test_large_payloads_are_uploaded_attested_and_read_by_the_service(
     queue = f"/v1/domains/{d}/queues/media"
     committed(api.put(queue, json={"policy": {}}))
     payload = bytes(range(256)) * 4096  # 1 MiB
-    reserve = {
-        "message_id": "video-1",
-        "length": len(payload),
-        "sha256": b64(hashlib.sha256(payload).digest()),
-        "headers": {},
-    }
+    reserve = reservation_of("video-1", payload)
     reservation = committed(api.post(f"{queue}/reservations", json=reserve))
     content = f"/v1/domains/{d}/reservations/{reservation['reservation_id']}/content"
     raw = {"content-type": "application/octet-stream"}
@@ -754,13 +759,7 @@ def test_a_payload_changed_at_rest_is_never_served(served: tuple[Path, str], api
     queue = f"/v1/domains/{d}/queues/media"
     committed(api.put(queue, json={"policy": {}}))
     payload = bytes(range(256)) * 256  # 64 KiB
-    reserve = {
-        "message_id": "m",
-        "length": len(payload),
-        "sha256": b64(hashlib.sha256(payload).digest()),
-        "headers": {},
-    }
-    reservation = committed(api.post(f"{queue}/reservations", json=reserve))
+    reservation = committed(api.post(f"{queue}/reservations", json=reservation_of("m", payload)))
     content = f"/v1/domains/{d}/reservations/{reservation['reservation_id']}/content"
     committed(api.put(content, content=payload, headers={"content-type": "application/octet-stream"}))
     admin = Credential.load(root / "credentials" / "keyload-admin.json")
