@@ -116,11 +116,12 @@ def test_checkpoints_are_stored_published_restored_and_retired(embedded: Embedde
         store.close()
     with pytest.raises(CheckpointError, match="not empty"):
         checkpoints.restore(taken[2], restored)
-    # A damaged object is caught before use.
+    # A damaged object is caught before use: by the store, which checks what it reads against the
+    # SHA-256 the object was stored with (as S3's does); a local copy against the manifest (test_store).
     damaged = next(v for v in checkpoints.objects.list(taken[1].object_prefix) if v.key.endswith("CURRENT"))
     damaged_path = Path(checkpoints.objects.root) / (damaged.key + "~") / damaged.version  # type: ignore[attr-defined]
     damaged_path.write_bytes(b"garbage\n")
-    with pytest.raises(CheckpointError, match="does not match its manifest"):
+    with pytest.raises(CheckpointError, match="bytes do not match their SHA-256"):
         checkpoints.restore(taken[1], tmp_path / "from-damaged")
 
 

@@ -315,6 +315,7 @@ class FileObjectStore:
             if newest is None:
                 raise ObjectStoreError(f"object {key} does not exist")
             version = newest.version
+        self._describe(key, version)  # a missing version fails before `into` is created
         into.parent.mkdir(parents=True, exist_ok=True)
         with into.open("wb") as out:
             return self._checked(key, version, out)
