@@ -36,6 +36,7 @@ def test_no_file_named_is_no_settings(monkeypatch: pytest.MonkeyPatch) -> None:
         ("a=1\na=2\n", "line 2: a is given twice"),
         ("bootstrap.servers=elsewhere:9092\n", "line 1: bootstrap.servers is keyload's own setting"),
         ("group.id=mine\n", "line 1: group.id is keyload's own setting"),
+        ("# another name\nmetadata.broker.list=elsewhere:9092\n", "line 2: metadata.broker.list is keyload's own"),
     ],
 )
 def test_a_line_keyload_cannot_take_is_an_error(

@@ -360,8 +360,9 @@ def _count(raw: dict[str, object], name: str, path: Path) -> int:
     return value
 
 
-# Settings of the deployment (keyload.json) or of keyload itself, which a client config may not change.
-KAFKA_OWN_SETTINGS = frozenset({"bootstrap.servers", "group.id"})
+# Settings of the deployment (keyload.json) or of keyload itself, which a client config may not change;
+# metadata.broker.list is librdkafka's other name for bootstrap.servers.
+KAFKA_OWN_SETTINGS = frozenset({"bootstrap.servers", "metadata.broker.list", "group.id"})
 
 
 def kafka_client_config() -> dict[str, str]:
