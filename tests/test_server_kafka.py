@@ -14,8 +14,10 @@ from pathlib import Path
 import httpx
 import pytest
 
-from keyload import Client, Credential
+from keyload import Client, Credential, KeyloadError
 from keyload.credentials import CredentialError
+from keyload.errors import NotFoundError
+from keyload.sdk.payloads import PayloadError
 from keyload.storage.datadir import DataDir, KafkaConfig
 from keyload.storage.keyring import FILE as KEYRING_FILE
 from keyload.wire import UPLOAD_HANDLE_HEADER
@@ -73,6 +75,16 @@ def test_each_processor_serves_every_partition(kafka_bootstrap: str, tmp_path: P
             client.inspect_queue(domains[0], "jobs")
         metrics = httpx.get(f"{urls[0]}/metrics", headers=bearer(first_root), timeout=30)
         assert metrics.status_code == 200 and "keyload_http_requests_total" in metrics.text
+        # Credentials come from the CLI and a copied keyring on Kafka: a typed refusal, nothing appended.
+        issue = {"principal": "svc", "grants": []}
+        refused = httpx.post(f"{urls[0]}/v1/principals", json=issue, headers=bearer(first_root), timeout=30)
+        assert (refused.status_code, refused.json()["error_code"]) == (501, "UnsupportedCapability")
+        with Client(urls[1], credential=credential, timeout_s=60) as client:
+            with pytest.raises(KeyloadError, match="issues no credentials") as raised:
+                client.rotate_credential("keyload-admin")
+            assert not isinstance(raised.value, PayloadError)
+            with pytest.raises(NotFoundError):
+                client.inspect_principal("svc")
         wait_until(lambda: httpx.get(f"{urls[1]}/readyz", timeout=30).status_code == 200, 30, "readiness")
 
 

@@ -89,6 +89,10 @@ class HttpTransport:
     def close(self) -> None:
         self._http.close()
 
+    def _check_open(self) -> None:
+        if self._http.is_closed:
+            raise InvalidCommand("the client is closed; nothing was sent")
+
     def submit(self, domain: str, kind: str, body: dict[str, Any], command_id: str, timeout_s: float) -> Outcome:
         try:
             payload = {"domain": domain, "body": to_json(self._commands, self._union, (kind, body))}
@@ -112,12 +116,15 @@ class HttpTransport:
             remember(self._upload_handles, (domain, outcome.result.reservation_id), handle, MAX_UPLOAD_HANDLES)
         return outcome
 
-    def _outcome(self, response: httpx.Response, result_record: str, command_id: str, timeout_s: float) -> Outcome:
-        """The outcome a response carries; the SDK's exception when it carries an error instead, or
-        UnreadableOutcome when this SDK cannot represent it (a newer server's value)."""
+    def _outcome(
+        self, response: httpx.Response, result_record: str, command_id: str, timeout_s: float, payload: bool = False
+    ) -> Outcome:
+        """The outcome a response carries; the SDK's exception when it carries an error instead
+        (`payload`: of a payload route), or UnreadableOutcome when this SDK cannot represent it (a
+        newer server's value)."""
         answer = _json_answer(response)
         if answer.get("status") == "error":
-            raise _http_error(response.status_code, answer, command_id, timeout_s)
+            raise _http_error(response.status_code, answer, command_id, timeout_s, payload)
         if not answer.keys() >= OUTCOME_MEMBERS:  # JSON, but no keyload answer: a proxy's, say
             raise _foreign(response)
         result = answer.get("result")
@@ -163,7 +170,7 @@ class HttpTransport:
             headers=headers,
             timeout=httpx.Timeout(None, connect=CONNECT_TIMEOUT_S, read=timeout_s),
         )
-        outcome = self._outcome(response, RESERVATION, f"upload of reservation {reservation_id}", timeout_s)
+        outcome = self._outcome(response, RESERVATION, f"upload of reservation {reservation_id}", timeout_s, True)
         self._upload_handles.pop((domain, reservation_id), None)
         return outcome
 
@@ -182,13 +189,14 @@ class HttpTransport:
     def _download(self, read_handle: str, into: Path, timeout_s: float) -> bytes:
         """Stream what the read route answers into a file; the SHA-256 of what was written."""
         digest = hashlib.sha256()
+        self._check_open()
         try:
             with self._http.stream(
                 "POST", PAYLOAD_READ_PATH, json={"read_handle": read_handle}, timeout=timeout_s
             ) as response:
                 if response.status_code != 200:
                     response.read()
-                    raise _http_error(response.status_code, _json_answer(response), "read_payload", timeout_s)
+                    raise _http_error(response.status_code, _json_answer(response), "read_payload", timeout_s, True)
                 with into.open("wb") as out:
                     for chunk in response.iter_bytes():
                         digest.update(chunk)
@@ -212,6 +220,7 @@ class HttpTransport:
         return [Census.from_json(found) for found in answer["partitions"]]
 
     def _request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        self._check_open()
         try:
             return self._http.request(method, path, **kwargs)
         except httpx.TimeoutException:
@@ -249,14 +258,17 @@ def _foreign(response: httpx.Response) -> KeyloadError:
     return ServiceUnavailable(what) if response.status_code >= 500 else KeyloadError(what)
 
 
-def _http_error(status: int, answer: dict[str, Any], command_id: str, timeout_s: float) -> KeyloadError:
-    """The SDK's exception for an error of the HTTP layer (`status` "error": the request has no outcome)."""
+def _http_error(
+    status: int, answer: dict[str, Any], command_id: str, timeout_s: float, payload: bool = False
+) -> KeyloadError:
+    """The SDK's exception for an error of the HTTP layer (`status` "error": the request has no outcome);
+    `payload`: of a payload route, whose 404, 409 and 410 are about the payload."""
     detail = str(answer.get("detail", ""))
     if status == 401:
         return CredentialError(f"the server refused the credential: {detail}")
     if status in (400, 413):
         return InvalidCommand(f"{detail}; nothing was appended")
-    if status in (404, 409, 410):  # a payload's reservation, bytes or handle (keyload/server/payloads.py)
+    if payload and status in (404, 409, 410):  # its reservation, bytes or handle (keyload/server/payloads.py)
         return PayloadError(detail)
     if status == 504:
         return OutcomeTimeout(command_id, timeout_s, f"; the server says: {detail}")

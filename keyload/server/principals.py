@@ -111,9 +111,33 @@ class CredentialIssuer:
 
 
 def credential_routes(engine: Engine, root: Path, policy: Readable) -> list[Route]:
-    """The embedded service's: its keyring is the only one (on Kafka every processor needs each key)."""
+    """The embedded service's: its keyring is the only one."""
     issuer = CredentialIssuer(engine, root, policy)
     return [
         Route(CREATE_PATH, issuer.create, methods=["POST"], name="create_principal"),
         Route(ROTATE_PATH, issuer.rotate, methods=["POST"], name="rotate_credential"),
     ]
+
+
+def credentials_refused() -> list[Route]:
+    """A Kafka processor's server: a key it made would be in its own keyring only, and every processor
+    needs each key, so it refuses, naming the way that works, rather than answering "no route" for a
+    route its OpenAPI lists. Nothing is appended."""
+
+    async def refuse(request: Request) -> Response:
+        async def answer(command_id: str) -> Response:
+            raise Refused(statuses.NOT_SERVED_HERE, KAFKA_CREDENTIALS)
+
+        return await answered(request, answer)
+
+    return [
+        Route(CREATE_PATH, refuse, methods=["POST"], name="create_principal"),
+        Route(ROTATE_PATH, refuse, methods=["POST"], name="rotate_credential"),
+    ]
+
+
+KAFKA_CREDENTIALS = (
+    "a Kafka processor's server issues no credentials: every processor needs each key, so create the "
+    "principal with `keyload principal create` on one processor's data directory and copy its keyring "
+    "to every other processor before the principal sends"
+)

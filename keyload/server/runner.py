@@ -45,7 +45,7 @@ from keyload.server.census import census_route
 from keyload.server.held import HeldProjections
 from keyload.server.metrics import PartitionCollector, ServerMetrics
 from keyload.server.payloads import payload_headers, payload_routes
-from keyload.server.principals import credential_routes
+from keyload.server.principals import credential_routes, credentials_refused
 from keyload.server.processing import Processing
 from keyload.server.writer import CommandWriter, Halted, OutcomeFeed, OutcomeTail, OutcomeWaiters
 from keyload.service.doorbell import Listener
@@ -308,7 +308,7 @@ class HttpServer:
         side = LogSide(
             lambda: KafkaLog.commands(settings), _nothing, blocking=True, outcomes=lambda: KafkaLog.outcomes(settings)
         )
-        return cls(data, listen, engine, side, payload_routes(engine, data, keyring, {}))
+        return cls(data, listen, engine, side, [*credentials_refused(), *payload_routes(engine, data, keyring, {})])
 
     @property
     def url(self) -> str:

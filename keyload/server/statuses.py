@@ -33,6 +33,7 @@ BAD_REQUEST = ("Validation", 400)  # the request does not make a command: bad JS
 TOO_LARGE = ("Validation", 413)  # the request body is over MAX_REQUEST_BYTES
 NO_ROUTE = ("NotFound", 404)  # no route has this path
 WRONG_METHOD = ("NotFound", 405)  # the path exists for other methods
+NOT_SERVED_HERE = ("UnsupportedCapability", 501)  # a Kafka processor's server issues no credentials
 GONE = ("Gone", 410)  # a payload handle or reservation past its deadline, or an object no longer stored
 UNAVAILABLE = ("Unavailable", 503)  # the partition is halted or cannot take appends now; retry later
 TIMEOUT = ("Timeout", 504)  # no outcome in time: retry with the same Idempotency-Key to learn it
@@ -44,6 +45,7 @@ HTTP_ERRORS = (
     TOO_LARGE,
     NO_ROUTE,
     WRONG_METHOD,
+    NOT_SERVED_HERE,
     GONE,
     UNAVAILABLE,
     TIMEOUT,
