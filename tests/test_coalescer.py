@@ -302,7 +302,7 @@ def test_a_command_without_an_answer_gives_up_after_the_delivery_timeout(tmp_pat
     ],
 )
 def test_options_out_of_range_are_refused(client: Client, options: dict[str, Any]) -> None:
-    with pytest.raises(ValueError):
+    with pytest.raises(InvalidCommand):
         Coalescer(client, "d", **options)
 
 

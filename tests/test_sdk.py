@@ -23,6 +23,8 @@ from keyload.credentials import contents
 from keyload.errors import (
     ConflictError,
     HistoryUnavailableError,
+    InvalidCommand,
+    KeyloadError,
     NotFoundError,
     OutcomeTimeout,
     ResourceExhaustedError,
@@ -118,6 +120,16 @@ def test_an_idle_long_poll_appends_one_command_and_an_enqueue_completes_it(local
     timer.join()
     producer.close()
     assert [d.message_id for d in result.deliveries] == ["m1"]  # at the deadline it would have been empty
+
+
+def test_a_closed_client_and_a_helper_option_out_of_range_raise_keyload_errors(served: Served) -> None:
+    """Everything the SDK raises derives from KeyloadError, on every transport: nothing was sent."""
+    with pytest.raises(InvalidCommand, match=r"concurrency must be 1\.\.100"):
+        served.client.consume("d", "q", lambda delivery: None, concurrency=0)
+    closed = served.connect()
+    closed.close()
+    with pytest.raises(KeyloadError, match="closed"):
+        closed.inspect_queue("d", "q")
 
 
 def test_receive_across_reports_each_lane_and_a_retry_returns_the_same_receipts(client: Client) -> None:

@@ -144,13 +144,13 @@ class Coalescer:
         delivery_timeout_s: float = DEFAULT_DELIVERY_TIMEOUT_S,
     ) -> None:
         if not 0 <= linger_ms <= MAX_LINGER_MS:
-            raise ValueError(f"linger_ms must be 0..{MAX_LINGER_MS}")
+            raise InvalidCommand(f"linger_ms must be 0..{MAX_LINGER_MS}")
         if not 1 <= max_messages <= MAX_CALLS:
-            raise ValueError(f"max_messages must be 1..{MAX_CALLS} (a Batch's and an AckBatch's limit)")
+            raise InvalidCommand(f"max_messages must be 1..{MAX_CALLS} (a Batch's and an AckBatch's limit)")
         if not 1 <= max_bytes <= MAX_BATCH_BYTES:
-            raise ValueError(f"max_bytes must be 1..{MAX_BATCH_BYTES} (a Batch is one log record)")
+            raise InvalidCommand(f"max_bytes must be 1..{MAX_BATCH_BYTES} (a Batch is one log record)")
         if max_pending < 1 or block_s < 0 or delivery_timeout_s < 0:
-            raise ValueError("max_pending must be positive, block_s and delivery_timeout_s not negative")
+            raise InvalidCommand("max_pending must be positive, block_s and delivery_timeout_s not negative")
         self.client = client
         self.domain = domain
         self.stats = CoalescerStats()

@@ -44,7 +44,7 @@ from dataclasses import dataclass
 from threading import Event
 from typing import TYPE_CHECKING, Generic, Protocol, TypedDict, TypeVar, Unpack
 
-from keyload.errors import CommandRejected, DispatchPausedError, KeyloadError, OutcomeTimeout
+from keyload.errors import CommandRejected, DispatchPausedError, InvalidCommand, KeyloadError, OutcomeTimeout
 from keyload.limits import MAX_ACK_BATCH
 from keyload.sdk.results import Delivery, GroupDelivery, Mutation
 
@@ -209,7 +209,7 @@ def work(
 ) -> ConsumeStats:
     """Process deliveries of `source` until `stop` is set; see the module docstring."""
     if not 1 <= concurrency <= MAX_ACK_BATCH:
-        raise ValueError(f"concurrency must be 1..{MAX_ACK_BATCH} (one AckBatch settles a round)")
+        raise InvalidCommand(f"concurrency must be 1..{MAX_ACK_BATCH} (one AckBatch settles a round)")
     stop = stop or Event()
     stats = ConsumeStats()
     running: dict[Future[Handled], _Running[D]] = {}
