@@ -198,6 +198,16 @@ def ensure_topics(settings: KafkaSettings, timeout_s: float = 30) -> None:
             _check_topic(admin, settings, spec, deadline)
 
 
+def holds_commands(settings: KafkaSettings, timeout_s: float = 30) -> bool:
+    """Whether the deployment's command topic exists and has ever held a record: some processor of
+    that deployment has run (its ticker appends), so a new one must share its keyring."""
+    metadata = _list_topics(AdminClient(_client_config(settings)), timeout_s).get(settings.commands_topic)
+    if metadata is None or not metadata.partitions:
+        return False
+    with KafkaLog(settings, settings.commands_topic, len(metadata.partitions)) as log:
+        return any(log.end_offset(partition) > 0 for partition in range(log.partitions))
+
+
 def _check_topic(admin: AdminClient, settings: KafkaSettings, spec: _TopicSpec, deadline: float) -> None:
     metadata = _topic_metadata(admin, spec.name, deadline)
     partitions = len(metadata.partitions)

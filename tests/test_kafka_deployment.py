@@ -15,7 +15,7 @@ from keyload import Client
 from keyload.credentials import Credential, contents
 from keyload.log.base import partition_for
 from keyload.log.codec import REGISTRY
-from keyload.log.kafka_log import KafkaLog
+from keyload.log.kafka_log import KafkaLog, ensure_topics
 from keyload.projections import keys
 from keyload.projections.store import Store
 from keyload.storage.datadir import DataDir, KafkaConfig
@@ -355,3 +355,22 @@ def test_drill_from_a_checkpoint_and_truncation_stops_at_the_recovery_floor(
         if service.process.poll() is None:
             service.process.kill()
             service.process.wait()
+
+
+def test_a_new_processor_without_the_deployments_keyring_is_refused(kafka_bootstrap: str, tmp_path: Path) -> None:
+    """Its own new keyring would split the group quietly (each processor refusing the other's keys),
+    so `keyload run` refuses to create it once the topics hold commands, and creates nothing."""
+    prefix = f"keyring-{uuid.uuid4().hex[:10]}"
+    first = DataDir.create(tmp_path / "first", PARTITIONS, kafka=KafkaConfig(kafka_bootstrap, prefix))
+    ensure_topics(first.kafka_settings())
+    with KafkaLog.commands(first.kafka_settings()) as log:
+        log.append(0, [b"a record of the running deployment"])
+    second = tmp_path / "second"
+    joining = ("--data", str(second), "--kafka", kafka_bootstrap, "--topic-prefix", prefix, "--listen", "none")
+    refused = run_keyload("run", *joining)
+    assert refused.returncode == 2
+    assert f"the topics {prefix}.* already hold a deployment's commands" in refused.stderr
+    assert "--keyring-from" in refused.stderr and not second.exists()
+    joined = Service(second, *joining[2:], "--keyring-from", str(first.root / KEYRING_FILE))
+    assert stop_service(joined.process, 30) == 0
+    assert (second / KEYRING_FILE).read_bytes() == (first.root / KEYRING_FILE).read_bytes()

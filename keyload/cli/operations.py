@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from keyload.log.base import CommandLog
     from keyload.operations.checkpoints import Checkpoints
     from keyload.service.halts import Halt
-    from keyload.storage.datadir import DataDir, ObjectStoreConfig
+    from keyload.storage.datadir import DataDir, KafkaConfig, ObjectStoreConfig
 
 
 CHECKPOINT_WAIT_S = 30.0
@@ -118,7 +118,7 @@ def run(args: argparse.Namespace) -> int:
     from keyload.operations.checkpoints import CheckpointPolicy
     from keyload.projections.store import MIB, ProjectionMemory
     from keyload.service.embedded import ServiceSettings, serve
-    from keyload.storage.datadir import DataDir, KafkaConfig, check_layout
+    from keyload.storage.datadir import CONFIG, DataDir, KafkaConfig, check_layout
 
     try:
         memory = ProjectionMemory(args.projection_cache_mib * MIB, args.projection_memtable_mib * MIB)
@@ -138,6 +138,8 @@ def run(args: argparse.Namespace) -> int:
     kafka = None
     if args.kafka is not None:
         kafka = KafkaConfig(args.kafka, args.topic_prefix, args.replication_factor, args.min_insync_replicas)
+        if args.keyring_from is None and not (Path(args.data) / CONFIG).exists():
+            _refuse_a_second_keyring(kafka, args.data)
     data = DataDir.create(
         args.data,
         args.partitions,
@@ -159,6 +161,22 @@ def run(args: argparse.Namespace) -> int:
     )
     halts = serve(data, settings, _stop_on_signals())
     return EXIT_FAILED if halts else 0
+
+
+def _refuse_a_second_keyring(kafka: KafkaConfig, data: Path) -> None:
+    """A new processor's data directory gets a keyring of its own unless --keyring-from copies one.
+    Joining a deployment that has run with it would split the group quietly: each processor would
+    refuse the commands, tokens and outcomes of the other's keys. So it is a usage error."""
+    from keyload.log.kafka_log import KafkaSettings, holds_commands
+    from keyload.storage.datadir import kafka_client_config
+
+    settings = KafkaSettings(kafka.bootstrap, kafka.topic_prefix, client_config=kafka_client_config())
+    if holds_commands(settings):
+        raise UsageError(
+            f"the topics {kafka.topic_prefix}.* already hold a deployment's commands: every processor of it needs "
+            f"the same keyring, so create {data} with --keyring-from another processor's keyring.json "
+            "(or give a --topic-prefix of its own)"
+        )
 
 
 # -- checkpoints and recovery ----------------------------------------------------------------
