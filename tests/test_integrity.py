@@ -4,6 +4,7 @@ visible before it is durable, bad log times and full disks survived."""
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import subprocess
@@ -431,6 +432,48 @@ def test_a_corrupt_partition_halts_alone_and_status_names_it(tmp_path: Path, wor
     finally:
         service.stop()
     assert f"partition {partition} halted at offset {halt.offset}" in service.output()
+
+
+def test_the_gc_passes_a_halted_partition_by_and_collects_the_ones_after_it(tmp_path: Path) -> None:
+    """A fault halts at most its own partition's collection: a GC pass logs the recovery floor of
+    the partition after a halted one, and `keyload gc status` reports each partition on its own."""
+    root = tmp_path / "data"
+    DataDir.create(root, 2)
+    damaged, healthy = sorted(spread_domains(2, 2), key=lambda domain: partition_for(domain, 2))
+    service = Service(root, "--gc-interval-s", "0")
+    try:
+        with Client(root) as client:
+            for domain in (damaged, healthy):
+                client.create_queue(domain, QUEUE)
+                for n in range(5):
+                    client.enqueue(domain, QUEUE, b"body-%d" % n, message_id=f"m{n}")
+    finally:
+        assert service.stop() == 0
+    segment = _segment(root, 0)
+    raw = bytearray(segment.read_bytes())
+    raw[len(raw) // 2] ^= 0x40
+    segment.write_bytes(bytes(raw))
+    service = Service(root, "--gc-interval-s", "0")
+    try:
+        wait_until(lambda: 0 in recorded_halts(root), what="the halt to be recorded")
+        with Client(root, timeout_s=30) as client, client.data.checkpoints() as checkpoints:
+            offset = client.request_checkpoint(1).offset
+            wait_until(lambda: any(entry.offset == offset for entry in checkpoints.entries(1)), what="checkpoint")
+        gc = subprocess.run(
+            keyload_command("gc", "run", "--once", "--json", "--data", str(root)), capture_output=True, text=True
+        )
+        assert gc.returncode == 0, gc.stderr
+        done = json.loads(gc.stdout)
+        assert list(done["failed"]) == ["0"] and done["floors_logged"] == 1  # partition 1's, after the halted 0
+        status = subprocess.run(
+            keyload_command("gc", "status", "--json", "--data", str(root)), capture_output=True, text=True
+        )
+        assert status.returncode == 1
+        first, second = json.loads(status.stdout)
+        assert first["partition"] == 0 and "error" in first
+        assert second["partition"] == 1 and second["logged_recovery_floor"] == offset
+    finally:
+        service.stop()
 
 
 def test_a_second_service_on_the_same_directory_is_refused_by_name(tmp_path: Path) -> None:

@@ -24,6 +24,7 @@ from keyload.errors import KeyloadError
 if TYPE_CHECKING:
     from keyload.log.base import CommandLog
     from keyload.operations.checkpoints import Checkpoints
+    from keyload.sdk.client import Client
     from keyload.service.halts import Halt
     from keyload.storage.datadir import DataDir, KafkaConfig, ObjectStoreConfig
 
@@ -538,7 +539,9 @@ def payload_get(args: argparse.Namespace) -> int:
 
 
 def gc_status(args: argparse.Namespace) -> int:
-    """Each partition's recovery floor (logged and in the catalog), tasks and what blocks them."""
+    """Each partition's recovery floor (logged and in the catalog), tasks and what blocks them; a
+    partition that cannot be read (a halted one's log) is reported as such, the others follow, and
+    the exit status is then 1."""
     from keyload.cli.main import client_of
 
     with client_of(args) as client, client.data.checkpoints() as checkpoints:
@@ -546,29 +549,30 @@ def gc_status(args: argparse.Namespace) -> int:
         report = []
         for partition in partitions:
             client.data.check_partition(partition)
-            pages, after = [], None
-            for _ in range(MAX_STATUS_PAGES):
-                page = client.list_retention(partition, after_task=after)
-                pages.append(page)
-                after = page.next_after_task
-                if after is None:
-                    break
-            report.append(
-                {
-                    "partition": partition,
-                    "logged_recovery_floor": pages[0].recovery_floor,
-                    "catalog_recovery_floor": checkpoints.floor(partition),
-                    "pins": jsonable(checkpoints.catalog.pins(partition)),
-                    "retired_identities": pages[0].retired_identities,
-                    "tasks": [
-                        dict(jsonable(status.task), blocked_by=status.blocked_by)
-                        for page in pages
-                        for status in page.tasks
-                    ],
-                }
-            )
+            try:
+                report.append(_gc_status(client, checkpoints, partition))
+            except KeyloadError as exc:
+                report.append({"partition": partition, "error": str(exc)})
     emit(args, report)
-    return 0
+    return EXIT_FAILED if any("error" in row for row in report) else 0
+
+
+def _gc_status(client: Client, checkpoints: Checkpoints, partition: int) -> dict[str, Any]:
+    pages, after = [], None
+    for _ in range(MAX_STATUS_PAGES):
+        page = client.list_retention(partition, after_task=after)
+        pages.append(page)
+        after = page.next_after_task
+        if after is None:
+            break
+    return {
+        "partition": partition,
+        "logged_recovery_floor": pages[0].recovery_floor,
+        "catalog_recovery_floor": checkpoints.floor(partition),
+        "pins": jsonable(checkpoints.catalog.pins(partition)),
+        "retired_identities": pages[0].retired_identities,
+        "tasks": [dict(jsonable(status.task), blocked_by=status.blocked_by) for page in pages for status in page.tasks],
+    }
 
 
 def gc_run(args: argparse.Namespace) -> int:

@@ -46,6 +46,8 @@ log = logging.getLogger("keyload.operations.gc")
 DEFAULT_GC_INTERVAL_S = 10.0
 TIME_BLOCKERS = frozenset({"live_handles", "upload_horizon"})  # lifted by log time alone
 MAX_PAGES_PER_PASS = 100  # ListRetention pages one pass reads per partition
+# What a pass meets and rides out: it is logged, and the partition (or pass) is tried again next time.
+PASS_FAULTS = (KeyloadError, CatalogError, CheckpointError, ObjectStoreError)
 
 
 @dataclass(slots=True)
@@ -60,6 +62,9 @@ class GcPass:
     unresolved: int = 0  # deletions whose outcome is not known yet: retried next pass
     quiet: int = 0  # partitions passed over: nothing changed since a pass found nothing to do
     orphans_deleted: int = 0  # objects of checkpoints uploaded but never published, below the floor
+    # partition -> why its part of the pass failed (a halted partition's log cannot be read, say): the
+    # other partitions are collected all the same, and it is tried again next pass
+    failed: dict[int, str] = field(default_factory=dict)
 
 
 class RetentionClient(Protocol):
@@ -156,8 +161,12 @@ class GcWorker:
     def run_once(self) -> GcPass:
         done = GcPass()
         for partition in self.partitions:
-            self._partition(partition, done)
-            done.orphans_deleted += self.checkpoints.sweep_orphans(partition)
+            try:
+                self._partition(partition, done)
+                done.orphans_deleted += self.checkpoints.sweep_orphans(partition)
+            except PASS_FAULTS as exc:  # a fault halts at most its own partition's collection
+                log.warning("gc: partition %d passed by, tried again next pass: %s", partition, exc)
+                done.failed[partition] = str(exc)
         return done
 
     def _partition(self, partition: int, done: GcPass) -> None:
@@ -249,7 +258,7 @@ def run_worker(
     while not stop.is_set():
         try:
             done = worker.run_once()
-        except (KeyloadError, CatalogError, CheckpointError, ObjectStoreError) as exc:
+        except PASS_FAULTS as exc:
             log.warning("gc: pass failed, retrying in %.0f s: %s", interval_s, exc)
         else:
             if report is not None:
