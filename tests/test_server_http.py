@@ -926,7 +926,10 @@ def test_metrics_report_partitions_queues_groups_and_requests(
     assert loaded[latencies] >= samples[latencies] + 30
     for delivery in committed(api.post(f"{queue}/receive", json={"max_messages": 10}))["deliveries"]:
         committed(api.post(f"/v1/domains/{d}/leases/ack", json={"token": delivery["token"]}))
-    assert scrape(api)[ready] == loaded[ready] - 10
+    acked = scrape(api)
+    assert acked[ready] == loaded[ready] - 10
+    assert acked[f'keyload_queue_acked_total{{domain="{d}",queue="depth"}}'] == 10
+    assert "# TYPE keyload_queue_acked_total counter" in api.get("/metrics").text  # for rate()
 
 
 def test_metrics_age_the_oldest_ready_message_from_its_enqueue(api: httpx.Client) -> None:

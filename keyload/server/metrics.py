@@ -23,7 +23,7 @@ from collections.abc import Iterator
 from typing import TypeVar
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from keyload.log.base import CommandLog, LogError
@@ -100,7 +100,8 @@ class PartitionCollector(Collector):
         depth = GaugeMetricFamily(
             "keyload_queue_messages", "stored messages by state", labels=["domain", "queue", "state"]
         )
-        acked = GaugeMetricFamily("keyload_queue_acked_total", "messages acked", labels=["domain", "queue"])
+        # A counter (rate() it): it starts again from 0 when a purge makes a new incarnation of the queue.
+        acked = CounterMetricFamily("keyload_queue_acked", "messages acked", labels=["domain", "queue"])
         oldest = GaugeMetricFamily(
             "keyload_queue_oldest_ready_age_seconds",
             "time since the enqueue of the next message a receive would deliver; 0 when none is ready",
