@@ -13,7 +13,7 @@ from keyload import Client
 from keyload.errors import InvalidCommand
 from keyload.storage.datadir import DataDir
 
-from .support import run_keyload, start_service, stop_service
+from .support import keyload_command, run_keyload, start_service, stop_service
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -39,6 +39,8 @@ def test_errors_without_a_service_are_one_line(tmp_path: Path) -> None:
     result = run_keyload("log", "truncate", "--data", missing, "--partition", "0", "--before", "-5")
     assert_one_clear_line(result, 2, "argument --before: expected a log offset (0 or more), got '-5'")
     assert "`keyload log truncate --help` shows the options" in result.stderr
+    result = run_keyload("queue", "inspect", "--domain", "d", "--queue", "q", "--bogus")
+    assert_one_clear_line(result, 2, "unrecognized arguments: --bogus (`keyload queue inspect --help` shows")
     assert run_keyload("run", "--data", missing, "--tick-interval-ms", "0").returncode == 2
     assert "Traceback" not in run_keyload("run", "--data", missing, "--tick-interval-ms", "0").stderr
     result = run_keyload("run", "--data", missing, "--projection-memtable-mib", "2048")
@@ -88,6 +90,23 @@ def test_errors_without_a_service_are_one_line(tmp_path: Path) -> None:
         assert_one_clear_line(run_keyload("status", "--data", data), 1, "keyload.json")
 
 
+def test_output_to_a_reader_that_left_ends_quietly_with_141(tmp_path: Path) -> None:
+    """`keyload ... | head`: the status of 1,024 partitions (about 90 KB) outgrows the pipe, whose reader
+    takes 100 bytes and leaves; the writer stops as a shell's SIGPIPE would, and says nothing."""
+    DataDir.create(tmp_path / "data", 1024)
+    status = subprocess.Popen(
+        keyload_command("status", "--data", str(tmp_path / "data")),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        bufsize=0,
+    )
+    assert status.stdout is not None and status.stderr is not None
+    assert status.stdout.read(100)
+    status.stdout.close()
+    assert status.wait(60) == 141
+    assert status.stderr.read() == b""
+
+
 def test_a_key_the_keyring_lacks_is_refused_before_it_is_appended(tmp_path: Path) -> None:
     """`keys rotate` or a PutPrincipal naming a key the keyring lacks would halt every partition it
     reaches (RecoveryRequired) until the key is added: a local client refuses it, appending nothing."""
@@ -134,6 +153,9 @@ def test_commands_against_a_running_service(tmp_path: Path) -> None:
         assert '"receipt_horizon_ms": 604800000' in run_keyload("domain", "inspect", *domain).stdout
         stale = run_keyload("domain", "configure", *domain, "--expected-policy-version", "0")
         assert_one_clear_line(stale, 1, "rejected: RevisionConflict")
+        frozen = ("--data", data, "--domain", "frozen")
+        assert run_keyload("domain", "caps", *frozen, "--max-queues", "0").returncode == 0  # a cap of none
+        assert_one_clear_line(run_keyload("queue", "create", *frozen, "q"), 1, "rejected: ResourceExhausted")
         args = ("enqueue", "--data", data, "--domain", "shop", "--queue", "orders", "--body", "hi")
         assert run_keyload(*args, "--message-id", "a").returncode == 0
         assert_one_clear_line(run_keyload(*args, "--message-id", "b"), 1, "rejected: ResourceExhausted")

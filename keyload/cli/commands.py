@@ -88,6 +88,7 @@ class Shape:
     build: Build | None = None
     send: Send | None = None
     partition_scoped: bool = False  # names --partition, not --domain
+    may_be_zero: tuple[str, ...] = ()  # counts POSITIVE would refuse 0 for, where 0 means "none allowed"
     text_default: bool = False  # printed text before JSON existed: text unless --json
 
 
@@ -329,7 +330,8 @@ def add_field(
     elif kind in ("int", "long"):
         if f.name in ABSOLUTE_TIMES or f.name.endswith("_at_ms"):
             convert: Callable[[str], int] = epoch_ms
-        elif POSITIVE.match(f.name) and not scope:  # a policy's bounds are the processor's to check
+        elif POSITIVE.match(f.name) and not scope and f.name not in shape.may_be_zero:
+            # (not inside a policy, `scope`: a policy's bounds are the processor's to check)
             convert = positive
         else:
             convert = integer
@@ -675,7 +677,10 @@ SHAPES: dict[str, Shape] = {
     "ListDocuments": Shape("list documents by key prefix, in key order", positional=("prefix",), nargs={"prefix": "?"}),
     "ConfigureInbox": Shape("accept CommitInbox within a policy"),
     "ConfigureDomain": Shape("replace the domain's idempotency horizons (fields not given take their defaults)"),
-    "ConfigureDomainCaps": Shape("replace the most the domain may hold (an operator's; not given: the defaults)"),
+    "ConfigureDomainCaps": Shape(
+        "replace the most the domain may hold (an operator's; not given: the defaults; 0: none)",
+        may_be_zero=("max_queues", "max_topics", "max_groups", "max_documents", "max_document_bytes"),
+    ),
     "InspectDomain": Shape("show the domain's idempotency horizons, caps and what it holds"),
     "RotateKeys": Shape(
         "activate keyring keys (a logged command per partition)",

@@ -25,6 +25,7 @@ class in EXIT_CODES it is an instance of:
          also `lease ack`/`group ack` of several tokens when one was not committed
     2    UsageError and argparse's own usage errors (bad command-line input)
     130  interrupted (Ctrl-C)
+    141  the output's reader left (`keyload ... | head`): nothing is printed
 
 `keyload --help` and `keyload <noun> <verb> --help` import none of the engine: handlers import
 what they need when they run.
@@ -36,6 +37,7 @@ import argparse
 import logging
 import os
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn
 
@@ -49,6 +51,7 @@ if TYPE_CHECKING:
 EXIT_FAILED = 1
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
+EXIT_OUTPUT_CLOSED = 141  # what a shell reports for a process its pipe's reader left (128 + SIGPIPE)
 EXIT_CODES: tuple[tuple[type[KeyloadError], int], ...] = (
     (UsageError, EXIT_USAGE),
     (KeyloadError, EXIT_FAILED),
@@ -140,6 +143,16 @@ class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         self.exit(EXIT_USAGE, f"keyload: {message} (`{self.prog} --help` shows the options)\n")
 
+    def parse_known_args(  # type: ignore[override]  # one signature for argparse's three overloads
+        self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
+    ) -> tuple[argparse.Namespace, list[str]]:
+        """A command's own parser refuses what it does not know, so the error names its `--help`
+        (argparse would pass the strings up, and the top parser name `keyload --help`)."""
+        parsed, extras = super().parse_known_args(args, namespace)
+        if extras and self._subparsers is None:
+            self.error(f"unrecognized arguments: {' '.join(extras)}")
+        return parsed, extras
+
 
 def build_parser(table: commands.Table = commands.TABLE) -> argparse.ArgumentParser:
     """The whole command line; `table`: what the table-derived subcommands are built from."""
@@ -165,7 +178,10 @@ def main(argv: list[str] | None = None, table: commands.Table = commands.TABLE) 
     logs.configure(args.log_level, json=args.log_format == "json")
     try:
         with map_exceptions():
-            code: int = args.func(args)
+            try:
+                code: int = args.func(args)
+            except BrokenPipeError:
+                return _output_closed()
         return code
     except CommandRejected as exc:
         log.error("rejected: %s", exc)
@@ -175,6 +191,14 @@ def main(argv: list[str] | None = None, table: commands.Table = commands.TABLE) 
         return exit_code(exc)
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED
+
+
+def _output_closed() -> int:
+    """The reader of the output left (`keyload ... | head`): nothing more to say, and nobody to say it
+    to; stdout goes to /dev/null so that the interpreter's last flush does not fail again."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    return EXIT_OUTPUT_CLOSED
 
 
 if __name__ == "__main__":
