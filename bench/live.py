@@ -158,7 +158,8 @@ def table(windows: list[Window], command: str, env: dict[str, Any]) -> str:
     verdict = "flat" if grown.ratio <= FLAT_RATIO else "NOT FLAT"
     lines += [
         "",
-        f"(service: every thread of `keyload run`; main: its main thread, which runs the processors; "
+        f"(service: every thread of `keyload run`; main: its service thread, which runs the processors and "
+        f"the HTTP API's event loop; "
         f"wall: per cycle of three requests, one at a time; {WARMUP} untimed cycles first)",
         f"service µs/msg, median window of the first tenth {grown.first_us:,.0f}, of the last tenth "
         f"{grown.last_us:,.0f}: {grown.ratio:.2f} times; flat is ≤ {FLAT_RATIO}: {verdict}",
