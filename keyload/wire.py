@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import re
 from collections.abc import Callable
 from functools import cache
 from typing import Any, TypeVar
@@ -422,6 +423,9 @@ def _base64(datum: bytes) -> str:
     return binascii.b2a_base64(datum, newline=False).decode("ascii")
 
 
+_INTEGER_TEXT = re.compile(r"-?[0-9]{1,20}")  # what a JSON integer of 64 bits is written as
+
+
 def from_text(names_: Names, schema: Schema, text: str, path: str) -> Any:
     """The JSON value of a path segment or query parameter `text` for a field of `schema`: integers
     and booleans are parsed, strings taken as they are, anything else is JSON."""
@@ -433,10 +437,9 @@ def from_text(names_: Names, schema: Schema, text: str, path: str) -> Any:
         if len(branches) == 1:
             return from_text(names_, branches[0], text, path)
     if kind in _INTEGERS:
-        try:
-            return int(text)
-        except ValueError:
-            raise WireError(f"{path} must be an integer") from None
+        if _INTEGER_TEXT.fullmatch(text) is None:  # int() takes other scripts' digits, ' 1', '+1' and '1_0' too
+            raise WireError(f"{path} must be an integer")
+        return int(text)
     if kind == "boolean":
         if text not in ("true", "false"):
             raise WireError(f"{path} must be true or false")

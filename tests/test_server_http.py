@@ -356,6 +356,10 @@ def test_a_principal_is_authorized_by_its_grants(served: tuple[Path, str], api: 
             json.dumps({"message_id": "m", "body": "", "not_before_ms": "soon"}).encode(),
             "not_before_ms must be an integer",
         ),
+        (b"[" * 5000 + b"]" * 5000, "nests JSON too deeply"),  # past the parser's recursion, not a 500
+        (b'{"message_id": "m", "body": "", "headers": {"k": ' + b"[" * 5000 + b"]" * 5000 + b"}}", "too deeply"),
+        (b'{"message_id": "\\ud800", "body": ""}', "message_id is not Unicode text"),  # a lone surrogate
+        (b'{"message_id": "m", "body": "", "headers": {"k": "a\\udfff"}}', "headers.k is not Unicode text"),
     ],
 )
 def test_a_malformed_request_is_400_naming_the_field(
@@ -395,6 +399,30 @@ def test_a_field_given_twice_in_the_path_and_query_is_refused_not_overridden(
     assert (response.status_code, response.json()["error_code"]) == (400, "Validation")
     assert response.json()["detail"] == f"{named} is given twice (path, query or body)"
     assert log_end(root, d) == before
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "body", "named"),
+    [
+        ("GET", "/v1/principals/keyload-admin?partition=0&partition=1", None, "partition is given twice"),
+        ("GET", "/v1/census?partition=0&partition=1", None, "partition is given twice"),
+        ("POST", "/v1/commands", b'{"domain": "\\ud800", "body": {"InspectQueue": {"queue": "q"}}}', "domain is not"),
+        ("GET", "/v1/domains/d/queues/q/dead-letters?limit=%D9%A1", None, "limit must be an integer"),  # not ASCII
+        ("GET", "/v1/domains/d/queues/q/dead-letters?limit=+1", None, "limit must be an integer"),
+        ("POST", "/v1/principals/keyload-admin/credential", b"{not json", "not JSON"),  # nothing rotated
+        ("POST", "/v1/principals/keyload-admin/credential", b'{"grants": []}', "a rotation takes no fields"),
+    ],
+)
+def test_routing_parameters_and_bodies_without_fields_are_checked_as_strictly(
+    served: tuple[Path, str], api: httpx.Client, method: str, path: str, body: bytes | None, named: str
+) -> None:
+    root, _ = served
+    before = log_end(root, "d")
+    response = api.request(method, path, content=body, headers={"content-type": "application/json"})
+    assert (response.status_code, response.json()["error_code"]) == (400, "Validation"), response.text
+    assert named in response.json()["detail"]
+    assert log_end(root, "d") == before
+    assert api.get("/v1/principals/keyload-admin").status_code == 200  # the credential still works
 
 
 def test_raw_bytes_sent_as_a_form_are_told_the_content_type_a_raw_body_needs(

@@ -18,9 +18,10 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import re
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -307,10 +308,9 @@ class CommandRoute:
         given = set(fields)  # each field once, from one place: a repeat is refused, never overridden
         queried = request.query_params.multi_items() if request.scope["query_string"] else ()  # parsed only if given
         for name, text in queried:
-            if name == PARTITION_QUERY and self.everywhere:
-                continue
             _give(given, name)
-            fields[name] = self._text(name, text)
+            if name != PARTITION_QUERY or not self.everywhere:  # there it routes: no field of the command
+                fields[name] = self._text(name, text)
         for name, text in request.path_params.items():
             _give(given, name)
             if name not in ("domain", "partition"):
@@ -422,16 +422,47 @@ def _give(given: set[str], name: str) -> None:
 
 
 def json_object(raw: bytes) -> dict[str, Any]:
-    """A request body that is a JSON object (an empty body is an empty object); WireError otherwise."""
+    """A request body that is a JSON object (an empty body is an empty object) of Unicode text;
+    WireError otherwise."""
     if not raw.strip():
         return {}
     try:
         value = json.loads(raw)
     except (ValueError, UnicodeDecodeError):
         raise WireError("the request body is not JSON") from None
+    except RecursionError:
+        raise WireError("the request body nests JSON too deeply") from None
     if not isinstance(value, dict):
         raise WireError("the request body must be a JSON object")
+    if _SURROGATE_ESCAPE.search(raw):
+        where = next(_not_text(value), None)
+        if where is not None:
+            raise WireError(f"{where} is not Unicode text: it holds a lone surrogate (\\ud800-\\udfff)")
     return value
+
+
+# A JSON escape of a UTF-16 surrogate: a pair makes one character, a lone one no text at all (it
+# cannot be UTF-8, so no name, id or body can hold it).
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
+
+
+def _not_text(value: dict[str, Any]) -> Iterator[str]:
+    """The path of each string (or member name) in `value` that UTF-8 cannot encode."""
+    pending: list[tuple[str, Any]] = [("", value)]
+    while pending:
+        path, item = pending.pop()
+        if isinstance(item, str):
+            if not item.isascii():
+                try:
+                    item.encode("utf-8")
+                except UnicodeEncodeError:
+                    yield path or "a value"
+        elif isinstance(item, dict):
+            for name, member in item.items():
+                pending.append((f"{path}.{name}" if path else name, member))
+                pending.append((path or "a member name", name))
+        elif isinstance(item, list):
+            pending.extend((f"{path}[{index}]", member) for index, member in enumerate(item))
 
 
 MAX_NUMBER_DIGITS = 20  # a u64 has at most 20 decimal digits; longer text is no number a route takes

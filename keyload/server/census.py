@@ -38,7 +38,10 @@ def census_route(engine: Engine, data: DataDir) -> Route:
         refused = inspector_refusal(engine, request, "the census needs inspect on every domain")
         if refused is not None:
             return refused
-        text = request.query_params.get(PARTITION_QUERY)
+        given = request.query_params.getlist(PARTITION_QUERY)
+        if len(given) > 1:
+            return error_response(statuses.BAD_REQUEST, "partition is given twice")
+        text = given[0] if given else None
         if text is not None and not (is_number(text) and int(text) < data.partitions):
             return error_response(statuses.BAD_REQUEST, f"partition must be 0..{data.partitions - 1}")
         try:

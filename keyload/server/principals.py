@@ -62,6 +62,8 @@ class CredentialIssuer:
     async def rotate(self, request: Request) -> Response:
         async def answer(command_id: str) -> Response:
             caller = self._administrator(request)
+            if json_object(await read_capped(request)):  # nothing to say: a body that does is a mistake
+                raise WireError("the request body must be empty or {}: a rotation takes no fields")
             principal = request.path_params["principal"]
             current = load_principal(self.policy, principal)
             if current is None:
