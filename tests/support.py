@@ -9,6 +9,7 @@ import os
 import queue
 import re
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -608,6 +609,14 @@ def wide_command(envelope: dict[str, Any]) -> bytes:
     out.write(_COMMAND_HEADER)
     schemaless_writer(out, _WIDE_COMMAND, envelope)
     return out.getvalue()
+
+
+def free_port() -> int:
+    """A loopback port nothing listens on now: for a service that must come back on the same one."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+        return port
 
 
 def served_url(root: Path, timeout_s: float = SERVICE_START_TIMEOUT_S) -> str:

@@ -50,7 +50,7 @@ from keyload.sdk.results import (
 )
 from keyload.storage.datadir import DataDir, KafkaConfig
 
-from .support import served_url, start_service, stop_service, wait_until
+from .support import free_port, served_url, start_service, stop_service, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -541,6 +541,44 @@ def test_exactly_once_consumer_commits_effects_with_the_ack(served: Served) -> N
     page = client.list_documents("shop", "order/", max_documents=100)
     assert len(page.documents) == 20 and client.get_document("shop", "order/o7").value == b"taken"
     assert {d.revision for d in page.documents} == {1}
+
+
+def test_the_consumer_helper_over_http_rides_out_a_server_killed_and_started_again(tmp_path: Path) -> None:
+    """A server away (kill -9, then `keyload run` again on its port) is an unknown outcome to the
+    helper, as a timeout is: counted and tried again, never raised; every job ends acked."""
+    root = tmp_path / "data"
+    listen = ("--listen", f"127.0.0.1:{free_port()}", "--tick-interval-ms", "50")
+    services = [start_service(root, *listen)]
+    url = served_url(root)
+    client = Client(url, credential=Credential.load(root / "credentials" / "keyload-admin.json"), timeout_s=5)
+    client.create_queue("shop", "jobs", QueuePolicySpec(lease_ms=3_000))
+    for i in range(30):
+        client.enqueue("shop", "jobs", b"job", message_id=f"m{i}")
+    handled: list[str] = []
+
+    def handler(delivery: Delivery) -> None:
+        handled.append(delivery.message_id)
+        if len(handled) == 10 and len(services) == 1:
+            services[0].kill()
+            services[0].wait()
+            time.sleep(1.0)  # the helper meets the server away meanwhile
+            services.append(start_service(root, *listen))
+
+    stop = threading.Event()
+    results: list[ConsumeStats] = []
+    thread = threading.Thread(target=lambda: results.append(client.consume("shop", "jobs", handler, stop=stop)))
+    thread.start()
+    try:
+        wait_until(lambda: len(services) == 2, 60, "the server started again")
+        wait_until(lambda: client.inspect_queue("shop", "jobs").counters.acked_total == 30, 90, "every job acked")
+    finally:
+        stop.set()
+        thread.join(60)
+        client.close()
+        assert stop_service(services[-1]) == 0
+    [stats] = results  # the helper returned: nothing was raised
+    assert stats.unknown_outcomes >= 1
+    assert set(handled) == {f"m{i}" for i in range(30)}
 
 
 def test_the_consumer_helper_rides_out_a_processor_pause_longer_than_its_timeout(served: Served) -> None:

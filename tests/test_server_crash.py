@@ -5,7 +5,6 @@ drill rebuilds the same projection from the log."""
 from __future__ import annotations
 
 import signal
-import socket
 import threading
 import time
 from pathlib import Path
@@ -18,7 +17,15 @@ from keyload.log.base import partition_for
 from keyload.operations.recovery import drill
 from keyload.storage.datadir import DataDir
 
-from .support import assert_each_enqueued_once, enqueue_retrying, served_url, start_service, stop_service, wait_until
+from .support import (
+    assert_each_enqueued_once,
+    enqueue_retrying,
+    free_port,
+    served_url,
+    start_service,
+    stop_service,
+    wait_until,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -26,13 +33,6 @@ DOMAIN = "crash"
 PRODUCERS = 4
 MESSAGES = 150  # per producer
 GIVE_UP_S = 180.0  # a producer that cannot get an answer this long after its first try fails the test
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
 
 
 def test_a_killed_server_loses_and_duplicates_nothing(tmp_path: Path) -> None:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import socket
 import threading
 from pathlib import Path
 
@@ -24,7 +23,15 @@ from keyload.projections.store import Store
 from keyload.service.halts import recorded_halts
 from keyload.storage.datadir import DataDir
 
-from .support import assert_each_enqueued_once, enqueue_retrying, run_keyload, start_service, stop_service, wait_until
+from .support import (
+    assert_each_enqueued_once,
+    enqueue_retrying,
+    free_port,
+    run_keyload,
+    start_service,
+    stop_service,
+    wait_until,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -33,13 +40,6 @@ PARTITIONS = 4  # the default
 PRODUCERS = 2  # per domain
 MESSAGES = 100  # per producer
 GIVE_UP_S = 120.0
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
 
 
 def served_by(worker: int, prefix: str) -> str:

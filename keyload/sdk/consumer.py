@@ -28,7 +28,9 @@ or such a repeat is a Conflict. A completion refused for another reason (a
 document revision conflict, a full queue) is nacked and retried per the policy.
 
 An outcome that does not come in time (the processor or broker is down longer
-than the client's timeout) does not stop the helper: the command is counted in
+than the client's timeout), or a server that cannot take the command now
+(restarting, draining, a halted partition: ServiceUnavailable), does not stop the
+helper: the command is counted in
 `unknown_outcomes` and tried again next round as a new command. A receive's lost
 deliveries come again when their leases run out; a settle that did apply shows
 as a lost lease, or, exactly once, as already processed; a delivery stays
@@ -44,7 +46,14 @@ from dataclasses import dataclass
 from threading import Event
 from typing import TYPE_CHECKING, Generic, Protocol, TypedDict, TypeVar, Unpack
 
-from keyload.errors import CommandRejected, DispatchPausedError, InvalidCommand, KeyloadError, OutcomeTimeout
+from keyload.errors import (
+    CommandRejected,
+    DispatchPausedError,
+    InvalidCommand,
+    KeyloadError,
+    OutcomeTimeout,
+    ServiceUnavailable,
+)
 from keyload.limits import MAX_ACK_BATCH
 from keyload.sdk.results import Delivery, GroupDelivery, Mutation
 
@@ -57,6 +66,9 @@ RENEW_FRACTION = 3  # renew when a third of the lease is left
 DEFAULT_WAIT_MS = 5_000  # long poll while idle: one receive command per wait, not a flood
 SETTLE_POLL_S = 0.05  # how often running handlers are checked for completion and renewal
 LOST_LEASE_CODES = frozenset({"StaleLease", "LeaseExpired", "TokenInvalidated"})
+# No outcome known: none in time, or a server away (restarting, draining, a halted partition's 503).
+UNKNOWN_OUTCOME = (OutcomeTimeout, ServiceUnavailable)
+UNKNOWN_PAUSE_S = 0.1  # after a round that met one: a server that refuses at once is not asked in a loop
 
 
 class Token(Protocol):
@@ -85,7 +97,7 @@ class ConsumeStats:
     nacked: int = 0
     lost_leases: int = 0  # renew/ack/nack found the lease gone: the delivery will come again
     already_processed: int = 0  # exactly-once mode: completions the log had already applied (counted in acked)
-    unknown_outcomes: int = 0  # commands whose outcome did not come in time (OutcomeTimeout): retried
+    unknown_outcomes: int = 0  # commands without a known outcome (OutcomeTimeout, ServiceUnavailable): retried
 
 
 class Source(Protocol[D_co]):
@@ -219,7 +231,7 @@ def work(
         """Run a command; False when its outcome did not come in time (it is tried again later)."""
         try:
             command(*args)
-        except OutcomeTimeout:
+        except UNKNOWN_OUTCOME:
             stats.unknown_outcomes += 1
             return False
         return True
@@ -285,7 +297,7 @@ def work(
             try:
                 source.renew(entry.delivery.token, lease_ms)
                 entry.renew_at = now + renew_every
-            except OutcomeTimeout:
+            except UNKNOWN_OUTCOME:
                 stats.unknown_outcomes += 1  # renewed again next round
             except CommandRejected as refusal:
                 if refusal.code not in LOST_LEASE_CODES:
@@ -294,12 +306,13 @@ def work(
 
     with ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="keyload-consumer") as pool:
         while not stop.is_set() or running:
+            unknown_before = stats.unknown_outcomes
             free = concurrency - len(running)
             if free > 0 and not stop.is_set():
                 # Wait in the log only while nothing runs, so running handlers keep being settled and renewed.
                 try:
                     deliveries = source.receive(free, lease_ms, wait=not running)
-                except OutcomeTimeout:  # what it may have leased comes again when the lease runs out
+                except UNKNOWN_OUTCOME:  # what it may have leased comes again when the lease runs out
                     stats.unknown_outcomes += 1
                     deliveries = []
                 except DispatchPausedError:  # only while handlers run: once they are done it waits
@@ -312,6 +325,8 @@ def work(
                 if done:
                     settle(list(done))
                 renew_due()
+            if stats.unknown_outcomes > unknown_before:
+                time.sleep(UNKNOWN_PAUSE_S)
     return stats
 
 
