@@ -383,14 +383,14 @@ def _segment(root: Path, partition: int) -> Path:
     return segment
 
 
-@pytest.mark.parametrize("workers", [1, 2])
-def test_a_corrupt_partition_halts_alone_and_status_names_it(tmp_path: Path, workers: int) -> None:
-    """With `--workers 2` the damaged partition is the worker process's: its halt reaches the HTTP API,
-    `keyload status` and the service's output all the same."""
-    root = tmp_path / "data"
+def _one_of_two_damaged(root: Path, damaged_partition: int, *args: str) -> tuple[str, str]:
+    """A data directory of two partitions, a queue of five messages in a domain of each (served by
+    `keyload run ARGS`), then one byte flipped in the middle of partition `damaged_partition`'s log
+    segment: (the healthy domain, the damaged one)."""
     DataDir.create(root, 2)
-    healthy, damaged = sorted(spread_domains(2, 2), key=lambda domain: partition_for(domain, 2))
-    service = Service(root, "--workers", str(workers))
+    by_partition = sorted(spread_domains(2, 2), key=lambda domain: partition_for(domain, 2))
+    damaged, healthy = by_partition[damaged_partition], by_partition[1 - damaged_partition]
+    service = Service(root, *args)
     try:
         with Client(root) as client:
             for domain in (damaged, healthy):
@@ -399,11 +399,20 @@ def test_a_corrupt_partition_halts_alone_and_status_names_it(tmp_path: Path, wor
                     client.enqueue(domain, QUEUE, b"body-%d" % n, message_id=f"m{n}")
     finally:
         assert service.stop() == 0
-    partition = partition_for(damaged, 2)
-    segment = _segment(root, partition)
+    segment = _segment(root, damaged_partition)
     raw = bytearray(segment.read_bytes())
-    raw[len(raw) // 2] ^= 0x40  # one flipped byte in the middle of the segment
+    raw[len(raw) // 2] ^= 0x40
     segment.write_bytes(bytes(raw))
+    return healthy, damaged
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_corrupt_partition_halts_alone_and_status_names_it(tmp_path: Path, workers: int) -> None:
+    """With `--workers 2` the damaged partition is the worker process's: its halt reaches the HTTP API,
+    `keyload status` and the service's output all the same."""
+    root = tmp_path / "data"
+    healthy, damaged = _one_of_two_damaged(root, 1, "--workers", str(workers))
+    partition = partition_for(damaged, 2)
     service = Service(root, "--workers", str(workers))
     try:
         with Client(root, timeout_s=30) as client:
@@ -438,21 +447,7 @@ def test_the_gc_passes_a_halted_partition_by_and_collects_the_ones_after_it(tmp_
     """A fault halts at most its own partition's collection: a GC pass logs the recovery floor of
     the partition after a halted one, and `keyload gc status` reports each partition on its own."""
     root = tmp_path / "data"
-    DataDir.create(root, 2)
-    damaged, healthy = sorted(spread_domains(2, 2), key=lambda domain: partition_for(domain, 2))
-    service = Service(root, "--gc-interval-s", "0")
-    try:
-        with Client(root) as client:
-            for domain in (damaged, healthy):
-                client.create_queue(domain, QUEUE)
-                for n in range(5):
-                    client.enqueue(domain, QUEUE, b"body-%d" % n, message_id=f"m{n}")
-    finally:
-        assert service.stop() == 0
-    segment = _segment(root, 0)
-    raw = bytearray(segment.read_bytes())
-    raw[len(raw) // 2] ^= 0x40
-    segment.write_bytes(bytes(raw))
+    _one_of_two_damaged(root, 0, "--gc-interval-s", "0")
     service = Service(root, "--gc-interval-s", "0")
     try:
         wait_until(lambda: 0 in recorded_halts(root), what="the halt to be recorded")
