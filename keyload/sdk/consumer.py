@@ -228,7 +228,7 @@ def work(
     renew_every = lease_ms / 1000 / RENEW_FRACTION
 
     def known(command: Callable[..., object], *args: object) -> bool:
-        """Run a command; False when its outcome did not come in time (it is tried again later)."""
+        """Run a command; False when its outcome is not known (it is tried again later)."""
         try:
             command(*args)
         except UNKNOWN_OUTCOME:

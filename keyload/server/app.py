@@ -421,6 +421,11 @@ def _give(given: set[str], name: str) -> None:
     given.add(name)
 
 
+# A JSON escape of a UTF-16 surrogate: a pair makes one character, a lone one no text at all (it
+# cannot be UTF-8, so no name, id or body can hold it).
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
+
+
 def json_object(raw: bytes) -> dict[str, Any]:
     """A request body that is a JSON object (an empty body is an empty object) of Unicode text;
     WireError otherwise."""
@@ -439,11 +444,6 @@ def json_object(raw: bytes) -> dict[str, Any]:
         if where is not None:
             raise WireError(f"{where} is not Unicode text: it holds a lone surrogate (\\ud800-\\udfff)")
     return value
-
-
-# A JSON escape of a UTF-16 surrogate: a pair makes one character, a lone one no text at all (it
-# cannot be UTF-8, so no name, id or body can hold it).
-_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
 
 
 def _not_text(value: dict[str, Any]) -> Iterator[str]:

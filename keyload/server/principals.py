@@ -38,6 +38,11 @@ ROTATE_PATH = "/v1/principals/{principal}/credential"
 GRANTS = {"type": "array", "items": "keyload.Grant"}
 NO_PRINCIPAL = ("NotFound", 404)
 SERVICE_PRINCIPALS = frozenset(name for name, _ in SYSTEM_PRINCIPALS)  # the administrator and the service's actors
+KAFKA_CREDENTIALS = (
+    "a Kafka processor's server issues no credentials: every processor needs each key, so create the "
+    "principal with `keyload principal create` on one processor's data directory and copy its keyring "
+    "to every other processor before the principal sends"
+)
 
 
 class CredentialIssuer:
@@ -136,10 +141,3 @@ def credentials_refused() -> list[Route]:
         Route(CREATE_PATH, refuse, methods=["POST"], name="create_principal"),
         Route(ROTATE_PATH, refuse, methods=["POST"], name="rotate_credential"),
     ]
-
-
-KAFKA_CREDENTIALS = (
-    "a Kafka processor's server issues no credentials: every processor needs each key, so create the "
-    "principal with `keyload principal create` on one processor's data directory and copy its keyring "
-    "to every other processor before the principal sends"
-)
