@@ -4,7 +4,9 @@ drill rebuilds the same projection from the log."""
 
 from __future__ import annotations
 
+import os
 import signal
+import time
 from pathlib import Path
 
 import pytest
@@ -25,6 +27,7 @@ pytestmark = pytest.mark.slow
 DOMAIN = "spent"
 MESSAGES = 20_000  # 60,000 rows: about 120 reclamation steps of 256 messages
 BATCH = 100
+SLICE_S = 0.005  # the service runs this long between two looks at its projection
 
 
 def left(projection: Path, incarnation: int) -> tuple[int, bool]:
@@ -41,6 +44,21 @@ def left(projection: Path, incarnation: int) -> tuple[int, bool]:
         store.close()
 
 
+def stopped_part_way(pid: int, projection: Path, incarnation: int) -> tuple[int, bool]:
+    """The service stopped (SIGSTOP) once some of the incarnation's rows are reclaimed: it runs in
+    slices of SLICE_S between looks, so a reclamation that takes about a second cannot finish
+    unseen while one look reads the projection. What `left` found then."""
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        os.kill(pid, signal.SIGSTOP)
+        rows, retired = left(projection, incarnation)
+        if rows < 3 * MESSAGES:
+            return rows, retired
+        os.kill(pid, signal.SIGCONT)
+        time.sleep(SLICE_S)
+    raise AssertionError("the reclamation did not begin within 60 s")
+
+
 def test_a_service_killed_while_reclaiming_finishes_after_restart(tmp_path: Path) -> None:
     root = tmp_path / "data"
     service = start_service(root)
@@ -54,10 +72,10 @@ def test_a_service_killed_while_reclaiming_finishes_after_restart(tmp_path: Path
             client.delete_queue(DOMAIN, "jobs", force=True)
         data = DataDir.open(root)
         projection = data.projection(partition_for(DOMAIN, data.partitions))
-        wait_until(lambda: left(projection, incarnation)[0] < 3 * MESSAGES, 60, "the reclamation under way")
+        rows, retired = stopped_part_way(service.pid, projection, incarnation)
         service.send_signal(signal.SIGKILL)
         service.wait()
-        rows, retired = left(projection, incarnation)
+        assert (rows, retired) == left(projection, incarnation)
         assert retired and 0 < rows < 3 * MESSAGES, rows  # killed part-way
         service = start_service(root)
         wait_until(lambda: left(projection, incarnation) == (0, False), 120, "the reclamation done after the restart")
