@@ -678,6 +678,8 @@ def test_the_openapi_document_is_served_and_checked_in(api: httpx.Client) -> Non
         "docs/openapi.json drifted: python -m keyload.server.openapi > docs/openapi.json"
     )
     assert api.get("/v1/openapi.json").json() == json.loads(checked_in)
+    served_outside_commands = ("/healthz", "/readyz", "/metrics", "/v1/openapi.json", "/v1/service", "/v1/census")
+    assert all("get" in openapi.document()["paths"][path] for path in served_outside_commands)
 
 
 def test_the_sdk_speaks_http_with_typed_results_and_errors(served: tuple[Path, str]) -> None:

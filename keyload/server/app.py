@@ -73,6 +73,7 @@ SLASHED_FIELDS = frozenset({"message_id", "key"})  # path fields that may hold '
 RAW_BODY_FIELD = "body"
 RAW_BODY_TYPE = "application/octet-stream"
 METRICS_PATH = "/metrics"
+OPENAPI_PATH = "/v1/openapi.json"  # GET: the OpenAPI document, docs/openapi.json as checked in
 
 
 log = logging.getLogger("keyload.server")
@@ -568,7 +569,7 @@ def application(
     routes = [
         Route("/healthz", healthz, methods=["GET"]),
         Route("/readyz", readyz, methods=["GET"]),
-        Route("/v1/openapi.json", openapi_document, methods=["GET"]),
+        Route(OPENAPI_PATH, openapi_document, methods=["GET"]),
         Route(SERVICE_PATH, service, methods=["GET"]),
         Route(METRICS_PATH, metrics, methods=["GET"]),
         *command_routes(engine),

@@ -13,7 +13,7 @@ from typing import Any
 
 from keyload.commands import COMMANDS, CommandKind
 from keyload.server import statuses
-from keyload.server.app import METRICS_PATH, RAW_BODY_FIELD, RAW_BODY_TYPE
+from keyload.server.app import METRICS_PATH, OPENAPI_PATH, RAW_BODY_FIELD, RAW_BODY_TYPE
 from keyload.server.coalescing import CARRIERS
 from keyload.server.payloads import PREPARE, READ_PATH, UPLOAD_PATH
 from keyload.server.principals import CREATE_PATH, ROTATE_PATH
@@ -340,7 +340,17 @@ def document() -> dict[str, Any]:
     for kind in COMMANDS:
         if kind.route is not None:
             paths.setdefault(kind.route.path, {})[kind.route.method.lower()] = _operation(kind, refs)
-    health = {"200": {"description": "serving"}, "503": {"description": "a partition is halted, or not ready yet"}}
+    readiness = {
+        "200": {
+            "description": '{"status": "ready", "catching_up": {}, "halted": {...}, "stalled": {...}}: every partition '
+            "has applied the backlog it had at start, or is halted or stalled (listed with why: it stops alone, the "
+            "others serve)"
+        },
+        "503": {
+            "description": '{"status": "unavailable", "catching_up": {partition: progress}, ...}: a partition is '
+            "still applying the backlog it had at start"
+        },
+    }
     paths[ENVELOPE_PATH] = {"post": _envelope_operation(refs)}
     paths.update(_credential_operations(refs))
     paths.update(_payload_operations(refs))
@@ -380,7 +390,15 @@ def document() -> dict[str, Any]:
         }
     }
     paths["/healthz"] = {"get": {"operationId": "healthz", "security": [], "responses": {"200": {"description": "up"}}}}
-    paths["/readyz"] = {"get": {"operationId": "readyz", "security": [], "responses": health}}
+    paths["/readyz"] = {"get": {"operationId": "readyz", "security": [], "responses": readiness}}
+    paths[OPENAPI_PATH] = {
+        "get": {
+            "operationId": "openapi",
+            "security": [],
+            "summary": "this document, as checked in at docs/openapi.json",
+            "responses": {"200": {"description": "the OpenAPI document", "content": {"application/json": {}}}},
+        }
+    }
     return {
         "openapi": "3.1.0",
         "info": {
