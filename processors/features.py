@@ -61,6 +61,11 @@ The levels:
     token's ack, what a lone GroupAck answers (the batch's own `checkpoint` stays the one after its
     last token), so the HTTP API can carry concurrent GroupAcks in one GroupAckBatch and answer
     each as alone (keyload/server/coalescing.py). Before it the per-token checkpoint is null.
+11. Principal commands check what they name (processors/principals.py). A PutPrincipal without a
+    key_id naming a principal that does not exist (an enable, disable or grants change) is
+    NotFound, as a grant, revoke or inspect of it is, instead of Validation ("a new principal
+    needs a key_id"); a new principal's name and every grant pattern (of a PutPrincipal,
+    EnableAccessControl, GrantCapability and now RevokeCapability too) hold no control character.
 """
 
 from __future__ import annotations
@@ -83,6 +88,7 @@ CONFIRMED_INDEXED = 7  # the level from which compaction finds confirmed retenti
 LARGE_IDENTITIES_KEPT = 8  # the level from which a compacted large message's identity keeps to the receipt horizon
 CREATES_DECLARE = 9  # the level from which a create of an existing resource, configured the same, returns it
 TOKEN_CHECKPOINTS = 10  # the level from which a GroupAckBatch's result names each acked token's checkpoint
+PRINCIPALS_CHECKED = 11  # the level from which principal commands check the names and patterns they are given
 # The reads level 1 covers, frozen: tests/test_feature_levels.py holds the command table's `reads`
 # rows to it. Making an existing command a read changes how level-1 logs replay: a later level.
 LEVEL_1_READS = frozenset(
@@ -129,4 +135,4 @@ def raise_feature_level(stage: Staged, body: RaiseFeatureLevel, ctx: Context) ->
 
 assert READS_UNSTORED < OUTCOME_HORIZONS < LEASES_KEPT < WORK_COMPACTED < DOMAIN_CAPS < EVENT_IDS_KEPT
 assert EVENT_IDS_KEPT < CONFIRMED_INDEXED < LARGE_IDENTITIES_KEPT < CREATES_DECLARE < TOKEN_CHECKPOINTS
-assert TOKEN_CHECKPOINTS <= limits.FEATURE_LEVEL
+assert TOKEN_CHECKPOINTS < PRINCIPALS_CHECKED <= limits.FEATURE_LEVEL

@@ -21,6 +21,7 @@ from keyload.processors import validation
 from keyload.processors.access import EVERYTHING, allows, load_principal, policy_epoch
 from keyload.processors.context import Context
 from keyload.processors.errors import ErrorCode, Rejected
+from keyload.processors.features import PRINCIPALS_CHECKED, feature_level
 from keyload.processors.key_rotation import JITTER, PROOF, TOKEN, MissingKey, active_key_id
 from keyload.projections import keys
 from keyload.projections.records import Grant, PrincipalRecord, save
@@ -40,20 +41,32 @@ def _check_key_id(key_id: str) -> None:
         raise Rejected(ErrorCode.VALIDATION, f"a key id is 1..{limits.MAX_KEY_ID_CHARS} printable ASCII characters")
 
 
-def _grants(grants: Iterable[Grant]) -> list[Grant]:
+def _check_new_name(stage: Staged, principal: str) -> None:
+    """A principal about to be created: from feature level 11 its name has no control character
+    (it travels in paths, credential files and bearer tokens)."""
+    _check_name(principal)
+    if feature_level(stage) >= PRINCIPALS_CHECKED and not principal.isprintable():
+        raise Rejected(ErrorCode.VALIDATION, "a principal's name has no control characters")
+
+
+def _grants(stage: Staged, grants: Iterable[Grant]) -> list[Grant]:
     """Grants checked and in key order, each once."""
     found = sorted(set(grants))
     if len(found) > limits.MAX_GRANTS:
         raise Rejected(ErrorCode.VALIDATION, f"a principal holds at most {limits.MAX_GRANTS} grants")
     for grant in found:
-        for pattern in (grant.domain, grant.resource):
-            if not 1 <= len(pattern) <= limits.MAX_GRANT_PATTERN_CHARS:
-                raise Rejected(
-                    ErrorCode.VALIDATION, f"a grant pattern is 1..{limits.MAX_GRANT_PATTERN_CHARS} characters"
-                )
-            if EVERYTHING in pattern[:-1]:
-                raise Rejected(ErrorCode.VALIDATION, "a grant pattern has '*' only at its end")
+        _check_grant(stage, grant)
     return found
+
+
+def _check_grant(stage: Staged, grant: Grant) -> None:
+    for pattern in (grant.domain, grant.resource):
+        if not 1 <= len(pattern) <= limits.MAX_GRANT_PATTERN_CHARS:
+            raise Rejected(ErrorCode.VALIDATION, f"a grant pattern is 1..{limits.MAX_GRANT_PATTERN_CHARS} characters")
+        if EVERYTHING in pattern[:-1]:
+            raise Rejected(ErrorCode.VALIDATION, "a grant pattern has '*' only at its end")
+        if feature_level(stage) >= PRINCIPALS_CHECKED and not pattern.isprintable():
+            raise Rejected(ErrorCode.VALIDATION, "a grant pattern has no control characters")
 
 
 def _bump_epoch(stage: Staged) -> None:
@@ -134,14 +147,14 @@ def enable_access_control(stage: Staged, body: EnableAccessControl, ctx: Context
     if len({spec.principal for spec in body.principals}) != len(body.principals):
         raise Rejected(ErrorCode.VALIDATION, "a principal is installed twice")
     for spec in body.principals:
-        _check_name(spec.principal)
+        _check_new_name(stage, spec.principal)
         _check_key_id(spec.key_id)
         record = PrincipalRecord(
             principal=spec.principal,
             key_id=spec.key_id,
             enabled=True,
             revision=FIRST_REVISION,
-            grants=_grants(spec.grants),
+            grants=_grants(stage, spec.grants),
         )
         _install(stage, record, ctx)
     stage.put(keys.POLICY_EPOCH, keys.u64(1))
@@ -153,6 +166,9 @@ def enable_access_control(stage: Staged, body: EnableAccessControl, ctx: Context
 def put_principal(stage: Staged, body: PutPrincipal, ctx: Context) -> Record:
     _check_name(body.principal)
     existing = load_principal(stage, body.principal)
+    if existing is None and body.key_id is None and feature_level(stage) >= PRINCIPALS_CHECKED:
+        # A change (enable, disable, grants) to a principal that is not there, not a failed create.
+        raise Rejected(ErrorCode.NOT_FOUND, "no such principal (creating one takes a key_id)")
     if body.expected_revision is not None:
         validation.check_integer("PutPrincipal.expected_revision", body.expected_revision)
         live = 0 if existing is None else existing.revision
@@ -160,8 +176,9 @@ def put_principal(stage: Staged, body: PutPrincipal, ctx: Context) -> Record:
             raise Rejected(ErrorCode.REVISION_CONFLICT, f"the principal is at revision {live}")
     if body.key_id is not None:
         _check_key_id(body.key_id)
-    grants = None if body.grants is None else _grants(body.grants)
+    grants = None if body.grants is None else _grants(stage, body.grants)
     if existing is None:
+        _check_new_name(stage, body.principal)
         if body.key_id is None:
             raise Rejected(ErrorCode.VALIDATION, "a new principal needs a key_id")
         record = PrincipalRecord(
@@ -186,12 +203,13 @@ def grant_capability(stage: Staged, body: GrantCapability, ctx: Context) -> Reco
     record = _existing(stage, body.principal)
     if body.grant in record.grants:
         return _view(stage, record)
-    grants = _grants([*record.grants, body.grant])
+    grants = _grants(stage, [*record.grants, body.grant])
     return _save(stage, msgspec.structs.replace(record, grants=grants, revision=record.revision + 1), record, ctx)
 
 
 def revoke_capability(stage: Staged, body: RevokeCapability, ctx: Context) -> Record:
     record = _existing(stage, body.principal)
+    _check_grant(stage, body.grant)
     if body.grant not in record.grants:
         return _view(stage, record)
     grants = [grant for grant in record.grants if grant != body.grant]

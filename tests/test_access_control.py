@@ -40,6 +40,7 @@ from keyload.operations.recovery import drill
 from keyload.processors import tokens
 from keyload.processors.access import policy_epoch
 from keyload.processors.errors import ErrorCode, Rejected
+from keyload.processors.features import PRINCIPALS_CHECKED
 from keyload.processors.outcomes import OUTCOME, new_outcome, reject
 from keyload.processors.payloads import proofs
 from keyload.projections import keys
@@ -710,6 +711,44 @@ def test_an_administrator_of_one_domain_cannot_change_principals(secured: Secure
     secured.refused(ops, system, INSPECT_PRINCIPAL, {"principal": ADMIN_PRINCIPAL}, stored=False)
     me = typed(secured.ok(ops, system, INSPECT_PRINCIPAL, {"principal": None}), PrincipalView)
     assert me.principal.grants == [can(Capability.admin)]
+
+
+def test_from_level_11_a_change_to_a_missing_principal_is_not_found_and_patterns_hold_no_control_character(
+    secured: Secured,
+) -> None:
+    """`keyload principal disable ghost` was a Validation ("a new principal needs a key_id") while a
+    grant to ghost was NotFound; a pattern with a NUL was taken, and a revoke of a pattern no grant
+    can hold passed quietly. Level 11 (processors/features.py) makes them NotFound and Validation;
+    below it a log replays as it was written."""
+    system = secured.system_domain(0)
+    disable = {"principal": "ghost", "key_id": None, "enabled": False, "grants": None, "expected_revision": None}
+    nul_grant = {"capability": "consume", "domain": "a\x00", "resource": "*"}
+    alice = secured.principal("alice")
+    odd_grant = {"principal": "alice", "grant": nul_grant}
+    before = secured.refused(secured.admin, system, PUT_PRINCIPAL, disable, "Validation")
+    assert before.detail == "a new principal needs a key_id"
+    secured.ok(secured.admin, system, GRANT_CAPABILITY, odd_grant)  # level 0: taken as given
+
+    secured.everywhere("RaiseFeatureLevel", {"level": PRINCIPALS_CHECKED})
+
+    def epochs() -> list[int | None]:
+        return [policy_epoch(secured.embedded.store(secured.system_domain(p))) for p in range(PARTITIONS)]
+
+    policy = epochs()
+
+    def refused(kind: str, body: dict[str, Any], code: str) -> str:
+        outcome, _ = secured.submit_as(secured.admin, system, kind, body)
+        assert (outcome.status, outcome.error_code) == ("rejected", code), outcome
+        return outcome.detail or ""
+
+    assert refused(PUT_PRINCIPAL, disable, "NotFound") == "no such principal (creating one takes a key_id)"
+    odd_grant["grant"] = nul_grant | {"domain": "b\x01"}
+    assert refused(GRANT_CAPABILITY, odd_grant, "Validation") == "a grant pattern has no control characters"
+    starred = {"principal": "alice", "grant": {"capability": "consume", "domain": "*a*", "resource": "*"}}
+    assert refused(REVOKE_CAPABILITY, starred, "Validation") == "a grant pattern has '*' only at its end"
+    ghost = {"principal": "gh\tost", "key_id": alice.key_id, "enabled": None, "grants": [], "expected_revision": 0}
+    assert refused(PUT_PRINCIPAL, ghost, "Validation") == "a principal's name has no control characters"
+    assert epochs() == policy  # nothing refused changed the policy
 
 
 def test_the_last_administrator_cannot_be_disabled_or_lose_admin(secured: Secured) -> None:
