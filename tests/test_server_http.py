@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import hashlib
+import inspect
 import json
 import threading
 import time
@@ -1012,6 +1013,31 @@ def test_the_asyncio_client_runs_calls_concurrently(served: tuple[Path, str]) ->
     asyncio.run(scenario())
     with pytest.raises(InvalidCommand):
         AsyncClient(str(root), credential=credential)
+
+
+def test_the_asyncio_client_has_every_call_of_the_client_and_refuses_calls_once_closed(
+    served: tuple[Path, str],
+) -> None:
+    """§10a: every method of Client, awaited, but what only a local client has (a data directory's
+    files) and what is no call (the class's tables; `partitions`, a property that may block); a call
+    after close is InvalidCommand, as on a closed Client, not the thread pool's RuntimeError."""
+    root, url = served
+    local_only = {"data", "payloads", "poison_entries", "reply_partition"}
+    not_calls = {"commands", "result_types", "partitions"}
+    public = {name for name in vars(Client) if not name.startswith("_")}
+    awaited = {name for name, value in vars(AsyncClient).items() if inspect.iscoroutinefunction(value)}
+    assert public - local_only - not_calls == {name for name in awaited if not name.startswith("__")}
+    credential = Credential.load(root / "credentials" / "keyload-admin.json")
+
+    async def scenario() -> None:
+        client = AsyncClient(url, credential=credential)
+        assert await client.partition_domain(0) == Client(url, credential=credential).partition_domain(0)
+        await client.close()
+        await client.close()
+        with pytest.raises(InvalidCommand, match="closed"):
+            await client.inspect_queue(domain(), "jobs")
+
+    asyncio.run(scenario())
 
 
 def test_two_principals_with_one_command_id_are_each_answered_their_own_outcome(

@@ -34,6 +34,8 @@ def _on_thread(method: Callable[Concatenate[Client, P], T]) -> Callable[Concaten
     """`Client.method`, awaited on the async client's pool."""
 
     async def run(self: AsyncClient, /, *args: P.args, **kwargs: P.kwargs) -> T:
+        if self._closed:
+            raise InvalidCommand("the client is closed; nothing was sent")  # as a closed Client says
         call = functools.partial(method, self.client, *args, **kwargs)
         return await asyncio.get_running_loop().run_in_executor(self._pool, call)
 
@@ -55,8 +57,13 @@ class AsyncClient:
             raise InvalidCommand("AsyncClient speaks to a keyload server: give its http:// or https:// URL")
         self.client = Client(url, credential=credential, timeout_s=timeout_s, verify=verify)
         self._pool = ThreadPoolExecutor(max_workers=max_concurrency, thread_name_prefix="keyload-async")
+        self._closed = False
 
     async def close(self) -> None:
+        """Close the connections and the pool; a later call is InvalidCommand. Closing twice is harmless."""
+        if self._closed:
+            return
+        self._closed = True
         await asyncio.get_running_loop().run_in_executor(self._pool, self.client.close)
         self._pool.shutdown(wait=False)
 
@@ -148,3 +155,4 @@ class AsyncClient:
     delete_confirmed = _on_thread(Client.delete_confirmed)
     request_checkpoint = _on_thread(Client.request_checkpoint)
     census = _on_thread(Client.census)  # the server's, over HTTP (`GET /v1/census`)
+    partition_domain = _on_thread(Client.partition_domain)  # asks the server's partition count once
