@@ -25,10 +25,12 @@ free of SDK imports):
     │   └── UnknownSchema                 an unknown writer schema fingerprint
     ├── StoreError                        keyload.projections.store: a projection cannot be opened or written
     ├── CheckpointError                   keyload.operations.checkpoints: a checkpoint cannot be fetched or published
+    │   └── CheckpointDamaged             its stored bytes are not the published ones: no restore can use it
     ├── CatalogError                      keyload.operations.catalog: the checkpoint catalog cannot be read or written
     │   └── NotPublished                  a pin names an offset that is not a published checkpoint
     ├── RecoveryError                     keyload.operations.recovery: a replay or drill cannot run as asked
-    │   └── ReplayDiverged                the log does not hold the record the start state applied last
+    │   ├── ReplayDiverged                the log does not hold the record the start state applied last
+    │   └── CheckpointUnusable            the checkpoint a replay starts from cannot be fetched or verified
     ├── ObjectStoreError                  keyload.storage.object_store: the object store cannot serve the request
     │   └── ObjectConflict, ObjectCorrupt
     ├── PayloadError                      keyload.sdk.payloads: a large payload cannot be uploaded or read

@@ -85,6 +85,10 @@ def test_errors_without_a_service_are_one_line(tmp_path: Path) -> None:
     assert_one_clear_line(result, 1, "command id must be 1..128 printable ASCII characters")
     result = run_keyload("drill", "--data", data, "--partition", "0", "--from-checkpoint", "abc")
     assert_one_clear_line(result, 2, "--from-checkpoint must be 'latest' or a checkpoint offset")
+    result = run_keyload("drill", "--data", data, "--partition", "0", "--from-checkpoint", "latest")
+    assert_one_clear_line(result, 1, "partition 0 has no checkpoint; take one with `keyload checkpoint`")
+    result = run_keyload("gc", "status", "--data", data)  # at once, not a timeout per partition
+    assert_one_clear_line(result, 1, f"gc status asks the running service: start `keyload run --data {data}` first")
     for broken in ("[]", '{"format": 1}', '{"format": 1, "partitions": 0, "outcome_partitions": 8}'):
         (tmp_path / "data" / "keyload.json").write_text(broken)
         assert_one_clear_line(run_keyload("status", "--data", data), 1, "keyload.json")

@@ -132,7 +132,9 @@ def test_help_imports_no_engine(argv: list[str]) -> None:
 def test_bad_input_is_one_line_and_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     data = str(tmp_path / "nothing")
     assert main(["queue", "enqueue", "--data", data, "--domain", "d", "--queue", "q"]) == 2
-    assert capsys.readouterr().err == "keyload: give exactly one of --body or --body-file\n"
+    assert capsys.readouterr().err == (
+        "keyload: give exactly one of --body or --body-file (`keyload queue enqueue --help` shows the options)\n"
+    )
     code = main(["topic", "publish", "--data", data, "--domain", "d", "--topic", "t", "--body", "x"])
     assert code == 2 and "give --type" in capsys.readouterr().err
     assert main(["queue", "inspect", "--data", data, "--domain", "d", "--queue", "q", "--log-format", "json"]) == 1
@@ -141,9 +143,13 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path: Path, capsys: pytest.Capture
     assert record["level"] == "error" and "keyload data directory" in record["message"]
     # A queue or topic is given once, as the row's positional or as its option.
     assert main(["queue", "pause", "--data", data, "--domain", "d"]) == 2
-    assert capsys.readouterr().err == "keyload: the queue is required: QUEUE or --queue\n"
+    assert capsys.readouterr().err == (
+        "keyload: the queue is required: QUEUE or --queue (`keyload queue pause --help` shows the options)\n"
+    )
     assert main(["topic", "read", "--data", data, "--domain", "d", "--topic", "t", "t"]) == 2
-    assert capsys.readouterr().err == "keyload: give the topic once: TOPIC or --topic\n"
+    assert capsys.readouterr().err == (
+        "keyload: give the topic once: TOPIC or --topic (`keyload topic read --help` shows the options)\n"
+    )
 
 
 def cli_json(*args: str) -> Any:

@@ -21,6 +21,7 @@ from keyload.errors import KeyloadError
 from keyload.log.base import MAX_LOG_TIME_MS, LogError, LogRecord, partition_for, record_identity
 from keyload.log.codec import REGISTRY
 from keyload.log.file_log import FileLog, FileLogConfig, FsyncPolicy
+from keyload.operations.catalog import CatalogEntry
 from keyload.operations.recovery import drill, restore
 from keyload.projections import keys
 from keyload.projections.store import Store
@@ -226,6 +227,51 @@ def test_a_lost_tail_then_new_appends_halts_instead_of_skipping(tmp_path: Path) 
         assert node.processor.halt is None
         assert stored_message_ids(node.store) == {"m1", "m4", "m5", "m6"}
     assert_drills_pass(data, tmp_path)
+
+
+def test_a_restore_passes_over_checkpoints_it_cannot_use_and_retires_the_damaged_ones(tmp_path: Path) -> None:
+    """The way out of RecoveryRequired must not end at a bad checkpoint: the newest one's bytes are
+    damaged (retired: no restore can use it), the next one's object is missing (passed over and
+    kept: an object store that cannot serve it now may later), and the restore starts from the
+    oldest, saying why it passed the others over."""
+    root = tmp_path / "data"
+    with single(root, FileLogConfig(fsync=FsyncPolicy.NONE)) as node:
+        node.append(create(), enqueue("m1"))
+        node.run()
+        taken = []
+        for message_id in ("m2", "m3", "m4"):
+            node.append(enqueue(message_id))
+            node.run()
+            entry = node.processor.take_checkpoint()
+            assert entry is not None
+            taken.append(entry)
+        node.append(enqueue("m5"))
+        node.run()
+        node.store.close()
+        node.log.close()
+    oldest, missing, damaged = taken
+    objects = root / "objects"
+
+    def a_file_of(entry: CatalogEntry) -> Path:
+        return next(path for path in (objects / entry.object_prefix).rglob("*") if path.is_file())
+
+    a_file_of(damaged).write_bytes(b"garbage\n")
+    shutil.rmtree(a_file_of(missing).parent)
+    _cut_after(root / "log" / "commands", damaged.offset + 1)  # m5, applied, is lost: RecoveryRequired
+
+    data = DataDir.open(root)
+    restored = restore(data, 0, tmp_path / "restore", progress=False)
+    assert restored.start == f"checkpoint at offset {oldest.offset}"
+    assert restored.retired == (damaged.offset,)
+    assert [reason.split(" cannot be restored")[0] for reason in restored.passed_over] == [
+        f"checkpoint {damaged.key}",
+        f"checkpoint {missing.key}",
+    ]
+    with data.checkpoints() as checkpoints:
+        assert [entry.offset for entry in checkpoints.entries(0)] == [oldest.offset, missing.offset]
+    with single(root, FileLogConfig(fsync=FsyncPolicy.NONE)) as node:
+        assert node.processor.halt is None
+        assert stored_message_ids(node.store) == {"m1", "m2", "m3", "m4"}  # the log replayed to its end
 
 
 def _assert_a_new_tail_halts(node: Single, root: Path) -> None:

@@ -155,12 +155,18 @@ def test_status_names_an_empty_a_halted_and_a_corrupt_partition(
     with pytest.raises(LogCorruption) as corruption:
         log.end_offset(2)
     log.close()
+    # Partition 0's catalog holds an entry cut short (a disk that lost the end of a file).
+    entry = data / "catalog" / "p-0000" / f"{1:020d}.json"
+    entry.parent.mkdir(parents=True)
+    entry.write_text('{"broken\n')
 
     code, out, err = keyload_main(capsys, "status", "--data", str(data))
     assert (code, err) == (0, "")
     assert out.splitlines() == [
         f"{data}: embedded file log, 3 partitions, 8 outcome partitions",
-        "  p0: log 0..1, applied through 1, lag 0, no checkpoints, recovery floor none, poison 0",
+        "  p0: log 0..1, applied through 1, lag 0, checkpoints unknown, recovery floor unknown, poison 0, "
+        f"CATALOG UNREADABLE: catalog file {entry} cannot be read: "
+        "Invalid control character at: line 1 column 9 (char 8)",
         "  p1: log 0..2, applied through 2, lag 0, no checkpoints, recovery floor none, poison 1, "
         "HALTED at offset 3: Corruption: queue 7 counter ready would go negative",
         "  p2: log unreadable, applied through 3, lag unknown, no checkpoints, recovery floor none, poison 2, "
@@ -168,6 +174,25 @@ def test_status_names_an_empty_a_halted_and_a_corrupt_partition(
     ]
     partitions = "\n".join(out.splitlines()[1:])
     assert "None" not in partitions and "-1" not in partitions
+
+
+def test_a_local_command_nobody_answers_says_why_the_machine_knows(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A local client's timeout says no `keyload run` serves the directory, or that the domain's
+    partition is halted (as `keyload run` recorded it), rather than only asking whether one runs."""
+    data = tmp_path / "data"
+    run_until_idle(data, "--partitions", "1")
+    enqueue = ("queue", "enqueue", "--data", str(data), "--domain", "d", "--queue", "q", "--body", "x")
+    code, _, err = keyload_main(capsys, *enqueue, "--timeout", "0.2")
+    assert code == 1
+    assert err.strip().endswith(f"no `keyload run` serves {data}: the command waits in the log until one does")
+    record_halt(data, Halt(0, 3, "RecoveryRequired: the log lost offset 3"))
+    code, _, err = keyload_main(capsys, *enqueue, "--timeout", "0.2")
+    assert code == 1
+    assert err.strip().endswith(
+        "partition 0 is halted at offset 3: RecoveryRequired: the log lost offset 3 (see `keyload status`)"
+    )
 
 
 def test_status_before_any_run_reads_as_nothing_yet(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

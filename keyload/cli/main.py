@@ -39,7 +39,7 @@ import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from keyload.cli import commands, operations, principals
 from keyload.cli.output import UsageError
@@ -140,6 +140,12 @@ class _Parser(argparse.ArgumentParser):
     where the options are shown instead of the whole usage; its subcommands' parsers are of this
     class too (argparse makes them of their parent's)."""
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # Whose options a usage error found after parsing (a range, a pair of options) points at:
+        # the deepest command's, as a subcommand's defaults override its parent's.
+        self.set_defaults(options_of=self.prog)
+
     def error(self, message: str) -> NoReturn:
         self.exit(EXIT_USAGE, f"keyload: {message} (`{self.prog} --help` shows the options)\n")
 
@@ -185,6 +191,9 @@ def main(argv: list[str] | None = None, table: commands.Table = commands.TABLE) 
         return code
     except CommandRejected as exc:
         log.error("rejected: %s", exc)
+        return exit_code(exc)
+    except UsageError as exc:
+        log.error("%s (`%s --help` shows the options)", exc, args.options_of)
         return exit_code(exc)
     except KeyloadError as exc:
         log.error("%s", exc)

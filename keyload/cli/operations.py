@@ -247,10 +247,12 @@ def _checkpoint_offset(choice: str | None, data: DataDir, partition: int) -> int
     if choice is None:
         return None
     if choice == "latest":
+        from keyload.operations.recovery import RecoveryError
+
         with data.checkpoints() as checkpoints:
             latest = checkpoints.latest(partition)
-        if latest is None:
-            raise UsageError(f"partition {partition} has no checkpoint; take one with `keyload checkpoint`")
+        if latest is None:  # the directory's state, not the command line: exit 1, as a missing offset is
+            raise RecoveryError(f"partition {partition} has no checkpoint; take one with `keyload checkpoint`")
         return latest.offset
     if not choice.isdigit():
         raise UsageError("--from-checkpoint must be 'latest' or a checkpoint offset")
@@ -289,8 +291,10 @@ def restore(args: argparse.Namespace) -> int:
         f"restored partition {restored.partition} from {restored.start}: applied through {restored.applied_offset}",
         f"  digest {restored.digest}",
     ]
+    lines += [f"  passed over {reason}" for reason in restored.passed_over]
     if restored.retired:
-        lines.append(f"  retired checkpoints the log cannot reproduce: {', '.join(map(str, restored.retired))}")
+        retired = ", ".join(map(str, restored.retired))
+        lines.append(f"  retired checkpoints the log cannot reproduce or that are damaged: {retired}")
     if restored.kept_aside is not None:
         lines.append(f"  the replaced projection is kept at {restored.kept_aside}")
     _report(args, jsonable(restored), lines)
@@ -543,7 +547,11 @@ def gc_status(args: argparse.Namespace) -> int:
     partition that cannot be read (a halted one's log) is reported as such, the others follow, and
     the exit status is then 1."""
     from keyload.cli.main import client_of
+    from keyload.service.embedded import is_served
 
+    data = _data(args)
+    if data.kafka is None and not is_served(data.root):  # the retention tasks are read by the service
+        raise KeyloadError(f"gc status asks the running service: start `keyload run --data {data.root}` first")
     with client_of(args) as client, client.data.checkpoints() as checkpoints:
         partitions = range(client.data.partitions) if args.partition is None else [args.partition]
         report = []

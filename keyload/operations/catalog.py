@@ -18,10 +18,10 @@ import hashlib
 import json
 import os
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Producer, TopicPartition
 
@@ -32,6 +32,7 @@ from keyload.log.kafka_log import KafkaLog, KafkaSettings, producer_config, read
 from keyload.projections.store import Manifest
 
 CATALOG_READ_TIMEOUT_S = 30.0
+T = TypeVar("T")
 PIN_KEY_PREFIX = "pin/"  # Kafka catalog: pin keys, never taken for entry keys (those start with "p-")
 
 
@@ -174,6 +175,16 @@ def _remove_durably(path: Path) -> None:
         fsync_directory(str(path.parent))
 
 
+def _read(path: Path, parse: Callable[[str], T]) -> T:
+    """A catalog file, parsed; CatalogError naming the file when it cannot be (a damaged entry is
+    not skipped: the recovery floor it may hold decides what the log may lose)."""
+    try:
+        return parse(path.read_text("utf-8"))
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise CatalogError(f"catalog file {path} cannot be read: {reason}") from exc
+
+
 class FileCatalog:
     """The embedded catalog: one JSON file per published checkpoint, written by atomic rename.
 
@@ -197,7 +208,7 @@ class FileCatalog:
 
     def entries(self, partition: int) -> list[CatalogEntry]:
         folder = self.root / f"p-{partition:04d}"
-        return [CatalogEntry.from_json(path.read_text("utf-8")) for path in sorted(folder.glob("*.json"))]
+        return [_read(path, CatalogEntry.from_json) for path in sorted(folder.glob("*.json"))]
 
     def pin(self, pin: RecoveryPin) -> None:
         try:
@@ -212,7 +223,7 @@ class FileCatalog:
     def pins(self, partition: int) -> list[RecoveryPin]:
         folder = self.root / "pins" / f"p-{partition:04d}"
         paths = sorted(path for path in folder.glob("*/*") if not path.name.startswith("."))
-        return [RecoveryPin.from_json(path.read_text("utf-8")) for path in paths]
+        return [_read(path, RecoveryPin.from_json) for path in paths]
 
     def close(self) -> None:
         pass

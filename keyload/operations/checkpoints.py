@@ -35,7 +35,7 @@ from keyload.log.base import CommandLog
 from keyload.operations.catalog import CatalogEntry, CheckpointCatalog, RecoveryPin, recovery_floor
 from keyload.projections.store import CHECKPOINT_DB, MANIFEST, Manifest, Store, StoreError, verify_checkpoint
 from keyload.service.system_commands import system_command
-from keyload.storage.object_store import ObjectStore, ObjectStoreError, ObjectVersion
+from keyload.storage.object_store import ObjectCorrupt, ObjectStore, ObjectStoreError, ObjectVersion
 from keyload.version import __version__
 
 PROCESSOR_VERSION = __version__
@@ -46,6 +46,11 @@ DEFAULT_CHECKPOINT_INTERVAL_S = 600.0  # ... or this long after the last one, wh
 
 class CheckpointError(KeyloadError):
     """A checkpoint cannot be found, fetched, verified or (below the recovery floor) published."""
+
+
+class CheckpointDamaged(CheckpointError):
+    """A published checkpoint's stored bytes are not the ones it was published with: no restore can
+    use it (unlike an object store that cannot be reached, which may serve it later)."""
 
 
 def recovery_session(purpose: str, partition: int) -> str:
@@ -236,11 +241,13 @@ class Checkpoints:
                 key = f"{entry.object_prefix}{CHECKPOINT_DB}/{file.name}"
                 self.objects.get(key, local / CHECKPOINT_DB / file.name)
             manifest = verify_checkpoint(local)
-        except (ObjectStoreError, StoreError) as exc:
+        except (ObjectCorrupt, StoreError) as exc:
+            raise CheckpointDamaged(f"checkpoint {entry.key} cannot be restored: {exc}") from exc
+        except ObjectStoreError as exc:
             raise CheckpointError(f"checkpoint {entry.key} cannot be restored: {exc}") from exc
         try:
             if manifest != entry.manifest:
-                raise CheckpointError(f"checkpoint {entry.key}: stored manifest differs from the catalog's")
+                raise CheckpointDamaged(f"checkpoint {entry.key}: stored manifest differs from the catalog's")
             into.parent.mkdir(parents=True, exist_ok=True)
             shutil.copytree(local / CHECKPOINT_DB, into, dirs_exist_ok=True)
             return manifest

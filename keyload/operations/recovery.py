@@ -11,7 +11,7 @@ from tqdm import tqdm
 
 from keyload.errors import KeyloadError
 from keyload.operations.catalog import NotPublished
-from keyload.operations.checkpoints import CheckpointError, recovery_session
+from keyload.operations.checkpoints import CheckpointDamaged, CheckpointError, recovery_session
 from keyload.projections.store import Store, StoreError
 from keyload.service.embedded import serving
 from keyload.service.halts import clear_halt
@@ -26,6 +26,16 @@ class RecoveryError(KeyloadError):
 class ReplayDiverged(RecoveryError):
     """The log does not hold the record the replay's start state applied last: no replay from there
     can reproduce what the log now says."""
+
+
+class CheckpointUnusable(RecoveryError):
+    """The checkpoint a replay starts from cannot be fetched or verified; `damaged`: its stored bytes
+    are not the published ones, so it never will be."""
+
+    def __init__(self, reason: str, hint: str, damaged: bool) -> None:
+        super().__init__(f"{reason}; {hint}")
+        self.reason = reason
+        self.damaged = damaged
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,7 +129,8 @@ def _restored(data: DataDir, partition: int, offset: int, into: Path) -> Store:
                 return Store(into)
         except (CheckpointError, NotPublished) as exc:
             have = ", ".join(str(e.offset + 1) for e in checkpoints.entries(partition)) or "none"
-            raise RecoveryError(f"{exc}; replay can start at 0 or one past a checkpoint ({have})") from None
+            hint = f"replay can start at 0 or one past a checkpoint ({have})"
+            raise CheckpointUnusable(str(exc), hint, isinstance(exc, CheckpointDamaged)) from None
 
 
 def drill(
@@ -159,8 +170,9 @@ class Restored:
     start: str  # "offset 0" or "checkpoint at offset N"
     applied_offset: int
     digest: str
-    retired: tuple[int, ...]  # offsets of checkpoints the log can no longer reproduce, now retired
+    retired: tuple[int, ...]  # offsets of checkpoints the log can no longer reproduce, or damaged: now retired
     kept_aside: Path | None  # where the replaced projection was moved
+    passed_over: tuple[str, ...] = ()  # why each newer checkpoint could not be used (retired or not)
 
 
 def restore(data: DataDir, partition: int, scratch: Path, progress: bool = True) -> Restored:
@@ -169,10 +181,12 @@ def restore(data: DataDir, partition: int, scratch: Path, progress: bool = True)
     The way out of `RecoveryRequired` after the log lost records the projection
     had applied (a truncated tail, a broker that lost acknowledged records): the
     newest published checkpoint at or below the log's end whose last applied
-    record the log still holds is restored and the log replayed on it to its end
-    (from offset 0 when none qualifies). Checkpoints past the log's end or
-    disagreeing with it are retired: no replay can reproduce them. The old
-    projection is moved aside, not deleted. Run it while `keyload run` is stopped.
+    record the log still holds, and whose stored bytes can be fetched and
+    verified, is restored and the log replayed on it to its end (from offset 0
+    when none qualifies). Checkpoints past the log's end, disagreeing with it or
+    damaged (bytes that are not the published ones) are retired: no replay can
+    use them; one the object store cannot serve now is passed over and kept. The
+    old projection is moved aside, not deleted. Run it while `keyload run` is stopped.
     """
     data.check_partition(partition)
     with serving(data.root):  # refused while `keyload run` serves the directory
@@ -190,6 +204,7 @@ def _restore(data: DataDir, partition: int, scratch: Path, progress: bool) -> Re
     with data.checkpoints() as checkpoints:
         candidates = sorted(checkpoints.entries(partition), key=lambda entry: entry.offset, reverse=True)
     retired: list[int] = [entry.offset for entry in candidates if entry.offset >= end]
+    passed_over: list[str] = []
     rebuilt: Replayed | None = None
     start = "offset 0"
     for entry in (entry for entry in candidates if entry.offset < end):
@@ -199,11 +214,21 @@ def _restore(data: DataDir, partition: int, scratch: Path, progress: bool) -> Re
         except ReplayDiverged:
             retired.append(entry.offset)  # its applied record is not the log's: the log diverged before it
             continue
+        except CheckpointUnusable as exc:
+            passed_over.append(exc.reason)
+            if exc.damaged:
+                retired.append(entry.offset)
+            continue
         scratch, start = attempt, f"checkpoint at offset {entry.offset}"
         break
     else:
         scratch = scratch / "from-0"
-        rebuilt = replay(data, partition, scratch, 0, progress=progress)
+        try:
+            rebuilt = replay(data, partition, scratch, 0, progress=progress)
+        except RecoveryError as exc:
+            if not passed_over:
+                raise
+            raise RecoveryError(f"{exc} (checkpoints passed over: {'; '.join(passed_over)})") from None
     with data.checkpoints() as checkpoints:
         for offset in retired:
             checkpoints.catalog.retire(partition, offset)
@@ -214,4 +239,6 @@ def _restore(data: DataDir, partition: int, scratch: Path, progress: bool) -> Re
         live.rename(aside)
     scratch.rename(live)
     clear_halt(data.root, partition)
-    return Restored(partition, start, rebuilt.applied_offset, rebuilt.digest, tuple(sorted(retired)), aside)
+    return Restored(
+        partition, start, rebuilt.applied_offset, rebuilt.digest, tuple(sorted(retired)), aside, tuple(passed_over)
+    )

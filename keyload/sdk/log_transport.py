@@ -127,9 +127,24 @@ class LogTransport:
             if records:
                 continue
             if expired:
-                raise OutcomeTimeout(command_id, timeout_s, unsealed_note(unsealed))
+                raise OutcomeTimeout(command_id, timeout_s, unsealed_note(unsealed) + self._service_note(domain))
             time.sleep(pause)
             pause = min(pause * 2, OUTCOME_POLL_MAX_S)
+
+    def _service_note(self, domain: str) -> str:
+        """What this machine knows of why nothing answered: no `keyload run` serves the embedded
+        directory, or the domain's partition is halted (the halt `keyload run` recorded). The
+        command stays in the log either way, and applies once the partition is served again."""
+        from keyload.service.embedded import is_served  # lazily: the service's modules, on a timeout only
+        from keyload.service.halts import recorded_halts
+
+        partition = partition_for(domain, self.data.partitions)
+        halt = recorded_halts(self.data.root).get(partition)
+        if halt is not None:
+            return f"; partition {partition} is halted {halt.where} (see `keyload status`)"
+        if self.data.kafka is None and not is_served(self.data.root):
+            return f"; no `keyload run` serves {self.data.root}: the command waits in the log until one does"
+        return ""
 
     def _matching(self, value: bytes, command_id: str, domain: str) -> tuple[Outcome, bool] | None:
         """(the outcome `value` holds, whether it is sealed with this client's key) when it is one

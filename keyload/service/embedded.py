@@ -159,6 +159,21 @@ def _on_service_thread(run: Callable[[], list[Halt]], stop: Event) -> list[Halt]
     return outcome
 
 
+def is_served(root: Path) -> bool:
+    """Whether a process holds the directory's run lock now (a probe: it takes nothing for long)."""
+    try:
+        fd = os.open(root / RUN_LOCK, os.O_RDONLY)
+    except FileNotFoundError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)  # closing releases a lock the probe took
+    return False
+
+
 @contextmanager
 def serving(root: Path) -> Iterator[None]:
     """Hold the directory's run lock while serving it: one service per data directory."""
