@@ -25,9 +25,18 @@ import pytest
 
 from keyload import limits
 from keyload.commands import BY_NAME, Capability
-from keyload.credentials import ADMIN_PRINCIPAL, SIGNED, Credential, contents, credential_path, unwrap
+from keyload.credentials import (
+    ADMIN_PRINCIPAL,
+    SIGNED,
+    Credential,
+    CredentialError,
+    contents,
+    credential_path,
+    unwrap,
+)
 from keyload.errors import (
     CommandRejected,
+    InvalidCommand,
     NotFoundError,
     OutcomeTimeout,
     PermissionDeniedError,
@@ -109,6 +118,7 @@ from .support import (
     put_document_body,
     read_body,
     receive_body,
+    served_url,
     start_service,
     stop_service,
     wide_command,
@@ -1446,6 +1456,32 @@ def test_creating_an_existing_principal_keeps_its_credential_file(served: Path) 
         assert (view.key_id, view.revision, view.grants) == (first.key_id, 1, [can(Capability.inspect, "shop")])
     with Client(served, principal="twice") as twice:
         assert twice.whoami().principal.key_id == first.key_id
+
+
+def test_a_principal_can_sign_with_a_keyring_key_added_beforehand(served: Path) -> None:
+    """Kafka's way (section 5a): the key is added (`keyload keys add`) and copied to every processor
+    before any command names it, so no processor halts for lack of it; create and rotate then take
+    it by id, and the credential file holds that key. A key the keyring lacks is refused before
+    anything is appended; a server makes its keys itself."""
+    keyring.add(served, "p-carol-1")
+    keyring.add(served, "p-carol-2")
+    with Client(served) as admin:
+        carol = admin.create_principal("carol", [can(Capability.inspect, "shop")], key_id="p-carol-1")
+        assert (carol.key_id, carol.secret) == ("p-carol-1", keyring.load(served)["p-carol-1"])
+        assert Credential.load(credential_path(served, "carol")) == carol
+        assert admin.rotate_credential("carol", key_id="p-carol-2").key_id == "p-carol-2"
+        with pytest.raises(CredentialError, match="keyload keys add p-nowhere"):
+            admin.create_principal("dave", key_id="p-nowhere")
+        with pytest.raises(NotFoundError):
+            admin.inspect_principal("dave")
+    with Client(served, principal="carol") as client:
+        assert client.whoami().principal.key_id == "p-carol-2"
+    admin_credential = system_credential(served, ADMIN_PRINCIPAL)
+    with (
+        Client(served_url(served), credential=admin_credential) as remote,
+        pytest.raises(InvalidCommand, match="a server makes the principal's key itself"),
+    ):
+        remote.create_principal("erin", key_id="p-carol-1")
 
 
 def test_a_principal_is_given_its_file_only_once_every_partition_has_it(served: Path) -> None:

@@ -43,7 +43,7 @@ def create(args: argparse.Namespace) -> int:
 
     grants = [parse_grant(text) for text in args.grant]
     with _client(args) as client:
-        credential = client.create_principal(args.name, grants)
+        credential = client.create_principal(args.name, grants, key_id=args.key_id)
         view = client.inspect_principal(args.name)
     path = credential_path(client.data.root, credential.principal)
     emit(args, {"credential": str(path), "principal": view.principal, "policy_epoch": view.policy_epoch})
@@ -54,7 +54,7 @@ def rotate(args: argparse.Namespace) -> int:
     from keyload.credentials import credential_path
 
     with _client(args) as client:
-        credential = client.rotate_credential(args.name)
+        credential = client.rotate_credential(args.name, key_id=args.key_id)
     emit(
         args, {"credential": str(credential_path(client.data.root, credential.principal)), "key_id": credential.key_id}
     )
@@ -96,11 +96,16 @@ def add_parsers(sub: Any, common: argparse.ArgumentParser) -> None:
         dest="action", required=True, metavar="VERB"
     )
     grant_help = "CAPABILITY:DOMAIN[:RESOURCE], e.g. consume:orders or enqueue:shop-*:jobs"
+    key_id_help = (
+        "sign with this keyring key (added with `keyload keys add`) instead of a new one; on Kafka, copy the "
+        "keyring to every processor first (default: a new random key)"
+    )
     op = principal.add_parser(
         "create", parents=[common], help="a new principal and its credential file DATA/credentials/NAME.json (0600)"
     )
     op.add_argument("name", help="the principal")
     op.add_argument("--grant", action="append", default=[], metavar="GRANT", help=grant_help + " (repeatable)")
+    op.add_argument("--key-id", help=key_id_help)
     op.set_defaults(func=create)
     op = principal.add_parser("grant", parents=[common], help="add a grant")
     op.add_argument("name", help="the principal")
@@ -121,6 +126,7 @@ def add_parsers(sub: Any, common: argparse.ArgumentParser) -> None:
         "rotate", parents=[common], help="a new key and credential file; the old key signs nothing from now on"
     )
     op.add_argument("name", help="the principal")
+    op.add_argument("--key-id", help=key_id_help)
     op.set_defaults(func=rotate)
     op = principal.add_parser("inspect", parents=[common], help="a principal's key id, grants and revision (admin)")
     op.add_argument("name", help="the principal")

@@ -1253,41 +1253,54 @@ class Client:
         """This client's principal, its grants and the policy epoch, as partition 0 has them."""
         return self.inspect_principal()
 
-    def create_principal(self, principal: str, grants: Sequence[Grant] = ()) -> Credential:
+    def create_principal(
+        self, principal: str, grants: Sequence[Grant] = (), *, key_id: str | None = None
+    ) -> Credential:
         """A new principal with a new keyring key; its credential is returned, and a local client
         also writes its file DATA/credentials/<principal>.json (0600) once every partition has the
         principal: give that file (or the credential) to the principal's client. A local operator
-        writes the keyring of this data directory (in Kafka mode copy the keyring to every processor
-        before the principal sends a command); a client of a server asks the server, which makes the
-        key (admin on every domain). An existing principal is refused (RevisionConflict) and its
-        credential left as it is."""
+        writes the keyring of this data directory; a client of a server asks the server, which makes
+        the key (admin on every domain). An existing principal is refused (RevisionConflict) and its
+        credential left as it is.
+
+        `key_id` (a local operator's only): sign with that keyring key instead, added beforehand with
+        `keyload keys add`. In Kafka mode every processor must hold the key before the principal
+        command reaches it (a processor without it halts the partition until it has it): add the
+        key, copy the keyring to every processor, then create."""
         if isinstance(self._transport, LogTransport):
             from keyload.storage.principals import new_credential, write_credential  # lazily: they write the keyring
 
             root = self._transport.data.root
-            credential = new_credential(root, principal)
+            credential = new_credential(root, principal, key_id)
             self.put_principal(principal, key_id=credential.key_id, grants=grants, expected_revision=0)
             write_credential(root, credential)
             return credential
+        self._server_makes_the_key(key_id)
         return self._http("create_principal").issue_credential(
             principal, [grant.to_avro() for grant in grants], str(uuid.uuid4()), self.timeout_s
         )
 
-    def rotate_credential(self, principal: str) -> Credential:
+    def rotate_credential(self, principal: str, *, key_id: str | None = None) -> Credential:
         """A new key and credential for an existing principal (a local client also replaces its file);
         commands signed with the old key are refused from the log position of the change on (the old
         key stays in the keyring for replays). NotFound or RevisionConflict for a principal that does
-        not exist."""
+        not exist. `key_id`: as for `create_principal`."""
         if isinstance(self._transport, LogTransport):
             from keyload.storage.principals import new_credential, write_credential  # lazily: they write the keyring
 
             root = self._transport.data.root
             current = self.inspect_principal(principal).principal
-            credential = new_credential(root, principal)
+            credential = new_credential(root, principal, key_id)
             self.put_principal(principal, key_id=credential.key_id, expected_revision=current.revision)
             write_credential(root, credential)
             return credential
+        self._server_makes_the_key(key_id)
         return self._http("rotate_credential").issue_credential(principal, None, str(uuid.uuid4()), self.timeout_s)
+
+    @staticmethod
+    def _server_makes_the_key(key_id: str | None) -> None:
+        if key_id is not None:
+            raise InvalidCommand("a server makes the principal's key itself: key_id is for a local client's keyring")
 
     def _send_everywhere(self, name: str, body: dict[str, Any], command_id: str | None) -> PrincipalView:
         """Send a principal command to every partition under one command id; partition 0's view."""

@@ -64,18 +64,25 @@ def system_credential(root: Path, principal: str) -> Credential:
     return Credential(principal, key_id, key)
 
 
-def new_credential(root: Path, principal: str) -> Credential:
-    """A new random keyring key for `principal`, as a credential not yet written anywhere else: the
-    caller writes its file (`write_credential`) once the principal signs with it, so a refused
-    change never replaces a working credential file. Keys are never removed from the keyring (the
-    log still holds commands they signed)."""
+def new_credential(root: Path, principal: str, key_id: str | None = None) -> Credential:
+    """A credential for `principal` not yet written anywhere else: the caller writes its file
+    (`write_credential`) once the principal signs with it, so a refused change never replaces a
+    working credential file. Its key is a new random keyring key, or the keyring's `key_id`, added
+    beforehand (`keyload keys add`) so that every Kafka processor's keyring can hold it before a
+    command names it. Keys are never removed from the keyring (the log still holds commands they
+    signed)."""
     if FILE_NAME.fullmatch(principal) is None:
         raise CredentialError(
             "a principal with a credential file is named by 1..128 letters, digits, '.', '_' or '-', "
             "starting with a letter or digit"
         )
-    key_id = f"p-{os.urandom(KEY_ID_RANDOM_BYTES).hex()}"
-    return Credential(principal, key_id, keyring.add(root, key_id))
+    if key_id is None:
+        key_id = f"p-{os.urandom(KEY_ID_RANDOM_BYTES).hex()}"
+        return Credential(principal, key_id, keyring.add(root, key_id))
+    key = keyring.load(root).get(key_id)
+    if key is None:
+        raise CredentialError(f"the keyring of {root} has no key {key_id!r}: add it with `keyload keys add {key_id}`")
+    return Credential(principal, key_id, key)
 
 
 def write_credential(root: Path, credential: Credential) -> Path:
