@@ -20,12 +20,13 @@ from keyload.storage.object_store import (
     ObjectCorrupt,
     ObjectStore,
     ObjectStoreError,
+    ObjectStoreUnavailable,
     ObjectVersion,
     S3ObjectStore,
 )
 
 from .s3 import S3Endpoint
-from .support import CREATE_QUEUE, ENQUEUE, Embedded, command, create_queue_body, enqueue_body
+from .support import CREATE_QUEUE, ENQUEUE, Embedded, command, create_queue_body, enqueue_body, free_port
 
 
 def write(path: Path, data: bytes) -> Path:
@@ -243,8 +244,19 @@ def test_s3_keys_live_under_the_prefix_and_buckets_need_versioning(s3_endpoint: 
     store.client.create_bucket(Bucket=store.bucket + "-unversioned")
     with pytest.raises(ObjectStoreError, match="versioning"):
         S3ObjectStore(store.bucket + "-unversioned", client=store.client)
-    with pytest.raises(ObjectStoreError, match="opening the bucket"):
+    with pytest.raises(ObjectStoreError, match="opening the bucket") as absent:
         S3ObjectStore(store.bucket + "-absent", client=store.client, create_bucket=False)
+    assert not isinstance(absent.value, ObjectStoreUnavailable)  # an answer: no later try changes it
+
+
+def test_an_s3_store_that_does_not_answer_is_unavailable_not_missing(s3_endpoint: S3Endpoint) -> None:
+    """A store nobody listens for (or one that answers 5xx) may serve the same request later: it is
+    ObjectStoreUnavailable, which the HTTP API answers 503, not the 410 of a payload that is gone."""
+    from botocore.config import Config
+
+    options = s3_endpoint.client_options | {"config": Config(retries={"max_attempts": 1}, connect_timeout=2)}
+    with pytest.raises(ObjectStoreUnavailable, match="opening the bucket"):
+        S3ObjectStore("keyload-nobody", endpoint_url=f"http://127.0.0.1:{free_port()}", **options)
 
 
 def test_checkpoints_are_taken_and_restored_through_s3(

@@ -540,3 +540,18 @@ def test_kill_9_of_processor_and_gc_keeps_payload_objects_exact(tmp_path: Path) 
         f"{ledger.unknown} unknown outcomes, {ledger.lost_leases} lost leases, {ledger.stale_reads} stale reads; "
         f"{time.monotonic() - started:.1f}s in all"
     )
+
+
+def test_a_restarted_service_clears_what_a_killed_one_staged(tmp_path: Path) -> None:
+    """An upload streams into DATA/scratch/payloads; a server killed mid-transfer leaves the part it
+    had, which nobody finishes (the client uploads again): the next start removes it."""
+    root = tmp_path / "data"
+    stop_service(start_service(root, "--gc-interval-s", "0"))
+    staged = root / "scratch" / "payloads" / "upload-killed"
+    staged.parent.mkdir(parents=True, exist_ok=True)
+    staged.write_bytes(b"\x00" * (2 * 1024 * 1024))
+    service = start_service(root, "--gc-interval-s", "0")
+    try:
+        assert not staged.exists()
+    finally:
+        stop_service(service)

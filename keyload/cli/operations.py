@@ -9,6 +9,7 @@ show) and raise `KeyloadError`s to the one error path in `keyload.cli.main`.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import signal
 import tempfile
@@ -23,7 +24,7 @@ from keyload.errors import KeyloadError
 
 if TYPE_CHECKING:
     from keyload.log.base import CommandLog
-    from keyload.operations.checkpoints import Checkpoints
+    from keyload.operations.catalog import CheckpointCatalog
     from keyload.sdk.client import Client
     from keyload.service.halts import Halt
     from keyload.storage.datadir import DataDir, KafkaConfig, ObjectStoreConfig
@@ -310,16 +311,16 @@ def status(args: argparse.Namespace) -> int:
 
     data = _data(args)
     log_ = data.command_log()
-    checkpoints = data.checkpoints()
+    catalog = data.catalog()  # not the object store: status reads what is local while a store is down
     halts = recorded_halts(data.root)
     try:
         rows = [
-            (partition, _partition_status(data, log_, checkpoints, partition, halts.get(partition)))
+            (partition, _partition_status(data, log_, catalog, partition, halts.get(partition)))
             for partition in range(data.partitions)
         ]
     finally:
         log_.close()
-        checkpoints.close()
+        catalog.close()
     head = f"{data.root}: {data.describe_log()}, {data.partitions} partitions, "
     head += f"{data.outcome_partitions} outcome partitions"
     _report(
@@ -337,7 +338,7 @@ def status(args: argparse.Namespace) -> int:
 
 
 def _partition_status(
-    data: DataDir, log_: CommandLog, checkpoints: Checkpoints, partition: int, halt: Halt | None
+    data: DataDir, log_: CommandLog, catalog: CheckpointCatalog, partition: int, halt: Halt | None
 ) -> str:
     """`log A..B, applied through N, lag L, checkpoints [...], recovery floor F, poison P[, reclaiming Q
     deleted queues, G deleted groups, T deleted topics][, counting domain usage]`, then any trouble."""
@@ -384,7 +385,7 @@ def _partition_status(
             "lag unknown" if behind is None else f"lag {behind}" if behind >= 0 else f"{-behind} ahead of the log"
         )
     try:
-        published = [entry.offset for entry in checkpoints.entries(partition)]
+        published = [entry.offset for entry in catalog.entries(partition)]
     except KeyloadError as exc:
         parts += ["checkpoints unknown", "recovery floor unknown"]
         trouble.append(f"CATALOG UNREADABLE: {exc}")
@@ -552,20 +553,22 @@ def gc_status(args: argparse.Namespace) -> int:
     data = _data(args)
     if data.kafka is None and not is_served(data.root):  # the retention tasks are read by the service
         raise KeyloadError(f"gc status asks the running service: start `keyload run --data {data.root}` first")
-    with client_of(args) as client, client.data.checkpoints() as checkpoints:
+    with client_of(args) as client, contextlib.closing(client.data.catalog()) as catalog:
         partitions = range(client.data.partitions) if args.partition is None else [args.partition]
         report = []
         for partition in partitions:
             client.data.check_partition(partition)
             try:
-                report.append(_gc_status(client, checkpoints, partition))
+                report.append(_gc_status(client, catalog, partition))
             except KeyloadError as exc:
                 report.append({"partition": partition, "error": str(exc)})
     emit(args, report)
     return EXIT_FAILED if any("error" in row for row in report) else 0
 
 
-def _gc_status(client: Client, checkpoints: Checkpoints, partition: int) -> dict[str, Any]:
+def _gc_status(client: Client, catalog: CheckpointCatalog, partition: int) -> dict[str, Any]:
+    from keyload.operations.catalog import recovery_floor
+
     pages, after = [], None
     for _ in range(MAX_STATUS_PAGES):
         page = client.list_retention(partition, after_task=after)
@@ -576,8 +579,8 @@ def _gc_status(client: Client, checkpoints: Checkpoints, partition: int) -> dict
     return {
         "partition": partition,
         "logged_recovery_floor": pages[0].recovery_floor,
-        "catalog_recovery_floor": checkpoints.floor(partition),
-        "pins": jsonable(checkpoints.catalog.pins(partition)),
+        "catalog_recovery_floor": recovery_floor(catalog, partition),
+        "pins": jsonable(catalog.pins(partition)),
         "retired_identities": pages[0].retired_identities,
         "tasks": [dict(jsonable(status.task), blocked_by=status.blocked_by) for page in pages for status in page.tasks],
     }

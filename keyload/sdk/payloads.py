@@ -30,7 +30,14 @@ from typing import Any, TypeVar
 from keyload.errors import KeyloadError
 from keyload.processors.payloads import proofs
 from keyload.processors.payloads.handles import HandleError, ReadHandle, UploadHandle, issue, open_handle
-from keyload.storage.object_store import MAX_UPLOAD_PARTS, ObjectConflict, ObjectStore, ObjectStoreError, ObjectVersion
+from keyload.storage.object_store import (
+    MAX_UPLOAD_PARTS,
+    ObjectConflict,
+    ObjectStore,
+    ObjectStoreError,
+    ObjectStoreUnavailable,
+    ObjectVersion,
+)
 
 PART_BYTES = 8 * 1024 * 1024  # multipart part size; objects up to this go in one conditional PUT
 PART_ALIGN_BYTES = 1024 * 1024  # a larger part size (objects over 80 GiB) is a whole number of MiB
@@ -174,6 +181,9 @@ class PayloadGateway:
             raise PayloadError("the read handle has expired (its lease has ended): receive the message again")
         try:
             return self.objects.get(handle.object_key, into, handle.object_version)
+        except ObjectStoreUnavailable:  # not the payload's fault: the same read may succeed later
+            into.unlink(missing_ok=True)
+            raise
         except ObjectStoreError as exc:  # ObjectCorrupt included: bytes changed at rest are never handed on
             into.unlink(missing_ok=True)
             raise PayloadError(f"payload {handle.object_key} cannot be read: {exc}") from None

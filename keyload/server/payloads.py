@@ -35,6 +35,7 @@ import asyncio
 import hashlib
 import logging
 import os
+import shutil
 import tempfile
 import uuid
 from collections.abc import Callable, Mapping
@@ -59,7 +60,7 @@ from keyload.server.app import Engine, Refused, answered, is_number, json_object
 from keyload.server.writer import Answer
 from keyload.storage.datadir import DataDir
 from keyload.storage.keyring import LiveKeyring
-from keyload.storage.object_store import ObjectStore, ObjectStoreError
+from keyload.storage.object_store import ObjectStore, ObjectStoreError, ObjectStoreUnavailable
 from keyload.wire import UPLOAD_HANDLE_HEADER, WireError, names
 
 PREPARE = BY_NAME["PrepareLargeSchedule"]
@@ -81,6 +82,9 @@ class PayloadRoutes:
         self.data = data
         self.keyring = keyring
         self.scratch = data.root.joinpath(*SCRATCH)
+        # What a server killed mid-transfer left (this one holds the directory's run lock, or is a
+        # Kafka processor's, the only server of its data directory): nobody will finish it.
+        shutil.rmtree(self.scratch, ignore_errors=True)
         self._objects: ObjectStore | None = None
         self.outcomes = names("keyload.Outcome")
 
@@ -122,6 +126,8 @@ class PayloadRoutes:
             except PayloadError as exc:
                 target.unlink(missing_ok=True)
                 raise Refused(statuses.GONE, str(exc)) from None
+            except ObjectStoreUnavailable as exc:
+                raise Refused(STORE_UNAVAILABLE, f"the object store failed: {exc}") from None
             cleanup = BackgroundTask(target.unlink, missing_ok=True)
             return FileResponse(target, media_type="application/octet-stream", background=cleanup)
 

@@ -83,6 +83,11 @@ class ObjectCorrupt(ObjectStoreError):
     """Bytes do not match the SHA-256 recorded (or declared) for them."""
 
 
+class ObjectStoreUnavailable(ObjectStoreError):
+    """The store did not answer (unreachable, timed out, or a server error): the same request may
+    succeed later, unlike a missing object or bytes that do not match."""
+
+
 @dataclass(frozen=True, slots=True)
 class ObjectVersion:
     key: str
@@ -499,7 +504,11 @@ class S3ObjectStore:
         self._ensure_bucket(create_bucket)
 
     def _failure(self, what: str, exc: Exception) -> ObjectStoreError:
-        return ObjectStoreError(f"S3 bucket {self.bucket}: {what} failed: {exc}")
+        """A failed request, as ObjectStoreUnavailable when no answer came (a connection or read
+        error, a timeout) or the answer was a server error (5xx)."""
+        transient = not isinstance(exc, self._client_error) or _status(exc) >= 500
+        kind = ObjectStoreUnavailable if transient else ObjectStoreError
+        return kind(f"S3 bucket {self.bucket}: {what} failed: {exc}")
 
     def _ensure_bucket(self, create: bool) -> None:
         try:
