@@ -119,10 +119,8 @@ class DevServer(ABC):
         if not self.pid_path.exists():
             return None
         pid = int(self.pid_path.read_text())
-        try:  # the whole command line: `ps -o args=` cuts it to $COLUMNS, and a JVM's is long
-            args = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:  # no such process
-            return None
+        # -ww: the whole command line (`ps` cuts it to $COLUMNS otherwise, and a JVM's is long)
+        args = subprocess.run(["ps", "-ww", "-p", str(pid), "-o", "args="], capture_output=True, text=True).stdout
         return pid if self._owns(args) else None
 
     @staticmethod

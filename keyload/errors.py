@@ -32,7 +32,7 @@ free of SDK imports):
     │   ├── ReplayDiverged                the log does not hold the record the start state applied last
     │   └── CheckpointUnusable            the checkpoint a replay starts from cannot be fetched or verified
     ├── ObjectStoreError                  keyload.storage.object_store: the object store cannot serve the request
-    │   └── ObjectConflict, ObjectCorrupt
+    │   └── ObjectConflict, ObjectCorrupt, ObjectStoreUnavailable (no answer: the same request may succeed later)
     ├── PayloadError                      keyload.sdk.payloads: a large payload cannot be uploaded or read
     │   └── PayloadConflict
     ├── EnvironmentFault (also OSError)   an OSError met on the way, translated by `map_exceptions`

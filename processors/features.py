@@ -64,8 +64,10 @@ The levels:
 11. Principal commands check what they name (processors/principals.py). A PutPrincipal without a
     key_id naming a principal that does not exist (an enable, disable or grants change) is
     NotFound, as a grant, revoke or inspect of it is, instead of Validation ("a new principal
-    needs a key_id"); a new principal's name and every grant pattern (of a PutPrincipal,
-    EnableAccessControl, GrantCapability and now RevokeCapability too) hold no control character.
+    needs a key_id"); a new principal's name and every grant given anew (PutPrincipal,
+    EnableAccessControl, GrantCapability) hold no control character (Unicode Cc), grants held from
+    before staying as they are; a RevokeCapability of a grant the principal does not hold is
+    checked as a grant is, where before it was a quiet no-op whatever its patterns.
 """
 
 from __future__ import annotations

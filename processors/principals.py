@@ -41,32 +41,41 @@ def _check_key_id(key_id: str) -> None:
         raise Rejected(ErrorCode.VALIDATION, f"a key id is 1..{limits.MAX_KEY_ID_CHARS} printable ASCII characters")
 
 
+def _has_control(text: str) -> bool:
+    """Whether `text` holds a control character: Unicode category Cc, the same set in every Unicode
+    version (str.isprintable follows the interpreter's Unicode, and a replay must not)."""
+    return any(ord(c) < 0x20 or 0x7F <= ord(c) <= 0x9F for c in text)
+
+
 def _check_new_name(stage: Staged, principal: str) -> None:
     """A principal about to be created: from feature level 11 its name has no control character
     (it travels in paths, credential files and bearer tokens)."""
-    _check_name(principal)
-    if feature_level(stage) >= PRINCIPALS_CHECKED and not principal.isprintable():
+    if feature_level(stage) >= PRINCIPALS_CHECKED and _has_control(principal):
         raise Rejected(ErrorCode.VALIDATION, "a principal's name has no control characters")
 
 
-def _grants(stage: Staged, grants: Iterable[Grant]) -> list[Grant]:
+def _check_new_grants(stage: Staged, grants: Iterable[Grant]) -> None:
+    """Grants given anew: from feature level 11 their patterns hold no control character (one held
+    from before stays, and may be revoked or listed again)."""
+    patterns = (pattern for grant in grants for pattern in (grant.domain, grant.resource))
+    if feature_level(stage) >= PRINCIPALS_CHECKED and any(_has_control(pattern) for pattern in patterns):
+        raise Rejected(ErrorCode.VALIDATION, "a grant pattern has no control characters")
+
+
+def _grants(grants: Iterable[Grant]) -> list[Grant]:
     """Grants checked and in key order, each once."""
     found = sorted(set(grants))
     if len(found) > limits.MAX_GRANTS:
         raise Rejected(ErrorCode.VALIDATION, f"a principal holds at most {limits.MAX_GRANTS} grants")
     for grant in found:
-        _check_grant(stage, grant)
+        for pattern in (grant.domain, grant.resource):
+            if not 1 <= len(pattern) <= limits.MAX_GRANT_PATTERN_CHARS:
+                raise Rejected(
+                    ErrorCode.VALIDATION, f"a grant pattern is 1..{limits.MAX_GRANT_PATTERN_CHARS} characters"
+                )
+            if EVERYTHING in pattern[:-1]:
+                raise Rejected(ErrorCode.VALIDATION, "a grant pattern has '*' only at its end")
     return found
-
-
-def _check_grant(stage: Staged, grant: Grant) -> None:
-    for pattern in (grant.domain, grant.resource):
-        if not 1 <= len(pattern) <= limits.MAX_GRANT_PATTERN_CHARS:
-            raise Rejected(ErrorCode.VALIDATION, f"a grant pattern is 1..{limits.MAX_GRANT_PATTERN_CHARS} characters")
-        if EVERYTHING in pattern[:-1]:
-            raise Rejected(ErrorCode.VALIDATION, "a grant pattern has '*' only at its end")
-        if feature_level(stage) >= PRINCIPALS_CHECKED and not pattern.isprintable():
-            raise Rejected(ErrorCode.VALIDATION, "a grant pattern has no control characters")
 
 
 def _bump_epoch(stage: Staged) -> None:
@@ -147,14 +156,16 @@ def enable_access_control(stage: Staged, body: EnableAccessControl, ctx: Context
     if len({spec.principal for spec in body.principals}) != len(body.principals):
         raise Rejected(ErrorCode.VALIDATION, "a principal is installed twice")
     for spec in body.principals:
+        _check_name(spec.principal)
         _check_new_name(stage, spec.principal)
         _check_key_id(spec.key_id)
+        _check_new_grants(stage, spec.grants)
         record = PrincipalRecord(
             principal=spec.principal,
             key_id=spec.key_id,
             enabled=True,
             revision=FIRST_REVISION,
-            grants=_grants(stage, spec.grants),
+            grants=_grants(spec.grants),
         )
         _install(stage, record, ctx)
     stage.put(keys.POLICY_EPOCH, keys.u64(1))
@@ -176,7 +187,9 @@ def put_principal(stage: Staged, body: PutPrincipal, ctx: Context) -> Record:
             raise Rejected(ErrorCode.REVISION_CONFLICT, f"the principal is at revision {live}")
     if body.key_id is not None:
         _check_key_id(body.key_id)
-    grants = None if body.grants is None else _grants(stage, body.grants)
+    grants = None if body.grants is None else _grants(body.grants)
+    if grants is not None:
+        _check_new_grants(stage, [grant for grant in grants if existing is None or grant not in existing.grants])
     if existing is None:
         _check_new_name(stage, body.principal)
         if body.key_id is None:
@@ -203,14 +216,17 @@ def grant_capability(stage: Staged, body: GrantCapability, ctx: Context) -> Reco
     record = _existing(stage, body.principal)
     if body.grant in record.grants:
         return _view(stage, record)
-    grants = _grants(stage, [*record.grants, body.grant])
+    _check_new_grants(stage, [body.grant])
+    grants = _grants([*record.grants, body.grant])
     return _save(stage, msgspec.structs.replace(record, grants=grants, revision=record.revision + 1), record, ctx)
 
 
 def revoke_capability(stage: Staged, body: RevokeCapability, ctx: Context) -> Record:
     record = _existing(stage, body.principal)
-    _check_grant(stage, body.grant)
     if body.grant not in record.grants:
+        if feature_level(stage) >= PRINCIPALS_CHECKED:  # a pattern no grant can hold is refused
+            _grants([body.grant])
+            _check_new_grants(stage, [body.grant])
         return _view(stage, record)
     grants = [grant for grant in record.grants if grant != body.grant]
     return _save(stage, msgspec.structs.replace(record, grants=grants, revision=record.revision + 1), record, ctx)

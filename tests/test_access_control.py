@@ -735,9 +735,11 @@ def test_from_level_11_a_change_to_a_missing_principal_is_not_found_and_patterns
     nul_grant = {"capability": "consume", "domain": "a\x00", "resource": "*"}
     alice = secured.principal("alice")
     odd_grant = {"principal": "alice", "grant": nul_grant}
+    starred = {"principal": "alice", "grant": {"capability": "consume", "domain": "*a*", "resource": "*"}}
     before = secured.refused(secured.admin, system, PUT_PRINCIPAL, disable, "Validation")
     assert before.detail == "a new principal needs a key_id"
     secured.ok(secured.admin, system, GRANT_CAPABILITY, odd_grant)  # level 0: taken as given
+    secured.ok(secured.admin, system, REVOKE_CAPABILITY, starred)  # level 0: held by nobody, a quiet no-op
 
     secured.everywhere("RaiseFeatureLevel", {"level": PRINCIPALS_CHECKED})
 
@@ -752,13 +754,19 @@ def test_from_level_11_a_change_to_a_missing_principal_is_not_found_and_patterns
         return outcome.detail or ""
 
     assert refused(PUT_PRINCIPAL, disable, "NotFound") == "no such principal (creating one takes a key_id)"
-    odd_grant["grant"] = nul_grant | {"domain": "b\x01"}
-    assert refused(GRANT_CAPABILITY, odd_grant, "Validation") == "a grant pattern has no control characters"
-    starred = {"principal": "alice", "grant": {"capability": "consume", "domain": "*a*", "resource": "*"}}
+    new_odd = {"principal": "alice", "grant": nul_grant | {"domain": "b\x01"}}
+    assert refused(GRANT_CAPABILITY, new_odd, "Validation") == "a grant pattern has no control characters"
     assert refused(REVOKE_CAPABILITY, starred, "Validation") == "a grant pattern has '*' only at its end"
     ghost = {"principal": "gh\tost", "key_id": alice.key_id, "enabled": None, "grants": [], "expected_revision": 0}
     assert refused(PUT_PRINCIPAL, ghost, "Validation") == "a principal's name has no control characters"
     assert epochs() == policy  # nothing refused changed the policy
+    # The grant taken before the raise stays: other grants are added beside it, and it can be revoked.
+    clean = {"principal": "alice", "grant": nul_grant | {"domain": "a"}}
+    secured.ok(secured.admin, system, GRANT_CAPABILITY, clean)
+    view = typed(secured.ok(secured.admin, system, REVOKE_CAPABILITY, odd_grant), PrincipalView)
+    assert [grant.domain for grant in view.principal.grants] == ["a"]
+    keyring.add(secured.root, "k-zoe")  # a name beyond ASCII but without a control character is taken
+    assert secured.ok(secured.admin, system, PUT_PRINCIPAL, disable | {"principal": "Zoë\u00a0", "key_id": "k-zoe"})
 
 
 def test_the_last_administrator_cannot_be_disabled_or_lose_admin(secured: Secured) -> None:

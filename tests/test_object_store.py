@@ -250,7 +250,7 @@ def test_s3_keys_live_under_the_prefix_and_buckets_need_versioning(s3_endpoint: 
 
 
 def test_an_s3_store_that_does_not_answer_is_unavailable_not_missing(s3_endpoint: S3Endpoint) -> None:
-    """A store nobody listens for (or one that answers 5xx) may serve the same request later: it is
+    """A store nobody listens for may serve the same request later (as may one answering 5xx): it is
     ObjectStoreUnavailable, which the HTTP API answers 503, not the 410 of a payload that is gone."""
     from botocore.config import Config
 

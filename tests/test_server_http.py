@@ -1031,7 +1031,8 @@ def test_the_asyncio_client_has_every_call_of_the_client_and_refuses_calls_once_
 
     async def scenario() -> None:
         client = AsyncClient(url, credential=credential)
-        assert await client.partition_domain(0) == Client(url, credential=credential).partition_domain(0)
+        with Client(url, credential=credential) as sync:
+            assert await client.partition_domain(0) == sync.partition_domain(0)
         await client.close()
         await client.close()
         with pytest.raises(InvalidCommand, match="closed"):

@@ -35,7 +35,7 @@ from keyload.log.base import CommandLog
 from keyload.operations.catalog import CatalogEntry, CheckpointCatalog, RecoveryPin, recovery_floor
 from keyload.projections.store import CHECKPOINT_DB, MANIFEST, Manifest, Store, StoreError, verify_checkpoint
 from keyload.service.system_commands import system_command
-from keyload.storage.object_store import ObjectCorrupt, ObjectStore, ObjectStoreError, ObjectVersion
+from keyload.storage.object_store import ObjectStore, ObjectStoreError, ObjectStoreUnavailable, ObjectVersion
 from keyload.version import __version__
 
 PROCESSOR_VERSION = __version__
@@ -49,8 +49,8 @@ class CheckpointError(KeyloadError):
 
 
 class CheckpointDamaged(CheckpointError):
-    """A published checkpoint's stored bytes are not the ones it was published with: no restore can
-    use it (unlike an object store that cannot be reached, which may serve it later)."""
+    """A published checkpoint's objects are missing or not the bytes it was published with: no
+    restore can use it (unlike an object store that does not answer, which may serve it later)."""
 
 
 def recovery_session(purpose: str, partition: int) -> str:
@@ -241,10 +241,10 @@ class Checkpoints:
                 key = f"{entry.object_prefix}{CHECKPOINT_DB}/{file.name}"
                 self.objects.get(key, local / CHECKPOINT_DB / file.name)
             manifest = verify_checkpoint(local)
-        except (ObjectCorrupt, StoreError) as exc:
+        except ObjectStoreUnavailable as exc:
+            raise CheckpointError(f"checkpoint {entry.key} cannot be restored now: {exc}") from exc
+        except (ObjectStoreError, StoreError) as exc:  # an answer: missing, or not the published bytes
             raise CheckpointDamaged(f"checkpoint {entry.key} cannot be restored: {exc}") from exc
-        except ObjectStoreError as exc:
-            raise CheckpointError(f"checkpoint {entry.key} cannot be restored: {exc}") from exc
         try:
             if manifest != entry.manifest:
                 raise CheckpointDamaged(f"checkpoint {entry.key}: stored manifest differs from the catalog's")

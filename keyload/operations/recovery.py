@@ -17,6 +17,7 @@ from keyload.service.embedded import serving
 from keyload.service.halts import clear_halt
 from keyload.service.runtime import PartitionProcessor
 from keyload.storage.datadir import DataDir
+from keyload.storage.object_store import ObjectStoreUnavailable
 
 
 class RecoveryError(KeyloadError):
@@ -121,7 +122,11 @@ def _restored(data: DataDir, partition: int, offset: int, into: Path) -> Store:
     It is pinned meanwhile, so that the running service's retention cannot delete
     its objects halfway through the fetch.
     """
-    with data.checkpoints() as checkpoints:
+    try:
+        opened = data.checkpoints()
+    except ObjectStoreUnavailable as exc:  # the store does not answer: it may later
+        raise CheckpointUnusable(str(exc), "replay can start at 0, or later from the checkpoint", False) from None
+    with opened as checkpoints:
         try:
             entry = checkpoints.find(partition, offset)
             with checkpoints.pinned(entry, recovery_session("replay", partition)):
@@ -201,37 +206,43 @@ def _restore(data: DataDir, partition: int, scratch: Path, progress: bool) -> Re
         log.close()
     if end == 0:
         raise RecoveryError(f"partition {partition}'s log holds no record yet: there is nothing to restore")
-    with data.checkpoints() as checkpoints:
-        candidates = sorted(checkpoints.entries(partition), key=lambda entry: entry.offset, reverse=True)
+    catalog = data.catalog()  # not the object store: a restore from offset 0 needs none
+    try:
+        candidates = sorted(catalog.entries(partition), key=lambda entry: entry.offset, reverse=True)
+    finally:
+        catalog.close()
     retired: list[int] = [entry.offset for entry in candidates if entry.offset >= end]
     passed_over: list[str] = []
     rebuilt: Replayed | None = None
     start = "offset 0"
-    for entry in (entry for entry in candidates if entry.offset < end):
-        attempt = scratch / f"from-{entry.offset}"
-        try:
-            rebuilt = replay(data, partition, attempt, entry.offset + 1, progress=progress)
-        except ReplayDiverged:
-            retired.append(entry.offset)  # its applied record is not the log's: the log diverged before it
-            continue
-        except CheckpointUnusable as exc:
-            passed_over.append(exc.reason)
-            if exc.damaged:
-                retired.append(entry.offset)
-            continue
-        scratch, start = attempt, f"checkpoint at offset {entry.offset}"
-        break
-    else:
-        scratch = scratch / "from-0"
-        try:
+    try:
+        for entry in (entry for entry in candidates if entry.offset < end):
+            attempt = scratch / f"from-{entry.offset}"
+            try:
+                rebuilt = replay(data, partition, attempt, entry.offset + 1, progress=progress)
+            except ReplayDiverged:
+                retired.append(entry.offset)  # its applied record is not the log's: the log diverged before it
+                continue
+            except CheckpointUnusable as exc:
+                passed_over.append(exc.reason)
+                if exc.damaged:
+                    retired.append(entry.offset)
+                continue
+            scratch, start = attempt, f"checkpoint at offset {entry.offset}"
+            break
+        else:
+            scratch = scratch / "from-0"
             rebuilt = replay(data, partition, scratch, 0, progress=progress)
-        except RecoveryError as exc:
-            if not passed_over:
-                raise
-            raise RecoveryError(f"{exc} (checkpoints passed over: {'; '.join(passed_over)})") from None
-    with data.checkpoints() as checkpoints:
+    except RecoveryError as exc:
+        if not passed_over:
+            raise
+        raise RecoveryError(f"{exc} (checkpoints passed over: {'; '.join(passed_over)})") from None
+    catalog = data.catalog()
+    try:
         for offset in retired:
-            checkpoints.catalog.retire(partition, offset)
+            catalog.retire(partition, offset)
+    finally:
+        catalog.close()
     live = data.projection(partition)
     aside = None
     if live.exists():

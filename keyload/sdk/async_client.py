@@ -34,10 +34,15 @@ def _on_thread(method: Callable[Concatenate[Client, P], T]) -> Callable[Concaten
     """`Client.method`, awaited on the async client's pool."""
 
     async def run(self: AsyncClient, /, *args: P.args, **kwargs: P.kwargs) -> T:
-        if self._closed:
-            raise InvalidCommand("the client is closed; nothing was sent")  # as a closed Client says
         call = functools.partial(method, self.client, *args, **kwargs)
-        return await asyncio.get_running_loop().run_in_executor(self._pool, call)
+        if not self._closed:
+            try:
+                return await asyncio.get_running_loop().run_in_executor(self._pool, call)
+            except RuntimeError:
+                if not self._closed:
+                    raise
+                # closed while this call was handed to the pool ("cannot schedule new futures")
+        raise InvalidCommand("the client is closed; nothing was sent")  # as a closed Client says
 
     run.__name__, run.__qualname__, run.__doc__ = method.__name__, f"AsyncClient.{method.__name__}", method.__doc__
     return run

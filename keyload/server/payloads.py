@@ -35,7 +35,6 @@ import asyncio
 import hashlib
 import logging
 import os
-import shutil
 import tempfile
 import uuid
 from collections.abc import Callable, Mapping
@@ -60,7 +59,7 @@ from keyload.server.app import Engine, Refused, answered, is_number, json_object
 from keyload.server.writer import Answer
 from keyload.storage.datadir import DataDir
 from keyload.storage.keyring import LiveKeyring
-from keyload.storage.object_store import ObjectStore, ObjectStoreError, ObjectStoreUnavailable
+from keyload.storage.object_store import ObjectStore, ObjectStoreError
 from keyload.wire import UPLOAD_HANDLE_HEADER, WireError, names
 
 PREPARE = BY_NAME["PrepareLargeSchedule"]
@@ -68,6 +67,8 @@ COMMIT = BY_NAME["CommitLargeSchedule"]
 UPLOAD_PATH = "/v1/domains/{domain}/reservations/{reservation_id}/content"
 READ_PATH = "/v1/payloads/read"
 SCRATCH = ("scratch", "payloads")  # under the data directory: where uploads are staged and reads copied
+UPLOAD_STAGED = "upload-"  # the server's files in SCRATCH, by what they hold
+READ_STAGED = "read-"
 NO_RESERVATION = ("NotFound", 404)
 HANDLE_NEEDED = f"send the {UPLOAD_HANDLE_HEADER} header the reservation was answered with"
 log = logging.getLogger("keyload.server")
@@ -83,8 +84,11 @@ class PayloadRoutes:
         self.keyring = keyring
         self.scratch = data.root.joinpath(*SCRATCH)
         # What a server killed mid-transfer left (this one holds the directory's run lock, or is a
-        # Kafka processor's, the only server of its data directory): nobody will finish it.
-        shutil.rmtree(self.scratch, ignore_errors=True)
+        # Kafka processor's, the only server of its data directory): nobody will finish it. Only
+        # the server's own files: a local client stages its uploads here too (`payload-…`).
+        for leftover in self.scratch.glob("*"):
+            if leftover.name.startswith((UPLOAD_STAGED, READ_STAGED)):
+                leftover.unlink(missing_ok=True)
         self._objects: ObjectStore | None = None
         self.outcomes = names("keyload.Outcome")
 
@@ -118,15 +122,16 @@ class PayloadRoutes:
                 raise WireError(str(exc)) from None
             self.engine.caller(request, partition_for(handle.domain, self.engine.partitions))
             self.scratch.mkdir(parents=True, exist_ok=True)
-            fd, name = tempfile.mkstemp(dir=self.scratch, prefix="read-")
+            fd, name = tempfile.mkstemp(dir=self.scratch, prefix=READ_STAGED)
             os.close(fd)
             target = Path(name)
             try:
-                await asyncio.to_thread(self.gateway().read, handle_text, target)
+                await asyncio.to_thread(lambda: self.gateway().read(handle_text, target))
             except PayloadError as exc:
                 target.unlink(missing_ok=True)
                 raise Refused(statuses.GONE, str(exc)) from None
-            except ObjectStoreUnavailable as exc:
+            except ObjectStoreError as exc:  # the store did not answer, or could not be opened: not the payload's fault
+                target.unlink(missing_ok=True)
                 raise Refused(STORE_UNAVAILABLE, f"the object store failed: {exc}") from None
             cleanup = BackgroundTask(target.unlink, missing_ok=True)
             return FileResponse(target, media_type="application/octet-stream", background=cleanup)
@@ -183,7 +188,7 @@ class PayloadRoutes:
     async def _store(self, request: Request, handle_text: str, handle: UploadHandle) -> dict[str, Any]:
         """Stage the request body, check it is the reserved bytes, store and attest it: the proof."""
         self.scratch.mkdir(parents=True, exist_ok=True)
-        fd, name = tempfile.mkstemp(dir=self.scratch, prefix="upload-")
+        fd, name = tempfile.mkstemp(dir=self.scratch, prefix=UPLOAD_STAGED)
         staged = Path(name)
         try:
             digest, length = hashlib.sha256(), 0

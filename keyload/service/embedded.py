@@ -160,18 +160,22 @@ def _on_service_thread(run: Callable[[], list[Halt]], stop: Event) -> list[Halt]
 
 
 def is_served(root: Path) -> bool:
-    """Whether a process holds the directory's run lock now (a probe: it takes nothing for long)."""
+    """Whether the process that last served the directory is alive: the pid its run lock file
+    names. A diagnosis only (a reused pid reads as served); it takes no lock, so a `keyload run`
+    starting meanwhile is never refused for it."""
     try:
-        fd = os.open(root / RUN_LOCK, os.O_RDONLY)
-    except FileNotFoundError:
+        pid = int((root / RUN_LOCK).read_text("ascii").strip() or "0")
+    except (OSError, ValueError):
+        return False
+    if pid <= 0:
         return False
     try:
-        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-    except BlockingIOError:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # alive, another user's
         return True
-    finally:
-        os.close(fd)  # closing releases a lock the probe took
-    return False
+    return True
 
 
 @contextmanager
