@@ -30,8 +30,8 @@ class ReplayDiverged(RecoveryError):
 
 
 class CheckpointUnusable(RecoveryError):
-    """The checkpoint a replay starts from cannot be fetched or verified; `damaged`: its stored bytes
-    are not the published ones, so it never will be."""
+    """The checkpoint a replay starts from cannot be fetched or verified; `damaged`: its objects are
+    missing or not the published bytes, so it never will be."""
 
     def __init__(self, reason: str, hint: str, damaged: bool) -> None:
         super().__init__(f"{reason}; {hint}")
@@ -175,7 +175,7 @@ class Restored:
     start: str  # "offset 0" or "checkpoint at offset N"
     applied_offset: int
     digest: str
-    retired: tuple[int, ...]  # offsets of checkpoints the log can no longer reproduce, or damaged: now retired
+    retired: tuple[int, ...]  # offsets of checkpoints the log cannot reproduce, or damaged: now retired
     kept_aside: Path | None  # where the replaced projection was moved
     passed_over: tuple[str, ...] = ()  # why each newer checkpoint could not be used (retired or not)
 
@@ -189,8 +189,9 @@ def restore(data: DataDir, partition: int, scratch: Path, progress: bool = True)
     record the log still holds, and whose stored bytes can be fetched and
     verified, is restored and the log replayed on it to its end (from offset 0
     when none qualifies). Checkpoints past the log's end, disagreeing with it or
-    damaged (bytes that are not the published ones) are retired: no replay can
-    use them; one the object store cannot serve now is passed over and kept. The
+    damaged (objects missing or not the published bytes) are retired: no replay
+    can use them; one the object store does not answer for now is passed over and
+    kept. The
     old projection is moved aside, not deleted. Run it while `keyload run` is stopped.
     """
     data.check_partition(partition)
