@@ -25,7 +25,7 @@ free of SDK imports):
     │   └── UnknownSchema                 an unknown writer schema fingerprint
     ├── StoreError                        keyload.projections.store: a projection cannot be opened or written
     ├── CheckpointError                   keyload.operations.checkpoints: a checkpoint cannot be fetched or published
-    │   └── CheckpointDamaged             its stored bytes are not the published ones: no restore can use it
+    │   └── CheckpointDamaged             objects missing or not the published bytes: no restore can use it
     ├── CatalogError                      keyload.operations.catalog: the checkpoint catalog cannot be read or written
     │   └── NotPublished                  a pin names an offset that is not a published checkpoint
     ├── RecoveryError                     keyload.operations.recovery: a replay or drill cannot run as asked

@@ -79,6 +79,7 @@ def test_each_processor_serves_every_partition(kafka_bootstrap: str, tmp_path: P
         issue = {"principal": "svc", "grants": []}
         refused = httpx.post(f"{urls[0]}/v1/principals", json=issue, headers=bearer(first_root), timeout=30)
         assert (refused.status_code, refused.json()["error_code"]) == (501, "UnsupportedCapability")
+        assert "keyload principal create NAME --key-id ID" in refused.json()["detail"]  # the way that works
         with Client(urls[1], credential=credential, timeout_s=60) as client:
             with pytest.raises(KeyloadError, match="issues no credentials") as raised:
                 client.rotate_credential("keyload-admin")

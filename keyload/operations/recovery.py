@@ -191,8 +191,8 @@ def restore(data: DataDir, partition: int, scratch: Path, progress: bool = True)
     when none qualifies). Checkpoints past the log's end, disagreeing with it or
     damaged (objects missing or not the published bytes) are retired: no replay
     can use them; one the object store does not answer for now is passed over and
-    kept. The
-    old projection is moved aside, not deleted. Run it while `keyload run` is stopped.
+    kept. The old projection is moved aside, not deleted. Run it while `keyload
+    run` is stopped.
     """
     data.check_partition(partition)
     with serving(data.root):  # refused while `keyload run` serves the directory

@@ -39,9 +39,9 @@ GRANTS = {"type": "array", "items": "keyload.Grant"}
 NO_PRINCIPAL = ("NotFound", 404)
 SERVICE_PRINCIPALS = frozenset(name for name, _ in SYSTEM_PRINCIPALS)  # the administrator and the service's actors
 KAFKA_CREDENTIALS = (
-    "a Kafka processor's server issues no credentials: every processor needs each key, so create the "
-    "principal with `keyload principal create` on one processor's data directory and copy its keyring "
-    "to every other processor before the principal sends"
+    "a Kafka processor's server issues no credentials: every processor needs each key before a command "
+    "names it, so add the key with `keyload keys add ID` on one processor's data directory, copy its "
+    "keyring to every other processor, then `keyload principal create NAME --key-id ID`"
 )
 
 

@@ -174,7 +174,7 @@ def is_served(root: Path) -> bool:
     except ProcessLookupError:
         return False
     except PermissionError:  # alive, another user's
-        return True
+        pass
     return True
 
 
