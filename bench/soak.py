@@ -50,7 +50,7 @@ def _settled(run: Deployment) -> None:
 
 def _sst_bytes(run: Deployment, scratch: Path) -> int:
     """The SST bytes of a checkpoint of the projection after a manual compaction of all of it."""
-    run.store.checkpoint(scratch, run.partition, "bench")
+    run.store.snapshot(scratch)
     db = Rdict(str(scratch / "db"), Options(raw_mode=True))
     try:
         db.compact_range(None, None)

@@ -565,29 +565,15 @@ class Store:
             h.update(value)
         return h.hexdigest()
 
-    def checkpoint(self, directory: str | os.PathLike[str], partition: int, processor_version: str) -> Manifest:
-        """A RocksDB checkpoint in `directory/db` and its manifest in `directory/manifest.json`."""
+    def snapshot(self, directory: str | os.PathLike[str]) -> None:
+        """A RocksDB checkpoint in `directory/db`, without its manifest: hard links to the
+        projection's files, so it costs milliseconds whatever the projection's size, while
+        `describe_checkpoint` reads all of it and can run on another thread."""
         target = Path(directory)
         if target.exists():
             raise StoreError(f"checkpoint directory {target} already exists")
         target.mkdir(parents=True)
         Checkpoint(self._db).create_checkpoint(str(target / CHECKPOINT_DB))
-        frozen = Store(target / CHECKPOINT_DB, read_only=True)
-        try:
-            manifest = Manifest(
-                partition=partition,
-                offset=frozen.applied_offset,
-                last_time_ms=frozen.last_time_ms,
-                processor_version=processor_version,
-                digest=frozen.digest(),
-                files=_file_list(target / CHECKPOINT_DB),
-            )
-        finally:
-            frozen.close()
-        temporary = target / (MANIFEST + ".tmp")
-        temporary.write_text(manifest.to_json(), "utf-8")
-        os.replace(temporary, target / MANIFEST)
-        return manifest
 
     def close(self) -> None:
         """Close the projection. A close that fails (RocksDB flushes its memtable, and a full disk
@@ -597,6 +583,28 @@ class Store:
             self._db.close()
         except Exception as exc:
             log.warning("projection at %s closed unflushed (its write-ahead log replays it): %s", self.path, exc)
+
+
+def describe_checkpoint(directory: str | os.PathLike[str], partition: int, processor_version: str) -> Manifest:
+    """Write the manifest of the checkpoint `Store.snapshot` made in `directory/db`: its applied
+    offset, digest and each file's size and SHA-256."""
+    target = Path(directory)
+    frozen = Store(target / CHECKPOINT_DB, read_only=True)
+    try:
+        manifest = Manifest(
+            partition=partition,
+            offset=frozen.applied_offset,
+            last_time_ms=frozen.last_time_ms,
+            processor_version=processor_version,
+            digest=frozen.digest(),
+            files=_file_list(target / CHECKPOINT_DB),
+        )
+    finally:
+        frozen.close()
+    temporary = target / (MANIFEST + ".tmp")
+    temporary.write_text(manifest.to_json(), "utf-8")
+    os.replace(temporary, target / MANIFEST)
+    return manifest
 
 
 def _file_list(directory: Path) -> tuple[ManifestFile, ...]:

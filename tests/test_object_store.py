@@ -3,15 +3,20 @@
 from __future__ import annotations
 
 import hashlib
+import threading
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 
+from keyload.credentials import ADMIN_PRINCIPAL, Credential
 from keyload.operations.catalog import FileCatalog
-from keyload.operations.checkpoints import CheckpointPolicy, Checkpoints
+from keyload.operations.checkpoints import CheckpointPolicy, Checkpoints, Snapshot
+from keyload.projections import keys
 from keyload.projections.store import Store
+from keyload.sdk.client import Client
+from keyload.service.checkpoint_uploads import CheckpointUploads, Published
 from keyload.storage.datadir import DataDir, S3StoreConfig
 from keyload.storage.object_store import (
     MIN_PART_BYTES,
@@ -25,8 +30,22 @@ from keyload.storage.object_store import (
     S3ObjectStore,
 )
 
-from .s3 import S3Endpoint
-from .support import CREATE_QUEUE, ENQUEUE, Embedded, command, create_queue_body, enqueue_body, free_port
+from .s3 import HangingEndpoint, S3Endpoint
+from .support import (
+    CREATE_QUEUE,
+    ENQUEUE,
+    Embedded,
+    command,
+    create_queue_body,
+    enqueue_body,
+    free_port,
+    served_url,
+    start_service,
+    stop_service,
+    wait_until,
+)
+
+HUNG_STORE_ANSWER_S = 20.0  # far below boto3's own give-up time against a store that never answers
 
 
 def write(path: Path, data: bytes) -> Path:
@@ -371,3 +390,138 @@ def test_writers_of_the_same_bytes_at_once_make_one_version(store: ObjectStore, 
         made = list(pool.map(lambda source: store.put_if_absent("payloads/raced", source), sources))
     assert {version.version for version in made} == {store.versions("payloads/raced")[0].version}
     assert len(store.versions("payloads/raced")) == 1
+
+
+def test_a_hung_object_store_delays_checkpoints_never_the_service(
+    s3_endpoint: S3Endpoint, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A checkpoint's upload waits on the object store on a thread of its own: while the store
+    takes requests and answers none, a requested checkpoint is answered at once and the queue
+    goes on serving over HTTP; once the store answers again the checkpoint is published and
+    announced. (Taken on the serving thread, the first request after the Checkpoint waited for
+    boto3 to give up: minutes.)"""
+    for name, value in [("AWS_ACCESS_KEY_ID", "keyload"), ("AWS_SECRET_ACCESS_KEY", "keyload")]:
+        monkeypatch.setenv(name, value)
+    bucket = s3_endpoint.fresh_store().bucket
+    store = HangingEndpoint(s3_endpoint.url)
+    root = tmp_path / "data"
+    DataDir.create(root, 1, object_store=S3StoreConfig(bucket, "", store.url, "us-east-1"))
+    service = start_service(root)
+    try:
+        credential = Credential.load(root / "credentials" / f"{ADMIN_PRINCIPAL}.json")
+        with Client(served_url(root), credential=credential, timeout_s=HUNG_STORE_ANSWER_S) as client:
+            client.create_queue("shop", "q")
+            client.enqueue("shop", "q", b"before", message_id="before")
+            store.hung.set()
+            requested = client.request_checkpoint(0)
+            client.enqueue("shop", "q", b"during", message_id="during")
+            received = client.receive("shop", "q", max_messages=2)
+            assert sorted(d.message_id for d in received.deliveries) == ["before", "during"]
+            for delivery in received.deliveries:
+                client.ack("shop", delivery.token)
+            assert _published(root) == []  # the upload still waits
+            store.hung.clear()
+            wait_until(lambda: _published(root) == [requested.offset], 60, "the checkpoint's publication")
+        assert stop_service(service) == 0  # once it has applied the checkpoint's announcement
+    finally:
+        if service.poll() is None:
+            service.kill()
+        store.close()
+    projection = Store(DataDir.open(root).projection(0))
+    try:
+        assert projection.get(keys.published_checkpoint(requested.offset)) is not None
+    finally:
+        projection.close()
+
+
+def _published(root: Path) -> list[int]:
+    catalog = DataDir.open(root).catalog()
+    try:
+        return [entry.offset for entry in catalog.entries(0)]
+    finally:
+        catalog.close()
+
+
+def test_checkpoint_uploads_keep_order_bound_what_waits_and_outlive_a_failure(
+    s3_endpoint: S3Endpoint, embedded: Embedded, tmp_path: Path
+) -> None:
+    """The uploads' thread publishes snapshots in the order taken; while the store hangs, a
+    partition's third snapshot is refused (MAX_PENDING_CHECKPOINTS) rather than kept waiting; a
+    failure (here the bucket cannot even be opened) is reported as that snapshot's and the next
+    one is tried afresh; and no scratch folder outlives its snapshot."""
+    domain = "shop"
+    embedded.append(domain, command(domain, CREATE_QUEUE, create_queue_body("q")))
+    embedded.run()
+    partition, store = embedded.partition(domain), embedded.store(domain)
+    bucket = s3_endpoint.fresh_store().bucket
+    hanging = HangingEndpoint(s3_endpoint.url)
+    endpoints = iter([f"http://127.0.0.1:{free_port()}"])  # nobody listens: the first open fails
+
+    def open_checkpoints() -> Checkpoints:
+        objects = S3ObjectStore(bucket, endpoint_url=next(endpoints, hanging.url), **s3_endpoint.client_options)
+        return Checkpoints(objects, FileCatalog(tmp_path / "catalog"), tmp_path / "scratch")
+
+    def snapshot(message_id: str) -> Snapshot:
+        embedded.append(domain, command(domain, ENQUEUE, enqueue_body("q", message_id)))
+        embedded.run()
+        return taking.snapshot(store, partition)
+
+    taking = Checkpoints(s3_endpoint.fresh_store(), FileCatalog(tmp_path / "unused"), tmp_path / "scratch")
+    uploads = CheckpointUploads(open_checkpoints)
+    try:
+        unopened = snapshot("m0")
+        assert uploads.submit(unopened)
+        [failed] = _finished(uploads, partition, 1)
+        assert (failed.offset, failed.entry) == (unopened.offset, None)
+        assert "opening the bucket" in failed.failure
+        hanging.hung.set()
+        waiting = [snapshot(f"m{n}") for n in range(1, 4)]
+        assert [uploads.submit(taken) for taken in waiting] == [True, True, False]
+        taking.discard(waiting[2])
+        assert uploads.finished(partition) == []  # the store takes the requests and answers none
+        hanging.hung.clear()
+        published = _finished(uploads, partition, 2)
+        assert [(p.offset, p.failure) for p in published] == [(taken.offset, "") for taken in waiting[:2]]
+        assert [p.entry.offset for p in published if p.entry] == [taken.offset for taken in waiting[:2]]
+        assert uploads.close() == 0
+        assert list((tmp_path / "scratch").glob("take-*")) == []
+    finally:
+        uploads.close(wait_s=0)
+        hanging.close()
+
+
+def _finished(uploads: CheckpointUploads, partition: int, count: int) -> list[Published]:
+    finished: list[Published] = []
+
+    def collect() -> bool:
+        finished.extend(uploads.finished(partition))
+        return len(finished) >= count
+
+    wait_until(collect, 60, f"{count} publications")
+    return finished
+
+
+def test_a_listing_passes_over_objects_deleted_while_it_runs(tmp_path: Path) -> None:
+    """A GC worker lists a partition's checkpoint objects while the service retires some in
+    another process: an object's folder can go between being seen and being looked into. The
+    listing leaves such an object out; it never fails (the worker once died of it)."""
+    store = FileObjectStore(tmp_path / "objects")
+    source = write(tmp_path / "source", b"x")
+    keys = [f"checkpoints/p-0001/{n:04d}/take/db/file-{m}" for n in range(40) for m in range(5)]
+    created = {key: store.put_if_absent(key, source) for key in keys}
+    done = threading.Event()
+
+    def retire() -> None:
+        for key, version in created.items():
+            store.delete(key, version.version)
+        done.set()
+
+    retiring = threading.Thread(target=retire)
+    retiring.start()
+    listings = 0
+    while not done.is_set() or listings == 0:
+        listed = [version.key for version in store.list("checkpoints/p-0001/")]
+        assert set(listed) <= set(keys) and listed == sorted(listed)
+        listings += 1
+    retiring.join()
+    assert list(store.list("checkpoints/")) == []

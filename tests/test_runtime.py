@@ -8,6 +8,7 @@ from pathlib import Path
 from keyload.log.codec import REGISTRY
 from keyload.operations.checkpoints import Announcer
 from keyload.projections import keys
+from keyload.service.checkpoint_uploads import CheckpointUploads
 from keyload.service.runtime import run_until
 from keyload.service.system_commands import domain_for_partition
 from keyload.storage.principals import CHECKPOINTER_PRINCIPAL, system_credential
@@ -21,6 +22,7 @@ from .support import (
     command,
     create_queue_body,
     enqueue_body,
+    wait_until,
 )
 
 D = "acme"
@@ -149,3 +151,23 @@ def test_until_idle_applies_the_announcement_of_a_checkpoint_it_took(embedded: E
     assert run_until([processor], threading.Event(), idle_exit=True) == []
     assert processor.last_checkpoint is not None and processor.last_checkpoint.offset == 0
     assert processor.applied_offset == embedded.log.end_offset(0) - 1 == 1
+
+
+def test_a_checkpoint_published_on_the_uploads_thread_is_announced_at_the_next_step(embedded: Embedded) -> None:
+    """With `uploads` the step that takes a checkpoint only snapshots it; a later step of the same
+    processor finds it published and announces it, and the announcement is applied like any record."""
+    processor = embedded.processors[0]
+    processor.announce = Announcer(embedded.log, system_credential(embedded.data.root, CHECKPOINTER_PRINCIPAL))
+    processor.uploads = uploads = CheckpointUploads(embedded.data.checkpoints)
+    try:
+        domain = domain_for_partition(0, embedded.data.partitions)
+        embedded.log.append(0, [command(domain, CHECKPOINT, {}, "checkpoint-1")])
+        assert processor.step() == 1
+        assert processor.last_checkpoint is None  # being published on the uploads' thread
+        wait_until(lambda: processor.step() >= 0 and processor.last_checkpoint is not None, what="the publication")
+        assert run_until([processor], threading.Event(), idle_exit=True) == []
+        assert processor.last_checkpoint is not None and processor.last_checkpoint.offset == 0
+        assert processor.applied_offset == embedded.log.end_offset(0) - 1 == 1
+        assert embedded.stores[0].get(keys.published_checkpoint(0)) is not None
+    finally:
+        assert uploads.close() == 0

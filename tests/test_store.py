@@ -20,6 +20,7 @@ from keyload.projections.store import (
     Staged,
     Store,
     StoreError,
+    describe_checkpoint,
     projection_memory,
     use_projection_memory,
     verify_checkpoint,
@@ -149,12 +150,13 @@ def test_commit_must_advance_the_applied_offset(tmp_path: Path) -> None:
 def test_checkpoint_manifest_verifies_files(tmp_path: Path) -> None:
     store = Store(tmp_path / "db")
     store.commit({b"a": b"1" * 1000}, 7, 99)
-    manifest = store.checkpoint(tmp_path / "cp", partition=2, processor_version="test")
+    store.snapshot(tmp_path / "cp")
+    manifest = describe_checkpoint(tmp_path / "cp", partition=2, processor_version="test")
     assert (manifest.partition, manifest.offset, manifest.last_time_ms) == (2, 7, 99)
     assert manifest.digest == store.digest()
     assert verify_checkpoint(tmp_path / "cp") == manifest
     with pytest.raises(StoreError, match="already exists"):
-        store.checkpoint(tmp_path / "cp", partition=2, processor_version="test")
+        store.snapshot(tmp_path / "cp")
     store.close()
     victim = next(f for f in manifest.files if f.size > 0 and f.name.endswith(".sst"))
     path = tmp_path / "cp" / "db" / victim.name

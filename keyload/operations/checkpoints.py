@@ -1,6 +1,7 @@
 """Taking, publishing, restoring and retiring checkpoints.
 
-Take: a RocksDB checkpoint of the projection into a scratch folder, its files and
+Take: a RocksDB checkpoint of the projection into a scratch folder (a snapshot: hard
+links, on the thread that applies), then, on any thread, its manifest written, its files and
 then its manifest put into the object store under a prefix unique to this take
 (two owners of one partition during a rebalance may both take one: each is a
 valid state of the same offset, and neither overwrites the other), then the
@@ -33,7 +34,15 @@ from keyload.credentials import Credential
 from keyload.errors import KeyloadError
 from keyload.log.base import CommandLog
 from keyload.operations.catalog import CatalogEntry, CheckpointCatalog, RecoveryPin, recovery_floor
-from keyload.projections.store import CHECKPOINT_DB, MANIFEST, Manifest, Store, StoreError, verify_checkpoint
+from keyload.projections.store import (
+    CHECKPOINT_DB,
+    MANIFEST,
+    Manifest,
+    Store,
+    StoreError,
+    describe_checkpoint,
+    verify_checkpoint,
+)
 from keyload.service.system_commands import system_command
 from keyload.storage.object_store import ObjectStore, ObjectStoreError, ObjectStoreUnavailable, ObjectVersion
 from keyload.version import __version__
@@ -69,6 +78,16 @@ class CheckpointPolicy:
 
     def __post_init__(self) -> None:
         assert self.every_records >= 1 and self.interval_s > 0 and self.retain >= 1
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    """A partition's projection as of `offset`, checkpointed into `folder` and not yet stored or
+    published (`Checkpoints.snapshot`, then `Checkpoints.publish` or `discard`)."""
+
+    partition: int
+    offset: int
+    folder: Path
 
 
 def partition_prefix(partition: int) -> str:
@@ -111,7 +130,27 @@ class Checkpoints:
         return len(abandoned)
 
     def take(self, store: Store, partition: int) -> CatalogEntry:
-        """Checkpoint the projection at its applied offset, store it, publish it, retire the oldest.
+        """Checkpoint the projection at its applied offset, store it, publish it, retire the oldest."""
+        return self.publish(self.snapshot(store, partition))
+
+    def snapshot(self, store: Store, partition: int) -> Snapshot:
+        """The first half of a take, on the thread that applies to `store`: a RocksDB checkpoint in
+        a scratch folder of its own (`take-pP-…`, which `clear_abandoned_takes` clears)."""
+        self.scratch.mkdir(parents=True, exist_ok=True)
+        folder = Path(tempfile.mkdtemp(dir=self.scratch, prefix=f"take-p{partition}-"))
+        try:
+            store.snapshot(folder / "checkpoint")
+        except BaseException:
+            shutil.rmtree(folder, ignore_errors=True)
+            raise
+        return Snapshot(partition, store.applied_offset, folder)
+
+    def discard(self, snapshot: Snapshot) -> None:
+        shutil.rmtree(snapshot.folder, ignore_errors=True)
+
+    def publish(self, snapshot: Snapshot) -> CatalogEntry:
+        """The second half of a take, on any thread: describe the snapshot, store it, publish it,
+        retire the oldest. Its scratch folder is gone afterwards, whatever happened.
 
         A checkpoint below the recovery floor is refused (CheckpointError, its objects
         deleted again): a zombie owner must not publish an old state once newer
@@ -121,11 +160,10 @@ class Checkpoints:
         `sweep_orphans` in that window may have deleted its objects (its restore then
         fails verification, and the restoring owner replays without it).
         """
-        self.scratch.mkdir(parents=True, exist_ok=True)
-        local = Path(tempfile.mkdtemp(dir=self.scratch, prefix=f"take-p{partition}-"))
+        partition = snapshot.partition
         try:
-            target = local / "checkpoint"
-            manifest = store.checkpoint(target, partition, PROCESSOR_VERSION)
+            target = snapshot.folder / "checkpoint"
+            manifest = describe_checkpoint(target, partition, PROCESSOR_VERSION)
             prefix = f"{partition_prefix(partition)}{manifest.offset:020d}/{os.urandom(8).hex()}/"
             uploaded = [
                 self.objects.put_if_absent(f"{prefix}{CHECKPOINT_DB}/{file.name}", target / CHECKPOINT_DB / file.name)
@@ -133,7 +171,7 @@ class Checkpoints:
             ]
             uploaded.append(self.objects.put_if_absent(prefix + MANIFEST, target / MANIFEST))
         finally:
-            shutil.rmtree(local, ignore_errors=True)
+            self.discard(snapshot)
         floor = self.floor(partition)
         if floor is not None and manifest.offset < floor:
             self._delete(uploaded)

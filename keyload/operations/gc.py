@@ -47,7 +47,7 @@ DEFAULT_GC_INTERVAL_S = 10.0
 TIME_BLOCKERS = frozenset({"live_handles", "upload_horizon"})  # lifted by log time alone
 MAX_PAGES_PER_PASS = 100  # ListRetention pages one pass reads per partition
 # What a pass meets and rides out: it is logged, and the partition (or pass) is tried again next time.
-PASS_FAULTS = (KeyloadError, CatalogError, CheckpointError, ObjectStoreError)
+PASS_FAULTS = (KeyloadError, CatalogError, CheckpointError, ObjectStoreError, OSError)  # retried next pass
 
 
 @dataclass(slots=True)

@@ -34,6 +34,7 @@ from keyload.projections.store import ProjectionMemory, Store, use_projection_me
 from keyload.sdk.client import Client
 from keyload.server.writer import OutcomeWaiters
 from keyload.service import access_control
+from keyload.service.checkpoint_uploads import CheckpointUploads
 from keyload.service.doorbell import Listener
 from keyload.service.halts import Halt, clear_halt, record_halt, recorded_halts
 from keyload.service.kafka import DEFAULT_SESSION_TIMEOUT_MS, KafkaService
@@ -102,6 +103,19 @@ class _GcBeside:
         self.worker.close()
         self.client.close()
         self.checkpoints.close()
+
+
+def _settle_checkpoints(uploads: CheckpointUploads, processors: list[PartitionProcessor]) -> None:
+    """Wait (bounded) for the checkpoints still being published, and apply their announcements,
+    so the service stops caught up."""
+    unpublished = uploads.close()
+    if unpublished:
+        print(
+            f"keyload: {unpublished} checkpoints left unpublished: the object store did not take them in time",
+            flush=True,
+        )
+    while sum(_step_unless_stalled(processor) for processor in processors):
+        pass
 
 
 def _step_unless_stalled(processor: PartitionProcessor) -> int:
@@ -305,6 +319,7 @@ def serve_partitions(
     log = data.file_command_log()
     outcomes = data.outcome_log()
     checkpoints = data.checkpoints(settings.checkpoints)
+    uploads = CheckpointUploads(lambda: data.checkpoints(settings.checkpoints))
     keys = data.keyring()
     stores: dict[int, Store] = {}
     announce = Announcer(log, system_credential(data.root, CHECKPOINTER_PRINCIPAL))
@@ -329,6 +344,7 @@ def serve_partitions(
                     keyring_loader=data.keyring,
                     announce=announce,
                     on_published=waiters.published if reporter is None else reporter.published,
+                    uploads=uploads,
                 )
             )
         _turn_access_control_on(data, log, processors)
@@ -376,6 +392,7 @@ def serve_partitions(
         finally:
             if collector is not None:
                 collector.stop(processors)
+            _settle_checkpoints(uploads, processors)
             if http is not None:
                 http.stop()
             listener.close()
@@ -383,6 +400,7 @@ def serve_partitions(
             reporter.report(processors)
         return halts
     finally:
+        uploads.close(wait_s=0)  # drained already, unless serving ended early
         for store in stores.values():
             store.close()
         log.close()

@@ -40,6 +40,7 @@ from keyload.operations.catalog import CatalogEntry, NotPublished
 from keyload.operations.checkpoints import Announcer, CheckpointError, Checkpoints, recovery_session
 from keyload.projections.store import Store
 from keyload.service import access_control
+from keyload.service.checkpoint_uploads import CheckpointUploads
 from keyload.service.halts import Halt, record_halt
 from keyload.service.runtime import MAX_GROUP_RECORDS, PartitionProcessor, Stalls, report_halts
 from keyload.service.system_commands import feature_level_command
@@ -106,6 +107,7 @@ class KafkaService:
         self.commands = KafkaLog.commands(self.settings)
         self.outcomes = KafkaLog.outcomes(self.settings)
         self.checkpoints = checkpoints
+        self.uploads = CheckpointUploads(lambda: data.checkpoints(checkpoints.policy))
         # Every service appends the same EnableAccessControl: a repeat in a partition that applied one.
         access_control.enable(data.root, self.commands, range(self.commands.partitions))
         # And the same RaiseFeatureLevel (processors/features.py): a repeat where it was applied.
@@ -173,6 +175,7 @@ class KafkaService:
                     last_commit = time.monotonic()
             halts = [owned.processor.halt for owned in self.owned.values() if owned.processor.halt is not None]
         finally:
+            self.uploads.close()
             self._release(list(self.owned))
             self._consumer.close()
             self.commands.close()
@@ -225,6 +228,7 @@ class KafkaService:
         for partition in partitions:
             owned = self.owned.pop(partition, None)
             if owned is not None:
+                owned.processor.settle_checkpoints()  # announce what was published; the next owner takes its own
                 owned.store.close()
                 print(f"keyload: released p{partition} at offset {owned.processor.applied_offset}", flush=True)
 
@@ -258,6 +262,7 @@ class KafkaService:
             verify_on_resume=False,  # the feed cannot read behind itself; the consumer validates leader epochs
             announce=self.announce,
             on_published=self.on_published,
+            uploads=self.uploads,
         )
         start = self.commands.start_offset(partition)
         if processor.halt is None and processor.applied_offset + 1 < start:

@@ -45,17 +45,23 @@ from keyload.log.base import (
     valid_log_time,
 )
 from keyload.log.file_log import DEFAULT_CONFIG
-from keyload.operations.catalog import CatalogEntry, CatalogError
-from keyload.operations.checkpoints import CheckpointError, Checkpoints
+from keyload.operations.catalog import CatalogEntry
+from keyload.operations.checkpoints import Checkpoints
 from keyload.processors.apply import CHECKPOINT_KIND, Applied, apply_out_of_range, apply_record
 from keyload.processors.errors import Corruption
 from keyload.processors.key_rotation import MissingKey
 from keyload.processors.queues.state import next_due_ms
 from keyload.projections.read_cache import ReadCache
 from keyload.projections.store import Staged, Store, StoreError
+from keyload.service.checkpoint_uploads import (
+    MAX_PENDING_CHECKPOINTS,
+    PUBLICATION_FAILURES,
+    CheckpointUploads,
+    Published,
+    publish,
+)
 from keyload.service.halts import Halt
 from keyload.service.ticker import Ticker
-from keyload.storage.object_store import ObjectStoreError
 
 MAX_GROUP_RECORDS = 512  # records applied per WriteBatch (group commit)
 IDLE_POLL_MIN_S = 0.001  # first wait after the log runs dry
@@ -121,6 +127,7 @@ class PartitionProcessor:
         verify_on_resume: bool = True,
         announce: Callable[[int, CatalogEntry], None] | None = None,
         on_published: Callable[[int | None, list[bytes]], None] | None = None,
+        uploads: CheckpointUploads | None = None,
     ) -> None:
         """`identity_log` (default: `log`) is read to check the applied record when the processor
         opens; `verify_on_resume` checks it again on every resume, which a source that cannot
@@ -128,7 +135,8 @@ class PartitionProcessor:
         checkpoint the processor publishes (the service's `Announcer` logs it). `on_published` is
         told of the outcomes of each reply partition once they are published (the HTTP server
         answers its requests from it), and of those of commands that name no reply partition, which
-        it alone is told of (the embedded server's own commands: nothing else reads them)."""
+        it alone is told of (the embedded server's own commands: nothing else reads them). With
+        `uploads`, a checkpoint is stored and published on their thread, not this one."""
         assert 1 <= group_records <= MAX_GROUP_RECORDS
         self.partition = partition
         self.partitions = partitions
@@ -137,6 +145,7 @@ class PartitionProcessor:
         self.reads = ReadCache(store)  # what its groups read, between groups (projections/read_cache.py)
         self.outcomes = outcomes
         self.checkpoints = checkpoints
+        self.uploads = uploads
         self.group_records = group_records
         self.keyring = dict(keyring or {})
         self.keyring_loader = keyring_loader
@@ -171,6 +180,7 @@ class PartitionProcessor:
         if the key is still missing the partition halts with RecoveryRequired.
         Raises Stalled when the group cannot be made durable; nothing is committed then.
         """
+        self.settle_checkpoints()
         try:
             count = self._step_with_keys(stop_after)
         except Stalled as exc:
@@ -429,7 +439,8 @@ class PartitionProcessor:
         )
 
     def take_checkpoint(self) -> CatalogEntry | None:
-        """Checkpoint and publish the projection at its applied offset.
+        """Checkpoint the projection at its applied offset and publish it: here, or through
+        `uploads` on their thread (None then: `settle_checkpoints` announces it later).
 
         A failure (object store or catalog unreachable) is reported and leaves the
         partition running: the next periodic checkpoint tries again.
@@ -438,19 +449,45 @@ class PartitionProcessor:
             return None
         self._checkpointed_offset, self._checkpointed_at = self._applied, time.monotonic()
         try:
-            self.last_checkpoint = self.checkpoints.take(self.store, self.partition)
-        except (CheckpointError, CatalogError, ObjectStoreError, StoreError, OSError) as exc:
-            log.warning("partition %d: checkpoint at offset %d failed: %s", self.partition, self._applied, exc)
+            snapshot = self.checkpoints.snapshot(self.store, self.partition)
+        except PUBLICATION_FAILURES as exc:
+            return self._settle(Published(self.partition, self._applied, None, str(exc)))
+        if self.uploads is None:
+            return self._settle(publish(self.checkpoints, snapshot))
+        if not self.uploads.submit(snapshot):
+            self.checkpoints.discard(snapshot)
+            log.warning(
+                "partition %d: checkpoint at offset %d skipped: the service is stopping, or %d earlier ones "
+                "are still being published",
+                self.partition,
+                self._applied,
+                MAX_PENDING_CHECKPOINTS,
+            )
+        return None
+
+    def settle_checkpoints(self) -> None:
+        """Announce the checkpoints `uploads` published for this partition since the last call,
+        and report those that failed."""
+        if self.uploads is not None:
+            for published in self.uploads.finished(self.partition):
+                self._settle(published)
+
+    def _settle(self, published: Published) -> CatalogEntry | None:
+        if published.entry is None:
+            log.warning(
+                "partition %d: checkpoint at offset %d failed: %s", self.partition, published.offset, published.failure
+            )
             return None
+        self.last_checkpoint = published.entry
         if self.announce is not None:
             try:
-                self.announce(self.partition, self.last_checkpoint)
+                self.announce(self.partition, published.entry)
                 self.caught_up = False  # the announcement was appended to this partition: read it again
             except (LogError, OSError) as exc:  # the floor waits for a later checkpoint: never too early
                 log.warning(
-                    "partition %d: checkpoint at offset %d not recorded: %s", self.partition, self._applied, exc
+                    "partition %d: checkpoint at offset %d not recorded: %s", self.partition, published.offset, exc
                 )
-        return self.last_checkpoint
+        return published.entry
 
     def _publishes_to(self, reply_to: int | None) -> bool:
         """Whether an outcome goes to a reply partition (an unknown one is ignored), or, naming none,

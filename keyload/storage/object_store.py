@@ -60,6 +60,12 @@ COPY_CHUNK_BYTES = 1 << 20
 MIN_PART_BYTES = 5 * 1024 * 1024  # S3's least size of every multipart part but the last
 MAX_UPLOAD_PARTS = 10_000  # S3's most parts per multipart upload
 SHA256_PATTERN = re.compile(r"[0-9a-f]{64}")
+# An S3 request's bounds, unless `client_options` give a botocore `config` of their own: a store that
+# takes requests and answers none fails a request after at most S3_ATTEMPTS * S3_READ_TIMEOUT_S
+# (boto3's defaults are 60 s and 5 attempts, with back-off between them).
+S3_CONNECT_TIMEOUT_S = 5.0
+S3_READ_TIMEOUT_S = 20.0  # one socket read: an answer's first bytes, or the next ones
+S3_ATTEMPTS = 3  # the first try and two retries ("standard" retry mode)
 PUT_ATTEMPTS = 5  # a conditional create racing another writer or a delete is retried this often
 
 # FileObjectStore names inside an object's folder; names starting with "." are never versions.
@@ -279,8 +285,14 @@ class FileObjectStore:
         return ObjectVersion(key, version, version.split("-", 1)[1], length)
 
     def head(self, key: str) -> ObjectVersion | None:
-        versions = self._versions(key)
-        return self._describe(key, versions[-1]) if versions else None
+        while versions := self._versions(key):
+            try:
+                return self._describe(key, versions[-1])
+            except ObjectStoreError:
+                if versions[-1] in self._versions(key):
+                    raise
+                # deleted since the listing: look again
+        return None
 
     def _create(self, key: str, etag: str, write: Callable[[BinaryIO], str]) -> ObjectVersion:
         """The conditional create ending both put_if_absent and complete_upload.
@@ -365,10 +377,15 @@ class FileObjectStore:
     def list(self, prefix: str) -> Iterator[ObjectVersion]:
         parent = prefix.rpartition("/")[0]
         base = self.root / parent if parent else self.root
-        found = (
-            folder.relative_to(self.root).as_posix()[: -len(OBJECT_SUFFIX)]
-            for folder in base.rglob("*" + OBJECT_SUFFIX)
-        )
+        found = []
+        # os.walk passes over a folder deleted while it walks (another process retiring a
+        # checkpoint), where Path.rglob raised FileNotFoundError; an object's folder holds no keys.
+        for directory, folders, _ in os.walk(base):
+            objects = {name for name in folders if name.endswith(OBJECT_SUFFIX)}
+            found += [
+                (Path(directory) / name).relative_to(self.root).as_posix()[: -len(OBJECT_SUFFIX)] for name in objects
+            ]
+            folders[:] = [name for name in folders if name not in objects]
         for key in sorted(key for key in found if key.startswith(prefix)):
             newest = self.head(key)
             if newest is not None:
@@ -476,7 +493,8 @@ class S3ObjectStore:
     there, since S3 answers a delete of a missing version with success as well).
     Keys live under `prefix` (empty, or a valid key: objects go to `prefix/key`).
     `client_options` go to `boto3.client("s3", ...)` (credentials, config, ...), or pass
-    a ready `client`.
+    a ready `client`. Without a `config` of theirs, each request is bounded by S3_CONNECT_TIMEOUT_S,
+    S3_READ_TIMEOUT_S and S3_ATTEMPTS.
     """
 
     def __init__(
@@ -494,7 +512,14 @@ class S3ObjectStore:
         self.prefix = check_key(prefix.rstrip("/")) + "/" if prefix else ""
         if client is None:
             import boto3
+            from botocore.config import Config
 
+            bounds = Config(
+                connect_timeout=S3_CONNECT_TIMEOUT_S,
+                read_timeout=S3_READ_TIMEOUT_S,
+                retries={"max_attempts": S3_ATTEMPTS, "mode": "standard"},
+            )
+            client_options.setdefault("config", bounds)
             client = boto3.client("s3", endpoint_url=endpoint_url, region_name=region_name, **client_options)
         self.client = client
         from botocore.exceptions import BotoCoreError, ClientError
