@@ -6,10 +6,10 @@ import threading
 from pathlib import Path
 
 from keyload.log.codec import REGISTRY
-from keyload.operations.checkpoints import Announcer
+from keyload.operations.checkpoints import Announcer, CheckpointPolicy
 from keyload.projections import keys
 from keyload.service.checkpoint_uploads import CheckpointUploads
-from keyload.service.runtime import run_until
+from keyload.service.runtime import PartitionProcessor, run_until, wall_clock_ms
 from keyload.service.system_commands import domain_for_partition
 from keyload.storage.principals import CHECKPOINTER_PRINCIPAL, system_credential
 
@@ -171,3 +171,33 @@ def test_a_checkpoint_published_on_the_uploads_thread_is_announced_at_the_next_s
         assert embedded.stores[0].get(keys.published_checkpoint(0)) is not None
     finally:
         assert uploads.close() == 0
+
+
+def test_periodic_checkpoints_count_from_the_newest_published_one_across_a_restart(embedded: Embedded) -> None:
+    """Every 4 records: one at offset 3, then two records, then a restart, then two more records
+    make 4 since that checkpoint. (Counting from the restart, a service restarted more often than
+    its checkpoint period would never take one.)"""
+    embedded.now_ms = wall_clock_ms()  # the interval counts from the checkpoint's log time too
+    policy = CheckpointPolicy(every_records=4, interval_s=3600)
+    checkpoints = embedded.data.checkpoints(policy)
+    partition = embedded.partition(D)
+
+    def processor() -> PartitionProcessor:
+        return PartitionProcessor(
+            partition, embedded.data.partitions, embedded.log, embedded.stores[partition], checkpoints=checkpoints
+        )
+
+    def apply(message_ids: list[str], by: PartitionProcessor) -> None:
+        for message_id in message_ids:
+            embedded.append(D, command(D, ENQUEUE, enqueue_body("jobs", message_id)))
+            while by.step():
+                pass
+
+    first = processor()
+    embedded.append(D, command(D, CREATE_QUEUE, create_queue_body("jobs")))
+    apply(["m1", "m2", "m3", "m4", "m5"], first)
+    assert [entry.offset for entry in checkpoints.entries(partition)] == [3]
+    restarted = processor()
+    apply(["m6", "m7"], restarted)
+    assert [entry.offset for entry in checkpoints.entries(partition)] == [3, 7]
+    checkpoints.close()

@@ -15,6 +15,8 @@ import base64
 import hashlib
 import inspect
 import json
+import socket
+import subprocess
 import threading
 import time
 import uuid
@@ -48,7 +50,7 @@ from keyload.storage import keyring
 from keyload.storage.datadir import DataDir
 from keyload.wire import UPLOAD_HANDLE_HEADER
 
-from .support import bearer, served_url, start_service, stop_service, wait_until
+from .support import bearer, keyload_command, served_url, start_service, stop_service, wait_until
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -1188,3 +1190,31 @@ def test_non_ascii_digits_are_not_numbers(api: httpx.Client) -> None:
     assert (partition.status_code, partition.json()["error_code"]) == (400, "Validation")
     reservation = api.put(f"/v1/domains/{domain()}/reservations/%C2%B2/content", content=b"x")
     assert (reservation.status_code, reservation.json()["error_code"]) == (400, "Validation")
+
+
+@pytest.mark.parametrize("form", ["text", "json"])
+def test_what_uvicorn_logs_is_in_the_services_log_format(tmp_path: Path, form: str) -> None:
+    """A request uvicorn refuses before any route (a control character in a header) is answered
+    400 and logged by uvicorn: in the service's --log-format like every other line, so one bad
+    request cannot put a line a JSON log pipeline cannot parse into the service's log."""
+    root = tmp_path / "data"
+    errors = tmp_path / "stderr"
+    with errors.open("wb") as sink:
+        command = keyload_command("run", "--data", str(root), "--log-format", form)
+        process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=sink)
+    try:
+        address = httpx.URL(served_url(root))
+        with socket.create_connection((address.host, address.port or 80)) as connection:
+            connection.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Bad: a\x01b\r\n\r\n")
+            assert connection.recv(4096).startswith(b"HTTP/1.1 400 ")
+        assert stop_service(process) == 0
+    finally:
+        if process.poll() is None:
+            process.kill()
+    lines = errors.read_text().splitlines()
+    assert any("Invalid HTTP request" in line for line in lines), lines
+    for line in lines:
+        if form == "json":
+            assert isinstance(json.loads(line), dict), line
+        else:
+            assert line.startswith("keyload: "), line

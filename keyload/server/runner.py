@@ -207,6 +207,7 @@ class HttpServer:
         config = uvicorn.Config(
             app,
             log_level="warning",
+            log_config=None,  # uvicorn's records go to keyload's handler, in the service's --log-format
             access_log=False,
             # Nothing reads a request's client address or scheme, so X-Forwarded-* are not taken
             # either (uvicorn's default takes them from 127.0.0.1): one middleware less a request.

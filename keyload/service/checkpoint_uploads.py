@@ -85,14 +85,17 @@ class CheckpointUploads:
 
     def close(self, wait_s: float = CHECKPOINT_DRAIN_S) -> int:
         """Take no more snapshots and wait up to `wait_s` for those pending; returns how many are
-        still unpublished. Their scratch folders are cleared when the service next starts, and
-        what they uploaded is swept as orphans once below the recovery floor."""
+        still unpublished, and says so. Their scratch folders are cleared when the service next
+        starts, and what they uploaded is swept as orphans once below the recovery floor."""
         with self._lock:
-            self._closed = True
+            already, self._closed = self._closed, True
         self._queue.put(None)
         self._thread.join(wait_s)
         with self._lock:
-            return sum(self._pending.values())
+            unpublished = sum(self._pending.values())
+        if unpublished and not already:
+            log.warning("%d checkpoints left unpublished: the object store did not take them in time", unpublished)
+        return unpublished
 
     def _run(self) -> None:
         checkpoints: Checkpoints | None = None

@@ -108,12 +108,7 @@ class _GcBeside:
 def _settle_checkpoints(uploads: CheckpointUploads, processors: list[PartitionProcessor]) -> None:
     """Wait (bounded) for the checkpoints still being published, and apply their announcements,
     so the service stops caught up."""
-    unpublished = uploads.close()
-    if unpublished:
-        print(
-            f"keyload: {unpublished} checkpoints left unpublished: the object store did not take them in time",
-            flush=True,
-        )
+    uploads.close()
     while sum(_step_unless_stalled(processor) for processor in processors):
         pass
 

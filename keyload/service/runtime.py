@@ -45,7 +45,7 @@ from keyload.log.base import (
     valid_log_time,
 )
 from keyload.log.file_log import DEFAULT_CONFIG
-from keyload.operations.catalog import CatalogEntry
+from keyload.operations.catalog import CatalogEntry, CatalogError
 from keyload.operations.checkpoints import Checkpoints
 from keyload.processors.apply import CHECKPOINT_KIND, Applied, apply_out_of_range, apply_record
 from keyload.processors.errors import Corruption
@@ -158,8 +158,7 @@ class PartitionProcessor:
         # The identity of the applied record as the projection holds it, once this processor has read
         # or committed it: the check on resuming compares against it without reading the projection.
         self._applied_identity: bytes | None = None
-        self._checkpointed_offset = self._applied  # periodic checkpoints count from here ...
-        self._checkpointed_at = time.monotonic()  # ... and from now
+        self._checkpointed_offset, self._checkpointed_at = self._newest_checkpoint()  # periodic ones count from it
         self._identity_log = identity_log or log
         self._verify_on_resume = verify_on_resume
         self._verified = False  # the log holds the applied record, as of the last read
@@ -428,6 +427,25 @@ class PartitionProcessor:
     def _halt_on_corruption(self, exc: LogCorruption) -> None:
         offset = exc.offset if exc.offset is not None else self._applied + 1
         self.halt = Halt(self.partition, offset, f"Corruption: {exc}")
+
+    def _newest_checkpoint(self) -> tuple[int, float]:
+        """The offset and (monotonic) time periodic checkpoints count from: the newest published
+        checkpoint's offset, taken as long ago as its last record's log time, so a restart does not
+        start the count again (a service restarted more often than the interval would otherwise
+        never take one); with none published, the log's start and now; with no catalog to read,
+        this processor's start."""
+        now = time.monotonic()
+        if self.checkpoints is None:
+            return self._applied, now
+        try:
+            newest = self.checkpoints.latest(self.partition)
+        except CatalogError as exc:
+            log.warning("partition %d: periodic checkpoints count from now: %s", self.partition, exc)
+            return self._applied, now
+        if newest is None:
+            return -1, now
+        age_s = max(0, wall_clock_ms() - newest.manifest.last_time_ms) / 1000
+        return newest.offset, now - age_s
 
     def _periodic_checkpoint_due(self) -> bool:
         if self.checkpoints is None or self._applied == self._checkpointed_offset:
