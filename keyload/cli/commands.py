@@ -782,6 +782,8 @@ def add_table_commands(
     for alias, target in ALIASES.items():
         kind = by_cli[target]
         help_text = f"alias of `keyload {' '.join(target)}`: {table.shape(kind).help}"
+        if alias == "stats":
+            help_text += " (as text unless --json, into a pipe too)"
         parser = add_row_parser(sub, alias, kind, parents, help_text, table=table)
         if alias == "stats":
             parser.set_defaults(text_only=True)
