@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from keyload.credentials import ADMIN_PRINCIPAL, Credential
+from keyload.credentials import ADMIN_PRINCIPAL, Credential, contents
+from keyload.log.codec import REGISTRY
 from keyload.operations.catalog import FileCatalog
 from keyload.operations.checkpoints import CheckpointPolicy, Checkpoints, Snapshot
-from keyload.projections import keys
 from keyload.projections.store import Store
 from keyload.sdk.client import Client
 from keyload.service.checkpoint_uploads import CheckpointUploads, Published
@@ -32,6 +32,7 @@ from keyload.storage.object_store import (
 
 from .s3 import HangingEndpoint, S3Endpoint
 from .support import (
+    COMMAND,
     CREATE_QUEUE,
     ENQUEUE,
     Embedded,
@@ -39,6 +40,7 @@ from .support import (
     create_queue_body,
     enqueue_body,
     free_port,
+    records_from,
     served_url,
     start_service,
     stop_service,
@@ -422,16 +424,20 @@ def test_a_hung_object_store_delays_checkpoints_never_the_service(
             assert _published(root) == []  # the upload still waits
             store.hung.clear()
             wait_until(lambda: _published(root) == [requested.offset], 60, "the checkpoint's publication")
-        assert stop_service(service) == 0  # once it has applied the checkpoint's announcement
+            announcement = f"checkpoint-published-p0-{requested.offset}"
+            wait_until(lambda: announcement in _command_ids(root, requested.offset), 30, "its announcement")
+        assert stop_service(service) == 0
     finally:
         if service.poll() is None:
             service.kill()
         store.close()
-    projection = Store(DataDir.open(root).projection(0))
-    try:
-        assert projection.get(keys.published_checkpoint(requested.offset)) is not None
-    finally:
-        projection.close()
+
+
+def _command_ids(root: Path, start: int) -> list[str]:
+    with DataDir.open(root).file_command_log() as log:
+        return [
+            REGISTRY.decode(COMMAND, contents(record.value))["command_id"] for record in records_from(log, 0, start)
+        ]
 
 
 def _published(root: Path) -> list[int]:
@@ -448,7 +454,8 @@ def test_checkpoint_uploads_keep_order_bound_what_waits_and_outlive_a_failure(
     """The uploads' thread publishes snapshots in the order taken; while the store hangs, a
     partition's third snapshot is refused (MAX_PENDING_CHECKPOINTS) rather than kept waiting; a
     failure (here the bucket cannot even be opened) is reported as that snapshot's and the next
-    one is tried afresh; and no scratch folder outlives its snapshot."""
+    one is tried afresh; a partition forgotten while its snapshot waits is published but not
+    handed on; and no scratch folder outlives its snapshot."""
     domain = "shop"
     embedded.append(domain, command(domain, CREATE_QUEUE, create_queue_body("q")))
     embedded.run()
@@ -483,7 +490,14 @@ def test_checkpoint_uploads_keep_order_bound_what_waits_and_outlive_a_failure(
         published = _finished(uploads, partition, 2)
         assert [(p.offset, p.failure) for p in published] == [(taken.offset, "") for taken in waiting[:2]]
         assert [p.entry.offset for p in published if p.entry] == [taken.offset for taken in waiting[:2]]
+        hanging.hung.set()
+        released = snapshot("m4")
+        assert uploads.submit(released)
+        uploads.forget(partition)  # its processor is gone (Kafka mode released the partition)
+        hanging.hung.clear()
         assert uploads.close() == 0
+        assert uploads.finished(partition) == []  # published, and handed to no later owner
+        assert FileCatalog(tmp_path / "catalog").entries(partition)[-1].offset == released.offset
         assert list((tmp_path / "scratch").glob("take-*")) == []
     finally:
         uploads.close(wait_s=0)

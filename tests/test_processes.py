@@ -32,9 +32,11 @@ from .support import (
     CREATE_QUEUE,
     ENQUEUE,
     assert_live_equals_replay,
+    command,
     create_principals,
     create_queue_body,
     enqueue_body,
+    keyload_command,
     signed_command,
     spread_domains,
     start_service,
@@ -49,6 +51,8 @@ CATCH_UP_TIMEOUT_S = 60.0
 PRODUCERS = 2
 MESSAGES_PER_DOMAIN = 300
 PRODUCER_TIMEOUT_S = 120.0
+STOP_BACKLOG = 40_000  # records left in the log for a stop: seconds of applying on this machine
+STOP_DOMAIN = "backlog"
 QUEUE = "orders"
 PRODUCER_SCRIPT = """\
 import json
@@ -497,3 +501,31 @@ def test_kill_9_during_workload_loses_nothing_and_applies_nothing_twice(tmp_path
         f"crash phase {crash_phase_s:.1f}s; workload outcomes: "
         + ", ".join(f"{e.error_code or e.status} {n}" for e, n in statuses.most_common())
     )
+
+
+def test_a_stop_leaves_the_backlog_to_the_next_start(tmp_path: Path) -> None:
+    """SIGTERM stops the processors between two groups (ARCHITECTURE.md §10a, "Stopping"): a service
+    stopped with a backlog in its log exits without applying it, and the next start applies it.
+    (A stop that drained the log first would never end behind a producer faster than the processor.)"""
+    root = tmp_path / "data"
+    assert stop_service(start_service(root, "--listen", "none")) == 0
+    data = DataDir.open(root)
+    partition = partition_for(STOP_DOMAIN, data.partitions)
+    with data.file_command_log() as log:
+        for start in range(0, STOP_BACKLOG, 500):  # unsigned: each is refused, and is a record to apply all the same
+            values = [command(STOP_DOMAIN, ENQUEUE, enqueue_body("q", f"m{n}")) for n in range(start, start + 500)]
+            log.append(partition, values)
+        end = log.end_offset(partition)
+    assert stop_service(start_service(root, "--listen", "none")) == 0
+    assert _applied(data, partition) < end - 1
+    until_idle = keyload_command("run", "--data", str(root), "--listen", "none", "--until-idle")
+    assert subprocess.run(until_idle, timeout=300).returncode == 0
+    assert _applied(data, partition) >= end - 1
+
+
+def _applied(data: DataDir, partition: int) -> int:
+    store = Store(data.projection(partition))
+    try:
+        return store.applied_offset
+    finally:
+        store.close()

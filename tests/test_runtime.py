@@ -174,30 +174,38 @@ def test_a_checkpoint_published_on_the_uploads_thread_is_announced_at_the_next_s
 
 
 def test_periodic_checkpoints_count_from_the_newest_published_one_across_a_restart(embedded: Embedded) -> None:
-    """Every 4 records: one at offset 3, then two records, then a restart, then two more records
-    make 4 since that checkpoint. (Counting from the restart, a service restarted more often than
-    its checkpoint period would never take one.)"""
-    embedded.now_ms = wall_clock_ms()  # the interval counts from the checkpoint's log time too
-    policy = CheckpointPolicy(every_records=4, interval_s=3600)
-    checkpoints = embedded.data.checkpoints(policy)
+    """Every 4 records or an hour, counted from the newest published checkpoint, also when the
+    processor restarted meanwhile: a restart an hour past the newest checkpoint's last record
+    takes one at its first commit, and a restart two records after one takes the next two records
+    later. (Counting from the restart, a service restarted more often than its checkpoint period
+    would never take one.)"""
+    checkpoints = embedded.data.checkpoints(CheckpointPolicy(every_records=4, interval_s=3600, retain=10))
     partition = embedded.partition(D)
 
-    def processor() -> PartitionProcessor:
+    def restart() -> PartitionProcessor:
         return PartitionProcessor(
-            partition, embedded.data.partitions, embedded.log, embedded.stores[partition], checkpoints=checkpoints
+            partition,
+            embedded.data.partitions,
+            embedded.log,
+            embedded.stores[partition],
+            checkpoints=checkpoints,
+            newest_checkpoint=checkpoints.latest(partition),
         )
 
-    def apply(message_ids: list[str], by: PartitionProcessor) -> None:
+    def apply(by: PartitionProcessor, *message_ids: str) -> list[int]:
         for message_id in message_ids:
             embedded.append(D, command(D, ENQUEUE, enqueue_body("jobs", message_id)))
             while by.step():
                 pass
+        return [entry.offset for entry in checkpoints.entries(partition)]
 
-    first = processor()
+    embedded.now_ms = wall_clock_ms() - 2 * 3_600_000  # these records' log time: two hours ago
     embedded.append(D, command(D, CREATE_QUEUE, create_queue_body("jobs")))
-    apply(["m1", "m2", "m3", "m4", "m5"], first)
-    assert [entry.offset for entry in checkpoints.entries(partition)] == [3]
-    restarted = processor()
-    apply(["m6", "m7"], restarted)
-    assert [entry.offset for entry in checkpoints.entries(partition)] == [3, 7]
+    assert apply(restart(), "m1", "m2", "m3") == [3]  # 4 records since the log's start
+    later = restart()
+    assert apply(later, "m4") == [3, 4]  # its newest checkpoint's last record is 2 hours old
+    embedded.now_ms = wall_clock_ms()
+    assert apply(later, "m5", "m6", "m7", "m8") == [3, 4, 8]
+    assert apply(later, "m9", "m10") == [3, 4, 8]
+    assert apply(restart(), "m11", "m12") == [3, 4, 8, 12]
     checkpoints.close()

@@ -60,9 +60,10 @@ class CheckpointUploads:
 
     def __init__(self, open_checkpoints: Callable[[], Checkpoints]) -> None:
         self._open = open_checkpoints
-        self._queue: queue.SimpleQueue[Snapshot | None] = queue.SimpleQueue()
+        self._queue: queue.SimpleQueue[tuple[int, Snapshot] | None] = queue.SimpleQueue()
         self._lock = threading.Lock()
         self._pending: Counter[int] = Counter()  # partition -> snapshots submitted and not finished
+        self._owner: Counter[int] = Counter()  # partition -> its processor's number here (`forget`)
         self._finished: defaultdict[int, list[Published]] = defaultdict(list)
         self._closed = False
         self._thread = threading.Thread(target=self._run, name="keyload-checkpoint-uploads", daemon=True)
@@ -71,11 +72,11 @@ class CheckpointUploads:
     def submit(self, snapshot: Snapshot) -> bool:
         """Queue `snapshot` to be published; False, queuing nothing, once the service is stopping or
         while MAX_PENDING_CHECKPOINTS of its partition are pending (the caller discards it)."""
-        with self._lock:
+        with self._lock:  # queued under the lock: never behind close()'s end marker
             if self._closed or self._pending[snapshot.partition] >= MAX_PENDING_CHECKPOINTS:
                 return False
             self._pending[snapshot.partition] += 1
-        self._queue.put(snapshot)
+            self._queue.put((self._owner[snapshot.partition], snapshot))
         return True
 
     def finished(self, partition: int) -> list[Published]:
@@ -83,13 +84,20 @@ class CheckpointUploads:
         with self._lock:
             return self._finished.pop(partition, [])
 
+    def forget(self, partition: int) -> None:
+        """The partition's processor is gone (Kafka mode released it): publications of its snapshots
+        that end from now on are not handed to a later owner in this process, which announces its own."""
+        with self._lock:
+            self._owner[partition] += 1
+            self._finished.pop(partition, None)
+
     def close(self, wait_s: float = CHECKPOINT_DRAIN_S) -> int:
         """Take no more snapshots and wait up to `wait_s` for those pending; returns how many are
         still unpublished, and says so. Their scratch folders are cleared when the service next
         starts, and what they uploaded is swept as orphans once below the recovery floor."""
         with self._lock:
             already, self._closed = self._closed, True
-        self._queue.put(None)
+            self._queue.put(None)
         self._thread.join(wait_s)
         with self._lock:
             unpublished = sum(self._pending.values())
@@ -100,7 +108,8 @@ class CheckpointUploads:
     def _run(self) -> None:
         checkpoints: Checkpoints | None = None
         try:
-            while (snapshot := self._queue.get()) is not None:
+            while (queued := self._queue.get()) is not None:
+                owner, snapshot = queued
                 try:
                     if checkpoints is None:  # opened here, and again after a failed open
                         checkpoints = self._open()
@@ -110,7 +119,8 @@ class CheckpointUploads:
                     published = Published(snapshot.partition, snapshot.offset, None, f"{type(exc).__name__}: {exc}")
                 with self._lock:
                     self._pending[snapshot.partition] -= 1
-                    self._finished[snapshot.partition].append(published)
+                    if owner == self._owner[snapshot.partition]:
+                        self._finished[snapshot.partition].append(published)
         finally:
             if checkpoints is not None:
                 checkpoints.close()

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import logging
 import os
 import secrets
 import sys
@@ -26,7 +27,8 @@ from keyload import limits
 from keyload.credentials import ADMIN_PRINCIPAL
 from keyload.errors import KeyloadError
 from keyload.log.base import CommandLog, LogCorruption
-from keyload.operations.checkpoints import Announcer, CheckpointPolicy
+from keyload.operations.catalog import CatalogEntry, CatalogError
+from keyload.operations.checkpoints import Announcer, CheckpointPolicy, Checkpoints
 from keyload.operations.gc import DEFAULT_GC_INTERVAL_S, GcWorker, LocalRetention, run_worker
 from keyload.processors.access import policy_epoch
 from keyload.processors.features import feature_level
@@ -60,6 +62,8 @@ GC_CLIENT_TIMEOUT_S = 2.0  # the in-service GC worker's outcome wait: short, so 
 SERVICE_THREAD = "keyload-service"  # the thread of the embedded service's processors and HTTP API
 SERVICE_JOIN_S = 0.5  # the calling thread waits for it this long at a time, taking signals between
 RUN_LOCK = "run.lock"  # held (flock) by the process serving the directory, which writes its pid into it
+
+log = logging.getLogger(__name__)
 
 
 class AlreadyServed(KeyloadError):
@@ -106,11 +110,21 @@ class _GcBeside:
 
 
 def _settle_checkpoints(uploads: CheckpointUploads, processors: list[PartitionProcessor]) -> None:
-    """Wait (bounded) for the checkpoints still being published, and apply their announcements,
-    so the service stops caught up."""
+    """Wait (bounded) for the checkpoints still being published and announce those that were: the
+    announcements are applied at the next start, as any record past the last group is (§10a)."""
     uploads.close()
-    while sum(_step_unless_stalled(processor) for processor in processors):
-        pass
+    for processor in processors:
+        processor.settle_checkpoints()
+
+
+def _newest_checkpoint(checkpoints: Checkpoints, partition: int) -> CatalogEntry | None:
+    """The partition's newest published checkpoint; None, said once, when its catalog cannot be read
+    (the partition serves all the same: its periodic checkpoints count from now)."""
+    try:
+        return checkpoints.latest(partition)
+    except CatalogError as exc:
+        log.warning("partition %d: periodic checkpoints count from now: %s", partition, exc)
+        return None
 
 
 def _step_unless_stalled(processor: PartitionProcessor) -> int:
@@ -340,6 +354,7 @@ def serve_partitions(
                     announce=announce,
                     on_published=waiters.published if reporter is None else reporter.published,
                     uploads=uploads,
+                    newest_checkpoint=_newest_checkpoint(checkpoints, partition),
                 )
             )
         _turn_access_control_on(data, log, processors)
@@ -385,12 +400,14 @@ def serve_partitions(
                 fail_fast=settings.fail_fast,
             )
         finally:
-            if collector is not None:
-                collector.stop(processors)
-            _settle_checkpoints(uploads, processors)
-            if http is not None:
-                http.stop()
-            listener.close()
+            try:
+                if collector is not None:
+                    collector.stop(processors)
+                _settle_checkpoints(uploads, processors)
+            finally:
+                if http is not None:
+                    http.stop()
+                listener.close()
         if reporter is not None:  # the last pass's progress (an `--until-idle` run ends without an idle wait)
             reporter.report(processors)
         return halts

@@ -229,6 +229,7 @@ class KafkaService:
             owned = self.owned.pop(partition, None)
             if owned is not None:
                 owned.processor.settle_checkpoints()  # announce what was published; the next owner takes its own
+                self.uploads.forget(partition)
                 owned.store.close()
                 print(f"keyload: released p{partition} at offset {owned.processor.applied_offset}", flush=True)
 
@@ -247,7 +248,7 @@ class KafkaService:
     def _open(self, partition: int) -> Owned:
         """The partition's projection: local if current, else the newest published checkpoint."""
         path = self.data.projection(partition)
-        store = self._activate(partition, path)
+        store, newest = self._activate(partition, path)
         feed = PartitionFeed(partition, self.commands.end_offset)
         processor = PartitionProcessor(
             partition,
@@ -263,6 +264,7 @@ class KafkaService:
             announce=self.announce,
             on_published=self.on_published,
             uploads=self.uploads,
+            newest_checkpoint=newest,
         )
         start = self.commands.start_offset(partition)
         if processor.halt is None and processor.applied_offset + 1 < start:
@@ -272,8 +274,9 @@ class KafkaService:
             processor.halt = Halt(partition, processor.applied_offset + 1, reason)
         return Owned(processor, store, feed)
 
-    def _activate(self, partition: int, path: Path) -> Store:
-        """Open the local projection, first restoring the newest checkpoint if that is past it.
+    def _activate(self, partition: int, path: Path) -> tuple[Store, CatalogEntry | None]:
+        """Open the local projection, first restoring the newest checkpoint if that is past it;
+        with the newest checkpoint.
 
         The restore pins its candidate so that no owner's retention deletes its objects
         meanwhile, and releases the pin once the restored projection is open. A candidate
@@ -285,10 +288,10 @@ class KafkaService:
             try:
                 with self.checkpoints.pinned(latest, session):
                     self._restore(latest, path)
-                    return Store(path)
+                    return Store(path), latest
             except NotPublished:
                 continue
-        return Store(path)
+        return Store(path), latest
 
     def _restore(self, entry: CatalogEntry, path: Path) -> None:
         """Swap the checkpoint in for the projection at `path`, which stays as it is if that fails."""

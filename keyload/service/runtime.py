@@ -45,7 +45,7 @@ from keyload.log.base import (
     valid_log_time,
 )
 from keyload.log.file_log import DEFAULT_CONFIG
-from keyload.operations.catalog import CatalogEntry, CatalogError
+from keyload.operations.catalog import CatalogEntry
 from keyload.operations.checkpoints import Checkpoints
 from keyload.processors.apply import CHECKPOINT_KIND, Applied, apply_out_of_range, apply_record
 from keyload.processors.errors import Corruption
@@ -128,6 +128,7 @@ class PartitionProcessor:
         announce: Callable[[int, CatalogEntry], None] | None = None,
         on_published: Callable[[int | None, list[bytes]], None] | None = None,
         uploads: CheckpointUploads | None = None,
+        newest_checkpoint: CatalogEntry | None = None,
     ) -> None:
         """`identity_log` (default: `log`) is read to check the applied record when the processor
         opens; `verify_on_resume` checks it again on every resume, which a source that cannot
@@ -136,7 +137,11 @@ class PartitionProcessor:
         told of the outcomes of each reply partition once they are published (the HTTP server
         answers its requests from it), and of those of commands that name no reply partition, which
         it alone is told of (the embedded server's own commands: nothing else reads them). With
-        `uploads`, a checkpoint is stored and published on their thread, not this one."""
+        `uploads`, a checkpoint is stored and published on their thread, not this one.
+        `newest_checkpoint`, the partition's newest published checkpoint, is where periodic
+        checkpoints count from: its offset, and as its time its last record's log time, so a
+        restart does not start the count again (a service restarted more often than the interval
+        would never take one); without it, from this processor's start."""
         assert 1 <= group_records <= MAX_GROUP_RECORDS
         self.partition = partition
         self.partitions = partitions
@@ -158,7 +163,10 @@ class PartitionProcessor:
         # The identity of the applied record as the projection holds it, once this processor has read
         # or committed it: the check on resuming compares against it without reading the projection.
         self._applied_identity: bytes | None = None
-        self._checkpointed_offset, self._checkpointed_at = self._newest_checkpoint()  # periodic ones count from it
+        self._checkpointed_offset, self._checkpointed_at = self._applied, time.monotonic()  # periodic ones count ...
+        if newest_checkpoint is not None:  # ... from the newest published one, also across restarts
+            age_s = max(0, wall_clock_ms() - newest_checkpoint.manifest.last_time_ms) / 1000
+            self._checkpointed_offset, self._checkpointed_at = newest_checkpoint.offset, time.monotonic() - age_s
         self._identity_log = identity_log or log
         self._verify_on_resume = verify_on_resume
         self._verified = False  # the log holds the applied record, as of the last read
@@ -427,25 +435,6 @@ class PartitionProcessor:
     def _halt_on_corruption(self, exc: LogCorruption) -> None:
         offset = exc.offset if exc.offset is not None else self._applied + 1
         self.halt = Halt(self.partition, offset, f"Corruption: {exc}")
-
-    def _newest_checkpoint(self) -> tuple[int, float]:
-        """The offset and (monotonic) time periodic checkpoints count from: the newest published
-        checkpoint's offset, taken as long ago as its last record's log time, so a restart does not
-        start the count again (a service restarted more often than the interval would otherwise
-        never take one); with none published, the log's start and now; with no catalog to read,
-        this processor's start."""
-        now = time.monotonic()
-        if self.checkpoints is None:
-            return self._applied, now
-        try:
-            newest = self.checkpoints.latest(self.partition)
-        except CatalogError as exc:
-            log.warning("partition %d: periodic checkpoints count from now: %s", self.partition, exc)
-            return self._applied, now
-        if newest is None:
-            return -1, now
-        age_s = max(0, wall_clock_ms() - newest.manifest.last_time_ms) / 1000
-        return newest.offset, now - age_s
 
     def _periodic_checkpoint_due(self) -> bool:
         if self.checkpoints is None or self._applied == self._checkpointed_offset:

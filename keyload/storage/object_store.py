@@ -160,6 +160,12 @@ class ObjectStore(Protocol):
         ...
 
 
+def _unless_gone(error: OSError) -> None:
+    """A walk passes over a folder deleted meanwhile; any other failure to read one is raised."""
+    if not isinstance(error, FileNotFoundError):
+        raise ObjectStoreError(f"cannot list {error.filename}: {error.strerror}") from error
+
+
 def check_key(key: str) -> str:
     if not 1 <= len(key) <= MAX_KEY_CHARS or not KEY_PATTERN.fullmatch(key) or ".." in key.split("/"):
         raise ObjectStoreError(f"object keys are 1..{MAX_KEY_CHARS} characters of [A-Za-z0-9._-] joined by '/'")
@@ -380,7 +386,7 @@ class FileObjectStore:
         found = []
         # os.walk passes over a folder deleted while it walks (another process retiring a
         # checkpoint), where Path.rglob raised FileNotFoundError; an object's folder holds no keys.
-        for directory, folders, _ in os.walk(base):
+        for directory, folders, _ in os.walk(base, onerror=_unless_gone):
             objects = {name for name in folders if name.endswith(OBJECT_SUFFIX)}
             found += [
                 (Path(directory) / name).relative_to(self.root).as_posix()[: -len(OBJECT_SUFFIX)] for name in objects
