@@ -398,23 +398,24 @@ def test_a_hung_object_store_delays_checkpoints_never_the_service(
     s3_endpoint: S3Endpoint, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A checkpoint's upload waits on the object store on a thread of its own: while the store
-    takes requests and answers none, a requested checkpoint is answered at once and the queue
-    goes on serving over HTTP; once the store answers again the checkpoint is published and
-    announced. (Taken on the serving thread, the first request after the Checkpoint waited for
-    boto3 to give up: minutes.)"""
+    takes requests and answers none, the service starts (opening the bucket waits for the first
+    use), a requested checkpoint is answered at once and the queue goes on serving over HTTP;
+    once the store answers again the checkpoint is published and announced. (Taken on the
+    serving thread, the first request after the Checkpoint waited for boto3 to give up; and the
+    service did not start until the bucket had answered.)"""
     for name, value in [("AWS_ACCESS_KEY_ID", "keyload"), ("AWS_SECRET_ACCESS_KEY", "keyload")]:
         monkeypatch.setenv(name, value)
     bucket = s3_endpoint.fresh_store().bucket
     store = HangingEndpoint(s3_endpoint.url)
     root = tmp_path / "data"
     DataDir.create(root, 1, object_store=S3StoreConfig(bucket, "", store.url, "us-east-1"))
+    store.hung.set()
     service = start_service(root)
     try:
         credential = Credential.load(root / "credentials" / f"{ADMIN_PRINCIPAL}.json")
         with Client(served_url(root), credential=credential, timeout_s=HUNG_STORE_ANSWER_S) as client:
             client.create_queue("shop", "q")
             client.enqueue("shop", "q", b"before", message_id="before")
-            store.hung.set()
             requested = client.request_checkpoint(0)
             client.enqueue("shop", "q", b"during", message_id="during")
             received = client.receive("shop", "q", max_messages=2)

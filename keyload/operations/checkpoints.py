@@ -25,7 +25,7 @@ import os
 import shutil
 import socket
 import tempfile
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -98,15 +98,29 @@ def partition_prefix(partition: int) -> str:
 class Checkpoints:
     def __init__(
         self,
-        objects: ObjectStore,
+        objects: ObjectStore | None,
         catalog: CheckpointCatalog,
         scratch: Path,
         policy: CheckpointPolicy | None = None,
+        *,
+        open_objects: Callable[[], ObjectStore] | None = None,
     ) -> None:
-        self.objects = objects
+        """The object store is `objects`, or the one `open_objects` opens at its first use: what
+        needs only the catalog and the scratch folder (a service starting, a snapshot, a status)
+        then never waits on an object store that does not answer."""
+        assert (objects is None) != (open_objects is None)
+        self._objects = objects
+        self._open_objects = open_objects
         self.catalog = catalog
         self.scratch = scratch
         self.policy = policy or CheckpointPolicy()
+
+    @property
+    def objects(self) -> ObjectStore:
+        if self._objects is None:
+            assert self._open_objects is not None
+            self._objects = self._open_objects()
+        return self._objects
 
     def close(self) -> None:
         self.catalog.close()

@@ -39,7 +39,7 @@ from keyload.sdk.client import Client
 from keyload.sdk.results import RetentionPage, RetentionStatus, RetentionTask
 from keyload.service.runtime import wall_clock_ms
 from keyload.storage.datadir import DataDir
-from keyload.storage.object_store import ObjectStore, ObjectStoreError
+from keyload.storage.object_store import ObjectStoreError
 
 log = logging.getLogger("keyload.operations.gc")
 
@@ -143,7 +143,6 @@ class GcWorker:
         self.client = client
         self.partitions = range(client.data.partitions) if partitions is None else partitions
         self.checkpoints = checkpoints
-        self.objects: ObjectStore = checkpoints.objects
         self.catalog = checkpoints.catalog
         self.clock = clock
         self._log = client.data.command_log()
@@ -225,18 +224,18 @@ class GcWorker:
             if task.object_version is not None:
                 doomed = [task.object_version]
             else:
-                for upload_id in self.objects.uploads(key):
-                    self.objects.abort_upload(key, upload_id)
-                doomed = [version.version for version in self.objects.versions(key)]
+                for upload_id in self.checkpoints.objects.uploads(key):
+                    self.checkpoints.objects.abort_upload(key, upload_id)
+                doomed = [version.version for version in self.checkpoints.objects.versions(key)]
             for version in doomed:
                 with contextlib.suppress(ObjectStoreError):  # a lost response: the check below decides
-                    if self.objects.delete(key, version):
+                    if self.checkpoints.objects.delete(key, version):
                         done.objects_deleted += 1
-            left = {version.version for version in self.objects.versions(key)}
+            left = {version.version for version in self.checkpoints.objects.versions(key)}
             if task.object_version is not None:
                 settled = task.object_version not in left
             else:
-                settled = not left and not self.objects.uploads(key)
+                settled = not left and not self.checkpoints.objects.uploads(key)
         except ObjectStoreError as exc:
             log.warning("gc: task %d (%s): %s", task.task_id, key, exc)
             done.unresolved += 1

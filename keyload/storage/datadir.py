@@ -305,7 +305,7 @@ class DataDir:
     def checkpoints(self, policy: CheckpointPolicy | None = None) -> Checkpoints:
         from keyload.operations.checkpoints import Checkpoints  # lazily: see the imports
 
-        return Checkpoints(self.object_store(), self.catalog(), self.root / "scratch", policy)
+        return Checkpoints(None, self.catalog(), self.root / "scratch", policy, open_objects=self.object_store)
 
     def keyring(self) -> dict[str, bytes]:
         from keyload.storage import keyring  # lazily: see the imports
