@@ -186,17 +186,24 @@ def _refuse_a_second_keyring(kafka: KafkaConfig, data: Path) -> None:
 
 def checkpoint(args: argparse.Namespace) -> int:
     from keyload.cli.main import client_of
+    from keyload.operations.checkpoints import CheckpointError
 
     with client_of(args) as client:
         partition = _partition(args, client.data)
         offset = client.request_checkpoint(partition).offset
-    # The catalog alone says when it is published: no wait on the object store the service uploads to.
-    with contextlib.closing(client.data.catalog()) as catalog:
+    # Finding it reads the catalog alone: the object store the service uploads to is never opened here.
+    with client.data.checkpoints() as checkpoints:
         deadline = time.monotonic() + CHECKPOINT_WAIT_S
-        while (entry := next((e for e in catalog.entries(partition) if e.offset == offset), None)) is None:
-            if time.monotonic() > deadline:
-                raise KeyloadError(f"checkpoint at offset {offset} was not published within {CHECKPOINT_WAIT_S:g}s")
-            time.sleep(0.05)
+        while True:
+            try:
+                entry = checkpoints.find(partition, offset)
+                break
+            except CheckpointError:
+                if time.monotonic() > deadline:
+                    raise KeyloadError(
+                        f"checkpoint at offset {offset} was not published within {CHECKPOINT_WAIT_S:g}s"
+                    ) from None
+                time.sleep(0.05)
     _report(
         args,
         {
