@@ -6,6 +6,7 @@ import threading
 from pathlib import Path
 
 from keyload.log.codec import REGISTRY
+from keyload.operations.catalog import CatalogEntry
 from keyload.operations.checkpoints import Announcer, CheckpointPolicy
 from keyload.projections import keys
 from keyload.service.checkpoint_uploads import CheckpointUploads
@@ -171,6 +172,47 @@ def test_a_checkpoint_published_on_the_uploads_thread_is_announced_at_the_next_s
         assert embedded.stores[0].get(keys.published_checkpoint(0)) is not None
     finally:
         assert uploads.close() == 0
+
+
+def test_a_restart_announces_the_newest_checkpoint_its_publisher_never_announced(embedded: Embedded) -> None:
+    """A publisher killed between publishing a checkpoint and announcing it leaves the catalog with
+    a checkpoint the partition never recorded (the floor could not move onto it): the next
+    processor, once caught up, announces it. One whose announcement waits in the log's backlog (a
+    stop leaves it there) is recorded by applying it, and announced no second time."""
+    announce = Announcer(embedded.log, system_credential(embedded.data.root, CHECKPOINTER_PRINCIPAL))
+    domain = domain_for_partition(0, embedded.data.partitions)
+
+    def start(announcing: bool) -> PartitionProcessor:
+        return PartitionProcessor(
+            0,
+            embedded.data.partitions,
+            embedded.log,
+            embedded.stores[0],
+            checkpoints=None if announcing else embedded.checkpoints,  # test log time is 1970: none periodic
+            announce=announce if announcing else None,
+            newest_checkpoint=embedded.checkpoints.latest(0),
+        )
+
+    def checkpoint_unannounced(command_id: str) -> CatalogEntry:
+        [appended] = embedded.log.append(0, [command(domain, CHECKPOINT, {}, command_id)])
+        offset = appended.offset
+        processor = start(announcing=False)
+        assert run_until([processor], threading.Event(), idle_exit=True) == []
+        assert processor.last_checkpoint is not None and processor.last_checkpoint.offset == offset
+        assert embedded.stores[0].get(keys.published_checkpoint(offset)) is None
+        return processor.last_checkpoint
+
+    checkpoint_unannounced("checkpoint-1")
+    assert run_until([start(announcing=True)], threading.Event(), idle_exit=True) == []
+    assert embedded.log.end_offset(0) == 2  # the announcement, applied
+    assert embedded.stores[0].get(keys.published_checkpoint(0)) is not None
+
+    newest = checkpoint_unannounced("checkpoint-2")
+    announce(0, newest)  # appended, not applied: the backlog a stop leaves
+    end = embedded.log.end_offset(0)
+    assert run_until([start(announcing=True)], threading.Event(), idle_exit=True) == []
+    assert embedded.log.end_offset(0) == end  # not announced again
+    assert embedded.stores[0].get(keys.published_checkpoint(newest.offset)) is not None
 
 
 def test_periodic_checkpoints_count_from_the_newest_published_one_across_a_restart(embedded: Embedded) -> None:

@@ -50,6 +50,7 @@ from keyload.operations.checkpoints import Checkpoints
 from keyload.processors.apply import CHECKPOINT_KIND, Applied, apply_out_of_range, apply_record
 from keyload.processors.errors import Corruption
 from keyload.processors.key_rotation import MissingKey
+from keyload.processors.payloads.retention import awaits_announcement
 from keyload.processors.queues.state import next_due_ms
 from keyload.projections.read_cache import ReadCache
 from keyload.projections.store import Staged, Store, StoreError
@@ -164,6 +165,7 @@ class PartitionProcessor:
         # or committed it: the check on resuming compares against it without reading the projection.
         self._applied_identity: bytes | None = None
         self._checkpointed_offset, self._checkpointed_at = self._applied, time.monotonic()  # periodic ones count ...
+        self._unconfirmed = newest_checkpoint  # looked up in the projection once caught up (`_confirm_newest`)
         if newest_checkpoint is not None:  # ... from the newest published one, also across restarts
             age_s = max(0, wall_clock_ms() - newest_checkpoint.manifest.last_time_ms) / 1000
             self._checkpointed_offset, self._checkpointed_at = newest_checkpoint.offset, time.monotonic() - age_s
@@ -180,7 +182,8 @@ class PartitionProcessor:
         return self._applied
 
     def step(self, stop_after: int | None = None) -> int:
-        """Apply at most one group of records (none past `stop_after`); returns how many.
+        """Apply at most one group of records (none past `stop_after`); returns how many. (Two
+        groups, once, when the first catches up and the newest checkpoint needs announcing.)
 
         A record that needs a key the keyring lacks makes the runtime reload the
         keyring (keys are added to the file while running) and apply the group again;
@@ -190,11 +193,29 @@ class PartitionProcessor:
         self.settle_checkpoints()
         try:
             count = self._step_with_keys(stop_after)
+            if self._announced_newest():
+                count += self._step_with_keys(stop_after)  # apply it now: an announcement rings no doorbell
         except Stalled as exc:
             self.stall = str(exc)
             raise
         self.stall = None
         return count
+
+    def _announced_newest(self) -> bool:
+        """Announce the newest published checkpoint again if the projection, caught up with the log,
+        never recorded it: its publisher stopped (kill -9) between publishing and announcing. Left
+        so, the recovery floor could not move onto it (with access control on, it may name only a
+        recorded checkpoint) until the catalog retired it. Once per processor, once caught up: an
+        announcement a stop left in the log's backlog has been applied by then."""
+        entry = self._unconfirmed
+        if entry is None or not self.caught_up or self.halt is not None or self._store_failed:
+            return False
+        self._unconfirmed = None
+        if not awaits_announcement(self.store, entry.offset):
+            return False
+        log.info("partition %d: checkpoint at offset %d was never announced", self.partition, entry.offset)
+        self._settle(Published(self.partition, entry.offset, entry))
+        return not self.caught_up  # appended (`_settle` reports an append that failed)
 
     def _step_with_keys(self, stop_after: int | None) -> int:
         try:

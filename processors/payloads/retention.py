@@ -143,6 +143,14 @@ def recovery_floor(stage: Readable) -> int | None:
     return None if raw is None else keys.read_u64(raw)
 
 
+def awaits_announcement(stage: Readable, offset: int) -> bool:
+    """Whether a checkpoint published at `offset` is not recorded (CheckpointPublished) yet and
+    could still become the floor: the publisher stopped (kill -9) between publishing it and
+    logging that it did, so the runtime logs it again."""
+    floor = recovery_floor(stage)
+    return (floor is None or offset >= floor) and stage.get(keys.published_checkpoint(offset)) is None
+
+
 def _blockers(
     stage: Readable, state: str, kind: str, retire_offset: int, protect_until_ms: int, now_ms: int
 ) -> list[str]:
