@@ -165,7 +165,7 @@ class PartitionProcessor:
         # or committed it: the check on resuming compares against it without reading the projection.
         self._applied_identity: bytes | None = None
         self._checkpointed_offset, self._checkpointed_at = self._applied, time.monotonic()  # periodic ones count ...
-        self._unconfirmed = newest_checkpoint  # looked up in the projection once caught up (`_confirm_newest`)
+        self._unconfirmed = newest_checkpoint  # looked up in the projection once caught up (`_announced_newest`)
         if newest_checkpoint is not None:  # ... from the newest published one, also across restarts
             age_s = max(0, wall_clock_ms() - newest_checkpoint.manifest.last_time_ms) / 1000
             self._checkpointed_offset, self._checkpointed_at = newest_checkpoint.offset, time.monotonic() - age_s
