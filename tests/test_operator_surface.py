@@ -8,6 +8,7 @@ import json
 import os
 import stat
 import subprocess
+import threading
 from pathlib import Path
 
 import pytest
@@ -15,7 +16,7 @@ import pytest
 from keyload import Client
 from keyload.cli import main
 from keyload.commands import BY_NAME
-from keyload.credentials import contents
+from keyload.credentials import ADMIN_PRINCIPAL, Credential, contents
 from keyload.log.base import LogCorruption
 from keyload.log.codec import REGISTRY
 from keyload.log.file_log import HEADER_BYTES, FileLog
@@ -23,7 +24,7 @@ from keyload.sdk.results import PoisonEntry
 from keyload.service.halts import Halt, record_halt
 from keyload.storage import keyring
 
-from .support import keyload_command
+from .support import free_port, keyload_command, served_url, start_service, stop_service
 
 GARBAGE = b"\x00not Avro: what a producer in another language might write by mistake"
 UNKNOWN_SCHEMA = b"\xc3\x01" + bytes(8) + b"\x02body"
@@ -247,3 +248,40 @@ def test_a_new_data_directory_and_its_key_material_are_private(tmp_path: Path) -
     assert "shorter than 16 bytes" in refused.stderr and "c2hvcnQ" not in refused.stderr
     assert not (tmp_path / "node-c" / "keyload.json").exists()
     assert not (tmp_path / "node-c" / keyring.FILE).exists()
+
+
+def test_status_of_a_busy_partition_is_never_ahead_of_its_log(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`keyload status` beside a service applying a steady load: the projection is read before the
+    log's end, so the line never shows the projection ahead of the log (which would mean a log that
+    lost its tail), only a lag."""
+    data = tmp_path / "data"
+    service = start_service(data, "--partitions", "1", "--listen", f"127.0.0.1:{free_port()}", "--gc-interval-s", "0")
+    url = served_url(data)
+    admin = Credential.load(data / "credentials" / f"{ADMIN_PRINCIPAL}.json")
+    with Client(url, credential=admin) as client:
+        client.create_queue("shop", "orders")
+    stop = threading.Event()
+
+    def load() -> None:
+        with Client(url, credential=admin) as client:
+            while not stop.is_set():
+                client.enqueue("shop", "orders", b"x")
+
+    producers = [threading.Thread(target=load) for _ in range(4)]
+    for producer in producers:
+        producer.start()
+    try:
+        lines = []
+        for _ in range(60):
+            code, out, _ = keyload_main(capsys, "status", "--data", str(data))
+            assert code == 0
+            lines.append(out.splitlines()[1])
+        assert [line for line in lines if "ahead of the log" in line] == []
+        assert all(", lag " in line for line in lines), lines
+    finally:
+        stop.set()
+        for producer in producers:
+            producer.join()
+        assert stop_service(service) == 0

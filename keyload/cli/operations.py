@@ -350,13 +350,7 @@ def _partition_status(
     from keyload.sdk.client import poison_rows
 
     trouble = [] if halt is None else [f"HALTED at offset {halt.offset}: {halt.reason}"]
-    end: int | None = None
-    try:
-        start, end = log_.start_offset(partition), log_.end_offset(partition)
-        span = f"log {start}..{end - 1}" if end > start else "log empty" if start == 0 else f"log empty from {start}"
-    except LogError as exc:
-        span = "log unreadable"
-        trouble.append(f"{'LOG CORRUPT' if isinstance(exc, LogCorruption) else 'LOG UNREADABLE'}: {exc}")
+    projection_trouble: list[str] = []
     applied: int | None = NO_OFFSET
     poison: int | None = 0
     reclaiming: dict[str, int] = {}
@@ -366,7 +360,7 @@ def _partition_status(
             store = Store(data.projection(partition), read_only=True)
         except StoreError as exc:
             applied = poison = None
-            trouble.append(f"PROJECTION UNREADABLE: {exc}")
+            projection_trouble.append(f"PROJECTION UNREADABLE: {exc}")
         else:
             try:
                 applied = store.applied_offset
@@ -377,6 +371,16 @@ def _partition_status(
                 counting = usage.counting(store)
             finally:
                 store.close()
+    # The log after the projection: a running service appends and applies meanwhile, and an end read
+    # first could be behind what the projection applied by the time it is opened.
+    end: int | None = None
+    try:
+        start, end = log_.start_offset(partition), log_.end_offset(partition)
+        span = f"log {start}..{end - 1}" if end > start else "log empty" if start == 0 else f"log empty from {start}"
+    except LogError as exc:
+        span = "log unreadable"
+        trouble.append(f"{'LOG CORRUPT' if isinstance(exc, LogCorruption) else 'LOG UNREADABLE'}: {exc}")
+    trouble += projection_trouble
     if applied is None:
         parts = [span, "applied unknown", "lag unknown"]
     else:
