@@ -180,6 +180,23 @@ def test_nack_retries_and_dead_letters_over_http(api: httpx.Client) -> None:
     assert [m["message_id"] for m in dead] == ["job"]
 
 
+def test_a_wait_ms_out_of_bounds_is_refused_at_once_not_timed_out(api: httpx.Client) -> None:
+    """The processor refuses a long poll's wait_ms outside 0..20,000 as Validation; the server
+    awaits that answer whatever the number (a wait_ms far below 0 once made it answer 504 at once,
+    again on every retry by the same Idempotency-Key)."""
+    d, queue = new_queue(api, "polls")
+    topic = f"/v1/domains/{d}/topics/t"
+    committed(api.put(topic))
+    committed(api.put(f"{topic}/groups/g", json={"start": "beginning"}))
+    for route, path in enumerate((f"{queue}/receive", f"{topic}/groups/g/receive")):
+        for wait_ms in (-40_000, -(2**62), 2**62):
+            key = {"Idempotency-Key": f"poll-{route}{wait_ms}"}
+            refused = api.post(path, json={"wait_ms": wait_ms}, headers=key)
+            assert refused.status_code == 400, refused.text
+            assert refused.json()["error_code"] == "Validation"
+            assert "wait_ms" in refused.json()["detail"]
+
+
 def test_idempotency_key_returns_the_stored_outcome(served: tuple[Path, str], api: httpx.Client) -> None:
     root, _ = served
     d, queue = new_queue(api, "q")

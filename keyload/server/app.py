@@ -37,6 +37,7 @@ from keyload.bodies import Branch
 from keyload.commands import BY_BRANCH, COMMANDS, Capability, CommandKind
 from keyload.credentials import Credential
 from keyload.errors import ErrorCode, InvalidCommand, KeyloadError
+from keyload.limits import MAX_WAIT_MS
 from keyload.log.base import LogError, partition_for
 from keyload.processors.access import EVERYTHING, allows, load_principal
 from keyload.projections.store import Readable, StoreError
@@ -176,7 +177,8 @@ class Engine:
         }
         value = credential.sign(encode_command(envelope))
         assert self.writer is not None, "the server appends only once its event loop runs"
-        wait_ms = body[1].get("wait_ms") or 0
+        # The processor refuses a wait_ms outside 0..MAX_WAIT_MS; meanwhile it is awaited as the nearest bound.
+        wait_ms = min(max(body[1].get("wait_ms") or 0, 0), MAX_WAIT_MS)
         waiter = self.waiters.expect(domain, command_id, credential)
         started = time.perf_counter()
         try:
