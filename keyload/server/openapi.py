@@ -366,7 +366,10 @@ def document() -> dict[str, Any]:
         "get": {
             "operationId": "metrics",
             "summary": "Prometheus metrics (text exposition format), for a principal with inspect on every domain",
-            "responses": {"200": {"description": "metrics", "content": {"text/plain": {"schema": {"type": "string"}}}}},
+            "responses": {
+                "200": {"description": "metrics", "content": {"text/plain": {"schema": {"type": "string"}}}},
+                "default": _refused(),
+            },
         }
     }
     paths[CENSUS_PATH] = {
