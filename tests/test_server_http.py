@@ -50,7 +50,7 @@ from keyload.server.payloads import UploadHandles
 from keyload.server.writer import Answer
 from keyload.storage import keyring
 from keyload.storage.datadir import DataDir
-from keyload.wire import UPLOAD_HANDLE_HEADER
+from keyload.wire import COALESCE_HEADER, UPLOAD_HANDLE_HEADER
 
 from .support import bearer, keyload_command, served_url, start_service, stop_service, wait_until
 
@@ -332,6 +332,13 @@ def test_a_missing_or_wrong_credential_is_401_and_appends_nothing(served: tuple[
     assert response.status_code == 401
     assert (response.json()["status"], response.json()["error_code"]) == ("error", "Unauthenticated")
     assert "AAAA" not in response.text
+    # The credential is checked before the request's body and headers: a caller without one learns nothing.
+    receive = f"{url}/v1/domains/{d}/queues/q/receive"
+    for response in (
+        httpx.post(receive, content=b"not JSON", headers=headers),
+        httpx.post(receive, json={}, headers={**headers, COALESCE_HEADER: "maybe"}),
+    ):
+        assert (response.status_code, response.json()["error_code"]) == (401, "Unauthenticated")
     assert log_end(root, d) == before
 
 

@@ -253,10 +253,10 @@ class CommandRoute:
 
     async def respond(self, request: Request) -> Response:
         async def answer(command_id: str) -> Response:
+            targets = self._targets(request)
+            credential = self.engine.caller(request, targets[0][1])  # first: the caller learns nothing before it
             coalesced = self._coalesced(request)
             body, raw = await self._body(request)
-            targets = self._targets(request)
-            credential = self.engine.caller(request, targets[0][1])
             datum = to_avro(self.commands, self.record, self.kind.filled(body, command_id), "")
             if raw is not None:
                 datum[RAW_BODY_FIELD] = raw
