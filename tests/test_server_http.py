@@ -381,6 +381,8 @@ def test_a_principal_is_authorized_by_its_grants(served: tuple[Path, str], api: 
         (json.dumps({"message_id": 7, "body": ""}).encode(), "message_id must be a string"),
         (json.dumps({"message_id": "m", "body": "", "colour": "red"}).encode(), "colour is not a field of Enqueue"),
         (json.dumps({"message_id": "m", "body": "", "queue": "other"}).encode(), "queue is given twice"),
+        (b'{"message_id": "m", "body": "", "message_id": "n"}', "message_id is given twice in a JSON object"),
+        (b'{"message_id": "m", "body": "", "headers": {"k": "1", "k": "2"}}', "k is given twice in a JSON object"),
         (
             json.dumps({"message_id": "m", "body": "", "not_before_ms": "soon"}).encode(),
             "not_before_ms must be an integer",

@@ -435,7 +435,9 @@ def json_object(raw: bytes) -> dict[str, Any]:
     if not raw.strip():
         return {}
     try:
-        value = json.loads(raw)
+        value = json.loads(raw, object_pairs_hook=_members)
+    except WireError:
+        raise
     except (ValueError, UnicodeDecodeError):
         raise WireError("the request body is not JSON") from None
     except RecursionError:
@@ -447,6 +449,17 @@ def json_object(raw: bytes) -> dict[str, Any]:
         if where is not None:
             raise WireError(f"{where} is not Unicode text: it holds a lone surrogate (\\ud800-\\udfff)")
     return value
+
+
+def _members(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object's members; a member given twice is refused, as a field given twice in the path
+    and the query is (a parser would keep one of them, and not every parser the same one)."""
+    members = dict(pairs)
+    if len(members) != len(pairs):
+        names = [name for name, _ in pairs]
+        twice = next(name for name in names if names.count(name) > 1)
+        raise WireError(f"{twice[:64]} is given twice in a JSON object")
+    return members
 
 
 def _not_text(value: dict[str, Any]) -> Iterator[str]:
