@@ -375,6 +375,22 @@ class FileLog(ClosedOnExit):
                     os.remove(self._segment_path(state, base))
             return self.start_offset(partition)
 
+    def truncate_older_than(self, partition: int, cutoff_ms: int) -> int:
+        """Deletes whole segments whose every record was stamped before `cutoff_ms` (retention by
+        time, as a Kafka topic's `retention.ms`); the newest segment always stays. A segment's
+        records are no later than its successor's first (stamps never decrease), so that one record
+        decides without a scan. Returns the log's start offset."""
+        state = self._state(partition)
+        with self._io_errors():
+            bases = self._list_segments(state)
+        keep_from = bases[0] if bases else 0
+        for successor in bases[1:]:
+            first = self.read(partition, successor, 1)
+            if not first or first[0].timestamp_ms >= cutoff_ms:
+                break
+            keep_from = successor
+        return self.truncate_before(partition, keep_from)
+
     def sync_through(self, partition: int, offset: int) -> None:
         """fsync every segment holding records this instance read through `offset`.
 

@@ -37,7 +37,7 @@ from confluent_kafka.admin import (  # type: ignore[attr-defined]
     TopicMetadata,
 )
 
-from .base import Appended, ClosedOnExit, LogError, LogRecord, LogTruncated
+from .base import OUTCOME_RETENTION_MS, Appended, ClosedOnExit, LogError, LogRecord, LogTruncated
 from .file_log import DEFAULT_CONFIG
 
 MAX_RECORD_BYTES = DEFAULT_CONFIG.max_record_bytes  # the file log's limit: both backends accept the same records
@@ -54,7 +54,6 @@ DRAIN_BATCH = 1000  # messages taken from the consumer's queue at once, once one
 MAX_BUFFERED_BYTES = 16 * 1024 * 1024  # per partition, fetched but not read: beyond it (by a fetch at most) it pauses
 REQUEST_TIMEOUT_S = 30.0  # watermark queries and record deletion
 REQUEST_ATTEMPT_S = 5.0  # one watermark query; a request sent to a restarting broker may never be answered
-OUTCOME_RETENTION_MS = 7 * 24 * 60 * 60 * 1000  # what the outcomes topic is created with
 TOPIC_VISIBLE_POLL_S = 0.1  # a topic another process just created is not in every broker's metadata at once
 UNLIMITED = "-1"
 LEADER_MOVING = frozenset(  # a new topic's partitions, or a restarted broker's, are between leaders

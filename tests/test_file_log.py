@@ -19,7 +19,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from keyload.log import file_log
-from keyload.log.base import LogCorruption, LogError, LogRecord
+from keyload.log.base import LogCorruption, LogError, LogRecord, LogTruncated
 from keyload.log.file_log import (
     HEADER_BYTES,
     FileLog,
@@ -391,6 +391,26 @@ def test_truncate_before_deletes_whole_segments_below_the_offset(tmp_path: Path)
         assert log.start_offset(0) == 6
         with pytest.raises(LogError, match="truncated"):
             log.read(0, 0, 10)
+
+
+def test_truncate_older_than_keeps_every_segment_with_a_record_at_or_after_the_cutoff(tmp_path: Path) -> None:
+    """Retention by time: a segment goes once its successor's first record is older than the cutoff
+    (no record of it can be newer); the newest segment stays, however old."""
+    config = FileLogConfig(segment_bytes=150)  # two 64-byte frames (40-byte records) a segment
+    now = [1_000]
+    with FileLog(tmp_path, 1, config, clock_ms=lambda: now[0]) as log:
+        assert log.truncate_older_than(0, 10_000) == 0  # an empty partition: nothing to delete
+        for stamp in (1_000, 1_000, 2_000, 3_000, 3_000, 4_000, 5_000):  # segments 0, 2, 4, 6
+            now[0] = stamp
+            log.append(0, [bytes(40)])
+        assert [r.timestamp_ms for r in log.read(0, 0, 10)] == [1_000, 1_000, 2_000, 3_000, 3_000, 4_000, 5_000]
+        assert log.truncate_older_than(0, 2_000) == 0  # segment 0's successor starts at 2,000: not older
+        assert log.truncate_older_than(0, 3_001) == 4  # 0 and 2 go; 4 holds 3,000 and 4,000
+        assert [int(p.stem) for p in _segments(tmp_path)] == [4, 6]
+        assert log.truncate_older_than(0, 10**6) == 6  # never the newest segment
+        assert [r.offset for r in log.read(0, 6, 10)] == [6]
+        with pytest.raises(LogTruncated):
+            log.read(0, 5, 10)
 
 
 def _frame(offset: int, timestamp_ms: int, value: bytes) -> bytes:

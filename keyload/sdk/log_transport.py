@@ -11,7 +11,7 @@ from typing import Any
 from keyload.commands import BY_BRANCH
 from keyload.credentials import Credential, contents
 from keyload.errors import InvalidCommand, OutcomeTimeout
-from keyload.log.base import partition_for
+from keyload.log.base import LogTruncated, partition_for
 from keyload.log.codec import REGISTRY
 from keyload.sdk.envelope import encode_command, unsealed_note
 from keyload.sdk.results import Outcome
@@ -113,7 +113,11 @@ class LogTransport:
             # Checked before the read: the last read starts after the deadline, so a process
             # paused past it still finds an outcome that arrived meanwhile.
             expired = time.monotonic() >= deadline
-            records = self._outcomes.read(self.reply_partition, self._cursor, OUTCOME_READ_BATCH)
+            try:
+                records = self._outcomes.read(self.reply_partition, self._cursor, OUTCOME_READ_BATCH)
+            except LogTruncated:  # retention passed the position this client last read: its outcome is newer
+                self._cursor = self._outcomes.start_offset(self.reply_partition)
+                continue
             for record in records:
                 self._cursor = record.offset + 1
                 if needle not in record.value:

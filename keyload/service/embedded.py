@@ -27,6 +27,7 @@ from keyload import limits
 from keyload.credentials import ADMIN_PRINCIPAL
 from keyload.errors import KeyloadError
 from keyload.log.base import CommandLog, LogCorruption
+from keyload.log.file_log import FileLog
 from keyload.operations.catalog import CatalogEntry, CatalogError
 from keyload.operations.checkpoints import Announcer, CheckpointPolicy, Checkpoints
 from keyload.operations.gc import DEFAULT_GC_INTERVAL_S, GcWorker, LocalRetention, run_worker
@@ -40,8 +41,9 @@ from keyload.service.checkpoint_uploads import CheckpointUploads
 from keyload.service.doorbell import Listener
 from keyload.service.halts import Halt, clear_halt, record_halt, recorded_halts
 from keyload.service.kafka import DEFAULT_SESSION_TIMEOUT_MS, KafkaService
+from keyload.service.outcome_retention import OutcomeRetention
 from keyload.service.prctl import name_os_thread
-from keyload.service.runtime import PartitionProcessor, Stalled, run_until
+from keyload.service.runtime import PartitionProcessor, Stalled, run_until, wall_clock_ms
 from keyload.service.system_commands import feature_level_command
 from keyload.service.ticker import DEFAULT_TICK_INTERVAL_MS, Ticker
 from keyload.service.workers import DEFAULT_WORKERS, Ownership, Reporter, WorkerFailed, WorkerPool
@@ -115,6 +117,11 @@ def _settle_checkpoints(uploads: CheckpointUploads, processors: list[PartitionPr
     uploads.close()
     for processor in processors:
         processor.settle_checkpoints()
+
+
+def _file_log(log: CommandLog) -> FileLog:
+    assert isinstance(log, FileLog), "an embedded data directory's logs are files"
+    return log
 
 
 def _newest_checkpoint(checkpoints: Checkpoints, partition: int) -> CatalogEntry | None:
@@ -367,6 +374,7 @@ def serve_partitions(
         except OSError as exc:
             raise KeyloadError(f"another `keyload run` serves {data.root} ({exc.strerror})") from None
         collector = None
+        retention: OutcomeRetention | None = None
         http: HttpServer | None = None
         processing = _Beside({processor.partition: processor for processor in processors}, pool)
         try:
@@ -388,6 +396,9 @@ def serve_partitions(
                 print(f"keyload: HTTP API on {http.url}", flush=True)
             if settings.gc_interval_s > 0:
                 collector = _GcBeside(data, stores, settings.gc_interval_s)
+            if reporter is None:  # the serving process keeps the outcome stream for every partition
+                retention = OutcomeRetention(_file_log(data.outcome_log()), wall_clock_ms)
+                retention.start()
             halts = run_until(
                 processors,
                 stop if http is None else http.drained_after(stop),
@@ -401,6 +412,9 @@ def serve_partitions(
             )
         finally:
             try:
+                if retention is not None:
+                    retention.stop()
+                    retention.outcomes.close()
                 if collector is not None:
                     collector.stop(processors)
                 _settle_checkpoints(uploads, processors)
