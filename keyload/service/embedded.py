@@ -414,7 +414,6 @@ def serve_partitions(
             try:
                 if retention is not None:
                     retention.stop()
-                    retention.outcomes.close()
                 if collector is not None:
                     collector.stop(processors)
                 _settle_checkpoints(uploads, processors)

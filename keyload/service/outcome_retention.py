@@ -25,7 +25,8 @@ OUTCOME_RETENTION_CHECK_S = 600.0  # between two passes over the reply partition
 
 
 class OutcomeRetention:
-    """Deletes the outcome stream's segments past retention, on a thread of its own."""
+    """Deletes the outcome stream's segments past retention, on a thread of its own, through an
+    instance of the stream's log it owns (closed at `stop`)."""
 
     def __init__(self, outcomes: FileLog, clock_ms: Callable[[], int], interval_s: float = OUTCOME_RETENTION_CHECK_S):
         self.outcomes = outcomes
@@ -40,6 +41,7 @@ class OutcomeRetention:
         self._stop.set()
         if self._thread.is_alive():
             self._thread.join()
+        self.outcomes.close()
 
     def collect(self) -> None:
         """One pass: every reply partition keeps what it published within the retention."""
