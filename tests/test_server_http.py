@@ -680,6 +680,10 @@ def test_documents_keys_and_message_ids_may_hold_slashes(api: httpx.Client) -> N
     committed(api.put(queue, json={"policy": {}}))
     committed(api.post(f"{queue}/messages", json={"message_id": "a/b", "body": ""}))
     assert committed(api.get(f"{queue}/messages/a/b"))["message_id"] == "a/b"
+    # A line break is no printable ASCII: the id's or key's rule refuses it; it names no other route.
+    for path in (f"/v1/domains/{d}/documents/orders%0A42", f"{queue}/messages/a%0Ab"):
+        refused = api.get(path)
+        assert (refused.status_code, refused.json()["error_code"]) == (400, "Validation"), refused.text
 
 
 def test_batches_take_a_union_of_records_by_name(api: httpx.Client) -> None:

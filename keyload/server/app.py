@@ -29,6 +29,7 @@ from typing import Any
 import msgspec
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.applications import Starlette
+from starlette.convertors import PathConvertor, register_url_convertor
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
@@ -503,12 +504,22 @@ async def read_capped(request: Request) -> bytes:
     return b"".join(chunks)
 
 
+class _RestOfPath(PathConvertor):
+    """Starlette's `path` convertor across line breaks too (its `.*` stops at one): a message id or
+    document key holding one is refused by its rule (400), not taken for a route that does not exist."""
+
+    regex = "(?s:.*)"
+
+
+register_url_convertor("rest", _RestOfPath())
+
+
 def starlette_path(kind: CommandKind) -> str:
     """The route's path for Starlette: fields that may hold '/' take the rest of their place."""
     assert kind.route is not None
     path = kind.route.path
     for name in SLASHED_FIELDS:
-        path = path.replace(f"{{{name}}}", f"{{{name}:path}}")
+        path = path.replace(f"{{{name}}}", f"{{{name}:rest}}")
     return path
 
 
