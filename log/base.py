@@ -17,11 +17,12 @@ from keyload.errors import KeyloadError
 # stamped outside this range is bad input: recorded as poison, never applied, and
 # it does not move log time. Every duration a command may add to log time is far
 # below 2^62, so log time plus any duration fits a u64 key and an Avro long.
+MIN_LOG_TIME_MS = 1
+MAX_LOG_TIME_MS = 2**43 - 1
+
 # How long the outcome stream keeps what it published (derived data: a replay reproduces it): the
 # outcomes topic is created with it (Kafka), the embedded service deletes older segments.
 OUTCOME_RETENTION_MS = 7 * 24 * 60 * 60 * 1000
-MIN_LOG_TIME_MS = 1
-MAX_LOG_TIME_MS = 2**43 - 1
 
 
 def valid_log_time(timestamp_ms: int) -> bool:

@@ -681,7 +681,11 @@ class FileLog(ClosedOnExit):
                 return records
             if not sealed:
                 if not self._rolled(state, cursor.base, cursor.next_offset, cursor.position):
-                    return records
+                    if records or cursor.position <= self._roll_threshold or os.fstat(cursor.fd).st_nlink:
+                        return records
+                    # The segment was deleted under this reader, with its successors (it had one:
+                    # it was filled): truncation or retention passed the reader's position.
+                    raise self._truncated_under(partition, state, cursor.next_offset)
                 self._list_segments(state)
                 continue  # it was sealed meanwhile: read its last frames before moving on
             next_base = state.segments[bisect.bisect_right(state.segments, cursor.base)]
@@ -691,8 +695,28 @@ class FileLog(ClosedOnExit):
                     f"{cursor.next_offset} (torn: {scanner.torn}), the next starts at {next_base}"
                 )
             previous = cursor.previous
-            cursor = self._open_cursor(state, next_base)
+            try:
+                cursor = self._open_cursor(state, next_base)
+            except FileNotFoundError:  # deleted since it was listed: oldest first, so this reader's too
+                if records:
+                    return records
+                raise self._truncated_under(partition, state, next_base) from None
             cursor.previous = previous
+
+    def _truncated_under(self, partition: int, state: _Partition, offset: int) -> LogError:
+        """LogTruncated when the segments were deleted up to past `offset`, as truncation and
+        retention delete them (oldest first); else LogError: a segment missing from the middle."""
+        if state.cursor is not None:
+            os.close(state.cursor.fd)
+            state.cursor = None
+        bases = self._list_segments(state)
+        start = bases[0] if bases else 0
+        if offset < start:
+            return LogTruncated(
+                f"offset {offset} of partition {partition} is below the log's start offset {start}: "
+                "the records before it were truncated while this reader read them"
+            )
+        return LogError(f"partition {partition}: the segment holding offset {offset} is missing")
 
     # -- shared ------------------------------------------------------------------------
 

@@ -413,6 +413,31 @@ def test_truncate_older_than_keeps_every_segment_with_a_record_at_or_after_the_c
             log.read(0, 5, 10)
 
 
+@pytest.mark.parametrize("read_through", [3, 4], ids=["at-the-end-of-the-newest", "segments-listed"])
+def test_a_reader_whose_segments_were_deleted_under_it_learns_it_was_truncated(
+    tmp_path: Path, read_through: int
+) -> None:
+    """A reader that read up to a segment's end, then had that segment and the ones after it
+    deleted by another process (retention, `keyload log truncate`), gets LogTruncated and reads on
+    from the start: its cached cursor must not read on as if nothing came (an answer it waits for
+    would never arrive) nor fail with a missing file."""
+    config = FileLogConfig(segment_bytes=150)  # two 64-byte frames (40-byte records) a segment
+    with FileLog(tmp_path, 1, config) as writer, FileLog(tmp_path, 1, config) as reader:
+        writer.append(0, [bytes(40)] * read_through)  # segments 0, 2 (and 4 at the end of the second case)
+        assert [r.offset for r in reader.read(0, 0, 10)] == list(range(read_through))
+        writer.append(0, [bytes(40)] * 5)
+        assert writer.truncate_before(0, 6) == 6  # the reader's segments and their successors go
+        got: list[int] = []  # what the segment it has open still held, then LogTruncated
+        with pytest.raises(LogTruncated):
+            while True:
+                records = reader.read(0, read_through + len(got), 10)
+                assert records, "the reader read on as if nothing came"
+                got += [r.offset for r in records]
+        assert got == list(range(read_through, read_through + len(got)))
+        start = reader.start_offset(0)
+        assert [r.offset for r in reader.read(0, start, 10)] == list(range(start, read_through + 5))
+
+
 def _frame(offset: int, timestamp_ms: int, value: bytes) -> bytes:
     crc = zlib.crc32(value, zlib.crc32(struct.pack(">Qq", offset, timestamp_ms)))
     return struct.pack(">IIQq", len(value), crc, offset, timestamp_ms) + value

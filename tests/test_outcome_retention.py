@@ -14,6 +14,7 @@ from keyload.errors import OutcomeTimeout
 from keyload.log.base import OUTCOME_RETENTION_MS
 from keyload.log.file_log import DEFAULT_CONFIG, FileLog, FileLogConfig, FsyncPolicy
 from keyload.service.runtime import wall_clock_ms
+from keyload.storage.datadir import DEFAULT_OUTCOME_PARTITIONS
 
 from .support import keyload_command, start_service, stop_service, wait_until
 
@@ -27,7 +28,8 @@ def test_the_service_deletes_outcome_segments_past_retention_and_a_client_reads_
         timeout=60,
     )
     stale_ms = wall_clock_ms() - OUTCOME_RETENTION_MS - 60_000
-    outcomes = FileLog(data / "log" / "outcomes", 8, FileLogConfig(fsync=FsyncPolicy.NONE), clock_ms=lambda: stale_ms)
+    stream = data / "log" / "outcomes"
+    outcomes = FileLog(stream, DEFAULT_OUTCOME_PARTITIONS, FileLogConfig(fsync=FsyncPolicy.NONE), lambda: stale_ms)
     with Client(data, timeout_s=0.2, reply_partition=0) as client, outcomes:
         with pytest.raises(OutcomeTimeout):  # nothing serves: the client's position stays at the stream's start
             client.create_queue("shop", "orders")

@@ -412,12 +412,12 @@ def serve_partitions(
             )
         finally:
             try:
-                if retention is not None:
-                    retention.stop()
                 if collector is not None:
                     collector.stop(processors)
                 _settle_checkpoints(uploads, processors)
             finally:
+                if retention is not None:
+                    retention.stop()
                 if http is not None:
                     http.stop()
                 listener.close()

@@ -31,8 +31,11 @@ class OutcomeRetention:
     def __init__(self, outcomes: FileLog, clock_ms: Callable[[], int], interval_s: float = OUTCOME_RETENTION_CHECK_S):
         self.outcomes = outcomes
         self.clock_ms = clock_ms
+        self._starts: dict[int, int] = {}  # each reply partition's start offset after the last pass
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, args=(interval_s,), name="keyload-outcome-retention")
+        self._thread = threading.Thread(
+            target=self._run, args=(interval_s,), name="keyload-outcome-retention", daemon=True
+        )
 
     def start(self) -> None:
         self._thread.start()
@@ -48,9 +51,15 @@ class OutcomeRetention:
         cutoff = self.clock_ms() - OUTCOME_RETENTION_MS
         for partition in range(self.outcomes.partitions):
             try:
-                self.outcomes.truncate_older_than(partition, cutoff)
+                start = self.outcomes.truncate_older_than(partition, cutoff)
             except LogError as exc:  # a damaged segment (§7b): its partition is tried again next pass
                 log.warning("outcome stream partition %d: retention passed over: %s", partition, exc)
+            except Exception:  # a fault of its own: logged, and the next pass tries again
+                log.exception("outcome stream partition %d: retention failed", partition)
+            else:
+                if start > self._starts.get(partition, 0):
+                    log.info("outcome stream partition %d now starts at offset %d", partition, start)
+                self._starts[partition] = start
 
     def _run(self, interval_s: float) -> None:
         while True:

@@ -208,8 +208,13 @@ class PartitionProcessor:
         recorded checkpoint) until the catalog retired it. Once per processor, once caught up: an
         announcement a stop left in the log's backlog has been applied by then."""
         entry = self._unconfirmed
-        if entry is None or not self.caught_up or self.halt is not None or self._store_failed:
+        if entry is None or self.announce is None or not self.caught_up or self.halt is not None or self._store_failed:
             return False
+        try:  # caught up with the log itself, not a reader's buffer (Kafka mode's feed before its first fetch)
+            if self.log.end_offset(self.partition) > self._applied + 1:
+                return False
+        except LogError:
+            return False  # asked again at the next step that catches up
         self._unconfirmed = None
         if not awaits_announcement(self.store, entry.offset):
             return False
@@ -507,6 +512,8 @@ class PartitionProcessor:
             )
             return None
         self.last_checkpoint = published.entry
+        if self._unconfirmed is not None and published.offset >= self._unconfirmed.offset:
+            self._unconfirmed = None  # a newer checkpoint is announced: the older one need not be
         if self.announce is not None:
             try:
                 self.announce(self.partition, published.entry)
