@@ -28,7 +28,9 @@ class OutcomeRetention:
     """Deletes the outcome stream's segments past retention, on a thread of its own, through an
     instance of the stream's log it owns (closed at `stop`)."""
 
-    def __init__(self, outcomes: FileLog, clock_ms: Callable[[], int], interval_s: float = OUTCOME_RETENTION_CHECK_S):
+    def __init__(
+        self, outcomes: FileLog, clock_ms: Callable[[], int], interval_s: float = OUTCOME_RETENTION_CHECK_S
+    ) -> None:
         self.outcomes = outcomes
         self.clock_ms = clock_ms
         self._starts: dict[int, int] = {}  # each reply partition's start offset after the last pass
