@@ -715,6 +715,17 @@ def test_the_openapi_document_is_served_and_checked_in(api: httpx.Client) -> Non
     assert api.get("/v1/openapi.json").json() == json.loads(checked_in)
     served_outside_commands = ("/healthz", "/readyz", "/metrics", "/v1/openapi.json", "/v1/service", "/v1/census")
     assert all("get" in openapi.document()["paths"][path] for path in served_outside_commands)
+    # The operational answers have the members their schemas declare, of the declared types.
+    json_types = {"object": dict, "string": str, "integer": int, "array": list}
+    for path in ("/healthz", "/readyz", "/v1/service", "/v1/census"):
+        answer = api.get(path)
+        declared = openapi.document()["paths"][path]["get"]["responses"][str(answer.status_code)]
+        schema = declared["content"]["application/json"]["schema"]
+        body = answer.json()
+        assert sorted(body) == sorted(schema["required"]), path
+        for name, member in schema["properties"].items():
+            assert isinstance(body[name], json_types[member["type"]]), (path, name)
+            assert body[name] in member.get("enum", [body[name]]), (path, name)
 
 
 def test_the_sdk_speaks_http_with_typed_results_and_errors(served: tuple[Path, str]) -> None:

@@ -326,6 +326,15 @@ def _header_parameter(name: str, description: str, schema: dict[str, Any]) -> di
     return {"name": name, "in": "header", "required": False, "description": description, "schema": schema}
 
 
+READINESS_LISTS = ("catching_up", "halted", "stalled")
+
+
+def _json_object(properties: dict[str, Any]) -> dict[str, Any]:
+    """A JSON body that is an object of exactly these members."""
+    schema = {"type": "object", "properties": properties, "required": list(properties), "additionalProperties": False}
+    return {"application/json": {"schema": schema}}
+
+
 def _refused() -> dict[str, Any]:
     return {
         "description": "refused: a rejected outcome (status rejected) with its error code's HTTP status, "
@@ -340,15 +349,21 @@ def document() -> dict[str, Any]:
     for kind in COMMANDS:
         if kind.route is not None:
             paths.setdefault(kind.route.path, {})[kind.route.method.lower()] = _operation(kind, refs)
+    by_partition = {"type": "object", "additionalProperties": {"type": "string"}, "description": "partition → why"}
+    readiness_body = _json_object(
+        {"status": {"type": "string", "enum": ["ready", "unavailable"]}, **dict.fromkeys(READINESS_LISTS, by_partition)}
+    )
     readiness = {
         "200": {
             "description": '{"status": "ready", "catching_up": {}, "halted": {...}, "stalled": {...}}: every partition '
             "has applied the backlog it had at start, or is halted or stalled (listed with why: it stops alone, the "
-            "others serve)"
+            "others serve)",
+            "content": readiness_body,
         },
         "503": {
             "description": '{"status": "unavailable", "catching_up": {partition: progress}, ...}: a partition is '
-            "still applying the backlog it had at start"
+            "still applying the backlog it had at start",
+            "content": readiness_body,
         },
     }
     paths[ENVELOPE_PATH] = {"post": _envelope_operation(refs)}
@@ -359,7 +374,12 @@ def document() -> dict[str, Any]:
             "operationId": "service",
             "security": [],
             "summary": "the server's version and partition count",
-            "responses": {"200": {"description": '{"version": V, "partitions": N}'}},
+            "responses": {
+                "200": {
+                    "description": '{"version": V, "partitions": N}',
+                    "content": _json_object({"version": {"type": "string"}, "partitions": {"type": "integer"}}),
+                }
+            },
         }
     }
     paths[METRICS_PATH] = {
@@ -387,12 +407,16 @@ def document() -> dict[str, Any]:
                 }
             ],
             "responses": {
-                "200": {"description": '{"partitions": [census, ...]}, each as keyload.sdk.results.Census'},
+                "200": {
+                    "description": '{"partitions": [census, ...]}, each as keyload.sdk.results.Census',
+                    "content": _json_object({"partitions": {"type": "array", "items": {"type": "object"}}}),
+                },
                 "default": _refused(),
             },
         }
     }
-    paths["/healthz"] = {"get": {"operationId": "healthz", "security": [], "responses": {"200": {"description": "up"}}}}
+    up = {"description": "up", "content": _json_object({"status": {"type": "string", "enum": ["ok"]}})}
+    paths["/healthz"] = {"get": {"operationId": "healthz", "security": [], "responses": {"200": up}}}
     paths["/readyz"] = {"get": {"operationId": "readyz", "security": [], "responses": readiness}}
     paths[OPENAPI_PATH] = {
         "get": {
