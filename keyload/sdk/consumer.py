@@ -62,7 +62,7 @@ if TYPE_CHECKING:
 
 DEFAULT_CONCURRENCY = 4
 DEFAULT_LEASE_MS = 30_000
-RENEW_FRACTION = 3  # renew when a third of the lease is left
+RENEW_FRACTION = 3  # renew every third of the lease (two thirds still left), counted from the request
 DEFAULT_WAIT_MS = 5_000  # long poll while idle: one receive command per wait, not a flood
 SETTLE_POLL_S = 0.05  # how often running handlers are checked for completion and renewal
 LOST_LEASE_CODES = frozenset({"StaleLease", "LeaseExpired", "TokenInvalidated"})
@@ -310,6 +310,8 @@ def work(
             free = concurrency - len(running)
             if free > 0 and not stop.is_set():
                 # Wait in the log only while nothing runs, so running handlers keep being settled and renewed.
+                # A lease runs from the receive's log time, after it was asked for: renewals count from then.
+                asked = time.monotonic()
                 try:
                     deliveries = source.receive(free, lease_ms, wait=not running)
                 except UNKNOWN_OUTCOME:  # what it may have leased comes again when the lease runs out
@@ -318,7 +320,7 @@ def work(
                 except DispatchPausedError:  # only while handlers run: once they are done it waits
                     deliveries = []
                 for delivery in deliveries:
-                    running[pool.submit(handler, delivery)] = _Running(delivery, time.monotonic() + renew_every)
+                    running[pool.submit(handler, delivery)] = _Running(delivery, asked + renew_every)
                 stats.received += len(deliveries)
             if running:
                 done, _ = wait(list(running), timeout=SETTLE_POLL_S, return_when=FIRST_COMPLETED)
