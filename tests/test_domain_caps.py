@@ -10,6 +10,7 @@ it is, the usage is exactly what the domain holds. A replay reaches the same sta
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +19,9 @@ from hypothesis import HealthCheck, event, example, given, settings
 from hypothesis import strategies as st
 
 from keyload import Capability, limits
-from keyload.operations.census import census
+from keyload.cli import main
+from keyload.operations import census as census_module
+from keyload.operations.census import Census, census
 from keyload.processors import usage as usage_module
 from keyload.processors.features import DOMAIN_CAPS, WORK_COMPACTED
 from keyload.projections import keys
@@ -270,9 +273,12 @@ def test_what_a_partition_held_before_the_level_is_counted_in_steps(embedded: Em
     ok(embedded, DELETE_DOCUMENT, delete_document_body(keys_[0]))  # behind the cursor: counted now
     ok(embedded, PUT_DOCUMENT, put_document_body("zzz", b"abc"))  # ahead of it: counted when reached
     ok(embedded, CREATE_QUEUE, create_queue_body("q3"))  # not counted yet: the caps do not apply
-    assert census(embedded.data, embedded.partition(D)).usage_counting
+    counting = census(embedded.data, embedded.partition(D))
+    assert counting.usage_counting and counting.at_cap_total == 0  # 3 queues held, but the caps wait for the count
     count_to_the_end(embedded, 10)
-    assert not census(embedded.data, embedded.partition(D)).usage_counting
+    counted = census(embedded.data, embedded.partition(D))
+    assert not counted.usage_counting
+    assert [(entry.kind, entry.held, entry.cap) for entry in counted.at_cap] == [("queues", 3, 2)]
     assert ok(embedded, INSPECT_DOMAIN, {}).usage.counted
     documents = len(keys_) - 2 + 1
     held = {"queues": 3, "topics": 1, "groups": 2, "documents": documents, "document_bytes": documents * 2 + 1}
@@ -468,3 +474,49 @@ def _apply(embedded: Embedded, model: Holdings, domain: str, step: tuple[Any, ..
         del model.documents[domain][args[0]]
     if capped and counted:
         assert usage(embedded, domain) == model.of(domain)
+
+
+def test_the_census_lists_the_domains_at_a_cap(
+    embedded: Embedded, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An operator finds the domains whose next create is refused without asking each one: the census
+    lists every kind a domain holds as much of as its cap allows (or more, after a lowered cap), and
+    stops listing it once a delete makes room."""
+    partition = embedded.partition(D)
+
+    def at_cap() -> list[tuple[str, str, int, int]]:
+        found = census(embedded.data, partition)
+        assert found.at_cap_total == len(found.at_cap)
+        return [(entry.domain, entry.kind, entry.held, entry.cap) for entry in found.at_cap]
+
+    ok(embedded, RAISE_FEATURE_LEVEL, {"level": DOMAIN_CAPS})
+    caps = {"max_queues": 2, "max_topics": 0, "max_documents": 5, "max_document_bytes": 10}
+    ok(embedded, CONFIGURE_DOMAIN_CAPS, caps)
+    ok(embedded, CREATE_QUEUE, create_queue_body("q1"))
+    ok(embedded, PUT_DOCUMENT, put_document_body("a", b"123456"))
+    assert at_cap() == []  # below every cap; a cap of 0 on topics it holds none of forbids, it is not reached
+    ok(embedded, CREATE_QUEUE, create_queue_body("q2"))
+    ok(embedded, PUT_DOCUMENT, put_document_body("b", b"1234"))  # exactly at the byte cap
+    assert at_cap() == [(D, "queues", 2, 2), (D, "document_bytes", 10, 10)]
+    refused(embedded, CREATE_QUEUE, create_queue_body("q3"))  # what the listing says: the next create fails
+
+    ok(embedded, CONFIGURE_DOMAIN_CAPS, {**caps, "max_queues": 1})  # lowered below what it holds: past it
+    ok(embedded, DELETE_DOCUMENT, delete_document_body("b"))
+    assert at_cap() == [(D, "queues", 2, 1)]
+
+    ok(embedded, PUT_DOCUMENT, put_document_body("b", b"1234"))
+    monkeypatch.setattr(census_module, "MAX_CENSUS_AT_CAP", 1)
+    found = census(embedded.data, partition)
+    assert (len(found.at_cap), found.at_cap_total) == (1, 2)
+    assert main(["census", "--data", str(embedded.data.root), "--domain", D, "--output", "text"]) == 0
+    assert "; at a cap: acme queues 2/1 and 1 more\n" in capsys.readouterr().out
+    assert main(["census", "--data", str(embedded.data.root), "--domain", D, "--output", "json"]) == 0
+    [printed] = json.loads(capsys.readouterr().out)["partitions"]
+    assert printed["at_cap"] == [{"domain": D, "kind": "queues", "held": 2, "cap": 1}]
+    newer = {**printed, "a_later_field": 1, "at_cap": [{**printed["at_cap"][0], "a_later_field": 2}]}
+    assert Census.from_json(newer) == found  # a newer server's census: what this SDK does not know is left out
+
+    ok(embedded, DELETE_QUEUE, {"queue": "q1"})
+    ok(embedded, DELETE_DOCUMENT, delete_document_body("b"))
+    monkeypatch.undo()
+    assert at_cap() == [(D, "queues", 1, 1)]  # a queue deleted gives its room back at once

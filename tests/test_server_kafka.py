@@ -17,6 +17,7 @@ import pytest
 from keyload import Client, Credential, KeyloadError
 from keyload.credentials import CredentialError
 from keyload.errors import NotFoundError
+from keyload.log.base import partition_for
 from keyload.sdk.payloads import PayloadError
 from keyload.storage.datadir import DataDir, KafkaConfig
 from keyload.storage.keyring import FILE as KEYRING_FILE
@@ -75,6 +76,16 @@ def test_each_processor_serves_every_partition(kafka_bootstrap: str, tmp_path: P
             client.inspect_queue(domains[0], "jobs")
         metrics = httpx.get(f"{urls[0]}/metrics", headers=bearer(first_root), timeout=30)
         assert metrics.status_code == 200 and "keyload_http_requests_total" in metrics.text
+        # Any credential reads the census here (no policy to check inspect against): it names no domain.
+        with Client(urls[0], credential=credential, timeout_s=60) as client:
+            client.configure_domain_caps(domains[0], max_queues=1)  # it holds 1 queue: at its cap
+        at_cap = [
+            (found.at_cap, found.at_cap_total)
+            for url in urls
+            for found in Client(url, credential=credential, timeout_s=60).census()
+            if found.partition == partition_for(domains[0], PARTITIONS)
+        ]
+        assert max(at_cap, key=lambda pair: pair[1]) == ((), 1)
         # Credentials come from the CLI and a copied keyring on Kafka: a typed refusal, nothing appended.
         issue = {"principal": "svc", "grants": []}
         refused = httpx.post(f"{urls[0]}/v1/principals", json=issue, headers=bearer(first_root), timeout=30)

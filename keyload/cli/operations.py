@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from keyload.log.base import CommandLog
     from keyload.operations.catalog import CheckpointCatalog
     from keyload.sdk.client import Client
+    from keyload.sdk.results import Census
     from keyload.service.halts import Halt
     from keyload.storage.datadir import DataDir, KafkaConfig, ObjectStoreConfig
 
@@ -429,6 +430,7 @@ def census(args: argparse.Namespace) -> int:
             + (f"; {forever:,} outcomes kept without a horizon" if forever else "")
             + ("; counting domain usage" if found.usage_counting else "")
             + ("; indexing retention tasks" if found.retention_indexing else "")
+            + _at_cap_text(found)
         )
         lines.append(f"  {'family':<22} tag {'rows':>12} {'key bytes':>14} {'value bytes':>14}")
         for f in found.families:
@@ -439,6 +441,15 @@ def census(args: argparse.Namespace) -> int:
                 lines.append(f"  {h.family:<22} {h.kept:>16,} {h.due:>14,}")
     _report(args, {"partitions": [asdict(found) for found in counted]}, lines or ["no partition has a projection yet"])
     return 0
+
+
+def _at_cap_text(found: Census) -> str:
+    """`; at a cap: acme queues 100/100, …` (and how many more than are listed), or nothing."""
+    if not found.at_cap_total:
+        return ""
+    listed = ", ".join(f"{entry.domain} {entry.kind} {entry.held:,}/{entry.cap:,}" for entry in found.at_cap)
+    more = found.at_cap_total - len(found.at_cap)
+    return f"; at a cap: {listed}" + (f" and {more:,} more" if more else "")
 
 
 def poison_list(args: argparse.Namespace) -> int:

@@ -40,7 +40,7 @@ from keyload.storage.object_store import (
 )
 
 PART_BYTES = 8 * 1024 * 1024  # multipart part size; objects up to this go in one conditional PUT
-PART_ALIGN_BYTES = 1024 * 1024  # a larger part size (objects over 80 GiB) is a whole number of MiB
+PART_ALIGN_BYTES = 1024 * 1024  # a larger part size (objects over 80,000 MiB, about 78 GiB) is a whole number of MiB
 READ_CHUNK_BYTES = 1024 * 1024
 UPLOAD_ATTEMPTS = 5  # tries per part (and per single PUT) when the object store fails
 RETRY_PAUSE_S = 0.2  # first pause between tries; doubles

@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, fields
 from enum import StrEnum
-from typing import Any, ClassVar, Protocol, Self
+from typing import Any, ClassVar, Protocol, Self, TypeVar
 
 from keyload.bodies import GroupPolicySpec as GroupPolicySpec
 from keyload.bodies import QueuePolicySpec as QueuePolicySpec
@@ -751,6 +751,19 @@ class HorizonCount:
 
 
 @dataclass(frozen=True, slots=True)
+class DomainAtCap:
+    """A domain that holds as much of one kind as its cap allows (processors/usage.py): the next
+    create of that kind (a document write, for `document_bytes`: one that would pass it) is
+    ResourceExhausted until deletes make room or an administrator raises the cap (ConfigureDomainCaps).
+    `kind` is the cap's usage name: queues, topics, groups, documents or document_bytes."""
+
+    domain: str
+    kind: str
+    held: int
+    cap: int
+
+
+@dataclass(frozen=True, slots=True)
 class Census:
     """A partition's census (`keyload census`, `Client.census`): what its projection holds by key
     family, and the bounded work it has left, so an operator sees whether state grows with what is
@@ -779,13 +792,31 @@ class Census:
     usage_counting: bool
     # the tasks of before the raise to feature level 7 are still being indexed (their compaction waits)
     retention_indexing: bool
+    # (domain, kind) pairs at or past their cap, in domain order (at most MAX_CENSUS_AT_CAP listed),
+    # and how many there are; none while `usage_counting` (the caps wait for the count)
+    at_cap: tuple[DomainAtCap, ...]
+    at_cap_total: int
 
     @classmethod
     def from_json(cls, census: Mapping[str, Any]) -> Census:
-        """A census as the HTTP API answers it (`GET /v1/census`: the dataclass's fields as JSON)."""
-        families = tuple(FamilyCount(**family) for family in census["families"])
-        horizons = tuple(HorizonCount(**horizon) for horizon in census["horizons"])
-        return cls(**{**census, "families": families, "horizons": horizons})
+        """A census as the HTTP API answers it (`GET /v1/census`: the dataclass's fields as JSON). A
+        field this SDK does not know (a newer server's) is left out, as an outcome's are."""
+        return _known(
+            cls,
+            census,
+            families=tuple(_known(FamilyCount, family) for family in census["families"]),
+            horizons=tuple(_known(HorizonCount, horizon) for horizon in census["horizons"]),
+            at_cap=tuple(_known(DomainAtCap, entry) for entry in census["at_cap"]),
+        )
+
+
+_D = TypeVar("_D")
+
+
+def _known(kind: type[_D], given: Mapping[str, Any], **converted: Any) -> _D:
+    """A dataclass `kind` of the JSON members it has a field for (`converted` in place of the member)."""
+    names = {field.name for field in fields(kind)}  # type: ignore[arg-type]
+    return kind(**{name: converted.get(name, value) for name, value in given.items() if name in names})
 
 
 @dataclass(frozen=True, slots=True)

@@ -396,7 +396,8 @@ def document() -> dict[str, Any]:
         "get": {
             "operationId": "census",
             "summary": "per partition with a projection on this server: rows and bytes by key family, the work left, "
-            "and the rows kept to a horizon, within and past it (reads every row; inspect on every domain)",
+            "the rows kept to a horizon, within and past it, and the domains at a cap (reads every row; inspect on "
+            "every domain)",
             "parameters": [
                 {
                     "name": PARTITION_QUERY,
