@@ -5,13 +5,16 @@ from __future__ import annotations
 import threading
 from pathlib import Path
 
+import pytest
+
 from keyload.log.codec import REGISTRY
 from keyload.operations.catalog import CatalogEntry
-from keyload.operations.checkpoints import Announcer, CheckpointPolicy
+from keyload.operations.checkpoints import Announcer, CheckpointPolicy, Checkpoints
 from keyload.projections import keys
 from keyload.service.checkpoint_uploads import CheckpointUploads
 from keyload.service.runtime import PartitionProcessor, run_until, wall_clock_ms
 from keyload.service.system_commands import domain_for_partition
+from keyload.storage.object_store import ObjectStoreError
 from keyload.storage.principals import CHECKPOINTER_PRINCIPAL, system_credential
 
 from .support import (
@@ -171,6 +174,50 @@ def test_a_checkpoint_published_on_the_uploads_thread_is_announced_at_the_next_s
         assert processor.applied_offset == embedded.log.end_offset(0) - 1 == 1
         assert embedded.stores[0].get(keys.published_checkpoint(0)) is not None
     finally:
+        assert uploads.close() == 0
+
+
+def test_a_publication_is_announced_before_older_checkpoints_are_retired_and_whether_they_are(
+    embedded: Embedded, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Retiring the checkpoints beyond `retain` comes after the publication is handed over (on Kafka
+    it reads the catalog topic again, about a second): a kill meanwhile no longer leaves the new
+    checkpoint unannounced, and a retirement that fails (an object store refusing deletes) leaves it
+    published and announced, not reported failed; the next publication retires what is left."""
+    processor = embedded.processors[0]
+    processor.announce = Announcer(embedded.log, system_credential(embedded.data.root, CHECKPOINTER_PRINCIPAL))
+    processor.uploads = uploads = CheckpointUploads(embedded.data.checkpoints)
+    domain = domain_for_partition(0, embedded.data.partitions)
+    retiring = threading.Event()
+    announced_first: list[bool] = []
+    retire_beyond = Checkpoints.retire_beyond
+
+    def refused_once(self: Checkpoints, partition: int) -> list[CatalogEntry]:
+        announced_first.append(embedded.checkpoints.latest(0) is not None and retiring.wait(30))
+        if len(announced_first) == 1:
+            raise ObjectStoreError("the object store refused the delete")
+        return retire_beyond(self, partition)
+
+    monkeypatch.setattr(Checkpoints, "retire_beyond", refused_once)
+
+    def announced(offset: int) -> bool:
+        return processor.last_checkpoint is not None and processor.last_checkpoint.offset == offset
+
+    try:
+        for number in (1, 2):
+            embedded.log.append(0, [command(domain, CHECKPOINT, {}, f"checkpoint-{number}")])
+            taken = embedded.log.end_offset(0) - 1
+            wait_until(lambda: processor.step() >= 0 and announced(taken), what="the announcement")  # noqa: B023
+            retiring.set()  # announced while the retirement still waits
+            assert run_until([processor], threading.Event(), idle_exit=True) == []
+            assert embedded.stores[0].get(keys.published_checkpoint(taken)) is not None
+            wait_until(lambda: len(announced_first) == number, what="the retirement")  # noqa: B023
+            retiring.clear()
+        assert announced_first == [True, True]
+        assert "older checkpoints not retired after the one at offset 0: ObjectStoreError" in caplog.text
+        assert "checkpoint at offset 0 failed" not in caplog.text
+    finally:
+        retiring.set()
         assert uploads.close() == 0
 
 

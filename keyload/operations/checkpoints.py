@@ -145,7 +145,9 @@ class Checkpoints:
 
     def take(self, store: Store, partition: int) -> CatalogEntry:
         """Checkpoint the projection at its applied offset, store it, publish it, retire the oldest."""
-        return self.publish(self.snapshot(store, partition))
+        entry = self.publish(self.snapshot(store, partition))
+        self.retire_beyond(partition)
+        return entry
 
     def snapshot(self, store: Store, partition: int) -> Snapshot:
         """The first half of a take, on the thread that applies to `store`: a RocksDB checkpoint in
@@ -163,8 +165,11 @@ class Checkpoints:
         shutil.rmtree(snapshot.folder, ignore_errors=True)
 
     def publish(self, snapshot: Snapshot) -> CatalogEntry:
-        """The second half of a take, on any thread: describe the snapshot, store it, publish it,
-        retire the oldest. Its scratch folder is gone afterwards, whatever happened.
+        """The second half of a take, on any thread: describe the snapshot, store it, publish it.
+        Its scratch folder is gone afterwards, whatever happened. Retiring the oldest
+        (`retire_beyond`) is the caller's next step, apart: a publication is announced without
+        waiting for it (on Kafka it reads the catalog topic again, about a second), and a
+        retirement that fails leaves the publication standing.
 
         A checkpoint below the recovery floor is refused (CheckpointError, its objects
         deleted again): a zombie owner must not publish an old state once newer
@@ -194,7 +199,6 @@ class Checkpoints:
             )
         entry = CatalogEntry(manifest, prefix)
         self.catalog.publish(entry)
-        self.retire_beyond(partition)
         return entry
 
     def retire_beyond(self, partition: int) -> list[CatalogEntry]:

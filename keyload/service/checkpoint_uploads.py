@@ -48,6 +48,25 @@ def publish(checkpoints: Checkpoints, snapshot: Snapshot) -> Published:
         return Published(snapshot.partition, snapshot.offset, None, str(exc))
 
 
+def retire(checkpoints: Checkpoints, published: Published) -> None:
+    """After a publication, retire the checkpoints beyond the policy's `retain`. Any failure is
+    logged, not raised: the publication stands, the uploads' thread goes on, and the next
+    publication retires them."""
+    if published.entry is None:
+        return
+    try:
+        checkpoints.retire_beyond(published.partition)
+    except Exception as exc:
+        log.warning(
+            "partition %d: older checkpoints not retired after the one at offset %d: %s: %s (the next "
+            "publication tries again)",
+            published.partition,
+            published.offset,
+            type(exc).__name__,
+            exc,
+        )
+
+
 class CheckpointUploads:
     """Publishes a service's snapshots one at a time, in the order taken, on a thread of its own.
 
@@ -55,7 +74,9 @@ class CheckpointUploads:
     store clients are used by it alone. A partition has at most MAX_PENDING_CHECKPOINTS snapshots
     waiting or being published: while an object store hangs, further takes are skipped rather
     than piling up hard links to files RocksDB has since deleted. The processor that took a
-    snapshot collects how it ended (`finished`) on its own thread, which announces it.
+    snapshot collects how it ended (`finished`) on its own thread, which announces it; the thread
+    hands a publication over as soon as its catalog entry is written, and only then retires the
+    checkpoints beyond `retain`.
     """
 
     def __init__(self, open_checkpoints: Callable[[], Checkpoints]) -> None:
@@ -121,6 +142,8 @@ class CheckpointUploads:
                     self._pending[snapshot.partition] -= 1
                     if owner == self._owner[snapshot.partition]:
                         self._finished[snapshot.partition].append(published)
+                if checkpoints is not None:
+                    retire(checkpoints, published)
         finally:
             if checkpoints is not None:
                 checkpoints.close()

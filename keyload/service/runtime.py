@@ -60,6 +60,7 @@ from keyload.service.checkpoint_uploads import (
     CheckpointUploads,
     Published,
     publish,
+    retire,
 )
 from keyload.service.halts import Halt
 from keyload.service.ticker import Ticker
@@ -486,7 +487,10 @@ class PartitionProcessor:
         except PUBLICATION_FAILURES as exc:
             return self._settle(Published(self.partition, self._applied, None, str(exc)))
         if self.uploads is None:
-            return self._settle(publish(self.checkpoints, snapshot))
+            published = publish(self.checkpoints, snapshot)
+            entry = self._settle(published)
+            retire(self.checkpoints, published)
+            return entry
         if not self.uploads.submit(snapshot):
             self.checkpoints.discard(snapshot)
             log.warning(
