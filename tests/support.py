@@ -8,6 +8,7 @@ import json
 import os
 import queue
 import re
+import resource
 import signal
 import socket
 import subprocess
@@ -492,8 +493,11 @@ def spread_domains(count: int, partitions: int) -> list[str]:
 SERVICE_START_TIMEOUT_S = 120.0  # a Kafka service's first start on a loaded machine takes seconds, never this long
 
 
-def start_service(data: Path, *args: str) -> subprocess.Popen[bytes]:
-    """Start `keyload run` over `data` and wait until it serves.
+def start_service(
+    data: Path, *args: str, open_files: int | None = None, output: list[str] | None = None
+) -> subprocess.Popen[bytes]:
+    """Start `keyload run` over `data` and wait until it serves (with `open_files`: under that hard
+    limit of open files; with `output`: every line it writes is appended there as it comes).
 
     Its stderr is merged into its stdout, and librdkafka writes log lines of its own there (such as
     "%6|...|BGQUEUE|...| Purging 1 unserved events from background queue" when an admin client goes away):
@@ -504,6 +508,7 @@ def start_service(data: Path, *args: str) -> subprocess.Popen[bytes]:
         keyload_command("run", "--data", str(data), *args),
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
+        preexec_fn=None if open_files is None else lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (64, open_files)),
     )
     assert process.stdout is not None
     lines: queue.Queue[str] = queue.Queue()
@@ -511,6 +516,8 @@ def start_service(data: Path, *args: str) -> subprocess.Popen[bytes]:
     def read(stdout: IO[bytes]) -> None:  # drains the pipe for good: a full pipe would block the service
         for raw in stdout:
             lines.put(raw.decode())
+            if output is not None:
+                output.append(raw.decode())
         lines.put("")  # the service's output ended
 
     threading.Thread(target=read, args=(process.stdout,), daemon=True).start()

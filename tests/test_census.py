@@ -241,5 +241,7 @@ def test_an_operator_reads_the_census_over_http(tmp_path: Path) -> None:
         for wrong in ("99", "9" * 5_000, "-1"):
             out_of_range = httpx.get(f"{url}/v1/census", params={"partition": wrong}, headers=bearer(root))
             assert (out_of_range.status_code, out_of_range.json()["error_code"]) == (400, "Validation")
+        unknown = httpx.get(f"{url}/v1/census", params={"partition": partition, "domain": D}, headers=bearer(root))
+        assert (unknown.status_code, unknown.json()["detail"]) == (400, "domain is not a parameter of the census")
     finally:
         assert stop_service(service) == 0

@@ -342,6 +342,30 @@ def test_a_missing_or_wrong_credential_is_401_and_appends_nothing(served: tuple[
     assert log_end(root, d) == before
 
 
+def test_a_header_that_decides_what_a_request_does_is_taken_once_not_one_of_two(served: tuple[Path, str]) -> None:
+    """Two Authorization headers (401), or two Idempotency-Key or Keyload-Coalesce headers (400), are
+    refused, and nothing is appended: the server would take the first, a proxy before it maybe the other."""
+    root, url = served
+    d = domain()
+    before = log_end(root, d)
+    admin = bearer(root)["Authorization"]
+    enqueue = f"{url}/v1/domains/{d}/queues/q/messages"
+    message = {"message_id": "m", "body": ""}
+    twice = [
+        ([("Authorization", admin), ("Authorization", "Bearer nobody:k:AAAA")], 401, "Unauthenticated"),
+        ([("Authorization", "Bearer nobody:k:AAAA"), ("Authorization", admin)], 401, "Unauthenticated"),
+        ([("Authorization", admin), ("Idempotency-Key", "a"), ("Idempotency-Key", "b")], 400, "Validation"),
+        ([("Authorization", admin), (COALESCE_HEADER, "true"), (COALESCE_HEADER, "false")], 400, "Validation"),
+    ]
+    for headers, status, code in twice:
+        response = httpx.post(enqueue, json=message, headers=headers)
+        assert (response.status_code, response.json()["error_code"]) == (status, code), headers
+        assert "more than once" in response.json()["detail"]
+    assert log_end(root, d) == before
+    scrape = httpx.get(f"{url}/metrics", headers=[("Authorization", admin), ("Authorization", admin)])
+    assert (scrape.status_code, scrape.json()["error_code"]) == (401, "Unauthenticated")
+
+
 def test_a_principal_is_authorized_by_its_grants(served: tuple[Path, str], api: httpx.Client) -> None:
     root, url = served
     d = domain()
@@ -815,15 +839,25 @@ def test_large_payloads_are_uploaded_attested_and_read_by_the_service(
     assert (forged.status_code, forged.json()["error_code"]) == (400, "Validation")
     missing = api.put(f"/v1/domains/{d}/reservations/999999/content", content=b"x", headers=raw)
     assert (missing.status_code, missing.json()["error_code"]) == (404, "NotFound")
-    name = f"reader-{uuid.uuid4().hex[:8]}"
-    with Client(root) as admin:
-        reader = admin.create_principal(name, [Grant(capability=Capability.consume, domain=d)])
+    bad_domain = api.put("/v1/domains/UPPER/reservations/1/content", content=b"x", headers=raw)
+    assert (bad_domain.status_code, bad_domain.json()["error_code"]) == (400, "Validation")
     second = committed(api.post(f"{queue}/reservations", json={**reserve, "message_id": "video-2"}))
-    with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {reader.bearer_token}"}) as other:
-        refused = other.put(
-            f"/v1/domains/{d}/reservations/{second['reservation_id']}/content", content=payload, headers=raw
+    # Neither a principal without enqueue on the domain nor one that may enqueue only to another queue
+    # of it learns which reservation ids exist: a reservation it may not upload to reads as a missing one.
+    suffix = uuid.uuid4().hex[:8]
+    with Client(root) as admin:
+        reader = admin.create_principal(f"reader-{suffix}", [Grant(capability=Capability.consume, domain=d)])
+        elsewhere = admin.create_principal(
+            f"elsewhere-{suffix}", [Grant(capability=Capability.enqueue, domain=d, resource="other")]
         )
-        assert (refused.status_code, refused.json()["error_code"]) == (403, "PermissionDenied")
+    for credential, expected in ((reader, (403, "PermissionDenied")), (elsewhere, (404, "NotFound"))):
+        with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {credential.bearer_token}"}) as other:
+            answers = [
+                other.put(f"/v1/domains/{d}/reservations/{number}/content", content=payload, headers=raw)
+                for number in (second["reservation_id"], 999_999)
+            ]
+        assert [(answer.status_code, answer.json()["error_code"]) for answer in answers] == [expected] * 2
+        assert answers[0].json()["detail"] == answers[1].json()["detail"]
 
 
 def test_a_payload_changed_at_rest_is_never_served(served: tuple[Path, str], api: httpx.Client, workers: int) -> None:

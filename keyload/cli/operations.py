@@ -130,7 +130,10 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(str(exc)) from None
     listen = None
     if args.listen != "none":
+        from keyload.server.connections import raise_open_file_limit
         from keyload.server.runner import Listen
+
+        raise_open_file_limit()  # before anything opens files: connections are bounded by a share of it
 
         try:
             listen = Listen.parse(args.listen, args.tls_cert, args.tls_key)

@@ -30,7 +30,7 @@ import msgspec
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.applications import Starlette
 from starlette.convertors import PathConvertor, register_url_convertor
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
@@ -59,6 +59,7 @@ from keyload.wire import (
     IDEMPOTENCY_HEADER,
     PARTITION_QUERY,
     SERVICE_PATH,
+    UPLOAD_HANDLE_HEADER,
     Names,
     WireError,
     field_schema,
@@ -158,7 +159,11 @@ class Engine:
         return [(domain_for_partition(p, self.partitions), p) for p in range(self.partitions)]
 
     def caller(self, request: Request, partition: int) -> Credential:
-        """The credential the request is authenticated by, against `partition`'s policy."""
+        """The credential the request is authenticated by, against `partition`'s policy. Two
+        Authorization headers are refused, not one of them taken: a proxy before the server might
+        read the other."""
+        if given_twice(request, _AUTHORIZATION):
+            raise Unauthenticated("the request carries Authorization more than once: send it once")
         return self.authenticator.credential(request.headers.get("authorization"), self.policy(partition))
 
     async def submit(
@@ -357,10 +362,30 @@ async def answered(request: Request, answer: Callable[[str], Awaitable[Response]
     return response
 
 
+_AUTHORIZATION = (b"authorization",)
+# The request headers a command request takes at most once (the names as ASGI gives them: lower case).
+_ONCE = tuple(name.lower().encode() for name in (IDEMPOTENCY_HEADER, COALESCE_HEADER, UPLOAD_HANDLE_HEADER))
+
+
+def given_twice(request: Request, names: tuple[bytes, ...]) -> str | None:
+    """The first of `names` the request carries more than once, or None."""
+    seen: set[bytes] = set()
+    name: bytes
+    for name, _ in request.scope["headers"]:
+        if name in names:
+            if name in seen:
+                return name.decode()
+            seen.add(name)
+    return None
+
+
 async def _answer(request: Request, answer: Callable[[str], Awaitable[Response]]) -> Response:
     given = request.headers.get(IDEMPOTENCY_HEADER)  # present but empty is refused, not replaced
     command_id = str(uuid.uuid4()) if given is None else given
     try:
+        twice = given_twice(request, _ONCE)
+        if twice is not None:
+            raise WireError(f"the request carries {twice} more than once: send it once")
         check_command_id(command_id)
         return await answer(command_id)
     except Unauthenticated as exc:
@@ -387,6 +412,8 @@ async def _answer(request: Request, answer: Callable[[str], Awaitable[Response]]
         return error_response(statuses.UNAVAILABLE, f"the partition cannot serve this now: {exc}", command_id)
     except KeyloadError as exc:  # a request the server cannot act on as given (a bad principal name)
         return error_response(statuses.BAD_REQUEST, str(exc))
+    except ClientDisconnect:  # the client went away mid-body: nobody reads the answer, nothing to log
+        return error_response(statuses.BAD_REQUEST, "the client went away before sending the whole request")
     except Exception:  # a bug: the request fails alone, in the API's own form
         log.exception("%s %s failed", request.method, request.url.path[:256])
         return error_response(statuses.INTERNAL, "the server failed to answer this request (see its log)", command_id)

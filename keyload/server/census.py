@@ -41,6 +41,9 @@ def census_route(engine: Engine, data: DataDir) -> Route:
         refused = inspector_refusal(engine, request, "the census needs inspect on every domain")
         if refused is not None:
             return refused
+        unknown = sorted(set(request.query_params) - {PARTITION_QUERY})
+        if unknown:
+            return error_response(statuses.BAD_REQUEST, f"{unknown[0][:64]} is not a parameter of the census")
         given = request.query_params.getlist(PARTITION_QUERY)
         if len(given) > 1:
             return error_response(statuses.BAD_REQUEST, "partition is given twice")

@@ -49,6 +49,7 @@ from starlette.routing import Route
 from keyload.commands import BY_NAME, Capability
 from keyload.log.base import partition_for
 from keyload.processors.access import allows, load_principal
+from keyload.processors.apply import DOMAIN_RULE, valid_domain
 from keyload.processors.payloads.handles import HandleError, ReadHandle, UploadHandle, open_handle
 from keyload.projections import keys
 from keyload.projections.records import PayloadReservation, ReservationState, load
@@ -101,6 +102,8 @@ class PayloadRoutes:
     async def upload(self, request: Request) -> Response:
         async def answer(_: str) -> Response:
             domain = request.path_params["domain"]
+            if not valid_domain(domain):
+                raise WireError(DOMAIN_RULE)
             reservation_id = _reservation_id(request.path_params["reservation_id"])
             partition = partition_for(domain, self.engine.partitions)
             caller = self.engine.caller(request, partition)
@@ -149,8 +152,7 @@ class PayloadRoutes:
         handle = None if handle_text is None else self._opened(handle_text, domain, partition, reservation_id)
         store = self.stores.get(partition)
         if store is not None:
-            reservation = self._reservation(store, domain, reservation_id)
-            self._require(store, principal, Capability.enqueue, domain, reservation.queue)
+            reservation = self._reservation(store, principal, domain, reservation_id)
             if reservation.state not in (ReservationState.reserved, ReservationState.committed):
                 raise Refused(NO_RESERVATION, f"the reservation is {reservation.state.value}")
             if handle_text is None:
@@ -174,16 +176,23 @@ class PayloadRoutes:
             raise WireError(f"{UPLOAD_HANDLE_HEADER} is the handle of another reservation")
         return handle
 
-    def _reservation(self, store: Readable, domain: str, reservation_id: int) -> PayloadReservation:
-        reservation = load(Staged(store), keys.reservation(reservation_id), PayloadReservation)
-        if reservation is None or reservation.domain != domain:
-            raise Refused(NO_RESERVATION, "reservation does not exist")
-        return reservation
-
-    def _require(self, store: Readable, principal: str, capability: Capability, domain: str, queue: str) -> None:
+    def _reservation(self, store: Readable, principal: str, domain: str, reservation_id: int) -> PayloadReservation:
+        """The reservation, for a caller that may enqueue to its queue. A caller without `enqueue` on
+        the domain is refused before the reservation is looked up, and one that may not enqueue to
+        the reservation's queue is told what it would be told of a reservation that does not exist:
+        neither learns which reservation ids exist."""
         record = load_principal(store, principal)
-        if record is None or not allows(record.grants, capability, domain, queue):
-            raise Refused(statuses.FORBIDDEN, f"the principal holds no {capability.value} grant on this resource")
+        grants = () if record is None else record.grants
+        if not allows(grants, Capability.enqueue, domain, None):
+            raise Refused(statuses.FORBIDDEN, "the principal holds no enqueue grant on this domain")
+        reservation = load(Staged(store), keys.reservation(reservation_id), PayloadReservation)
+        if (
+            reservation is None
+            or reservation.domain != domain
+            or not allows(grants, Capability.enqueue, domain, reservation.queue)
+        ):
+            raise Refused(NO_RESERVATION, "no such reservation on a queue the principal may enqueue to")
+        return reservation
 
     async def _store(self, request: Request, handle_text: str, handle: UploadHandle) -> dict[str, Any]:
         """Stage the request body, check it is the reserved bytes, store and attest it: the proof."""

@@ -42,6 +42,7 @@ from keyload.server import openapi
 from keyload.server.app import Engine, application
 from keyload.server.auth import Authenticator
 from keyload.server.census import census_route
+from keyload.server.connections import guarded_protocol
 from keyload.server.held import HeldProjections
 from keyload.server.metrics import PartitionCollector, ServerMetrics
 from keyload.server.payloads import payload_headers, payload_routes
@@ -213,6 +214,7 @@ class HttpServer:
             # either (uvicorn's default takes them from 127.0.0.1): one middleware less a request.
             proxy_headers=False,
             lifespan="on",
+            http=guarded_protocol(),  # bounded connections and request heads (connections.py)
             timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
             ssl_certfile=None if listen.tls_cert is None else str(listen.tls_cert),
             ssl_keyfile=None if listen.tls_key is None else str(listen.tls_key),

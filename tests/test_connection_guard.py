@@ -1,0 +1,204 @@
+"""What a client's connections may hold of the service (keyload/server/connections.py): a bounded
+number of connections, a request head that arrives in time, and one of bounded size. A client that
+opens connections and sends nothing, or streams a header without end, gets a typed refusal and the
+connection closed; the processors go on committing, and other clients are served.
+
+The timeout and the connection bound are exercised on a real uvicorn server with the guarded
+protocol and shortened bounds (30 s and 10,000 are long for a test); the size bound, and the
+connection bound under a low open-file limit, on `keyload run` itself."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import uvicorn
+from starlette.applications import Starlette
+from starlette.responses import PlainTextResponse
+from starlette.routing import Route
+
+from keyload import Client
+from keyload.server import connections
+from keyload.server.connections import MAX_REQUEST_HEAD_BYTES, GuardedHttpProtocol, connection_limit
+
+from .support import bearer, served_url, start_service, stop_service, wait_until
+
+HEAD_TIMEOUT_S = 0.5
+
+
+def refusal(sock: socket.socket, timeout_s: float = 10.0) -> tuple[int, dict[str, Any]]:
+    """The status and JSON body of what the server answered before closing `sock`."""
+    sock.settimeout(timeout_s)
+    answer = b""
+    while chunk := sock.recv(65536):
+        answer += chunk
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert b"connection: close" in head.lower()
+    return int(head.split()[1]), json.loads(body)
+
+
+@contextlib.contextmanager
+def guarded_server(allowed: int) -> Iterator[str]:
+    """A uvicorn server with the guarded protocol, at most `allowed` connections; its URL."""
+
+    async def hello(_: Any) -> PlainTextResponse:
+        return PlainTextResponse("hello")
+
+    protocol = type("Guarded", (GuardedHttpProtocol,), {"connections_allowed": allowed})
+    app = Starlette(routes=[Route("/", hello)])
+    config = uvicorn.Config(app, http=protocol, log_level="warning", lifespan="off")
+    server = uvicorn.Server(config)
+    sock = socket.create_server(("127.0.0.1", 0))
+    thread = threading.Thread(target=lambda: asyncio.run(server.serve(sockets=[sock])), daemon=True)
+    thread.start()
+    wait_until(lambda: server.started, 10, "the server to start")
+    try:
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
+    finally:
+        server.should_exit = True
+        thread.join(10)
+        sock.close()
+
+
+def connect(url: str) -> socket.socket:
+    host, port = url.removeprefix("http://").split(":")
+    return socket.create_connection((host, int(port)))
+
+
+def test_a_request_head_that_does_not_arrive_in_time_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(connections, "REQUEST_HEAD_TIMEOUT_S", HEAD_TIMEOUT_S)
+    with guarded_server(allowed=100) as url:
+        with connect(url) as silent:  # connects and sends nothing
+            status, body = refusal(silent)
+        assert (status, body["error_code"]) == (408, "Timeout")
+        assert body["detail"] == f"no complete request line and headers within {HEAD_TIMEOUT_S:g} s"
+
+        with connect(url) as slow:  # a request head a byte at a time, never finished
+            slow.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n")
+            for byte in b"X-Slow":
+                slow.sendall(bytes([byte]))
+                time.sleep(HEAD_TIMEOUT_S / 20)
+            assert refusal(slow)[0] == 408
+
+        with httpx.Client(base_url=url) as client:  # requests on a kept-alive connection, slower than the bound
+            for _ in range(2):
+                assert client.get("/").text == "hello"
+                time.sleep(HEAD_TIMEOUT_S * 2)  # between requests only the keep-alive timeout runs (5 s)
+
+
+def test_connections_past_the_bound_are_refused_and_served_again_once_one_closes() -> None:
+    with guarded_server(allowed=3) as url:
+        held = [connect(url) for _ in range(3)]
+        try:
+            with connect(url) as extra:
+                status, body = refusal(extra)
+            assert (status, body["error_code"]) == (503, "Unavailable")
+            assert "holds 3 connections, its limit" in body["detail"]
+            held.pop().close()
+            wait_until(lambda: httpx.get(url).status_code == 200, 10, "a connection to be served again")
+        finally:
+            for sock in held:
+                sock.close()
+
+
+def test_the_connection_bound_is_half_the_open_files_at_most_ten_thousand() -> None:
+    assert connection_limit(1024) == 512
+    assert connection_limit(20_000) == 10_000
+    assert connection_limit(1) == 1
+
+
+def test_a_request_head_past_its_bound_is_refused_and_the_service_goes_on(tmp_path: Path) -> None:
+    """A header streamed without end is cut off at the bound (it would cost the service's thread
+    quadratic time); a head under the bound is served; commands go on meanwhile."""
+    root = tmp_path / "data"
+    service = start_service(root)
+    try:
+        url = served_url(root)
+        under = "v" * (MAX_REQUEST_HEAD_BYTES - 1024)
+        assert httpx.get(f"{url}/healthz", headers={"X-Padding": under}).status_code == 200
+        with connect(url) as streaming:
+            streaming.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Big: ")
+            with contextlib.suppress(OSError):  # the server closes the connection mid-stream
+                for _ in range(1024):  # up to 64 MiB, far past the bound
+                    streaming.sendall(b"a" * 65536)
+            status, body = refusal(streaming)
+        assert (status, body["error_code"]) == (431, "Validation")
+        assert body["detail"] == f"the request line and headers are over {MAX_REQUEST_HEAD_BYTES} bytes"
+        with Client(root) as client:
+            client.create_queue("acme", "jobs")
+            client.enqueue("acme", "jobs", b"after", message_id="m1")
+        assert httpx.get(f"{url}/healthz").status_code == 200
+    finally:
+        assert stop_service(service) == 0
+
+
+def test_idle_connections_cannot_take_the_files_the_processors_need(tmp_path: Path) -> None:
+    """Under an open-file limit of 256, at most 128 connections are served at once: idle ones past
+    that are refused, and the partitions go on committing (a local client's commands are answered,
+    which needs the log's and the projections' files); once the idle ones close, the API serves again."""
+    root = tmp_path / "data"
+    service = start_service(root, open_files=256)
+    try:
+        url = served_url(root)
+        allowed = connection_limit(256)
+        held: list[socket.socket] = []
+        try:
+            while len(held) < allowed:
+                held.append(connect(url))
+            wait_until(lambda: _refused(url), 10, "a connection past the bound to be refused")
+            with Client(root) as client:  # the processors still open and commit files
+                client.create_queue("acme", "jobs")
+                client.enqueue("acme", "jobs", b"while held", message_id="m1")
+                [delivery] = client.receive("acme", "jobs").deliveries
+                client.ack("acme", delivery.token)
+        finally:
+            for sock in held:
+                sock.close()
+        wait_until(lambda: httpx.get(f"{url}/healthz").status_code == 200, 10, "the API to serve again")
+    finally:
+        assert stop_service(service) == 0
+
+
+def _refused(url: str) -> bool:
+    with connect(url) as extra:
+        status, body = refusal(extra)
+    return status == 503 and body["error_code"] == "Unavailable"
+
+
+def test_a_client_gone_mid_body_is_not_logged_as_a_failure(tmp_path: Path) -> None:
+    """An upload (or any body) cut off by its client is the client's doing: the service logs nothing
+    for it, so a client cannot fill the log with failures that are not the service's."""
+    root = tmp_path / "data"
+    output: list[str] = []
+    service = start_service(root, output=output)
+    try:
+        url = served_url(root)
+        authorization = bearer(root)["Authorization"]
+        for _ in range(3):
+            with connect(url) as cut:
+                cut.sendall(
+                    b"PUT /v1/domains/acme/reservations/1/content HTTP/1.1\r\nHost: x\r\n"
+                    b"Authorization: " + authorization.encode() + b"\r\n"
+                    b"Content-Type: application/octet-stream\r\nContent-Length: 100000\r\n\r\n" + b"x" * 1000
+                )
+            cut_json = {"message_id": "m", "body": ""}
+            with connect(url) as cut:
+                body = json.dumps(cut_json).encode()
+                cut.sendall(
+                    b"POST /v1/domains/acme/queues/q/messages HTTP/1.1\r\nHost: x\r\n"
+                    b"Authorization: " + authorization.encode() + b"\r\n"
+                    b"Content-Type: application/json\r\nContent-Length: 1000\r\n\r\n" + body[:5]
+                )
+        assert httpx.get(f"{url}/healthz").status_code == 200
+    finally:
+        assert stop_service(service) == 0
+    assert not [line for line in output if "failed" in line], output
