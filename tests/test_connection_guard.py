@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import resource
 import socket
 import threading
 import time
@@ -114,6 +115,7 @@ def test_the_connection_bound_is_half_the_open_files_at_most_ten_thousand() -> N
     assert connection_limit(1024) == 512
     assert connection_limit(20_000) == 10_000
     assert connection_limit(1) == 1
+    assert connection_limit(resource.RLIM_INFINITY) == 10_000
 
 
 def test_a_request_head_past_its_bound_is_refused_and_the_service_goes_on(tmp_path: Path) -> None:

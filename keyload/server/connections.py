@@ -44,19 +44,19 @@ TOO_MANY_CONNECTIONS = ("Unavailable", 503)
 _REASONS = {408: b"Request Timeout", 431: b"Request Header Fields Too Large", 503: b"Service Unavailable"}
 
 
-def raise_open_file_limit() -> int:
+def raise_open_file_limit() -> None:
     """Raise the process's soft limit of open files to its hard limit (what Go's runtime does at
     start), so the default of many systems (1,024) does not bound the service below what the
-    administrator allows; returns the limit now in force."""
+    administrator allows."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if hard != resource.RLIM_INFINITY and soft < hard:
         resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-        soft = hard
-    return soft
 
 
 def connection_limit(open_files: int) -> int:
-    """The connections served at once under an open-file limit of `open_files`."""
+    """The connections served at once under an open-file limit of `open_files` (RLIM_INFINITY: none)."""
+    if open_files == resource.RLIM_INFINITY:
+        return MAX_CONNECTIONS
     return max(1, min(MAX_CONNECTIONS, int(open_files * CONNECTIONS_SHARE_OF_OPEN_FILES)))
 
 
