@@ -138,7 +138,9 @@ def test_a_request_head_past_its_bound_is_refused_and_the_service_goes_on(tmp_pa
         with Client(root) as client:
             client.create_queue("acme", "jobs")
             client.enqueue("acme", "jobs", b"after", message_id="m1")
-        assert httpx.get(f"{url}/healthz").status_code == 200
+        scrape = httpx.get(f"{url}/metrics", headers=bearer(root)).text
+        assert 'keyload_http_connections_refused_total{reason="head_too_large"} 1.0' in scrape
+        assert "keyload_http_connections 1.0" in scrape  # the scrape's own
     finally:
         assert stop_service(service) == 0
 
@@ -166,6 +168,9 @@ def test_idle_connections_cannot_take_the_files_the_processors_need(tmp_path: Pa
             for sock in held:
                 sock.close()
         wait_until(lambda: httpx.get(f"{url}/healthz").status_code == 200, 10, "the API to serve again")
+        scrape = httpx.get(f"{url}/metrics", headers=bearer(root)).text
+        assert 'keyload_http_connections_refused_total{reason="connections"} ' in scrape
+        assert 'keyload_http_connections_refused_total{reason="connections"} 0.0' not in scrape
     finally:
         assert stop_service(service) == 0
 

@@ -18,8 +18,10 @@ nginx's `client_header_timeout`, `large_client_header_buffers` and `worker_conne
 - a request head of at most MAX_REQUEST_HEAD_BYTES, else 431 `Validation` and the connection is
   closed.
 
-Each refusal is the API's JSON error with `Connection: close`. A body is not timed: large payload
-uploads stream for as long as they need, and the connection bound caps what slow bodies can hold.
+Each refusal is the API's JSON error with `Connection: close`, counted in
+`keyload_http_connections_refused_total{reason}` (`connections`, `head_timeout`, `head_too_large`);
+`keyload_http_connections` is how many are open. A body is not timed: large payload uploads stream
+for as long as they need, and the connection bound caps what slow bodies can hold.
 """
 
 from __future__ import annotations
@@ -31,7 +33,9 @@ from typing import Any
 import msgspec
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-MAX_CONNECTIONS = 10_000  # connections served at once, at most: the bound when open files allow more
+from keyload.server.metrics import ServerMetrics
+
+MAX_SERVED_CONNECTIONS = 10_000  # connections served at once, at most: the bound when open files allow more
 REQUEST_HEAD_TIMEOUT_S = 30.0  # from a connection's opening, or a request's first byte, to its last header
 MAX_REQUEST_HEAD_BYTES = 64 * 1024  # the request line and headers of one request
 # The open-file limit is shared with the log, the projections (RocksDB keeps its files open), the
@@ -41,6 +45,7 @@ CONNECTIONS_SHARE_OF_OPEN_FILES = 0.5
 HEAD_TIMEOUT = ("Timeout", 408)
 HEAD_TOO_LARGE = ("Validation", 431)
 TOO_MANY_CONNECTIONS = ("Unavailable", 503)
+REFUSALS = {HEAD_TIMEOUT: "head_timeout", HEAD_TOO_LARGE: "head_too_large", TOO_MANY_CONNECTIONS: "connections"}
 _REASONS = {408: b"Request Timeout", 431: b"Request Header Fields Too Large", 503: b"Service Unavailable"}
 
 
@@ -56,22 +61,23 @@ def raise_open_file_limit() -> None:
 def connection_limit(open_files: int) -> int:
     """The connections served at once under an open-file limit of `open_files` (RLIM_INFINITY: none)."""
     if open_files == resource.RLIM_INFINITY:
-        return MAX_CONNECTIONS
-    return max(1, min(MAX_CONNECTIONS, int(open_files * CONNECTIONS_SHARE_OF_OPEN_FILES)))
+        return MAX_SERVED_CONNECTIONS
+    return max(1, min(MAX_SERVED_CONNECTIONS, int(open_files * CONNECTIONS_SHARE_OF_OPEN_FILES)))
 
 
-def guarded_protocol() -> type[GuardedHttpProtocol]:
+def guarded_protocol(metrics: ServerMetrics) -> type[GuardedHttpProtocol]:
     """The protocol of this process's server, its connection bound taken from the process's open-file
-    limit (`keyload run` raises it when it starts: `raise_open_file_limit`)."""
+    limit (`keyload run` raises it when it starts: `raise_open_file_limit`), counting in `metrics`."""
     allowed = connection_limit(resource.getrlimit(resource.RLIMIT_NOFILE)[0])
-    return type("GuardedHttpProtocol", (GuardedHttpProtocol,), {"connections_allowed": allowed})
+    return type("GuardedHttpProtocol", (GuardedHttpProtocol,), {"connections_allowed": allowed, "metrics": metrics})
 
 
 class GuardedHttpProtocol(HttpToolsProtocol):
     """uvicorn's httptools protocol with a connection bound, a request head timeout and a request
     head size bound (the module docstring says why); `guarded_protocol` binds the connection bound."""
 
-    connections_allowed = MAX_CONNECTIONS
+    connections_allowed = MAX_SERVED_CONNECTIONS
+    metrics: ServerMetrics | None = None
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -88,9 +94,13 @@ class GuardedHttpProtocol(HttpToolsProtocol):
             )
             return
         super().connection_made(transport)
+        if self.metrics is not None:
+            self.metrics.connections.inc()
         self._time_head()
 
     def connection_lost(self, exc: Exception | None) -> None:
+        if self.metrics is not None and self in self.connections:  # a refused one was never counted
+            self.metrics.connections.dec()
         self._untime_head()
         super().connection_lost(exc)
 
@@ -128,6 +138,8 @@ class GuardedHttpProtocol(HttpToolsProtocol):
     def _refuse(self, pair: tuple[str, int], detail: str) -> None:
         """Answer the API's JSON error (no command id: no request was read) and close."""
         code, status = pair
+        if self.metrics is not None:
+            self.metrics.connections_refused.labels(REFUSALS[pair]).inc()
         body = msgspec.json.encode({"status": "error", "error_code": code, "detail": detail, "command_id": None})
         head = (
             b"HTTP/1.1 %d %s\r\ncontent-type: application/json\r\ncontent-length: %d\r\nconnection: close\r\n\r\n"

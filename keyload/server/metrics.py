@@ -22,7 +22,7 @@ import time
 from collections.abc import Iterator
 from typing import TypeVar
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -45,6 +45,13 @@ class ServerMetrics:
         self.registry = CollectorRegistry(auto_describe=False)
         self.requests = Counter(
             "keyload_http_requests", "HTTP requests answered", ["method", "status"], registry=self.registry
+        )
+        self.connections = Gauge("keyload_http_connections", "HTTP connections open", registry=self.registry)
+        self.connections_refused = Counter(
+            "keyload_http_connections_refused",
+            "connections refused and closed (keyload/server/connections.py), by the bound they passed",
+            ["reason"],
+            registry=self.registry,
         )
         self.outcome_latency = Histogram(
             "keyload_outcome_latency_seconds",
