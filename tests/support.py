@@ -8,7 +8,6 @@ import json
 import os
 import queue
 import re
-import resource
 import signal
 import socket
 import subprocess
@@ -504,12 +503,9 @@ def start_service(
     those may come before the serving line, and are passed over. A service that does not serve within
     SERVICE_START_TIMEOUT_S is killed and the test fails with its output, rather than hanging. A service
     that serves the HTTP API (every one unless `--listen none`) is waited for until the API listens."""
-    process = subprocess.Popen(
-        keyload_command("run", "--data", str(data), *args),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        preexec_fn=None if open_files is None else lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (64, open_files)),
-    )
+    command = keyload_command("run", "--data", str(data), *args)
+    limited = [] if open_files is None else ["prlimit", f"--nofile=64:{open_files}", "--"]
+    process = subprocess.Popen([*limited, *command], stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     assert process.stdout is not None
     lines: queue.Queue[str] = queue.Queue()
 

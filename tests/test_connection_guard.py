@@ -10,7 +10,9 @@ connection bound under a low open-file limit, on `keyload run` itself."""
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
+import hashlib
 import json
 import resource
 import socket
@@ -36,13 +38,18 @@ from .support import bearer, served_url, start_service, stop_service, wait_until
 HEAD_TIMEOUT_S = 0.5
 
 
-def refusal(sock: socket.socket, timeout_s: float = 10.0) -> tuple[int, dict[str, Any]]:
-    """The status and JSON body of what the server answered before closing `sock`."""
+def received(sock: socket.socket, timeout_s: float = 10.0) -> bytes:
+    """All the server sent on `sock` until it closed it."""
     sock.settimeout(timeout_s)
     answer = b""
     while chunk := sock.recv(65536):
         answer += chunk
-    head, _, body = answer.partition(b"\r\n\r\n")
+    return answer
+
+
+def refusal(sock: socket.socket, timeout_s: float = 10.0) -> tuple[int, dict[str, Any]]:
+    """The status and JSON body of what the server answered before closing `sock`."""
+    head, _, body = received(sock, timeout_s).partition(b"\r\n\r\n")
     assert b"connection: close" in head.lower()
     return int(head.split()[1]), json.loads(body)
 
@@ -54,8 +61,12 @@ def guarded_server(allowed: int) -> Iterator[str]:
     async def hello(_: Any) -> PlainTextResponse:
         return PlainTextResponse("hello")
 
+    async def slow(_: Any) -> PlainTextResponse:
+        await asyncio.sleep(HEAD_TIMEOUT_S * 3)
+        return PlainTextResponse("slow")
+
     protocol = type("Guarded", (GuardedHttpProtocol,), {"connections_allowed": allowed})
-    app = Starlette(routes=[Route("/", hello)])
+    app = Starlette(routes=[Route("/", hello, methods=["GET", "POST"]), Route("/slow", slow)])
     config = uvicorn.Config(app, http=protocol, log_level="warning", lifespan="off")
     server = uvicorn.Server(config)
     sock = socket.create_server(("127.0.0.1", 0))
@@ -78,22 +89,59 @@ def connect(url: str) -> socket.socket:
 def test_a_request_head_that_does_not_arrive_in_time_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(connections, "REQUEST_HEAD_TIMEOUT_S", HEAD_TIMEOUT_S)
     with guarded_server(allowed=100) as url:
-        with connect(url) as silent:  # connects and sends nothing
-            status, body = refusal(silent)
-        assert (status, body["error_code"]) == (408, "Timeout")
-        assert body["detail"] == f"no complete request line and headers within {HEAD_TIMEOUT_S:g} s"
+        with connect(url) as silent:  # connects and sends nothing: closed without a word, as nginx does
+            assert received(silent) == b""
 
         with connect(url) as slow:  # a request head a byte at a time, never finished
             slow.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n")
             for byte in b"X-Slow":
                 slow.sendall(bytes([byte]))
                 time.sleep(HEAD_TIMEOUT_S / 20)
-            assert refusal(slow)[0] == 408
+            status, body = refusal(slow)
+        assert (status, body["error_code"]) == (408, "Timeout")
+        assert body["detail"] == f"no complete request line and headers within {HEAD_TIMEOUT_S:g} s"
+
+        with connect(url) as pipelined:  # the head behind a slow answer: the client waits, not the server
+            pipelined.sendall(b"GET /slow HTTP/1.1\r\nHost: x\r\n\r\nGET / HTTP/1.1\r\nHost: x\r\n\r\nGET / HTTP")
+            answers = received(pipelined)
+        assert answers.count(b"HTTP/1.1 200 OK") == 2 and answers.index(b"slow") < answers.index(b"hello")
+        assert b"HTTP/1.1 408" in answers[answers.index(b"hello") :]  # then the third head timed out
 
         with httpx.Client(base_url=url) as client:  # requests on a kept-alive connection, slower than the bound
             for _ in range(2):
                 assert client.get("/").text == "hello"
                 time.sleep(HEAD_TIMEOUT_S * 2)  # between requests only the keep-alive timeout runs (5 s)
+
+
+def test_the_head_bound_is_exact_across_reads_and_counts_no_body_bytes() -> None:
+    """A head over the bound is refused however its bytes are split, one under it is served however
+    they are split, and a pipelined request's body before the next head is no head of anyone's."""
+    head_line = b"GET / HTTP/1.1\r\nHost: x\r\nX-Pad: "
+    with guarded_server(allowed=100) as url:
+        for size, status in ((MAX_REQUEST_HEAD_BYTES - 1024, 200), (MAX_REQUEST_HEAD_BYTES + 1024, 431)):
+            with connect(url) as split:
+                split.sendall(head_line + b"a" * (size // 2))
+                time.sleep(0.2)  # two reads: the second completes the head
+                split.sendall(b"a" * (size - size // 2) + b"\r\nConnection: close\r\n\r\n")
+                assert int(received(split).split()[1]) == status, size
+
+        body = b"b" * (MAX_REQUEST_HEAD_BYTES + 10_000)
+        post = b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body)
+        with connect(url) as pipelined:
+            pipelined.sendall(post + b"GET / HTTP/1.1\r\nHo")  # one write: a body, then a head begun
+            time.sleep(0.2)
+            pipelined.sendall(b"st: x\r\nConnection: close\r\n\r\n")
+            assert received(pipelined).count(b"HTTP/1.1 200 OK") == 2
+
+        chunked = b"POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\nX-Trailer: "
+        with connect(url) as trailing:  # a trailer streamed without end: cut off, not joined for ever
+            trailing.sendall(chunked)
+            with contextlib.suppress(OSError):  # what comes after the refusal is dropped, then reset
+                for _ in range(4):
+                    trailing.sendall(b"t" * 65536)
+            answers = received(trailing)
+        assert b"HTTP/1.1 200 OK" in answers  # the request itself was answered before its trailer ran over
+        assert b"a chunked body's framing and trailers are over 65536 bytes" in answers
 
 
 def test_connections_past_the_bound_are_refused_and_served_again_once_one_closes() -> None:
@@ -122,9 +170,17 @@ def test_a_request_head_past_its_bound_is_refused_and_the_service_goes_on(tmp_pa
     """A header streamed without end is cut off at the bound (it would cost the service's thread
     quadratic time); a head under the bound is served; commands go on meanwhile."""
     root = tmp_path / "data"
-    service = start_service(root)
+    output: list[str] = []
+    service = start_service(root, output=output)
     try:
         url = served_url(root)
+        for _ in range(3):  # an upgrade is no WebSocket here: answered as a plain request, logged by nobody
+            with connect(url) as upgrade:
+                upgrade.sendall(
+                    b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n"
+                )
+                upgrade.settimeout(10)
+                assert upgrade.recv(65536).startswith(b"HTTP/1.1 200 OK")
         under = "v" * (MAX_REQUEST_HEAD_BYTES - 1024)
         assert httpx.get(f"{url}/healthz", headers={"X-Padding": under}).status_code == 200
         with connect(url) as streaming:
@@ -140,9 +196,11 @@ def test_a_request_head_past_its_bound_is_refused_and_the_service_goes_on(tmp_pa
             client.enqueue("acme", "jobs", b"after", message_id="m1")
         scrape = httpx.get(f"{url}/metrics", headers=bearer(root)).text
         assert 'keyload_http_connections_refused_total{reason="head_too_large"} 1.0' in scrape
-        assert "keyload_http_connections 1.0" in scrape  # the scrape's own
+        assert "keyload_http_connections 1.0" in scrape  # the scrape's own: none left over
     finally:
         assert stop_service(service) == 0
+    wait_until(lambda: any(line.startswith("keyload: stopped") for line in output), 10, "the service's last line")
+    assert not [line for line in output if "upgrade" in line.lower()], output
 
 
 def test_idle_connections_cannot_take_the_files_the_processors_need(tmp_path: Path) -> None:
@@ -189,23 +247,32 @@ def test_a_client_gone_mid_body_is_not_logged_as_a_failure(tmp_path: Path) -> No
     service = start_service(root, output=output)
     try:
         url = served_url(root)
-        authorization = bearer(root)["Authorization"]
+        authorization = bearer(root)["Authorization"].encode()
+        payload = b"p" * 100_000
+        reserve = {
+            "message_id": "big",
+            "length": len(payload),
+            "sha256": base64.b64encode(hashlib.sha256(payload).digest()).decode(),
+        }
+        with httpx.Client(base_url=url, headers=bearer(root)) as api:
+            assert api.put("/v1/domains/acme/queues/media", json={"policy": {}}).status_code == 200
+            reserved = api.post("/v1/domains/acme/queues/media/reservations", json={**reserve, "headers": {}})
+            assert reserved.status_code == 200, reserved.text
+        content = f"/v1/domains/acme/reservations/{reserved.json()['result']['reservation_id']}/content"
+        cut_off = [
+            (b"PUT " + content.encode(), b"application/octet-stream", len(payload), payload[:1000]),
+            (b"POST /v1/domains/acme/queues/media/messages", b"application/json", 1000, b'{"message_id"'),
+        ]
         for _ in range(3):
-            with connect(url) as cut:
-                cut.sendall(
-                    b"PUT /v1/domains/acme/reservations/1/content HTTP/1.1\r\nHost: x\r\n"
-                    b"Authorization: " + authorization.encode() + b"\r\n"
-                    b"Content-Type: application/octet-stream\r\nContent-Length: 100000\r\n\r\n" + b"x" * 1000
-                )
-            cut_json = {"message_id": "m", "body": ""}
-            with connect(url) as cut:
-                body = json.dumps(cut_json).encode()
-                cut.sendall(
-                    b"POST /v1/domains/acme/queues/q/messages HTTP/1.1\r\nHost: x\r\n"
-                    b"Authorization: " + authorization.encode() + b"\r\n"
-                    b"Content-Type: application/json\r\nContent-Length: 1000\r\n\r\n" + body[:5]
-                )
+            for line, content_type, length, sent in cut_off:
+                with connect(url) as cut:
+                    cut.sendall(
+                        line + b" HTTP/1.1\r\nHost: x\r\nAuthorization: " + authorization + b"\r\n"
+                        b"Content-Type: " + content_type + b"\r\nContent-Length: %d\r\n\r\n" % length + sent
+                    )
+                    time.sleep(0.1)  # the request is being read when its client goes
         assert httpx.get(f"{url}/healthz").status_code == 200
     finally:
         assert stop_service(service) == 0
+    wait_until(lambda: any(line.startswith("keyload: stopped") for line in output), 10, "the service's last line")
     assert not [line for line in output if "failed" in line], output

@@ -361,6 +361,9 @@ def test_a_header_that_decides_what_a_request_does_is_taken_once_not_one_of_two(
         response = httpx.post(enqueue, json=message, headers=headers)
         assert (response.status_code, response.json()["error_code"]) == (status, code), headers
         assert "more than once" in response.json()["detail"]
+    handles = [("Authorization", admin), (UPLOAD_HANDLE_HEADER, "ku1.a"), (UPLOAD_HANDLE_HEADER, "ku1.b")]
+    upload = httpx.put(f"{url}/v1/domains/{d}/reservations/1/content", content=b"x", headers=handles)
+    assert (upload.status_code, upload.json()["error_code"]) == (400, "Validation")
     assert log_end(root, d) == before
     scrape = httpx.get(f"{url}/metrics", headers=[("Authorization", admin), ("Authorization", admin)])
     assert (scrape.status_code, scrape.json()["error_code"]) == (401, "Unauthenticated")

@@ -79,12 +79,14 @@ def test_each_processor_serves_every_partition(kafka_bootstrap: str, tmp_path: P
         # Any credential reads the census here (no policy to check inspect against): it names no domain.
         with Client(urls[0], credential=credential, timeout_s=60) as client:
             client.configure_domain_caps(domains[0], max_queues=1)  # it holds 1 queue: at its cap
-        at_cap = [
-            (found.at_cap, found.at_cap_total)
-            for url in urls
-            for found in Client(url, credential=credential, timeout_s=60).census()
-            if found.partition == partition_for(domains[0], PARTITIONS)
-        ]
+        at_cap = []
+        for url in urls:
+            with Client(url, credential=credential, timeout_s=60) as client:
+                at_cap += [
+                    (found.at_cap, found.at_cap_total)
+                    for found in client.census()
+                    if found.partition == partition_for(domains[0], PARTITIONS)
+                ]
         assert max(at_cap, key=lambda pair: pair[1]) == ((), 1)
         # Credentials come from the CLI and a copied keyring on Kafka: a typed refusal, nothing appended.
         issue = {"principal": "svc", "grants": []}

@@ -794,19 +794,20 @@ class Census:
     retention_indexing: bool
     # (domain, kind) pairs at or past their cap, in domain order (at most MAX_CENSUS_AT_CAP listed),
     # and how many there are; none while `usage_counting` (the caps wait for the count)
-    at_cap: tuple[DomainAtCap, ...]
-    at_cap_total: int
+    at_cap: tuple[DomainAtCap, ...] = ()
+    at_cap_total: int = 0
 
     @classmethod
     def from_json(cls, census: Mapping[str, Any]) -> Census:
         """A census as the HTTP API answers it (`GET /v1/census`: the dataclass's fields as JSON). A
-        field this SDK does not know (a newer server's) is left out, as an outcome's are."""
+        field this SDK does not know (a newer server's) is left out, as an outcome's are; the domains
+        at a cap, which a server before them does not answer, read as none."""
         return _known(
             cls,
             census,
             families=tuple(_known(FamilyCount, family) for family in census["families"]),
             horizons=tuple(_known(HorizonCount, horizon) for horizon in census["horizons"]),
-            at_cap=tuple(_known(DomainAtCap, entry) for entry in census["at_cap"]),
+            at_cap=tuple(_known(DomainAtCap, entry) for entry in census.get("at_cap", ())),
         )
 
 

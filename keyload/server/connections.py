@@ -27,6 +27,7 @@ for as long as they need, and the connection bound caps what slow bodies can hol
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import resource
 from typing import Any
 
@@ -41,21 +42,26 @@ MAX_REQUEST_HEAD_BYTES = 64 * 1024  # the request line and headers of one reques
 # The open-file limit is shared with the log, the projections (RocksDB keeps its files open), the
 # object store and Kafka clients: connections may take at most this share of it.
 CONNECTIONS_SHARE_OF_OPEN_FILES = 0.5
+LINGER_S = 1.0  # a refused connection is closed this long after its answer, what the client sends dropped
 
 HEAD_TIMEOUT = ("Timeout", 408)
 HEAD_TOO_LARGE = ("Validation", 431)
 TOO_MANY_CONNECTIONS = ("Unavailable", 503)
 REFUSALS = {HEAD_TIMEOUT: "head_timeout", HEAD_TOO_LARGE: "head_too_large", TOO_MANY_CONNECTIONS: "connections"}
+_HEAD_TOO_LARGE = f"the request line and headers are over {MAX_REQUEST_HEAD_BYTES} bytes"
+_FRAMING_TOO_LARGE = f"a chunked body's framing and trailers are over {MAX_REQUEST_HEAD_BYTES} bytes"
 _REASONS = {408: b"Request Timeout", 431: b"Request Header Fields Too Large", 503: b"Service Unavailable"}
 
 
 def raise_open_file_limit() -> None:
     """Raise the process's soft limit of open files to its hard limit (what Go's runtime does at
     start), so the default of many systems (1,024) does not bound the service below what the
-    administrator allows."""
+    administrator allows. A limit the system refuses to raise (a hard limit above its own maximum)
+    is left as it is."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if hard != resource.RLIM_INFINITY and soft < hard:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
 
 
 def connection_limit(open_files: int) -> int:
@@ -74,7 +80,13 @@ def guarded_protocol(metrics: ServerMetrics) -> type[GuardedHttpProtocol]:
 
 class GuardedHttpProtocol(HttpToolsProtocol):
     """uvicorn's httptools protocol with a connection bound, a request head timeout and a request
-    head size bound (the module docstring says why); `guarded_protocol` binds the connection bound."""
+    head size bound (the module docstring says why); `guarded_protocol` binds the connection bound.
+
+    The head's size is checked exactly once the head is complete (its URL and headers), and while it
+    is still arriving by the bytes of every read after the one it began in (all of them head bytes:
+    the read that completes a head is checked exactly instead), so no request under the bound is
+    refused. A chunked body's framing and trailers are headers httptools joins the same way: reads
+    that bring no body byte may add up to the same bound."""
 
     connections_allowed = MAX_SERVED_CONNECTIONS
     metrics: ServerMetrics | None = None
@@ -82,11 +94,17 @@ class GuardedHttpProtocol(HttpToolsProtocol):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._head_timer: asyncio.TimerHandle | None = None
-        self._head_bytes: int | None = None  # bytes of a request head being read; None between heads
+        self._head_bytes: int | None = None  # bytes of a head still arriving, after its first read; None: no head
+        self._head_began = False  # the head began in the read being fed: that read is not counted
+        self._in_body = False  # between a head's end and its message's end
+        self._body_fed = False  # the read being fed brought body bytes
+        self._framing_bytes = 0  # bytes of the reads since the last that brought body bytes
+        self._received = False  # the client has sent a byte
+        self._refused = False  # refused: what the client sends now is read and dropped until the close
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         if len(self.connections) >= self.connections_allowed:
-            self.transport = transport  # connection_lost closes it again
+            self.transport = transport  # uncounted: connection_lost closes it again
             self._refuse(
                 TOO_MANY_CONNECTIONS,
                 f"the server holds {self.connections_allowed} connections, its limit: retry later, "
@@ -105,21 +123,54 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
+        if self._refused:
+            return
+        self._received = True
         super().data_received(data)
-        if self._head_bytes is not None and not self.transport.is_closing():
-            self._head_bytes += len(data)
+        if self._refused or self.transport.is_closing():
+            return
+        if self._head_bytes is not None:
+            if self._head_began:
+                self._head_began = False
+            else:
+                self._head_bytes += len(data)
             if self._head_bytes > MAX_REQUEST_HEAD_BYTES:
-                self._refuse(HEAD_TOO_LARGE, f"the request line and headers are over {MAX_REQUEST_HEAD_BYTES} bytes")
+                self._refuse(HEAD_TOO_LARGE, _HEAD_TOO_LARGE)
+        elif self._in_body:
+            self._framing_bytes = 0 if self._body_fed else self._framing_bytes + len(data)
+            self._body_fed = False
+            if self._framing_bytes > MAX_REQUEST_HEAD_BYTES:
+                self._refuse(HEAD_TOO_LARGE, _FRAMING_TOO_LARGE)
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
-        self._head_bytes = 0
+        self._head_bytes, self._head_began = 0, True
         self._time_head()
 
     def on_headers_complete(self) -> None:
         self._head_bytes = None
         self._untime_head()
+        if self._refused:
+            return
+        if len(self.url) + sum(len(name) + len(value) for name, value in self.headers) > MAX_REQUEST_HEAD_BYTES:
+            self._refuse(HEAD_TOO_LARGE, _HEAD_TOO_LARGE)
+            return
+        self._in_body, self._body_fed, self._framing_bytes = True, False, 0
         super().on_headers_complete()
+
+    def on_body(self, body: bytes) -> None:
+        self._body_fed = True
+        if not self._refused:
+            super().on_body(body)
+
+    def on_message_complete(self) -> None:
+        self._in_body = False
+        if not self._refused:
+            super().on_message_complete()
+
+    def _unsupported_upgrade_warning(self) -> None:
+        """Nothing: the API serves no upgrade (runner.py: ws="none"), answers an upgrade request as
+        a plain request, and logs nothing a client can send at will."""
 
     def _time_head(self) -> None:
         if self._head_timer is None:
@@ -132,18 +183,40 @@ class GuardedHttpProtocol(HttpToolsProtocol):
 
     def _head_timed_out(self) -> None:
         self._head_timer = None
-        if not self.transport.is_closing():
+        if self.transport.is_closing() or self._refused:
+            return
+        if self._answering():  # the client waits for the server, not the other way round
+            self._time_head()
+        elif not self._received:  # nothing asked, nothing to answer (as nginx): a silent close
+            self._refused = True
+            self.transport.close()
+        else:
             self._refuse(HEAD_TIMEOUT, f"no complete request line and headers within {REQUEST_HEAD_TIMEOUT_S:g} s")
 
+    def _answering(self) -> bool:
+        """Whether a request of this connection is being answered, or waits to be (pipelined)."""
+        return bool(self.pipeline) or (self.cycle is not None and not self.cycle.response_complete)
+
     def _refuse(self, pair: tuple[str, int], detail: str) -> None:
-        """Answer the API's JSON error (no command id: no request was read) and close."""
+        """Answer the API's JSON error (no command id: no request was read) and close; while a request
+        of the connection is being answered, close without a word, as writing would break into its
+        response. The close lingers (what the client sends meanwhile is dropped) so that the kernel
+        does not reset the connection, and lose the answer, over unread bytes."""
         code, status = pair
+        self._refused = True
         if self.metrics is not None:
             self.metrics.connections_refused.labels(REFUSALS[pair]).inc()
+        if self._answering():
+            self.transport.close()
+            return
         body = msgspec.json.encode({"status": "error", "error_code": code, "detail": detail, "command_id": None})
         head = (
             b"HTTP/1.1 %d %s\r\ncontent-type: application/json\r\ncontent-length: %d\r\nconnection: close\r\n\r\n"
             % (status, _REASONS[status], len(body))
         )
         self.transport.write(head + body)
-        self.transport.close()
+        if self.transport.can_write_eof():
+            self.transport.write_eof()
+            self.loop.call_later(LINGER_S, self.transport.close)
+        else:
+            self.transport.close()

@@ -215,6 +215,7 @@ class HttpServer:
             proxy_headers=False,
             lifespan="on",
             http=guarded_protocol(engine.metrics),  # bounded connections and request heads (connections.py)
+            ws="none",  # no WebSocket: an upgrade request is answered as a plain one
             timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
             ssl_certfile=None if listen.tls_cert is None else str(listen.tls_cert),
             ssl_keyfile=None if listen.tls_key is None else str(listen.tls_key),

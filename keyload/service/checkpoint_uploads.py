@@ -140,9 +140,10 @@ class CheckpointUploads:
                     published = Published(snapshot.partition, snapshot.offset, None, f"{type(exc).__name__}: {exc}")
                 with self._lock:
                     self._pending[snapshot.partition] -= 1
-                    if owner == self._owner[snapshot.partition]:
+                    owned = owner == self._owner[snapshot.partition]
+                    if owned:
                         self._finished[snapshot.partition].append(published)
-                if checkpoints is not None:
+                if checkpoints is not None and owned:  # a released partition's new owner retires its own
                     retire(checkpoints, published)
         finally:
             if checkpoints is not None:
