@@ -35,7 +35,8 @@ from keyload.server.connections import MAX_REQUEST_HEAD_BYTES, GuardedHttpProtoc
 
 from .support import bearer, served_url, start_service, stop_service, wait_until
 
-HEAD_TIMEOUT_S = 0.5
+HEAD_TIMEOUT_S = 1.0
+KEEP_ALIVE_S = 0.2  # uvicorn's idle time between requests, shortened too (its default is 5 s)
 
 
 def received(sock: socket.socket, timeout_s: float = 10.0) -> bytes:
@@ -67,7 +68,7 @@ def guarded_server(allowed: int) -> Iterator[str]:
 
     protocol = type("Guarded", (GuardedHttpProtocol,), {"connections_allowed": allowed})
     app = Starlette(routes=[Route("/", hello, methods=["GET", "POST"]), Route("/slow", slow)])
-    config = uvicorn.Config(app, http=protocol, log_level="warning", lifespan="off")
+    config = uvicorn.Config(app, http=protocol, log_level="warning", lifespan="off", timeout_keep_alive=KEEP_ALIVE_S)
     server = uvicorn.Server(config)
     sock = socket.create_server(("127.0.0.1", 0))
     thread = threading.Thread(target=lambda: asyncio.run(server.serve(sockets=[sock])), daemon=True)
@@ -107,10 +108,21 @@ def test_a_request_head_that_does_not_arrive_in_time_is_refused(monkeypatch: pyt
         assert answers.count(b"HTTP/1.1 200 OK") == 2 and answers.index(b"slow") < answers.index(b"hello")
         assert b"HTTP/1.1 408" in answers[answers.index(b"hello") :]  # then the third head timed out
 
+        with connect(url) as behind:  # a head begun behind an answer keeps its time after it, not the keep-alive's
+            behind.sendall(b"GET /slow HTTP/1.1\r\nHost: x\r\n\r\nGET / HTTP/1.1\r\nHo")
+            behind.settimeout(10)
+            first = b""
+            while not first.endswith(b"slow"):  # /slow's answer, head and body (maybe apart)
+                first += behind.recv(65536)
+            assert first.startswith(b"HTTP/1.1 200 OK")
+            time.sleep(KEEP_ALIVE_S * 2)  # idle longer than a kept-alive connection may, inside the head's time
+            behind.sendall(b"st: x\r\nConnection: close\r\n\r\n")
+            assert received(behind).startswith(b"HTTP/1.1 200 OK")
+
         with httpx.Client(base_url=url) as client:  # requests on a kept-alive connection, slower than the bound
             for _ in range(2):
                 assert client.get("/").text == "hello"
-                time.sleep(HEAD_TIMEOUT_S * 2)  # between requests only the keep-alive timeout runs (5 s)
+                time.sleep(HEAD_TIMEOUT_S * 2)  # idle between requests: closed by the keep-alive, no 408
 
 
 def test_the_head_bound_is_exact_across_reads_and_counts_no_body_bytes() -> None:

@@ -332,6 +332,9 @@ def test_a_missing_or_wrong_credential_is_401_and_appends_nothing(served: tuple[
     assert response.status_code == 401
     assert (response.json()["status"], response.json()["error_code"]) == ("error", "Unauthenticated")
     assert "AAAA" not in response.text
+    # The partition it picks the policy of comes first: given twice, it is refused before the credential.
+    twice = httpx.get(f"{url}/v1/principals/keyload-admin?partition=0&partition=1", headers=headers)
+    assert (twice.status_code, twice.json()["detail"]) == (400, "partition is given twice (path, query or body)")
     # The credential is checked before the request's body and headers: a caller without one learns nothing.
     receive = f"{url}/v1/domains/{d}/queues/q/receive"
     for response in (

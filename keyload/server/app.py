@@ -341,7 +341,13 @@ class CommandRoute:
             domain = params["domain"]
             return [(domain, partition_for(domain, partitions))]
         if "partition" in params or not self.everywhere or self.method == "GET":
-            text = params.get("partition", request.query_params.get(PARTITION_QUERY, "0"))
+            # Given twice it is refused here, before the credential it picks the policy of.
+            given = [params["partition"]] if "partition" in params else []
+            if request.scope["query_string"]:
+                given += request.query_params.getlist(PARTITION_QUERY)
+            if len(given) > 1:
+                raise WireError(f"{PARTITION_QUERY} is given twice (path, query or body)")
+            text = given[0] if given else "0"
             if not is_number(text) or not 0 <= int(text) < partitions:
                 raise WireError(f"partition must be 0..{partitions - 1}")
             partition = int(text)

@@ -168,6 +168,15 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         if not self._refused:
             super().on_message_complete()
 
+    def on_response_complete(self) -> None:
+        """After an answer, a pipelined head already arriving keeps its own time, afresh (it waited
+        for the answer), where uvicorn would give it the keep-alive's 5 s meant for an idle connection."""
+        super().on_response_complete()
+        if self._head_bytes is not None and not self.transport.is_closing():
+            self._unset_keepalive_if_required()
+            self._untime_head()
+            self._time_head()
+
     def _unsupported_upgrade_warning(self) -> None:
         """Nothing: the API serves no upgrade (runner.py: ws="none"), answers an upgrade request as
         a plain request, and logs nothing a client can send at will."""
