@@ -25,6 +25,7 @@ from typing import Any
 import httpx
 import pytest
 import uvicorn
+from prometheus_client import CollectorRegistry
 from starlette.applications import Starlette
 from starlette.responses import PlainTextResponse
 from starlette.routing import Route
@@ -32,6 +33,7 @@ from starlette.routing import Route
 from keyload import Client
 from keyload.server import connections
 from keyload.server.connections import MAX_REQUEST_HEAD_BYTES, GuardedHttpProtocol, connection_limit
+from keyload.server.metrics import ConnectionCounts
 
 from .support import bearer, served_url, start_service, stop_service, wait_until
 
@@ -55,9 +57,23 @@ def refusal(sock: socket.socket, timeout_s: float = 10.0) -> tuple[int, dict[str
     return int(head.split()[1]), json.loads(body)
 
 
+class Guarded:
+    """A uvicorn server with the guarded protocol: its URL, and its connection counts."""
+
+    def __init__(self, url: str, registry: CollectorRegistry) -> None:
+        self.url = url
+        self.registry = registry
+
+    def refused(self, reason: str) -> float | None:
+        return self.registry.get_sample_value("keyload_http_connections_refused_total", {"reason": reason})
+
+    def open(self) -> float | None:
+        return self.registry.get_sample_value("keyload_http_connections")
+
+
 @contextlib.contextmanager
-def guarded_server(allowed: int) -> Iterator[str]:
-    """A uvicorn server with the guarded protocol, at most `allowed` connections; its URL."""
+def guarded_server(allowed: int) -> Iterator[Guarded]:
+    """A uvicorn server with the guarded protocol, at most `allowed` connections."""
 
     async def hello(_: Any) -> PlainTextResponse:
         return PlainTextResponse("hello")
@@ -66,7 +82,9 @@ def guarded_server(allowed: int) -> Iterator[str]:
         await asyncio.sleep(HEAD_TIMEOUT_S * 3)
         return PlainTextResponse("slow")
 
-    protocol = type("Guarded", (GuardedHttpProtocol,), {"connections_allowed": allowed})
+    registry = CollectorRegistry()
+    counts = ConnectionCounts.registered(registry)
+    protocol = type("Guarded", (GuardedHttpProtocol,), {"connections_allowed": allowed, "counts": counts})
     app = Starlette(routes=[Route("/", hello, methods=["GET", "POST"]), Route("/slow", slow)])
     config = uvicorn.Config(app, http=protocol, log_level="warning", lifespan="off", timeout_keep_alive=KEEP_ALIVE_S)
     server = uvicorn.Server(config)
@@ -75,7 +93,7 @@ def guarded_server(allowed: int) -> Iterator[str]:
     thread.start()
     wait_until(lambda: server.started, 10, "the server to start")
     try:
-        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
+        yield Guarded(f"http://127.0.0.1:{sock.getsockname()[1]}", registry)
     finally:
         server.should_exit = True
         thread.join(10)
@@ -89,9 +107,11 @@ def connect(url: str) -> socket.socket:
 
 def test_a_request_head_that_does_not_arrive_in_time_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(connections, "REQUEST_HEAD_TIMEOUT_S", HEAD_TIMEOUT_S)
-    with guarded_server(allowed=100) as url:
+    with guarded_server(allowed=100) as server:
+        url = server.url
         with connect(url) as silent:  # connects and sends nothing: closed without a word, as nginx does
             assert received(silent) == b""
+        assert server.refused("head_timeout") == 1
 
         with connect(url) as slow:  # a request head a byte at a time, never finished
             slow.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n")
@@ -101,6 +121,7 @@ def test_a_request_head_that_does_not_arrive_in_time_is_refused(monkeypatch: pyt
             status, body = refusal(slow)
         assert (status, body["error_code"]) == (408, "Timeout")
         assert body["detail"] == f"no complete request line and headers within {HEAD_TIMEOUT_S:g} s"
+        assert server.refused("head_timeout") == 2
 
         with connect(url) as pipelined:  # the head behind a slow answer: the client waits, not the server
             pipelined.sendall(b"GET /slow HTTP/1.1\r\nHost: x\r\n\r\nGET / HTTP/1.1\r\nHost: x\r\n\r\nGET / HTTP")
@@ -129,7 +150,8 @@ def test_the_head_bound_is_exact_across_reads_and_counts_no_body_bytes() -> None
     """A head over the bound is refused however its bytes are split, one under it is served however
     they are split, and a pipelined request's body before the next head is no head of anyone's."""
     head_line = b"GET / HTTP/1.1\r\nHost: x\r\nX-Pad: "
-    with guarded_server(allowed=100) as url:
+    with guarded_server(allowed=100) as server:
+        url = server.url
         for size, status in ((MAX_REQUEST_HEAD_BYTES - 1024, 200), (MAX_REQUEST_HEAD_BYTES + 1024, 431)):
             with connect(url) as split:
                 split.sendall(head_line + b"a" * (size // 2))
@@ -157,13 +179,15 @@ def test_the_head_bound_is_exact_across_reads_and_counts_no_body_bytes() -> None
 
 
 def test_connections_past_the_bound_are_refused_and_served_again_once_one_closes() -> None:
-    with guarded_server(allowed=3) as url:
+    with guarded_server(allowed=3) as server:
+        url = server.url
         held = [connect(url) for _ in range(3)]
         try:
             with connect(url) as extra:
                 status, body = refusal(extra)
             assert (status, body["error_code"]) == (503, "Unavailable")
             assert "holds 3 connections, its limit" in body["detail"]
+            assert (server.refused("connections"), server.open()) == (1, 3)
             held.pop().close()
             wait_until(lambda: httpx.get(url).status_code == 200, 10, "a connection to be served again")
         finally:

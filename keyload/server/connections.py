@@ -34,7 +34,7 @@ from typing import Any
 import msgspec
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from keyload.server.metrics import ServerMetrics
+from keyload.server.metrics import ConnectionCounts
 
 MAX_SERVED_CONNECTIONS = 10_000  # connections served at once, at most: the bound when open files allow more
 REQUEST_HEAD_TIMEOUT_S = 30.0  # from a connection's opening, or a request's first byte, to its last header
@@ -71,11 +71,11 @@ def connection_limit(open_files: int) -> int:
     return max(1, min(MAX_SERVED_CONNECTIONS, int(open_files * CONNECTIONS_SHARE_OF_OPEN_FILES)))
 
 
-def guarded_protocol(metrics: ServerMetrics) -> type[GuardedHttpProtocol]:
+def guarded_protocol(counts: ConnectionCounts) -> type[GuardedHttpProtocol]:
     """The protocol of this process's server, its connection bound taken from the process's open-file
-    limit (`keyload run` raises it when it starts: `raise_open_file_limit`), counting in `metrics`."""
+    limit (`keyload run` raises it when it starts: `raise_open_file_limit`), counting in `counts`."""
     allowed = connection_limit(resource.getrlimit(resource.RLIMIT_NOFILE)[0])
-    return type("GuardedHttpProtocol", (GuardedHttpProtocol,), {"connections_allowed": allowed, "metrics": metrics})
+    return type("GuardedHttpProtocol", (GuardedHttpProtocol,), {"connections_allowed": allowed, "counts": counts})
 
 
 class GuardedHttpProtocol(HttpToolsProtocol):
@@ -89,7 +89,7 @@ class GuardedHttpProtocol(HttpToolsProtocol):
     that bring no body byte may add up to the same bound."""
 
     connections_allowed = MAX_SERVED_CONNECTIONS
-    metrics: ServerMetrics | None = None
+    counts: ConnectionCounts | None = None
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -112,13 +112,13 @@ class GuardedHttpProtocol(HttpToolsProtocol):
             )
             return
         super().connection_made(transport)
-        if self.metrics is not None:
-            self.metrics.connections.inc()
+        if self.counts is not None:
+            self.counts.open.inc()
         self._time_head()
 
     def connection_lost(self, exc: Exception | None) -> None:
-        if self.metrics is not None and self in self.connections:  # a refused one was never counted
-            self.metrics.connections.dec()
+        if self.counts is not None and self in self.connections:  # a refused one was never counted
+            self.counts.open.dec()
         self._untime_head()
         super().connection_lost(exc)
 
@@ -196,8 +196,10 @@ class GuardedHttpProtocol(HttpToolsProtocol):
             return
         if self._answering():  # the client waits for the server, not the other way round
             self._time_head()
-        elif not self._received:  # nothing asked, nothing to answer (as nginx): a silent close
+        elif not self._received:  # nothing asked, nothing to answer (as nginx): a silent close, counted
             self._refused = True
+            if self.counts is not None:
+                self.counts.refused.labels(REFUSALS[HEAD_TIMEOUT]).inc()
             self.transport.close()
         else:
             self._refuse(HEAD_TIMEOUT, f"no complete request line and headers within {REQUEST_HEAD_TIMEOUT_S:g} s")
@@ -213,8 +215,8 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         does not reset the connection, and lose the answer, over unread bytes."""
         code, status = pair
         self._refused = True
-        if self.metrics is not None:
-            self.metrics.connections_refused.labels(REFUSALS[pair]).inc()
+        if self.counts is not None:
+            self.counts.refused.labels(REFUSALS[pair]).inc()
         if self._answering():
             self.transport.close()
             return

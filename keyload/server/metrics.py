@@ -20,6 +20,7 @@ import contextlib
 import threading
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import TypeVar
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -46,13 +47,7 @@ class ServerMetrics:
         self.requests = Counter(
             "keyload_http_requests", "HTTP requests answered", ["method", "status"], registry=self.registry
         )
-        self.connections = Gauge("keyload_http_connections", "HTTP connections open", registry=self.registry)
-        self.connections_refused = Counter(
-            "keyload_http_connections_refused",
-            "connections refused and closed (keyload/server/connections.py), by the bound they passed",
-            ["reason"],
-            registry=self.registry,
-        )
+        self.connections = ConnectionCounts.registered(self.registry)
         self.outcome_latency = Histogram(
             "keyload_outcome_latency_seconds",
             "from a command's append by the server to its outcome",
@@ -65,6 +60,27 @@ class ServerMetrics:
 
     def close(self) -> None:
         self.partitions.close()
+
+
+@dataclass(frozen=True, slots=True)
+class ConnectionCounts:
+    """The HTTP connections open, and those refused and closed by each bound of
+    keyload/server/connections.py (`reason`: connections, head_timeout, head_too_large)."""
+
+    open: Gauge
+    refused: Counter
+
+    @classmethod
+    def registered(cls, registry: CollectorRegistry) -> ConnectionCounts:
+        return cls(
+            Gauge("keyload_http_connections", "HTTP connections open", registry=registry),
+            Counter(
+                "keyload_http_connections_refused",
+                "connections refused and closed (keyload/server/connections.py), by the bound they passed",
+                ["reason"],
+                registry=registry,
+            ),
+        )
 
 
 class PartitionCollector(Collector):

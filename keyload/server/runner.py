@@ -214,7 +214,7 @@ class HttpServer:
             # either (uvicorn's default takes them from 127.0.0.1): one middleware less a request.
             proxy_headers=False,
             lifespan="on",
-            http=guarded_protocol(engine.metrics),  # bounded connections and request heads (connections.py)
+            http=guarded_protocol(engine.metrics.connections),  # bounded connections and request heads (connections.py)
             ws="none",  # no WebSocket: an upgrade request is answered as a plain one
             timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
             ssl_certfile=None if listen.tls_cert is None else str(listen.tls_cert),
