@@ -520,6 +520,10 @@ def test_a_policy_filter_or_headers_left_out_take_their_defaults(api: httpx.Clie
     # A record with a field of its own to give is still required, by name.
     missing = api.post("/v1/principals/someone/grants", json={})
     assert (missing.status_code, missing.json()["detail"]) == (400, "grant is required")
+    # A principal write goes to every partition: `?partition=` picks none there, so it is refused, not ignored.
+    grant = {"grant": {"capability": "consume", "domain": d, "resource": "*"}}
+    routed = api.post("/v1/principals/someone/grants?partition=1", json=grant)
+    assert (routed.status_code, routed.json()["detail"]) == (400, "partition is not a field of GrantCapability")
 
 
 def test_a_topic_read_with_no_start_reads_from_position_1(api: httpx.Client) -> None:

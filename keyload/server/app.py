@@ -255,6 +255,9 @@ class CommandRoute:
         self.everywhere = (
             kind.partition_wide and "partition" not in self.path_fields and "domain" not in self.path_fields
         )
+        # `?partition=` picks the one partition a read of an everywhere kind asks (InspectPrincipal); a
+        # write of one goes to every partition, so there it is a field the command does not have (400).
+        self.partition_queried = self.everywhere and self.method == "GET"
         self.raw_body = any(f["name"] == RAW_BODY_FIELD and f["type"] == "bytes" for f in self.record["fields"])
 
     async def respond(self, request: Request) -> Response:
@@ -318,7 +321,7 @@ class CommandRoute:
         queried = request.query_params.multi_items() if request.scope["query_string"] else ()  # parsed only if given
         for name, text in queried:
             _give(given, name)
-            if name != PARTITION_QUERY or not self.everywhere:  # there it routes: no field of the command
+            if name != PARTITION_QUERY or not self.partition_queried:  # there it routes: no field of the command
                 fields[name] = self._text(name, text)
         for name, text in request.path_params.items():
             _give(given, name)
@@ -340,7 +343,7 @@ class CommandRoute:
         if "domain" in params:
             domain = params["domain"]
             return [(domain, partition_for(domain, partitions))]
-        if "partition" in params or not self.everywhere or self.method == "GET":
+        if "partition" in params or not self.everywhere or self.partition_queried:
             # Given twice it is refused here, before the credential it picks the policy of.
             given = [params["partition"]] if "partition" in params else []
             if request.scope["query_string"]:
