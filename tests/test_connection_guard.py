@@ -16,6 +16,7 @@ import hashlib
 import json
 import resource
 import socket
+import ssl
 import threading
 import time
 from collections.abc import Iterator
@@ -32,10 +33,10 @@ from starlette.routing import Route
 
 from keyload import Client
 from keyload.server import connections
-from keyload.server.connections import MAX_REQUEST_HEAD_BYTES, GuardedHttpProtocol, connection_limit
+from keyload.server.connections import MAX_REQUEST_HEAD_BYTES, connection_limit, guarded_protocol
 from keyload.server.metrics import ConnectionCounts
 
-from .support import bearer, served_url, start_service, stop_service, wait_until
+from .support import bearer, self_signed, served_url, start_service, stop_service, wait_until
 
 HEAD_TIMEOUT_S = 1.0
 KEEP_ALIVE_S = 0.2  # uvicorn's idle time between requests, shortened too (its default is 5 s)
@@ -72,8 +73,8 @@ class Guarded:
 
 
 @contextlib.contextmanager
-def guarded_server(allowed: int) -> Iterator[Guarded]:
-    """A uvicorn server with the guarded protocol, at most `allowed` connections."""
+def guarded_server(allowed: int, tls: ssl.SSLContext | None = None) -> Iterator[Guarded]:
+    """A uvicorn server with the guarded protocol, at most `allowed` connections, over `tls` if given."""
 
     async def hello(_: Any) -> PlainTextResponse:
         return PlainTextResponse("hello")
@@ -84,16 +85,19 @@ def guarded_server(allowed: int) -> Iterator[Guarded]:
 
     registry = CollectorRegistry()
     counts = ConnectionCounts.registered(registry)
-    protocol = type("Guarded", (GuardedHttpProtocol,), {"connections_allowed": allowed, "counts": counts})
+    protocol = guarded_protocol(counts, tls, allowed)
     app = Starlette(routes=[Route("/", hello, methods=["GET", "POST"]), Route("/slow", slow)])
-    config = uvicorn.Config(app, http=protocol, log_level="warning", lifespan="off", timeout_keep_alive=KEEP_ALIVE_S)
+    config = uvicorn.Config(
+        app, http=protocol, loop="uvloop", log_level="warning", lifespan="off", timeout_keep_alive=KEEP_ALIVE_S
+    )
     server = uvicorn.Server(config)
     sock = socket.create_server(("127.0.0.1", 0))
-    thread = threading.Thread(target=lambda: asyncio.run(server.serve(sockets=[sock])), daemon=True)
+    runner = asyncio.Runner(loop_factory=config.get_loop_factory())  # uvloop, as `keyload run`'s
+    thread = threading.Thread(target=lambda: runner.run(server.serve(sockets=[sock])), daemon=True)
     thread.start()
     wait_until(lambda: server.started, 10, "the server to start")
     try:
-        yield Guarded(f"http://127.0.0.1:{sock.getsockname()[1]}", registry)
+        yield Guarded(f"{'http' if tls is None else 'https'}://127.0.0.1:{sock.getsockname()[1]}", registry)
     finally:
         server.should_exit = True
         thread.join(10)
@@ -101,7 +105,8 @@ def guarded_server(allowed: int) -> Iterator[Guarded]:
 
 
 def connect(url: str) -> socket.socket:
-    host, port = url.removeprefix("http://").split(":")
+    """A TCP connection to the server at `url` (over TLS too: no handshake begun)."""
+    host, port = url.partition("://")[2].split(":")
     return socket.create_connection((host, int(port)))
 
 
@@ -195,6 +200,36 @@ def test_connections_past_the_bound_are_refused_and_served_again_once_one_closes
                 sock.close()
 
 
+def test_over_tls_a_connection_counts_from_its_accept_and_its_handshake_has_the_heads_time(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Connections that never begin a handshake hold the bound (asyncio's TLS would not count them
+    until their handshake is done, for 60 s): one past it is closed before its handshake, and they
+    are closed once their time is out, which frees the bound."""
+    monkeypatch.setattr(connections, "REQUEST_HEAD_TIMEOUT_S", HEAD_TIMEOUT_S)
+    cert, key = self_signed(tmp_path)
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.load_cert_chain(cert, key)
+    with guarded_server(allowed=2, tls=context) as server:
+        trust = ssl.create_default_context(cafile=str(cert))
+        with httpx.Client(verify=trust) as client:  # a handshake, then a request: served as ever
+            assert client.get(server.url).text == "hello"
+        wait_until(lambda: server.open() == 0, 10, "the client's connection to close")
+        held = [connect(server.url) for _ in range(2)]
+        try:
+            wait_until(lambda: server.open() == 2, 10, "the connections to be counted")
+            with pytest.raises(httpx.TransportError):
+                httpx.get(server.url, verify=trust)
+            assert server.refused("connections") == 1
+            for sock in held:  # their handshake's time runs out: closed without a word
+                assert received(sock) == b""
+        finally:
+            for sock in held:
+                sock.close()
+        assert server.refused("head_timeout") == 2
+        assert httpx.get(server.url, verify=trust).text == "hello"
+
+
 def test_the_connection_bound_is_half_the_open_files_at_most_ten_thousand() -> None:
     assert connection_limit(1024) == 512
     assert connection_limit(20_000) == 10_000
@@ -267,6 +302,40 @@ def test_idle_connections_cannot_take_the_files_the_processors_need(tmp_path: Pa
         assert 'keyload_http_connections_refused_total{reason="connections"} 0.0' not in scrape
     finally:
         assert stop_service(service) == 0
+
+
+def test_tls_handshakes_never_begun_cannot_take_the_files_the_processors_need(tmp_path: Path) -> None:
+    """Over TLS under an open-file limit of 256: twice as many connections as may be served, none of
+    them beginning its handshake, and the partitions go on committing; those past the bound are
+    closed at once, and the API serves again once the others close."""
+    cert, key = self_signed(tmp_path)
+    root = tmp_path / "data"
+    service = start_service(root, "--tls-cert", str(cert), "--tls-key", str(key), open_files=256)
+    trust = ssl.create_default_context(cafile=str(cert))
+    try:
+        url = served_url(root)
+        held = [connect(url) for _ in range(connection_limit(256) * 2)]
+        try:
+            with Client(root) as client:  # the processors still open and commit files
+                client.create_queue("acme", "jobs")
+                client.enqueue("acme", "jobs", b"while held", message_id="m1")
+                [delivery] = client.receive("acme", "jobs").deliveries
+                client.ack("acme", delivery.token)
+        finally:
+            for sock in held:
+                sock.close()
+        wait_until(lambda: _served(url, trust), 10, "the API to serve again")
+        scrape = httpx.get(f"{url}/metrics", headers=bearer(root), verify=trust).text
+        refused = next(line for line in scrape.splitlines() if 'refused_total{reason="connections"}' in line)
+        assert float(refused.split()[-1]) >= connection_limit(256)  # those past the bound (and probes)
+    finally:
+        assert stop_service(service) == 0
+
+
+def _served(url: str, trust: ssl.SSLContext) -> bool:
+    with contextlib.suppress(httpx.TransportError):
+        return httpx.get(f"{url}/healthz", verify=trust).status_code == 200
+    return False
 
 
 def _refused(url: str) -> bool:

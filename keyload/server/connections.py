@@ -18,6 +18,11 @@ nginx's `client_header_timeout`, `large_client_header_buffers` and `worker_conne
 - a request head of at most MAX_REQUEST_HEAD_BYTES, else 431 `Validation` and the connection is
   closed.
 
+Over TLS a connection counts from its accept, through its handshake (`TlsLayer`): asyncio's own TLS
+layer hands a connection to the HTTP protocol only once its handshake is done, and never if it fails,
+so handshakes that never end would hold open files uncounted. A handshake has REQUEST_HEAD_TIMEOUT_S;
+a connection past the bound is closed before it (no answer can be read without one).
+
 Each refusal is the API's JSON error with `Connection: close`, counted in
 `keyload_http_connections_refused_total{reason}` (`connections`, `head_timeout`, `head_too_large`);
 `keyload_http_connections` is how many are open. A body is not timed: large payload uploads stream
@@ -29,10 +34,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import resource
+import ssl
+from dataclasses import dataclass
 from typing import Any
 
 import msgspec
+import uvloop
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+from uvloop.loop import SSLProtocol  # type: ignore[attr-defined]  # uvloop's stubs leave out its TLS layer
 
 from keyload.server.metrics import ConnectionCounts
 
@@ -71,11 +80,43 @@ def connection_limit(open_files: int) -> int:
     return max(1, min(MAX_SERVED_CONNECTIONS, int(open_files * CONNECTIONS_SHARE_OF_OPEN_FILES)))
 
 
-def guarded_protocol(counts: ConnectionCounts) -> type[GuardedHttpProtocol]:
-    """The protocol of this process's server, its connection bound taken from the process's open-file
-    limit (`keyload run` raises it when it starts: `raise_open_file_limit`), counting in `counts`."""
-    allowed = connection_limit(resource.getrlimit(resource.RLIMIT_NOFILE)[0])
-    return type("GuardedHttpProtocol", (GuardedHttpProtocol,), {"connections_allowed": allowed, "counts": counts})
+@dataclass
+class ConnectionBound:
+    """The connections one server holds, against its bound, counted in `counts`."""
+
+    allowed: int
+    counts: ConnectionCounts
+    held: int = 0
+
+    def take(self) -> bool:
+        """Count one connection more, unless the bound is reached."""
+        if self.held >= self.allowed:
+            return False
+        self.held += 1
+        self.counts.open.inc()
+        return True
+
+    def give_back(self) -> None:
+        self.held -= 1
+        self.counts.open.dec()
+
+    def refused(self, pair: tuple[str, int]) -> None:
+        self.counts.refused.labels(REFUSALS[pair]).inc()
+
+
+def guarded_protocol(
+    counts: ConnectionCounts, tls: ssl.SSLContext | None = None, allowed: int | None = None
+) -> type[GuardedHttpProtocol] | type[TlsLayer]:
+    """The protocol of a server's connections, counting in `counts`, over `tls` if given: at most
+    `allowed` at once, by default what the process's open-file limit allows (`keyload run` raises it
+    when it starts: `raise_open_file_limit`). A server given this protocol is given no TLS of its own."""
+    if allowed is None:
+        allowed = connection_limit(resource.getrlimit(resource.RLIMIT_NOFILE)[0])
+    bound = ConnectionBound(allowed, counts)
+    guarded = type("GuardedHttpProtocol", (GuardedHttpProtocol,), {"bound": bound})
+    if tls is None:
+        return guarded
+    return type("TlsLayer", (TlsLayer,), {"http": guarded, "context": tls})
 
 
 class GuardedHttpProtocol(HttpToolsProtocol):
@@ -88,11 +129,11 @@ class GuardedHttpProtocol(HttpToolsProtocol):
     refused. A chunked body's framing and trailers are headers httptools joins the same way: reads
     that bring no body byte may add up to the same bound."""
 
-    connections_allowed = MAX_SERVED_CONNECTIONS
-    counts: ConnectionCounts | None = None
+    bound: ConnectionBound  # bound by `guarded_protocol`
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        self.counted_below = False  # counted by the TLS layer under it (`TlsLayer`), not by itself
         self._head_timer: asyncio.TimerHandle | None = None
         self._head_bytes: int | None = None  # bytes of a head still arriving, after its first read; None: no head
         self._head_began = False  # the head began in the read being fed: that read is not counted
@@ -103,22 +144,19 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         self._refused = False  # refused: what the client sends now is read and dropped until the close
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-        if len(self.connections) >= self.connections_allowed:
+        if not self.counted_below and not self.bound.take():
             self.transport = transport  # uncounted: connection_lost closes it again
             self._refuse(
                 TOO_MANY_CONNECTIONS,
-                f"the server holds {self.connections_allowed} connections, its limit: retry later, "
-                "or reuse a connection",
+                f"the server holds {self.bound.allowed} connections, its limit: retry later, or reuse a connection",
             )
             return
         super().connection_made(transport)
-        if self.counts is not None:
-            self.counts.open.inc()
         self._time_head()
 
     def connection_lost(self, exc: Exception | None) -> None:
-        if self.counts is not None and self in self.connections:  # a refused one was never counted
-            self.counts.open.dec()
+        if not self.counted_below and self in self.connections:  # a refused one was never counted
+            self.bound.give_back()
         self._untime_head()
         super().connection_lost(exc)
 
@@ -198,8 +236,7 @@ class GuardedHttpProtocol(HttpToolsProtocol):
             self._time_head()
         elif not self._received:  # nothing asked, nothing to answer (as nginx): a silent close, counted
             self._refused = True
-            if self.counts is not None:
-                self.counts.refused.labels(REFUSALS[HEAD_TIMEOUT]).inc()
+            self.bound.refused(HEAD_TIMEOUT)
             self.transport.close()
         else:
             self._refuse(HEAD_TIMEOUT, f"no complete request line and headers within {REQUEST_HEAD_TIMEOUT_S:g} s")
@@ -215,8 +252,7 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         does not reset the connection, and lose the answer, over unread bytes."""
         code, status = pair
         self._refused = True
-        if self.counts is not None:
-            self.counts.refused.labels(REFUSALS[pair]).inc()
+        self.bound.refused(pair)
         if self._answering():
             self.transport.close()
             return
@@ -231,3 +267,39 @@ class GuardedHttpProtocol(HttpToolsProtocol):
             self.loop.call_later(LINGER_S, self.transport.close)
         else:
             self.transport.close()
+
+
+class TlsLayer(SSLProtocol):  # type: ignore[misc]  # uvloop's TLS layer, which uvicorn's loop runs
+    """The TLS layer of an HTTPS server's connection, under its `GuardedHttpProtocol`: it counts the
+    connection against the bound from its accept (one past the bound is closed at once: no answer can
+    be read before a handshake), gives the handshake REQUEST_HEAD_TIMEOUT_S, and gives the connection
+    back when it closes, whether its handshake was done or not (the module docstring says why)."""
+
+    http: type[GuardedHttpProtocol]  # bound by `guarded_protocol`
+    context: ssl.SSLContext
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self.app = self.http(*args, **kwargs)
+        assert isinstance(self.app.loop, uvloop.Loop), "uvloop's TLS layer runs on uvloop alone"
+        self.app.counted_below = True
+        self.counted = False
+        super().__init__(
+            self.app.loop, self.app, self.context, None, server_side=True, ssl_handshake_timeout=REQUEST_HEAD_TIMEOUT_S
+        )
+
+    def connection_made(self, transport: asyncio.Transport) -> None:
+        if not self.app.bound.take():
+            self.app.bound.refused(TOO_MANY_CONNECTIONS)
+            transport.close()
+            return
+        self.counted = True
+        super().connection_made(transport)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if not self.counted:
+            return
+        self.counted = False
+        self.app.bound.give_back()
+        if self.app.transport is None and isinstance(exc, ConnectionAbortedError):  # no handshake done:
+            self.app.bound.refused(HEAD_TIMEOUT)  # the error uvloop closes a handshake past its time with
+        super().connection_lost(exc)

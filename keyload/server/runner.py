@@ -92,8 +92,14 @@ class Listen:
         if (tls_cert is None) != (tls_key is None):
             raise ValueError("TLS needs both --tls-cert and --tls-key")
         if tls_cert is not None and tls_key is not None:
-            _check_tls(tls_cert, tls_key)
+            _tls_context(tls_cert, tls_key)  # a pair that does not load is found before anything is created
         return cls(host.strip("[]"), int(port), tls_cert, tls_key)
+
+    def tls(self) -> ssl.SSLContext | None:
+        """The server's TLS: its certificate and key loaded, with the ssl module's defaults for a server."""
+        if self.tls_cert is None or self.tls_key is None:
+            return None
+        return _tls_context(self.tls_cert, self.tls_key)
 
     def bound(self) -> Listen:
         """This address with its socket bound now: ServerError when it cannot be (a port in use)."""
@@ -104,13 +110,15 @@ class Listen:
         return "http" if self.tls_cert is None else "https"
 
 
-def _check_tls(cert: Path, key: Path) -> None:
-    """ValueError unless the certificate and its key load as the server will load them: a missing or
-    unreadable file, or one that is no PEM of a matching pair, is found before anything is created."""
+def _tls_context(cert: Path, key: Path) -> ssl.SSLContext:
+    """The TLS of a server with this certificate and key; ValueError when a file is missing or
+    unreadable, or they are no PEM of a matching pair."""
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     try:
-        ssl.create_default_context(ssl.Purpose.CLIENT_AUTH).load_cert_chain(cert, key)
+        context.load_cert_chain(cert, key)
     except OSError as exc:  # ssl.SSLError included
         raise ValueError(f"--tls-cert {cert} with --tls-key {key} cannot be loaded: {exc}") from None
+    return context
 
 
 @dataclass(frozen=True)
@@ -214,11 +222,12 @@ class HttpServer:
             # either (uvicorn's default takes them from 127.0.0.1): one middleware less a request.
             proxy_headers=False,
             lifespan="on",
-            http=guarded_protocol(engine.metrics.connections),  # bounded connections and request heads (connections.py)
+            # Bounded connections and request heads, and the TLS under them (connections.py), on
+            # uvloop, whose TLS layer the guard's is.
+            http=guarded_protocol(engine.metrics.connections, listen.tls()),
+            loop="uvloop",
             ws="none",  # no WebSocket: an upgrade request is answered as a plain one
             timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
-            ssl_certfile=None if listen.tls_cert is None else str(listen.tls_cert),
-            ssl_keyfile=None if listen.tls_key is None else str(listen.tls_key),
         )
         self._server = _Server(config)
         self._socket = _bind(listen) if listen.bound_socket is None else listen.bound_socket
