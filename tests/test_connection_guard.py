@@ -315,7 +315,8 @@ def test_tls_handshakes_never_begun_cannot_take_the_files_the_processors_need(tm
     try:
         url = served_url(root)
         held = [connect(url) for _ in range(connection_limit(256) * 2)]
-        try:
+        try:  # the server accepts in order: once one more is closed at once, so were those past the bound
+            wait_until(lambda: _closed_at_once(url), 10, "a connection past the bound to be closed")
             with Client(root) as client:  # the processors still open and commit files
                 client.create_queue("acme", "jobs")
                 client.enqueue("acme", "jobs", b"while held", message_id="m1")
@@ -330,6 +331,19 @@ def test_tls_handshakes_never_begun_cannot_take_the_files_the_processors_need(tm
         assert float(refused.split()[-1]) >= connection_limit(256)  # those past the bound (and probes)
     finally:
         assert stop_service(service) == 0
+
+
+def _closed_at_once(url: str) -> bool:
+    """Whether a connection to an HTTPS server is closed before its handshake (one that counts waits
+    for the handshake for 30 s)."""
+    with connect(url) as probe:
+        probe.settimeout(2)
+        try:
+            return probe.recv(1) == b""
+        except ConnectionResetError:
+            return True
+        except TimeoutError:
+            return False
 
 
 def _served(url: str, trust: ssl.SSLContext) -> bool:
