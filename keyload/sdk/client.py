@@ -1283,8 +1283,9 @@ class Client:
     def rotate_credential(self, principal: str, *, key_id: str | None = None) -> Credential:
         """A new key and credential for an existing principal (a local client also replaces its file);
         commands signed with the old key are refused from the log position of the change on (the old
-        key stays in the keyring for replays). NotFound or RevisionConflict for a principal that does
-        not exist. `key_id`: as for `create_principal`."""
+        key stays in the keyring for replays). For a principal that does not exist: NotFound or
+        RevisionConflict from a local client; from a server, which refuses before appending anything
+        (so there is no outcome to carry), KeyloadError naming its 404. `key_id`: as for `create_principal`."""
         if isinstance(self._transport, LogTransport):
             from keyload.storage.principals import new_credential, write_credential  # lazily: they write the keyring
 
