@@ -13,6 +13,7 @@ import asyncio
 import base64
 import contextlib
 import hashlib
+import itertools
 import json
 import resource
 import socket
@@ -151,12 +152,33 @@ def test_a_request_head_that_does_not_arrive_in_time_is_refused(monkeypatch: pyt
                 time.sleep(HEAD_TIMEOUT_S * 2)  # idle between requests: closed by the keep-alive, no 408
 
 
+def head_of(size: int, small_headers: bool) -> bytes:
+    """A GET head of exactly `size` bytes, `Name: value` lines: one large header, or many small ones."""
+    start, end = b"GET / HTTP/1.1\r\nHost: x\r\n", b"Connection: close\r\n\r\n"
+    room = size - len(start) - len(end)
+    small = b"a: b\r\n" * ((room - 64) // 6 if small_headers else 0)
+    pad = room - len(small) - len(b"x-pad: \r\n")
+    return start + small + b"x-pad: " + b"p" * pad + b"\r\n" + end
+
+
 def test_the_head_bound_is_exact_across_reads_and_counts_no_body_bytes() -> None:
     """A head over the bound is refused however its bytes are split, one under it is served however
     they are split, and a pipelined request's body before the next head is no head of anyone's."""
     head_line = b"GET / HTTP/1.1\r\nHost: x\r\nX-Pad: "
     with guarded_server(allowed=100) as server:
         url = server.url
+        for size, small_headers, pieces in itertools.product(
+            (MAX_REQUEST_HEAD_BYTES, MAX_REQUEST_HEAD_BYTES + 1), (False, True), (1, 16)
+        ):
+            head = head_of(size, small_headers)
+            assert len(head) == size
+            with connect(url) as sent:
+                step = -(-size // pieces)
+                for at in range(0, size, step):
+                    sent.sendall(head[at : at + step])
+                    time.sleep(0.01 if pieces > 1 else 0)
+                status = int(received(sent).split()[1])
+            assert status == (200 if size <= MAX_REQUEST_HEAD_BYTES else 431), (size, small_headers, pieces)
         for size, status in ((MAX_REQUEST_HEAD_BYTES - 1024, 200), (MAX_REQUEST_HEAD_BYTES + 1024, 431)):
             with connect(url) as split:
                 split.sendall(head_line + b"a" * (size // 2))

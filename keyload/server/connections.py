@@ -15,8 +15,8 @@ nginx's `client_header_timeout`, `large_client_header_buffers` and `worker_conne
   closed at once;
 - a request head (request line and headers) within REQUEST_HEAD_TIMEOUT_S of the connection
   opening or of the request's first byte, else 408 `Timeout` and the connection is closed;
-- a request head of at most MAX_REQUEST_HEAD_BYTES, else 431 `Validation` and the connection is
-  closed.
+- a request head of at most MAX_REQUEST_HEAD_BYTES (`head_size`), else 431 `Validation` and the
+  connection is closed.
 
 Over TLS a connection counts from its accept, through its handshake (`TlsLayer`): asyncio's own TLS
 layer hands a connection to the HTTP protocol only once its handshake is done, and never if it fails,
@@ -47,7 +47,12 @@ from keyload.server.metrics import ConnectionCounts
 
 MAX_SERVED_CONNECTIONS = 10_000  # connections served at once, at most: the bound when open files allow more
 REQUEST_HEAD_TIMEOUT_S = 30.0  # from a connection's opening, or a request's first byte, to its last header
-MAX_REQUEST_HEAD_BYTES = 64 * 1024  # the request line and headers of one request
+MAX_REQUEST_HEAD_BYTES = 64 * 1024  # the request line and headers of one request, as `head_size` measures them
+# A head still arriving is cut off once the reads after its first hold this much: a head under the
+# bound may carry optional whitespace `head_size` does not count, so the bound while it arrives is
+# looser, and no head is refused for how its bytes were split.
+MAX_ARRIVING_HEAD_BYTES = 2 * MAX_REQUEST_HEAD_BYTES
+assert MAX_ARRIVING_HEAD_BYTES > MAX_REQUEST_HEAD_BYTES
 # The open-file limit is shared with the log, the projections (RocksDB keeps its files open), the
 # object store and Kafka clients: connections may take at most this share of it.
 CONNECTIONS_SHARE_OF_OPEN_FILES = 0.5
@@ -71,6 +76,15 @@ def raise_open_file_limit() -> None:
     if hard != resource.RLIM_INFINITY and soft < hard:
         with contextlib.suppress(ValueError, OSError):
             resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+
+
+def head_size(method: bytes, url: bytes, headers: list[tuple[bytes, bytes]]) -> int:
+    """The bytes of a request line and headers as a client that writes one space after each colon
+    sends them (`METHOD SP URL SP HTTP/1.1 CRLF`, `Name: value CRLF` each, a last CRLF): what the
+    bound measures, the same however the head was split into reads (the parser keeps no count of the
+    bytes it read, and drops the whitespace around a value)."""
+    request_line = len(method) + 1 + len(url) + len(" HTTP/1.1\r\n")
+    return request_line + sum(len(name) + len(": ") + len(value) + len("\r\n") for name, value in headers) + 2
 
 
 def connection_limit(open_files: int) -> int:
@@ -123,11 +137,12 @@ class GuardedHttpProtocol(HttpToolsProtocol):
     """uvicorn's httptools protocol with a connection bound, a request head timeout and a request
     head size bound (the module docstring says why); `guarded_protocol` binds the connection bound.
 
-    The head's size is checked exactly once the head is complete (its URL and headers), and while it
-    is still arriving by the bytes of every read after the one it began in (all of them head bytes:
-    the read that completes a head is checked exactly instead), so no request under the bound is
-    refused. A chunked body's framing and trailers are headers httptools joins the same way: reads
-    that bring no body byte may add up to the same bound."""
+    The head's size is checked once the head is complete (`head_size`), and while it is still
+    arriving by the bytes of every read after the one it began in (all of them head bytes: the read
+    that completes a head is checked once complete instead) against MAX_ARRIVING_HEAD_BYTES, so no
+    request under the bound is refused, however split. A chunked body's framing and trailers are
+    headers httptools joins the same way: reads that bring no body byte may add up to
+    MAX_REQUEST_HEAD_BYTES."""
 
     bound: ConnectionBound  # bound by `guarded_protocol`
 
@@ -172,7 +187,7 @@ class GuardedHttpProtocol(HttpToolsProtocol):
                 self._head_began = False
             else:
                 self._head_bytes += len(data)
-            if self._head_bytes > MAX_REQUEST_HEAD_BYTES:
+            if self._head_bytes > MAX_ARRIVING_HEAD_BYTES:
                 self._refuse(HEAD_TOO_LARGE, _HEAD_TOO_LARGE)
         elif self._in_body:
             self._framing_bytes = 0 if self._body_fed else self._framing_bytes + len(data)
@@ -190,7 +205,7 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         self._untime_head()
         if self._refused:
             return
-        if len(self.url) + sum(len(name) + len(value) for name, value in self.headers) > MAX_REQUEST_HEAD_BYTES:
+        if head_size(self.parser.get_method(), self.url, self.headers) > MAX_REQUEST_HEAD_BYTES:
             self._refuse(HEAD_TOO_LARGE, _HEAD_TOO_LARGE)
             return
         self._in_body, self._body_fed, self._framing_bytes = True, False, 0
