@@ -104,8 +104,10 @@ def _object_store(args: argparse.Namespace) -> ObjectStoreConfig | None:
     return S3StoreConfig(bucket, prefix.strip("/"), args.s3_endpoint, args.s3_region)
 
 
-def _check_workers(args: argparse.Namespace) -> None:
-    """`--workers` against the partitions and log the directory has, or will have once created."""
+def _check_against_the_log(args: argparse.Namespace) -> None:
+    """`--workers` and `--gc-interval-s` against the partitions and log the directory has, or will
+    have once created: both are the embedded service's, and a Kafka processor given them would
+    ignore them silently (no GC would run)."""
     from keyload.storage.datadir import CONFIG, DataDir
 
     existing = DataDir.open(args.data) if (Path(args.data) / CONFIG).exists() else None
@@ -113,6 +115,11 @@ def _check_workers(args: argparse.Namespace) -> None:
     on_kafka = args.kafka is not None if existing is None else existing.kafka is not None
     if args.workers > 1 and on_kafka:
         raise UsageError("--workers is for the embedded log: on Kafka, run more `keyload run` in the consumer group")
+    if args.gc_interval_s is not None and on_kafka:
+        raise UsageError(
+            "--gc-interval-s is for the embedded log: on Kafka, run `keyload gc run --interval-s N` beside the "
+            "processors (one for the deployment)"
+        )
     if args.workers > partitions:
         raise UsageError(f"--workers must be 1..{partitions} (the partitions of {args.data}), not {args.workers}")
 
@@ -140,7 +147,7 @@ def run(args: argparse.Namespace) -> int:
         except ValueError as exc:
             raise UsageError(str(exc)) from None
         listen = listen.bound()  # a port in use fails here, before the data directory is created
-    _check_workers(args)
+    _check_against_the_log(args)
     kafka = None
     if args.kafka is not None:
         kafka = KafkaConfig(args.kafka, args.topic_prefix, args.replication_factor, args.min_insync_replicas)
@@ -159,7 +166,7 @@ def run(args: argparse.Namespace) -> int:
         memory=memory,
         listen=listen,
         tick_interval_ms=args.tick_interval_ms,
-        gc_interval_s=args.gc_interval_s,
+        gc_interval_s=DEFAULTS["gc_interval_s"] if args.gc_interval_s is None else args.gc_interval_s,
         session_timeout_ms=args.session_timeout_ms,
         until_idle=args.until_idle,
         fail_fast=args.fail_fast,
@@ -873,8 +880,8 @@ def _add_run(sub: Any, common: argparse.ArgumentParser) -> None:
     run_.add_argument(
         "--gc-interval-s",
         type=seconds,
-        default=d["gc_interval_s"],
-        help="embedded: run a GC worker pass this often, in seconds (0: none; run `keyload gc run` instead)",
+        help=f"embedded: run a GC worker pass this often, in seconds (default {d['gc_interval_s']:g}; 0: none, run "
+        "`keyload gc run` instead; on Kafka refused: run `keyload gc run` beside the processors)",
     )
     run_.add_argument(
         "--projection-cache-mib",
