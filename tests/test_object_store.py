@@ -185,6 +185,31 @@ def test_verify_reads_the_bytes(store: ObjectStore, tmp_path: Path) -> None:
         store.verify("k", written.version)
 
 
+def test_deleting_an_object_leaves_no_empty_folders_of_its_key(tmp_path: Path) -> None:
+    """A retired checkpoint's objects (`checkpoints/p-0001/OFFSET/ID/db/…`) leave nothing behind in a
+    folder store; folders still holding another key stay, and the store's root stays."""
+    root = tmp_path / "objects"
+    store = FileObjectStore(root)
+    kept = store.put_if_absent("checkpoints/p-0001/200/b/db/1.sst", write(tmp_path / "kept", b"kept"))
+    retired = [
+        store.put_if_absent(f"checkpoints/p-0001/100/a/db/{name}", write(tmp_path / name, name.encode()))
+        for name in ("1.sst", "MANIFEST")
+    ]
+    for version in retired:
+        assert store.delete(version.key, version.version) is True
+    assert sorted(p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_dir()) == [
+        "checkpoints",
+        "checkpoints/p-0001",
+        "checkpoints/p-0001/200",
+        "checkpoints/p-0001/200/b",
+        "checkpoints/p-0001/200/b/db",
+        "checkpoints/p-0001/200/b/db/1.sst~",
+    ]
+    assert store.delete(kept.key, kept.version) is True
+    assert root.is_dir() and list(root.iterdir()) == []
+    assert store.put_if_absent(kept.key, write(tmp_path / "again", b"again")).length == 5  # made again at will
+
+
 def test_verify_catches_damaged_bytes_in_the_folder(tmp_path: Path) -> None:
     store = FileObjectStore(tmp_path / "objects")
     written = store.put_if_absent("k", write(tmp_path / "v", b"trusted"))

@@ -377,8 +377,14 @@ class FileObjectStore:
         return True
 
     def _drop_empty_folder(self, key: str) -> None:
-        with contextlib.suppress(OSError):  # other versions (or an upload in progress) remain
-            self._folder(key).rmdir()
+        """Remove the object's folder once empty, and the folders of its key it leaves empty (a
+        retired checkpoint's `OFFSET/ID/db/`), up to the store's root: none are left to pile up. A
+        put racing this recreates what it needs (`_make_in`)."""
+        folder = self._folder(key)
+        with contextlib.suppress(OSError):  # other versions, an upload in progress or other keys remain
+            while folder != self.root:
+                folder.rmdir()
+                folder = folder.parent
 
     def list(self, prefix: str) -> Iterator[ObjectVersion]:
         parent = prefix.rpartition("/")[0]
