@@ -310,11 +310,7 @@ def test_idle_connections_cannot_take_the_files_the_processors_need(tmp_path: Pa
             while len(held) < allowed:
                 held.append(connect(url))
             wait_until(lambda: _refused(url), 10, "a connection past the bound to be refused")
-            with Client(root) as client:  # the processors still open and commit files
-                client.create_queue("acme", "jobs")
-                client.enqueue("acme", "jobs", b"while held", message_id="m1")
-                [delivery] = client.receive("acme", "jobs").deliveries
-                client.ack("acme", delivery.token)
+            _served_locally(root)
         finally:
             for sock in held:
                 sock.close()
@@ -339,11 +335,7 @@ def test_tls_handshakes_never_begun_cannot_take_the_files_the_processors_need(tm
         held = [connect(url) for _ in range(connection_limit(256) * 2)]
         try:  # the server accepts in order: once one more is closed at once, so were those past the bound
             wait_until(lambda: _closed_at_once(url), 10, "a connection past the bound to be closed")
-            with Client(root) as client:  # the processors still open and commit files
-                client.create_queue("acme", "jobs")
-                client.enqueue("acme", "jobs", b"while held", message_id="m1")
-                [delivery] = client.receive("acme", "jobs").deliveries
-                client.ack("acme", delivery.token)
+            _served_locally(root)
         finally:
             for sock in held:
                 sock.close()
@@ -353,6 +345,15 @@ def test_tls_handshakes_never_begun_cannot_take_the_files_the_processors_need(tm
         assert float(refused.split()[-1]) >= connection_limit(256)  # those past the bound (and probes)
     finally:
         assert stop_service(service) == 0
+
+
+def _served_locally(root: Path) -> None:
+    """A local client's commands are answered: the processors still open and commit files."""
+    with Client(root) as client:
+        client.create_queue("acme", "jobs")
+        client.enqueue("acme", "jobs", b"while held", message_id="m1")
+        [delivery] = client.receive("acme", "jobs").deliveries
+        client.ack("acme", delivery.token)
 
 
 def _closed_at_once(url: str) -> bool:
