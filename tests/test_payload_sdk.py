@@ -51,7 +51,9 @@ def client(request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.M
         bucket = f"keyload-test-{uuid.uuid4().hex[:16]}"
         config = S3StoreConfig(bucket=bucket, endpoint_url=endpoint.url, region_name="us-east-1")
         DataDir.create(tmp_path / "data", object_store=config)
-    service = start_service(tmp_path / "data", "--tick-interval-ms", "50", "--gc-interval-s", "0.5")
+    # An embedded service collects by itself; a Kafka processor runs no GC worker (the test runs one).
+    collecting = () if request.param == "kafka" else ("--gc-interval-s", "0.5")
+    service = start_service(tmp_path / "data", "--tick-interval-ms", "50", *collecting)
     sdk = Client(tmp_path / "data")
     try:
         yield sdk

@@ -115,7 +115,7 @@ def _check_against_the_log(args: argparse.Namespace) -> None:
     on_kafka = args.kafka is not None if existing is None else existing.kafka is not None
     if args.workers > 1 and on_kafka:
         raise UsageError("--workers is for the embedded log: on Kafka, run more `keyload run` in the consumer group")
-    if args.gc_interval_s is not None and on_kafka:
+    if args.gc_interval_s and on_kafka:  # 0 (none) is what a Kafka processor runs anyway
         raise UsageError(
             "--gc-interval-s is for the embedded log: on Kafka, run `keyload gc run --interval-s N` beside the "
             "processors (one for the deployment)"
@@ -881,7 +881,7 @@ def _add_run(sub: Any, common: argparse.ArgumentParser) -> None:
         "--gc-interval-s",
         type=seconds,
         help=f"embedded: run a GC worker pass this often, in seconds (default {d['gc_interval_s']:g}; 0: none, run "
-        "`keyload gc run` instead; on Kafka refused: run `keyload gc run` beside the processors)",
+        "`keyload gc run` instead; on Kafka only 0: run `keyload gc run` beside the processors)",
     )
     run_.add_argument(
         "--projection-cache-mib",
