@@ -61,6 +61,10 @@ def mac(key: bytes, record: bytes) -> bytes:
     return keyed.digest()
 
 
+def _unpadded_base64url(secret: bytes) -> str:
+    return base64.urlsafe_b64encode(secret).rstrip(b"=").decode("ascii")
+
+
 @dataclass(frozen=True, slots=True)
 class Credential:
     principal: str
@@ -80,12 +84,15 @@ class Credential:
     def bearer_token(self) -> str:
         """The credential as the HTTP API's bearer token: `PRINCIPAL:KEY_ID:SECRET`, the secret in
         unpadded base64url (`Authorization: Bearer <token>`, docs/ARCHITECTURE.md §10a)."""
-        secret = base64.urlsafe_b64encode(self.secret).rstrip(b"=").decode("ascii")
-        return f"{self.principal}:{self.key_id}:{secret}"
+        return f"{self.principal}:{self.key_id}:{_unpadded_base64url(self.secret)}"
 
     @classmethod
     def from_bearer_token(cls, token: str) -> Credential:
-        """The credential a bearer token carries; CredentialError (never echoing it) when malformed."""
+        """The credential a bearer token carries; CredentialError (never echoing it) when malformed.
+
+        The secret must be exactly what `bearer_token` writes: a character outside the base64url
+        alphabet, padding, or trailing bits that are not zero make it malformed, so one secret has
+        one spelling (a lenient decoder would skip such characters and accept many)."""
         parts = token.split(":")
         if len(parts) != BEARER_PARTS or not all(parts):
             raise CredentialError("a bearer token is PRINCIPAL:KEY_ID:SECRET")
@@ -93,7 +100,9 @@ class Credential:
         try:
             key = base64.urlsafe_b64decode(secret + "=" * (-len(secret) % 4))
         except (binascii.Error, ValueError):
-            raise CredentialError("the bearer token's secret is not base64url") from None
+            raise CredentialError("the bearer token's secret is not unpadded base64url") from None
+        if _unpadded_base64url(key) != secret:
+            raise CredentialError("the bearer token's secret is not unpadded base64url")
         return cls(principal, key_id, key)
 
     def to_json(self) -> bytes:

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from keyload import limits
-from keyload.credentials import Credential
+from keyload.credentials import Credential, CredentialError
 from keyload.server import auth
 from keyload.server.auth import Authenticator, Unauthenticated
 from keyload.storage import keyring
@@ -49,3 +49,24 @@ class _NoPrincipals:
 
     def get(self, key: bytes) -> bytes | None:
         return None
+
+
+def test_a_secret_has_one_spelling_and_any_other_is_refused() -> None:
+    credential = Credential("p0", "edge-0", bytes([0xFB, 0xFF]) * 16)  # spelled with both - and _
+    principal_and_key, secret = credential.bearer_token.rsplit(":", 1)
+    assert {"-", "_"} <= set(secret) and len(secret) == 43  # its last character holds 2 unused bits
+    last = BASE64URL.index(secret[-1])
+    respelled = [
+        secret[:10] + "!" + secret[10:],  # outside the alphabet: a lenient decoder skips it
+        secret[:10] + " " + secret[10:],
+        secret + "=",  # padded
+        secret.replace("-", "+").replace("_", "/"),  # the standard alphabet
+        secret[:-1] + BASE64URL[last ^ 1],  # an unused bit set: the same bytes
+    ]
+    for spelling in respelled:
+        with pytest.raises(CredentialError, match="not unpadded base64url"):
+            Credential.from_bearer_token(f"{principal_and_key}:{spelling}")
+    assert Credential.from_bearer_token(credential.bearer_token) == credential
+
+
+BASE64URL = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_"
