@@ -69,6 +69,16 @@ class Readable(Protocol):
         ...
 
 
+def poison_rows(store: Readable) -> Iterator[tuple[bytes, bytes]]:
+    """A projection's poison entries (key family `p`), in offset order."""
+    return store.scan(keys.POISON, keys.prefix_end(keys.POISON))
+
+
+def poison_count(store: Readable) -> int:
+    """How many poison entries a projection holds (`keyload status`, `/metrics`)."""
+    return sum(1 for _ in poison_rows(store))
+
+
 class _Pending:
     """A record staged as a Python object; it is encoded once, when the group commits."""
 

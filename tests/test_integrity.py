@@ -541,6 +541,8 @@ def test_a_garbage_record_from_another_process_is_logged_by_the_service(tmp_path
         with Client(root) as client:
             client.create_queue(DOMAIN, QUEUE)  # applied after the garbage: the partition goes on
         wait_until(lambda: "poison record" in service.output(), what="the poison line")
+        scraped = httpx.get(f"{served_url(root)}/metrics", headers=bearer(root), timeout=30).text
+        assert 'keyload_poison_records{partition="0"} 1.0' in scraped
     finally:
         service.stop()
     [line] = [line for line in service.lines if "poison record" in line]

@@ -18,6 +18,7 @@ from keyload import Client, Credential, KeyloadError
 from keyload.credentials import CredentialError
 from keyload.errors import NotFoundError
 from keyload.log.base import partition_for
+from keyload.log.kafka_log import KafkaLog
 from keyload.sdk.payloads import PayloadError
 from keyload.storage.datadir import DataDir, KafkaConfig
 from keyload.storage.keyring import FILE as KEYRING_FILE
@@ -76,6 +77,18 @@ def test_each_processor_serves_every_partition(kafka_bootstrap: str, tmp_path: P
             client.inspect_queue(domains[0], "jobs")
         metrics = httpx.get(f"{urls[0]}/metrics", headers=bearer(first_root), timeout=30)
         assert metrics.status_code == 200 and "keyload_http_requests_total" in metrics.text
+        # A record no command can be read from is counted by the processor that owns its partition.
+        poisoned = partition_for(domains[0], PARTITIONS)
+        with KafkaLog.commands(DataDir.open(first_root).kafka_settings()) as log:
+            log.append(poisoned, [b"\x00not avro at all"])
+        counted = f'keyload_poison_records{{partition="{poisoned}"}} 1.0'
+
+        def scraped_poison() -> bool:
+            return any(
+                counted in httpx.get(f"{url}/metrics", headers=bearer(first_root), timeout=30).text for url in urls
+            )
+
+        wait_until(scraped_poison, 60, "the poison record in the owner's /metrics")
         # Any credential reads the census here (no policy to check inspect against): it names no domain.
         with Client(urls[0], credential=credential, timeout_s=60) as client:
             client.configure_domain_caps(domains[0], max_queues=1)  # it holds 1 queue: at its cap

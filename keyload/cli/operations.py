@@ -357,8 +357,7 @@ def _partition_status(
     from keyload.log.base import LogCorruption, LogError
     from keyload.processors import usage
     from keyload.projections import keys
-    from keyload.projections.store import NO_OFFSET, Store, StoreError
-    from keyload.sdk.client import poison_rows
+    from keyload.projections.store import NO_OFFSET, Store, StoreError, poison_count
 
     trouble = [] if halt is None else [f"HALTED at offset {halt.offset}: {halt.reason}"]
     projection_trouble: list[str] = []
@@ -375,7 +374,7 @@ def _partition_status(
         else:
             try:
                 applied = store.applied_offset
-                poison = sum(1 for _ in poison_rows(store))
+                poison = poison_count(store)
                 retired = {keys.RETIRED: "queue", keys.RETIRED_GROUP: "group", keys.RETIRED_TOPIC: "topic"}
                 for family, kind in retired.items():
                     reclaiming[kind] = sum(1 for _ in store.scan(family, keys.prefix_end(family)))

@@ -9,7 +9,7 @@ import re
 import tempfile
 import time
 import uuid
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol, TypeGuard, TypeVar, Unpack
@@ -19,7 +19,6 @@ from keyload.credentials import ADMIN_PRINCIPAL, Credential, CredentialError, cr
 from keyload.errors import CommandRejected, InvalidCommand, KeyloadError, OutcomeTimeout, rejection
 from keyload.log.base import LogError, partition_for
 from keyload.log.codec import REGISTRY
-from keyload.projections import keys
 from keyload.sdk.consumer import DEFAULT_WAIT_MS, ConsumeStats, Handled, WorkOptions, consume, subscribe
 from keyload.sdk.envelope import check_command_id, shown
 from keyload.sdk.log_transport import LogTransport
@@ -75,7 +74,6 @@ from keyload.storage.datadir import DataDir
 # The SDK does not load the engine: RocksDB (read by `poison_entries` and `census`) and the payload gateway (which
 # signs with the processors' proofs and handles) are imported where they are used.
 if TYPE_CHECKING:
-    from keyload.projections.store import Store
     from keyload.sdk.http_transport import HttpTransport
     from keyload.sdk.payloads import PayloadGateway, Progress
 
@@ -1335,7 +1333,7 @@ class Client:
         mode only the partitions whose projections live here. Each entry carries the record's first
         bytes while the log still holds it.
         """
-        from keyload.projections.store import Store  # lazily: see the imports
+        from keyload.projections.store import Store, poison_rows  # lazily: see the imports
 
         if limit < 1:
             raise InvalidCommand("limit must be >= 1")
@@ -1421,8 +1419,3 @@ class Client:
     def request_checkpoint(self, partition: int, *, command_id: str | None = None) -> CheckpointResult:
         """Ask the partition's runtime for a checkpoint at this command's offset."""
         return self._send_to(CheckpointResult, "Checkpoint", partition, {}, command_id)
-
-
-def poison_rows(store: Store) -> Iterator[tuple[bytes, bytes]]:
-    """A projection's poison entries (key family `p`), in offset order."""
-    return store.scan(keys.POISON, keys.prefix_end(keys.POISON))

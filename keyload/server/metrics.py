@@ -4,7 +4,9 @@ Two kinds: what the server counts as requests pass (requests by method and statu
 a command's append to its outcome, by command kind), and what is read from the partitions when
 scraped (applied offset, log end and lag, halts, poison records, and per queue and group their
 depth, dead letters and backlog, and the age of each queue's oldest ready message). The second
-kind reads the live projections read-only, so a scrape costs a scan of the queue, group and poison
+kind is what the processors in this process hold, and the live projections read read-only (on
+Kafka none are: there the processors' own figures alone, poison records among them, counted as
+groups commit), so a scrape costs a scan of the queue, group and poison
 rows of every partition, and two point reads per queue: at most MAX_SCRAPED_RESOURCES queues and as
 many groups per partition are reported.
 
@@ -30,7 +32,7 @@ from prometheus_client.registry import Collector
 from keyload.log.base import CommandLog, LogError
 from keyload.projections import keys
 from keyload.projections.records import GroupRecord, MessageMeta, QueueRecord, TopicRecord
-from keyload.projections.store import Store, StoreError
+from keyload.projections.store import Store, StoreError, poison_count
 from keyload.server.held import HeldProjections
 from keyload.server.processing import Processing
 
@@ -139,11 +141,15 @@ class PartitionCollector(Collector):
         parked = GaugeMetricFamily(
             "keyload_group_parked_events", "parked positions", labels=["domain", "topic", "group"]
         )
+        counted: dict[int, int] = {}  # poison records: as a processor here counts them, or its projection holds them
         for partition, offset in sorted(self.processing.applied_offsets().items()):
             label = str(partition)
             applied.add_metric([label], offset)
             halted.add_metric([label], 0 if self.processing.halt_of(partition) is None else 1)
             stalled.add_metric([label], 0 if self.processing.stall_of(partition) is None else 1)
+            held = self.processing.poison_records(partition)
+            if held is not None:
+                counted[partition] = held
             try:
                 log_end = self.log.end_offset(partition)
             except LogError:  # a damaged log (its partition halts), a broker away: no figure this time
@@ -152,12 +158,10 @@ class PartitionCollector(Collector):
             lag.add_metric([label], max(log_end - 1 - offset, 0))
         now_ms = time.time() * 1000
         for partition, store in self._readable():
-            label = str(partition)
             try:
-                poisoned = sum(1 for _ in store.scan(keys.POISON, keys.prefix_end(keys.POISON)))
+                counted[partition] = poison_count(store)
             except StoreError:  # a full disk keeps its projection from reopening: no figures this time
                 continue
-            poison.add_metric([label], poisoned)
             for queue in _records(store, keys.QUEUE, QueueRecord):
                 view = queue.view
                 counters = view.counters
@@ -173,6 +177,8 @@ class PartitionCollector(Collector):
                 backlog.add_metric(names, max(tail - seen.checkpoint, 0))
                 outstanding.add_metric(names, seen.outstanding)
                 parked.add_metric(names, seen.parked_count)
+        for partition, poisoned in sorted(counted.items()):
+            poison.add_metric([str(partition)], poisoned)
         yield from (applied, end, lag, halted, stalled, poison, depth, acked, oldest, backlog, outstanding, parked)
 
     def _readable(self) -> Iterator[tuple[int, Store]]:

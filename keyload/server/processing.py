@@ -21,3 +21,8 @@ class Processing(Protocol):
     def stall_of(self, partition: int) -> str | None:
         """Why the partition cannot make its next group durable (a full disk), until it can; else None."""
         ...
+
+    def poison_records(self, partition: int) -> int | None:
+        """The poison records of the partition's projection as its processor in this process counts
+        them; None for any other (a worker process's: `/metrics` reads its projection instead)."""
+        ...

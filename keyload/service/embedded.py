@@ -462,6 +462,10 @@ class _Beside:
             return None if self.pool is None else self.pool.stall_of(partition)
         return processor.stall
 
+    def poison_records(self, partition: int) -> int | None:
+        processor = self.processors.get(partition)
+        return None if processor is None else processor.poison_records
+
 
 def _serve_kafka(data: DataDir, settings: ServiceSettings, stop: Event) -> list[Halt]:
     from keyload.server.runner import HttpServer

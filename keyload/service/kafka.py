@@ -146,6 +146,11 @@ class KafkaService:
         owned = self.owned.get(partition)
         return None if owned is None else owned.processor.stall
 
+    def poison_records(self, partition: int) -> int | None:
+        """The poison records an owned partition's processor counts (None: owned by another process)."""
+        owned = self.owned.get(partition)
+        return None if owned is None else owned.processor.poison_records
+
     def applied_offsets(self) -> dict[int, int]:
         """The applied offset of each partition this process owns now."""
         return {partition: owned.processor.applied_offset for partition, owned in list(self.owned.items())}

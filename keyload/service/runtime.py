@@ -53,7 +53,7 @@ from keyload.processors.key_rotation import MissingKey
 from keyload.processors.payloads.retention import awaits_announcement
 from keyload.processors.queues.state import next_due_ms
 from keyload.projections.read_cache import ReadCache
-from keyload.projections.store import Staged, Store, StoreError
+from keyload.projections.store import Staged, Store, StoreError, poison_count
 from keyload.service.checkpoint_uploads import (
     MAX_PENDING_CHECKPOINTS,
     PUBLICATION_FAILURES,
@@ -162,6 +162,7 @@ class PartitionProcessor:
         self.last_checkpoint: CatalogEntry | None = None
         self._applied = store.applied_offset
         self._last_time = store.last_time_ms
+        self.poison_records = poison_count(store)  # kept as groups commit, for `/metrics`
         # The identity of the applied record as the projection holds it, once this processor has read
         # or committed it: the check on resuming compares against it without reading the projection.
         self._applied_identity: bytes | None = None
@@ -355,6 +356,7 @@ class PartitionProcessor:
         except LogError as exc:
             raise Stalled(self.partition, group.applied, exc) from exc
         self._applied, self._last_time, self._applied_identity = group.applied, group.last_time, identity
+        self.poison_records += len(group.poison)
         for record, reason in group.poison:
             log.warning(
                 "partition %d: poison record at offset %d (%d bytes): %s",
@@ -406,6 +408,7 @@ class PartitionProcessor:
             raise Stalled(self.partition, self._applied + 1, exc) from exc
         self._store_failed = False
         self._applied, self._last_time = self.store.applied_offset, self.store.last_time_ms
+        self.poison_records = poison_count(self.store)
         self._applied_identity = None
         self._verified = False
 
