@@ -18,6 +18,7 @@ import json
 import resource
 import socket
 import ssl
+import subprocess
 import threading
 import time
 from collections.abc import Iterator
@@ -37,7 +38,15 @@ from keyload.server import connections
 from keyload.server.connections import MAX_REQUEST_HEAD_BYTES, connection_limit, guarded_protocol
 from keyload.server.metrics import ConnectionCounts
 
-from .support import bearer, self_signed, served_url, start_service, stop_service, wait_until
+from .support import (
+    bearer,
+    keyload_command,
+    self_signed,
+    served_url,
+    start_service,
+    stop_service,
+    wait_until,
+)
 
 HEAD_TIMEOUT_S = 1.0
 KEEP_ALIVE_S = 0.2  # uvicorn's idle time between requests, shortened too (its default is 5 s)
@@ -318,6 +327,40 @@ def test_idle_connections_cannot_take_the_files_the_processors_need(tmp_path: Pa
         scrape = httpx.get(f"{url}/metrics", headers=bearer(root)).text
         assert 'keyload_http_connections_refused_total{reason="connections"} ' in scrape
         assert 'keyload_http_connections_refused_total{reason="connections"} 0.0' not in scrape
+    finally:
+        assert stop_service(service) == 0
+
+
+def test_max_connections_lowers_the_bound_and_never_raises_it(tmp_path: Path) -> None:
+    """`--max-connections N`: the N+1st connection at once is answered 503; a value the open-file limit
+    does not allow is a usage error before anything is created."""
+    ceiling = connection_limit(256)
+    for value, shown in (
+        ("0", "expected a positive integer"),
+        (str(ceiling + 1), f"--max-connections must be 1..{ceiling}"),
+    ):
+        command = keyload_command("run", "--data", str(tmp_path / "never"), "--max-connections", value)
+        refused = subprocess.run(
+            ["prlimit", "--nofile=64:256", "--", *command, "--listen", "127.0.0.1:0"],
+            capture_output=True,
+            text=True,
+        )
+        assert (refused.returncode, shown in refused.stderr) == (2, True), refused.stderr
+        assert not (tmp_path / "never").exists()
+    root = tmp_path / "data"
+    service = start_service(root, "--max-connections", "3")
+    try:
+        url = served_url(root)
+        held = [connect(url) for _ in range(3)]
+        try:
+            with connect(url) as extra:
+                status, body = refusal(extra)
+            assert (status, body["error_code"]) == (503, "Unavailable")
+            assert "3 connections" in body["detail"]
+        finally:
+            for sock in held:
+                sock.close()
+        wait_until(lambda: httpx.get(f"{url}/healthz").status_code == 200, 10, "the API to serve again")
     finally:
         assert stop_service(service) == 0
 

@@ -143,7 +143,7 @@ def run(args: argparse.Namespace) -> int:
         raise_open_file_limit()  # before anything opens files: connections are bounded by a share of it
 
         try:
-            listen = Listen.parse(args.listen, args.tls_cert, args.tls_key)
+            listen = Listen.parse(args.listen, args.tls_cert, args.tls_key, args.max_connections)
         except ValueError as exc:
             raise UsageError(str(exc)) from None
         listen = listen.bound()  # a port in use fails here, before the data directory is created
@@ -818,6 +818,13 @@ def _add_run(sub: Any, common: argparse.ArgumentParser) -> None:
     )
     run_.add_argument("--tls-cert", type=Path, metavar="PEM", help="serve HTTPS with this certificate (and --tls-key)")
     run_.add_argument("--tls-key", type=Path, metavar="PEM", help="the private key of --tls-cert")
+    run_.add_argument(
+        "--max-connections",
+        type=positive,
+        metavar="N",
+        help="HTTP connections served at once, one more answered 503 (default and highest: the lesser of "
+        "10,000 and half the open-file limit)",
+    )
     run_.add_argument(
         "--workers",
         type=positive,

@@ -11,8 +11,8 @@ connections until the process runs out of file descriptors, when the log's and R
 longer open either. `GuardedHttpProtocol` is that protocol with three bounds (the same idea as
 nginx's `client_header_timeout`, `large_client_header_buffers` and `worker_connections`):
 
-- at most `connection_limit()` connections at once: one more is answered 503 `Unavailable` and
-  closed at once;
+- at most `open_file_connection_limit()` connections at once (`keyload run --max-connections` may
+  lower it): one more is answered 503 `Unavailable` and closed at once;
 - a request head (request line and headers) within REQUEST_HEAD_TIMEOUT_S of the connection
   opening or of the request's first byte, else 408 `Timeout` and the connection is closed;
 - a request head of at most MAX_REQUEST_HEAD_BYTES (`head_size`), else 431 `Validation` and the
@@ -94,6 +94,12 @@ def connection_limit(open_files: int) -> int:
     return max(1, min(MAX_SERVED_CONNECTIONS, int(open_files * CONNECTIONS_SHARE_OF_OPEN_FILES)))
 
 
+def open_file_connection_limit() -> int:
+    """`connection_limit` under this process's open-file limit now: the default bound, and the
+    highest `keyload run --max-connections` takes."""
+    return connection_limit(resource.getrlimit(resource.RLIMIT_NOFILE)[0])
+
+
 @dataclass
 class ConnectionBound:
     """The connections one server holds, against its bound, counted in `counts`."""
@@ -125,7 +131,7 @@ def guarded_protocol(
     `allowed` at once, by default what the process's open-file limit allows (`keyload run` raises it
     when it starts: `raise_open_file_limit`). A server given this protocol is given no TLS of its own."""
     if allowed is None:
-        allowed = connection_limit(resource.getrlimit(resource.RLIMIT_NOFILE)[0])
+        allowed = open_file_connection_limit()
     bound = ConnectionBound(allowed, counts)
     guarded = type("GuardedHttpProtocol", (GuardedHttpProtocol,), {"bound": bound})
     if tls is None:

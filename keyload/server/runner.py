@@ -42,7 +42,7 @@ from keyload.server import openapi
 from keyload.server.app import Engine, application
 from keyload.server.auth import Authenticator
 from keyload.server.census import census_route
-from keyload.server.connections import guarded_protocol
+from keyload.server.connections import MAX_SERVED_CONNECTIONS, guarded_protocol, open_file_connection_limit
 from keyload.server.held import HeldProjections
 from keyload.server.metrics import PartitionCollector, ServerMetrics
 from keyload.server.payloads import payload_headers, payload_routes
@@ -80,12 +80,20 @@ class Listen:
     port: int = DEFAULT_PORT
     tls_cert: Path | None = None
     tls_key: Path | None = None
+    max_connections: int | None = None  # None: what the open-file limit allows (`connection_limit`)
     # Bound already (`bound`): the server serves on it rather than binding when it starts.
     bound_socket: socket.socket | None = field(default=None, compare=False, repr=False)
 
     @classmethod
-    def parse(cls, text: str, tls_cert: Path | None = None, tls_key: Path | None = None) -> Listen:
-        """HOST:PORT (an IPv6 host in brackets); ValueError when malformed."""
+    def parse(
+        cls,
+        text: str,
+        tls_cert: Path | None = None,
+        tls_key: Path | None = None,
+        max_connections: int | None = None,
+    ) -> Listen:
+        """HOST:PORT (an IPv6 host in brackets); ValueError when malformed, or when `max_connections`
+        is outside 1..what the open-file limit allows (it may lower the bound, never raise it)."""
         host, sep, port = text.rpartition(":")
         if not sep or not port.isdigit() or not 0 <= int(port) <= 65535 or not host:
             raise ValueError(f"--listen takes HOST:PORT, not {text[:64]!r}")
@@ -93,7 +101,12 @@ class Listen:
             raise ValueError("TLS needs both --tls-cert and --tls-key")
         if tls_cert is not None and tls_key is not None:
             _tls_context(tls_cert, tls_key)  # a pair that does not load is found before anything is created
-        return cls(host.strip("[]"), int(port), tls_cert, tls_key)
+        if max_connections is not None and not 1 <= max_connections <= (ceiling := open_file_connection_limit()):
+            raise ValueError(
+                f"--max-connections must be 1..{ceiling} (at most {MAX_SERVED_CONNECTIONS:,} and half the "
+                f"open-file limit), not {max_connections}"
+            )
+        return cls(host.strip("[]"), int(port), tls_cert, tls_key, max_connections)
 
     def tls(self) -> ssl.SSLContext | None:
         """The server's TLS: its certificate and key loaded, with the ssl module's defaults for a server."""
@@ -224,7 +237,7 @@ class HttpServer:
             lifespan="on",
             # Bounded connections and request heads, and the TLS under them (connections.py), on
             # uvloop, whose TLS layer the guard's is.
-            http=guarded_protocol(engine.metrics.connections, listen.tls()),
+            http=guarded_protocol(engine.metrics.connections, listen.tls(), listen.max_connections),
             loop="uvloop",
             ws="none",  # no WebSocket: an upgrade request is answered as a plain one
             timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
