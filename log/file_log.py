@@ -281,6 +281,13 @@ def _monotonic_ms() -> int:
     return time.monotonic_ns() // 1_000_000
 
 
+def _sync_segment(fd: int) -> None:
+    """Make what was appended to (or truncated from) a segment durable: fdatasync, which flushes its
+    data and its size (what reading it back needs) and leaves out its timestamps, as PostgreSQL and
+    etcd sync their logs on Linux. A new segment's directory entry takes `fsync_directory` too."""
+    os.fdatasync(fd)
+
+
 def fsync_directory(path: str) -> None:
     """Makes a new directory entry durable (fsync of the file alone does not)."""
     fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
@@ -412,7 +419,7 @@ class FileLog(ClosedOnExit):
         with self._io_errors():
             for base in bases[max(first, 0) : last + 1]:
                 if base == cursor.base:
-                    os.fsync(cursor.fd)
+                    _sync_segment(cursor.fd)
                 else:
                     self._fsync_segment(state, base)
             # A segment begun since the last sync (a roll, or the partition's first) needs its
@@ -428,7 +435,7 @@ class FileLog(ClosedOnExit):
         except FileNotFoundError:
             return  # truncated meanwhile: its records lie below the recovery floor
         try:
-            os.fsync(fd)
+            _sync_segment(fd)
         finally:
             os.close(fd)
 
@@ -510,7 +517,7 @@ class FileLog(ClosedOnExit):
         return False  # ALWAYS has synced each record already; NONE never syncs
 
     def _fsync_tail(self, state: _Partition, tail: _Tail) -> None:
-        os.fsync(tail.fd)
+        _sync_segment(tail.fd)
         tail.dirty = False
         state.last_fsync_ms = _monotonic_ms()
 
@@ -575,7 +582,7 @@ class FileLog(ClosedOnExit):
     def _repaired(tail: _Tail, scanner: _Scanner, repair: bool) -> _Tail:
         if scanner.torn and repair:
             os.ftruncate(tail.fd, scanner.position)
-            os.fsync(tail.fd)
+            _sync_segment(tail.fd)
         return tail
 
     def _rolled(self, state: _Partition, base: int, next_offset: int, size: int) -> bool:
@@ -596,7 +603,7 @@ class FileLog(ClosedOnExit):
         state.tail = None
         try:
             if tail.dirty and self._config.fsync is not FsyncPolicy.NONE:
-                os.fsync(tail.fd)
+                _sync_segment(tail.fd)
         finally:
             os.close(tail.fd)
 

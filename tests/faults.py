@@ -1,7 +1,8 @@
 """Fault injection for the file system calls of the log, the catalog, checkpoints and the store.
 
-`inject(*faults)` patches `os.fsync`, `os.write`, `os.replace`, `os.rename`, `os.link` and
-`os.unlink` of this process for the duration of a `with` block. Every call is recorded, in the
+`inject(*faults)` patches `os.fsync` and `os.fdatasync` (both recorded as "fsync": a sync of the
+file), `os.write`, `os.replace`, `os.rename`, `os.link` and `os.unlink` of this process for the
+duration of a `with` block. Every call is recorded, in the
 order the calls completed, with the file it touched (a descriptor is resolved through
 /proc/self/fd), and each `Fault` makes the Nth call matching its filter fail with an OSError,
 write only part of its bytes, or stall until the test releases it:
@@ -34,7 +35,7 @@ Action: TypeAlias = Literal["fail", "partial", "stall"]
 Result: TypeAlias = Literal["ok", "failed", "partial"]
 STALL_TIMEOUT_S = 30.0  # a stalled call nobody releases fails instead of hanging the test
 
-_real: dict[Op, Callable[..., Any]] = {op: getattr(os, op) for op in OPS}
+_real: dict[str, Callable[..., Any]] = {name: getattr(os, name) for name in (*OPS, "fdatasync")}
 
 
 @dataclass(frozen=True, slots=True)
@@ -210,13 +211,18 @@ def _thread() -> str:
     return threading.current_thread().name
 
 
-def _fsync(fd: Any) -> None:
-    active = _active
-    if active is None:
-        return _real["fsync"](fd)  # type: ignore[no-any-return]
-    number = fd if isinstance(fd, int) else fd.fileno()
-    probe = Call("fsync", fd_path(number), fd=number, thread=_thread())
-    return active.run(probe, lambda: _real["fsync"](fd))  # type: ignore[no-any-return]
+def _sync(name: str) -> Callable[[Any], None]:
+    """`os.fsync` or `os.fdatasync`, recorded as an "fsync" call."""
+
+    def patched(fd: Any) -> None:
+        active = _active
+        if active is None:
+            return _real[name](fd)  # type: ignore[no-any-return]
+        number = fd if isinstance(fd, int) else fd.fileno()
+        probe = Call("fsync", fd_path(number), fd=number, thread=_thread())
+        return active.run(probe, lambda: _real[name](fd))  # type: ignore[no-any-return]
+
+    return patched
 
 
 def _write(fd: int, data: Any) -> int:
@@ -246,8 +252,9 @@ def _unlink(path: Any, *args: Any, **kwargs: Any) -> None:
     return active.run(probe, lambda: _real["unlink"](path, *args, **kwargs))  # type: ignore[no-any-return]
 
 
-_PATCHED: dict[Op, Callable[..., Any]] = {
-    "fsync": _fsync,
+_PATCHED: dict[str, Callable[..., Any]] = {
+    "fsync": _sync("fsync"),
+    "fdatasync": _sync("fdatasync"),
     "write": _write,
     "replace": _two_paths("replace"),
     "rename": _two_paths("rename"),
@@ -269,14 +276,14 @@ def inject(*faults: Fault) -> Iterator[Faults]:
             raise RuntimeError("fault injection is already active")
         recorder = Faults(faults)
         _active = recorder
-        for op, patched in _PATCHED.items():
-            setattr(os, op, patched)
+        for name, patched in _PATCHED.items():
+            setattr(os, name, patched)
     try:
         yield recorder
     finally:
         with _install_lock:
-            for op, real in _real.items():
-                setattr(os, op, real)
+            for name, real in _real.items():
+                setattr(os, name, real)
             _active = None
 
 
