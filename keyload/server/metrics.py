@@ -4,9 +4,9 @@ Two kinds: what the server counts as requests pass (requests by method and statu
 a command's append to its outcome, by command kind), and what is read from the partitions when
 scraped (applied offset, log end and lag, halts, poison records, and per queue and group their
 depth, dead letters and backlog, and the age of each queue's oldest ready message). The second
-kind is what the processors in this process hold, and the live projections read read-only (on
-Kafka none are: there the processors' own figures alone, poison records among them, counted as
-groups commit), so a scrape costs a scan of the queue, group and poison
+kind is what the processors in this process hold, and what the live projections hold, opened
+read-only (on Kafka none are: there the processors' own figures alone, poison records among them,
+counted as groups commit), so a scrape costs a scan of the queue, group and poison
 rows of every partition, and two point reads per queue: at most MAX_SCRAPED_RESOURCES queues and as
 many groups per partition are reported.
 
