@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import threading
 from pathlib import Path
 
@@ -11,7 +12,7 @@ from keyload.log.codec import REGISTRY
 from keyload.operations.catalog import CatalogEntry
 from keyload.operations.checkpoints import Announcer, CheckpointPolicy, Checkpoints
 from keyload.projections import keys
-from keyload.service.checkpoint_uploads import CheckpointUploads
+from keyload.service.checkpoint_uploads import MAX_PENDING_CHECKPOINTS, CheckpointUploads
 from keyload.service.runtime import PartitionProcessor, run_until, wall_clock_ms
 from keyload.service.system_commands import domain_for_partition
 from keyload.storage.object_store import ObjectStoreError
@@ -174,6 +175,44 @@ def test_a_checkpoint_published_on_the_uploads_thread_is_announced_at_the_next_s
         assert processor.applied_offset == embedded.log.end_offset(0) - 1 == 1
         assert embedded.stores[0].get(keys.published_checkpoint(0)) is not None
     finally:
+        assert uploads.close() == 0
+
+
+def test_no_snapshot_is_taken_while_earlier_ones_fill_the_uploads_and_one_warning_says_so(
+    embedded: Embedded, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """While MAX_PENDING_CHECKPOINTS snapshots of a partition wait for a slow object store, a periodic
+    checkpoint is skipped before its snapshot (which flushes the projection's memtable) is taken, one
+    warning says so for the whole run of them, and the next one taken counts them."""
+    processor = embedded.processors[0]
+    released = threading.Event()
+
+    def slow_to_open() -> Checkpoints:
+        released.wait(30)
+        return embedded.data.checkpoints()
+
+    processor.uploads = uploads = CheckpointUploads(slow_to_open)
+    taken: list[int] = []
+    snapshot = Checkpoints.snapshot
+    monkeypatch.setattr(Checkpoints, "snapshot", lambda self, *a: (taken.append(1), snapshot(self, *a))[1])
+    domain = domain_for_partition(0, embedded.data.partitions)
+    try:
+        embedded.log.append(0, [command(domain, CREATE_QUEUE, create_queue_body("q"))])
+        assert run_until([processor], threading.Event(), idle_exit=True) == []
+        for _ in range(5):
+            assert processor.take_checkpoint() is None
+        assert len(taken) == MAX_PENDING_CHECKPOINTS == 2
+        skipped = [r.getMessage() for r in caplog.records if "skipped" in r.getMessage()]
+        assert len(skipped) == 1 and "checkpoint at offset 0 skipped" in skipped[0], skipped
+        released.set()
+        published: list[object] = []
+        wait_until(lambda: published.extend(uploads.finished(0)) or len(published) == 2, what="the two publications")
+        with caplog.at_level(logging.INFO):
+            processor.take_checkpoint()
+        assert len(taken) == 3
+        assert "checkpoint at offset 0 taken, after 3 skipped" in caplog.text
+    finally:
+        released.set()
         assert uploads.close() == 0
 
 

@@ -90,6 +90,13 @@ class CheckpointUploads:
         self._thread = threading.Thread(target=self._run, name="keyload-checkpoint-uploads", daemon=True)
         self._thread.start()
 
+    def has_room(self, partition: int) -> bool:
+        """Whether a snapshot of `partition` would be queued now: a processor asks before it takes
+        one (a snapshot flushes the projection's memtable and links its files), rather than taking
+        it to discard it."""
+        with self._lock:
+            return not self._closed and self._pending[partition] < MAX_PENDING_CHECKPOINTS
+
     def submit(self, snapshot: Snapshot) -> bool:
         """Queue `snapshot` to be published; False, queuing nothing, once the service is stopping or
         while MAX_PENDING_CHECKPOINTS of its partition are pending (the caller discards it)."""

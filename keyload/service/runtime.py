@@ -177,6 +177,7 @@ class PartitionProcessor:
         self.caught_up = False  # the last step applied every record its read found, and the read was short
         self._store_failed = False  # a commit failed: reopen the projection before the next one
         self.stall: str | None = None  # why the last group could not be made durable, until one is
+        self._skipped_checkpoints = 0  # periodic checkpoints skipped since the last one taken (`_skip_checkpoint`)
         self._verify_applied_record()
 
     @property
@@ -485,6 +486,9 @@ class PartitionProcessor:
         if self.checkpoints is None or self._applied < 0:
             return None
         self._checkpointed_offset, self._checkpointed_at = self._applied, time.monotonic()
+        if self.uploads is not None and not self.uploads.has_room(self.partition):
+            self._skip_checkpoint()
+            return None
         try:
             snapshot = self.checkpoints.snapshot(self.store, self.partition)
         except PUBLICATION_FAILURES as exc:
@@ -495,15 +499,30 @@ class PartitionProcessor:
             retire(self.checkpoints, published)
             return entry
         if not self.uploads.submit(snapshot):
-            self.checkpoints.discard(snapshot)
+            self.checkpoints.discard(snapshot)  # the service began stopping since `has_room`
+            self._skip_checkpoint()
+        elif self._skipped_checkpoints:
+            log.info(
+                "partition %d: checkpoint at offset %d taken, after %d skipped",
+                self.partition,
+                self._applied,
+                self._skipped_checkpoints,
+            )
+            self._skipped_checkpoints = 0
+        return None
+
+    def _skip_checkpoint(self) -> None:
+        """A periodic checkpoint not taken while earlier ones are still being published (an object
+        store slower than the policy asks): said once per run of them, counted when one is taken."""
+        if not self._skipped_checkpoints:
             log.warning(
                 "partition %d: checkpoint at offset %d skipped: the service is stopping, or %d earlier ones "
-                "are still being published",
+                "are still being published (further ones skipped are counted when one is taken)",
                 self.partition,
                 self._applied,
                 MAX_PENDING_CHECKPOINTS,
             )
-        return None
+        self._skipped_checkpoints += 1
 
     def settle_checkpoints(self) -> None:
         """Announce the checkpoints `uploads` published for this partition since the last call,
