@@ -30,6 +30,7 @@ import pytest
 from keyload import AsyncClient, Capability, Client, Credential, Grant
 from keyload.credentials import CredentialError, contents
 from keyload.errors import (
+    CommandTooLarge,
     InvalidCommand,
     KeyloadError,
     NotFoundError,
@@ -810,6 +811,38 @@ def test_the_sdk_speaks_http_with_typed_results_and_errors(served: tuple[Path, s
         client.inspect_queue(d, "q")
     with Client("http://127.0.0.1:9", credential=admin_credential) as client, pytest.raises(ServiceUnavailable):
         client.inspect_queue(d, "q")
+
+
+def test_the_sdk_refuses_a_command_alike_over_http_and_locally(served: tuple[Path, str]) -> None:
+    """What a client refuses, or the server refuses before appending, is the same exception over both
+    transports: a string UTF-8 cannot carry (named, as a 400 names it), a command over the log's record
+    limit (`CommandTooLarge`, said once that nothing was appended), a body of the wrong type, a partition
+    out of range, and any call on a closed client."""
+    root, url = served
+    d = domain()
+    credential = Credential.load(root / "credentials" / "keyload-admin.json")
+    with Client(url, credential=credential) as remote, Client(root) as local:
+        remote.create_queue(d, "q")
+        before = log_end(root, d)
+        for client in (remote, local):
+            for named, call in (
+                ("message_id", lambda c: c.enqueue(d, "q", b"x", message_id="\ud800")),
+                ("headers.h", lambda c: c.enqueue(d, "q", b"x", headers={"h": "\ud800"})),
+                ("body", lambda c: c.enqueue(d, "q", "text")),  # type: ignore[arg-type]
+            ):
+                with pytest.raises(InvalidCommand, match=named.replace(".", r"\.")) as refused:
+                    call(client)
+                assert type(refused.value) is InvalidCommand, refused.value
+            with pytest.raises(CommandTooLarge) as too_large:
+                client.enqueue(d, "q", b"B" * (5 << 20))
+            assert str(too_large.value).count("nothing was appended") == 1, too_large.value
+            for out_of_range in (lambda c: c.census(99), lambda c: c.partition_domain(99)):
+                with pytest.raises(InvalidCommand, match=r"partition must be 0\.\."):
+                    out_of_range(client)
+        assert log_end(root, d) == before
+    for closed in (remote, local):
+        with pytest.raises(InvalidCommand, match="the client is closed"):
+            closed.inspect_queue(d, "q")
 
 
 def reservation_of(message_id: str, payload: bytes) -> dict[str, Any]:

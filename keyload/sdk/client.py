@@ -1319,9 +1319,7 @@ class Client:
         return domain_for_partition(partition, self.partitions)
 
     def _check_partition(self, partition: int) -> None:
-        if isinstance(self._transport, LogTransport):
-            self._transport.data.check_partition(partition)
-        elif not 0 <= partition < self.partitions:
+        if not 0 <= partition < self.partitions:
             raise InvalidCommand(f"partition must be 0..{self.partitions - 1}")
 
     def poison_entries(self, partition: int | None = None, *, limit: int = DEFAULT_POISON_LIMIT) -> list[PoisonEntry]:
@@ -1339,7 +1337,7 @@ class Client:
             raise InvalidCommand("limit must be >= 1")
         data = self._local("poison_entries").data
         if partition is not None:
-            data.check_partition(partition)
+            self._check_partition(partition)
         entries: list[PoisonEntry] = []
         for number in data.projected_partitions():  # a partition never served yet has recorded nothing
             if partition not in (None, number):

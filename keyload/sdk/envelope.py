@@ -33,13 +33,37 @@ def shown(name: str) -> str:
     return repr(name if len(name) <= SHOWN_NAME_CHARS else name[:SHOWN_NAME_CHARS] + "…")
 
 
-def _mismatched_fields(envelope: dict[str, Any]) -> str:
-    """Which schema fields a command does not match, named by schema path (never by value)."""
+def mismatched_fields(envelope: dict[str, Any]) -> str:
+    """Which schema fields a command does not match, named by schema path (never by value), as
+    " at PATH, ..." ("" when it cannot say)."""
     found = REGISTRY.mismatched_fields(COMMAND, envelope)
-    if not found:
-        return ""
+    if not found:  # the schema's types fit: a string UTF-8 cannot carry is what is left to fail
+        kind, body = envelope["body"]
+        where = _unencodable(body, kind) or _unencodable({**envelope, "body": None}, COMMAND)
+        return "" if where is None else f" at {where} (a string holding a lone surrogate, which UTF-8 cannot carry)"
     more = f" and {len(found) - _FIELDS_SHOWN} more" if len(found) > _FIELDS_SHOWN else ""
     return f" at {', '.join(found[:_FIELDS_SHOWN])}{more}"
+
+
+def _unencodable(value: Any, path: str) -> str | None:
+    """The path of the first string within `value` that UTF-8 cannot carry (a lone surrogate)."""
+    if isinstance(value, str):
+        try:
+            value.encode()
+        except UnicodeEncodeError:
+            return path
+        return None
+    if isinstance(value, dict):
+        items: Any = value.items()
+    elif isinstance(value, (list, tuple)):
+        items = enumerate(value)
+    else:
+        return None
+    for key, item in items:
+        found = _unencodable(key, f"{path} (a key)") or _unencodable(item, f"{path}.{key}")
+        if found is not None:
+            return found
+    return None
 
 
 def encode_command(envelope: dict[str, Any]) -> bytes:
@@ -51,7 +75,7 @@ def encode_command(envelope: dict[str, Any]) -> bytes:
     try:
         value = REGISTRY.encode(COMMAND, envelope)
     except Exception:  # fastavro raises ValueError, TypeError, ... whose text may hold the schema or the body
-        where = _mismatched_fields(envelope)
+        where = mismatched_fields(envelope)
         raise InvalidCommand(f"{kind} does not match its schema{where}; nothing was appended") from None
     if len(value) > MAX_COMMAND_BYTES:
         raise CommandTooLarge(

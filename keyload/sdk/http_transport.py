@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import json
 import ssl
 from collections import OrderedDict
 from collections.abc import Iterator
@@ -20,6 +21,7 @@ from keyload.commands import BY_BRANCH
 from keyload.credentials import Credential, CredentialError
 from keyload.errors import (
     CensusError,
+    CommandTooLarge,
     InvalidCommand,
     KeyloadError,
     OutcomeTimeout,
@@ -27,6 +29,7 @@ from keyload.errors import (
     UnreadableOutcome,
     rejection,
 )
+from keyload.sdk.envelope import mismatched_fields
 from keyload.sdk.payloads import PayloadError, Progress
 from keyload.sdk.results import Census, Outcome, PayloadReservation
 from keyload.wire import (
@@ -104,14 +107,15 @@ class HttpTransport:
         try:
             payload = {"domain": domain, "body": to_json(self._commands, self._union, (kind, body))}
         except (KeyError, TypeError, ValueError, StopIteration):
-            raise InvalidCommand(f"{kind[:64]} does not match its schema; nothing was sent") from None
+            envelope = {"command_id": command_id, "domain": domain, "principal": "", "body": (kind, body)}
+            where = mismatched_fields({**envelope, "reply_to": None, "client_time_ms": None})
+            raise InvalidCommand(f"{kind[:64]} does not match its schema{where}; nothing was sent") from None
         wait_s = (body.get("wait_ms") or 0) / 1000
         try:
             response = self._request(
                 "POST",
                 ENVELOPE_PATH,
-                json=payload,
-                headers={IDEMPOTENCY_HEADER: command_id},
+                **_json_body(payload, {IDEMPOTENCY_HEADER: command_id}),
                 timeout=timeout_s + wait_s,  # as a local client waits: the outcome within timeout_s (after the poll)
             )
         except httpx.TimeoutException:
@@ -147,13 +151,12 @@ class HttpTransport:
     ) -> Credential:
         """A new credential from the server: for a new principal with `grants`, or (None) a rotation
         of an existing principal's (keyload/server/principals.py)."""
+        headers = {IDEMPOTENCY_HEADER: command_id}
         if grants is None:
-            path, payload = f"{PRINCIPALS_PATH}/{principal}/credential", None
+            path, request = f"{PRINCIPALS_PATH}/{principal}/credential", {"headers": headers}
         else:
-            path, payload = PRINCIPALS_PATH, {"principal": principal, "grants": grants}
-        response = self._request(
-            "POST", path, json=payload, headers={IDEMPOTENCY_HEADER: command_id}, timeout=timeout_s
-        )
+            path, request = PRINCIPALS_PATH, _json_body({"principal": principal, "grants": grants}, headers)
+        response = self._request("POST", path, **request, timeout=timeout_s)
         if response.status_code != 200:
             raise rejection(self._outcome(response, PRINCIPAL_VIEW, command_id, timeout_s))
         issued = response.json()["credential"]
@@ -199,7 +202,7 @@ class HttpTransport:
         self._check_open()
         try:
             with self._http.stream(
-                "POST", PAYLOAD_READ_PATH, json={"read_handle": read_handle}, timeout=timeout_s
+                "POST", PAYLOAD_READ_PATH, **_json_body({"read_handle": read_handle}), timeout=timeout_s
             ) as response:
                 if response.status_code != 200:
                     response.read()
@@ -234,6 +237,18 @@ class HttpTransport:
             raise
         except httpx.HTTPError as exc:
             raise ServiceUnavailable(f"the keyload server at {self._http.base_url} cannot be reached: {exc}") from None
+
+
+def _json_body(payload: Any, headers: dict[str, str] | None = None) -> dict[str, Any]:
+    """httpx's arguments for a JSON request body: UTF-8 as httpx writes it, but a string holding a lone
+    surrogate (which UTF-8 cannot carry) is sent escaped, so that the server refuses it naming its
+    field (400, docs/ARCHITECTURE.md §10a "JSON form") rather than httpx's encoding failing with an
+    error outside the SDK's."""
+    try:
+        content = json.dumps(payload, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode()
+    except UnicodeEncodeError:
+        content = json.dumps(payload, separators=(",", ":"), allow_nan=False).encode("ascii")
+    return {"content": content, "headers": {**(headers or {}), "Content-Type": "application/json"}}
 
 
 def _chunks(source: Path, progress: Progress | None) -> Iterator[bytes]:
@@ -273,8 +288,10 @@ def _http_error(
     detail = str(answer.get("detail", ""))
     if status == 401:
         return CredentialError(f"the server refused the credential: {detail}")
+    if status == 413 and not payload:  # a command over the log's record limit, or a body over the server's
+        return CommandTooLarge(_nothing_appended(detail))
     if status in (400, 413):
-        return InvalidCommand(f"{detail}; nothing was appended")
+        return InvalidCommand(_nothing_appended(detail))
     if payload and status in (404, 409, 410):  # its reservation, bytes or handle (keyload/server/payloads.py)
         return PayloadError(detail)
     if status == 504:
@@ -282,3 +299,8 @@ def _http_error(
     if status == 503:
         return ServiceUnavailable(detail)
     return KeyloadError(f"the server answered {status}: {detail}")
+
+
+def _nothing_appended(detail: str) -> str:
+    """A refusal's detail saying that nothing was appended, once (the server's may say it already)."""
+    return detail if detail.endswith("nothing was appended") else f"{detail}; nothing was appended"

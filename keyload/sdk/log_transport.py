@@ -29,6 +29,7 @@ class LogTransport:
     def __init__(self, data: DataDir, credential: Credential, reply_partition: int | None = None) -> None:
         self.data = data
         self.credential = credential
+        self._closed = False
         self.commands = data.command_log()
         self._outcomes = data.outcome_log()
         # Kafka processors block in their fetch and wake on new records; only the
@@ -48,12 +49,15 @@ class LogTransport:
         return self.data.partitions
 
     def close(self) -> None:
+        self._closed = True
         self.commands.close()
         self._outcomes.close()
         if self._doorbell is not None:
             self._doorbell.close()
 
     def submit(self, domain: str, kind: str, body: dict[str, Any], command_id: str, timeout_s: float) -> Outcome:
+        if self._closed:
+            raise InvalidCommand("the client is closed; nothing was sent")  # as a client of a server says
         self._refuse_missing_key(kind, body)
         envelope = {
             "command_id": command_id,

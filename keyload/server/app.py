@@ -37,7 +37,7 @@ from starlette.routing import Route
 from keyload.bodies import Branch
 from keyload.commands import BY_BRANCH, COMMANDS, Capability, CommandKind
 from keyload.credentials import Credential
-from keyload.errors import ErrorCode, InvalidCommand, KeyloadError
+from keyload.errors import CommandTooLarge, ErrorCode, InvalidCommand, KeyloadError
 from keyload.limits import MAX_WAIT_MS
 from keyload.log.base import LogError, partition_for
 from keyload.processors.access import EVERYTHING, allows, load_principal
@@ -401,6 +401,8 @@ async def _answer(request: Request, answer: Callable[[str], Awaitable[Response]]
         return error_response(statuses.UNAUTHENTICATED, str(exc))
     except Refused as exc:
         return error_response(exc.pair, str(exc), command_id)
+    except CommandTooLarge as exc:
+        return error_response(statuses.TOO_LARGE, str(exc))
     except InvalidCommand as exc:
         return error_response(statuses.BAD_REQUEST, str(exc))
     except _TooLarge:

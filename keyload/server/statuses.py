@@ -30,7 +30,7 @@ assert set(HTTP_STATUS) == set(ErrorCode), "every error code has its HTTP status
 UNAUTHENTICATED = ("Unauthenticated", 401)  # no credential, or one the service does not accept
 FORBIDDEN = ("PermissionDenied", 403)  # the caller may not ask the server for this (issuing credentials: admin)
 BAD_REQUEST = ("Validation", 400)  # the request does not make a command: bad JSON, a field that does not fit
-TOO_LARGE = ("Validation", 413)  # the request body is over MAX_REQUEST_BYTES
+TOO_LARGE = ("Validation", 413)  # the request body is over MAX_REQUEST_BYTES, or its command over the log's limit
 NO_ROUTE = ("NotFound", 404)  # no route has this path
 WRONG_METHOD = ("NotFound", 405)  # the path exists for other methods
 NOT_SERVED_HERE = ("UnsupportedCapability", 501)  # a Kafka processor's server issues no credentials
