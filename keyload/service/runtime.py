@@ -166,9 +166,11 @@ class PartitionProcessor:
         # The identity of the applied record as the projection holds it, once this processor has read
         # or committed it: the check on resuming compares against it without reading the projection.
         self._applied_identity: bytes | None = None
-        self._checkpointed_offset, self._checkpointed_at = self._applied, time.monotonic()  # periodic ones count ...
+        # Periodic checkpoints count records from the log's start while none is published (so restarts
+        # do not put off a partition's first), and time from this processor's start ...
+        self._checkpointed_offset, self._checkpointed_at = -1, time.monotonic()
         self._unconfirmed = newest_checkpoint  # looked up in the projection once caught up (`_announced_newest`)
-        if newest_checkpoint is not None:  # ... from the newest published one, also across restarts
+        if newest_checkpoint is not None:  # ... or both from the newest published one, also across restarts
             age_s = max(0, wall_clock_ms() - newest_checkpoint.manifest.last_time_ms) / 1000
             self._checkpointed_offset, self._checkpointed_at = newest_checkpoint.offset, time.monotonic() - age_s
         self._identity_log = identity_log or log
