@@ -13,7 +13,7 @@ from keyload.operations.catalog import CatalogEntry
 from keyload.operations.checkpoints import Announcer, CheckpointPolicy, Checkpoints
 from keyload.projections import keys
 from keyload.service.checkpoint_uploads import MAX_PENDING_CHECKPOINTS, CheckpointUploads
-from keyload.service.runtime import PartitionProcessor, run_until, wall_clock_ms
+from keyload.service.runtime import PartitionProcessor, first_record_ms, run_until, wall_clock_ms
 from keyload.service.system_commands import domain_for_partition
 from keyload.storage.object_store import ObjectStoreError
 from keyload.storage.principals import CHECKPOINTER_PRINCIPAL, system_credential
@@ -214,6 +214,38 @@ def test_no_snapshot_is_taken_while_earlier_ones_fill_the_uploads_and_one_warnin
     finally:
         released.set()
         assert uploads.close() == 0
+
+
+def test_with_none_published_the_checkpoint_interval_counts_from_the_logs_first_record(embedded: Embedded) -> None:
+    """A partition with no published checkpoint counts the interval from the log time of its first
+    record, which the services look up (`first_record_ms`), not from each restart: a deployment
+    restarted more often than the interval still takes its first checkpoint."""
+    checkpoints = embedded.data.checkpoints(CheckpointPolicy(every_records=1000, interval_s=3600, retain=10))
+    partition = embedded.partition(D)
+    empty = next(p for p in range(embedded.data.partitions) if p != partition)
+    assert first_record_ms(embedded.log, empty) is None
+    began = embedded.now_ms = wall_clock_ms() - 2 * 3_600_000  # the first record's log time: two hours ago
+    embedded.append(D, command(D, CREATE_QUEUE, create_queue_body("jobs")))
+    embedded.now_ms = wall_clock_ms()
+    assert first_record_ms(embedded.log, partition) == began
+
+    def apply(first: int | None, message_id: str) -> list[int]:
+        processor = PartitionProcessor(
+            partition,
+            embedded.data.partitions,
+            embedded.log,
+            embedded.stores[partition],
+            checkpoints=checkpoints,
+            first_record_ms=first,
+        )
+        embedded.append(D, command(D, ENQUEUE, enqueue_body("jobs", message_id)))
+        while processor.step():
+            pass
+        return [entry.offset for entry in checkpoints.entries(partition)]
+
+    assert apply(None, "m1") == []  # counted from this processor's start: an hour has not passed
+    assert apply(began, "m2") == [2]  # counted from the first record: two hours have
+    checkpoints.close()
 
 
 def test_a_publication_is_announced_before_older_checkpoints_are_retired_and_whether_they_are(

@@ -43,7 +43,7 @@ from keyload.service.halts import Halt, clear_halt, record_halt, recorded_halts
 from keyload.service.kafka import DEFAULT_SESSION_TIMEOUT_MS, KafkaService
 from keyload.service.outcome_retention import OutcomeRetention
 from keyload.service.prctl import name_os_thread
-from keyload.service.runtime import PartitionProcessor, Stalled, run_until, wall_clock_ms
+from keyload.service.runtime import PartitionProcessor, Stalled, first_record_ms, run_until, wall_clock_ms
 from keyload.service.system_commands import feature_level_command
 from keyload.service.ticker import DEFAULT_TICK_INTERVAL_MS, Ticker
 from keyload.service.workers import DEFAULT_WORKERS, Ownership, Reporter, WorkerFailed, WorkerPool
@@ -126,11 +126,11 @@ def _file_log(log: CommandLog) -> FileLog:
 
 def _newest_checkpoint(checkpoints: Checkpoints, partition: int) -> CatalogEntry | None:
     """The partition's newest published checkpoint; None, said once, when its catalog cannot be read
-    (the partition serves all the same: its periodic checkpoints count from now)."""
+    (the partition serves all the same: its periodic checkpoints count from the log's start)."""
     try:
         return checkpoints.latest(partition)
     except CatalogError as exc:
-        log.warning("partition %d: periodic checkpoints count from now: %s", partition, exc)
+        log.warning("partition %d: periodic checkpoints count from the log's start: %s", partition, exc)
         return None
 
 
@@ -348,6 +348,7 @@ def serve_partitions(
             with contextlib.suppress(LogCorruption):  # its processor applies what precedes the damage, then halts
                 log.repair(partition)
             store = stores[partition] = Store(data.projection(partition))
+            newest = _newest_checkpoint(checkpoints, partition)
             processors.append(
                 PartitionProcessor(
                     partition,
@@ -361,7 +362,8 @@ def serve_partitions(
                     announce=announce,
                     on_published=waiters.published if reporter is None else reporter.published,
                     uploads=uploads,
-                    newest_checkpoint=_newest_checkpoint(checkpoints, partition),
+                    newest_checkpoint=newest,
+                    first_record_ms=first_record_ms(log, partition) if newest is None else None,
                 )
             )
         _turn_access_control_on(data, log, processors)

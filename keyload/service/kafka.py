@@ -42,7 +42,7 @@ from keyload.projections.store import Store
 from keyload.service import access_control
 from keyload.service.checkpoint_uploads import CheckpointUploads
 from keyload.service.halts import Halt, record_halt
-from keyload.service.runtime import MAX_GROUP_RECORDS, PartitionProcessor, Stalls, report_halts
+from keyload.service.runtime import MAX_GROUP_RECORDS, PartitionProcessor, Stalls, first_record_ms, report_halts
 from keyload.service.system_commands import feature_level_command
 from keyload.service.ticker import Ticker
 from keyload.storage.datadir import DataDir
@@ -270,6 +270,7 @@ class KafkaService:
             on_published=self.on_published,
             uploads=self.uploads,
             newest_checkpoint=newest,
+            first_record_ms=first_record_ms(self.commands, partition) if newest is None else None,
         )
         start = self.commands.start_offset(partition)
         if processor.halt is None and processor.applied_offset + 1 < start:

@@ -111,6 +111,17 @@ class _Group:
     take_checkpoint: bool
 
 
+def first_record_ms(log: CommandLog, partition: int) -> int | None:
+    """The log time of the first record `log` holds of `partition`, where a partition with no published
+    checkpoint counts its periodic checkpoints' time from (`PartitionProcessor`); None when it holds
+    none, or cannot be read now (the processor's start then)."""
+    try:
+        records = log.read(partition, log.start_offset(partition), 1)
+    except LogError:
+        return None
+    return records[0].timestamp_ms if records else None
+
+
 class PartitionProcessor:
     """Applies one partition of the command log to its projection."""
 
@@ -131,6 +142,7 @@ class PartitionProcessor:
         on_published: Callable[[int | None, list[bytes]], None] | None = None,
         uploads: CheckpointUploads | None = None,
         newest_checkpoint: CatalogEntry | None = None,
+        first_record_ms: int | None = None,
     ) -> None:
         """`identity_log` (default: `log`) is read to check the applied record when the processor
         opens; `verify_on_resume` checks it again on every resume, which a source that cannot
@@ -143,7 +155,9 @@ class PartitionProcessor:
         `newest_checkpoint`, the partition's newest published checkpoint, is where periodic
         checkpoints count from: its offset, and as its time its last record's log time, so a
         restart does not start the count again (a service restarted more often than the interval
-        would never take one); without it, from this processor's start."""
+        would never take one); without it, records count from the log's start, and time from
+        `first_record_ms`, the log time of the partition's first record (the services look it up
+        when none is published: the function of that name), else from this processor's start."""
         assert 1 <= group_records <= MAX_GROUP_RECORDS
         self.partition = partition
         self.partitions = partitions
@@ -166,13 +180,15 @@ class PartitionProcessor:
         # The identity of the applied record as the projection holds it, once this processor has read
         # or committed it: the check on resuming compares against it without reading the projection.
         self._applied_identity: bytes | None = None
-        # Periodic checkpoints count records from the log's start while none is published (so restarts
-        # do not put off a partition's first), and time from this processor's start ...
-        self._checkpointed_offset, self._checkpointed_at = -1, time.monotonic()
         self._unconfirmed = newest_checkpoint  # looked up in the projection once caught up (`_announced_newest`)
-        if newest_checkpoint is not None:  # ... or both from the newest published one, also across restarts
-            age_s = max(0, wall_clock_ms() - newest_checkpoint.manifest.last_time_ms) / 1000
-            self._checkpointed_offset, self._checkpointed_at = newest_checkpoint.offset, time.monotonic() - age_s
+        # Periodic checkpoints count from the newest published one, also across restarts; while none is,
+        # from the log's start (so restarts do not put off a partition's first).
+        if newest_checkpoint is None:
+            counted_from, counted_ms = -1, first_record_ms
+        else:
+            counted_from, counted_ms = newest_checkpoint.offset, newest_checkpoint.manifest.last_time_ms
+        age_s = 0.0 if counted_ms is None else max(0, wall_clock_ms() - counted_ms) / 1000
+        self._checkpointed_offset, self._checkpointed_at = counted_from, time.monotonic() - age_s
         self._identity_log = identity_log or log
         self._verify_on_resume = verify_on_resume
         self._verified = False  # the log holds the applied record, as of the last read
