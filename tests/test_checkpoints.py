@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from keyload import Client
 from keyload.log.kafka_log import KafkaSettings, ensure_topics
 from keyload.operations.catalog import (
     CatalogEntry,
@@ -22,8 +24,19 @@ from keyload.operations.catalog import (
 from keyload.operations.checkpoints import CheckpointError, CheckpointPolicy, Checkpoints
 from keyload.projections.store import Manifest, ManifestFile, Store
 from keyload.service.runtime import PartitionProcessor
+from keyload.storage.datadir import DataDir
 
-from .support import CHECKPOINT, CREATE_QUEUE, ENQUEUE, Embedded, command, create_queue_body, enqueue_body
+from .support import (
+    CHECKPOINT,
+    CREATE_QUEUE,
+    ENQUEUE,
+    Embedded,
+    command,
+    create_queue_body,
+    enqueue_body,
+    start_service,
+    stop_service,
+)
 
 D = "shop"
 
@@ -142,3 +155,28 @@ def test_the_runtime_checkpoints_by_itself_every_n_records(embedded: Embedded, t
     offset = embedded.append(D, command(D, CHECKPOINT, {}))
     embedded.run()
     assert [e.offset for e in checkpoints.entries(partition)] == [11, 16, offset]
+
+
+def test_a_service_restarted_more_often_than_its_interval_still_takes_its_first_checkpoint(tmp_path: Path) -> None:
+    """`keyload run --checkpoint-interval-s 3` stopped about a second after each start (a crash loop,
+    frequent redeploys): no lifetime lasts the interval, yet the partition's first checkpoint is taken,
+    since while none is published the interval counts from the log time of its first record."""
+    root = tmp_path / "data"
+    DataDir.create(root, 1)
+    lifetimes = 0
+    while not _published(root):
+        assert lifetimes < 8, "no checkpoint after 8 lifetimes"
+        service = start_service(root, "--checkpoint-interval-s", "3", "--listen", "none")
+        with Client(root) as client:  # a commit: what a periodic checkpoint is taken at
+            client.enqueue("acme", "jobs", b"x") if lifetimes else client.create_queue("acme", "jobs")
+        time.sleep(1)
+        assert stop_service(service, 30) == 0  # a publication in progress is waited for
+        lifetimes += 1
+
+
+def _published(root: Path) -> bool:
+    catalog = DataDir.open(root).catalog()
+    try:
+        return bool(catalog.entries(0))
+    finally:
+        catalog.close()
