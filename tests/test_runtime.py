@@ -207,7 +207,7 @@ def test_no_snapshot_is_taken_while_earlier_ones_fill_the_uploads_and_one_warnin
         released.set()
         published: list[object] = []
         wait_until(lambda: published.extend(uploads.finished(0)) or len(published) == 2, what="the two publications")
-        with caplog.at_level(logging.INFO):
+        with caplog.at_level(logging.INFO, logger="keyload.service.runtime"):
             processor.take_checkpoint()
         assert len(taken) == 3
         assert "checkpoint at offset 0 taken, after 3 skipped" in caplog.text
