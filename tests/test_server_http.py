@@ -1281,7 +1281,8 @@ def test_a_key_the_keyring_lacks_is_refused_before_it_could_halt_a_partition(
     served: tuple[Path, str], api: httpx.Client
 ) -> None:
     """A PutPrincipal or RotateKeys naming a key the keyring lacks would halt every partition it
-    reaches until the key is added: an administrator's typo is a 400 instead, nothing appended. A
+    reaches until the key is added: an administrator's typo is a 400 instead, nothing appended,
+    whether it comes to its own route or to `POST /v1/commands` (the SDK's). A
     caller that may not send the command is refused by the processor, as for any other key id."""
     root, url = served
     name = f"keyed-{uuid.uuid4().hex[:8]}"
@@ -1291,6 +1292,15 @@ def test_a_key_the_keyring_lacks_is_refused_before_it_could_halt_a_partition(
     assert missing.json()["detail"] == "key_id names no key of the service's keyring: add it first (keyload keys add)"
     rotate = api.post(f"/v1/domains/{domain()}/keys/rotate", json={"jitter_key_id": "no-such-key"})
     assert (rotate.status_code, rotate.json()["detail"].split(" ")[0]) == (400, "jitter_key_id")
+    for body in (  # the same commands as the log takes them, which the SDK's HTTP transport sends
+        {"PutPrincipal": {"principal": name, "key_id": "no-such-key"}},
+        {"RotateKeys": {"token_key_id": "no-such-key"}},
+    ):
+        enveloped = api.post("/v1/commands", json={"domain": domain(), "body": body})
+        assert (enveloped.status_code, enveloped.json()["error_code"]) == (400, "Validation"), enveloped.text
+    admin_credential = Credential.load(root / "credentials" / "keyload-admin.json")
+    with Client(url, credential=admin_credential) as remote, pytest.raises(InvalidCommand, match=r"^key_id names no"):
+        remote.put_principal(name, key_id="no-such-key")
     assert log_ends(root) == before
     assert api.get("/readyz").json()["halted"] == {}
     with Client(root) as admin:

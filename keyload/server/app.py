@@ -120,8 +120,8 @@ class Engine:
     ) -> Answer:
         """Submit the command to each (domain, partition) in turn under one command id (a principal
         command goes to every partition, 0 first): the first refusal, else the first target's answer.
-        A key id the keyring lacks is refused first (`_refuse_missing_key`): nothing is appended."""
-        self._refuse_missing_key(credential, body)
+        A key id the keyring lacks is refused first (`refuse_missing_key`): nothing is appended."""
+        self.refuse_missing_key(credential, body)
         answers = []
         for domain, partition in targets:
             answer = await self.submit(credential, command_id, domain, partition, body)
@@ -130,7 +130,7 @@ class Engine:
             answers.append(answer)
         return answers[0]
 
-    def _refuse_missing_key(self, credential: Credential, body: Branch) -> None:
+    def refuse_missing_key(self, credential: Credential, body: Branch) -> None:
         """A 400 for a command naming a key the keyring lacks (CommandKind.keyring_fields), which would
         halt the partitions it reaches (processors/key_rotation.py, MissingKey) until the key is added,
         when its caller may send it: one that may not is left to the processor, which refuses it
@@ -450,6 +450,7 @@ class EnvelopeRoute:
             partition = partition_for(domain, self.engine.partitions)
             credential = self.engine.caller(request, partition)
             body = to_avro(self.commands, self.union, envelope["body"], "body")
+            self.engine.refuse_missing_key(credential, body)
             outcome = await self.engine.submit(credential, command_id, domain, partition, body)
             return self.engine.response(BY_BRANCH[body[0]].name, outcome)
 
