@@ -68,6 +68,12 @@ The levels:
     EnableAccessControl, GrantCapability) hold no control character (Unicode Cc), grants held from
     before staying as they are; a RevokeCapability of a grant the principal does not hold is
     checked as a grant is, where before it was a quiet no-op whatever its patterns.
+12. A group's declare does not look where its start points (processors/groups/group.py). A
+    CreateGroup naming a group that exists checks its start's form only (a position given with
+    `position` start alone) and is answered as a declare (level 9), as Kafka's auto.offset.reset
+    applies to a new group only; before it the start was held against the topic first, so a
+    service declaring its group with a fixed position failed once a purge or retention had passed
+    it (HistoryUnavailable) or the position lay past the tail + 1 (Validation).
 """
 
 from __future__ import annotations
@@ -91,6 +97,7 @@ LARGE_IDENTITIES_KEPT = 8  # the level from which a compacted large message's id
 CREATES_DECLARE = 9  # the level from which a create of an existing resource, configured the same, returns it
 TOKEN_CHECKPOINTS = 10  # the level from which a GroupAckBatch's result names each acked token's checkpoint
 PRINCIPALS_CHECKED = 11  # the level from which principal commands check the names and patterns they are given
+DECLARES_UNSTARTED = 12  # the level from which a CreateGroup of an existing group does not check its start's range
 # The reads level 1 covers, frozen: tests/test_feature_levels.py holds the command table's `reads`
 # rows to it. Making an existing command a read changes how level-1 logs replay: a later level.
 LEVEL_1_READS = frozenset(
@@ -137,4 +144,4 @@ def raise_feature_level(stage: Staged, body: RaiseFeatureLevel, ctx: Context) ->
 
 assert READS_UNSTORED < OUTCOME_HORIZONS < LEASES_KEPT < WORK_COMPACTED < DOMAIN_CAPS < EVENT_IDS_KEPT
 assert EVENT_IDS_KEPT < CONFIRMED_INDEXED < LARGE_IDENTITIES_KEPT < CREATES_DECLARE < TOKEN_CHECKPOINTS
-assert TOKEN_CHECKPOINTS < PRINCIPALS_CHECKED <= limits.FEATURE_LEVEL
+assert TOKEN_CHECKPOINTS < PRINCIPALS_CHECKED < DECLARES_UNSTARTED <= limits.FEATURE_LEVEL

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from keyload.processors.features import CREATES_DECLARE, LARGE_IDENTITIES_KEPT
+from keyload.processors.features import CREATES_DECLARE, DECLARES_UNSTARTED, LARGE_IDENTITIES_KEPT, PRINCIPALS_CHECKED
 from keyload.sdk.results import DomainView, GroupView, QueueView, TopicView
 
 from .support import (
@@ -18,6 +18,7 @@ from .support import (
     CREATE_TOPIC,
     INSPECT_DOMAIN,
     PUBLISH,
+    PURGE_TOPIC,
     RAISE_FEATURE_LEVEL,
     Embedded,
     assert_replay_equals_live,
@@ -98,4 +99,37 @@ def test_below_level_9_a_create_of_what_exists_is_conflict_as_it_was(
     assert conflict(embedded, kind, body) == f"{name} already exists"
     raise_to(embedded, CREATES_DECLARE)
     expect(submit_unhalted(embedded, D, kind, body), None)
+    assert_replay_equals_live(embedded, D, tmp_path)
+
+
+def test_from_level_12_a_group_declared_at_a_position_the_topic_has_passed_is_returned(
+    embedded: Embedded, tmp_path: Path
+) -> None:
+    """A service declaring its group at a fixed position when it boots still starts once a purge has
+    passed that position, or when it lies past the tail: the start is for a new group only. Below
+    level 12 such a declare was refused by the start's range first, and replays so."""
+    raise_to(embedded, PRINCIPALS_CHECKED)
+    expect(submit_unhalted(embedded, D, CREATE_TOPIC, create_topic_body("news")), None)
+    expect(submit_unhalted(embedded, D, PUBLISH, publish_body("news", event("e1"), event("e2"))), None)
+    group = expect(submit_unhalted(embedded, D, CREATE_GROUP, create_group_body("news", "g", start="end")), None)
+    expect(submit_unhalted(embedded, D, PURGE_TOPIC, {"topic": "news", "through": 2, "expected_generation": 1}), None)
+    passed = create_group_body("news", "g", start="position", position=1)
+    beyond = create_group_body("news", "g", start="position", position=99)
+    expect(submit_unhalted(embedded, D, CREATE_GROUP, passed), "HistoryUnavailable")
+    expect(submit_unhalted(embedded, D, CREATE_GROUP, beyond), "Validation")
+
+    raise_to(embedded, DECLARES_UNSTARTED)
+    for body in (passed, beyond):
+        declared = expect(submit_unhalted(embedded, D, CREATE_GROUP, body), None)
+        assert isinstance(declared, GroupView) and declared.checkpoint == group.checkpoint == 2
+    # The start's form is still checked, and another configuration is still Conflict.
+    malformed = create_group_body("news", "g", start="end", position=3)
+    expect(submit_unhalted(embedded, D, CREATE_GROUP, malformed), "Validation")
+    other = create_group_body("news", "g", event_types=["t"], start="position", position=1)
+    assert conflict(embedded, CREATE_GROUP, other) == "group already exists with another filter"
+    # A new group is still held to where its start points.
+    expect(
+        submit_unhalted(embedded, D, CREATE_GROUP, create_group_body("news", "h", start="position", position=1)),
+        "HistoryUnavailable",
+    )
     assert_replay_equals_live(embedded, D, tmp_path)

@@ -39,6 +39,7 @@ from keyload.processors.context import Context
 from keyload.processors.counters import adjusted
 from keyload.processors.declare import declared
 from keyload.processors.errors import Corruption, ErrorCode, Rejected
+from keyload.processors.features import DECLARES_UNSTARTED, feature_level
 from keyload.processors.policy import resolve_group_policy
 from keyload.processors.queues.state import (
     add_index_row,
@@ -299,18 +300,27 @@ def matches(group_filter: GroupFilter, event: Record) -> bool:
     return all(headers.get(name) == value for name, value in group_filter.headers.items())
 
 
-def _target_checkpoint(topic: TopicView, to: GroupStart, position: int | None, kind: str) -> int:
-    """The checkpoint that makes `to` the next position delivered (first_available..tail + 1) for a
-    `kind` command (CreateGroup, SeekGroup)."""
-    first = topic.first_available
-    tail = topic.tail
+def _check_start(to: GroupStart, position: int | None, kind: str) -> None:
+    """Validation of a start's form, whatever the topic holds: a position given with `position`
+    only, and then within the integer range, for a `kind` command (CreateGroup, SeekGroup)."""
     if to != GroupStart.position:
         if position is not None:
             raise Rejected(ErrorCode.VALIDATION, f"a position is given only when starting at a position, not {to}")
-        return first - 1 if to == GroupStart.beginning else tail
-    if position is None:
+    elif position is None:
         raise Rejected(ErrorCode.VALIDATION, "starting at a position needs the position")
-    validation.check_integer(f"{kind}.position", position)
+    else:
+        validation.check_integer(f"{kind}.position", position)
+
+
+def _target_checkpoint(topic: TopicView, to: GroupStart, position: int | None, kind: str) -> int:
+    """The checkpoint that makes `to` the next position delivered (first_available..tail + 1) for a
+    `kind` command (CreateGroup, SeekGroup)."""
+    _check_start(to, position, kind)
+    first = topic.first_available
+    tail = topic.tail
+    if to != GroupStart.position:
+        return first - 1 if to == GroupStart.beginning else tail
+    assert position is not None  # _check_start refused a position start without one
     if position < first:
         raise Rejected(ErrorCode.HISTORY_UNAVAILABLE, f"position {position} is before first_available {first}")
     if position > tail + 1:
@@ -346,10 +356,15 @@ def create_group(stage: Staged, body: CreateGroup, ctx: Context) -> Record:
     check_name("group name", name, limits.MAX_GROUP_NAME_CHARS, limits.GROUP_NAME_PATTERN)
     group_filter = _check_filter(body.filter)
     policy = resolve_group_policy(body.policy)
-    checkpoint = _target_checkpoint(topic, body.start, body.position, "CreateGroup")
     topic_id = topic.incarnation
     existing = load(stage, keys.group(topic_id, name), GroupRecord)
     if existing is not None:
+        # The start is for a new group only (Kafka's auto.offset.reset): from level 12 a declare is
+        # not held to where the topic has moved since (a purge past a fixed start position).
+        if feature_level(stage) >= DECLARES_UNSTARTED:
+            _check_start(body.start, body.position, "CreateGroup")
+        else:
+            _target_checkpoint(topic, body.start, body.position, "CreateGroup")
         current = existing.view
 
         def differing() -> list[str]:
@@ -357,6 +372,7 @@ def create_group(stage: Staged, body: CreateGroup, ctx: Context) -> Record:
             return [what for what, same in compared if not same]
 
         return declared(stage, "group", differing, lambda: group_view(stage, topic, current))
+    checkpoint = _target_checkpoint(topic, body.start, body.position, "CreateGroup")
     if count_groups(stage, topic_id) == limits.MAX_GROUPS_PER_TOPIC:
         raise Rejected(ErrorCode.RESOURCE_EXHAUSTED, f"a topic has at most {limits.MAX_GROUPS_PER_TOPIC} groups")
     usage.charge(stage, ctx.domain, keys.topic(ctx.domain, topic.topic), groups=1)
