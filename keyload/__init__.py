@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from keyload.errors import CommandRejected, ErrorCode, KeyloadError, OutcomeTimeout
     from keyload.projections.records import MessageState, PositionState
     from keyload.sdk.async_client import AsyncClient
-    from keyload.sdk.client import Client
+    from keyload.sdk.client import Client, Lane, LaneOutcome
     from keyload.sdk.coalescer import Coalescer
     from keyload.sdk.consumer import ConsumeStats, ExactlyOnce
     from keyload.sdk.results import (
@@ -56,6 +56,8 @@ _HOMES = {
     "MessageState": "keyload.projections.records",
     "PositionState": "keyload.projections.records",
     "Client": "keyload.sdk.client",
+    "Lane": "keyload.sdk.client",
+    "LaneOutcome": "keyload.sdk.client",
     "AsyncClient": "keyload.sdk.async_client",
     "Coalescer": "keyload.sdk.coalescer",
     "ConsumeStats": "keyload.sdk.consumer",
@@ -91,6 +93,8 @@ __all__ = [
     "GroupDelivery",
     "GroupPolicySpec",
     "KeyloadError",
+    "Lane",
+    "LaneOutcome",
     "MessageState",
     "Mutation",
     "OutcomeTimeout",

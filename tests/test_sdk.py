@@ -18,7 +18,7 @@ from typing import Unpack
 
 import pytest
 
-from keyload import Client, Credential
+from keyload import Client, Credential, Lane
 from keyload.credentials import contents
 from keyload.errors import (
     ConflictError,
@@ -35,7 +35,6 @@ from keyload.errors import (
 )
 from keyload.log.base import LogRecord, partition_for
 from keyload.log.codec import REGISTRY
-from keyload.sdk.client import Lane
 from keyload.sdk.consumer import ConsumeStats, ExactlyOnce, Handled, WorkOptions
 from keyload.sdk.results import (
     Delivery,
@@ -146,6 +145,8 @@ def test_receive_across_reports_each_lane_and_a_retry_returns_the_same_receipts(
     assert [o.result for o in again] == [o.result for o in first]  # the original deliveries and tokens
     late = client.receive_across(lanes, request_id="req-2", timeout_s=0)
     assert [o.status for o in late] == ["not_attempted"] * 3
+    with pytest.raises(InvalidCommand, match=r"^each lane is a keyload\.Lane"):
+        client.receive_across([("shop", "a")], request_id="req-3")  # type: ignore[list-item]
 
 
 def test_a_domain_lists_its_queues_and_topics_on_every_transport(client: Client) -> None:

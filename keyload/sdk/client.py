@@ -125,7 +125,7 @@ def _local_credential(root: Path, principal: str) -> Credential:
 
 @dataclass(frozen=True, slots=True)
 class Lane:
-    """One queue of a multi-lane receive."""
+    """One queue of a multi-lane receive (`Client.receive_across`), with that lane's Receive options."""
 
     domain: str
     queue: str
@@ -495,6 +495,8 @@ class Client:
         """
         if not 1 <= len(lanes) <= MAX_LANES:
             raise InvalidCommand(f"receive_across takes 1..{MAX_LANES} lanes")
+        if not all(isinstance(lane, Lane) for lane in lanes):
+            raise InvalidCommand("each lane is a keyload.Lane(domain, queue, max_messages=, max_bytes=, lease_ms=)")
         request_id = str(uuid.uuid4()) if request_id is None else request_id
         check_command_id(f"{request_id}.{len(lanes) - 1}")
         deadline = time.monotonic() + (self.timeout_s if timeout_s is None else timeout_s)
