@@ -162,3 +162,36 @@ def test_large_payloads_are_taken_by_either_processor(kafka_bootstrap: str, tmp_
         with Client(urls[0], credential=credential, timeout_s=60) as client:
             read = {d.message_id: client.read_payload(d) for d in deliveries}
         assert read == {"clip": payload, "clip-2": payload[::-1]}
+
+
+def test_a_command_id_used_again_for_other_content_is_conflict_not_the_first_outcome(
+    kafka_bootstrap: str, tmp_path: Path
+) -> None:
+    """A processor's outcomes reach its server twice on Kafka: in process, and read back from its
+    reply partition. The copy read back must not answer a later request under the same command id:
+    other content under the id is a 409 Conflict, never the first command's 200 (which would tell
+    the caller its other message was enqueued)."""
+    root = tmp_path / "node"
+    DataDir.create(root, PARTITIONS, kafka=KafkaConfig(kafka_bootstrap, f"ids-{uuid.uuid4().hex[:10]}"))
+    service = start_service(root, "--session-timeout-ms", "6000")
+    try:
+        url = served_url(root)
+        with httpx.Client(base_url=url, headers=bearer(root), timeout=60) as api:
+            assert api.put("/v1/domains/shop/queues/jobs", json={}).status_code == 200
+            statuses = []
+            for n in range(40):
+                key = {"Idempotency-Key": f"enqueue-{n}"}
+                first = api.post("/v1/domains/shop/queues/jobs/messages", json={"body": "YQ=="}, headers=key)
+                assert first.status_code == 200, first.text
+                again = api.post("/v1/domains/shop/queues/jobs/messages", json={"body": "Yg=="}, headers=key)
+                statuses.append((again.status_code, again.json()["error_code"]))
+                key = {"Idempotency-Key": f"receive-{n}"}
+                first = api.post("/v1/domains/shop/queues/jobs/receive", json={"max_messages": 1}, headers=key)
+                assert first.status_code == 200, first.text
+                again = api.post("/v1/domains/shop/queues/jobs/receive", json={"max_messages": 2}, headers=key)
+                statuses.append((again.status_code, again.json()["error_code"]))
+            assert statuses == [(409, "Conflict")] * 80
+            counters = api.get("/v1/domains/shop/queues/jobs").json()["result"]["counters"]
+            assert (counters["enqueued_total"], counters["leased"]) == (40, 40)
+    finally:
+        assert stop_service(service, 30) == 0

@@ -39,6 +39,7 @@ TAIL_READ_RECORDS = 256  # outcomes the Kafka outcome tail reads at a time
 TAIL_RETRY_S = 1.0  # after a failed read of the outcomes topic
 TAIL_CLOSE_S = 35.0  # a read in progress waits for the broker up to its fetch timeout (30 s)
 FEED_POLL_S = 0.1  # the embedded outcome feed reads its reply partition at least this often
+MAX_ECHOES = 65_536  # outcomes handed over in process whose copies the Kafka tail has yet to read
 _Key = tuple[str, str]  # (domain, command id): command ids are scoped by domain
 _Pending = dict[int, list[tuple[bytes, "asyncio.Future[int]"]]]
 
@@ -104,6 +105,11 @@ class OutcomeWaiters:
         self._in_process = frozenset(in_process)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._waiting: dict[_Key, list[Waiter]] = defaultdict(list)
+        # Kafka: outcomes this process's processors published to the reply partition and handed over
+        # in process, whose copies `OutcomeTail` reads back: each copy is passed over, so it cannot
+        # answer a later request under the same command id (another command's, maybe a Conflict).
+        # None while no tail reads the reply partition.
+        self._echoes: dict[bytes, int] | None = None
 
     def attach(self, loop: asyncio.AbstractEventLoop) -> None:
         """The event loop the waiting requests run on (the server's, once it starts)."""
@@ -144,14 +150,31 @@ class OutcomeWaiters:
                     waiter.future.set_exception(reason)
 
     def published(self, reply_partition: int | None, outcomes: list[bytes]) -> None:
-        """Called by the runtime (processor thread) with outcomes it has published: those for the
-        server's reply partition are handed to the event loop. Cheap when nobody waits. The embedded
-        server names none, so it is also handed those of the service's own actors (Ticks,
-        checkpoint announcements), which name none either: `_deliver` matches no waiter to them."""
+        """Called by the runtime (processor thread) with outcomes it is publishing: those for the
+        server's reply partition are handed to the event loop. Cheap when nobody waits (while a
+        tail reads them back, each is also noted as an echo). The embedded server names none, so it
+        is also handed those of the service's own actors (Ticks, checkpoint announcements), which
+        name none either: `_deliver` matches no waiter to them."""
         loop = self._loop
+        if loop is None:
+            return
+        if self._echoes is not None and reply_partition == self.reply_partition:
+            loop.call_soon_threadsafe(self._deliver_echoed, outcomes)
+            return
         answered = reply_partition == self.reply_partition or (reply_partition is None and self._in_process)
-        if answered and self._waiting and loop is not None:
+        if answered and self._waiting:
             loop.call_soon_threadsafe(self._deliver, outcomes)
+
+    def read_back(self) -> None:
+        """A tail reads the reply partition from now on (`tailed`): outcomes published in process
+        are noted as echoes to pass over there."""
+        self._echoes = {}
+
+    def tailed(self, outcomes: list[bytes]) -> None:
+        """Called by the tail (its thread) with the reply partition's records, in order."""
+        loop = self._loop
+        if loop is not None and not loop.is_closed():
+            loop.call_soon_threadsafe(self._deliver_tailed, outcomes)
 
     @property
     def waiting(self) -> bool:
@@ -160,6 +183,31 @@ class OutcomeWaiters:
     def awaits(self, record: Record) -> bool:
         """Whether a request waits for the command this outcome answers."""
         return (record["domain"], record["command_id"]) in self._waiting
+
+    def _deliver_echoed(self, outcomes: list[bytes]) -> None:
+        """Answer with outcomes published in process, noting each as an echo the tail will read."""
+        echoes = self._echoes
+        assert echoes is not None
+        for value in outcomes:
+            echoes[value] = echoes.get(value, 0) + 1
+        while len(echoes) > MAX_ECHOES:  # copies the tail never read (a failed append): the oldest go
+            del echoes[next(iter(echoes))]
+        self._deliver(outcomes)
+
+    def _deliver_tailed(self, outcomes: list[bytes]) -> None:
+        """Answer with the tail's records, each echo of an outcome already handed over passed over
+        (its request was answered; a later one under the command id waits for its own)."""
+        echoes = self._echoes
+        assert echoes is not None
+        fresh = []
+        for value in outcomes:
+            seen = echoes.pop(value, 0)
+            if seen > 1:
+                echoes[value] = seen - 1
+            elif not seen:
+                fresh.append(value)
+        if fresh and self._waiting:
+            self._deliver(fresh)
 
     def _deliver(self, outcomes: list[bytes]) -> None:
         """Answer the waiters these outcomes are for (on the event loop)."""
@@ -270,14 +318,15 @@ def _settle(pending: _Pending, results: dict[int, list[int] | Exception]) -> Non
 class OutcomeTail:
     """Kafka mode: the server's reply partition of the outcomes topic, read on a thread of its own,
     every outcome handed to the waiters. Outcomes of partitions that other processes own reach the
-    server this way (those of its own processors also come in process, `OutcomeWaiters.published`,
-    whichever is first answers)."""
+    server this way; those of its own processors come in process (`OutcomeWaiters.published`, handed
+    over before they are appended), and their copies read here are passed over."""
 
     def __init__(self, outcomes: CommandLog, waiters: OutcomeWaiters) -> None:
         assert waiters.reply_partition is not None, "the tail reads the reply partition the server's commands name"
         self.partition = waiters.reply_partition
         self.outcomes = outcomes
         self.waiters = waiters
+        waiters.read_back()
         self._cursor = outcomes.end_offset(self.partition)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="keyload-outcomes", daemon=True)
@@ -297,7 +346,7 @@ class OutcomeTail:
                 continue
             if records:
                 self._cursor = records[-1].offset + 1
-                self.waiters.published(partition, [record.value for record in records])
+                self.waiters.tailed([record.value for record in records])
 
     def close(self) -> None:
         """Stop reading; the reader's consumer is closed once its read in progress returns."""

@@ -397,10 +397,12 @@ class PartitionProcessor:
         stream is repaired.
         """
         for reply_to, outcomes in published.items():
+            # Durable already (stored, recomputed on replay, or a read's), so handed over in process
+            # first: a Kafka server notes them before the copies it reads back can reach it.
+            if self.on_published is not None:
+                self.on_published(reply_to, outcomes)
             if reply_to is not None:
                 self._append_outcomes(reply_to, outcomes)
-            if self.on_published is not None:  # durable already: stored, recomputed on replay, or a read's
-                self.on_published(reply_to, outcomes)
 
     def _append_outcomes(self, reply_to: int, outcomes: list[bytes]) -> None:
         assert self.outcomes is not None
