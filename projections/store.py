@@ -430,6 +430,10 @@ class Store:
         self._db = self._open()
 
     def _open(self) -> Rdict:
+        if self._read_only and not (self.path / "CURRENT").is_file():
+            # rocksdict would leave its config file in the folder (making it) even as the open fails:
+            # a reader (a drill, `keyload status`) must not change what the next one finds.
+            raise StoreError(f"cannot open projection at {self.path}: there is no projection there yet")
         options = Options(raw_mode=True)
         options.create_if_missing(not self._read_only)
         memory, cache = projection_memory()

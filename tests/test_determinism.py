@@ -123,3 +123,19 @@ def test_replay_refuses_an_offset_without_a_checkpoint(embedded: Embedded, tmp_p
     embedded.run()
     with pytest.raises(RecoveryError, match="no checkpoint at offset 2"):
         replay(embedded.data, embedded.partition(D), tmp_path / "x", from_offset=3, progress=False)
+
+
+def test_a_drill_of_a_partition_never_applied_here_leaves_nothing_behind(tmp_path: Path) -> None:
+    """A drill on a node that never held the partition (Kafka: another node owns it) fails with one
+    line, and leaves the data directory as it found it: `keyload status` still says "applied
+    nothing" there, not that an unreadable projection appeared."""
+    from keyload.operations.recovery import RecoveryError, drill
+    from keyload.storage.datadir import DataDir
+
+    data = DataDir.create(tmp_path / "data", 4)
+    projection = data.projection(2)
+    before = sorted(projection.parent.rglob("*")) if projection.parent.exists() else []
+    with pytest.raises(RecoveryError, match=r"partition 2 has no live projection yet: .* no projection there yet"):
+        drill(data, 2, tmp_path / "scratch", progress=False)
+    assert not projection.exists()
+    assert (sorted(projection.parent.rglob("*")) if projection.parent.exists() else []) == before
