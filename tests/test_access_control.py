@@ -859,22 +859,26 @@ def test_enable_access_control_naming_a_key_the_keyring_lacks_is_refused_not_a_h
 def test_a_principal_command_naming_a_key_the_keyring_lacks_halts_until_the_key_is_added(secured: Secured) -> None:
     """PutPrincipal (as GrantCapability or RevokeCapability would, for a principal whose key is gone)
     naming a key id the keyring lacks is not refused: the processor reloads the keyring, still finds no
-    key, and halts the partition with RecoveryRequired naming the key, at the command's offset. Once the
-    key is in the keyring, a restarted processor applies it."""
+    key, and halts the partition with RecoveryRequired naming the key, at the command's offset: the
+    commands before it in the same group commit, as before any halt. Once the key is in the keyring,
+    a restarted processor applies it."""
     partition = 0
     system = secured.system_domain(partition)
     processor = secured.embedded.processors[partition]
     applied = processor.applied_offset
+    for n in range(2):  # read in one group with the command that halts
+        look = secured.signed(secured.admin, system, INSPECT_PRINCIPAL, {"principal": ADMIN_PRINCIPAL}, f"look-{n}")
+        secured.embedded.append(system, look)
     body = {"principal": "late", "key_id": "p-missing", "enabled": None, "grants": [], "expected_revision": None}
     put = secured.signed(secured.admin, system, BY_NAME["PutPrincipal"].branch, body, "put-1")
     secured.embedded.append(system, put)
     secured.embedded.run()
     assert processor.halt is not None
     assert (processor.halt.offset, processor.halt.reason) == (
-        applied + 1,
+        applied + 3,
         "RecoveryRequired: keyring has no key 'p-missing'",
     )
-    assert processor.applied_offset == applied
+    assert processor.applied_offset == applied + 2
     assert secured.embedded.processors[1 - partition].halt is None
 
     keyring.add(secured.root, "p-missing")

@@ -244,20 +244,17 @@ class PartitionProcessor:
         return not self.caught_up  # appended (`_settle` reports an append that failed)
 
     def _step_with_keys(self, stop_after: int | None) -> int:
+        """A step; when a record needs a key the keyring lacks, the keyring is read again and the
+        group applied again, in which a key still missing halts the partition at that record (the
+        records before it commit, as before any halt)."""
         try:
             return self._step(stop_after)
-        except MissingKey as first:
-            missing = first
+        except MissingKey:
             if self.keyring_loader is not None:
                 self.keyring = dict(self.keyring_loader())
-                try:
-                    return self._step(stop_after)
-                except MissingKey as again:
-                    missing = again
-            self.halt = Halt(self.partition, self._applied + 1, f"RecoveryRequired: {missing}")
-            return 0
+            return self._step(stop_after, keys_reloaded=True)
 
-    def _step(self, stop_after: int | None) -> int:
+    def _step(self, stop_after: int | None, keys_reloaded: bool = False) -> int:
         if self.halt is not None:
             return 0
         limit = self.group_records
@@ -270,7 +267,7 @@ class PartitionProcessor:
         records = self._read(limit)
         if not records:
             return 0
-        group = self._apply(records)
+        group = self._apply(records, keys_reloaded)
         if group is None:
             return 0
         if group.applied != records[-1].offset:  # a checkpoint ended the group early: records are left
@@ -313,8 +310,9 @@ class PartitionProcessor:
             self._verified = False  # check the applied record once more on the next resume
         return records
 
-    def _apply(self, records: list[LogRecord]) -> _Group | None:
-        """Apply the records to a stage over the projection; None when the first one halts."""
+    def _apply(self, records: list[LogRecord], keys_reloaded: bool = False) -> _Group | None:
+        """Apply the records to a stage over the projection; None when the first one halts. A key
+        the keyring lacks raises MissingKey (so the keyring is read again) until `keys_reloaded`."""
         stage = Staged(self.reads)
         published: dict[int | None, list[bytes]] = {}
         poison: list[tuple[LogRecord, str]] = []
@@ -327,8 +325,11 @@ class PartitionProcessor:
             except Corruption as exc:
                 self.halt = Halt(self.partition, record.offset, f"Corruption: {exc}")
                 break
-            except MissingKey:
-                raise  # nothing of this group is committed yet: step() reloads the keyring
+            except MissingKey as exc:
+                if not keys_reloaded:
+                    raise  # nothing of this group is committed yet: the step reloads the keyring
+                self.halt = Halt(self.partition, record.offset, f"RecoveryRequired: {exc}")
+                break
             except Exception as exc:  # a processor bug: stop this partition, not the service
                 self.halt = Halt(self.partition, record.offset, f"RecoveryRequired: {type(exc).__name__}: {exc}")
                 break
