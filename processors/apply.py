@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any, cast
 
 from keyload import commands, limits
-from keyload.bodies import BODY_TYPES, EnableAccessControl
+from keyload.bodies import BODY_TYPES, EnableAccessControl, GroupReceive, Receive
 from keyload.commands import CommandKind
 from keyload.credentials import SignedRecord, signed, unwrap
 from keyload.log.base import MAX_LOG_TIME_MS, MIN_LOG_TIME_MS, partition_for
@@ -24,7 +24,13 @@ from keyload.processors import repeats, timers
 from keyload.processors.access import authenticate, authorize, denied, key_of, load_principal, policy_epoch, verify
 from keyload.processors.context import Context
 from keyload.processors.errors import ErrorCode, Rejected
-from keyload.processors.features import LEASES_KEPT, OUTCOME_HORIZONS, READS_UNSTORED, feature_level
+from keyload.processors.features import (
+    LEASES_KEPT,
+    OUTCOME_HORIZONS,
+    READS_UNSTORED,
+    WAITERS_FOLLOW_REPEATS,
+    feature_level,
+)
 from keyload.processors.fingerprints import COMMAND, FINGERPRINT_BYTES, fingerprint
 from keyload.processors.groups import leases as group_leases
 from keyload.processors.horizons import repeat_past_horizon, store_outcome
@@ -189,6 +195,19 @@ def _serve_waiters(stage: Staged, ctx: Context, changed: Staged) -> None:
     group_leases.serve_waiters(stage, ctx, changed.written(keys.TOPIC), changed.written(keys.GROUP))
 
 
+def _follow_repeat(stage: Staged, typed: AvroRecord, ctx: Context) -> None:
+    """A repeat of a Receive or GroupReceive still waiting: its answer goes to the reply partition
+    the repeat names (feature level 13). Its queue or group is there, as deleting or purging one
+    answers its waiters; were it not, nothing waits there to follow."""
+    try:
+        if isinstance(typed, GroupReceive):
+            group_leases.follow_repeat(stage, typed, ctx)
+        elif isinstance(typed, Receive):  # the only kinds that wait
+            leases.follow_repeat(stage, typed, ctx)
+    except Rejected:
+        pass
+
+
 def _apply_command(
     stage: Staged,
     command: Record,
@@ -264,6 +283,8 @@ def _apply_command(
             return refused(Rejected(ErrorCode.CONFLICT, "command id was used for a different command"), caller)
         previous = stored[FINGERPRINT_BYTES:]
         if not previous:  # a long-poll receive still waiting
+            if level >= WAITERS_FOLLOW_REPEATS:
+                _follow_repeat(stage, typed, ctx)
             return None, kind, False
         if kind in repeats.RECEIVES and level >= LEASES_KEPT:
             previous = repeats.answer(stage, ctx, previous)

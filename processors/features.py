@@ -74,6 +74,11 @@ The levels:
     applies to a new group only; before it the start was held against the topic first, so a
     service declaring its group with a fixed position failed once a purge or retention had passed
     it (HistoryUnavailable) or the position lay past the tail + 1 (Validation).
+13. A waiting long poll answers where its latest repeat asks (processors/waiters.py). A Receive or
+    GroupReceive repeated (same command id and content) while it still waits has its outcome
+    published to the reply partition the repeat names, not the first one's: on Kafka a client whose
+    server stopped resubmits through another, which reads another reply partition. Before it the
+    answer went to the first reply partition only, and the retry waited out its time unanswered.
 """
 
 from __future__ import annotations
@@ -98,6 +103,7 @@ CREATES_DECLARE = 9  # the level from which a create of an existing resource, co
 TOKEN_CHECKPOINTS = 10  # the level from which a GroupAckBatch's result names each acked token's checkpoint
 PRINCIPALS_CHECKED = 11  # the level from which principal commands check the names and patterns they are given
 DECLARES_UNSTARTED = 12  # the level from which a CreateGroup of an existing group does not check its start's range
+WAITERS_FOLLOW_REPEATS = 13  # the level from which a waiting receive answers where its latest repeat asks
 # The reads level 1 covers, frozen: tests/test_feature_levels.py holds the command table's `reads`
 # rows to it. Making an existing command a read changes how level-1 logs replay: a later level.
 LEVEL_1_READS = frozenset(
@@ -144,4 +150,4 @@ def raise_feature_level(stage: Staged, body: RaiseFeatureLevel, ctx: Context) ->
 
 assert READS_UNSTORED < OUTCOME_HORIZONS < LEASES_KEPT < WORK_COMPACTED < DOMAIN_CAPS < EVENT_IDS_KEPT
 assert EVENT_IDS_KEPT < CONFIRMED_INDEXED < LARGE_IDENTITIES_KEPT < CREATES_DECLARE < TOKEN_CHECKPOINTS
-assert TOKEN_CHECKPOINTS < PRINCIPALS_CHECKED < DECLARES_UNSTARTED <= limits.FEATURE_LEVEL
+assert TOKEN_CHECKPOINTS < PRINCIPALS_CHECKED < DECLARES_UNSTARTED < WAITERS_FOLLOW_REPEATS <= limits.FEATURE_LEVEL

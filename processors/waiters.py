@@ -46,16 +46,11 @@ def wait(
     if record.waiting_receives >= limits.MAX_WAITERS_PER_RESOURCE:
         raise Rejected(ErrorCode.RESOURCE_EXHAUSTED, f"{limits.MAX_WAITERS_PER_RESOURCE} receives are already waiting")
     sequence = record.next_waiter_sequence
-    # A reply partition outside 0..MAX_REPLY_PARTITION (an Avro int) is one the runtime never
-    # publishes to, so the waiter keeps none rather than a value its record cannot hold.
-    reply_to = ctx.reply_to
-    if reply_to is not None and not limits.INTEGER_FIELD_RANGES["Command.reply_to"].contains(reply_to):
-        reply_to = None
     waiter = Waiter(
         command_id=ctx.command_id,
         domain=ctx.domain,
         principal=ctx.principal,
-        reply_to=reply_to,
+        reply_to=_reply_partition(ctx),
         offset=ctx.offset,
         fingerprint=ctx.fingerprint,
         max_messages=max_messages,
@@ -68,6 +63,34 @@ def wait(
     record = with_timer(stage, record, deadline_ms, keys.TIMER_WAITER, sequence, "")
     ctx.outbox.deferred = True
     return record
+
+
+def _reply_partition(ctx: Context) -> int | None:
+    """The reply partition the command names as a waiter keeps it: one outside 0..MAX_REPLY_PARTITION
+    (an Avro int) is one the runtime never publishes to, so the waiter keeps none rather than a value
+    its record cannot hold."""
+    reply_to = ctx.reply_to
+    if reply_to is not None and not limits.INTEGER_FIELD_RANGES["Command.reply_to"].contains(reply_to):
+        return None
+    return reply_to
+
+
+def follow_repeat(stage: Staged, record: TimedRecord, ctx: Context) -> None:
+    """A repeat of a Receive still waiting on `record` (same command id, same content): from feature
+    level 13 the waiter's outcome goes to the reply partition the repeat names, the latest asker's.
+    A client resubmits a long poll whose answer it lost when its server stopped; on Kafka the retry
+    goes through another server, which reads another reply partition, and would otherwise wait out
+    its own time and get no answer while the first one's went to a server that is gone."""
+    queue_id = record.view.incarnation
+    start = keys.waiter(queue_id, record.waiter_floor)
+    for key, _ in stage.scan(start, keys.prefix_end(keys.waiter_prefix(queue_id))):
+        waiter = load(stage, key, Waiter)
+        assert waiter is not None
+        if (waiter.domain, waiter.command_id) == (ctx.domain, ctx.command_id):
+            reply_to = _reply_partition(ctx)
+            if waiter.reply_to != reply_to:
+                save(stage, key, replace(waiter, reply_to=reply_to))
+            return
 
 
 def serve_later(stage: Staged, record: TimedRecord, now_ms: int) -> TimedRecord:

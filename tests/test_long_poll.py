@@ -7,8 +7,19 @@ from pathlib import Path
 from keyload import limits
 from keyload.log.codec import REGISTRY
 from keyload.operations.recovery import replay
+from keyload.processors.features import WAITERS_FOLLOW_REPEATS
 
-from .support import CREATE_QUEUE, ENQUEUE, INSPECT_QUEUE, TICK, Embedded, command, create_queue_body, enqueue_body
+from .support import (
+    CREATE_QUEUE,
+    ENQUEUE,
+    INSPECT_QUEUE,
+    RAISE_FEATURE_LEVEL,
+    TICK,
+    Embedded,
+    command,
+    create_queue_body,
+    enqueue_body,
+)
 
 D = "acme"
 RECEIVE = "keyload.command.Receive"
@@ -87,3 +98,32 @@ def test_wait_is_bounded(embedded: Embedded) -> None:
     embedded.submit(D, CREATE_QUEUE, create_queue_body("q"))
     outcome = embedded.submit(D, RECEIVE, receive_body(limits.MAX_WAIT_MS + 1))
     assert outcome.error_code == "Validation" and "wait_ms" in outcome.detail
+
+
+def test_a_receive_repeated_while_it_waits_is_answered_where_the_repeat_asks(
+    embedded: Embedded, tmp_path: Path
+) -> None:
+    """A client whose server stopped resubmits its long poll through another (on Kafka, one reading
+    another reply partition): from feature level 13 the waiter's outcome is published to the reply
+    partition its latest repeat names. Below it, to the first one's only, as those logs replay."""
+    embedded.submit(D, RAISE_FEATURE_LEVEL, {"level": WAITERS_FOLLOW_REPEATS - 1})
+    embedded.submit(D, CREATE_QUEUE, create_queue_body("q"))
+
+    def answered(command_id: str, message_id: str) -> list[int]:
+        """The reply partitions the waiting receive's outcome went to, once `message_id` came."""
+        cursors = [embedded.outcomes.end_offset(partition) for partition in (0, 1)]
+        for reply_to in (0, 1):
+            embedded.append(D, command(D, RECEIVE, receive_body(20_000), command_id, reply_to=reply_to))
+            embedded.run()
+        embedded.submit(D, ENQUEUE, enqueue_body("q", message_id))
+        return [
+            partition
+            for partition, cursor in zip((0, 1), cursors, strict=True)
+            for record in embedded.outcomes.read(partition, cursor, 1_000)
+            if REGISTRY.decode("keyload.Outcome", record.value)["command_id"] == command_id
+        ]
+
+    assert answered("before", "m1") == [0]
+    embedded.submit(D, RAISE_FEATURE_LEVEL, {"level": WAITERS_FOLLOW_REPEATS})
+    assert answered("after", "m2") == [1]
+    assert embedded.digest(D) == replay(embedded.data, embedded.partition(D), tmp_path / "r", progress=False).digest

@@ -88,6 +88,13 @@ class _Wanted:
     lease_ms: int
 
 
+def follow_repeat(stage: Staged, body: GroupReceive, ctx: Context) -> None:
+    """A repeat of this GroupReceive while it waits: its answer goes where the repeat asks (feature
+    level 13, processors/waiters.py)."""
+    _, work = load_group(stage, ctx.domain, body.topic, body.group)
+    waiters.follow_repeat(stage, work.record, ctx)
+
+
 def group_receive(stage: Staged, body: GroupReceive, ctx: Context) -> Record | None:
     """Claim what the group can deliver now (see `_claim`); with nothing claimed and `wait_ms`,
     wait for it as a long poll (processors/waiters.py) instead of answering empty.

@@ -54,6 +54,12 @@ def receive_limits(policy: QueuePolicy, body: Receive) -> ReceiveLimits:
     )
 
 
+def follow_repeat(stage: Staged, body: Receive, ctx: Context) -> None:
+    """A repeat of this Receive while it waits: its answer goes where the repeat asks (feature level
+    13, processors/waiters.py)."""
+    waiters.follow_repeat(stage, load_queue(stage, ctx.domain, body.queue), ctx)
+
+
 def receive(stage: Staged, body: Receive, ctx: Context) -> Record | None:
     """Claim ready messages; with none and `wait_ms`, wait for them as a long poll
     (processors/waiters.py) instead of answering empty.
