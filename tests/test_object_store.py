@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import threading
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import httpx
 import pytest
 
 from keyload.credentials import ADMIN_PRINCIPAL, Credential, contents
@@ -36,6 +38,7 @@ from .support import (
     CREATE_QUEUE,
     ENQUEUE,
     Embedded,
+    bearer,
     command,
     create_queue_body,
     enqueue_body,
@@ -565,3 +568,39 @@ def test_a_listing_passes_over_objects_deleted_while_it_runs(tmp_path: Path) -> 
         listings += 1
     retiring.join()
     assert list(store.list("checkpoints/")) == []
+
+
+def test_an_upload_while_the_store_cannot_be_opened_is_503_and_nothing_is_lost(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The HTTP API opens the object store at its first payload request: one the service cannot
+    reach since it started is the same retryable 503 `Unavailable` as one that fails later (not a
+    400, which a client would not retry), and the reservation stays open for the upload again."""
+    for name, value in [("AWS_ACCESS_KEY_ID", "keyload"), ("AWS_SECRET_ACCESS_KEY", "keyload")]:
+        monkeypatch.setenv(name, value)
+    nowhere = f"http://127.0.0.1:{free_port()}"  # nothing listens: connections are refused
+    root = tmp_path / "data"
+    DataDir.create(root, 1, object_store=S3StoreConfig("nowhere", "", nowhere, "us-east-1"))
+    service = start_service(root)
+    try:
+        payload = b"x" * 1000
+        digest = base64.b64encode(hashlib.sha256(payload).digest()).decode()
+        reserve = {"message_id": "m", "length": len(payload), "sha256": digest, "headers": {}}
+        with httpx.Client(base_url=served_url(root), headers=bearer(root), timeout=120) as api:
+            assert api.put("/v1/domains/shop/queues/q", json={}).status_code == 200
+            reservation = api.post("/v1/domains/shop/queues/q/reservations", json=reserve)
+            assert reservation.status_code == 200, reservation.text
+            number = reservation.json()["result"]["reservation_id"]
+            upload = api.put(
+                f"/v1/domains/shop/reservations/{number}/content",
+                content=payload,
+                headers={"content-type": "application/octet-stream"},
+            )
+            assert (upload.status_code, upload.json()["error_code"]) == (503, "Unavailable"), upload.text
+            assert upload.json()["detail"].startswith("the object store failed: ")
+            inspected = api.get(f"/v1/domains/shop/reservations/{number}").json()["result"]
+            assert inspected["state"] == "reserved"
+        assert stop_service(service) == 0
+    finally:
+        if service.poll() is None:
+            service.kill()

@@ -903,6 +903,30 @@ def test_large_payloads_are_uploaded_attested_and_read_by_the_service(
         assert answers[0].json()["detail"] == answers[1].json()["detail"]
 
 
+def test_a_committed_upload_sent_again_after_its_deadline_is_answered_committed(
+    served: tuple[Path, str], api: httpx.Client, workers: int
+) -> None:
+    """A client that lost the answer to its upload and sends it again after the upload window is
+    answered the committed reservation (its object is stored; nothing is stored again), and other
+    bytes are still the 409 they are before the deadline, not the 410 of an expired reservation."""
+    root, _ = served
+    d = domain_of(root, 0, workers)  # a partition whose projection the serving process holds
+    queue = f"/v1/domains/{d}/queues/late"
+    committed(api.put(queue, json={"policy": {}}))
+    payload = b"late upload " * 100
+    reserve = {**reservation_of("late-1", payload), "upload_window_ms": 1_000}
+    reservation = committed(api.post(f"{queue}/reservations", json=reserve))
+    content = f"/v1/domains/{d}/reservations/{reservation['reservation_id']}/content"
+    raw = {"content-type": "application/octet-stream"}
+    first = committed(api.put(content, content=payload, headers=raw))
+    time.sleep(max(0.0, (first["upload_deadline_ms"] - time.time() * 1000) / 1000) + 0.2)
+    again = committed(api.put(content, content=payload, headers=raw))
+    assert (again["state"], again["object_version"]) == ("committed", first["object_version"])
+    other = api.put(content, content=payload[:-1] + b"!", headers=raw)
+    assert (other.status_code, other.json()["error_code"]) == (409, "Conflict"), other.text
+    assert committed(api.get(f"{queue}"))["counters"]["enqueued_total"] == 1
+
+
 def test_a_payload_changed_at_rest_is_never_served(served: tuple[Path, str], api: httpx.Client, workers: int) -> None:
     """A byte of the stored object flipped after its commit: the read route refuses it (410, its detail
     naming the SHA-256) rather than streaming it, and neither SDK transport hands it on or leaves a

@@ -94,9 +94,13 @@ class PayloadRoutes:
         self.outcomes = names("keyload.Outcome")
 
     def gateway(self) -> PayloadGateway:
-        """Over the data directory's object store, opened once (S3: two requests) at first use."""
+        """Over the data directory's object store, opened once (S3: two requests) at first use; a
+        store that cannot be opened is a 503 (upload again), as one that fails later is."""
         if self._objects is None:
-            self._objects = self.data.object_store()
+            try:
+                self._objects = self.data.object_store()
+            except ObjectStoreError as exc:
+                raise Refused(STORE_UNAVAILABLE, f"the object store failed: {exc}") from None
         return PayloadGateway(self._objects, self.keyring)
 
     async def upload(self, request: Request) -> Response:
@@ -107,8 +111,10 @@ class PayloadRoutes:
             reservation_id = _reservation_id(request.path_params["reservation_id"])
             partition = partition_for(domain, self.engine.partitions)
             caller = self.engine.caller(request, partition)
-            handle_text, handle = self._upload_handle(request, caller.principal, domain, partition, reservation_id)
-            proof = await self._store(request, handle_text, handle)
+            handle_text, handle, stored = self._upload_handle(
+                request, caller.principal, domain, partition, reservation_id
+            )
+            proof = await self._store(request, handle_text, handle, stored)
             commit = {"reservation_id": reservation_id, "proof": proof}
             command_id = f"upload-{uuid.uuid4()}"  # a proof differs per attempt: idempotent by reservation
             committed = await self.engine.submit(caller, command_id, domain, partition, (COMMIT.branch, commit))
@@ -143,28 +149,33 @@ class PayloadRoutes:
 
     def _upload_handle(
         self, request: Request, principal: str, domain: str, partition: int, reservation_id: int
-    ) -> tuple[str, UploadHandle]:
+    ) -> tuple[str, UploadHandle, bool]:
         """The upload's handle (as sent, and opened): the one the request carries, verified for the
-        reservation of its path. The embedded service first finds in its projection that the
-        reservation is open and the caller may enqueue to its queue, and makes the handle itself
-        when the request carries none. A handle past its deadline is refused before any byte is read."""
+        reservation of its path; and whether the reservation is known committed. The embedded
+        service first finds in its projection that the reservation is open or committed and the
+        caller may enqueue to its queue, and makes the handle itself when the request carries none.
+        A handle past its deadline is refused before any byte is read, unless its reservation is
+        committed: its object is stored, so a client that lost the first answer is answered again."""
         handle_text = request.headers.get(UPLOAD_HANDLE_HEADER)
         handle = None if handle_text is None else self._opened(handle_text, domain, partition, reservation_id)
+        committed = False
         store = self.stores.get(partition)
         if store is not None:
             reservation = self._reservation(store, principal, domain, reservation_id)
             if reservation.state not in (ReservationState.reserved, ReservationState.committed):
                 raise Refused(NO_RESERVATION, f"the reservation is {reservation.state.value}")
+            committed = reservation.state == ReservationState.committed
             if handle_text is None:
-                handle_text = self.gateway().upload_handle(reservation, partition)
+                handle_text = upload_handle(self.keyring, reservation, partition)
                 handle = open_handle(self.keyring, handle_text, UploadHandle)
         if handle_text is None or handle is None:
             raise WireError(HANDLE_NEEDED)
-        try:
-            self.gateway().check_alive(handle)
-        except PayloadError as exc:
-            raise Refused(statuses.GONE, str(exc)) from None
-        return handle_text, handle
+        if not committed:
+            try:
+                self.gateway().check_alive(handle)
+            except PayloadError as exc:
+                raise Refused(statuses.GONE, str(exc)) from None
+        return handle_text, handle, committed
 
     def _opened(self, handle_text: str, domain: str, partition: int, reservation_id: int) -> UploadHandle:
         """The upload handle the request carries, verified, for the reservation of its path."""
@@ -194,8 +205,9 @@ class PayloadRoutes:
             raise Refused(NO_RESERVATION, "no such reservation on a queue the principal may enqueue to")
         return reservation
 
-    async def _store(self, request: Request, handle_text: str, handle: UploadHandle) -> dict[str, Any]:
-        """Stage the request body, check it is the reserved bytes, store and attest it: the proof."""
+    async def _store(self, request: Request, handle_text: str, handle: UploadHandle, stored: bool) -> dict[str, Any]:
+        """Stage the request body, check it is the reserved bytes, store it (unless `stored`: its
+        reservation is committed, so its object is there) and attest it: the proof."""
         self.scratch.mkdir(parents=True, exist_ok=True)
         fd, name = tempfile.mkstemp(dir=self.scratch, prefix=UPLOAD_STAGED)
         staged = Path(name)
@@ -212,7 +224,8 @@ class PayloadRoutes:
                 raise Refused(WRONG_BYTES, "the bytes are not the reserved ones (length or SHA-256 differ)")
             gateway = self.gateway()
             try:
-                await asyncio.to_thread(gateway.upload, handle_text, staged)
+                if not stored:
+                    await asyncio.to_thread(gateway.upload, handle_text, staged)
                 proof: dict[str, Any] = await asyncio.to_thread(gateway.attest, handle_text)
             except PayloadConflict as exc:
                 raise Refused(WRONG_BYTES, str(exc)) from None
