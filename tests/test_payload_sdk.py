@@ -219,6 +219,13 @@ def test_cli_schedules_gets_and_reports_retention(tmp_path: Path) -> None:
 
             [delivery] = client.receive(D, Q).deliveries
             client.ack(D, delivery.token)
+            # A message with an inline body: the arguments are right, the read fails (1, not usage's 2).
+            client.enqueue(D, Q, b"inline", message_id="inline-1")
+            inline = run_keyload("payload", "get", "--domain", D, "--out", str(out), Q, "inline-1", "--data", str(data))
+            assert (inline.returncode, inline.stderr) == (
+                1,
+                "keyload: the message has no large payload (inspect shows its inline body)\n",
+            )
 
         status = json.loads(keyload(data, "gc", "status").stdout)
         partitions = DataDir.open(data).partitions

@@ -558,7 +558,8 @@ def payload_get(args: argparse.Namespace) -> int:
         view = client.inspect_message(args.domain, args.queue, args.message_id)
         payload = view.meta.payload
         if payload is None:
-            raise UsageError("the message has no large payload (inspect shows its inline body)")
+            # The arguments are right; the message is not one with a payload: a failure, not usage.
+            raise KeyloadError("the message has no large payload (inspect shows its inline body)")
         stored = client.data.object_store().get(payload.object_key, Path(args.out), payload.object_version)
     _report(
         args,
