@@ -8,7 +8,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from keyload import Client, Credential
+from keyload import Client, Credential, KeyloadError
 from keyload.errors import ServiceUnavailable
 
 from .support import run_keyload, self_signed, served_url, start_service, stop_service
@@ -26,8 +26,12 @@ def test_https_with_a_trusted_certificate(tmp_path: Path) -> None:
             client.create_queue("tls", "q")
             client.enqueue("tls", "q", b"secret body", message_id="m")
             assert client.receive("tls", "q").deliveries[0].body == b"secret body"
-        with Client(url, credential=credential) as untrusting, pytest.raises(ServiceUnavailable):
+        # Not a passing fault to resubmit through (ServiceUnavailable) but a refusal naming the fix.
+        with Client(url, credential=credential) as untrusting, pytest.raises(KeyloadError) as refused:
             untrusting.inspect_queue("tls", "q")
+        assert not isinstance(refused.value, ServiceUnavailable)
+        assert "presented a certificate this client does not trust (self-signed certificate)" in str(refused.value)
+        assert "pass verify= the CA bundle that signed it; nothing was sent" in str(refused.value)
         with pytest.raises(httpx.HTTPError):
             httpx.get(url.replace("https://", "http://") + "/healthz", timeout=5)
     finally:

@@ -214,7 +214,7 @@ class HttpTransport:
         except httpx.TimeoutException:
             raise OutcomeTimeout("read_payload", timeout_s, "; the server did not answer in time") from None
         except httpx.HTTPError as exc:
-            raise ServiceUnavailable(f"the keyload server at {self._http.base_url} cannot be reached: {exc}") from None
+            raise self._unreachable(exc) from None
         return digest.digest()
 
     def census(self, partition: int | None) -> list[Census]:
@@ -229,6 +229,19 @@ class HttpTransport:
             raise _http_error(response.status_code, answer, "census", 0)
         return [Census.from_json(found) for found in answer["partitions"]]
 
+    def _unreachable(self, exc: httpx.HTTPError) -> KeyloadError:
+        """What a request that reached no answer raises: ServiceUnavailable (resubmit by command id),
+        but a certificate this client does not trust is no passing fault: resubmitting cannot help."""
+        cause: BaseException | None = exc
+        while cause is not None and not isinstance(cause, ssl.SSLCertVerificationError):
+            cause = cause.__cause__ or cause.__context__
+        if cause is not None:
+            return KeyloadError(
+                f"the keyload server at {self._http.base_url} presented a certificate this client does not "
+                f"trust ({cause.verify_message}): pass verify= the CA bundle that signed it; nothing was sent"
+            )
+        return ServiceUnavailable(f"the keyload server at {self._http.base_url} cannot be reached: {exc}")
+
     def _request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
         self._check_open()
         try:
@@ -236,7 +249,7 @@ class HttpTransport:
         except httpx.TimeoutException:
             raise
         except httpx.HTTPError as exc:
-            raise ServiceUnavailable(f"the keyload server at {self._http.base_url} cannot be reached: {exc}") from None
+            raise self._unreachable(exc) from None
 
 
 def _json_body(payload: Any, headers: dict[str, str] | None = None) -> dict[str, Any]:
