@@ -172,7 +172,8 @@ def head_of(size: int, small_headers: bool) -> bytes:
 
 def test_the_head_bound_is_exact_across_reads_and_counts_no_body_bytes() -> None:
     """A head over the bound is refused however its bytes are split, one under it is served however
-    they are split, and a pipelined request's body before the next head is no head of anyone's."""
+    they are split, and a pipelined request's body before the next head is no head of anyone's, nor
+    the framing of the next request's body (a read may end one request and begin the next)."""
     head_line = b"GET / HTTP/1.1\r\nHost: x\r\nX-Pad: "
     with guarded_server(allowed=100) as server:
         url = server.url
@@ -201,6 +202,11 @@ def test_the_head_bound_is_exact_across_reads_and_counts_no_body_bytes() -> None
             pipelined.sendall(post + b"GET / HTTP/1.1\r\nHo")  # one write: a body, then a head begun
             time.sleep(0.2)
             pipelined.sendall(b"st: x\r\nConnection: close\r\n\r\n")
+            assert received(pipelined).count(b"HTTP/1.1 200 OK") == 2
+        with connect(url) as pipelined:  # one read: a body, then the whole head of a request whose body comes later
+            pipelined.sendall(post + b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\nConnection: close\r\n\r\n")
+            time.sleep(0.2)
+            pipelined.sendall(b"hello")
             assert received(pipelined).count(b"HTTP/1.1 200 OK") == 2
 
         chunked = b"POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\nX-Trailer: "

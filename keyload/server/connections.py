@@ -159,7 +159,7 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         self._head_bytes: int | None = None  # bytes of a head still arriving, after its first read; None: no head
         self._head_began = False  # the head began in the read being fed: that read is not counted
         self._in_body = False  # between a head's end and its message's end
-        self._body_fed = False  # the read being fed brought body bytes
+        self._body_fed = False  # the read being fed brought body bytes (of any request's)
         self._framing_bytes = 0  # bytes of the reads since the last that brought body bytes
         self._received = False  # the client has sent a byte
         self._refused = False  # refused: what the client sends now is read and dropped until the close
@@ -185,6 +185,7 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         if self._refused:
             return
         self._received = True
+        self._body_fed = False
         super().data_received(data)
         if self._refused or self.transport.is_closing():
             return
@@ -197,7 +198,6 @@ class GuardedHttpProtocol(HttpToolsProtocol):
                 self._refuse(HEAD_TOO_LARGE, _HEAD_TOO_LARGE)
         elif self._in_body:
             self._framing_bytes = 0 if self._body_fed else self._framing_bytes + len(data)
-            self._body_fed = False
             if self._framing_bytes > MAX_REQUEST_HEAD_BYTES:
                 self._refuse(HEAD_TOO_LARGE, _FRAMING_TOO_LARGE)
 
@@ -214,7 +214,7 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         if head_size(self.parser.get_method(), self.url, self.headers) > MAX_REQUEST_HEAD_BYTES:
             self._refuse(HEAD_TOO_LARGE, _HEAD_TOO_LARGE)
             return
-        self._in_body, self._body_fed, self._framing_bytes = True, False, 0
+        self._in_body, self._framing_bytes = True, 0
         super().on_headers_complete()
 
     def on_body(self, body: bytes) -> None:
