@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import datetime
 import hashlib
 import io
@@ -20,6 +21,7 @@ import uuid
 from pathlib import Path
 from typing import IO, Any, NoReturn
 
+import httpx
 import pytest
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
@@ -651,6 +653,27 @@ def unavailable_in_ci(what: str, reason: str) -> NoReturn:
 
 
 RETRY_PAUSE_S = 0.1  # between a producer's tries of one command while the service is away
+
+
+async def race_under_one_key(url: str, headers: dict[str, str], queue: str, rounds: int) -> None:
+    """`rounds` times, three enqueues to the queue at path `queue` sent at once under one new
+    Idempotency-Key: a, b and a again (a and b other messages). Exactly one of a and b is
+    enqueued (200) and the other is a 409 Conflict; the second a gets the first a's answer."""
+    async with httpx.AsyncClient(base_url=url, headers=headers, timeout=60) as client:
+        for n in range(rounds):
+            key = {"Idempotency-Key": f"race-{n}-{uuid.uuid4().hex[:8]}"}
+            sent = [
+                client.post(f"{queue}/messages", json={"message_id": f"m{n}-{side}", "body": "eA=="}, headers=key)
+                for side in "aba"
+            ]
+            answers = [
+                (r.status_code, (r.json()["result"] or {}).get("message_id", r.json()["error_code"]))
+                for r in await asyncio.gather(*sent)
+            ]
+            assert answers in (
+                [(200, f"m{n}-a"), (409, "Conflict"), (200, f"m{n}-a")],
+                [(409, "Conflict"), (200, f"m{n}-b"), (409, "Conflict")],
+            ), (n, answers)
 
 
 def enqueue_retrying(client: Client, domain: str, queue: str, message_id: str, give_up_s: float) -> int:

@@ -53,7 +53,15 @@ from keyload.storage import keyring
 from keyload.storage.datadir import DataDir
 from keyload.wire import COALESCE_HEADER, UPLOAD_HANDLE_HEADER
 
-from .support import bearer, keyload_command, served_url, start_service, stop_service, wait_until
+from .support import (
+    bearer,
+    keyload_command,
+    race_under_one_key,
+    served_url,
+    start_service,
+    stop_service,
+    wait_until,
+)
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -215,6 +223,19 @@ def test_idempotency_key_returns_the_stored_outcome(served: tuple[Path, str], ap
         bad = api.post(f"{queue}/messages", json=body, headers={"Idempotency-Key": bad_key})
         assert (bad.status_code, bad.json()["error_code"], bad.json()["status"]) == (400, "Validation", "error")
     assert log_end(root, d) == before
+
+
+def test_requests_sent_at_once_under_one_idempotency_key_are_each_answered_as_the_log_decides(
+    served: tuple[Path, str], api: httpx.Client
+) -> None:
+    """Two requests under one key sent together, each with other content: the log applies one
+    first, and the other is a 409 Conflict. Neither is answered with the other's outcome (which
+    would tell its caller that its own message was enqueued). A third with the first's content
+    gets that one's answer."""
+    root, url = served
+    _, queue = new_queue(api, "q")
+    asyncio.run(race_under_one_key(url, bearer(root), queue, 20))
+    assert committed(api.get(queue))["counters"]["enqueued_total"] == 20
 
 
 def test_an_idempotency_key_past_the_domains_outcome_horizon_is_410(api: httpx.Client) -> None:

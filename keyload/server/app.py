@@ -185,10 +185,17 @@ class Engine:
         assert self.writer is not None, "the server appends only once its event loop runs"
         # The processor refuses a wait_ms outside 0..MAX_WAIT_MS; meanwhile it is awaited as the nearest bound.
         wait_ms = min(max(body[1].get("wait_ms") or 0, 0), MAX_WAIT_MS)
-        waiter = self.waiters.expect(domain, command_id, credential)
+        await self.waiters.turn(domain, command_id, credential, value)
+        waiter = self.waiters.expect(domain, command_id, credential, value)
         started = time.perf_counter()
         try:
-            waiter.position = (partition, await self.writer.append(partition, value))
+            if waiter.copy_of is None:
+                try:
+                    offset = await self.writer.append(partition, value)
+                except Exception as exc:
+                    self.waiters.not_appended(domain, command_id, waiter, exc)
+                    raise
+                self.waiters.appended(domain, command_id, waiter, (partition, offset))
             answer = await waiter.answer(OUTCOME_WAIT_S + wait_ms / 1000)
         finally:
             self.waiters.forget(domain, command_id, waiter)

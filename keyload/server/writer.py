@@ -59,12 +59,30 @@ class Answer:
 
 @dataclass(slots=True)
 class Waiter:
-    """A request waiting for the outcome of its command: the credential it was sent under, and the
-    command's log position once it is appended."""
+    """A request waiting for the outcome of its command: the credential it was sent under, the
+    command's record, and its log position once it is appended. A copy (`copy_of`) is a request
+    for the same record as a waiter before it, sent while that one still waits: it appends nothing
+    and is answered by that record's outcome (`OutcomeWaiters.expect`)."""
 
     credential: Credential
+    value: bytes
     future: asyncio.Future[Answer]
+    copy_of: Waiter | None = None
     position: tuple[int, int] | None = None  # (partition, offset)
+    followers: list[asyncio.Future[None]] | None = None  # requests waiting for this one to be done (`turn`)
+
+    def finished(self) -> asyncio.Future[None]:
+        """A future this waiter's request settles once it stops waiting (`OutcomeWaiters.forget`)."""
+        finished = self.future.get_loop().create_future()
+        if self.followers is None:
+            self.followers = []
+        self.followers.append(finished)
+        return finished
+
+    def release(self) -> None:
+        for finished in self.followers or ():
+            if not finished.done():
+                finished.set_result(None)
 
     async def answer(self, timeout_s: float) -> Answer:
         """The outcome once it is published; TimeoutError after `timeout_s`. One timer on the future
@@ -120,16 +138,55 @@ class OutcomeWaiters:
         process, else the one this server reads (`OutcomeTail`, `OutcomeFeed`)."""
         return None if partition in self._in_process else self.reply_partition
 
-    def expect(self, domain: str, command_id: str, credential: Credential) -> Waiter:
-        """A waiter the outcome of (domain, command id) sent under `credential` answers; register
-        before appending."""
+    async def turn(self, domain: str, command_id: str, credential: Credential, value: bytes) -> None:
+        """Return once no request of `credential`'s principal waits under (domain, command id) with a
+        command other than `value`; register (`expect`) right after.
+
+        A waiter is answered by any outcome sealed for its principal under its command id (`Waiter`),
+        so two commands of one principal under one id must not wait at once: the first's outcome
+        would answer both, and the second's Conflict would answer a third request with the first's
+        content. Requests under one id with another command wait their turn, so that each is
+        appended after the records before it are answered, and is answered as the log decides."""
+        key = (domain, command_id)
+        while key in self._waiting:
+            ahead = [
+                waiter.finished()
+                for waiter in self._waiting.get(key, ())
+                if waiter.value != value and waiter.credential.principal == credential.principal
+            ]
+            if not ahead:
+                return
+            await asyncio.wait(ahead)
+
+    def expect(self, domain: str, command_id: str, credential: Credential, value: bytes) -> Waiter:
+        """A waiter the outcome of the command `value`, (domain, command id) sent under `credential`,
+        answers; register before appending (after `turn`). While a request for the same record waits
+        unanswered, this one is its copy: appending the record again would publish its stored outcome
+        once more, later, where it could answer the request after them (another command's)."""
         assert self._loop is not None, "attach the event loop first"
-        waiter = Waiter(credential, self._loop.create_future())
-        self._waiting[(domain, command_id)].append(waiter)
+        waiting = self._waiting[(domain, command_id)]
+        leader = None
+        if waiting:
+            leader = next((w for w in waiting if w.copy_of is None and w.value == value and not w.future.done()), None)
+        waiter = Waiter(credential, value, self._loop.create_future(), leader)
+        waiting.append(waiter)
         return waiter
+
+    def appended(self, domain: str, command_id: str, waiter: Waiter, position: tuple[int, int]) -> None:
+        """The waiter's record is appended at `position`: its copies' record too."""
+        for entry in self._waiting.get((domain, command_id), ()):
+            if entry is waiter or entry.copy_of is waiter:
+                entry.position = position
+
+    def not_appended(self, domain: str, command_id: str, waiter: Waiter, reason: BaseException) -> None:
+        """The waiter's record could not be appended: its copies fail with `reason` too."""
+        for entry in self._waiting.get((domain, command_id), ()):
+            if entry.copy_of is waiter and not entry.future.done():
+                entry.future.set_exception(reason)
 
     def forget(self, domain: str, command_id: str, waiter: Waiter) -> None:
         """Stop waiting (answered, timed out, or its client went away)."""
+        waiter.release()
         key = (domain, command_id)
         remaining = [entry for entry in self._waiting.get(key, ()) if entry is not waiter]
         if remaining:
