@@ -98,8 +98,21 @@ def _operation(kind: CommandKind, refs: dict[str, Any]) -> dict[str, Any]:
         content: dict[str, Any] = {"application/json": {"schema": schema}}
         if any(f["name"] == RAW_BODY_FIELD and f["type"] == "bytes" for f in body_fields):
             content[RAW_BODY_TYPE] = {"schema": {"type": "string", "format": "binary"}}
-        operation["requestBody"] = {"required": False, "content": content}
+        operation["requestBody"] = _request_body(content, bool(schema["required"]))
     return operation
+
+
+def _request_body(content: dict[str, Any], fields_required: bool) -> dict[str, Any]:
+    """A command's JSON body: required when it has required members. The server takes any scalar
+    member as a query parameter too (§10a), so a request without a body may still be whole, but a
+    client built from this document sends the body, which is what the required members ask for."""
+    body: dict[str, Any] = {"required": fields_required, "content": content}
+    if fields_required:
+        body["description"] = (
+            "a member that is a string, number or boolean may instead be given as a query parameter "
+            "(not both: a field given twice is a 400 Validation)"
+        )
+    return body
 
 
 def _request_default(kind: CommandKind, name: str) -> dict[str, Any]:
