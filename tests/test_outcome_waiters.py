@@ -10,8 +10,10 @@ from pathlib import Path
 import pytest
 
 from keyload.credentials import Credential
+from keyload.errors import ErrorCode
 from keyload.log.codec import REGISTRY
-from keyload.processors.outcomes import new_outcome
+from keyload.processors.errors import Rejected
+from keyload.processors.outcomes import new_outcome, reject
 from keyload.server.writer import OUTCOME, OutcomeFeed, OutcomeWaiters
 from keyload.service.doorbell import Listener
 from keyload.service.workers import EDGE_BELL
@@ -30,7 +32,7 @@ def test_the_outcome_sealed_for_the_waiter_answers_it() -> None:
     async def scenario() -> int:
         waiters = OutcomeWaiters(None)
         waiters.attach(asyncio.get_running_loop())
-        waiter = waiters.expect(DOMAIN, "c-1", ALICE)
+        waiter = waiters.expect(DOMAIN, "c-1", ALICE, b"c-1")
         waiter.position = (0, 7)
         # Bob's outcome under the same command id (his own command's) is not Alice's answer.
         waiters.published(None, [outcome_for(BOB, "c-1", 8), outcome_for(ALICE, "c-1")])
@@ -47,7 +49,7 @@ def test_a_waiter_gives_up_after_its_timeout_and_a_late_outcome_changes_nothing(
         loop = asyncio.get_running_loop()
         waiters = OutcomeWaiters(None)
         waiters.attach(loop)
-        waiter = waiters.expect(DOMAIN, "c-2", ALICE)
+        waiter = waiters.expect(DOMAIN, "c-2", ALICE, b"c-2")
         started = loop.time()
         with pytest.raises(TimeoutError):
             await waiter.answer(0.05)
@@ -65,7 +67,7 @@ def test_a_request_that_goes_away_cancels_only_its_own_wait() -> None:
     async def scenario() -> tuple[bool, int]:
         waiters = OutcomeWaiters(None)
         waiters.attach(asyncio.get_running_loop())
-        gone, staying = waiters.expect(DOMAIN, "c-3", ALICE), waiters.expect(DOMAIN, "c-3", ALICE)
+        gone, staying = waiters.expect(DOMAIN, "c-3", ALICE, b"c-3"), waiters.expect(DOMAIN, "c-3", ALICE, b"c-3")
         task = asyncio.create_task(gone.answer(5.0))
         await asyncio.sleep(0)
         task.cancel()
@@ -77,6 +79,28 @@ def test_a_request_that_goes_away_cancels_only_its_own_wait() -> None:
         return gone.future.cancelled(), answer.record["offset"]
 
     assert asyncio.run(scenario()) == (True, 7)
+
+
+def test_a_refusal_of_a_record_published_before_its_append_is_acknowledged_answers_it() -> None:
+    """On Kafka the processor in this process may refuse a record (a principal disabled since the
+    edge checked it: unsealed) before the broker acknowledges its append: the refusal is held until
+    the position is known, then answers the request it refused, and only that one."""
+
+    async def scenario() -> tuple[str, bool]:
+        waiters = OutcomeWaiters(None)
+        waiters.attach(asyncio.get_running_loop())
+        waiter = waiters.expect(DOMAIN, "c-4", ALICE, b"c-4")
+        other = waiters.expect(DOMAIN, "c-4", ALICE, b"c-4 other content")
+        refusal = new_outcome("c-4", DOMAIN, 0, 9, 1_000)
+        reject(refusal, Rejected(ErrorCode.PERMISSION_DENIED, "principal is disabled"))
+        waiters.published(None, [REGISTRY.encode(OUTCOME, refusal)])
+        await asyncio.sleep(0)
+        waiters.appended(DOMAIN, "c-4", other, (0, 8))
+        waiters.appended(DOMAIN, "c-4", waiter, (0, 9))
+        answer = await waiter.answer(5.0)
+        return answer.record["error_code"], other.future.done()
+
+    assert asyncio.run(scenario()) == ("PermissionDenied", False)
 
 
 def test_the_outcome_feed_answers_a_workers_outcome_once_committed_and_holds_back_nothing_else(
@@ -96,7 +120,7 @@ def test_the_outcome_feed_answers_a_workers_outcome_once_committed_and_holds_bac
         loop = asyncio.get_running_loop()
         waiters = OutcomeWaiters(reply, in_process=[0, 2])
         waiters.attach(loop)
-        held, free = waiters.expect(DOMAIN, "c-held", ALICE), waiters.expect(DOMAIN, "c-free", ALICE)
+        held, free = waiters.expect(DOMAIN, "c-held", ALICE, b"h"), waiters.expect(DOMAIN, "c-free", ALICE, b"f")
         outcomes = data.outcome_log()
         feed = OutcomeFeed(data.outcome_log(), waiters, Listener(data.root, EDGE_BELL), answerable_below, loop)
         try:

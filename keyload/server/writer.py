@@ -70,6 +70,9 @@ class Waiter:
     copy_of: Waiter | None = None
     position: tuple[int, int] | None = None  # (partition, offset)
     followers: list[asyncio.Future[None]] | None = None  # requests waiting for this one to be done (`turn`)
+    # Unsealed refusals that came before the position was known (a Kafka processor in this process
+    # may answer before the broker acknowledges the append): decided once it is (`appended`).
+    unplaced: list[Record] | None = None
 
     def finished(self) -> asyncio.Future[None]:
         """A future this waiter's request settles once it stops waiting (`OutcomeWaiters.forget`)."""
@@ -103,6 +106,10 @@ class Waiter:
         id cannot answer anyone."""
         if signed is not None:
             return self.credential.seals(value)
+        return self.refused_by(record)
+
+    def refused_by(self, record: Record) -> bool:
+        """Whether the unsealed outcome `record` is the refusal of this waiter's own record."""
         own = self.position == (record["partition"], record["offset"])
         return own and record["status"] != "committed"
 
@@ -173,10 +180,15 @@ class OutcomeWaiters:
         return waiter
 
     def appended(self, domain: str, command_id: str, waiter: Waiter, position: tuple[int, int]) -> None:
-        """The waiter's record is appended at `position`: its copies' record too."""
+        """The waiter's record is appended at `position`: its copies' record too. A refusal of that
+        record that came first answers them now."""
         for entry in self._waiting.get((domain, command_id), ()):
             if entry is waiter or entry.copy_of is waiter:
                 entry.position = position
+                for record in entry.unplaced or ():
+                    if not entry.future.done() and entry.refused_by(record):
+                        entry.future.set_result(Answer(record))
+                entry.unplaced = None
 
     def not_appended(self, domain: str, command_id: str, waiter: Waiter, reason: BaseException) -> None:
         """The waiter's record could not be appended: its copies fail with `reason` too."""
@@ -278,8 +290,14 @@ class OutcomeWaiters:
     def answer(self, value: bytes, signed: SignedRecord | None, record: Record) -> None:
         """Answer the waiters the outcome `value` (opened: `open_outcome`) is for."""
         for waiter in self._waiting.get((record["domain"], record["command_id"]), ()):
-            if not waiter.future.done() and waiter.answered_by(value, signed, record):
+            if waiter.future.done():
+                continue
+            if waiter.answered_by(value, signed, record):
                 waiter.future.set_result(Answer(record))
+            elif signed is None and waiter.position is None and record["status"] != "committed":
+                if waiter.unplaced is None:
+                    waiter.unplaced = []
+                waiter.unplaced.append(record)  # maybe its own refusal: `appended` decides
 
 
 def open_outcome(value: bytes) -> tuple[SignedRecord | None, Record] | None:
