@@ -15,7 +15,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from keyload import Client, Credential, KeyloadError
+from keyload import Capability, Client, Credential, Grant, KeyloadError
 from keyload.credentials import CredentialError
 from keyload.errors import NotFoundError
 from keyload.log.base import partition_for
@@ -204,5 +204,29 @@ def test_a_command_id_used_again_for_other_content_is_conflict_not_the_first_out
             asyncio.run(race_under_one_key(url, bearer(root), "/v1/domains/shop/queues/jobs", 10))
             counters = api.get("/v1/domains/shop/queues/jobs").json()["result"]["counters"]
             assert (counters["enqueued_total"], counters["leased"]) == (50, 40)
+    finally:
+        assert stop_service(service, 30) == 0
+
+
+def test_a_principal_disabled_since_the_edge_checked_it_is_refused_at_once(
+    kafka_bootstrap: str, tmp_path: Path
+) -> None:
+    """The keyring alone authenticates at a Kafka server's edge; the processor refuses a disabled
+    principal's command with an unsealed PermissionDenied. That refusal may be published before the
+    broker acknowledges the append: it must still answer its request (403), not leave it to time out."""
+    root = tmp_path / "node"
+    DataDir.create(root, PARTITIONS, kafka=KafkaConfig(kafka_bootstrap, f"off-{uuid.uuid4().hex[:10]}"))
+    service = start_service(root, "--session-timeout-ms", "6000")
+    try:
+        url = served_url(root)
+        with Client(root, timeout_s=60) as operator:
+            clerk = operator.create_principal("clerk", [Grant(capability=Capability.resource_manage, domain="shop")])
+            with httpx.Client(
+                base_url=url, headers={"Authorization": f"Bearer {clerk.bearer_token}"}, timeout=60
+            ) as api:
+                assert api.put("/v1/domains/shop/queues/before", json={}).status_code == 200
+                operator.put_principal("clerk", enabled=False)
+                refused = [api.put(f"/v1/domains/shop/queues/q{n}", json={}) for n in range(12)]
+        assert [(r.status_code, r.json()["error_code"]) for r in refused] == [(403, "PermissionDenied")] * 12
     finally:
         assert stop_service(service, 30) == 0
