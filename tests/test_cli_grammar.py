@@ -152,6 +152,31 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path: Path, capsys: pytest.Capture
     )
 
 
+@pytest.mark.parametrize(
+    ("argv", "named"),
+    [
+        (["log", "truncate", "--domain", "Shop", "--before", "0"], "'Shop' is not a domain"),
+        (["restore", "--domain", "shop!"], "'shop!' is not a domain"),
+        (["checkpoint", "--domain", ""], "'' is not a domain"),
+        (["census", "--domain", "a" * 65], "is not a domain"),
+        (["drill", "--partition", "-1"], "expected a partition (0 or more), got '-1'"),
+        (["census", "--partition", "-1"], "expected a partition (0 or more), got '-1'"),
+        (["gc", "release-pin", "--partition", "0", "--offset", "-3", "--session", "s"], "got '-3'"),
+    ],
+)
+def test_an_operator_command_refuses_a_partition_no_command_could_name(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], argv: list[str], named: str
+) -> None:
+    """A domain only picks its partition by hash, so a typo (`Shop` for `shop`) would truncate or
+    restore another partition: a name no command accepts is a usage error, as a negative number is."""
+    with pytest.raises(SystemExit) as exited:  # argparse's own refusal of an option's value
+        main([*argv, "--data", str(tmp_path / "data")])
+    assert exited.value.code == 2
+    [line] = capsys.readouterr().err.splitlines()
+    assert named in line, line
+    assert not (tmp_path / "data").exists()
+
+
 def cli_json(*args: str) -> Any:
     result = run_keyload(*args)
     assert result.returncode == 0, result.stdout + result.stderr

@@ -133,6 +133,25 @@ def integer(text: str) -> int:
         raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
 
 
+def partition_number(text: str) -> int:
+    """A partition number: an integer, 0 or more (whether the data directory has it is checked once
+    it is open: exit 1)."""
+    value = integer(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected a partition (0 or more), got {text!r}")
+    return value
+
+
+def domain_name(text: str) -> str:
+    """A domain name as every command takes it (§8), checked before an operator command picks the
+    partition it hashes to: a typo must not truncate or restore another partition."""
+    from keyload.processors.apply import DOMAIN_RULE, valid_domain
+
+    if not valid_domain(text):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a domain: {DOMAIN_RULE}")
+    return text
+
+
 def offset(text: str) -> int:
     """A log offset: an integer, 0 or more."""
     value = integer(text)
@@ -523,7 +542,9 @@ def _batch_send(client: Client, args: argparse.Namespace, body: dict[str, Any], 
 
 
 def _rotate_extra(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--partition", type=integer, metavar="N", help="the partition (default: every partition)")
+    parser.add_argument(
+        "--partition", type=partition_number, metavar="N", help="the partition (default: every partition)"
+    )
 
 
 def _rotate_send(client: Client, args: argparse.Namespace, body: dict[str, Any], kind: CommandKind) -> tuple[Any, int]:

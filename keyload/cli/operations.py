@@ -18,7 +18,7 @@ from pathlib import Path
 from threading import Event
 from typing import TYPE_CHECKING, Any
 
-from keyload.cli.commands import integer, offset, positive, positive_seconds, seconds
+from keyload.cli.commands import domain_name, offset, partition_number, positive, positive_seconds, seconds
 from keyload.cli.output import UsageError, emit, jsonable, print_json, wants_json
 from keyload.errors import KeyloadError
 
@@ -675,8 +675,8 @@ def add_parsers(sub: Any, common: argparse.ArgumentParser, command: argparse.Arg
     that are not commands of the table); `nouns` are the noun parsers the table already made."""
     _add_run(sub, common)
     locate = argparse.ArgumentParser(add_help=False)
-    locate.add_argument("--partition", type=integer, metavar="N", help="the partition (or --domain)")
-    locate.add_argument("--domain", help="the partition of this domain (or --partition)")
+    locate.add_argument("--partition", type=partition_number, metavar="N", help="the partition (or --domain)")
+    locate.add_argument("--domain", type=domain_name, help="the partition of this domain (or --partition)")
     quiet = argparse.ArgumentParser(add_help=False)
     quiet.add_argument("--quiet", action="store_true", help="no progress bar")
 
@@ -715,8 +715,8 @@ def add_parsers(sub: Any, common: argparse.ArgumentParser, command: argparse.Arg
         help="per partition: rows and bytes by key family, deleted resources being reclaimed, retention tasks, "
         "timers due, rows within and past their horizon (reads every row)",
     )
-    op.add_argument("--partition", type=integer, help="only this partition")
-    op.add_argument("--domain", help="only the partition of this domain")
+    op.add_argument("--partition", type=partition_number, help="only this partition")
+    op.add_argument("--domain", type=domain_name, help="only the partition of this domain")
     op.set_defaults(func=census)
     inspect_ = sub.add_parser(
         "inspect", parents=[common], help="show a queue's counters, or one message (alias of queue/message inspect)"
@@ -733,7 +733,7 @@ def add_parsers(sub: Any, common: argparse.ArgumentParser, command: argparse.Arg
     op = poison.add_parser(
         "list", parents=[common], help="poison entries: offset, reason, size, first bytes as hex (JSON)"
     )
-    op.add_argument("--partition", type=integer, metavar="N", help="the partition (default: every partition)")
+    op.add_argument("--partition", type=partition_number, metavar="N", help="the partition (default: every partition)")
     op.add_argument(
         "--limit", type=positive, default=DEFAULTS["poison_limit"], help="most entries listed (default 100)"
     )
@@ -771,11 +771,11 @@ def add_parsers(sub: Any, common: argparse.ArgumentParser, command: argparse.Arg
         dest="action", required=True, metavar="VERB"
     )
     op = gc.add_parser("status", parents=[common], help="floors, retention tasks and what blocks each deletion")
-    op.add_argument("--partition", type=integer, metavar="N", help="the partition (default: every partition)")
+    op.add_argument("--partition", type=partition_number, metavar="N", help="the partition (default: every partition)")
     op.set_defaults(func=gc_status)
     op = gc.add_parser("release-pin", parents=[common], help="release a recovery pin (see `gc status`)")
-    op.add_argument("--partition", type=integer, required=True, metavar="N", help="the pin's partition")
-    op.add_argument("--offset", type=integer, required=True, metavar="N", help="the pinned checkpoint's offset")
+    op.add_argument("--partition", type=partition_number, required=True, metavar="N", help="the pin's partition")
+    op.add_argument("--offset", type=offset, required=True, metavar="N", help="the pinned checkpoint's offset")
     op.add_argument("--session", required=True, help="the pin's session (see `gc status`)")
     op.set_defaults(func=gc_release_pin)
     op = gc.add_parser("run", parents=[common], help="run the GC worker (`keyload run` runs one itself)")

@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING, Any
 
-from keyload.cli.commands import integer
+from keyload.cli.commands import partition_number
 from keyload.cli.output import UsageError, emit
 from keyload.commands import Capability
 
@@ -130,7 +130,7 @@ def add_parsers(sub: Any, common: argparse.ArgumentParser) -> None:
     op.set_defaults(func=rotate)
     op = principal.add_parser("inspect", parents=[common], help="a principal's key id, grants and revision (admin)")
     op.add_argument("name", help="the principal")
-    op.add_argument("--partition", type=integer, default=0, metavar="N", help="whose policy (default 0)")
+    op.add_argument("--partition", type=partition_number, default=0, metavar="N", help="whose policy (default 0)")
     op.set_defaults(func=inspect)
     op = sub.add_parser("whoami", parents=[common], help="the principal this command line acts as, and its grants")
     op.set_defaults(func=whoami)
