@@ -490,6 +490,49 @@ def test_a_corrupt_partition_halts_alone_and_status_names_it(tmp_path: Path, wor
     assert f"partition {partition} halted at offset {halt.offset}" in service.output()
 
 
+def test_a_local_client_whose_reply_partition_is_damaged_names_it_and_appends_nothing(tmp_path: Path) -> None:
+    """The outcome stream is never fsynced, so a crash can tear a frame of a reply partition (§7b). A
+    local client that names that partition is refused before it appends, told it is the outcome
+    stream's partition (not the command log's of that number) and how to repair it; one that was
+    given a reply partition at random reads another instead and is answered."""
+    root = tmp_path / "data"
+    DataDir.create(root, 2)
+    domain = spread_domains(1, 2)[0]
+    service = Service(root)
+    try:
+        with Client(root, reply_partition=3) as client:
+            client.create_queue(domain, QUEUE)
+            client.enqueue(domain, QUEUE, b"one", message_id="m1")
+    finally:
+        assert service.stop() == 0
+    [segment] = sorted((root / "log" / "outcomes" / "p-0003").glob("*.seg"))
+    raw = bytearray(segment.read_bytes())
+    raw[20] ^= 0x40  # inside the first frame, a valid one after it
+    segment.write_bytes(bytes(raw))
+    data = DataDir.open(root)
+    with data.command_log() as log:
+        end = log.end_offset(partition_for(domain, 2))
+    service = Service(root)
+    try:
+        with Client(root, reply_partition=3) as named, pytest.raises(LogError) as refused:
+            named.enqueue(domain, QUEUE, b"two", message_id="m2")
+        message = str(refused.value)
+        assert f"outcome stream partition 3 ({root / 'log' / 'outcomes'}/p-0003" in message, message
+        assert "nothing was appended" in message and "delete that folder" in message, message
+        with data.command_log() as log:
+            assert log.end_offset(partition_for(domain, 2)) == end
+        at_random = Client(root)
+        while at_random.reply_partition != 3:  # picked at random: until it is the damaged one
+            at_random.close()
+            at_random = Client(root)
+        with at_random:
+            at_random.enqueue(domain, QUEUE, b"two", message_id="m2")
+            assert at_random.reply_partition == 4
+            assert at_random.inspect_queue(domain, QUEUE).counters.stored_messages == 2
+    finally:
+        assert service.stop() == 0
+
+
 def test_the_gc_passes_a_halted_partition_by_and_collects_the_ones_after_it(tmp_path: Path) -> None:
     """A fault halts at most its own partition's collection: a GC pass logs the recovery floor of
     the partition after a halted one, and `keyload gc status` reports each partition on its own."""

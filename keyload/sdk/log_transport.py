@@ -11,7 +11,7 @@ from typing import Any
 from keyload.commands import BY_BRANCH
 from keyload.credentials import Credential, contents
 from keyload.errors import InvalidCommand, OutcomeTimeout
-from keyload.log.base import LogTruncated, partition_for
+from keyload.log.base import LogCorruption, LogTruncated, partition_for
 from keyload.log.codec import REGISTRY
 from keyload.sdk.envelope import encode_command, unsealed_note
 from keyload.sdk.results import Outcome
@@ -37,6 +37,7 @@ class LogTransport:
         self._doorbell = Doorbell(data.root) if data.kafka is None else None
         self._cursor: int | None = None  # the next outcome to read of the reply partition
         partitions = data.outcome_partitions
+        self._reply_chosen = reply_partition is not None  # else picked at random: another may serve instead
         self.reply_partition = (
             int.from_bytes(os.urandom(2), "big") % partitions if reply_partition is None else reply_partition
         )
@@ -59,6 +60,8 @@ class LogTransport:
         if self._closed:
             raise InvalidCommand("the client is closed; nothing was sent")  # as a client of a server says
         self._refuse_missing_key(kind, body)
+        if self._cursor is None:
+            self._cursor = self._reply_end()  # first: the partition it settles on is the one the command names
         envelope = {
             "command_id": command_id,
             "domain": domain,
@@ -68,13 +71,44 @@ class LogTransport:
             "client_time_ms": time.time_ns() // 1_000_000,
         }
         value = self.credential.sign(encode_command(envelope))
-        if self._cursor is None:
-            self._cursor = self._outcomes.end_offset(self.reply_partition)
         partition = partition_for(domain, self.data.partitions)
         self.commands.append(partition, [value])
         if self._doorbell is not None:
             self._doorbell.ring((partition,))
         return self._await(command_id, domain, timeout_s)
+
+    def _reply_end(self) -> int:
+        """Where the wait for the first outcome starts: the reply partition's end. A damaged reply
+        partition (a torn frame of the outcome stream, which is never fsynced: §7b) is passed over
+        for the next one that reads when the partition was picked at random; one the caller named
+        is refused before anything is appended."""
+        partitions = self.data.outcome_partitions
+        tried = 1 if self._reply_chosen else partitions
+        for step in range(tried):
+            candidate = (self.reply_partition + step) % partitions
+            try:
+                end = self._outcomes.end_offset(candidate)
+            except LogCorruption as exc:
+                damage = exc
+                continue
+            self.reply_partition = candidate
+            return end
+        raise self._damaged(damage, "nothing was appended")
+
+    def _damaged(self, damage: LogCorruption, then: str) -> LogCorruption:
+        """The error of a reply partition that cannot be read, named as the outcome stream's (not the
+        command log's partition of that number), with what was sent and the repair."""
+        if self.data.kafka is None:
+            where = f"outcome stream partition {self.reply_partition} ({self.data.root / 'log' / 'outcomes'}"
+            where += f"/p-{self.reply_partition:04d}, derived data)"
+            repair = "stop `keyload run` and delete that folder, which the service writes afresh"
+        else:
+            where, repair = f"partition {self.reply_partition} of the outcomes topic", "repair the topic"
+        return LogCorruption(
+            f"{where} cannot be read: {damage}; {then}; to repair it, {repair}, or send through another reply "
+            "partition (Client(..., reply_partition=N))",
+            damage.offset,
+        )
 
     def _refuse_missing_key(self, kind: str, body: dict[str, Any]) -> None:
         """InvalidCommand for a command naming a key this data directory's keyring lacks
@@ -122,6 +156,9 @@ class LogTransport:
             except LogTruncated:  # retention passed the position this client last read: its outcome is newer
                 self._cursor = self._outcomes.start_offset(self.reply_partition)
                 continue
+            except LogCorruption as exc:
+                then = "the command is in the log: send it again with the same command id to learn its outcome"
+                raise self._damaged(exc, then) from exc
             for record in records:
                 self._cursor = record.offset + 1
                 if needle not in record.value:
