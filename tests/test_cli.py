@@ -11,9 +11,10 @@ import pytest
 
 from keyload import Client
 from keyload.errors import InvalidCommand
+from keyload.log.base import partition_for
 from keyload.storage.datadir import DataDir
 
-from .support import keyload_command, run_keyload, start_service, stop_service
+from .support import keyload_command, run_keyload, spread_domains, start_service, stop_service
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -143,6 +144,33 @@ def test_a_restore_prints_its_result_as_json_and_needs_a_record(tmp_path: Path) 
     restored = json.loads(result.stdout)
     assert (restored["partition"], restored["start"]) == (0, "offset 0")
     assert Path(restored["kept_aside"]).is_dir()
+
+
+def test_a_restore_of_a_partition_whose_log_lost_every_record_empties_its_projection(tmp_path: Path) -> None:
+    """Every segment of a partition's log deleted: the projection is ahead of a log that holds
+    nothing, and the partition halts RecoveryRequired pointing at `keyload restore`, which must then
+    rebuild what a replay of nothing gives (not say there is nothing to restore)."""
+    root = tmp_path / "data"
+    DataDir.create(root, 2)
+    domain = next(d for d in spread_domains(2, 2) if partition_for(d, 2) == 1)
+    service = start_service(root)
+    try:
+        with Client(root) as client:
+            client.create_queue(domain, "q")
+            client.enqueue(domain, "q", b"lost", message_id="m")
+    finally:
+        assert stop_service(service) == 0
+    for segment in (root / "log" / "commands" / "p-0001").glob("*.seg"):
+        segment.unlink()
+    until_idle = ("run", "--data", str(root), "--listen", "none", "--until-idle")
+    assert run_keyload(*until_idle).returncode == 1  # stopped with partition 1 halted
+    assert "HALTED" in run_keyload("status", "--data", str(root)).stdout
+    restored = run_keyload("restore", "--data", str(root), "--partition", "1", "--quiet")
+    assert restored.returncode == 0, restored.stderr
+    assert restored.stdout.startswith("restored partition 1 from offset 0: applied nothing"), restored.stdout
+    assert "the replaced projection is kept at" in restored.stdout
+    assert run_keyload(*until_idle).returncode == 0
+    assert "HALTED" not in run_keyload("status", "--data", str(root)).stdout
 
 
 @pytest.mark.slow

@@ -300,10 +300,8 @@ def restore(args: argparse.Namespace) -> int:
     partition = _partition(args, data)
     with tempfile.TemporaryDirectory(prefix="keyload-restore-", dir=data.root) as scratch:
         restored = restore_partition(data, partition, Path(scratch), progress=not args.quiet)
-    lines = [
-        f"restored partition {restored.partition} from {restored.start}: applied through {restored.applied_offset}",
-        f"  digest {restored.digest}",
-    ]
+    applied = f"applied through {restored.applied_offset}" if restored.applied_offset >= 0 else "applied nothing"
+    lines = [f"restored partition {restored.partition} from {restored.start}: {applied}", f"  digest {restored.digest}"]
     lines += [f"  passed over {reason}" for reason in restored.passed_over]
     if restored.retired:
         retired = ", ".join(map(str, restored.retired))

@@ -199,13 +199,30 @@ def restore(data: DataDir, partition: int, scratch: Path, progress: bool = True)
         return _restore(data, partition, scratch, progress)
 
 
+def _projection_holds_anything(data: DataDir, partition: int) -> bool:
+    """Whether the partition's projection applied a record, or cannot be read to tell: then a log
+    that holds none lost them all (its segments deleted), and the restore is the empty projection
+    a replay of nothing gives, every checkpoint retired."""
+    path = data.projection(partition)
+    if not path.exists():
+        return False
+    try:
+        live = Store(path, read_only=True)
+    except StoreError:
+        return True
+    try:
+        return live.applied_offset >= 0
+    finally:
+        live.close()
+
+
 def _restore(data: DataDir, partition: int, scratch: Path, progress: bool) -> Restored:
     log = data.command_log()
     try:
         end = log.end_offset(partition)
     finally:
         log.close()
-    if end == 0:
+    if end == 0 and not _projection_holds_anything(data, partition):
         raise RecoveryError(f"partition {partition}'s log holds no record yet: there is nothing to restore")
     catalog = data.catalog()  # not the object store: a restore from offset 0 needs none
     try:
