@@ -40,6 +40,9 @@ TAIL_RETRY_S = 1.0  # after a failed read of the outcomes topic
 TAIL_CLOSE_S = 35.0  # a read in progress waits for the broker up to its fetch timeout (30 s)
 FEED_POLL_S = 0.1  # the embedded outcome feed reads its reply partition at least this often
 MAX_ECHOES = 65_536  # outcomes handed over in process whose copies the Kafka tail has yet to read
+# Unsealed refusals under a waiter's command id kept until its append is acknowledged (`Waiter.unplaced`):
+# more come only from a producer appending unsigned records under that id in that moment.
+MAX_UNPLACED = 16
 _Key = tuple[str, str]  # (domain, command id): command ids are scoped by domain
 _Pending = dict[int, list[tuple[bytes, "asyncio.Future[int]"]]]
 
@@ -83,6 +86,7 @@ class Waiter:
         return finished
 
     def release(self) -> None:
+        """The request stopped waiting: the requests waiting their turn behind it go on."""
         for finished in self.followers or ():
             if not finished.done():
                 finished.set_result(None)
@@ -297,7 +301,8 @@ class OutcomeWaiters:
             elif signed is None and waiter.position is None and record["status"] != "committed":
                 if waiter.unplaced is None:
                     waiter.unplaced = []
-                waiter.unplaced.append(record)  # maybe its own refusal: `appended` decides
+                if len(waiter.unplaced) < MAX_UNPLACED:
+                    waiter.unplaced.append(record)  # maybe its own refusal: `appended` decides
 
 
 def open_outcome(value: bytes) -> tuple[SignedRecord | None, Record] | None:
