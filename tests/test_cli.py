@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import socket
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -171,6 +172,33 @@ def test_a_restore_of_a_partition_whose_log_lost_every_record_empties_its_projec
     assert "the replaced projection is kept at" in restored.stdout
     assert run_keyload(*until_idle).returncode == 0
     assert "HALTED" not in run_keyload("status", "--data", str(root)).stdout
+
+
+def test_a_cli_long_poll_waits_its_wait_ms_before_its_timeout(tmp_path: Path) -> None:
+    """`queue receive --wait-ms` longer than `--timeout`: the CLI waits out the poll, then its
+    timeout, as the SDK's receive does; a message enqueued meanwhile is delivered to it (not leased
+    to a waiter its caller gave up on)."""
+    root = tmp_path / "data"
+    service = start_service(root)
+    at = ("--data", str(root), "--domain", "shop")
+    try:
+        assert run_keyload("queue", "create", *at, "q").returncode == 0
+        polling = subprocess.Popen(
+            keyload_command("queue", "receive", *at, "--queue", "q", "--wait-ms", "4000", "--timeout", "1", "--json"),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        time.sleep(2.5)  # past the 1 s timeout, within the poll
+        assert (
+            run_keyload("queue", "enqueue", *at, "--queue", "q", "--body", "late", "--message-id", "m").returncode == 0
+        )
+        out, err = polling.communicate(timeout=30)
+        assert polling.returncode == 0, err
+        [delivery] = json.loads(out)["deliveries"]
+        assert (delivery["message_id"], delivery["body"]) == ("m", "late")
+    finally:
+        assert stop_service(service) == 0
 
 
 @pytest.mark.slow

@@ -270,7 +270,8 @@ class Client:
         command_id: str | None = None,
         timeout_s: float | None = None,
     ) -> Outcome:
-        """Send one command and wait for its outcome (committed or rejected).
+        """Send one command and wait for its outcome (committed or rejected): `timeout_s` (default the
+        client's) after a long poll's `wait_ms`, whichever path sent it (a typed method, `send`, the CLI).
 
         A command that cannot be sent as given (unknown `kind`, a `body` that does not match the
         kind's schema, over the log's record limit, a bad command id) raises `InvalidCommand` and
@@ -477,8 +478,7 @@ class Client:
             "lease_ms": lease_ms,
             "wait_ms": wait_ms,
         }
-        timeout = self.timeout_s + (wait_ms or 0) / 1000
-        return self._send(ReceiveResult, "Receive", domain, body, command_id, timeout)
+        return self._send(ReceiveResult, "Receive", domain, body, command_id)
 
     def receive_across(
         self, lanes: list[Lane], *, request_id: str | None = None, timeout_s: float | None = None
@@ -782,8 +782,7 @@ class Client:
             "lease_ms": lease_ms,
             "wait_ms": wait_ms,
         }
-        timeout = self.timeout_s + (wait_ms or 0) / 1000
-        return self._send(GroupReceiveResult, "GroupReceive", domain, body, command_id, timeout)
+        return self._send(GroupReceiveResult, "GroupReceive", domain, body, command_id)
 
     def group_ack(
         self, domain: str, topic: str, group: str, token: str, *, command_id: str | None = None

@@ -86,6 +86,14 @@ def encode_command(envelope: dict[str, Any]) -> bytes:
     return value
 
 
+def long_poll_s(body: dict[str, Any]) -> float:
+    """How long a command's own long poll may keep its outcome back (a Receive's or GroupReceive's
+    `wait_ms`, up to MAX_WAIT_MS; a bound the processor refuses counts as that bound): a client
+    waits that long before its timeout starts."""
+    wait_ms = body.get("wait_ms")
+    return min(max(wait_ms, 0), limits.MAX_WAIT_MS) / 1000 if isinstance(wait_ms, int) else 0.0
+
+
 def unsealed_note(unsealed: Sequence[Outcome]) -> str:
     """What the timeout says of outcomes for the command that were not sealed with the client's key."""
     if not unsealed:

@@ -29,7 +29,7 @@ from keyload.errors import (
     UnreadableOutcome,
     rejection,
 )
-from keyload.sdk.envelope import mismatched_fields
+from keyload.sdk.envelope import long_poll_s, mismatched_fields
 from keyload.sdk.payloads import PayloadError, Progress
 from keyload.sdk.results import Census, Outcome, PayloadReservation
 from keyload.wire import (
@@ -110,13 +110,12 @@ class HttpTransport:
             envelope = {"command_id": command_id, "domain": domain, "principal": "", "body": (kind, body)}
             where = mismatched_fields({**envelope, "reply_to": None, "client_time_ms": None})
             raise InvalidCommand(f"{kind[:64]} does not match its schema{where}; nothing was sent") from None
-        wait_s = (body.get("wait_ms") or 0) / 1000
         try:
             response = self._request(
                 "POST",
                 ENVELOPE_PATH,
                 **_json_body(payload, {IDEMPOTENCY_HEADER: command_id}),
-                timeout=timeout_s + wait_s,  # as a local client waits: the outcome within timeout_s (after the poll)
+                timeout=timeout_s + long_poll_s(body),  # as a local client waits: the outcome within timeout_s
             )
         except httpx.TimeoutException:
             raise OutcomeTimeout(command_id, timeout_s, "; the server did not answer in time") from None

@@ -13,7 +13,7 @@ from keyload.credentials import Credential, contents
 from keyload.errors import InvalidCommand, OutcomeTimeout
 from keyload.log.base import LogCorruption, LogTruncated, partition_for
 from keyload.log.codec import REGISTRY
-from keyload.sdk.envelope import encode_command, unsealed_note
+from keyload.sdk.envelope import encode_command, long_poll_s, unsealed_note
 from keyload.sdk.results import Outcome
 from keyload.service.doorbell import Doorbell
 from keyload.storage.datadir import DataDir
@@ -75,7 +75,7 @@ class LogTransport:
         self.commands.append(partition, [value])
         if self._doorbell is not None:
             self._doorbell.ring((partition,))
-        return self._await(command_id, domain, timeout_s)
+        return self._await(command_id, domain, timeout_s + long_poll_s(body))
 
     def _reply_end(self) -> int:
         """Where the wait for the first outcome starts: the reply partition's end. A damaged reply
