@@ -25,7 +25,7 @@ from keyload.processors.features import PRINCIPALS_CHECKED, feature_level
 from keyload.processors.key_rotation import JITTER, PROOF, TOKEN, MissingKey, active_key_id
 from keyload.projections import keys
 from keyload.projections.records import Grant, PrincipalRecord, save
-from keyload.projections.store import Staged
+from keyload.projections.store import Readable, Staged
 
 FIRST_REVISION = 1
 SERVICE_KEYS = (TOKEN, JITTER, PROOF)  # the purposes the partition's own keys serve (processors/key_rotation.py)
@@ -131,10 +131,20 @@ def _install(stage: Staged, record: PrincipalRecord, ctx: Context) -> None:
     owner = stage.get(keys.principal_key(record.key_id))
     if owner is not None and owner.decode("utf-8") != record.principal:
         raise Rejected(ErrorCode.CONFLICT, "the key id is another principal's")
-    if record.key_id in {active_key_id(stage, purpose) for purpose in SERVICE_KEYS}:
-        raise Rejected(ErrorCode.VALIDATION, "the key id is one the partition signs tokens, jitter or proofs with")
+    if signs_for_the_partition(stage, record.key_id):
+        raise Rejected(ErrorCode.VALIDATION, SERVICE_KEY_RULE)
     stage.put(keys.principal_key(record.key_id), record.principal.encode("utf-8"))
     save(stage, keys.principal(record.principal), record)
+
+
+SERVICE_KEY_RULE = "the key id is one the partition signs tokens, jitter or proofs with"
+
+
+def signs_for_the_partition(stage: Readable, key_id: str) -> bool:
+    """Whether the partition signs tokens, jitter or proofs with `key_id` now (RotateKeys moves
+    each), which no principal may hold. The partitions' keys may differ (RotateKeys can name one
+    partition), so a partition-wide PutPrincipal is checked against each before it is sent."""
+    return key_id in {active_key_id(stage, purpose) for purpose in SERVICE_KEYS}
 
 
 def _existing(stage: Staged, principal: str) -> PrincipalRecord:

@@ -21,6 +21,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
+import httpx
 import pytest
 
 from keyload import limits
@@ -78,7 +79,13 @@ from keyload.service.runtime import PartitionProcessor
 from keyload.service.system_commands import domain_for_partition
 from keyload.storage import keyring
 from keyload.storage.datadir import DataDir
-from keyload.storage.principals import CHECKPOINTER_PRINCIPAL, GC_PRINCIPAL, new_credential, system_credential
+from keyload.storage.principals import (
+    CHECKPOINTER_PRINCIPAL,
+    GC_PRINCIPAL,
+    SERVICE_ACTORS,
+    new_credential,
+    system_credential,
+)
 
 from .payloads import CANCEL_LARGE, COMMIT, INSPECT_RESERVATION, PREPARE, prepare_body
 from .support import (
@@ -104,6 +111,7 @@ from .support import (
     Embedded,
     assert_replay_equals_live,
     batch_body,
+    bearer,
     command,
     create_group_body,
     create_queue_body,
@@ -1526,6 +1534,49 @@ def test_rotating_a_credential_needs_an_existing_principal_and_takes_its_current
             assert (view.key_id, view.revision) == (rotated.key_id, 3)
     with Client(served, principal="rotor") as rotor:
         assert rotor.whoami().principal.key_id == rotated.key_id
+
+
+@pytest.mark.parametrize("actor", sorted(SERVICE_ACTORS))
+def test_a_local_operator_cannot_rotate_the_services_own_actors(served: Path, actor: str) -> None:
+    """The service signs its ticker's, GC's and checkpointer's commands with their fixed keys: a
+    rotated actor would be refused for good (its GC passes would fail forever), so a local operator
+    is refused as a server's client is, and nothing changes; the administrator's key may rotate."""
+    with Client(served) as admin:
+        before = admin.inspect_principal(actor).principal
+        with pytest.raises(InvalidCommand, match="one of the service's own principals"):
+            admin.rotate_credential(actor)
+        assert admin.inspect_principal(actor).principal == before
+    assert not credential_path(served, actor).exists()
+
+
+def test_a_principal_key_one_partition_signs_tokens_with_is_refused_before_any_partition_applies_it(
+    served: Path,
+) -> None:
+    """Token keys may differ between partitions (RotateKeys names one). A PutPrincipal of a key the
+    last partition signs tokens with was applied by partition 0 and refused by that one, for good
+    (its refusal is stored): the principal was left on partition 0 only. A local operator and the
+    HTTP API now refuse it before anything is appended, naming the partition."""
+    key_id = f"k-serving-{uuid.uuid4().hex[:8]}"
+    keyring.add(served, key_id)
+    with Client(served) as admin:
+        last = admin.partitions - 1
+        before = admin.rotate_keys(last).token_key_id
+        admin.rotate_keys(last, token_key_id=key_id)
+        try:
+            with pytest.raises(InvalidCommand, match=f"signs tokens, jitter or proofs with \\(partition {last}\\)"):
+                admin.put_principal("taker", key_id=key_id, grants=[], expected_revision=0)
+            refused = httpx.put(
+                f"{served_url(served)}/v1/principals/taker",
+                json={"key_id": key_id, "grants": [], "expected_revision": 0},
+                headers=bearer(served),
+                timeout=30,
+            )
+            assert refused.status_code == 400 and f"(partition {last})" in refused.json()["detail"], refused.text
+            for partition in range(admin.partitions):
+                with pytest.raises(NotFoundError):
+                    admin.inspect_principal("taker", partition=partition)
+        finally:
+            admin.rotate_keys(last, token_key_id=before)
 
 
 def test_a_service_client_ignores_an_unsealed_outcome_forged_for_its_command(served: Path) -> None:

@@ -1286,8 +1286,14 @@ class Client:
         RevisionConflict from a local client; from a server, which refuses before appending anything
         (so there is no outcome to carry), KeyloadError naming its 404. `key_id`: as for `create_principal`."""
         if isinstance(self._transport, LogTransport):
-            from keyload.storage.principals import new_credential, write_credential  # lazily: they write the keyring
+            # lazily: they write the keyring
+            from keyload.storage.principals import SERVICE_ACTORS, new_credential, write_credential
 
+            if principal in SERVICE_ACTORS:  # a server refuses them too (403)
+                raise InvalidCommand(
+                    f"{principal} is one of the service's own principals, which sign with the keys the service "
+                    "holds: it keeps its key (the administrator's may be rotated); nothing was appended"
+                )
             root = self._transport.data.root
             current = self.inspect_principal(principal).principal
             credential = new_credential(root, principal, key_id)
@@ -1305,6 +1311,8 @@ class Client:
     def _send_everywhere(self, name: str, body: dict[str, Any], command_id: str | None) -> PrincipalView:
         """Send a principal command to every partition under one command id; partition 0's view."""
         command_id = str(uuid.uuid4()) if command_id is None else command_id
+        if name == "PutPrincipal" and isinstance(self._transport, LogTransport):  # a server checks it itself
+            self._transport.refuse_signing_key(body.get("key_id"))
         views = [self._send_to(PrincipalView, name, p, body, command_id) for p in range(self.partitions)]
         return views[0]
 

@@ -110,6 +110,31 @@ class LogTransport:
             damage.offset,
         )
 
+    def refuse_signing_key(self, key_id: str | None) -> None:
+        """InvalidCommand for a principal key some partition signs tokens, jitter or proofs with (its
+        keys may differ: RotateKeys can name one partition), read from the projections here: that
+        partition would refuse the principal after the ones before it applied it. A projection this
+        directory does not hold or cannot read now is left to its processor."""
+        if key_id is None:
+            return
+        from keyload.processors.principals import SERVICE_KEY_RULE, signs_for_the_partition  # lazily: processor code
+        from keyload.projections.store import Store, StoreError
+
+        for partition in range(self.data.partitions):
+            try:
+                projection = Store(self.data.projection(partition), read_only=True)
+            except StoreError:
+                continue
+            try:
+                signing = signs_for_the_partition(projection, key_id)
+            finally:
+                projection.close()
+            if signing:
+                raise InvalidCommand(
+                    f"key_id: {SERVICE_KEY_RULE} (partition {partition}): rotate that partition's keys off it "
+                    "(keyload keys rotate) or name another key; nothing was appended"
+                )
+
     def _refuse_missing_key(self, kind: str, body: dict[str, Any]) -> None:
         """InvalidCommand for a command naming a key this data directory's keyring lacks
         (CommandKind.keyring_fields), which would halt every partition it reaches until the key is

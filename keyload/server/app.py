@@ -40,7 +40,9 @@ from keyload.credentials import Credential
 from keyload.errors import CommandTooLarge, ErrorCode, InvalidCommand, KeyloadError
 from keyload.limits import MAX_WAIT_MS
 from keyload.log.base import LogError, partition_for
+from keyload.log.codec import Record
 from keyload.processors.access import EVERYTHING, allows, load_principal
+from keyload.processors.principals import SERVICE_KEY_RULE, signs_for_the_partition
 from keyload.projections.store import Readable, StoreError
 from keyload.sdk.envelope import check_command_id, encode_command
 from keyload.server import statuses
@@ -120,8 +122,8 @@ class Engine:
     ) -> Answer:
         """Submit the command to each (domain, partition) in turn under one command id (a principal
         command goes to every partition, 0 first): the first refusal, else the first target's answer.
-        A key id the keyring lacks is refused first (`refuse_missing_key`): nothing is appended."""
-        self.refuse_missing_key(credential, body)
+        A key it cannot use is refused first (`refuse_unusable_key`): nothing is appended."""
+        self.refuse_unusable_key(credential, body)
         answers = []
         for domain, partition in targets:
             answer = await self.submit(credential, command_id, domain, partition, body)
@@ -130,21 +132,49 @@ class Engine:
             answers.append(answer)
         return answers[0]
 
-    def refuse_missing_key(self, credential: Credential, body: Branch) -> None:
-        """A 400 for a command naming a key the keyring lacks (CommandKind.keyring_fields), which would
-        halt the partitions it reaches (processors/key_rotation.py, MissingKey) until the key is added,
-        when its caller may send it: one that may not is left to the processor, which refuses it
-        (PermissionDenied) before it looks at the key, so that nobody else learns which keys exist."""
+    def refuse_unusable_key(self, credential: Credential, body: Branch) -> None:
+        """A 400 for a command naming a key it cannot use, which nothing may append: a key the keyring
+        lacks (CommandKind.keyring_fields), which would halt the partitions it reaches (processors/
+        key_rotation.py, MissingKey) until the key is added; or a PutPrincipal of a key some partition
+        signs tokens, jitter or proofs with, which that partition refuses after the ones before it
+        applied it (the principal would be left on some partitions only, and a resend by command id
+        gets the stored refusal again). Only a caller that may send the command is told: one that
+        may not is left to the processor, which refuses it (PermissionDenied) before it looks at the
+        key, so that nobody else learns which keys exist or serve."""
         kind = BY_BRANCH[body[0]]
+        if not kind.keyring_fields or kind.capability is None:
+            return
         # The keyring is read again when it has changed since: a key added meanwhile counts.
         missing = kind.keys_missing(body[1], self.authenticator.keys)
-        if not missing or kind.capability is None:
+        serving = None if missing else self._partition_signing_with(kind, body[1])
+        if not missing and serving is None:
             return
         policy = self.policy(0)  # a kind naming keys is partition-wide: every partition holds the same policy
         record = None if policy is None else load_principal(policy, credential.principal)
-        if policy is None or (record is not None and allows(record.grants, kind.capability, None, EVERYTHING)):
-            detail = f"{missing[0]} names no key of the service's keyring: add it first (keyload keys add)"
-            raise Refused(statuses.BAD_REQUEST, detail)
+        if policy is not None and (record is None or not allows(record.grants, kind.capability, None, EVERYTHING)):
+            return
+        if missing:
+            raise Refused(
+                statuses.BAD_REQUEST,
+                f"{missing[0]} names no key of the service's keyring: add it first (keyload keys add)",
+            )
+        raise Refused(
+            statuses.BAD_REQUEST,
+            f"key_id: {SERVICE_KEY_RULE} (partition {serving}): rotate that partition's keys off it (keyload keys "
+            "rotate) or name another key; nothing was appended",
+        )
+
+    def _partition_signing_with(self, kind: CommandKind, body: Record) -> int | None:
+        """The first partition that signs with the key a PutPrincipal names, when this server holds
+        the policies (a Kafka server does not: there the processors decide)."""
+        key_id = body.get("key_id") if kind.name == "PutPrincipal" else None
+        if key_id is None:
+            return None
+        for partition in range(self.partitions):
+            policy = self.policy(partition)
+            if policy is not None and signs_for_the_partition(policy, key_id):
+                return partition
+        return None
 
     def response(self, kind: str, answer: Answer) -> JSONResponse:
         """The outcome of a command of `kind` as the API answers it, with the headers of its kind."""
@@ -457,7 +487,7 @@ class EnvelopeRoute:
             partition = partition_for(domain, self.engine.partitions)
             credential = self.engine.caller(request, partition)
             body = to_avro(self.commands, self.union, envelope["body"], "body")
-            self.engine.refuse_missing_key(credential, body)
+            self.engine.refuse_unusable_key(credential, body)
             outcome = await self.engine.submit(credential, command_id, domain, partition, body)
             return self.engine.response(BY_BRANCH[body[0]].name, outcome)
 

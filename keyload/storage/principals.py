@@ -35,6 +35,9 @@ SYSTEM_PRINCIPALS: tuple[tuple[str, Capability], ...] = (
     (GC_PRINCIPAL, Capability.recovery),
     (CHECKPOINTER_PRINCIPAL, Capability.checkpoint),
 )
+# The service's actors: it signs their commands with their fixed keys (`system_credential`), so their
+# keys are never rotated (a rotated actor's commands would be refused for good); the administrator's may be.
+SERVICE_ACTORS = frozenset(name for name, _ in SYSTEM_PRINCIPALS if name != ADMIN_PRINCIPAL)
 FOLDER_MODE = 0o700
 # A principal with a credential file: its name is the file's name.
 FILE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
