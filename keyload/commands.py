@@ -123,6 +123,10 @@ class CommandKind:
     # lacks (whether a key exists is configuration, not a refusal), so the HTTP API refuses one
     # before appending (keyload/server/app.py, Engine.submit_all).
     keyring_fields: tuple[str, ...] = ()
+    # The body field naming the key a principal will sign with, which no partition may be signing
+    # tokens, jitter or proofs with: partitions' keys may differ, so the clients' side checks every
+    # partition before a partition-wide send could be applied by some and refused by others.
+    principal_key_field: str | None = None
 
     @property
     def branch(self) -> str:
@@ -166,6 +170,7 @@ def _kind(
     operator: bool = False,
     request_default: RequestDefault | None = None,
     keyring_fields: tuple[str, ...] = (),
+    principal_key_field: str | None = None,
 ) -> CommandKind:
     """A row, written compactly: `cli` as "noun verb", `route` as "METHOD /path"."""
     noun_verb = None if cli is None else tuple(cli.split())
@@ -191,6 +196,7 @@ def _kind(
         next((name for name in RESOURCE_FIELDS if name in fields), None),
         request_default,
         keyring_fields,
+        principal_key_field,
     )
 
 
@@ -277,7 +283,7 @@ COMMANDS: tuple[CommandKind, ...] = (
     _kind("DeleteConfirmed", "payloads.retention:delete_confirmed", "keyload.result.RetentionStatus", C.recovery, "delete_confirmed", None, f"POST {P}/retention/{{task_id}}/deleted", stored=False, partition_wide=True),
     # Access control (partition-wide: the SDK sends each to every partition, under one command id)
     _kind("EnableAccessControl", "principals:enable_access_control", "keyload.result.PrincipalView", C.admin, None, None, None, stored=False, partition_wide=True),
-    _kind("PutPrincipal", "principals:put_principal", "keyload.result.PrincipalView", C.admin, "put_principal", None, "PUT /v1/principals/{principal}", partition_wide=True, keyring_fields=("key_id",)),
+    _kind("PutPrincipal", "principals:put_principal", "keyload.result.PrincipalView", C.admin, "put_principal", None, "PUT /v1/principals/{principal}", partition_wide=True, keyring_fields=("key_id",), principal_key_field="key_id"),
     _kind("GrantCapability", "principals:grant_capability", "keyload.result.PrincipalView", C.admin, "grant", None, "POST /v1/principals/{principal}/grants", partition_wide=True),
     _kind("RevokeCapability", "principals:revoke_capability", "keyload.result.PrincipalView", C.admin, "revoke", None, "POST /v1/principals/{principal}/revoke", partition_wide=True),
     _kind("CheckpointPublished", "payloads.retention:checkpoint_published", "keyload.result.CheckpointResult", C.checkpoint, None, None, None, stored=False, partition_wide=True),

@@ -1311,8 +1311,9 @@ class Client:
     def _send_everywhere(self, name: str, body: dict[str, Any], command_id: str | None) -> PrincipalView:
         """Send a principal command to every partition under one command id; partition 0's view."""
         command_id = str(uuid.uuid4()) if command_id is None else command_id
-        if name == "PutPrincipal" and isinstance(self._transport, LogTransport):  # a server checks it itself
-            self._transport.refuse_signing_key(body.get("key_id"))
+        key_field = self.commands[name].principal_key_field
+        if key_field is not None and isinstance(self._transport, LogTransport):  # a server checks it itself
+            self._transport.refuse_signing_key(body.get(key_field))
         views = [self._send_to(PrincipalView, name, p, body, command_id) for p in range(self.partitions)]
         return views[0]
 

@@ -165,9 +165,10 @@ class Engine:
         )
 
     def _partition_signing_with(self, kind: CommandKind, body: Record) -> int | None:
-        """The first partition that signs with the key a PutPrincipal names, when this server holds
-        the policies (a Kafka server does not: there the processors decide)."""
-        key_id = body.get("key_id") if kind.name == "PutPrincipal" else None
+        """The first partition that signs with the key a principal command names to sign with
+        (CommandKind.principal_key_field), when this server holds the policies (a Kafka server does
+        not: there the processors decide)."""
+        key_id = None if kind.principal_key_field is None else body.get(kind.principal_key_field)
         if key_id is None:
             return None
         for partition in range(self.partitions):
