@@ -22,7 +22,7 @@ from keyload.log.base import MAX_LOG_TIME_MS, LogError, LogRecord, partition_for
 from keyload.log.codec import REGISTRY
 from keyload.log.file_log import FileLog, FileLogConfig, FsyncPolicy
 from keyload.operations.catalog import CatalogEntry
-from keyload.operations.recovery import drill, restore
+from keyload.operations.recovery import CheckpointUnusable, drill, replay, restore
 from keyload.projections import keys
 from keyload.projections.store import Store
 from keyload.sdk.client import Client
@@ -815,6 +815,22 @@ def test_a_projection_behind_a_truncated_log_halts_instead_of_stalling(tmp_path:
         assert processor.halt is not None and processor.halt.reason.startswith("RecoveryRequired")
         assert "truncated" in processor.halt.reason
         behind.close()
+
+
+def test_a_replay_refused_past_a_truncation_names_only_the_starts_the_log_allows(tmp_path: Path) -> None:
+    """No checkpoint where the replay would start, and the log no longer begins at 0: the hint says so."""
+    with single(tmp_path / "data", FileLogConfig(segment_bytes=4096, fsync=FsyncPolicy.NONE)) as node:
+        node.append(create())
+        node.append(*(enqueue(f"m{n}") for n in range(200)))
+        node.run()
+        node.log.truncate_before(0, 150)
+        start = node.log.start_offset(0)
+        assert start > 1
+        with pytest.raises(CheckpointUnusable) as refused:
+            replay(node.data, 0, tmp_path / "replayed", start + 1, progress=False)
+    assert str(refused.value).endswith(
+        f"replay can start (the log was truncated before offset {start}) one past a checkpoint (none)"
+    )
 
 
 # -- stalls: the group is applied again, by itself, while the others go on ------------------------------

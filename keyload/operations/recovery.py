@@ -95,7 +95,7 @@ def replay(
                 f"partition {partition}'s log was truncated before offset {start}: "
                 "replay from a checkpoint at or past it"
             )
-        store = _restored(data, partition, from_offset - 1, into) if from_offset > 0 else Store(into)
+        store = _restored(data, partition, from_offset - 1, into, start) if from_offset > 0 else Store(into)
         try:
             processor = PartitionProcessor(partition, data.partitions, log, store, keyring=data.keyring())
             if processor.halt is not None:  # the log does not hold the record the start state applied last
@@ -116,16 +116,18 @@ def replay(
         log.close()
 
 
-def _restored(data: DataDir, partition: int, offset: int, into: Path) -> Store:
+def _restored(data: DataDir, partition: int, offset: int, into: Path, log_start: int) -> Store:
     """The published checkpoint at `offset`, restored into `into` and opened.
 
     It is pinned meanwhile, so that the running service's retention cannot delete
-    its objects halfway through the fetch.
+    its objects halfway through the fetch. `log_start` is the log's first offset:
+    a refusal names only the starts the log still allows.
     """
     try:
         opened = data.checkpoints()
     except ObjectStoreUnavailable as exc:  # the store does not answer: it may later
-        raise CheckpointUnusable(str(exc), "replay can start at 0, or later from the checkpoint", False) from None
+        hint = "replay can start later from the checkpoint" + (", or at 0" if log_start == 0 else "")
+        raise CheckpointUnusable(str(exc), hint, False) from None
     with opened as checkpoints:
         try:
             entry = checkpoints.find(partition, offset)
@@ -133,8 +135,10 @@ def _restored(data: DataDir, partition: int, offset: int, into: Path) -> Store:
                 checkpoints.restore(entry, into)
                 return Store(into)
         except (CheckpointError, NotPublished) as exc:
-            have = ", ".join(str(e.offset + 1) for e in checkpoints.entries(partition)) or "none"
-            hint = f"replay can start at 0 or one past a checkpoint ({have})"
+            starts = [e.offset + 1 for e in checkpoints.entries(partition) if e.offset + 1 >= log_start]
+            have = ", ".join(map(str, starts)) or "none"
+            at_zero = "at 0 or " if log_start == 0 else f"(the log was truncated before offset {log_start}) "
+            hint = f"replay can start {at_zero}one past a checkpoint ({have})"
             raise CheckpointUnusable(str(exc), hint, isinstance(exc, CheckpointDamaged)) from None
 
 
