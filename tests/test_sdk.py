@@ -296,6 +296,47 @@ def test_the_consumer_helper_rides_out_a_queue_pause(over_http: Served) -> None:
     assert (stats.received, stats.acked) == (4, 4)
 
 
+def test_the_consumer_helper_asks_no_more_than_the_queue_takes_at_once(over_http: Served) -> None:
+    """§10: more free handlers than the queue's receive_max_messages: its receives are refused, so the
+    helper asks for half as many until one is taken; a refusal of a receive for one is raised, after
+    what ran was settled."""
+    client = over_http.client
+    client.create_queue("shop", "narrow", QueuePolicySpec(receive_max_messages=3))
+    for i in range(20):
+        client.enqueue("shop", "narrow", b"x", message_id=f"m{i}")
+    stats = consume_until_settled(over_http, "narrow", lambda delivery: None, 20, concurrency=16)
+    assert (stats.received, stats.acked) == (20, 20)
+    client.create_queue("shop", "short", QueuePolicySpec(lease_ms=1_000, max_lease_ms=2_000))
+    client.enqueue("shop", "short", b"x", message_id="m0")
+    with over_http.connect() as consumer, pytest.raises(ValidationError, match="lease_ms"):
+        consumer.consume("shop", "short", lambda delivery: None, wait_ms=500)  # lease_ms 30 s by default
+    assert client.inspect_queue("shop", "short").counters.ready == 1
+
+
+def test_a_handler_that_breaks_the_contract_fails_its_delivery_not_the_helper(over_http: Served) -> None:
+    """§10: an exactly-once handler's effects that are no mutations nack the delivery (dead-lettered at
+    max_attempts 1) while the others complete; a coroutine function given to Client is refused at once."""
+    client = over_http.client
+    client.create_queue("shop", "effects", QueuePolicySpec(max_attempts=1))
+    for i in range(6):
+        client.enqueue("shop", "effects", b"x", message_id=f"m{i}")
+
+    def handler(delivery: Delivery) -> Handled:
+        if delivery.message_id == "m3":
+            return ["not a mutation"]  # type: ignore[list-item]
+        return [PutDocument(key=f"done-{delivery.message_id}", value=b"1")]
+
+    stats = consume_until_settled(over_http, "effects", handler, 6, exactly_once=ExactlyOnce("effects"))
+    counters = client.inspect_queue("shop", "effects").counters
+    assert (counters.acked_total, counters.dead_lettered, stats.acked, stats.nacked) == (5, 1, 5, 1)
+
+    async def coroutine(delivery: Delivery) -> None:
+        return None
+
+    with pytest.raises(InvalidCommand, match="coroutine function"):
+        client.consume("shop", "effects", coroutine)  # type: ignore[arg-type]
+
+
 def test_an_idle_subscriber_waits_in_the_log_and_a_publish_wakes_it(local: Served) -> None:
     client = local.client
     """Idle, a subscriber appends one GroupReceive per wait, each after the previous one expired

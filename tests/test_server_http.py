@@ -27,7 +27,7 @@ from typing import Any
 import httpx
 import pytest
 
-from keyload import AsyncClient, Capability, Client, Credential, Grant
+from keyload import AsyncClient, Capability, Client, Credential, Delivery, Grant, QueuePolicySpec
 from keyload.credentials import CredentialError, contents
 from keyload.errors import (
     CommandTooLarge,
@@ -1196,6 +1196,42 @@ def test_the_asyncio_client_runs_calls_concurrently(served: tuple[Path, str]) ->
     asyncio.run(scenario())
     with pytest.raises(InvalidCommand):
         AsyncClient(str(root), credential=credential)
+
+
+def test_the_asyncio_clients_consumer_awaits_a_coroutine_handler_on_the_calling_loop(
+    served: tuple[Path, str],
+) -> None:
+    """§10a: AsyncClient.consume takes a coroutine function: each delivery's coroutine runs on the
+    caller's event loop and is acked when it returns, nacked when it raises."""
+    root, url = served
+    d = domain()
+    credential = Credential.load(root / "credentials" / "keyload-admin.json")
+
+    async def scenario() -> None:
+        async with AsyncClient(url, credential=credential) as client:
+            await client.create_queue(d, "jobs", QueuePolicySpec(max_attempts=1))
+            for i in range(8):
+                await client.enqueue(d, "jobs", b"x", message_id=f"j{i}")
+            loop, ran, stop = asyncio.get_running_loop(), set[str](), threading.Event()
+
+            async def handler(delivery: Delivery) -> None:
+                assert asyncio.get_running_loop() is loop
+                await asyncio.sleep(0.01)
+                ran.add(delivery.message_id)
+                if len(ran) == 8:
+                    stop.set()
+                if delivery.message_id == "j5":
+                    raise RuntimeError("handler failure")
+
+            try:
+                stats = await asyncio.wait_for(client.consume(d, "jobs", handler, wait_ms=500, stop=stop), 60)
+            finally:
+                stop.set()
+            assert ran == {f"j{i}" for i in range(8)} and (stats.acked, stats.nacked) == (7, 1)
+            counters = (await client.inspect_queue(d, "jobs")).counters
+            assert (counters.acked_total, counters.dead_lettered) == (7, 1)
+
+    asyncio.run(scenario())
 
 
 def test_the_asyncio_client_has_every_call_of_the_client_and_refuses_calls_once_closed(

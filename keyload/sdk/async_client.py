@@ -10,23 +10,29 @@ calls). Results, exceptions and arguments are exactly `Client`'s.
         await client.enqueue("shop", "orders", b"...")
         batch = await client.receive("shop", "orders", wait_ms=20_000)
 
-`consume` and `subscribe` run the consumer helper on a worker thread until its `stop` is set.
+`consume` and `subscribe` run the consumer helper on a worker thread until its `stop` is set. Their
+handler may be a coroutine function: each call it makes runs on the caller's event loop, while a
+thread of the helper's pool waits for it (so `concurrency` of them run at once).
 """
 
 from __future__ import annotations
 
 import asyncio
 import functools
+import inspect
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Concatenate, ParamSpec, TypeVar
+from typing import Any, Concatenate, ParamSpec, TypeVar, Unpack
 
 from keyload.credentials import Credential
 from keyload.errors import InvalidCommand
 from keyload.sdk.client import DEFAULT_TIMEOUT_S, Client, is_server_url
+from keyload.sdk.consumer import DEFAULT_WAIT_MS, ConsumeStats, Handled, WorkOptions
+from keyload.sdk.results import Delivery, GroupDelivery
 
 P = ParamSpec("P")
 T = TypeVar("T")
+D = TypeVar("D")
 DEFAULT_MAX_CONCURRENCY = 64  # calls in flight at once (worker threads)
 
 
@@ -45,6 +51,23 @@ def _on_thread(method: Callable[Concatenate[Client, P], T]) -> Callable[Concaten
         raise InvalidCommand("the client is closed; nothing was sent")  # as a closed Client says
 
     run.__name__, run.__qualname__, run.__doc__ = method.__name__, f"AsyncClient.{method.__name__}", method.__doc__
+    return run
+
+
+def _on_loop(handler: Callable[[D], Handled | Awaitable[Handled]]) -> Callable[[D], Handled]:
+    """`handler` for the consumer helper's thread pool: an awaitable it returns is awaited on the
+    calling event loop, and the pool's thread waits for the result (or the exception)."""
+    loop = asyncio.get_running_loop()
+
+    async def awaited(returned: Awaitable[Handled]) -> Handled:
+        return await returned
+
+    def run(delivery: D) -> Handled:
+        returned = handler(delivery)
+        if inspect.isawaitable(returned):
+            return asyncio.run_coroutine_threadsafe(awaited(returned), loop).result()
+        return returned
+
     return run
 
 
@@ -102,8 +125,34 @@ class AsyncClient:
     ack = _on_thread(Client.ack)
     ack_batch = _on_thread(Client.ack_batch)
     nack = _on_thread(Client.nack)
-    consume = _on_thread(Client.consume)
-    subscribe = _on_thread(Client.subscribe)
+
+    async def consume(
+        self,
+        domain: str,
+        queue: str,
+        handler: Callable[[Delivery], Handled | Awaitable[Handled]],
+        *,
+        wait_ms: int = DEFAULT_WAIT_MS,
+        **options: Unpack[WorkOptions],
+    ) -> ConsumeStats:
+        """`Client.consume`, whose handler may be a coroutine function (module docstring)."""
+        return await self._consume(domain, queue, _on_loop(handler), wait_ms=wait_ms, **options)
+
+    async def subscribe(
+        self,
+        domain: str,
+        topic: str,
+        group: str,
+        handler: Callable[[GroupDelivery], Handled | Awaitable[Handled]],
+        *,
+        wait_ms: int = DEFAULT_WAIT_MS,
+        **options: Unpack[WorkOptions],
+    ) -> ConsumeStats:
+        """`Client.subscribe`, whose handler may be a coroutine function (module docstring)."""
+        return await self._subscribe(domain, topic, group, _on_loop(handler), wait_ms=wait_ms, **options)
+
+    _consume = _on_thread(Client.consume)
+    _subscribe = _on_thread(Client.subscribe)
     list_dead_letters = _on_thread(Client.list_dead_letters)
     redrive = _on_thread(Client.redrive)
     cancel = _on_thread(Client.cancel)

@@ -4,9 +4,16 @@ One engine serves a queue (`consume`) and a subscription group (`subscribe`).
 All log traffic happens on the calling thread (a Client is not thread-safe);
 handlers run on a thread pool. A handler that returns acks its delivery, one that
 raises nacks it (retried per the queue's or group's policy, then dead-lettered or
-parked). Setting `stop` stops receiving, lets running handlers finish, settles
+parked); so does one whose return breaks the contract (an awaitable: handlers are
+plain functions here; in exactly-once mode, anything but None or a sequence of
+mutations). Setting `stop` stops receiving, lets running handlers finish, settles
 them, and returns (a long-poll receive in progress finishes first: at most
-`wait_ms`).
+`wait_ms`). An error that ends the helper does the same before it is raised.
+
+A receive asks for as many deliveries as handlers are free. A queue takes at most
+its `receive_max_messages` at once and refuses more (Validation, nothing leased):
+the helper then asks for half as many, down to one, and keeps the smaller number
+for the rest of the run (a refusal of a receive for one delivery is raised).
 
 While idle, a consumer long-polls: one receive command per `wait_ms`, waiting in
 the log (a consumer of a paused queue or group waits there for the resume). While
@@ -39,6 +46,8 @@ unsettled (and `stop` waits for it) until its settle is known.
 
 from __future__ import annotations
 
+import contextlib
+import inspect
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
@@ -53,6 +62,7 @@ from keyload.errors import (
     KeyloadError,
     OutcomeTimeout,
     ServiceUnavailable,
+    ValidationError,
 )
 from keyload.limits import MAX_ACK_BATCH
 from keyload.sdk.results import Delivery, GroupDelivery, Mutation
@@ -209,6 +219,31 @@ class ExactlyOnce:
 Handled = Sequence[Mutation] | None  # what a handler returns: its effects in exactly-once mode, else nothing
 
 
+def held_to_contract(handler: Callable[[D], Handled], exactly_once: bool) -> Callable[[D], Handled]:
+    """`handler`, its return checked on the handler's thread: a return that breaks the contract fails
+    its delivery as an exception would (nacked), instead of acking work that never ran (an
+    awaitable nobody awaits) or failing the settle (effects that are not mutations)."""
+
+    def run(delivery: D) -> Handled:
+        returned = handler(delivery)
+        if inspect.isawaitable(returned):
+            if inspect.iscoroutine(returned):
+                returned.close()  # never run: no "never awaited" warning
+            raise InvalidCommand("the handler returned an awaitable: Client runs plain functions (AsyncClient awaits)")
+        if exactly_once and returned is not None and not _mutations(returned):
+            raise InvalidCommand(
+                "an exactly-once handler returns None or a sequence of mutations (keyload.sdk.results: "
+                f"PutDocument, EnqueueMessage, PublishEvents, ...), not {type(returned).__name__}"
+            )
+        return returned
+
+    return run
+
+
+def _mutations(returned: object) -> bool:
+    return isinstance(returned, (list, tuple)) and all(isinstance(effect, Mutation) for effect in returned)
+
+
 def work(
     source: Source[D],
     handler: Callable[[D], Handled],
@@ -222,6 +257,10 @@ def work(
     """Process deliveries of `source` until `stop` is set; see the module docstring."""
     if not 1 <= concurrency <= MAX_ACK_BATCH:
         raise InvalidCommand(f"concurrency must be 1..{MAX_ACK_BATCH} (one AckBatch settles a round)")
+    if inspect.iscoroutinefunction(handler):
+        raise InvalidCommand("the handler is a coroutine function: Client runs plain functions (AsyncClient awaits)")
+    handle = held_to_contract(handler, exactly_once is not None)
+    most = concurrency  # deliveries one receive asks for at most: halved while the source refuses as many
     stop = stop or Event()
     stats = ConsumeStats()
     running: dict[Future[Handled], _Running[D]] = {}
@@ -304,31 +343,47 @@ def work(
                     raise
                 entry.renew_at = float("inf")  # the lease is gone; settle will count it
 
+    def settle_before_raising() -> None:
+        """The helper ends with an error: what runs finishes and is settled first, as `stop` would
+        have it, so that no finished work comes again (what cannot be settled now is left to its lease)."""
+        wait(list(running))
+        with contextlib.suppress(KeyloadError):
+            settle(list(running))
+
     with ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="keyload-consumer") as pool:
-        while not stop.is_set() or running:
-            unknown_before = stats.unknown_outcomes
-            free = concurrency - len(running)
-            if free > 0 and not stop.is_set():
-                # Wait in the log only while nothing runs, so running handlers keep being settled and renewed.
-                # A lease runs from the receive's log time, after it was asked for: renewals count from then.
-                asked = time.monotonic()
-                try:
-                    deliveries = source.receive(free, lease_ms, wait=not running)
-                except UNKNOWN_OUTCOME:  # what it may have leased comes again when the lease runs out
-                    stats.unknown_outcomes += 1
-                    deliveries = []
-                except DispatchPausedError:  # only while handlers run: once they are done it waits
-                    deliveries = []
-                for delivery in deliveries:
-                    running[pool.submit(handler, delivery)] = _Running(delivery, asked + renew_every)
-                stats.received += len(deliveries)
-            if running:
-                done, _ = wait(list(running), timeout=SETTLE_POLL_S, return_when=FIRST_COMPLETED)
-                if done:
-                    settle(list(done))
-                renew_due()
-            if stats.unknown_outcomes > unknown_before:
-                time.sleep(UNKNOWN_PAUSE_S)
+        try:
+            while not stop.is_set() or running:
+                unknown_before = stats.unknown_outcomes
+                free = min(concurrency - len(running), most)
+                if free > 0 and not stop.is_set():
+                    # Wait in the log only while nothing runs, so running handlers keep being settled and
+                    # renewed. A lease runs from the receive's log time, after it was asked for: renewals
+                    # count from then.
+                    asked = time.monotonic()
+                    try:
+                        deliveries = source.receive(free, lease_ms, wait=not running)
+                    except UNKNOWN_OUTCOME:  # what it may have leased comes again when the lease runs out
+                        stats.unknown_outcomes += 1
+                        deliveries = []
+                    except DispatchPausedError:  # only while handlers run: once they are done it waits
+                        deliveries = []
+                    except ValidationError:
+                        if free == 1:
+                            raise
+                        most, deliveries = free // 2, []  # more than the queue takes at once (module docstring)
+                    for delivery in deliveries:
+                        running[pool.submit(handle, delivery)] = _Running(delivery, asked + renew_every)
+                    stats.received += len(deliveries)
+                if running:
+                    done, _ = wait(list(running), timeout=SETTLE_POLL_S, return_when=FIRST_COMPLETED)
+                    if done:
+                        settle(list(done))
+                    renew_due()
+                if stats.unknown_outcomes > unknown_before:
+                    time.sleep(UNKNOWN_PAUSE_S)
+        except KeyloadError:
+            settle_before_raising()
+            raise
     return stats
 
 
