@@ -27,6 +27,7 @@ import functools
 import hashlib
 import hmac
 import json
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -111,10 +112,10 @@ class Credential:
         return (json.dumps(text, indent=2) + "\n").encode("utf-8")
 
     @classmethod
-    def load(cls, path: Path) -> Credential:
+    def load(cls, path: str | os.PathLike[str]) -> Credential:
         """The credential of a file; CredentialError (never echoing the file's bytes) otherwise."""
         try:
-            raw = json.loads(path.read_bytes().decode("utf-8"))
+            raw = json.loads(Path(path).read_bytes().decode("utf-8"))
         except FileNotFoundError:
             raise CredentialError(f"no credential at {path}") from None
         except OSError as exc:

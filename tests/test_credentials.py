@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from keyload.credentials import SIGNED, Credential, signed, unwrap
+from keyload.credentials import SIGNED, Credential, CredentialError, signed, unwrap
 from keyload.log.codec import HEADER_BYTES, REGISTRY, CodecError
 
 KEY_IDS = st.text(min_size=0, max_size=80)
@@ -79,3 +81,12 @@ def test_any_bytes_after_the_header_read_as_the_registry_reads_them(body: bytes)
         assert (found.key_id, found.mac, found.record) == (expected["key_id"], expected["mac"], expected["record"])
     elif expected is not None:
         assert REGISTRY.encode(SIGNED, expected) != value, "a whole Signed record the reader refused"
+
+
+def test_a_credential_file_loads_by_str_or_path_and_a_missing_one_is_a_credential_error(tmp_path: Path) -> None:
+    credential = Credential("p", "k", bytes(range(32)))
+    path = tmp_path / "p.json"
+    path.write_bytes(credential.to_json())
+    assert Credential.load(str(path)) == Credential.load(path) == credential
+    with pytest.raises(CredentialError, match="no credential at"):
+        Credential.load(str(tmp_path / "missing.json"))
