@@ -7,7 +7,9 @@ than a replay by this one writes for the same state, and every digest comparison
 every record written under an older version, in key order and in bounded batches,
 then marks the projection with the current schema set. The mark goes last: a crash
 part-way leaves it stale and the next open migrates again, skipping rows already
-current. A projection already marked costs one read.
+current. A projection already marked costs one read. One at a feature level above
+this keyload's was written by a newer keyload: it is refused before any row is
+read or rewritten, naming the level (its rows may be of schemas this one lacks).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from collections.abc import Callable
 
 from rocksdict import Rdict, WriteBatch, WriteOptions
 
+from keyload.limits import FEATURE_LEVEL
 from keyload.log.codec import REGISTRY, CodecError, Record
 from keyload.processors.topics.cursors import cursor
 
@@ -27,10 +30,17 @@ MIGRATION_BATCH_BYTES = 4 * 1024 * 1024  # keys and values rewritten per WriteBa
 def migrate(db: Rdict, write_options: WriteOptions) -> None:
     """Re-encode every record of `db` not written under the current schemas, then mark it.
 
-    CodecError (naming the key) for a row of no known family or a record that does not decode.
+    CodecError (naming the key) for a row of no known family or a record that does not decode,
+    and (naming the level) for a projection a newer keyload raised above FEATURE_LEVEL.
     """
     if db.get(keys.SCHEMA_SET) == REGISTRY.schema_set:
         return
+    level = db.get(keys.FEATURE_LEVEL)
+    if level is not None and keys.read_u64(level) > FEATURE_LEVEL:
+        raise CodecError(
+            f"it is at feature level {keys.read_u64(level)}, above the {FEATURE_LEVEL} this keyload knows: "
+            "a newer keyload wrote it; run that one (nothing was changed)"
+        )
     batch, batch_bytes = WriteBatch(raw_mode=True), 0
     key: bytes
     value: bytes

@@ -3,7 +3,8 @@
 No newer server exists to run, so a plain HTTP server (stdlib, on loopback) answers each request as
 one would: outcomes in the API's JSON form with an error code, an enum symbol or fields this SDK's
 schemas lack; and, for what may stand between a client and its server, a proxy's error page. The
-SDK under test is the real `Client` over its real HTTP transport."""
+SDK under test is the real `Client` over its real HTTP transport (and, last, a local `Client` over
+the outcome stream of a data directory)."""
 
 from __future__ import annotations
 
@@ -11,15 +12,18 @@ import json
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from keyload import Client, CommandRejected, ErrorCode, KeyloadError
-from keyload.credentials import Credential
+from keyload.credentials import ADMIN_PRINCIPAL, Credential, signed
 from keyload.errors import BY_CODE, InvalidCommand, NotFoundError, ServiceUnavailable, UnreadableOutcome
+from keyload.storage.datadir import DataDir
+from keyload.storage.principals import system_credential
 
-from .support import outcome_json
+from .support import outcome_json, wait_until
 
 CREDENTIAL = Credential("tenant", "tenant-1", b"s" * 32)
 ENQUEUE_RESULT = {
@@ -160,3 +164,32 @@ def test_an_answer_no_keyload_server_gives_is_a_keyload_error_naming_the_status(
     with Client(url, credential=CREDENTIAL) as client, pytest.raises(KeyloadError) as failed:
         client.partitions  # noqa: B018  # GET /v1/service, asked once
     assert type(failed.value) is error
+
+
+def test_a_local_client_told_its_outcome_under_a_newer_schema_is_told_it_is_unreadable(tmp_path: Path) -> None:
+    """A local client reads the outcome stream with its own schemas: an answer sealed for it under a
+    schema a newer keyload wrote is UnreadableOutcome naming the command (it applied: upgrade, then
+    submit again with the id), not a codec error that reads as if nothing had been sent."""
+    root = tmp_path / "data"
+    data = DataDir.create(root, 1)
+    credential = system_credential(root, ADMIN_PRINCIPAL)
+    failures: list[BaseException] = []
+    with Client(root, reply_partition=0, timeout_s=30) as client:
+
+        def enqueue() -> None:
+            try:
+                client.enqueue("shop", "orders", b"x", command_id="cmd-newer")
+            except BaseException as exc:
+                failures.append(exc)
+
+        sending = threading.Thread(target=enqueue)
+        sending.start()
+        with data.command_log() as commands:
+            wait_until(lambda: commands.end_offset(0) == 1, what="the command appended")
+        newer_outcome = b"\xc3\x01" + bytes(range(8)) + b"\x12cmd-newer and fields of a newer schema"
+        with data.outcome_log() as outcomes:
+            outcomes.append(0, [signed(credential.key_id, credential.secret, newer_outcome)])
+        sending.join(30)
+    [failure] = failures
+    assert isinstance(failure, UnreadableOutcome) and failure.command_id == "cmd-newer", failure
+    assert "unknown writer schema" in str(failure)

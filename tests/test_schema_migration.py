@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 from rocksdict import AccessType, Options, Rdict
 
+from keyload.limits import FEATURE_LEVEL
 from keyload.log.codec import HEADER_BYTES, REGISTRY, CodecError, Record, Released, encoded_optional_long
 from keyload.operations.recovery import replay
 from keyload.processors.apply import Applied, apply_record
@@ -301,6 +302,25 @@ def test_a_value_of_no_known_schema_refuses_the_writable_open(workload_rows: Row
     write_unmigrated(tmp_path / "old", {**oldest(workload_rows), queue: b"\xc3\x01" + bytes(8) + b"?"})
     with pytest.raises(StoreError, match="unknown writer schema"):
         Store(tmp_path / "old")
+
+
+def test_a_projection_a_newer_keyload_raised_is_refused_by_its_level_before_any_row_is_read(
+    workload_rows: Rows, tmp_path: Path
+) -> None:
+    """Its rows may be of schemas this keyload lacks: the refusal names the level, not a row, and writes
+    nothing (the newer keyload opens it as it left it)."""
+    queue = keys.queue(D, "jobs")
+    newer = {
+        **workload_rows,
+        keys.SCHEMA_SET: b"a newer keyload's schema set",
+        keys.FEATURE_LEVEL: keys.u64(FEATURE_LEVEL + 1),
+        queue: b"\xc3\x01" + bytes(8) + b"?",  # a schema this keyload does not know
+    }
+    write_unmigrated(tmp_path / "newer", newer)
+    before = sequence_number(tmp_path / "newer")
+    with pytest.raises(StoreError, match=f"feature level {FEATURE_LEVEL + 1}, above the {FEATURE_LEVEL}"):
+        Store(tmp_path / "newer")
+    assert sequence_number(tmp_path / "newer") == before
 
 
 def test_a_checkpoint_taken_by_an_older_processor_is_migrated_when_a_replay_restores_it(tmp_path: Path) -> None:

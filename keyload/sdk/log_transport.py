@@ -10,9 +10,9 @@ from typing import Any
 
 from keyload.commands import BY_BRANCH
 from keyload.credentials import Credential, contents
-from keyload.errors import InvalidCommand, OutcomeTimeout
+from keyload.errors import InvalidCommand, OutcomeTimeout, UnreadableOutcome
 from keyload.log.base import LogCorruption, LogTruncated, partition_for
-from keyload.log.codec import REGISTRY
+from keyload.log.codec import REGISTRY, UnknownSchema
 from keyload.sdk.envelope import encode_command, long_poll_s, unsealed_note
 from keyload.sdk.results import Outcome
 from keyload.service.doorbell import Doorbell
@@ -227,6 +227,10 @@ class LogTransport:
             if decoded["command_id"] != command_id or decoded["domain"] != domain:
                 return None
             return Outcome.from_record(decoded), sealed
+        except UnknownSchema as exc:
+            if sealed:  # the service's answer, written by a newer keyload than this client
+                raise UnreadableOutcome(command_id, f"{exc} (a newer keyload's outcome schema)") from None
+            return None
         except Exception:  # only bytes no service wrote get here: a sealed outcome decodes
             if sealed:
                 raise
