@@ -178,6 +178,23 @@ def test_versions_lists_every_version_of_exactly_the_key(
     assert third is not None and third.etag == sha256(b"three")
     assert store.versions("k") == [second, third]
     assert [store.verify("k", v.version) for v in store.versions("k")] == [second, third]
+    assert store.version_ids("k") == [second.version, third.version]
+
+
+def test_a_version_another_writer_left_in_a_key_is_listed_by_id_and_deleted(
+    s3_endpoint: S3Endpoint, tmp_path: Path
+) -> None:
+    """A collector empties a key whoever wrote into it: a version without this store's SHA-256
+    metadata cannot be described (`versions`), but `version_ids` lists it and `delete` removes it."""
+    store = s3_endpoint.fresh_store(prefix="kl")
+    ours = store.put_if_absent("payloads/k", write(tmp_path / "ours", b"ours"))
+    store.client.put_object(Bucket=store.bucket, Key="kl/payloads/k", Body=b"theirs")
+    ids = store.version_ids("payloads/k")
+    assert len(ids) == 2 and ids[0] == ours.version
+    with pytest.raises(ObjectStoreError, match="not ours"):
+        store.versions("payloads/k")
+    assert [store.delete("payloads/k", version) for version in ids] == [True, True]
+    assert store.version_ids("payloads/k") == [] and store.head("payloads/k") is None
 
 
 def test_verify_reads_the_bytes(store: ObjectStore, tmp_path: Path) -> None:

@@ -252,6 +252,32 @@ def test_a_lost_delete_is_resolved_by_an_exact_check(collected: Collected, tmp_p
     assert collected.tasks()[0].task.state == "confirmed"
 
 
+def test_a_retired_messages_key_is_emptied_of_the_versions_a_racing_upload_left(
+    collected: Collected, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two uploads of one reservation at once on a store that does not hold concurrent conditional
+    writes to one version (moto) leave two versions; the key was the reservation's alone, so the GC
+    deletes both, and reports the message's own first."""
+    large, embedded = collected.large, collected.large.embedded
+    data = b"m" * 10_000
+    reservation = large.schedule("m", data, tmp_path)
+    (tmp_path / "raced").write_bytes(data)
+    monkeypatch.setattr(collected.objects, "head", lambda key: None)  # the racing writer saw no version yet
+    raced = collected.objects.put_if_absent(reservation.object_key, tmp_path / "raced")
+    monkeypatch.undo()
+    assert raced.version != reservation.object_version
+    [delivery] = large.receive()
+    expect(submit_unhalted(embedded, D, ACK, {"token": delivery.token}), None)
+    embedded.now_ms = reservation.upload_deadline_ms + 1_000  # every handle expired, the horizon passed
+    for _ in range(2):
+        collected.checkpoint()
+    done = collected.gc()
+    assert (done.confirmed, done.objects_deleted) == (1, 2)
+    assert collected.objects.version_ids(reservation.object_key) == []
+    [status] = collected.tasks()
+    assert status.task.deleted_versions == [reservation.object_version, raced.version]
+
+
 def test_a_late_put_after_an_abandoned_reservation_cannot_resurrect_it(collected: Collected, tmp_path: Path) -> None:
     large, embedded = collected.large, collected.large.embedded
     data = b"abandoned" * 2_000

@@ -5,12 +5,15 @@ One pass, per partition:
    checkpoint is above the floor the partition last logged.
 2. Page through ListRetention. A waiting task with nothing blocking it gets
    BeginDelete: the processor decides, at log time, whether it may go.
-3. A deleting task's object is deleted by exact version: a retired message's one
-   version; for an abandoned reservation, every unfinished multipart upload and every
-   version found under its key (a late writer may have left any). Then an exact check
-   (`versions`, `uploads`) must find none of them left, and DeleteConfirmed reports
-   what was deleted. A delete whose response is lost is resolved by that check, not
-   by retrying blindly; a version still there waits for the next pass.
+3. A deleting task's key is emptied by exact version: every unfinished multipart
+   upload is aborted and every version found under the key deleted, whoever wrote
+   it. The key was the reservation's alone, so a retired message's own version and
+   any a late or racing upload left (an S3 store that does not hold concurrent
+   conditional writes to one version: moto) go alike. Then an exact check
+   (`version_ids`, `uploads`) must find none left, and DeleteConfirmed reports what
+   was deleted (a message's own version first, at most MAX_DELETED_VERSIONS). A
+   delete whose response is lost is resolved by that check, not by retrying
+   blindly; a version still there waits for the next pass.
 
 4. Sweep objects of checkpoints that were uploaded but never published and lie below
    the floor (Checkpoints.sweep_orphans).
@@ -30,6 +33,7 @@ from typing import Protocol
 
 from keyload.bodies import ListRetention
 from keyload.errors import CommandRejected, KeyloadError, NotFoundError
+from keyload.limits import MAX_DELETED_VERSIONS
 from keyload.operations.catalog import CatalogError, recovery_floor
 from keyload.operations.checkpoints import CheckpointError, Checkpoints
 from keyload.processors.context import Context
@@ -219,23 +223,16 @@ class GcWorker:
             self._quiet[partition] = _Quiet(self._log.end_offset(partition), floor, min(wake, default=None))
 
     def _delete(self, partition: int, task: RetentionTask, done: GcPass) -> None:
-        key = task.object_key
+        key, objects = task.object_key, self.checkpoints.objects
         try:
-            if task.object_version is not None:
-                doomed = [task.object_version]
-            else:
-                for upload_id in self.checkpoints.objects.uploads(key):
-                    self.checkpoints.objects.abort_upload(key, upload_id)
-                doomed = [version.version for version in self.checkpoints.objects.versions(key)]
-            for version in doomed:
+            for upload_id in objects.uploads(key):
+                objects.abort_upload(key, upload_id)
+            found = objects.version_ids(key)
+            for version in found:
                 with contextlib.suppress(ObjectStoreError):  # a lost response: the check below decides
-                    if self.checkpoints.objects.delete(key, version):
+                    if objects.delete(key, version):
                         done.objects_deleted += 1
-            left = {version.version for version in self.checkpoints.objects.versions(key)}
-            if task.object_version is not None:
-                settled = task.object_version not in left
-            else:
-                settled = not left and not self.checkpoints.objects.uploads(key)
+            settled = not objects.version_ids(key) and not objects.uploads(key)
         except ObjectStoreError as exc:
             log.warning("gc: task %d (%s): %s", task.task_id, key, exc)
             done.unresolved += 1
@@ -243,7 +240,9 @@ class GcWorker:
         if not settled:
             done.unresolved += 1  # a late writer, or a delete that did not happen: next pass
             return
-        self.client.delete_confirmed(partition, task.task_id, sorted(doomed))
+        own = [] if task.object_version is None else [task.object_version]  # gone already, if a pass was cut short
+        others = sorted(set(found) - set(own))
+        self.client.delete_confirmed(partition, task.task_id, (own + others)[:MAX_DELETED_VERSIONS])
         done.confirmed += 1
 
 

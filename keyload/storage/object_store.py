@@ -152,7 +152,12 @@ class ObjectStore(Protocol):
         ...
 
     def versions(self, key: str) -> builtins.list[ObjectVersion]:
-        """Every version of exactly `key` (not keys it prefixes), oldest first, for garbage collection."""
+        """Every version of exactly `key` (not keys it prefixes), oldest first, described."""
+        ...
+
+    def version_ids(self, key: str) -> builtins.list[str]:
+        """The ids of every version of exactly `key`, oldest first, whoever wrote them: what a collector
+        deletes (one this store did not write has no SHA-256 to describe it by, but is in its key)."""
         ...
 
     def verify(self, key: str, version: str) -> ObjectVersion:
@@ -357,6 +362,9 @@ class FileObjectStore:
         if actual != described.etag:
             raise ObjectCorrupt(f"object {key} version {version}: bytes do not match their SHA-256")
         return described
+
+    def version_ids(self, key: str) -> builtins.list[str]:
+        return [name for name in self._versions(key) if FILE_VERSION_PATTERN.fullmatch(name)]
 
     def versions(self, key: str) -> builtins.list[ObjectVersion]:
         found = []
@@ -582,7 +590,8 @@ class S3ObjectStore:
     def _name(self, key: str) -> str:
         return self.prefix + check_key(key)
 
-    def _head(self, key: str, version: str | None) -> ObjectVersion | None:
+    def _headers(self, key: str, version: str | None) -> dict[str, Any] | None:
+        """HEAD of the key's current or given version, whoever wrote it; None when there is none."""
         name = self._name(key)
         try:
             if version is None:
@@ -596,7 +605,11 @@ class S3ObjectStore:
             raise self._failure(f"HEAD {key}", exc) from exc
         except self._errors as exc:
             raise self._failure(f"HEAD {key}", exc) from exc
-        if answer.get("DeleteMarker"):
+        return None if answer.get("DeleteMarker") else dict(answer)
+
+    def _head(self, key: str, version: str | None) -> ObjectVersion | None:
+        answer = self._headers(key, version)
+        if answer is None:
             return None
         etag = answer.get("Metadata", {}).get(SHA256_METADATA)
         if not etag:
@@ -684,7 +697,7 @@ class S3ObjectStore:
         self._read(described, None)
         return described
 
-    def versions(self, key: str) -> builtins.list[ObjectVersion]:
+    def version_ids(self, key: str) -> builtins.list[str]:
         name = self._name(key)
         found: list[str] = []
         try:
@@ -693,11 +706,14 @@ class S3ObjectStore:
                 found.extend(item["VersionId"] for item in page.get("Versions", []) if item["Key"] == name)
         except self._errors as exc:
             raise self._failure(f"LIST VERSIONS {key}", exc) from exc
-        described = (self._head(key, version) for version in reversed(found))  # S3 lists newest first
+        return found[::-1]  # S3 lists newest first
+
+    def versions(self, key: str) -> builtins.list[ObjectVersion]:
+        described = (self._head(key, version) for version in self.version_ids(key))
         return [version for version in described if version is not None]  # None: deleted since the listing
 
     def delete(self, key: str, version: str) -> bool:
-        if self._head(key, version) is None:
+        if self._headers(key, version) is None:
             return False
         try:
             self.client.delete_object(Bucket=self.bucket, Key=self._name(key), VersionId=version)
