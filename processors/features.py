@@ -79,6 +79,10 @@ The levels:
     published to the reply partition the repeat names, not the first one's: on Kafka a client whose
     server stopped resubmits through another, which reads another reply partition. Before it the
     answer went to the first reply partition only, and the retry waited out its time unanswered.
+14. A refused PurgeTopic names the purge limit (processors/topics/topic.py): "a group has not
+    completed position N" with N the lowest, over the topic's groups, of a group's limit + 1, as a
+    discard-old publish names it. Before it N was the first group's (in name order) whose limit
+    the purge passed, so an operator who purged through N - 1 could be refused again lower down.
 """
 
 from __future__ import annotations
@@ -104,6 +108,7 @@ TOKEN_CHECKPOINTS = 10  # the level from which a GroupAckBatch's result names ea
 PRINCIPALS_CHECKED = 11  # the level from which principal commands check the names and patterns they are given
 DECLARES_UNSTARTED = 12  # the level from which a CreateGroup of an existing group does not check its start's range
 WAITERS_FOLLOW_REPEATS = 13  # the level from which a waiting receive answers where its latest repeat asks
+PURGES_NAME_LOWEST = 14  # the level from which a refused PurgeTopic names the lowest group limit
 # The reads level 1 covers, frozen: tests/test_feature_levels.py holds the command table's `reads`
 # rows to it. Making an existing command a read changes how level-1 logs replay: a later level.
 LEVEL_1_READS = frozenset(
@@ -150,4 +155,5 @@ def raise_feature_level(stage: Staged, body: RaiseFeatureLevel, ctx: Context) ->
 
 assert READS_UNSTORED < OUTCOME_HORIZONS < LEASES_KEPT < WORK_COMPACTED < DOMAIN_CAPS < EVENT_IDS_KEPT
 assert EVENT_IDS_KEPT < CONFIRMED_INDEXED < LARGE_IDENTITIES_KEPT < CREATES_DECLARE < TOKEN_CHECKPOINTS
-assert TOKEN_CHECKPOINTS < PRINCIPALS_CHECKED < DECLARES_UNSTARTED < WAITERS_FOLLOW_REPEATS <= limits.FEATURE_LEVEL
+assert TOKEN_CHECKPOINTS < PRINCIPALS_CHECKED < DECLARES_UNSTARTED < WAITERS_FOLLOW_REPEATS < PURGES_NAME_LOWEST
+assert PURGES_NAME_LOWEST <= limits.FEATURE_LEVEL

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from keyload import limits
 from keyload.errors import DispatchPausedError, ResourceExhaustedError
 from keyload.operations.recovery import replay
-from keyload.processors.features import TOKEN_CHECKPOINTS
+from keyload.processors.features import PURGES_NAME_LOWEST, TOKEN_CHECKPOINTS
 from keyload.sdk.client import Client
 from keyload.sdk.results import (
     Event,
@@ -406,6 +406,21 @@ def test_purge_is_pinned_by_the_slowest_group_paused_ones_included(news: Embedde
         "HistoryUnavailable"
     )
     assert seek(news, "beginning", group="slow").checkpoint == 3
+
+
+def test_a_refused_purge_names_the_lowest_group_limit_from_level_14(news: Embedded) -> None:
+    """The purge limit is the lowest over the topic's groups (§6d). Below feature level 14 a refusal
+    named the first group (in name order) whose limit the purge passed; a log replays so."""
+    publish(news, 3)
+    create(news, "aaa")
+    create(news, "zzz")  # completes nothing: its limit is 0
+    for delivery in receive(news, "aaa", max_events=2).deliveries:
+        settle(news, GROUP_ACK, delivery.token, "aaa")
+    ok(news, RAISE_FEATURE_LEVEL, {"level": PURGES_NAME_LOWEST - 1})
+    assert purge(news, 3).detail == "a group has not completed position 3"
+    ok(news, RAISE_FEATURE_LEVEL, {"level": PURGES_NAME_LOWEST})
+    assert purge(news, 3).detail == "a group has not completed position 1"
+    assert purge(news, 1).detail == "a group has not completed position 1"
 
 
 def test_parked_positions_pin_purge_until_a_seek_releases_them(news: Embedded) -> None:

@@ -26,7 +26,7 @@ from keyload.processors.context import Context
 from keyload.processors.counters import adjusted
 from keyload.processors.declare import declared
 from keyload.processors.errors import Corruption, ErrorCode, Rejected
-from keyload.processors.features import EVENT_IDS_KEPT, feature_level
+from keyload.processors.features import EVENT_IDS_KEPT, PURGES_NAME_LOWEST, feature_level
 from keyload.processors.horizons import keep_until_receipt_horizon
 from keyload.processors.policy import resolve_topic_policy
 from keyload.processors.queues.state import allocate_incarnation, bounded, check_headers, check_name
@@ -391,10 +391,13 @@ def purge_topic(stage: Staged, body: PurgeTopic, ctx: Context) -> Record:
             ErrorCode.VALIDATION, f"a purge deletes at most {limits.MAX_PURGE_EVENTS} events: purge in steps"
         )
     pinning = retention.pinning_groups(stage, topic)  # at most MAX_GROUPS_PER_TOPIC; purges are rare
-    for group in pinning:
-        limit = retention.group_limit(stage, topic, group.view)
-        if through > limit:
-            raise Rejected(ErrorCode.RESOURCE_EXHAUSTED, f"a group has not completed position {limit + 1}")
+    if feature_level(stage) >= PURGES_NAME_LOWEST:
+        limit = retention.purge_limit(stage, topic, pinning)
+    else:  # the first group (in name order) whose limit the purge passes
+        passed = (retention.group_limit(stage, topic, group.view) for group in pinning)
+        limit = next((limit for limit in passed if through > limit), topic.tail)
+    if through > limit:
+        raise Rejected(ErrorCode.RESOURCE_EXHAUSTED, f"a group has not completed position {limit + 1}")
     removed = list(retention.front_events(stage, topic, through))
     if len(removed) != through - first + 1:
         raise Corruption(f"topic {topic.incarnation} has no event at some retained position up to {through}")
