@@ -83,6 +83,13 @@ The levels:
     completed position N" with N the lowest, over the topic's groups, of a group's limit + 1, as a
     discard-old publish names it. Before it N was the first group's (in name order) whose limit
     the purge passed, so an operator who purged through N - 1 could be refused again lower down.
+15. In a strict_per_key queue a ready message that is not its key's head is held out of the ready
+    index (processors/queues/lifecycle.py): it enters the index when it becomes the head, at the
+    back. A receive that meets such a row left from before holds it too. Before it every held
+    message kept a ready row and receives skipped them, counted against the examination budget,
+    from a floor that could not pass them: with more than RECEIVE_EXAMINATION_BUDGET held rows in
+    front, a retried head (back of the ready order) and every other key behind them were never
+    reached again.
 """
 
 from __future__ import annotations
@@ -109,6 +116,7 @@ PRINCIPALS_CHECKED = 11  # the level from which principal commands check the nam
 DECLARES_UNSTARTED = 12  # the level from which a CreateGroup of an existing group does not check its start's range
 WAITERS_FOLLOW_REPEATS = 13  # the level from which a waiting receive answers where its latest repeat asks
 PURGES_NAME_LOWEST = 14  # the level from which a refused PurgeTopic names the lowest group limit
+HELD_OUT_OF_READY = 15  # the level from which a strict queue's held messages have no ready row
 # The reads level 1 covers, frozen: tests/test_feature_levels.py holds the command table's `reads`
 # rows to it. Making an existing command a read changes how level-1 logs replay: a later level.
 LEVEL_1_READS = frozenset(
@@ -156,4 +164,4 @@ def raise_feature_level(stage: Staged, body: RaiseFeatureLevel, ctx: Context) ->
 assert READS_UNSTORED < OUTCOME_HORIZONS < LEASES_KEPT < WORK_COMPACTED < DOMAIN_CAPS < EVENT_IDS_KEPT
 assert EVENT_IDS_KEPT < CONFIRMED_INDEXED < LARGE_IDENTITIES_KEPT < CREATES_DECLARE < TOKEN_CHECKPOINTS
 assert TOKEN_CHECKPOINTS < PRINCIPALS_CHECKED < DECLARES_UNSTARTED < WAITERS_FOLLOW_REPEATS < PURGES_NAME_LOWEST
-assert PURGES_NAME_LOWEST <= limits.FEATURE_LEVEL
+assert PURGES_NAME_LOWEST < HELD_OUT_OF_READY <= limits.FEATURE_LEVEL

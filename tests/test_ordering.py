@@ -7,9 +7,18 @@ from typing import Any
 import pytest
 
 from keyload import limits
+from keyload.processors.features import HELD_OUT_OF_READY
 from keyload.sdk.results import LeaseResult, ReceiveResult
 
-from .support import CREATE_QUEUE, ENQUEUE, INSPECT_MESSAGE, Embedded, create_queue_body, enqueue_body
+from .support import (
+    CREATE_QUEUE,
+    ENQUEUE,
+    INSPECT_MESSAGE,
+    RAISE_FEATURE_LEVEL,
+    Embedded,
+    create_queue_body,
+    enqueue_body,
+)
 
 D = "acme"
 RECEIVE = "keyload.command.Receive"
@@ -91,6 +100,7 @@ def test_redriving_a_blocking_head_lets_it_go_first_again(embedded: Embedded) ->
 
 
 def test_held_messages_count_against_the_receive_budget(embedded: Embedded) -> None:
+    """Below feature level 15 (this deployment is at 0) a key's waiting messages keep ready rows."""
     strict_queue(embedded, max_stored_messages=1_000)
     for i in range(limits.RECEIVE_EXAMINATION_BUDGET + 5):
         enqueue(embedded, f"a{i}", "A")
@@ -102,3 +112,51 @@ def test_held_messages_count_against_the_receive_budget(embedded: Embedded) -> N
     assert isinstance(outcome.result, ReceiveResult)
     # a1..a256 are held behind a0 and use up the examination budget before b1 is reached.
     assert outcome.result.deliveries == [] and outcome.result.budget_exhausted
+
+
+def nack_now(embedded: Embedded, token: str) -> None:
+    """Its retry is due at once: the next record's timers make it ready again, at the back of the ready order."""
+    assert embedded.submit(D, NACK, {"token": token, "delay_ms": 0}).status == "committed"
+
+
+def behind_one_head(embedded: Embedded, level: int) -> None:
+    """A strict queue at `level` whose key A holds more messages than a receive examines, then B."""
+    assert embedded.submit(D, RAISE_FEATURE_LEVEL, {"level": level}).status == "committed"
+    strict_queue(embedded, max_stored_messages=1_000)
+    for i in range(limits.RECEIVE_EXAMINATION_BUDGET + 44):
+        enqueue(embedded, f"a{i}", "A")
+    enqueue(embedded, "b1", "B")
+
+
+def test_from_level_15_a_keys_waiting_messages_stay_out_of_the_ready_order(embedded: Embedded) -> None:
+    """Feature level 15: only key heads are in the ready index, so a retried head (at the back of the
+    ready order) and other keys are reached at once, and a key's next message enters when it is head."""
+    behind_one_head(embedded, HELD_OUT_OF_READY)
+    first = receive(embedded)
+    assert set(first) == {"a0", "b1"}
+    nack_now(embedded, first["a0"])
+    again = receive(embedded)
+    assert set(again) == {"a0"}
+    settle(embedded, ACK, again["a0"])
+    assert set(receive(embedded)) == {"a1"}
+
+
+def test_a_head_retried_behind_more_held_rows_than_a_receive_examines_is_reached_from_level_15(
+    embedded: Embedded,
+) -> None:
+    """Below level 15 every receive scanned the same held rows from a floor that could not pass them:
+    the retried head and key B were never delivered again. Raised to 15, receives take those rows out
+    as they meet them, and reach both."""
+    behind_one_head(embedded, HELD_OUT_OF_READY - 1)
+    nack_now(embedded, receive(embedded)["a0"])
+    body = {"queue": "q", "max_messages": 10, "max_bytes": None, "lease_ms": None}
+    for _ in range(3):
+        stalled = embedded.submit(D, RECEIVE, body).result
+        assert isinstance(stalled, ReceiveResult) and stalled.deliveries == [] and stalled.budget_exhausted
+    assert embedded.submit(D, RAISE_FEATURE_LEVEL, {"level": HELD_OUT_OF_READY}).status == "committed"
+    delivered: set[str] = set()
+    for _ in range(3):
+        delivered |= set(receive(embedded))
+    assert delivered == {"a0", "b1"}
+    counters = embedded.submit(D, "keyload.command.InspectQueue", {"queue": "q"}).result.counters  # type: ignore[union-attr]
+    assert (counters.ready, counters.leased) == (limits.RECEIVE_EXAMINATION_BUDGET + 43, 2)

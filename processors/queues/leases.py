@@ -21,9 +21,10 @@ from keyload.log.codec import Record
 from keyload.processors import access, tokens, waiters
 from keyload.processors.context import Context
 from keyload.processors.errors import Corruption, ErrorCode, Rejected
+from keyload.processors.features import HELD_OUT_OF_READY, feature_level
 from keyload.processors.key_rotation import TOKEN, active_key
 from keyload.processors.payloads import handles
-from keyload.processors.queues.lifecycle import end_attempt, enter, is_key_head, leave, receive_result
+from keyload.processors.queues.lifecycle import end_attempt, enter, hold_back, is_key_head, leave, receive_result
 from keyload.processors.queues.state import (
     Working,
     bounded,
@@ -92,6 +93,8 @@ def claim(
     room = min(wanted.max_messages, queue.policy.max_in_flight - queue.counters.leased)
     queue_id = queue.incarnation
     claims: list[tuple[str, MessageMeta]] = []
+    held: list[tuple[str, MessageMeta]] = []  # rows of messages behind their key's head, taken out (level 15)
+    hold = feature_level(stage) >= HELD_OUT_OF_READY
     size = examined = result_bytes = 0
     budget_hit = False
     # The ready floor: no ready row lies below it, so the scan never walks the
@@ -112,7 +115,10 @@ def claim(
         if meta is None or meta.state != MessageState.ready:
             raise Corruption("the ready index names a message that is not ready")
         if not is_key_head(stage, queue, meta):
-            floor = meta.ready_sequence if floor is None else floor
+            if hold:  # it enters the ready order again when it becomes its key's head
+                held.append((message_id, meta))
+            else:
+                floor = meta.ready_sequence if floor is None else floor
             continue  # an older message of its ordering key is unresolved: it waits
         inline = 0 if meta.payload is not None else meta.body_bytes
         item = result_item_bytes(inline, meta.headers, message_id, meta.ordering_key)
@@ -122,6 +128,8 @@ def claim(
         size += meta.body_bytes
         result_bytes += item
         claims.append((message_id, meta))
+    for message_id, meta in held:
+        hold_back(stage, work, message_id, meta)
     work.update(ready_floor=work.record.next_ready_sequence if floor is None else floor)
     if not claims:
         return [], budget_hit

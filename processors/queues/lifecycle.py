@@ -22,7 +22,7 @@ from keyload.log.codec import Record
 from keyload.processors import horizons, waiters
 from keyload.processors.context import Context
 from keyload.processors.errors import Corruption
-from keyload.processors.features import WORK_COMPACTED, feature_level
+from keyload.processors.features import HELD_OUT_OF_READY, WORK_COMPACTED, feature_level
 from keyload.processors.key_rotation import JITTER, active_key
 from keyload.processors.payloads import reservations, retention
 from keyload.processors.queues.state import (
@@ -56,14 +56,14 @@ from keyload.projections.store import Staged
 
 
 def state_row(queue_id: int, meta: MessageMeta) -> bytes | None:
-    """The index row that holds a message in its current state (None for terminal states)."""
+    """The index row that holds a message in its current state (None for terminal states, and for
+    a ready message held out of the ready index behind its key's head, feature level 15)."""
     state, sequence = meta.state, meta.enqueue_sequence
     if state == MessageState.scheduled:
         assert meta.not_before_ms is not None
         return keys.timer(queue_id, meta.not_before_ms, keys.TIMER_NOT_BEFORE, sequence)
     if state == MessageState.ready:
-        assert meta.ready_sequence is not None
-        return keys.ready(queue_id, meta.ready_sequence)
+        return None if meta.ready_sequence is None else keys.ready(queue_id, meta.ready_sequence)
     if state == MessageState.leased:
         assert meta.lease_until_ms is not None
         return keys.timer(queue_id, meta.lease_until_ms, keys.TIMER_LEASE, sequence)
@@ -82,8 +82,9 @@ def leave(stage: Staged, work: Working, message_id: str, meta: MessageMeta) -> M
     if state not in LIVE_STATES:
         raise Corruption(f"message {meta.enqueue_sequence} leaves terminal state {state}")
     row = state_row(work.view.incarnation, meta)
-    assert row is not None
-    remove_index_row(stage, row, message_id)
+    assert row is not None or state == MessageState.ready  # a held ready message has none
+    if row is not None:
+        remove_index_row(stage, row, message_id)
     work.adjust(**{state.value: -1})
     if state == MessageState.ready:
         return replace(meta, ready_sequence=None)
@@ -123,17 +124,14 @@ def enter(
         assert lease_until_ms is not None and lease_owner is not None
         meta = replace(meta, lease_until_ms=lease_until_ms, lease_owner=lease_owner)
         work.record = with_timer(stage, work.record, lease_until_ms, keys.TIMER_LEASE, sequence, message_id)
-    elif state in LIVE_STATES:  # held by an index row of its own
-        if state == MessageState.ready:
-            meta = replace(meta, ready_sequence=work.record.next_ready_sequence)
-            work.update(next_ready_sequence=work.record.next_ready_sequence + 1)
-        elif state == MessageState.dead_lettered:
-            meta = replace(meta, parked_sequence=work.record.next_parked_sequence)
-            work.update(next_parked_sequence=work.record.next_parked_sequence + 1)
-            work.adjust(dead_letter_bytes=meta.body_bytes)
-        row = state_row(queue_id, meta)
-        assert row is not None
-        add_index_row(stage, row, message_id)
+    elif state == MessageState.dead_lettered:  # held by an index row of its own
+        parked = work.record.next_parked_sequence
+        meta = replace(meta, parked_sequence=parked)
+        work.update(next_parked_sequence=parked + 1)
+        work.adjust(dead_letter_bytes=meta.body_bytes)
+        add_index_row(stage, keys.dead_letter(queue_id, parked), message_id)
+    elif state == MessageState.pending_dead_letter:
+        add_index_row(stage, keys.pending_dead_letter(queue_id, sequence), message_id)
     if state in LIVE_STATES:
         work.adjust(**{state.value: 1})
     else:
@@ -142,9 +140,33 @@ def enter(
     if state in DEAD_STATES:
         meta = replace(meta, dead_lettered_at_ms=ctx.now_ms)
         _drop_expiry(stage, queue_id, meta)
-    _keep_ordering_row(stage, work.view, message_id, meta)
+    _keep_ordering_row(stage, work, message_id, meta)
+    if state == MessageState.ready and not held_back(stage, work.view, meta):
+        meta = _in_ready_order(stage, work, message_id, meta)
     save_message(stage, queue_id, message_id, meta)
     return meta
+
+
+def _in_ready_order(stage: Staged, work: Working, message_id: str, meta: MessageMeta) -> MessageMeta:
+    """A ready message at the back of the ready order, its ready row written."""
+    ready = work.record.next_ready_sequence
+    work.update(next_ready_sequence=ready + 1)
+    add_index_row(stage, keys.ready(work.view.incarnation, ready), message_id)
+    return replace(meta, ready_sequence=ready)
+
+
+def held_back(stage: Staged, queue: QueueView, meta: MessageMeta) -> bool:
+    """Whether a ready message stays out of the ready index: from feature level 15, a keyed
+    message of a strict_per_key queue that is not its key's head (it enters when it becomes one)."""
+    return not is_key_head(stage, queue, meta) and feature_level(stage) >= HELD_OUT_OF_READY
+
+
+def hold_back(stage: Staged, work: Working, message_id: str, meta: MessageMeta) -> None:
+    """Take a ready row of a message that is not its key's head out of the ready index (a row from
+    before feature level 15, or of a head a redriven older message displaced)."""
+    assert meta.state == MessageState.ready and meta.ready_sequence is not None
+    remove_index_row(stage, keys.ready(work.view.incarnation, meta.ready_sequence), message_id)
+    save_message(stage, work.view.incarnation, message_id, replace(meta, ready_sequence=None))
 
 
 def holds_its_key(policy: QueuePolicy, state: MessageState) -> bool:
@@ -158,12 +180,14 @@ def holds_its_key(policy: QueuePolicy, state: MessageState) -> bool:
     return policy.parked_head == ParkedHead.block or state not in DEAD_STATES
 
 
-def _keep_ordering_row(stage: Staged, queue: QueueView, message_id: str, meta: MessageMeta) -> None:
+def _keep_ordering_row(stage: Staged, work: Working, message_id: str, meta: MessageMeta) -> None:
     """In a strict_per_key queue, a message is in its key's ordering index while it holds the key.
 
     The key's head row (`h`) holds the lowest sequence in its ordering index and
     exists exactly while the index has rows, so finding a key's head is one read.
+    A new head that is ready and held out of the ready index enters it (feature level 15).
     """
+    queue = work.view
     if queue.policy.ordering != Ordering.strict_per_key or meta.ordering_key is None:
         return
     queue_id, key, sequence = queue.incarnation, meta.ordering_key, meta.enqueue_sequence
@@ -184,6 +208,16 @@ def _keep_ordering_row(stage: Staged, queue: QueueView, message_id: str, meta: M
                 stage.delete(head_key)
             else:
                 stage.put(head_key, following[0][-8:])
+                _release_head(stage, work, following[1].decode("utf-8"))
+
+
+def _release_head(stage: Staged, work: Working, message_id: str) -> None:
+    """The key's new head, ready and held out of the ready index, takes its place in the ready order."""
+    meta = load_message(stage, work.view.incarnation, message_id)
+    if meta is None:
+        raise Corruption("the ordering index names a message that does not exist")
+    if meta.state == MessageState.ready and meta.ready_sequence is None:
+        save_message(stage, work.view.incarnation, message_id, _in_ready_order(stage, work, message_id, meta))
 
 
 def is_key_head(stage: Staged, queue: QueueView, meta: MessageMeta) -> bool:
