@@ -112,9 +112,7 @@ class OutcomeTimeout(KeyloadError):
     submit again with the same `command_id` to learn its outcome without applying it twice."""
 
     def __init__(self, command_id: str, timeout_s: float, note: str = "") -> None:
-        super().__init__(
-            f"no outcome for command {command_id!r} within {timeout_s:g}s (is `keyload run` running?){note}"
-        )
+        super().__init__(f"no outcome for command {command_id!r} within {timeout_s:g}s{note}")
         self.command_id = command_id
 
 

@@ -9,6 +9,7 @@ import os
 import stat
 import subprocess
 import threading
+import uuid
 from pathlib import Path
 
 import pytest
@@ -17,12 +18,14 @@ from keyload import Client
 from keyload.cli import main
 from keyload.commands import BY_NAME
 from keyload.credentials import ADMIN_PRINCIPAL, Credential, contents
-from keyload.log.base import LogCorruption
+from keyload.log.base import LogCorruption, partition_for
 from keyload.log.codec import REGISTRY
 from keyload.log.file_log import HEADER_BYTES, FileLog
+from keyload.log.kafka_log import ensure_topics
 from keyload.sdk.results import PoisonEntry
 from keyload.service.halts import Halt, record_halt
 from keyload.storage import keyring
+from keyload.storage.datadir import DataDir, KafkaConfig
 
 from .support import free_port, keyload_command, served_url, start_service, stop_service
 
@@ -193,6 +196,25 @@ def test_a_local_command_nobody_answers_says_why_the_machine_knows(
     assert code == 1
     assert err.strip().endswith(
         "partition 0 is halted at offset 3: RecoveryRequired: the log lost offset 3 (see `keyload status`)"
+    )
+
+
+def test_a_local_command_nobody_answers_on_kafka_names_the_owning_node_as_where_to_look(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], kafka_bootstrap: str
+) -> None:
+    """On Kafka only the node that owns a partition records its halt: a timeout says where to look,
+    not whether `keyload run` runs (it may, on other machines)."""
+    data = tmp_path / "data"
+    ensure_topics(
+        DataDir.create(data, 2, kafka=KafkaConfig(kafka_bootstrap, f"quiet-{uuid.uuid4().hex[:10]}")).kafka_settings()
+    )
+    partition = partition_for("d", 2)
+    enqueue = ("queue", "enqueue", "--data", str(data), "--domain", "d", "--queue", "q", "--body", "x")
+    code, _, err = keyload_main(capsys, *enqueue, "--timeout", "0.5")
+    assert code == 1
+    assert err.strip().endswith(
+        f"on Kafka the processor that owns partition {partition} answers: `keyload status` on that node's data "
+        "directory says whether it is halted (a halt is recorded where it happened)"
     )
 
 

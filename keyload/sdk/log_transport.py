@@ -203,8 +203,9 @@ class LogTransport:
 
     def _service_note(self, domain: str) -> str:
         """What this machine knows of why nothing answered: no `keyload run` serves the embedded
-        directory, or the domain's partition is halted (the halt `keyload run` recorded). The
-        command stays in the log either way, and applies once the partition is served again."""
+        directory, or the domain's partition is halted (the halt `keyload run` recorded here; on
+        Kafka only the node that owns the partition records it). The command stays in the log
+        either way, and applies once the partition is served again."""
         from keyload.service.embedded import is_served  # lazily: the service's modules, on a timeout only
         from keyload.service.halts import recorded_halts
 
@@ -212,9 +213,14 @@ class LogTransport:
         halt = recorded_halts(self.data.root).get(partition)
         if halt is not None:
             return f"; partition {partition} is halted {halt.where} (see `keyload status`)"
-        if self.data.kafka is None and not is_served(self.data.root):
+        if self.data.kafka is not None:
+            return (
+                f"; on Kafka the processor that owns partition {partition} answers: `keyload status` on that "
+                "node's data directory says whether it is halted (a halt is recorded where it happened)"
+            )
+        if not is_served(self.data.root):
             return f"; no `keyload run` serves {self.data.root}: the command waits in the log until one does"
-        return ""
+        return f"; partition {partition} is busy or stalled (see `keyload status`)"
 
     def _matching(self, value: bytes, command_id: str, domain: str) -> tuple[Outcome, bool] | None:
         """(the outcome `value` holds, whether it is sealed with this client's key) when it is one
