@@ -36,19 +36,23 @@ D = TypeVar("D")
 DEFAULT_MAX_CONCURRENCY = 64  # calls in flight at once (worker threads)
 
 
+async def _on_pool(client: AsyncClient, call: Callable[[], T]) -> T:
+    """`call` (of `client.client`), awaited on the async client's pool."""
+    if not client._closed:
+        try:
+            return await asyncio.get_running_loop().run_in_executor(client._pool, call)
+        except RuntimeError:
+            if not client._closed:
+                raise
+            # closed while this call was handed to the pool ("cannot schedule new futures")
+    raise InvalidCommand("the client is closed; nothing was sent")  # as a closed Client says
+
+
 def _on_thread(method: Callable[Concatenate[Client, P], T]) -> Callable[Concatenate[AsyncClient, P], Awaitable[T]]:
     """`Client.method`, awaited on the async client's pool."""
 
     async def run(self: AsyncClient, /, *args: P.args, **kwargs: P.kwargs) -> T:
-        call = functools.partial(method, self.client, *args, **kwargs)
-        if not self._closed:
-            try:
-                return await asyncio.get_running_loop().run_in_executor(self._pool, call)
-            except RuntimeError:
-                if not self._closed:
-                    raise
-                # closed while this call was handed to the pool ("cannot schedule new futures")
-        raise InvalidCommand("the client is closed; nothing was sent")  # as a closed Client says
+        return await _on_pool(self, functools.partial(method, self.client, *args, **kwargs))
 
     run.__name__, run.__qualname__, run.__doc__ = method.__name__, f"AsyncClient.{method.__name__}", method.__doc__
     return run
@@ -136,7 +140,8 @@ class AsyncClient:
         **options: Unpack[WorkOptions],
     ) -> ConsumeStats:
         """`Client.consume`, whose handler may be a coroutine function (module docstring)."""
-        return await self._consume(domain, queue, _on_loop(handler), wait_ms=wait_ms, **options)
+        work = functools.partial(self.client.consume, domain, queue, _on_loop(handler), wait_ms=wait_ms, **options)
+        return await _on_pool(self, work)
 
     async def subscribe(
         self,
@@ -149,10 +154,10 @@ class AsyncClient:
         **options: Unpack[WorkOptions],
     ) -> ConsumeStats:
         """`Client.subscribe`, whose handler may be a coroutine function (module docstring)."""
-        return await self._subscribe(domain, topic, group, _on_loop(handler), wait_ms=wait_ms, **options)
+        handle = _on_loop(handler)
+        work = functools.partial(self.client.subscribe, domain, topic, group, handle, wait_ms=wait_ms, **options)
+        return await _on_pool(self, work)
 
-    _consume = _on_thread(Client.consume)
-    _subscribe = _on_thread(Client.subscribe)
     list_dead_letters = _on_thread(Client.list_dead_letters)
     redrive = _on_thread(Client.redrive)
     cancel = _on_thread(Client.cancel)
