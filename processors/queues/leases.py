@@ -94,7 +94,7 @@ def claim(
     queue_id = queue.incarnation
     claims: list[tuple[str, MessageMeta]] = []
     held: list[tuple[str, MessageMeta]] = []  # rows of messages behind their key's head, taken out (level 15)
-    hold = feature_level(stage) >= HELD_OUT_OF_READY
+    hold: bool | None = None  # whether to take them out: read at the first such row
     size = examined = result_bytes = 0
     budget_hit = False
     # The ready floor: no ready row lies below it, so the scan never walks the
@@ -115,6 +115,7 @@ def claim(
         if meta is None or meta.state != MessageState.ready:
             raise Corruption("the ready index names a message that is not ready")
         if not is_key_head(stage, queue, meta):
+            hold = feature_level(stage) >= HELD_OUT_OF_READY if hold is None else hold
             if hold:  # it enters the ready order again when it becomes its key's head
                 held.append((message_id, meta))
             else:
