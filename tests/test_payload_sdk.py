@@ -4,6 +4,8 @@ uploads; `payload schedule`, `payload get`, `gc status` and `gc run`."""
 
 from __future__ import annotations
 
+import base64
+import concurrent.futures
 import hashlib
 import json
 import os
@@ -13,6 +15,7 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 
 from keyload import Client
@@ -22,9 +25,10 @@ from keyload.operations.gc import GcWorker
 from keyload.sdk.payloads import PART_BYTES, PayloadConflict
 from keyload.sdk.results import Delivery, QueuePolicySpec
 from keyload.storage.datadir import DataDir, KafkaConfig, S3StoreConfig
+from keyload.wire import UPLOAD_HANDLE_HEADER
 
 from .s3 import S3Endpoint
-from .support import run_keyload, start_service, stop_service, wait_until
+from .support import bearer, run_keyload, served_url, start_service, stop_service, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -153,6 +157,31 @@ def test_an_upload_of_other_bytes_is_refused_and_the_reservation_stays_reserved(
     assert client.data.object_store().head(receipt.object_key) is None  # nothing was stored
     assert client.inspect_reservation(D, receipt.reservation_id).state == "reserved"
     assert client.receive(D, Q).deliveries == []
+
+
+def test_uploads_of_one_reservation_sent_to_the_service_at_once_store_one_object(client: Client) -> None:
+    """A client that retries an upload while its first attempt still runs (a timeout, two threads)
+    sends the same bytes to the service twice at once: it stores them once, so the reservation's key
+    holds one version, not one per attempt for the GC to find (an S3 store need not hold concurrent
+    conditional completes of one key to one version)."""
+    client.create_queue(D, Q)
+    data = os.urandom(LARGE_BYTES)  # the multipart path
+    url, authorized = served_url(client.data.root), bearer(client.data.root)
+    sha256 = base64.b64encode(hashlib.sha256(data).digest()).decode()
+    reserve = {"message_id": "twice", "length": len(data), "sha256": sha256, "headers": {}}
+    reserved = httpx.post(f"{url}/v1/domains/{D}/queues/{Q}/reservations", json=reserve, headers=authorized)
+    receipt = reserved.json()["result"]
+    content = f"{url}/v1/domains/{D}/reservations/{receipt['reservation_id']}/content"
+    headers = {
+        **authorized,
+        UPLOAD_HANDLE_HEADER: reserved.headers[UPLOAD_HANDLE_HEADER],  # a Kafka processor's server takes only this
+        "content-type": "application/octet-stream",
+    }
+    with concurrent.futures.ThreadPoolExecutor(3) as senders:
+        answers = list(senders.map(lambda _: httpx.put(content, content=data, headers=headers, timeout=60), range(3)))
+    assert [answer.status_code for answer in answers] == [200] * 3, [answer.text for answer in answers]
+    versions = {answer.json()["result"]["object_version"] for answer in answers}
+    assert client.data.object_store().version_ids(receipt["object_key"]) == list(versions)
 
 
 def test_the_gc_worker_deletes_an_acked_payload_once_the_recovery_floor_passes(client: Client, tmp_path: Path) -> None:

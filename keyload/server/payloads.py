@@ -23,7 +23,8 @@ PayloadCommitProof with the reservation's trust-set key, and appends CommitLarge
 with the caller's credential: the answer is that command's outcome (the committed reservation). It
 is idempotent by reservation: an upload to a reservation already committed with the same object
 answers the committed reservation again (each attempt's commit has a command id of its own, since
-its proof's attestation time differs).
+its proof's attestation time differs). Uploads of one reservation to one server are stored one at a
+time: an attempt sent while another still runs waits for it and finds the object stored.
 
 A read handle (a large delivery's `payload.read_handle`) is verified by the service and read
 while its lease lasts, for a caller authenticated against the handle's domain.
@@ -37,6 +38,7 @@ import logging
 import os
 import tempfile
 import uuid
+import weakref
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -92,6 +94,10 @@ class PayloadRoutes:
                 leftover.unlink(missing_ok=True)
         self._objects: ObjectStore | None = None
         self.outcomes = names("keyload.Outcome")
+        # One upload at a time per object key: a second attempt at a reservation (a client retrying
+        # while its first try still runs) waits, then finds the object stored and stores nothing.
+        # An S3 store need not hold concurrent conditional completes of one key to one version.
+        self._storing: weakref.WeakValueDictionary[str, asyncio.Lock] = weakref.WeakValueDictionary()
 
     def gateway(self) -> PayloadGateway:
         """Over the data directory's object store, opened once (S3: two requests) at first use; a
@@ -223,10 +229,12 @@ class PayloadRoutes:
             if (length, digest.hexdigest()) != (handle.length, handle.sha256):
                 raise Refused(WRONG_BYTES, "the bytes are not the reserved ones (length or SHA-256 differ)")
             gateway = self.gateway()
+            storing = self._storing.setdefault(handle.object_key, asyncio.Lock())
             try:
-                if not stored:
-                    await asyncio.to_thread(gateway.upload, handle_text, staged)
-                proof: dict[str, Any] = await asyncio.to_thread(gateway.attest, handle_text)
+                async with storing:
+                    if not stored:
+                        await asyncio.to_thread(gateway.upload, handle_text, staged)
+                    proof: dict[str, Any] = await asyncio.to_thread(gateway.attest, handle_text)
             except PayloadConflict as exc:
                 raise Refused(WRONG_BYTES, str(exc)) from None
             except PayloadError as exc:
