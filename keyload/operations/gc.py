@@ -63,12 +63,20 @@ class GcPass:
     confirmed: int = 0
     objects_deleted: int = 0
     blocked: dict[str, int] = field(default_factory=dict)  # blocker -> tasks it held back
-    unresolved: int = 0  # deletions whose outcome is not known yet: retried next pass
+    # task id -> why its deletion is not confirmed yet (the store refused, or a version or upload is
+    # still under its key): the task stays `deleting` and is tried again next pass
+    unresolved: dict[int, str] = field(default_factory=dict)
     quiet: int = 0  # partitions passed over: nothing changed since a pass found nothing to do
     orphans_deleted: int = 0  # objects of checkpoints uploaded but never published, below the floor
     # partition -> why its part of the pass failed (a halted partition's log cannot be read, say): the
     # other partitions are collected all the same, and it is tried again next pass
     failed: dict[int, str] = field(default_factory=dict)
+
+    def leave_deleting(self, task_id: int, why: str) -> None:
+        """A deletion this pass could not confirm: said (an operator's only sign of a store that keeps
+        refusing) and tried again next pass."""
+        log.warning("gc: task %d stays deleting, tried again next pass: %s", task_id, why)
+        self.unresolved[task_id] = why
 
 
 class RetentionClient(Protocol):
@@ -234,11 +242,10 @@ class GcWorker:
                         done.objects_deleted += 1
             settled = not objects.version_ids(key) and not objects.uploads(key)
         except ObjectStoreError as exc:
-            log.warning("gc: task %d (%s): %s", task.task_id, key, exc)
-            done.unresolved += 1
+            done.leave_deleting(task.task_id, f"the object store failed: {exc}")
             return
-        if not settled:
-            done.unresolved += 1  # a late writer, or a delete that did not happen: next pass
+        if not settled:  # a late writer, or a delete that did not happen
+            done.leave_deleting(task.task_id, f"{key} still holds a version or an unfinished upload after the deletes")
             return
         own = [] if task.object_version is None else [task.object_version]  # gone already, if a pass was cut short
         others = sorted(set(found) - set(own))
