@@ -494,6 +494,9 @@ def test_a_field_given_twice_in_the_path_and_query_is_refused_not_overridden(
         ("GET", "/v1/domains/d/queues/q/dead-letters?limit=+1", None, "limit must be an integer"),
         ("POST", "/v1/principals/keyload-admin/credential", b"{not json", "not JSON"),  # nothing rotated
         ("POST", "/v1/principals/keyload-admin/credential", b'{"grants": []}', "a rotation takes no fields"),
+        # Issuing credentials takes nothing from the query: a PutPrincipal goes to every partition.
+        ("POST", "/v1/principals?partition=2", b'{"principal": "p", "grants": []}', "partition is not a field"),
+        ("POST", "/v1/principals/someone/credential?bogus=1", None, "bogus is not a field of PutPrincipal"),
     ],
 )
 def test_routing_parameters_and_bodies_without_fields_are_checked_as_strictly(
@@ -506,6 +509,18 @@ def test_routing_parameters_and_bodies_without_fields_are_checked_as_strictly(
     assert named in response.json()["detail"]
     assert log_end(root, "d") == before
     assert api.get("/v1/principals/keyload-admin").status_code == 200  # the credential still works
+
+
+def test_a_partition_is_spelled_as_any_integer_of_the_api(served: tuple[Path, str], api: httpx.Client) -> None:
+    """ASCII digits with an optional '-': '-0' and '00' name partition 0 wherever a partition is given."""
+    for spelled in ("-0", "00"):
+        assert committed(api.get(f"/v1/principals/keyload-admin?partition={spelled}"))["principal"]["enabled"]
+        assert committed(api.get(f"/v1/partitions/{spelled}/retention"))["tasks"] is not None
+        census = api.get(f"/v1/census?partition={spelled}")
+        assert census.status_code == 200, census.text
+    for wrong in ("-1", "+0", "%D9%A0"):  # below 0; not an integer of the API
+        refused = api.get(f"/v1/census?partition={wrong}")
+        assert (refused.status_code, refused.json()["detail"]) == (400, "partition must be 0..3")
 
 
 def test_raw_bytes_sent_as_a_form_are_told_the_content_type_a_raw_body_needs(

@@ -388,10 +388,7 @@ class CommandRoute:
                 given += request.query_params.getlist(PARTITION_QUERY)
             if len(given) > 1:
                 raise WireError(f"{PARTITION_QUERY} is given twice (path, query or body)")
-            text = given[0] if given else "0"
-            if not is_number(text) or not 0 <= int(text) < partitions:
-                raise WireError(f"partition must be 0..{partitions - 1}")
-            partition = int(text)
+            partition = partition_number(given[0] if given else "0", partitions)
             return [(domain_for_partition(partition, partitions), partition)]
         return self.engine.everywhere()
 
@@ -566,6 +563,14 @@ def is_number(text: str) -> bool:
     """Whether `text` is a decimal integer of at most MAX_NUMBER_DIGITS ASCII digits (str.isdigit
     takes '²' too, and int() refuses text of thousands of digits with a ValueError)."""
     return text.isascii() and text.isdigit() and len(text) <= MAX_NUMBER_DIGITS
+
+
+def partition_number(text: str, partitions: int) -> int:
+    """A partition named in a path or query, spelled as the API spells any integer there (ASCII digits
+    with an optional '-': '-0' and '00' are 0), and one the data directory has."""
+    if not is_number(text.removeprefix("-")) or not 0 <= int(text) < partitions:
+        raise WireError(f"partition must be 0..{partitions - 1}")
+    return int(text)
 
 
 async def read_capped(request: Request) -> bytes:

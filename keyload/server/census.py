@@ -28,9 +28,9 @@ from keyload.errors import CensusError
 from keyload.operations.census import censuses
 from keyload.projections.store import StoreError
 from keyload.server import statuses
-from keyload.server.app import Engine, error_response, inspector_refusal, is_number
+from keyload.server.app import Engine, error_response, inspector_refusal, partition_number
 from keyload.storage.datadir import DataDir
-from keyload.wire import CENSUS_PATH, PARTITION_QUERY
+from keyload.wire import CENSUS_PATH, PARTITION_QUERY, WireError
 
 NO_PROJECTION = ("NotFound", 404)
 log = logging.getLogger("keyload.server")
@@ -47,11 +47,12 @@ def census_route(engine: Engine, data: DataDir) -> Route:
         given = request.query_params.getlist(PARTITION_QUERY)
         if len(given) > 1:
             return error_response(statuses.BAD_REQUEST, "partition is given twice")
-        text = given[0] if given else None
-        if text is not None and not (is_number(text) and int(text) < data.partitions):
-            return error_response(statuses.BAD_REQUEST, f"partition must be 0..{data.partitions - 1}")
         try:
-            counted = await asyncio.to_thread(censuses, data, None if text is None else int(text))
+            partition = None if not given else partition_number(given[0], data.partitions)
+        except WireError as exc:
+            return error_response(statuses.BAD_REQUEST, str(exc))
+        try:
+            counted = await asyncio.to_thread(censuses, data, partition)
         except CensusError as exc:
             return error_response(NO_PROJECTION, str(exc))
         except StoreError:  # a Kafka processor swapping a checkpoint in for the projection (its path stays here)

@@ -55,6 +55,7 @@ class CredentialIssuer:
 
     async def create(self, request: Request) -> Response:
         async def answer(command_id: str) -> Response:
+            _no_query(request)
             caller = self._administrator(request)
             fields = json_object(await read_capped(request))
             if set(fields) - {"principal", "grants"} or not isinstance(fields.get("principal"), str):
@@ -66,6 +67,7 @@ class CredentialIssuer:
 
     async def rotate(self, request: Request) -> Response:
         async def answer(command_id: str) -> Response:
+            _no_query(request)
             caller = self._administrator(request)
             if json_object(await read_capped(request)):  # nothing to say: a body that does is a mistake
                 raise WireError("the request body must be empty or {}: a rotation takes no fields")
@@ -115,6 +117,13 @@ class CredentialIssuer:
             "bearer_token": credential.bearer_token,
         }
         return JSONResponse(issued, headers={COMMAND_ID_HEADER: command_id})
+
+
+def _no_query(request: Request) -> None:
+    """Refuse a query parameter, as a table route refuses one its command lacks: `?partition=` picks
+    none (the PutPrincipal goes to every partition), and nothing else is taken from the query."""
+    for name in request.query_params:
+        raise WireError(f"{name[:64]} is not a field of {PUT_PRINCIPAL.name}")
 
 
 def credential_routes(engine: Engine, root: Path, policy: Readable) -> list[Route]:
