@@ -39,6 +39,11 @@ MAX_OUTCOME_BYTES = 4 * 1024 * 1024 - SIGNATURE_BYTES  # an outcome, sealed, is 
 RESULT_BYTES_BUDGET = 3 * 1024 * 1024
 RESULT_ITEM_OVERHEAD_BYTES = 2048  # per item beyond body, headers and ids: token (≤ 1024), counters, encoding
 MAX_KEY_ID_CHARS = 64
+# A keyring key's id: printable ASCII with the space (0x20..0x7E), as PutPrincipal has always checked
+# it (a replay decides as the first apply did), unlike the identifiers below.
+KEY_ID_PATTERN = re.compile(rf"[\x20-\x7e]{{1,{MAX_KEY_ID_CHARS}}}")
+# In a refusal PutPrincipal has stored since level 0: its words stay as they were.
+KEY_ID_RULE = f"a key id is 1..{MAX_KEY_ID_CHARS} printable ASCII characters"
 # A Signed record: header 10, key id (1 + ≤ 64 ASCII), MAC (1 + 32), the record's length (≤ 4 bytes).
 assert 10 + 1 + MAX_KEY_ID_CHARS + 1 + 32 + 4 <= SIGNATURE_BYTES
 MAX_GRANTS = 64  # grants one principal holds

@@ -37,8 +37,8 @@ def _check_name(principal: str) -> None:
 
 
 def _check_key_id(key_id: str) -> None:
-    if not 1 <= len(key_id) <= limits.MAX_KEY_ID_CHARS or not key_id.isascii() or not key_id.isprintable():
-        raise Rejected(ErrorCode.VALIDATION, f"a key id is 1..{limits.MAX_KEY_ID_CHARS} printable ASCII characters")
+    if not limits.KEY_ID_PATTERN.fullmatch(key_id):
+        raise Rejected(ErrorCode.VALIDATION, limits.KEY_ID_RULE)
 
 
 def _has_control(text: str) -> bool:

@@ -85,9 +85,9 @@ def test_errors_without_a_service_are_one_line(tmp_path: Path) -> None:
     result = run_keyload(
         "enqueue", "--data", data, "--domain", "d", "--queue", "q", "--body", "x", "--command-id", "a b"
     )
-    assert_one_clear_line(result, 1, "command id must be 1..128 printable ASCII characters")
+    assert_one_clear_line(result, 2, "command id must be 1..128 printable ASCII characters")  # a usage error
     result = run_keyload("enqueue", "--data", data, "--domain", "d", "--queue", "q", "--body", "x", "--command-id", "")
-    assert_one_clear_line(result, 1, "command id must be 1..128 printable ASCII characters")
+    assert_one_clear_line(result, 2, "command id must be 1..128 printable ASCII characters")
     result = run_keyload("drill", "--data", data, "--partition", "0", "--from-checkpoint", "abc")
     assert_one_clear_line(result, 2, "--from-checkpoint must be 'latest' or a checkpoint offset")
     result = run_keyload("drill", "--data", data, "--partition", "0", "--from-checkpoint", "latest")

@@ -1,4 +1,5 @@
-"""The Signed record's hand-written codec (keyload/credentials.py) is the registry's, byte for byte."""
+"""The Signed record's hand-written codec (keyload/credentials.py) is the registry's, byte for byte; the
+keyring takes the key ids a credential may name."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ from hypothesis import strategies as st
 
 from keyload.credentials import SIGNED, Credential, CredentialError, signed, unwrap
 from keyload.log.codec import HEADER_BYTES, REGISTRY, CodecError
+from keyload.storage import keyring
+from keyload.storage.keyring import KeyringError
 
 KEY_IDS = st.text(min_size=0, max_size=80)
 RECORDS = st.binary(max_size=3000)
@@ -90,3 +93,16 @@ def test_a_credential_file_loads_by_str_or_path_and_a_missing_one_is_a_credentia
     assert Credential.load(str(path)) == Credential.load(path) == credential
     with pytest.raises(CredentialError, match="no credential at"):
         Credential.load(str(tmp_path / "missing.json"))
+
+
+def test_the_keyring_takes_the_key_ids_putprincipal_takes_and_finds_one_added_before_if_asked(tmp_path: Path) -> None:
+    """One rule for a key id in the keyring and in PutPrincipal (printable ASCII with the space); a key
+    added again is refused, or with exist_ok returned as it is (an issuance sent again)."""
+    keyring.create(tmp_path)
+    for refused in ("", "k" * 65, "tab\there", "é"):
+        with pytest.raises(KeyringError, match=r"^a key id is 1\.\.64 printable ASCII characters$"):
+            keyring.add(tmp_path, refused)
+    first = keyring.add(tmp_path, "with space")
+    assert keyring.add(tmp_path, "with space", exist_ok=True) == first == keyring.load(tmp_path)["with space"]
+    with pytest.raises(KeyringError, match="already exists"):
+        keyring.add(tmp_path, "with space")

@@ -1383,6 +1383,40 @@ def test_an_issued_credential_is_answered_with_the_principals_view_and_works(
         assert whoami.status_code == status
 
 
+def test_an_issuance_sent_again_by_its_idempotency_key_is_answered_the_same_credential(
+    served: tuple[Path, str], api: httpx.Client
+) -> None:
+    """A client that lost the answer to a create or a rotation sends it again with its Idempotency-Key:
+    the stored outcome and the same working credential, no other key made, nothing rotated twice; the
+    same key from another administrator, or with other grants, is a 409 as any other command's."""
+    root, url = served
+    name = f"again-{uuid.uuid4().hex[:8]}"
+    create = {"principal": name, "grants": []}
+    first = api.post("/v1/principals", json=create, headers={"Idempotency-Key": f"create-{name}"})
+    again = api.post("/v1/principals", json=create, headers={"Idempotency-Key": f"create-{name}"})
+    assert (again.status_code, again.json()) == (200, first.json())
+    keys_before = len(keyring.load(root))
+    rotate = {"Idempotency-Key": f"rotate-{name}"}
+    rotated = [api.post(f"/v1/principals/{name}/credential", headers=rotate) for _ in range(2)]
+    assert [answer.status_code for answer in rotated] == [200, 200]
+    assert rotated[1].json() == rotated[0].json() and rotated[0].json()["principal"]["principal"]["revision"] == 2
+    assert len(keyring.load(root)) == keys_before + 1
+    for token, status in ((first.json()["bearer_token"], 401), (rotated[0].json()["bearer_token"], 200)):
+        whoami = httpx.get(f"{url}/v1/principals/{name}", headers={"Authorization": f"Bearer {token}"})
+        assert whoami.status_code == status
+    other_grants = {**create, "grants": [{"capability": "consume", "domain": "d", "resource": "*"}]}
+    changed = api.post("/v1/principals", json=other_grants, headers={"Idempotency-Key": f"create-{name}"})
+    assert (changed.status_code, changed.json()["error_code"]) == (409, "Conflict")
+    with Client(root) as admin:
+        second_admin = admin.create_principal(f"admin-{name}", [Grant(capability=Capability.admin, domain="*")])
+    by_another = httpx.post(
+        f"{url}/v1/principals/{name}/credential",
+        headers={**rotate, "Authorization": f"Bearer {second_admin.bearer_token}"},
+    )
+    assert (by_another.status_code, by_another.json()["error_code"]) == (409, "Conflict")
+    assert committed(api.get(f"/v1/principals/{name}"))["principal"]["revision"] == 2
+
+
 def log_ends(root: Path) -> list[int]:
     data = DataDir.open(root)
     with data.file_command_log() as log:
@@ -1402,6 +1436,11 @@ def test_a_key_the_keyring_lacks_is_refused_before_it_could_halt_a_partition(
     missing = api.put(f"/v1/principals/{name}", json={"key_id": "no-such-key", "grants": [], "expected_revision": 0})
     assert (missing.status_code, missing.json()["error_code"]) == (400, "Validation"), missing.text
     assert missing.json()["detail"] == "key_id names no key of the service's keyring: add it first (keyload keys add)"
+    too_long = api.put(f"/v1/principals/{name}", json={"key_id": "k" * 65, "grants": [], "expected_revision": 0})
+    assert (too_long.status_code, too_long.json()["detail"]) == (
+        400,
+        "key_id: a key id is 1..64 printable ASCII characters",
+    )  # no key can have it: the rule, not the keyring, is what to fix
     rotate = api.post(f"/v1/domains/{domain()}/keys/rotate", json={"jitter_key_id": "no-such-key"})
     assert (rotate.status_code, rotate.json()["detail"].split(" ")[0]) == (400, "jitter_key_id")
     for body in (  # the same commands as the log takes them, which the SDK's HTTP transport sends

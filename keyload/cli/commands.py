@@ -126,6 +126,18 @@ def _finite_seconds(text: str) -> float:
     return value
 
 
+def command_id(text: str) -> str:
+    """A command id as the processor takes one: a usage error, since a bad one is never sent."""
+    from keyload.errors import InvalidCommand
+    from keyload.sdk.envelope import check_command_id
+
+    try:
+        check_command_id(text)
+    except InvalidCommand as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
+
+
 def integer(text: str) -> int:
     try:
         return int(text)

@@ -130,7 +130,9 @@ def _common() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
     )
     command = argparse.ArgumentParser(add_help=False)
     command.add_argument(
-        "--command-id", help="stable id for retries: the same id returns the first outcome (default: a new UUID)"
+        "--command-id",
+        type=commands.command_id,
+        help="stable id for retries: the same id returns the first outcome (default: a new UUID)",
     )
     return common, command
 

@@ -38,7 +38,7 @@ from keyload.bodies import Branch
 from keyload.commands import BY_BRANCH, COMMANDS, Capability, CommandKind
 from keyload.credentials import Credential
 from keyload.errors import CommandTooLarge, ErrorCode, InvalidCommand, KeyloadError
-from keyload.limits import MAX_WAIT_MS
+from keyload.limits import KEY_ID_PATTERN, KEY_ID_RULE, MAX_WAIT_MS
 from keyload.log.base import LogError, partition_for
 from keyload.log.codec import Record
 from keyload.processors.access import EVERYTHING, allows, load_principal
@@ -154,6 +154,8 @@ class Engine:
         if policy is not None and (record is None or not allows(record.grants, kind.capability, None, EVERYTHING)):
             return
         if missing:
+            if not KEY_ID_PATTERN.fullmatch(body[1][missing[0]]):  # no key could have that id
+                raise Refused(statuses.BAD_REQUEST, f"{missing[0]}: {KEY_ID_RULE}")
             raise Refused(
                 statuses.BAD_REQUEST,
                 f"{missing[0]} names no key of the service's keyring: add it first (keyload keys add)",

@@ -228,7 +228,10 @@ def _credential_operations(refs: dict[str, Any]) -> dict[str, Any]:
         },
     }
     responses = {
-        "200": {"description": "the credential, given once", "content": {"application/json": {"schema": issued}}},
+        "200": {
+            "description": "the credential (sent again with its Idempotency-Key: the same one)",
+            "content": {"application/json": {"schema": issued}},
+        },
         "default": _refused(),
     }
     create_body = {

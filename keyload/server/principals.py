@@ -4,8 +4,9 @@ A credential's key lives in the service's keyring, which only the service writes
 administrator's client of the server cannot make one itself, as a local operator's does: it asks
 the server, which checks that the caller administers every domain (before it adds anything to the
 keyring), makes the key, sends the PutPrincipal naming it to every partition under the request's
-command id, and answers the credential once. It is not kept anywhere else: a lost answer is mended
-by rotating again.
+command id, and answers the credential. Its secret is kept nowhere but the keyring; its key is the
+request's own (caller, principal, command id), so a request sent again with its Idempotency-Key after
+a lost answer makes the same PutPrincipal and is answered the same credential.
 
     POST /v1/principals                           {"principal": NAME, "grants": [Grant, ...]}: create
     POST /v1/principals/{principal}/credential    a new key for an existing principal: rotate
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import json
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +31,7 @@ from keyload.projections.store import Readable
 from keyload.server import statuses
 from keyload.server.app import Engine, Refused, answered, json_object, outcome_response, read_capped
 from keyload.server.writer import Answer
-from keyload.storage.principals import SYSTEM_PRINCIPALS, new_credential
+from keyload.storage.principals import SYSTEM_PRINCIPALS, issued_credential
 from keyload.wire import COMMAND_ID_HEADER, WireError, names, to_avro, to_json
 
 PUT_PRINCIPAL = BY_NAME["PutPrincipal"]
@@ -61,7 +63,8 @@ class CredentialIssuer:
             if set(fields) - {"principal", "grants"} or not isinstance(fields.get("principal"), str):
                 raise WireError('the request body must be {"principal": NAME, "grants": [Grant, ...]}')
             grants = to_avro(self.commands, GRANTS, fields.get("grants", []), "grants")
-            return await self._issue(caller, command_id, fields["principal"], grants, expected_revision=0)
+            credential = await self._credential(caller, command_id, fields["principal"])
+            return await self._issue(caller, command_id, credential, grants, expected_revision=0)
 
         return await answered(request, answer)
 
@@ -75,7 +78,11 @@ class CredentialIssuer:
             current = load_principal(self.policy, principal)
             if current is None:
                 raise Refused(NO_PRINCIPAL, "principal does not exist")
-            return await self._issue(caller, command_id, principal, None, expected_revision=current.revision)
+            credential = await self._credential(caller, command_id, principal)
+            # A repeat of a rotation that committed finds its key in force: it is sent as first sent
+            # (at the revision before it), so the log answers it with the stored outcome.
+            revision = current.revision - 1 if current.key_id == credential.key_id else current.revision
+            return await self._issue(caller, command_id, credential, None, expected_revision=revision)
 
         return await answered(request, answer)
 
@@ -88,14 +95,19 @@ class CredentialIssuer:
             raise Refused(statuses.FORBIDDEN, "issuing credentials needs admin on every domain")
         return caller
 
-    async def _issue(
-        self, caller: Credential, command_id: str, principal: str, grants: Any, *, expected_revision: int
-    ) -> Response:
+    async def _credential(self, caller: Credential, command_id: str, principal: str) -> Credential:
+        """The credential this request issues: its key is the request's (caller, principal, command
+        id), so a request sent again by its Idempotency-Key issues the same one."""
         if principal in SERVICE_PRINCIPALS:
             raise Refused(statuses.FORBIDDEN, "the service's own principals keep the keys the service signs with")
-        credential = await asyncio.to_thread(new_credential, self.root, principal)
+        issuance = json.dumps([caller.principal, principal, command_id])
+        return await asyncio.to_thread(issued_credential, self.root, principal, issuance)
+
+    async def _issue(
+        self, caller: Credential, command_id: str, credential: Credential, grants: Any, *, expected_revision: int
+    ) -> Response:
         body = {
-            "principal": principal,
+            "principal": credential.principal,
             "key_id": credential.key_id,
             "enabled": None,
             "grants": grants,

@@ -22,7 +22,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from keyload.errors import KeyloadError
-from keyload.limits import MAX_KEY_ID_CHARS
+from keyload.limits import KEY_ID_PATTERN, KEY_ID_RULE
 from keyload.processors.key_rotation import DEFAULT_KEY_ID
 
 FILE = "keyring.json"
@@ -81,16 +81,20 @@ def _write(root: Path, keys: dict[str, str]) -> None:
     write_private(root / FILE, (json.dumps({"format": FORMAT, "keys": keys}, indent=2) + "\n").encode("utf-8"))
 
 
-def add(root: Path, key_id: str) -> bytes:
+def add(root: Path, key_id: str, *, exist_ok: bool = False) -> bytes:
     """Add a new random key and return it; existing keys are never replaced (logs may still
-    reference them). Writers of the keyring (processes, threads) take turns on DATA/keyring.lock,
-    so two additions at once both land."""
-    if not 1 <= len(key_id) <= MAX_KEY_ID_CHARS or not key_id.isascii() or not key_id.isprintable():
-        raise KeyringError(f"key ids are 1..{MAX_KEY_ID_CHARS} printable ASCII characters")
+    reference them): one is refused, or with `exist_ok` returned (an issuance sent again finds the
+    key its first attempt added). Writers of the keyring (processes, threads) take turns on
+    DATA/keyring.lock, so two additions at once both land."""
+    if not KEY_ID_PATTERN.fullmatch(key_id):
+        raise KeyringError(KEY_ID_RULE)
     with _writing(root):
-        current = {k: base64.b64encode(v).decode("ascii") for k, v in load(root).items()}
-        if key_id in current:
+        keys = load(root)
+        if key_id in keys:
+            if exist_ok:
+                return keys[key_id]
             raise KeyringError(f"key {key_id!r} already exists")
+        current = {k: base64.b64encode(v).decode("ascii") for k, v in keys.items()}
         key = os.urandom(KEY_BYTES)
         current[key_id] = base64.b64encode(key).decode("ascii")
         _write(root, current)

@@ -18,6 +18,7 @@ names halts its partition rather than decide differently from the others).
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 from pathlib import Path
@@ -74,11 +75,7 @@ def new_credential(root: Path, principal: str, key_id: str | None = None) -> Cre
     beforehand (`keyload keys add`) so that every Kafka processor's keyring can hold it before a
     command names it. Keys are never removed from the keyring (the log still holds commands they
     signed)."""
-    if FILE_NAME.fullmatch(principal) is None:
-        raise CredentialError(
-            "a principal with a credential file is named by 1..128 letters, digits, '.', '_' or '-', "
-            "starting with a letter or digit"
-        )
+    _check_file_name(principal)
     if key_id is None:
         key_id = f"p-{os.urandom(KEY_ID_RANDOM_BYTES).hex()}"
         return Credential(principal, key_id, keyring.add(root, key_id))
@@ -86,6 +83,24 @@ def new_credential(root: Path, principal: str, key_id: str | None = None) -> Cre
     if key is None:
         raise CredentialError(f"the keyring of {root} has no key {key_id!r}: add it with `keyload keys add {key_id}`")
     return Credential(principal, key_id, key)
+
+
+def issued_credential(root: Path, principal: str, issuance: str) -> Credential:
+    """A credential for `principal` on a key of one issuance (the server's: its caller, principal and
+    command id): added to the keyring the first time, found there when the issuance is sent again,
+    so a repeat names the same key, makes the same PutPrincipal and is answered its stored outcome
+    with the same credential."""
+    _check_file_name(principal)
+    key_id = f"p-{hashlib.sha256(issuance.encode('utf-8')).hexdigest()[: 2 * KEY_ID_RANDOM_BYTES]}"
+    return Credential(principal, key_id, keyring.add(root, key_id, exist_ok=True))
+
+
+def _check_file_name(principal: str) -> None:
+    if FILE_NAME.fullmatch(principal) is None:
+        raise CredentialError(
+            "a principal with a credential file is named by 1..128 letters, digits, '.', '_' or '-', "
+            "starting with a letter or digit"
+        )
 
 
 def write_credential(root: Path, credential: Credential) -> Path:
