@@ -136,7 +136,7 @@ def _responses(kind: CommandKind, refs: dict[str, Any]) -> dict[str, Any]:
     outcomes = names("keyload.Outcome")
     result = json_schema(outcomes, outcomes.types[kind.result], refs)
     outcome = {"allOf": [{"$ref": "#/components/schemas/Outcome"}, {"properties": {"result": result}}]}
-    headers = {COMMAND_ID_HEADER: {"schema": {"type": "string"}, "description": "the command id"}}
+    headers = {COMMAND_ID_HEADER: _COMMAND_ID}
     if kind is PREPARE:
         headers[UPLOAD_HANDLE_HEADER] = _UPLOAD_HANDLE
     return {
@@ -196,7 +196,10 @@ def _envelope_operation(refs: dict[str, Any]) -> dict[str, Any]:
         "responses": {
             "200": {
                 "description": "committed",
-                "headers": {UPLOAD_HANDLE_HEADER: _UPLOAD_HANDLE | {"description": f"{PREPARE.name}: {_HANDLE_TEXT}"}},
+                "headers": {
+                    COMMAND_ID_HEADER: _COMMAND_ID,
+                    UPLOAD_HANDLE_HEADER: _UPLOAD_HANDLE | {"description": f"{PREPARE.name}: {_HANDLE_TEXT}"},
+                },
                 "content": {"application/json": {"schema": outcome}},
             },
             "default": _refused(),
@@ -206,6 +209,7 @@ def _envelope_operation(refs: dict[str, Any]) -> dict[str, Any]:
 
 _HANDLE_TEXT = "the reservation's upload handle, signed by the service: its upload takes it back"
 _UPLOAD_HANDLE = {"schema": {"type": "string"}, "description": _HANDLE_TEXT}
+_COMMAND_ID = {"schema": {"type": "string"}, "description": "the command id"}
 
 
 def _credential_operations(refs: dict[str, Any]) -> dict[str, Any]:
@@ -230,6 +234,7 @@ def _credential_operations(refs: dict[str, Any]) -> dict[str, Any]:
     responses = {
         "200": {
             "description": "the credential (sent again with its Idempotency-Key: the same one)",
+            "headers": {COMMAND_ID_HEADER: _COMMAND_ID},
             "content": {"application/json": {"schema": issued}},
         },
         "default": _refused(),
