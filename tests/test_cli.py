@@ -264,6 +264,11 @@ def test_commands_against_a_running_service(tmp_path: Path) -> None:
             "inspect", "--data", data, "--domain", "shop", "--queue", "orders", "--message", "a", "--body"
         )
         assert '"body": "hi"' in inspected.stdout and '"state": "ready"' in inspected.stdout
+        # The queue as `queue inspect` takes it: a positional too, given once.
+        counters = run_keyload("inspect", "--data", data, "--domain", "shop", "orders", "--json")
+        assert counters.returncode == 0 and '"enqueued_total": 1' in counters.stdout, counters
+        twice = run_keyload("inspect", "--data", data, "--domain", "shop", "orders", "--queue", "orders")
+        assert_one_clear_line(twice, 2, "give the queue once")
     finally:
         assert stop_service(service) == 0
 

@@ -8,6 +8,7 @@ import argparse
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -101,9 +102,16 @@ def test_the_cli_states_the_engines_defaults_and_choices() -> None:
 
 
 def test_relative_and_absolute_times() -> None:
+    """A +DURATION counts from when the command is sent (`sent_now`, once the client is open), not from
+    when the options were read: on a busy machine a `+500ms` read at parse time had passed on arrival."""
     assert cli_commands.epoch_ms("1700000000000") == 1_700_000_000_000
-    before = cli_commands.epoch_ms("+0s")
-    assert 0 <= cli_commands.epoch_ms("+5s") - before - 5000 < 5000
+    relative = cli_commands.epoch_ms("+5s")
+    assert relative == cli_commands.FromNow(5000)
+    time.sleep(0.05)
+    before = time.time_ns() // 1_000_000
+    sent = cli_commands.sent_now({"expires_at_ms": relative, "not_before_ms": 7, "queue": "q"})
+    assert 0 <= sent["expires_at_ms"] - before - 5000 < 5000
+    assert {name: sent[name] for name in ("not_before_ms", "queue")} == {"not_before_ms": 7, "queue": "q"}
     with pytest.raises(argparse.ArgumentTypeError):
         cli_commands.epoch_ms("soon")
 

@@ -1466,6 +1466,36 @@ def test_a_key_the_keyring_lacks_is_refused_before_it_could_halt_a_partition(
     assert api.get("/readyz").json()["halted"] == {}
 
 
+def test_a_key_any_partition_signs_with_is_refused_before_any_partition_applies_it(
+    served: tuple[Path, str], api: httpx.Client
+) -> None:
+    """Each partition's signing keys are its own (RotateKeys names one), and a worker process's
+    partition is checked as the server's own are: a PutPrincipal of a key partition P signs tokens
+    with is a 400 naming P, nothing appended anywhere, rather than a principal changed on the
+    partitions before P and refused by P for good."""
+    root, _ = served
+    key_id = f"k-serving-{uuid.uuid4().hex[:8]}"
+    keyring.add(root, key_id)
+    name = f"taker-{uuid.uuid4().hex[:8]}"
+    with Client(root) as admin:
+        for partition in range(admin.partitions):
+            before = admin.rotate_keys(partition).token_key_id
+            admin.rotate_keys(partition, token_key_id=key_id)
+            try:
+                ends = log_ends(root)
+                refused = api.put(
+                    f"/v1/principals/{name}", json={"key_id": key_id, "grants": [], "expected_revision": 0}
+                )
+                assert refused.status_code == 400, refused.text
+                assert f"(partition {partition})" in refused.json()["detail"]
+                assert log_ends(root) == ends
+            finally:
+                admin.rotate_keys(partition, token_key_id=before)
+        for partition in range(admin.partitions):
+            with pytest.raises(NotFoundError):
+                admin.inspect_principal(name, partition=partition)
+
+
 def test_credential_issuing_refuses_what_it_must(api: httpx.Client) -> None:
     missing = api.post("/v1/principals/nobody-here/credential")
     assert (missing.status_code, missing.json()["error_code"]) == (404, "NotFound")

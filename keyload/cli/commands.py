@@ -172,14 +172,29 @@ def offset(text: str) -> int:
     return value
 
 
-def epoch_ms(text: str) -> int:
-    """Absolute epoch milliseconds, or `+N[ms|s|m|h]` from now."""
+@dataclass(frozen=True, slots=True)
+class FromNow:
+    """`+DURATION`: a time `ms` after the moment the command is sent, not the moment the options were
+    read (opening the client can take a while on a busy machine, and the processor judges the time
+    at its log time: `+500ms` taken at parse time could have passed on arrival)."""
+
+    ms: int
+
+
+def epoch_ms(text: str) -> int | FromNow:
+    """Absolute epoch milliseconds, or `+N[ms|s|m|h]` from when the command is sent (`sent_now`)."""
     relative = DURATION.match(text)
     if relative:
-        return time.time_ns() // 1_000_000 + int(relative.group(1)) * UNIT_MS[relative.group(2)]
+        return FromNow(int(relative.group(1)) * UNIT_MS[relative.group(2)])
     if text.lstrip("-").isdigit():
         return int(text)
     raise argparse.ArgumentTypeError(f"expected epoch milliseconds or +DURATION (+500ms, +5s, +2m, +1h), got {text!r}")
+
+
+def sent_now(body: dict[str, Any]) -> dict[str, Any]:
+    """`body` with each `+DURATION` time made absolute: called as the command is about to be sent."""
+    now_ms = time.time_ns() // 1_000_000
+    return {name: now_ms + value.ms if isinstance(value, FromNow) else value for name, value in body.items()}
 
 
 def json_value(text: str) -> Any:
@@ -360,7 +375,7 @@ def add_field(
         parser.add_argument(flag, dest=dest, choices=f.schema["symbols"], required=required, help=doc)
     elif kind in ("int", "long"):
         if f.name in ABSOLUTE_TIMES or f.name.endswith("_at_ms"):
-            convert: Callable[[str], int] = epoch_ms
+            convert: Callable[[str], int | FromNow] = epoch_ms
         elif POSITIVE.match(f.name) and not scope and f.name not in shape.may_be_zero:
             # (not inside a policy, `scope`: a policy's bounds are the processor's to check)
             convert = positive
@@ -388,7 +403,7 @@ def add_row_options(parser: argparse.ArgumentParser, body: Sequence[Field], shap
 
 def _value(f: Field, args: argparse.Namespace, dest: str) -> Any:
     if hasattr(args, dest + _AS_POSITIONAL):
-        return _named_once(f.name, getattr(args, dest + _AS_POSITIONAL), getattr(args, dest))
+        return named_once(f.name, getattr(args, dest + _AS_POSITIONAL), getattr(args, dest))
     if f.kind == "bytes":
         return body_bytes(args)
     raw = getattr(args, dest)
@@ -401,7 +416,7 @@ def _value(f: Field, args: argparse.Namespace, dest: str) -> Any:
     return raw
 
 
-def _named_once(name: str, positional: str | None, option: str | None) -> str:
+def named_once(name: str, positional: str | None, option: str | None) -> str:
     """A queue or topic given as the positional or as the option, exactly once."""
     given = [value for value in (positional, option) if value is not None]
     if len(given) != 1:
@@ -849,6 +864,7 @@ def run_row(args: argparse.Namespace) -> int:
     shape = table.shape(kind)
     body = build_body(table.fields(kind), shape, args)
     with table.client(args) as client:
+        body = sent_now(body)
         if shape.send is not None:
             result, code = shape.send(client, args, body, kind)
         else:

@@ -652,14 +652,15 @@ def gc_release_pin(args: argparse.Namespace) -> int:
 
 def inspect(args: argparse.Namespace) -> int:
     """The old `inspect`: a queue (`queue inspect`), or one message with --message (`message inspect`)."""
+    from keyload.cli.commands import named_once, show
     from keyload.cli.main import client_of
 
+    queue = named_once("queue", args.queue_positional, args.queue)
     with client_of(args) as client:
         if args.message is None:
-            result: Any = client.inspect_queue(args.domain, args.queue)
+            result: Any = client.inspect_queue(args.domain, queue)
         else:
-            result = client.inspect_message(args.domain, args.queue, args.message, include_body=args.body)
-    from keyload.cli.commands import show
+            result = client.inspect_message(args.domain, queue, args.message, include_body=args.body)
 
     show(args, result)
     return 0
@@ -717,10 +718,13 @@ def add_parsers(sub: Any, common: argparse.ArgumentParser, command: argparse.Arg
     op.add_argument("--domain", type=domain_name, help="only the partition of this domain")
     op.set_defaults(func=census)
     inspect_ = sub.add_parser(
-        "inspect", parents=[common], help="show a queue's counters, or one message (alias of queue/message inspect)"
+        "inspect",
+        parents=[common],
+        help="show a queue's counters (as `queue inspect`), or one message with --message (as `message inspect`)",
     )
     inspect_.add_argument("--domain", required=True, help="the domain (partition key) of the command")
-    inspect_.add_argument("--queue", required=True, help="the queue")
+    inspect_.add_argument("queue_positional", nargs="?", metavar="QUEUE", help="the queue (or --queue)")
+    inspect_.add_argument("--queue", help="the queue (or QUEUE)")
     inspect_.add_argument("--message", help="a message id: show this message instead of the queue")
     inspect_.add_argument("--body", action="store_true", help="with --message: include the message body")
     inspect_.set_defaults(func=inspect)

@@ -16,6 +16,7 @@ A request becomes a command this way (docs/ARCHITECTURE.md §10a):
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import re
@@ -48,6 +49,7 @@ from keyload.sdk.envelope import check_command_id, encode_command
 from keyload.server import statuses
 from keyload.server.auth import Authenticator, Unauthenticated
 from keyload.server.coalescing import COALESCED_KINDS, Coalescing, UnknownOutcome
+from keyload.server.held import HeldProjections
 from keyload.server.metrics import ServerMetrics
 from keyload.server.processing import Processing
 from keyload.server.routing import IndexedApp, IndexedRouter
@@ -108,6 +110,9 @@ class Engine:
     # The end of each partition's log when the server started: the backlog the processors replay
     # before the service is ready (`/readyz`); empty on Kafka, whose partitions come and go.
     backlog: Mapping[int, int]
+    # Each partition's own projection, where this server can read it (a worker process's too; none on
+    # Kafka): what a principal's key is checked against, since the partitions' signing keys differ.
+    projections: HeldProjections
     writer: CommandWriter | None = None  # set when the event loop starts
     # Headers a kind's outcome is answered with, made from it and never stored: a reservation's
     # upload handle (keyload/server/payloads.py).
@@ -168,15 +173,15 @@ class Engine:
 
     def _partition_signing_with(self, kind: CommandKind, body: Record) -> int | None:
         """The first partition that signs with the key a principal command names to sign with
-        (CommandKind.principal_key_field), when this server holds the policies (a Kafka server does
-        not: there the processors decide)."""
+        (CommandKind.principal_key_field), read from each partition's own projection where this
+        server can read it (not a Kafka server's: there the processors decide)."""
         key_id = None if kind.principal_key_field is None else body.get(kind.principal_key_field)
         if key_id is None:
             return None
-        for partition in range(self.partitions):
-            policy = self.policy(partition)
-            if policy is not None and signs_for_the_partition(policy, key_id):
-                return partition
+        for partition in self.projections.partitions():
+            with contextlib.suppress(StoreError), self.projections.read(partition) as projection:
+                if projection is not None and signs_for_the_partition(projection, key_id):
+                    return partition
         return None
 
     def response(self, kind: str, answer: Answer) -> JSONResponse:

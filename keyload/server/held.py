@@ -1,4 +1,5 @@
-"""The projections `/metrics` reads its queue and group figures from.
+"""The projections `/metrics` reads its queue and group figures from, and a principal's key is
+checked against (a partition's own signing keys: keyload/server/app.py, `refuse_unusable_key`).
 
 The embedded service's server holds its processors' projections open. With worker processes
 (`keyload run --workers`, keyload/service/workers.py) the other partitions' projections are open
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import shutil
+import threading
 from collections.abc import Iterator, Mapping
 
 from keyload.projections.store import Store, StoreError
@@ -32,6 +34,7 @@ class HeldProjections:
         self.held = held
         self.workers = workers  # the projections `held` lacks are open in worker processes
         self._followed: dict[int, Store] = {}
+        self._following = threading.Lock()  # a scrape's thread and the event loop follow them in turn
 
     def partitions(self) -> list[int]:
         """The partitions whose projection `read` can give."""
@@ -45,7 +48,8 @@ class HeldProjections:
         if store is not None or not self.workers:
             yield store
             return
-        yield self._caught_up(partition)
+        with self._following:
+            yield self._caught_up(partition)
 
     def _caught_up(self, partition: int) -> Store:
         followed = self._followed.get(partition)
@@ -61,7 +65,8 @@ class HeldProjections:
         return followed
 
     def close(self) -> None:
-        for store in self._followed.values():
-            store.close()
-        self._followed.clear()
+        with self._following:
+            for store in self._followed.values():
+                store.close()
+            self._followed.clear()
         shutil.rmtree(self.data.root.joinpath(*FOLLOW), ignore_errors=True)

@@ -291,6 +291,7 @@ class HttpServer:
             processing,
             metrics,
             backlog,
+            projections,
             outcome_headers=payload_headers(keyring),
         )
         rings = Rings(listener, None if pool is None else pool.bells.pass_on)
@@ -319,7 +320,8 @@ class HttpServer:
         authenticates at the edge (the processor decides the policy). It takes large payloads by
         their upload handles, and reads them by their read handles, from the shared object store."""
         settings = data.kafka_settings()
-        metrics = ServerMetrics(PartitionCollector(KafkaLog.commands(settings), processing, HeldProjections(data, {})))
+        projections = HeldProjections(data, {})
+        metrics = ServerMetrics(PartitionCollector(KafkaLog.commands(settings), processing, projections))
         keyring = LiveKeyring(data.root)
         engine = Engine(
             data.partitions,
@@ -329,6 +331,7 @@ class HttpServer:
             processing,
             metrics,
             {},
+            projections,
             outcome_headers=payload_headers(keyring),
         )
         side = LogSide(
