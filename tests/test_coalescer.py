@@ -10,6 +10,7 @@ and loses or doubles nothing.
 from __future__ import annotations
 
 import asyncio
+import shutil
 import signal
 import threading
 import time
@@ -980,3 +981,49 @@ def test_the_server_carries_each_groups_acks_in_a_group_ack_batch_of_its_own() -
         },
     )
     assert [answer.record["result"][1]["checkpoint"] for answer in answers] == [0, 7, 2, 7, 4]
+
+
+def test_a_coalesced_request_a_halted_partition_refuses_names_no_command_id(tmp_path: Path) -> None:
+    """A halted partition refuses a request 503 before anything is appended: a lone request names its
+    command id (a resend by it learns the outcome once the partition serves), a coalesced one none,
+    since its own id would never be appended: it is sent again as a new request.
+
+    The partition is one whose projection was moved aside over a damaged log: rebuilt, it applies the
+    records in front of the damage (its policy: the callers are authenticated, 503 not 401) and
+    halts there alone, the other partitions served. The service once stopped at start instead (the
+    EnableAccessControl a fresh projection gets could not find the damaged log's end)."""
+    root = tmp_path / "data"
+    domain = "halting"
+    service = start_service(root)
+    try:
+        with httpx.Client(base_url=served_url(root), headers=bearer(root), timeout=60) as http:
+            assert http.put(f"/v1/domains/{domain}/queues/jobs").status_code == 200
+            for _ in range(3):
+                assert http.post(f"/v1/domains/{domain}/queues/jobs/messages", json={"body": "eA=="}).status_code == 200
+    finally:
+        assert stop_service(service) == 0
+    data = DataDir.open(root)
+    partition = partition_for(domain, data.partitions)
+    [segment] = sorted((root / "log" / "commands" / f"p-{partition:04d}").glob("*.seg"))
+    damaged = bytearray(segment.read_bytes())
+    damaged[len(damaged) // 2] ^= 0x40
+    segment.write_bytes(bytes(damaged))
+    # Its projection moved aside: rebuilt from the log's start, into the damage, where it halts alone
+    # (the service once stopped there, at the EnableAccessControl it appends to a fresh projection).
+    shutil.rmtree(data.projection(partition))
+    service = start_service(root)
+    try:
+        with httpx.Client(base_url=served_url(root), headers=bearer(root), timeout=60) as http:
+            wait_until(lambda: str(partition) in http.get("/readyz").json()["halted"], 60, "the halt")
+            enqueue = f"/v1/domains/{domain}/queues/jobs/messages"
+            lone = http.post(enqueue, json={"body": "eA=="}, headers={"Idempotency-Key": "lone-1"})
+            coalesced = http.post(enqueue, json={"body": "eA=="}, headers=COALESCE)
+            elsewhere = next(
+                d for d in (f"other-{n}" for n in range(64)) if partition_for(d, data.partitions) != partition
+            )
+            assert http.put(f"/v1/domains/{elsewhere}/queues/jobs").status_code == 200
+    finally:
+        assert stop_service(service) == 1  # a partition halted (§3)
+    for response, named in ((lone, "lone-1"), (coalesced, None)):
+        assert (response.status_code, response.json()["error_code"]) == (503, "Unavailable"), response.text
+        assert (response.json()["command_id"], response.headers.get("Keyload-Command-Id")) == (named, named)

@@ -310,6 +310,7 @@ class CommandRoute:
             targets = self._targets(request)
             credential = self.engine.caller(request, targets[0][1])  # first: the caller learns nothing before it
             coalesced = self._coalesced(request)
+            setattr(request.state, COALESCED_STATE, coalesced)
             body, raw = await self._body(request)
             datum = to_avro(self.commands, self.record, self.kind.filled(body, command_id), "")
             if raw is not None:
@@ -414,6 +415,7 @@ async def answered(request: Request, answer: Callable[[str], Awaitable[Response]
 
 
 _AUTHORIZATION = (b"authorization",)
+COALESCED_STATE = "coalesced"  # set on a request's state once it is known to go in a batch command
 # The request headers a command request takes at most once (the names as ASGI gives them: lower case).
 _ONCE = tuple(name.lower().encode() for name in (IDEMPOTENCY_HEADER, COALESCE_HEADER, UPLOAD_HANDLE_HEADER))
 
@@ -442,7 +444,7 @@ async def _answer(request: Request, answer: Callable[[str], Awaitable[Response]]
     except Unauthenticated as exc:
         return error_response(statuses.UNAUTHENTICATED, str(exc))
     except Refused as exc:
-        return error_response(exc.pair, str(exc), command_id)
+        return error_response(exc.pair, str(exc), _own(request, command_id))
     except CommandTooLarge as exc:
         return error_response(statuses.TOO_LARGE, str(exc))
     except InvalidCommand as exc:
@@ -450,7 +452,7 @@ async def _answer(request: Request, answer: Callable[[str], Awaitable[Response]]
     except _TooLarge:
         return error_response(statuses.TOO_LARGE, f"the request body is over {MAX_REQUEST_BYTES} bytes")
     except Halted as exc:
-        return error_response(statuses.UNAVAILABLE, str(exc), command_id)
+        return error_response(statuses.UNAVAILABLE, str(exc), _own(request, command_id))
     except UnknownOutcome as exc:  # a coalesced request's carrier: the request's own id was never appended
         return error_response(statuses.TIMEOUT, str(exc))
     except TimeoutError:
@@ -460,16 +462,28 @@ async def _answer(request: Request, answer: Callable[[str], Awaitable[Response]]
         )
         return error_response(statuses.TIMEOUT, detail, command_id)
     except (OSError, LogError) as exc:  # the append failed (a full disk): nothing of it applies
-        return error_response(statuses.UNAVAILABLE, f"the command could not be appended: {exc}", command_id)
+        return error_response(
+            statuses.UNAVAILABLE, f"the command could not be appended: {exc}", _own(request, command_id)
+        )
     except StoreError as exc:  # the partition's projection cannot be read (a full disk stalls it)
-        return error_response(statuses.UNAVAILABLE, f"the partition cannot serve this now: {exc}", command_id)
+        return error_response(
+            statuses.UNAVAILABLE, f"the partition cannot serve this now: {exc}", _own(request, command_id)
+        )
     except KeyloadError as exc:  # a request the server cannot act on as given (a bad principal name)
         return error_response(statuses.BAD_REQUEST, str(exc))
     except ClientDisconnect:  # the client went away mid-body: nobody reads the answer, nothing to log
         return error_response(statuses.BAD_REQUEST, "the client went away before sending the whole request")
     except Exception:  # a bug: the request fails alone, in the API's own form
         log.exception("%s %s failed", request.method, request.url.path[:256])
-        return error_response(statuses.INTERNAL, "the server failed to answer this request (see its log)", command_id)
+        detail = "the server failed to answer this request (see its log)"
+        return error_response(statuses.INTERNAL, detail, _own(request, command_id))
+
+
+def _own(request: Request, command_id: str) -> str | None:
+    """The command id an error answer names: none for a coalesced request, whose own id was never
+    appended (its carrier's failure is not something a resend by that id could learn); a coalesced ack
+    refused in its batch goes again alone under its own id, and a timeout of that names it."""
+    return None if getattr(request.state, COALESCED_STATE, False) else command_id
 
 
 class EnvelopeRoute:

@@ -234,17 +234,23 @@ def _turn_access_control_on(data: DataDir, log: CommandLog, processors: list[Par
     """Append EnableAccessControl to every partition that has not applied one and apply each of
     them up to it, before anything is served: a partition still without a policy epoch then (its
     EnableAccessControl refused: see `keyload status`, or the log's record) stops the service
-    rather than let it serve unauthenticated commands."""
+    rather than let it serve unauthenticated commands. A partition whose log is damaged gets none: it
+    is applied up to the damage and halts there, serving nothing (a projection moved aside over a
+    damaged log is rebuilt so; the others are served)."""
     off = [processor for processor in processors if policy_epoch(processor.store) is None]
-    ends = {processor.partition: log.end_offset(processor.partition) for processor in off}
-    access_control.enable(data.root, log, [processor.partition for processor in off])
+    ends: dict[int, int] = {}
     for processor in off:
-        while processor.applied_offset < ends[processor.partition] and processor.step():
+        with contextlib.suppress(LogCorruption):
+            ends[processor.partition] = log.end_offset(processor.partition)
+    access_control.enable(data.root, log, sorted(ends))
+    for processor in off:
+        end = ends.get(processor.partition)
+        while (end is None or processor.applied_offset < end) and processor.step():
             pass
         if processor.halt is None and policy_epoch(processor.store) is None:
             raise AccessControlOff(
                 f"partition {processor.partition} did not turn access control on (its EnableAccessControl at "
-                f"offset {ends[processor.partition]} was refused); it is not served open"
+                f"offset {end} was refused); it is not served open"
             )
 
 

@@ -290,6 +290,10 @@ class PartitionProcessor:
         try:
             records = self.log.read(self.partition, start, limit + 1 if check else limit)
         except LogCorruption as exc:
+            if exc.offset is not None and self._applied + 1 < exc.offset:
+                # The records in front of the damage apply first (a projection rebuilt over a damaged
+                # log): the partition is served up to the damage, then halts at it on the next read.
+                return self._read(min(limit, exc.offset - self._applied - 1))
             self._halt_on_corruption(exc)
             return []
         except LogTruncated as exc:
