@@ -724,8 +724,8 @@ def outcome_json(**fields: Any) -> dict[str, Any]:
     }
 
 
-def self_signed(folder: Path) -> tuple[Path, Path]:
-    """A certificate for 127.0.0.1 and its key, as PEM files."""
+def self_signed(folder: Path, passphrase: bytes | None = None) -> tuple[Path, Path]:
+    """A certificate for 127.0.0.1 and its key, as PEM files (the key encrypted with `passphrase`)."""
     key = ec.generate_private_key(ec.SECP256R1())
     name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "keyload test")])
     now = datetime.datetime.now(datetime.UTC)
@@ -744,6 +744,10 @@ def self_signed(folder: Path) -> tuple[Path, Path]:
     cert_path, key_path = folder / "cert.pem", folder / "key.pem"
     cert_path.write_bytes(certificate.public_bytes(serialization.Encoding.PEM))
     key_path.write_bytes(
-        key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+        key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.BestAvailableEncryption(passphrase) if passphrase else serialization.NoEncryption(),
+        )
     )
     return cert_path, key_path

@@ -15,7 +15,7 @@ from keyload.errors import InvalidCommand
 from keyload.log.base import partition_for
 from keyload.storage.datadir import DataDir
 
-from .support import keyload_command, run_keyload, spread_domains, start_service, stop_service
+from .support import keyload_command, run_keyload, self_signed, spread_domains, start_service, stop_service
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -56,6 +56,12 @@ def test_errors_without_a_service_are_one_line(tmp_path: Path) -> None:
         tls = ("--tls-cert", str(tmp_path / cert), "--tls-key", str(tmp_path / key))
         result = run_keyload("run", "--data", missing, "--listen", "127.0.0.1:0", *tls)
         assert_one_clear_line(result, 2, f"{' '.join(tls).replace(' --tls-key', ' with --tls-key')} cannot be loaded")
+    # An encrypted key is refused, never prompted for on a terminal (where the start would block).
+    cert, key = self_signed(tmp_path, passphrase=b"secret")
+    result = run_keyload(
+        "run", "--data", missing, "--listen", "127.0.0.1:0", "--tls-cert", str(cert), "--tls-key", str(key)
+    )
+    assert_one_clear_line(result, 2, f"--tls-key {key} is encrypted: keyload run takes an unencrypted key")
     assert not Path(missing).exists()
     result = run_keyload("run", "--data", missing, "--partitions", "100000")
     assert_one_clear_line(result, 2, "partition counts must be 1..1024")

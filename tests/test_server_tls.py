@@ -26,6 +26,10 @@ def test_https_with_a_trusted_certificate(tmp_path: Path) -> None:
             client.create_queue("tls", "q")
             client.enqueue("tls", "q", b"secret body", message_id="m")
             assert client.receive("tls", "q").deliveries[0].body == b"secret body"
+        with Client(url, credential=credential, verify=cert) as by_path:  # a Path names the bundle too
+            assert by_path.inspect_queue("tls", "q").queue == "q"
+        with pytest.raises(KeyloadError, match=r"verify='.*nowhere.pem' is no CA bundle this client can load"):
+            Client(url, credential=credential, verify=tmp_path / "nowhere.pem")
         # Not a passing fault to resubmit through (ServiceUnavailable) but a refusal naming the fix.
         with Client(url, credential=credential) as untrusting, pytest.raises(KeyloadError) as refused:
             untrusting.inspect_queue("tls", "q")

@@ -22,13 +22,16 @@ import functools
 import inspect
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Concatenate, ParamSpec, TypeVar, Unpack
+from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar, Unpack
 
 from keyload.credentials import Credential
 from keyload.errors import InvalidCommand
 from keyload.sdk.client import DEFAULT_TIMEOUT_S, Client, is_server_url
 from keyload.sdk.consumer import DEFAULT_WAIT_MS, ConsumeStats, Handled, WorkOptions
 from keyload.sdk.results import Delivery, GroupDelivery
+
+if TYPE_CHECKING:
+    from keyload.sdk.http_transport import Verify
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -82,7 +85,7 @@ class AsyncClient:
         *,
         credential: Credential,
         timeout_s: float = DEFAULT_TIMEOUT_S,
-        verify: bool | str = True,
+        verify: Verify = True,
         max_concurrency: int = DEFAULT_MAX_CONCURRENCY,
     ) -> None:
         if not is_server_url(url):

@@ -74,7 +74,7 @@ from keyload.storage.datadir import DataDir
 # The SDK does not load the engine: RocksDB (read by `poison_entries` and `census`) and the payload gateway (which
 # signs with the processors' proofs and handles) are imported where they are used.
 if TYPE_CHECKING:
-    from keyload.sdk.http_transport import HttpTransport
+    from keyload.sdk.http_transport import HttpTransport, Verify
     from keyload.sdk.payloads import PayloadGateway, Progress
 
 DEFAULT_TIMEOUT_S = 10.0
@@ -183,7 +183,7 @@ class Client:
     else the credential file of `principal` in the data directory (DATA/credentials/<principal>.json),
     else the administrator's (the local operator's client), and accepts only outcomes sealed with
     the same key (keyload/credentials.py). `verify` is the TLS verification of an https:// server
-    (True, False, or a CA bundle's path).
+    (True, False, or a CA bundle's path, a str or a Path).
     """
 
     # The command table by row name and the result classes it is typed by (keyload/commands.py).
@@ -198,7 +198,7 @@ class Client:
         reply_partition: int | None = None,
         *,
         credential: Credential | None = None,
-        verify: bool | str = True,
+        verify: Verify = True,
     ) -> None:
         self.timeout_s = timeout_s
         self._payloads: PayloadGateway | None = None

@@ -8,6 +8,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+import os
 import ssl
 from collections import OrderedDict
 from collections.abc import Iterator
@@ -63,14 +64,26 @@ PRINCIPAL_VIEW = "keyload.result.PrincipalView"
 OUTCOME_MEMBERS = frozenset({"command_id", "status"})  # what makes a JSON answer an outcome (§10a)
 
 
+Verify = bool | str | os.PathLike[str]  # TLS verification: on, off, or the CA bundle to trust
+
+
+def _trusting(bundle: str | os.PathLike[str]) -> ssl.SSLContext:
+    """The TLS of a client trusting the CA bundle at `bundle`, a client error when it does not load
+    (not the next request's: nothing could be sent)."""
+    try:
+        return ssl.create_default_context(cafile=os.fspath(bundle))
+    except (OSError, ValueError) as exc:  # ssl.SSLError included
+        raise KeyloadError(f"verify={os.fspath(bundle)!r} is no CA bundle this client can load: {exc}") from None
+
+
 class HttpTransport:
     """Sends commands to one keyload server over a kept-alive connection pool."""
 
-    def __init__(self, url: str, credential: Credential, *, verify: bool | str = True) -> None:
+    def __init__(self, url: str, credential: Credential, *, verify: Verify = True) -> None:
         self._http = httpx.Client(
             base_url=url,
             headers={"Authorization": f"Bearer {credential.bearer_token}"},
-            verify=ssl.create_default_context(cafile=verify) if isinstance(verify, str) else verify,
+            verify=verify if isinstance(verify, bool) else _trusting(verify),
             timeout=httpx.Timeout(None, connect=CONNECT_TIMEOUT_S),
             limits=httpx.Limits(max_connections=MAX_CONNECTIONS, max_keepalive_connections=MAX_CONNECTIONS),
         )

@@ -125,13 +125,27 @@ class Listen:
 
 def _tls_context(cert: Path, key: Path) -> ssl.SSLContext:
     """The TLS of a server with this certificate and key; ValueError when a file is missing or
-    unreadable, or they are no PEM of a matching pair."""
+    unreadable, they are no PEM of a matching pair, or the key is encrypted (OpenSSL would
+    otherwise prompt for its passphrase on the terminal and block the service's start)."""
     context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     try:
-        context.load_cert_chain(cert, key)
+        context.load_cert_chain(cert, key, password=_no_passphrase)
+    except _EncryptedKey:
+        raise ValueError(
+            f"--tls-key {key} is encrypted: keyload run takes an unencrypted key (keep its file 0600)"
+        ) from None
     except OSError as exc:  # ssl.SSLError included
         raise ValueError(f"--tls-cert {cert} with --tls-key {key} cannot be loaded: {exc}") from None
     return context
+
+
+class _EncryptedKey(Exception):
+    pass
+
+
+def _no_passphrase() -> bytes:
+    """Asked for by OpenSSL only for an encrypted key: refused rather than prompted for."""
+    raise _EncryptedKey
 
 
 @dataclass(frozen=True)
