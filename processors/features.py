@@ -90,6 +90,11 @@ The levels:
     from a floor that could not pass them: with more than RECEIVE_EXAMINATION_BUDGET held rows in
     front, a retried head (back of the ready order) and every other key behind them were never
     reached again.
+16. A reservation's object key ends in a digest of the reserving command's id and log time
+    (processors/payloads/reservations.py: `payloads/p-NNNN/<reservation id>-<16 hex digits>`).
+    Before it the key was the partition and reservation id alone, and a restore after the log lost
+    its tail allocated the lost reservations' ids again: the upload of a new reservation met the
+    object a lost one had stored under its key and was refused ("already holds other bytes").
 """
 
 from __future__ import annotations
@@ -117,6 +122,7 @@ DECLARES_UNSTARTED = 12  # the level from which a CreateGroup of an existing gro
 WAITERS_FOLLOW_REPEATS = 13  # the level from which a waiting receive answers where its latest repeat asks
 PURGES_NAME_LOWEST = 14  # the level from which a refused PurgeTopic names the lowest group limit
 HELD_OUT_OF_READY = 15  # the level from which a strict queue's held messages have no ready row
+OBJECT_KEYS_UNIQUE = 16  # the level from which an object key carries its reserving command's digest
 # The reads level 1 covers, frozen: tests/test_feature_levels.py holds the command table's `reads`
 # rows to it. Making an existing command a read changes how level-1 logs replay: a later level.
 LEVEL_1_READS = frozenset(

@@ -23,7 +23,9 @@ from keyload.log.codec import REGISTRY
 from keyload.log.file_log import FileLog, FileLogConfig, FsyncPolicy
 from keyload.operations.catalog import CatalogEntry
 from keyload.operations.recovery import CheckpointUnusable, drill, replay, restore
+from keyload.processors.features import OBJECT_KEYS_UNIQUE
 from keyload.projections import keys
+from keyload.projections.records import PayloadReservation
 from keyload.projections.store import Store
 from keyload.sdk.client import Client
 from keyload.service.halts import recorded_halts
@@ -31,10 +33,12 @@ from keyload.service.runtime import MAX_GROUP_RECORDS, STALL_RETRY_MIN_S, Partit
 from keyload.storage.datadir import DataDir
 from keyload.storage.principals import system_credential
 
+from .payloads import PREPARE, prepare_body
 from .support import (
     CHECKPOINT,
     CREATE_QUEUE,
     ENQUEUE,
+    RAISE_FEATURE_LEVEL,
     assert_live_equals_replay,
     bearer,
     command,
@@ -227,6 +231,43 @@ def test_a_lost_tail_then_new_appends_halts_instead_of_skipping(tmp_path: Path) 
         assert node.processor.halt is None
         assert stored_message_ids(node.store) == {"m1", "m4", "m5", "m6"}
     assert_drills_pass(data, tmp_path)
+
+
+@pytest.mark.parametrize("level", [OBJECT_KEYS_UNIQUE - 1, OBJECT_KEYS_UNIQUE])
+def test_a_reservation_after_a_restore_of_a_lost_tail_gets_an_object_key_of_its_own(tmp_path: Path, level: int) -> None:
+    """A restore replays to the reservation counter from before the loss, so the new reservation
+    has the lost one's id; its object key must not be the lost one's, whose object an upload may
+    have stored (a new upload would be refused: "already holds other bytes"). Below feature level
+    16 the key was the bare id."""
+    root = tmp_path / "data"
+
+    def reserve(message_id: str) -> bytes:
+        body = prepare_body(message_id, b"large", queue=QUEUE)
+        return command(DOMAIN, PREPARE, body, command_id=f"reserve-{message_id}")
+
+    def reservation(store: Store) -> PayloadReservation:
+        stored = store.get(keys.reservation(1))
+        assert stored is not None
+        return PayloadReservation.decode(stored)
+
+    with single(root, FileLogConfig(fsync=FsyncPolicy.NONE)) as node:
+        node.append(create(), command(DOMAIN, RAISE_FEATURE_LEVEL, {"level": level}))
+        node.run()
+        assert node.processor.take_checkpoint() is not None
+        node.append(reserve("lost"))
+        node.run()
+        lost = reservation(node.store)
+        node.store.close()
+        node.log.close()
+        _cut_after(root / "log" / "commands", 2)  # the reservation is lost
+        node.log = node._log()
+        node.append(reserve("new"), enqueue("m1"))
+    restore(DataDir.open(root), 0, tmp_path / "restore", progress=False)
+    with single(root, FileLogConfig(fsync=FsyncPolicy.NONE)) as node:
+        new = reservation(node.store)
+    assert (new.message_id, new.reservation_id) == ("new", lost.reservation_id)
+    assert (new.object_key == lost.object_key) == (level < OBJECT_KEYS_UNIQUE)
+    assert new.object_key.startswith(f"payloads/p-0000/{lost.reservation_id:020d}")
 
 
 def test_a_restore_passes_over_checkpoints_it_cannot_use_and_retires_the_damaged_ones(tmp_path: Path) -> None:

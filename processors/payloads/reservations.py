@@ -9,6 +9,9 @@ Whichever comes first in the log among commit, cancel and the deadline wins.
 
 from __future__ import annotations
 
+import hashlib
+import json
+
 from msgspec.structs import replace
 
 from keyload import limits
@@ -18,16 +21,27 @@ from keyload.log.codec import Record
 from keyload.processors import access
 from keyload.processors.context import Context
 from keyload.processors.errors import Corruption, ErrorCode, Rejected
+from keyload.processors.features import OBJECT_KEYS_UNIQUE, feature_level
 from keyload.processors.payloads import retention
 from keyload.processors.queues.state import load_queue_by_id, queue_retired, save_queue
 from keyload.projections import keys
 from keyload.projections.records import PayloadReservation, QueueRecord, QueueView, ReservationState, load, save
-from keyload.projections.store import Staged
+from keyload.projections.store import Readable, Staged
+
+OBJECT_KEY_ORIGIN_DIGITS = 16  # hex digits of the reserving command's digest in an object key (64 bits)
 
 
-def object_key(partition: int, reservation_id: int) -> str:
-    """The service-chosen key of a reservation's object: no caller input, never reused."""
-    return f"payloads/p-{partition:04d}/{reservation_id:020d}"
+def object_key(stage: Readable, ctx: Context, reservation_id: int) -> str:
+    """The service-chosen key of a reservation's object: no caller input, never reused.
+
+    From feature level 16 it ends in a digest of the reserving command's id and log time: a restore
+    after the log lost its tail replays to a reservation counter from before the loss and allocates
+    the lost reservations' ids again, and their objects may already be stored under the bare id."""
+    key = f"payloads/p-{ctx.partition:04d}/{reservation_id:020d}"
+    if feature_level(stage) < OBJECT_KEYS_UNIQUE:
+        return key
+    origin = hashlib.sha256(json.dumps([ctx.command_id, ctx.now_ms]).encode()).hexdigest()
+    return f"{key}-{origin[:OBJECT_KEY_ORIGIN_DIGITS]}"
 
 
 def effective_state(reservation: PayloadReservation, now_ms: int) -> ReservationState:

@@ -56,7 +56,7 @@ def prepare_large_schedule(stage: Staged, body: PrepareLargeSchedule, ctx: Conte
         queue=queue.queue,
         queue_id=queue.incarnation,
         message_id=body.message_id,
-        object_key=object_key(ctx.partition, reservation_id),
+        object_key=object_key(stage, ctx, reservation_id),
         length=length,
         sha256=body.sha256,
         headers=dict(sorted(body.headers.items())),
