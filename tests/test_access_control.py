@@ -83,6 +83,7 @@ from keyload.storage.principals import (
     CHECKPOINTER_PRINCIPAL,
     GC_PRINCIPAL,
     SERVICE_ACTORS,
+    issued_credential,
     new_credential,
     system_credential,
 )
@@ -126,6 +127,7 @@ from .support import (
     put_document_body,
     read_body,
     receive_body,
+    run_keyload,
     served_url,
     start_service,
     stop_service,
@@ -1517,6 +1519,40 @@ def test_a_principal_is_given_its_file_only_once_every_partition_has_it(served: 
             admin.create_principal("half")
         assert not credential_path(served, "half").exists()
         assert admin.inspect_principal("half", partition=last).principal.key_id == squatter.key_id
+
+
+def test_a_creation_that_failed_part_way_is_completed_by_sending_it_again_with_its_command_id(
+    served: Path,
+) -> None:
+    """On Kafka a processor without the key halts its partition, and `principal create` times out
+    after the partitions before it applied the principal (section 5a). Sent again with its command
+    id, the creation makes the same key: partition 0 answers its stored outcome, the others apply
+    it, and the file is written. A rotation sent again rotates nothing twice."""
+    grants = [can(Capability.inspect, "shop")]
+    with Client(served) as admin:
+        first_try = issued_credential(served, ADMIN_PRINCIPAL, "mended", "create-mended")
+        body = {
+            "principal": "mended",
+            "key_id": first_try.key_id,
+            "enabled": None,
+            "grants": [grant.to_avro() for grant in grants],
+            "expected_revision": 0,
+        }
+        admin.send("PutPrincipal", admin.partition_domain(0), body, command_id="create-mended")  # then it failed
+        assert not credential_path(served, "mended").exists()
+        created = admin.create_principal("mended", grants, command_id="create-mended")
+        assert created == first_try == Credential.load(credential_path(served, "mended"))
+        rotated = admin.rotate_credential("mended", command_id="rotate-mended")
+        assert admin.rotate_credential("mended", command_id="rotate-mended") == rotated
+        for partition in range(admin.data.partitions):
+            view = admin.inspect_principal("mended", partition=partition).principal
+            assert (view.key_id, view.revision, view.grants) == (rotated.key_id, 2, grants)
+    with Client(served, principal="mended") as mended:
+        assert mended.whoami().principal.key_id == rotated.key_id
+    command = ("principal", "create", "cli-mended", "--data", str(served), "--command-id", "create-cli", "--json")
+    answers = [run_keyload(*command) for _ in range(2)]  # the same command sent again: the same answer
+    assert [answer.returncode for answer in answers] == [0, 0], answers[1].stderr
+    assert answers[0].stdout == answers[1].stdout
 
 
 def test_rotating_a_credential_needs_an_existing_principal_and_takes_its_current_revision(served: Path) -> None:

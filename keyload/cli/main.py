@@ -175,7 +175,7 @@ def build_parser(table: commands.Table = commands.TABLE) -> argparse.ArgumentPar
     nouns = commands.add_table_commands(sub, [common, command], table)
     operations.add_keys_add(nouns["keys"], common)
     operations.add_parsers(sub, common, command)
-    principals.add_parsers(sub, common)
+    principals.add_parsers(sub, common, command)
     return parser
 
 

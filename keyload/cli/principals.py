@@ -43,7 +43,7 @@ def create(args: argparse.Namespace) -> int:
 
     grants = [parse_grant(text) for text in args.grant]
     with _client(args) as client:
-        credential = client.create_principal(args.name, grants, key_id=args.key_id)
+        credential = client.create_principal(args.name, grants, key_id=args.key_id, command_id=args.command_id)
         view = client.inspect_principal(args.name)
     path = credential_path(client.data.root, credential.principal)
     emit(args, {"credential": str(path), "principal": view.principal, "policy_epoch": view.policy_epoch})
@@ -54,7 +54,7 @@ def rotate(args: argparse.Namespace) -> int:
     from keyload.credentials import credential_path
 
     with _client(args) as client:
-        credential = client.rotate_credential(args.name, key_id=args.key_id)
+        credential = client.rotate_credential(args.name, key_id=args.key_id, command_id=args.command_id)
     emit(
         args, {"credential": str(credential_path(client.data.root, credential.principal)), "key_id": credential.key_id}
     )
@@ -63,19 +63,19 @@ def rotate(args: argparse.Namespace) -> int:
 
 def grant(args: argparse.Namespace) -> int:
     with _client(args) as client:
-        emit(args, client.grant(args.name, parse_grant(args.grant)))
+        emit(args, client.grant(args.name, parse_grant(args.grant), command_id=args.command_id))
     return 0
 
 
 def revoke(args: argparse.Namespace) -> int:
     with _client(args) as client:
-        emit(args, client.revoke(args.name, parse_grant(args.grant)))
+        emit(args, client.revoke(args.name, parse_grant(args.grant), command_id=args.command_id))
     return 0
 
 
 def enable(args: argparse.Namespace) -> int:
     with _client(args) as client:
-        emit(args, client.put_principal(args.name, enabled=args.enabled))
+        emit(args, client.put_principal(args.name, enabled=args.enabled, command_id=args.command_id))
     return 0
 
 
@@ -91,27 +91,31 @@ def whoami(args: argparse.Namespace) -> int:
     return 0
 
 
-def add_parsers(sub: Any, common: argparse.ArgumentParser) -> None:
+def add_parsers(sub: Any, common: argparse.ArgumentParser, command: argparse.ArgumentParser) -> None:
+    """The principal verbs; those that change a principal take `--command-id` (`command`): one sent
+    to every partition that failed part-way is completed by sending it again with the same id."""
+    changes = [common, command]
     principal = sub.add_parser("principal", help="principals, their grants and credentials").add_subparsers(
         dest="action", required=True, metavar="VERB"
     )
     grant_help = "CAPABILITY:DOMAIN[:RESOURCE], e.g. consume:orders or enqueue:shop-*:jobs"
     key_id_help = (
         "sign with this keyring key (added with `keyload keys add`) instead of a new one; on Kafka, copy the "
-        "keyring to every processor first (default: a new random key)"
+        "keyring to every processor first (default: a new key of this command, the same again when it is "
+        "sent again with its --command-id)"
     )
     op = principal.add_parser(
-        "create", parents=[common], help="a new principal and its credential file DATA/credentials/NAME.json (0600)"
+        "create", parents=changes, help="a new principal and its credential file DATA/credentials/NAME.json (0600)"
     )
     op.add_argument("name", help="the principal")
     op.add_argument("--grant", action="append", default=[], metavar="GRANT", help=grant_help + " (repeatable)")
     op.add_argument("--key-id", help=key_id_help)
     op.set_defaults(func=create)
-    op = principal.add_parser("grant", parents=[common], help="add a grant")
+    op = principal.add_parser("grant", parents=changes, help="add a grant")
     op.add_argument("name", help="the principal")
     op.add_argument("grant", help=grant_help)
     op.set_defaults(func=grant)
-    op = principal.add_parser("revoke", parents=[common], help="remove a grant, exactly as granted")
+    op = principal.add_parser("revoke", parents=changes, help="remove a grant, exactly as granted")
     op.add_argument("name", help="the principal")
     op.add_argument("grant", help=grant_help)
     op.set_defaults(func=revoke)
@@ -119,11 +123,11 @@ def add_parsers(sub: Any, common: argparse.ArgumentParser) -> None:
         ("disable", False, "refuse every command the principal signs"),
         ("enable", True, "accept its commands again"),
     ):
-        op = principal.add_parser(verb, parents=[common], help=text)
+        op = principal.add_parser(verb, parents=changes, help=text)
         op.add_argument("name", help="the principal")
         op.set_defaults(func=enable, enabled=enabled)
     op = principal.add_parser(
-        "rotate", parents=[common], help="a new key and credential file; the old key signs nothing from now on"
+        "rotate", parents=changes, help="a new key and credential file; the old key signs nothing from now on"
     )
     op.add_argument("name", help="the principal")
     op.add_argument("--key-id", help=key_id_help)

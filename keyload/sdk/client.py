@@ -1253,7 +1253,7 @@ class Client:
         return self.inspect_principal()
 
     def create_principal(
-        self, principal: str, grants: Sequence[Grant] = (), *, key_id: str | None = None
+        self, principal: str, grants: Sequence[Grant] = (), *, key_id: str | None = None, command_id: str | None = None
     ) -> Credential:
         """A new principal with a new keyring key; its credential is returned, and a local client
         also writes its file DATA/credentials/<principal>.json (0600) once every partition has the
@@ -1265,29 +1265,39 @@ class Client:
         `key_id` (a local operator's only): sign with that keyring key instead, added beforehand with
         `keyload keys add`. In Kafka mode every processor must hold the key before the principal
         command reaches it (a processor without it halts the partition until it has it): add the
-        key, copy the keyring to every processor, then create."""
+        key, copy the keyring to every processor, then create.
+
+        `command_id`: sent again with the same id and arguments, a creation that failed part-way (an
+        OutcomeTimeout, a partition that could not apply it yet) is completed with the same key, and
+        one that committed is answered the same credential."""
+        command_id = str(uuid.uuid4()) if command_id is None else command_id
         if isinstance(self._transport, LogTransport):
-            from keyload.storage.principals import new_credential, write_credential  # lazily: they write the keyring
+            from keyload.storage.principals import write_credential  # lazily: it writes the keyring
 
             root = self._transport.data.root
-            credential = new_credential(root, principal, key_id)
-            self.put_principal(principal, key_id=credential.key_id, grants=grants, expected_revision=0)
+            credential = self._new_credential(root, principal, key_id, command_id)
+            self.put_principal(
+                principal, key_id=credential.key_id, grants=grants, expected_revision=0, command_id=command_id
+            )
             write_credential(root, credential)
             return credential
         self._server_makes_the_key(key_id)
         return self._http("create_principal").issue_credential(
-            principal, [grant.to_avro() for grant in grants], str(uuid.uuid4()), self.timeout_s
+            principal, [grant.to_avro() for grant in grants], command_id, self.timeout_s
         )
 
-    def rotate_credential(self, principal: str, *, key_id: str | None = None) -> Credential:
+    def rotate_credential(
+        self, principal: str, *, key_id: str | None = None, command_id: str | None = None
+    ) -> Credential:
         """A new key and credential for an existing principal (a local client also replaces its file);
         commands signed with the old key are refused from the log position of the change on (the old
         key stays in the keyring for replays). For a principal that does not exist: NotFound or
         RevisionConflict from a local client; from a server, which refuses before appending anything
-        (so there is no outcome to carry), KeyloadError naming its 404. `key_id`: as for `create_principal`."""
+        (so there is no outcome to carry), KeyloadError naming its 404. `key_id` and `command_id`: as
+        for `create_principal` (a repeat of a rotation that committed rotates nothing again)."""
+        command_id = str(uuid.uuid4()) if command_id is None else command_id
         if isinstance(self._transport, LogTransport):
-            # lazily: they write the keyring
-            from keyload.storage.principals import SERVICE_ACTORS, new_credential, write_credential
+            from keyload.storage.principals import SERVICE_ACTORS, write_credential  # lazily: it writes the keyring
 
             if principal in SERVICE_ACTORS:  # a server refuses them too (403)
                 raise InvalidCommand(
@@ -1296,12 +1306,24 @@ class Client:
                 )
             root = self._transport.data.root
             current = self.inspect_principal(principal).principal
-            credential = new_credential(root, principal, key_id)
-            self.put_principal(principal, key_id=credential.key_id, expected_revision=current.revision)
+            credential = self._new_credential(root, principal, key_id, command_id)
+            # A repeat of a rotation that committed finds its key in force: sent as first sent (at the
+            # revision before it), it is answered the stored outcome, as a server's repeat is.
+            revision = current.revision - 1 if current.key_id == credential.key_id else current.revision
+            self.put_principal(principal, key_id=credential.key_id, expected_revision=revision, command_id=command_id)
             write_credential(root, credential)
             return credential
         self._server_makes_the_key(key_id)
-        return self._http("rotate_credential").issue_credential(principal, None, str(uuid.uuid4()), self.timeout_s)
+        return self._http("rotate_credential").issue_credential(principal, None, command_id, self.timeout_s)
+
+    def _new_credential(self, root: Path, principal: str, key_id: str | None, command_id: str) -> Credential:
+        """The credential a local operator's creation or rotation gives: on the keyring's `key_id`, or
+        on the key of this issuance (the same again when the command is sent again by its id)."""
+        from keyload.storage.principals import issued_credential, new_credential  # lazily: they write the keyring
+
+        if key_id is not None:
+            return new_credential(root, principal, key_id)
+        return issued_credential(root, self.principal, principal, command_id)
 
     @staticmethod
     def _server_makes_the_key(key_id: str | None) -> None:

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import json
 from pathlib import Path
 from typing import Any
 
@@ -100,8 +99,7 @@ class CredentialIssuer:
         id), so a request sent again by its Idempotency-Key issues the same one."""
         if principal in SERVICE_PRINCIPALS:
             raise Refused(statuses.FORBIDDEN, "the service's own principals keep the keys the service signs with")
-        issuance = json.dumps([caller.principal, principal, command_id])
-        return await asyncio.to_thread(issued_credential, self.root, principal, issuance)
+        return await asyncio.to_thread(issued_credential, self.root, caller.principal, principal, command_id)
 
     async def _issue(
         self, caller: Credential, command_id: str, credential: Credential, grants: Any, *, expected_revision: int

@@ -19,6 +19,7 @@ names halts its partition rather than decide differently from the others).
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import re
 from pathlib import Path
@@ -85,12 +86,14 @@ def new_credential(root: Path, principal: str, key_id: str | None = None) -> Cre
     return Credential(principal, key_id, key)
 
 
-def issued_credential(root: Path, principal: str, issuance: str) -> Credential:
-    """A credential for `principal` on a key of one issuance (the server's: its caller, principal and
-    command id): added to the keyring the first time, found there when the issuance is sent again,
-    so a repeat names the same key, makes the same PutPrincipal and is answered its stored outcome
-    with the same credential."""
+def issued_credential(root: Path, caller: str, principal: str, command_id: str) -> Credential:
+    """A credential for `principal` on the key of one issuance (its caller, principal and command
+    id): added to the keyring the first time, found there when the issuance is sent again, so a
+    repeat (a server's request sent again by its Idempotency-Key, an operator's command sent again
+    by its id after a failure part-way) names the same key, makes the same PutPrincipal and is
+    answered its stored outcome with the same credential."""
     _check_file_name(principal)
+    issuance = json.dumps([caller, principal, command_id])
     key_id = f"p-{hashlib.sha256(issuance.encode('utf-8')).hexdigest()[: 2 * KEY_ID_RANDOM_BYTES]}"
     return Credential(principal, key_id, keyring.add(root, key_id, exist_ok=True))
 
