@@ -47,3 +47,16 @@ def test_tls_needs_a_certificate_and_its_key(tmp_path: Path) -> None:
     refused = run_keyload("run", "--data", str(tmp_path / "data"), "--tls-cert", str(cert))
     assert refused.returncode == 2
     assert "TLS needs both --tls-cert and --tls-key" in refused.stderr
+
+
+def test_the_served_url_names_the_host_as_listen_named_it(tmp_path: Path) -> None:
+    """A certificate may name only `localhost`: the URL local tools read from DATA/server.json keeps
+    the name `--listen` gave, not the address it resolved to."""
+    root = tmp_path / "data"
+    process = start_service(root, "--listen", "localhost:0")
+    try:
+        url = served_url(root)
+        assert url.startswith("http://localhost:")
+        assert httpx.get(f"{url}/healthz", timeout=5).status_code == 200
+    finally:
+        assert stop_service(process) == 0

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ipaddress
 import json
 import os
 import socket
@@ -137,6 +138,14 @@ def _tls_context(cert: Path, key: Path) -> ssl.SSLContext:
     except OSError as exc:  # ssl.SSLError included
         raise ValueError(f"--tls-cert {cert} with --tls-key {key} cannot be loaded: {exc}") from None
     return context
+
+
+def _is_address(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return True
 
 
 class _EncryptedKey(Exception):
@@ -355,7 +364,10 @@ class HttpServer:
 
     @property
     def url(self) -> str:
-        host, port = self._socket.getsockname()[:2]
+        """Where local tools reach the server: the host as `--listen` named it (a certificate may
+        name only it), its address when it was one, and the port bound."""
+        address, port = self._socket.getsockname()[:2]
+        host = address if _is_address(self.listen.host) else self.listen.host
         shown = f"[{host}]" if ":" in host else host
         return f"{self.listen.scheme}://{shown}:{port}"
 
