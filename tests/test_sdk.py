@@ -129,6 +129,21 @@ def test_a_closed_client_and_a_helper_option_out_of_range_raise_keyload_errors(s
     closed.close()
     with pytest.raises(KeyloadError, match="closed"):
         closed.inspect_queue("d", "q")
+    # Values no command can hold (one JSON cannot carry, over HTTP) and an id that is no string are
+    # the InvalidCommand a wrong type is, never a TypeError from under the SDK.
+    client = served.client
+    client.create_queue("d", "q")
+    client.enqueue("d", "q", b"x", message_id="m")
+    [delivery] = client.receive("d", "q").deliveries
+    for wrong in (
+        lambda: client.ack("d", delivery),  # type: ignore[arg-type]  # the delivery, not its token
+        lambda: client.ack("d", delivery.token.encode()),  # type: ignore[arg-type]
+        lambda: client.enqueue("d", "q", b"x", not_before_ms=float("nan")),  # type: ignore[arg-type]
+        lambda: client.enqueue("d", "q", b"x", command_id=5),  # type: ignore[arg-type]
+    ):
+        with pytest.raises(InvalidCommand, match=r"nothing was (sent|appended)|command id must be"):
+            wrong()
+    client.ack("d", delivery.token)  # nothing of them was applied: the lease is still held
 
 
 def test_receive_across_reports_each_lane_and_a_retry_returns_the_same_receipts(client: Client) -> None:

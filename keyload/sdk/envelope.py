@@ -108,5 +108,6 @@ def unsealed_note(unsealed: Sequence[Outcome]) -> str:
 
 def check_command_id(command_id: str) -> None:
     """The processor's rule, checked before appending: a bad id would never get an outcome."""
-    if not 1 <= len(command_id) <= limits.MAX_COMMAND_ID_CHARS or not limits.ID_PATTERN.fullmatch(command_id):
+    well_formed = isinstance(command_id, str) and 1 <= len(command_id) <= limits.MAX_COMMAND_ID_CHARS
+    if not well_formed or not limits.ID_PATTERN.fullmatch(command_id):
         raise InvalidCommand(f"command id must be 1..{limits.MAX_COMMAND_ID_CHARS} printable ASCII characters")

@@ -119,6 +119,7 @@ class HttpTransport:
     def submit(self, domain: str, kind: str, body: dict[str, Any], command_id: str, timeout_s: float) -> Outcome:
         try:
             payload = {"domain": domain, "body": to_json(self._commands, self._union, (kind, body))}
+            request = _json_body(payload, {IDEMPOTENCY_HEADER: command_id})  # a value JSON cannot hold fails here
         except (KeyError, TypeError, ValueError, StopIteration):
             envelope = {"command_id": command_id, "domain": domain, "principal": "", "body": (kind, body)}
             where = mismatched_fields({**envelope, "reply_to": None, "client_time_ms": None})
@@ -127,7 +128,7 @@ class HttpTransport:
             response = self._request(
                 "POST",
                 ENVELOPE_PATH,
-                **_json_body(payload, {IDEMPOTENCY_HEADER: command_id}),
+                **request,
                 timeout=timeout_s + long_poll_s(body),  # as a local client waits: the outcome within timeout_s
             )
         except httpx.TimeoutException:
