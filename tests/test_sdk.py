@@ -140,6 +140,7 @@ def test_a_closed_client_and_a_helper_option_out_of_range_raise_keyload_errors(s
         lambda: client.ack("d", delivery.token.encode()),  # type: ignore[arg-type]
         lambda: client.enqueue("d", "q", b"x", not_before_ms=float("nan")),  # type: ignore[arg-type]
         lambda: client.enqueue("d", "q", b"x", command_id=5),  # type: ignore[arg-type]
+        lambda: client.batch("d", [1, 2]),  # type: ignore[list-item]  # no mutations
     ):
         with pytest.raises(InvalidCommand, match=r"nothing was (sent|appended)|command id must be"):
             wrong()

@@ -29,7 +29,7 @@ from keyload.bodies import QueuePolicySpec as QueuePolicySpec
 from keyload.bodies import TopicPolicySpec as TopicPolicySpec
 from keyload.commands import COMMANDS, CommandKind
 from keyload.commands import Capability as Capability
-from keyload.errors import ErrorCode
+from keyload.errors import ErrorCode, InvalidCommand
 from keyload.log.codec import Record
 from keyload.projections.records import AvroRecord, GroupState, Int, Long
 
@@ -437,6 +437,11 @@ Mutation = (
 
 def mutation_record(mutation: Mutation) -> Record:
     """A BatchMutation record (in the command's own domain)."""
+    if not isinstance(mutation, Mutation):
+        raise InvalidCommand(
+            "each mutation is one of keyload.sdk.results' PutDocument, DeleteDocument, EnqueueMessage, PublishEvents, "
+            f"CancelMessage, RedriveMessage, ParkPendingMessage, not {type(mutation).__name__}; nothing was sent"
+        )
     if isinstance(mutation, PublishEvents):
         body = {"topic": mutation.topic, "events": [e.to_record() for e in mutation.events]}
     else:
