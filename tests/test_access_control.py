@@ -1544,6 +1544,8 @@ def test_a_creation_that_failed_part_way_is_completed_by_sending_it_again_with_i
         assert created == first_try == Credential.load(credential_path(served, "mended"))
         rotated = admin.rotate_credential("mended", command_id="rotate-mended")
         assert admin.rotate_credential("mended", command_id="rotate-mended") == rotated
+        assert admin.create_principal("mended", grants, command_id="create-mended") == created  # its stored answer
+        assert Credential.load(credential_path(served, "mended")) == rotated  # the file keeps the key in force
         for partition in range(admin.data.partitions):
             view = admin.inspect_principal("mended", partition=partition).principal
             assert (view.key_id, view.revision, view.grants) == (rotated.key_id, 2, grants)

@@ -1279,7 +1279,9 @@ class Client:
             self.put_principal(
                 principal, key_id=credential.key_id, grants=grants, expected_revision=0, command_id=command_id
             )
-            write_credential(root, credential)
+            # A repeat answered its stored outcome after a later rotation: the file keeps the key in force.
+            if self.inspect_principal(principal).principal.key_id == credential.key_id:
+                write_credential(root, credential)
             return credential
         self._server_makes_the_key(key_id)
         return self._http("create_principal").issue_credential(
