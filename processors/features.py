@@ -95,6 +95,10 @@ The levels:
     Before it the key was the partition and reservation id alone, and a restore after the log lost
     its tail allocated the lost reservations' ids again: the upload of a new reservation met the
     object a lost one had stored under its key and was refused ("already holds other bytes").
+17. A PutPrincipal naming a key the principal held before and was rotated away from is Conflict
+    (processors/principals.py): a rotation may retire a key because it leaked. Before it such a
+    key was taken back, as a rotation repeated by its command id past the receipt horizon (when the
+    id is new again) did with the key derived from that id.
 """
 
 from __future__ import annotations
@@ -123,6 +127,7 @@ WAITERS_FOLLOW_REPEATS = 13  # the level from which a waiting receive answers wh
 PURGES_NAME_LOWEST = 14  # the level from which a refused PurgeTopic names the lowest group limit
 HELD_OUT_OF_READY = 15  # the level from which a strict queue's held messages have no ready row
 OBJECT_KEYS_UNIQUE = 16  # the level from which an object key carries its reserving command's digest
+RETIRED_KEYS_REFUSED = 17  # the level from which a principal never takes back a key it was rotated from
 # The reads level 1 covers, frozen: tests/test_feature_levels.py holds the command table's `reads`
 # rows to it. Making an existing command a read changes how level-1 logs replay: a later level.
 LEVEL_1_READS = frozenset(

@@ -21,7 +21,7 @@ from keyload.processors import validation
 from keyload.processors.access import EVERYTHING, allows, load_principal, policy_epoch
 from keyload.processors.context import Context
 from keyload.processors.errors import ErrorCode, Rejected
-from keyload.processors.features import PRINCIPALS_CHECKED, feature_level
+from keyload.processors.features import PRINCIPALS_CHECKED, RETIRED_KEYS_REFUSED, feature_level
 from keyload.processors.key_rotation import JITTER, PROOF, TOKEN, MissingKey, active_key_id
 from keyload.projections import keys
 from keyload.projections.records import Grant, PrincipalRecord, save
@@ -197,6 +197,8 @@ def put_principal(stage: Staged, body: PutPrincipal, ctx: Context) -> Record:
             raise Rejected(ErrorCode.REVISION_CONFLICT, f"the principal is at revision {live}")
     if body.key_id is not None:
         _check_key_id(body.key_id)
+        if existing is not None and _retired(stage, existing, body.key_id):
+            raise Rejected(ErrorCode.CONFLICT, "the key id is one the principal held before: retired keys never return")
     grants = None if body.grants is None else _grants(body.grants)
     if grants is not None:
         _check_new_grants(stage, [grant for grant in grants if existing is None or grant not in existing.grants])
@@ -220,6 +222,16 @@ def put_principal(stage: Staged, body: PutPrincipal, ctx: Context) -> Record:
             revision=existing.revision + 1,
         )
     return _save(stage, record, existing, ctx)
+
+
+def _retired(stage: Staged, principal: PrincipalRecord, key_id: str) -> bool:
+    """Whether `key_id` is a key the principal held and was rotated away from (feature level 17): a
+    rotation may retire a key because it leaked, so none brings it back (a repeat of the rotation
+    that made it is answered its stored outcome before this is asked)."""
+    if key_id == principal.key_id or feature_level(stage) < RETIRED_KEYS_REFUSED:
+        return False
+    owner = stage.get(keys.principal_key(key_id))
+    return owner is not None and owner.decode("utf-8") == principal.principal
 
 
 def grant_capability(stage: Staged, body: GrantCapability, ctx: Context) -> Record:

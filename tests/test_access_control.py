@@ -37,6 +37,7 @@ from keyload.credentials import (
 )
 from keyload.errors import (
     CommandRejected,
+    ConflictError,
     InvalidCommand,
     NotFoundError,
     OutcomeTimeout,
@@ -50,7 +51,7 @@ from keyload.operations.recovery import drill
 from keyload.processors import tokens
 from keyload.processors.access import policy_epoch
 from keyload.processors.errors import ErrorCode, Rejected
-from keyload.processors.features import PRINCIPALS_CHECKED
+from keyload.processors.features import PRINCIPALS_CHECKED, RETIRED_KEYS_REFUSED
 from keyload.processors.outcomes import OUTCOME, new_outcome, reject
 from keyload.processors.payloads import proofs
 from keyload.projections import keys
@@ -779,6 +780,27 @@ def test_from_level_11_a_change_to_a_missing_principal_is_not_found_and_patterns
     assert secured.ok(secured.admin, system, PUT_PRINCIPAL, disable | {"principal": "Zoë\u00a0", "key_id": "k-zoe"})
 
 
+def test_from_level_17_a_principal_never_takes_back_a_key_it_was_rotated_from(secured: Secured) -> None:
+    """A rotation may retire a key because it leaked; a rotation repeated by its command id past the
+    receipt horizon (its id new again) named the key derived from that id, one the principal had been
+    rotated from, and took it back. Level 17 refuses it; below it a log replays as written."""
+    system = secured.system_domain(0)
+    alice = secured.principal("alice")
+    keyring.add(secured.root, "k-alice-2")
+    put = {"principal": "alice", "key_id": None, "enabled": None, "grants": None, "expected_revision": None}
+    for key_id in ("k-alice-2", alice.key_id, "k-alice-2"):  # below level 17: taken back
+        secured.ok(secured.admin, system, PUT_PRINCIPAL, put | {"key_id": key_id})
+    secured.everywhere("RaiseFeatureLevel", {"level": RETIRED_KEYS_REFUSED})
+    refused, _ = secured.submit_as(secured.admin, system, PUT_PRINCIPAL, put | {"key_id": alice.key_id})
+    assert (refused.status, refused.error_code, refused.detail) == (
+        "rejected",
+        "Conflict",
+        "the key id is one the principal held before: retired keys never return",
+    )
+    view = typed(secured.ok(secured.admin, system, PUT_PRINCIPAL, put | {"key_id": "k-alice-2"}), PrincipalView)
+    assert view.principal.key_id == "k-alice-2"  # the key in force is no retired one
+
+
 def test_the_last_administrator_cannot_be_disabled_or_lose_admin(secured: Secured) -> None:
     """Nobody could change the policy again: disabling it, revoking its grant or replacing its grants is
     a Conflict and nothing moves, while no other enabled principal holds admin on every domain (an
@@ -1492,6 +1514,11 @@ def test_a_principal_can_sign_with_a_keyring_key_added_beforehand(served: Path) 
         assert (carol.key_id, carol.secret) == ("p-carol-1", keyring.load(served)["p-carol-1"])
         assert Credential.load(credential_path(served, "carol")) == carol
         assert admin.rotate_credential("carol", key_id="p-carol-2").key_id == "p-carol-2"
+        # To the key in force again, as a new command (no id to repeat): applied, not taken for a repeat.
+        assert admin.rotate_credential("carol", key_id="p-carol-2").key_id == "p-carol-2"
+        # Back to the key it was rotated from: a retired key never returns (it may have leaked).
+        with pytest.raises(ConflictError, match="retired keys never return"):
+            admin.rotate_credential("carol", key_id="p-carol-1")
         with pytest.raises(CredentialError, match="keyload keys add p-nowhere"):
             admin.create_principal("dave", key_id="p-nowhere")
         with pytest.raises(NotFoundError):
@@ -1542,7 +1569,10 @@ def test_a_creation_that_failed_part_way_is_completed_by_sending_it_again_with_i
         assert not credential_path(served, "mended").exists()
         created = admin.create_principal("mended", grants, command_id="create-mended")
         assert created == first_try == Credential.load(credential_path(served, "mended"))
-        rotated = admin.rotate_credential("mended", command_id="rotate-mended")
+        rotated = issued_credential(served, ADMIN_PRINCIPAL, "mended", "rotate-mended")  # its first try:
+        body = {**body, "key_id": rotated.key_id, "grants": None, "expected_revision": 1}
+        admin.send("PutPrincipal", admin.partition_domain(0), body, command_id="rotate-mended")  # then it failed
+        assert admin.rotate_credential("mended", command_id="rotate-mended") == rotated
         assert admin.rotate_credential("mended", command_id="rotate-mended") == rotated
         assert admin.create_principal("mended", grants, command_id="create-mended") == created  # its stored answer
         assert Credential.load(credential_path(served, "mended")) == rotated  # the file keeps the key in force
@@ -1559,6 +1589,11 @@ def test_a_creation_that_failed_part_way_is_completed_by_sending_it_again_with_i
 
 def test_rotating_a_credential_needs_an_existing_principal_and_takes_its_current_revision(served: Path) -> None:
     with Client(served) as admin:
+        keys_before = set(keyring.load(served))
+        for bad_id in ("has spaces", 5):  # refused before a key is made for it
+            with pytest.raises(InvalidCommand, match="command id must be"):
+                admin.create_principal("badly-named", command_id=bad_id)  # type: ignore[arg-type]
+        assert set(keyring.load(served)) == keys_before
         with pytest.raises(NotFoundError):
             admin.rotate_credential("nobody")
         assert not credential_path(served, "nobody").exists()

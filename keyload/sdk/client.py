@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import itertools
 import os
@@ -16,7 +17,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol, TypeGuard, T
 
 from keyload.commands import BY_NAME, CommandKind, part_refused
 from keyload.credentials import ADMIN_PRINCIPAL, Credential, CredentialError, credential_path
-from keyload.errors import CommandRejected, InvalidCommand, KeyloadError, OutcomeTimeout, rejection
+from keyload.errors import CommandRejected, InvalidCommand, KeyloadError, NotFoundError, OutcomeTimeout, rejection
 from keyload.log.base import LogError, partition_for
 from keyload.log.codec import REGISTRY
 from keyload.sdk.consumer import DEFAULT_WAIT_MS, ConsumeStats, Handled, WorkOptions, consume, subscribe
@@ -164,6 +165,14 @@ class Transport(Protocol):
     def close(self) -> None: ...
 
 
+def _issuance_id(command_id: str | None) -> str:
+    """The command id a credential's issuance goes by, checked before a key is made for it."""
+    if command_id is None:
+        return str(uuid.uuid4())
+    check_command_id(command_id)
+    return command_id
+
+
 def is_server_url(target: str | os.PathLike[str]) -> TypeGuard[str]:
     return isinstance(target, str) and target.startswith(("http://", "https://"))
 
@@ -183,7 +192,7 @@ class Client:
     else the credential file of `principal` in the data directory (DATA/credentials/<principal>.json),
     else the administrator's (the local operator's client), and accepts only outcomes sealed with
     the same key (keyload/credentials.py). `verify` is the TLS verification of an https:// server
-    (True, False, or a CA bundle's path, a str or a Path).
+    (True, False, a CA bundle's path, a str or a Path, or an ssl.SSLContext).
     """
 
     # The command table by row name and the result classes it is typed by (keyload/commands.py).
@@ -1270,7 +1279,7 @@ class Client:
         `command_id`: sent again with the same id and arguments, a creation that failed part-way (an
         OutcomeTimeout, a partition that could not apply it yet) is completed with the same key, and
         one that committed is answered the same credential."""
-        command_id = str(uuid.uuid4()) if command_id is None else command_id
+        command_id = _issuance_id(command_id)
         if isinstance(self._transport, LogTransport):
             from keyload.storage.principals import write_credential  # lazily: it writes the keyring
 
@@ -1297,7 +1306,8 @@ class Client:
         RevisionConflict from a local client; from a server, which refuses before appending anything
         (so there is no outcome to carry), KeyloadError naming its 404. `key_id` and `command_id`: as
         for `create_principal` (a repeat of a rotation that committed rotates nothing again)."""
-        command_id = str(uuid.uuid4()) if command_id is None else command_id
+        repeatable = command_id is not None  # only an id the caller chose can be sent again
+        command_id = _issuance_id(command_id)
         if isinstance(self._transport, LogTransport):
             from keyload.storage.principals import SERVICE_ACTORS, write_credential  # lazily: it writes the keyring
 
@@ -1311,7 +1321,8 @@ class Client:
             credential = self._new_credential(root, principal, key_id, command_id)
             # A repeat of a rotation that committed finds its key in force: sent as first sent (at the
             # revision before it), it is answered the stored outcome, as a server's repeat is.
-            revision = current.revision - 1 if current.key_id == credential.key_id else current.revision
+            repeat = repeatable and current.key_id == credential.key_id
+            revision = current.revision - 1 if repeat else current.revision
             self.put_principal(principal, key_id=credential.key_id, expected_revision=revision, command_id=command_id)
             write_credential(root, credential)
             return credential
@@ -1320,12 +1331,29 @@ class Client:
 
     def _new_credential(self, root: Path, principal: str, key_id: str | None, command_id: str) -> Credential:
         """The credential a local operator's creation or rotation gives: on the keyring's `key_id`, or
-        on the key of this issuance (the same again when the command is sent again by its id)."""
-        from keyload.storage.principals import issued_credential, new_credential  # lazily: they write the keyring
+        on the key of this issuance (the same again when the command is sent again by its id). A key
+        of this issuance that a partition's principal holds but this keyring lacks was made by another
+        node's keyring (Kafka): making it here would give the key id another secret."""
+        from keyload.storage import keyring
+        from keyload.storage.principals import issued_credential, issued_key_id, new_credential  # lazily
 
         if key_id is not None:
             return new_credential(root, principal, key_id)
+        issued = issued_key_id(self.principal, principal, command_id)
+        if issued not in keyring.load(root) and issued in self._principal_keys(principal):
+            raise CredentialError(
+                f"{principal} holds key {issued}, which another keyring made for this command: send it again "
+                "where it was first sent, or copy that keyring here first"
+            )
         return issued_credential(root, self.principal, principal, command_id)
+
+    def _principal_keys(self, principal: str) -> set[str]:
+        """The key ids the partitions' policies give `principal` (none where it does not exist)."""
+        held = set()
+        for partition in range(self.partitions):
+            with contextlib.suppress(NotFoundError):
+                held.add(self.inspect_principal(principal, partition=partition).principal.key_id)
+        return held
 
     @staticmethod
     def _server_makes_the_key(key_id: str | None) -> None:

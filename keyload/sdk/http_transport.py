@@ -64,7 +64,8 @@ PRINCIPAL_VIEW = "keyload.result.PrincipalView"
 OUTCOME_MEMBERS = frozenset({"command_id", "status"})  # what makes a JSON answer an outcome (§10a)
 
 
-Verify = bool | str | os.PathLike[str]  # TLS verification: on, off, or the CA bundle to trust
+# TLS verification: on, off, the CA bundle to trust, or a client context of the caller's own.
+Verify = bool | str | os.PathLike[str] | ssl.SSLContext
 
 
 def _trusting(bundle: str | os.PathLike[str]) -> ssl.SSLContext:
@@ -83,7 +84,7 @@ class HttpTransport:
         self._http = httpx.Client(
             base_url=url,
             headers={"Authorization": f"Bearer {credential.bearer_token}"},
-            verify=verify if isinstance(verify, bool) else _trusting(verify),
+            verify=verify if isinstance(verify, (bool, ssl.SSLContext)) else _trusting(verify),
             timeout=httpx.Timeout(None, connect=CONNECT_TIMEOUT_S),
             limits=httpx.Limits(max_connections=MAX_CONNECTIONS, max_keepalive_connections=MAX_CONNECTIONS),
         )

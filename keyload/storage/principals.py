@@ -86,6 +86,12 @@ def new_credential(root: Path, principal: str, key_id: str | None = None) -> Cre
     return Credential(principal, key_id, key)
 
 
+def issued_key_id(caller: str, principal: str, command_id: str) -> str:
+    """The id of the key one issuance makes (its secret is random, made once)."""
+    issuance = json.dumps([caller, principal, command_id])
+    return f"p-{hashlib.sha256(issuance.encode('utf-8')).hexdigest()[: 2 * KEY_ID_RANDOM_BYTES]}"
+
+
 def issued_credential(root: Path, caller: str, principal: str, command_id: str) -> Credential:
     """A credential for `principal` on the key of one issuance (its caller, principal and command
     id): added to the keyring the first time, found there when the issuance is sent again, so a
@@ -93,8 +99,7 @@ def issued_credential(root: Path, caller: str, principal: str, command_id: str) 
     by its id after a failure part-way) names the same key, makes the same PutPrincipal and is
     answered its stored outcome with the same credential."""
     _check_file_name(principal)
-    issuance = json.dumps([caller, principal, command_id])
-    key_id = f"p-{hashlib.sha256(issuance.encode('utf-8')).hexdigest()[: 2 * KEY_ID_RANDOM_BYTES]}"
+    key_id = issued_key_id(caller, principal, command_id)
     return Credential(principal, key_id, keyring.add(root, key_id, exist_ok=True))
 
 

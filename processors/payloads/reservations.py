@@ -32,7 +32,7 @@ OBJECT_KEY_ORIGIN_DIGITS = 16  # hex digits of the reserving command's digest in
 
 
 def object_key(stage: Readable, ctx: Context, reservation_id: int) -> str:
-    """The service-chosen key of a reservation's object: no caller input, never reused.
+    """The service-chosen key of a reservation's object: no path a caller chooses, never reused.
 
     From feature level 16 it ends in a digest of the reserving command's id and log time: a restore
     after the log lost its tail replays to a reservation counter from before the loss and allocates
