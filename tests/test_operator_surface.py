@@ -176,7 +176,7 @@ def test_status_names_an_empty_a_halted_and_a_corrupt_partition(
         "  p2: log unreadable, applied through 3, lag unknown, no checkpoints, recovery floor none, poison 2, "
         f"LOG CORRUPT: {corruption.value}",
     ]
-    partitions = "\n".join(out.splitlines()[1:])
+    partitions = "\n".join(out.splitlines()[1:]).replace(str(entry), "ENTRY")  # a path may hold "-1"
     assert "None" not in partitions and "-1" not in partitions
 
 
