@@ -42,6 +42,7 @@ from keyload.sdk.results import (
     EnqueueMessage,
     Event,
     GroupDelivery,
+    GroupPolicySpec,
     Mutation,
     PutDocument,
     QueuePolicySpec,
@@ -325,8 +326,40 @@ def test_the_consumer_helper_asks_no_more_than_the_queue_takes_at_once(over_http
     client.create_queue("shop", "short", QueuePolicySpec(lease_ms=1_000, max_lease_ms=2_000))
     client.enqueue("shop", "short", b"x", message_id="m0")
     with over_http.connect() as consumer, pytest.raises(ValidationError, match="lease_ms"):
-        consumer.consume("shop", "short", lambda delivery: None, wait_ms=500)  # lease_ms 30 s by default
+        consumer.consume("shop", "short", lambda delivery: None, wait_ms=500, lease_ms=30_000)
     assert client.inspect_queue("shop", "short").counters.ready == 1
+
+
+def test_the_consumer_helper_takes_and_renews_the_sources_own_lease(served: Served) -> None:
+    """§10: without `lease_ms` the helper leases for the queue's (the group's) own `lease_ms`, here
+    under the 30 s an earlier default asked for and over their max_lease_ms, and renews a delivery
+    whose handler outlives it, timed by the expiry the answers state: each is delivered once."""
+    client = served.client
+    client.create_queue("shop", "short", QueuePolicySpec(lease_ms=1_500, max_lease_ms=2_000))
+    client.create_topic("shop", "events")
+    client.create_group("shop", "events", "short", policy=GroupPolicySpec(lease_ms=1_500, max_lease_ms=2_000))
+    client.enqueue("shop", "short", b"slow", message_id="m0")
+    client.publish("shop", "events", [Event("e0", "slow", b"slow")])
+    seen: list[str] = []
+
+    def slow(delivery: Delivery | GroupDelivery) -> None:
+        seen.append(delivery.message_id if isinstance(delivery, Delivery) else delivery.event_id)
+        time.sleep(4)  # over two leases: renewed about every half second
+
+    stats = consume_until_settled(served, "short", slow, 1)
+    assert (stats.received, stats.acked, stats.lost_leases) == (1, 1, 0)
+    assert client.inspect_queue("shop", "short").counters.expired_total == 0
+    stop = threading.Event()
+    with served.connect() as consumer:
+        thread = threading.Thread(
+            target=consumer.subscribe, args=("shop", "events", "short", slow), kwargs={"stop": stop}
+        )
+        thread.start()
+        wait_until(lambda: client.group_status("shop", "events", "short").acked_total == 1, what="the event acked")
+        stop.set()
+        thread.join(30)
+    group = client.group_status("shop", "events", "short")
+    assert (group.delivered_total, group.checkpoint, seen) == (1, 1, ["m0", "e0"])
 
 
 def test_a_handler_that_breaks_the_contract_fails_its_delivery_not_the_helper(over_http: Served) -> None:

@@ -15,6 +15,12 @@ its `receive_max_messages` at once and refuses more (Validation, nothing leased)
 the helper then asks for half as many, down to one, and keeps the smaller number
 for the rest of the run (a refusal of a receive for one delivery is raised).
 
+Leases are the queue's or group's own (its policy's `lease_ms`) unless `lease_ms` is given, and
+are renewed while a handler runs, when two thirds of the lease are left: with `lease_ms` given,
+counted from when the receive or renew was sent (this machine's clock alone); without it, from the
+expiry the answer states in log time, read against this machine's clock (a clock behind the
+server's by two thirds of a lease renews too late: the lease is lost and the delivery comes again).
+
 While idle, a consumer long-polls: one receive command per `wait_ms`, waiting in
 the log (a consumer of a paused queue or group waits there for the resume). While
 handlers run it receives without waiting, and a paused source's DispatchPaused
@@ -71,8 +77,7 @@ if TYPE_CHECKING:
     from keyload.sdk.client import Client
 
 DEFAULT_CONCURRENCY = 4
-DEFAULT_LEASE_MS = 30_000
-RENEW_FRACTION = 3  # renew every third of the lease (two thirds still left), counted from the request
+RENEW_FRACTION = 3  # renew every third of the lease (two thirds still left): see `renew_at`
 DEFAULT_WAIT_MS = 5_000  # long poll while idle: one receive command per wait, not a flood
 SETTLE_POLL_S = 0.05  # how often running handlers are checked for completion and renewal
 LOST_LEASE_CODES = frozenset({"StaleLease", "LeaseExpired", "TokenInvalidated"})
@@ -82,8 +87,13 @@ UNKNOWN_PAUSE_S = 0.1  # after a round that met one: a server that refuses at on
 
 
 class Token(Protocol):
+    """A delivery as the helper needs it: its token and its lease's expiry in log time."""
+
     @property
     def token(self) -> str: ...
+
+    @property
+    def lease_until_ms(self) -> int: ...
 
 
 class Settled(Protocol):
@@ -115,13 +125,15 @@ class Source(Protocol[D_co]):
 
     `receive(wait=True)` long-polls in the log for up to the source's `wait_ms`."""
 
-    def receive(self, max_items: int, lease_ms: int, wait: bool) -> Sequence[D_co]: ...
+    def receive(self, max_items: int, lease_ms: int | None, wait: bool) -> Sequence[D_co]: ...
 
     def ack_batch(self, tokens: list[str]) -> Sequence[Settled]: ...
 
     def nack(self, token: str, delay_ms: int | None) -> None: ...
 
-    def renew(self, token: str, lease_ms: int) -> None: ...
+    def renew(self, token: str, lease_ms: int | None) -> int | None:
+        """Renew a lease; its new expiry in log time."""
+        ...
 
     def complete(self, token: str, effects: Sequence[Mutation], scope: str, execution_generation: int) -> bool:
         """CompleteProcessing of one delivery; whether the effects were already processed."""
@@ -144,7 +156,7 @@ class QueueSource:
     queue: str
     wait_ms: int
 
-    def receive(self, max_items: int, lease_ms: int, wait: bool) -> Sequence[Delivery]:
+    def receive(self, max_items: int, lease_ms: int | None, wait: bool) -> Sequence[Delivery]:
         wait_ms = self.wait_ms if wait else None
         result = self.client.receive(
             self.domain, self.queue, max_messages=max_items, lease_ms=lease_ms, wait_ms=wait_ms
@@ -157,8 +169,8 @@ class QueueSource:
     def nack(self, token: str, delay_ms: int | None) -> None:
         self.client.nack(self.domain, token, delay_ms=delay_ms)
 
-    def renew(self, token: str, lease_ms: int) -> None:
-        self.client.renew(self.domain, token, lease_ms=lease_ms)
+    def renew(self, token: str, lease_ms: int | None) -> int | None:
+        return self.client.renew(self.domain, token, lease_ms=lease_ms).lease_until_ms
 
     def complete(self, token: str, effects: Sequence[Mutation], scope: str, execution_generation: int) -> bool:
         return self.client.complete_processing(
@@ -174,7 +186,7 @@ class GroupSource:
     group: str
     wait_ms: int
 
-    def receive(self, max_items: int, lease_ms: int, wait: bool) -> Sequence[GroupDelivery]:
+    def receive(self, max_items: int, lease_ms: int | None, wait: bool) -> Sequence[GroupDelivery]:
         wait_ms = self.wait_ms if wait else None
         result = self.client.group_receive(
             self.domain, self.topic, self.group, max_events=max_items, lease_ms=lease_ms, wait_ms=wait_ms
@@ -187,8 +199,8 @@ class GroupSource:
     def nack(self, token: str, delay_ms: int | None) -> None:
         self.client.group_nack(self.domain, self.topic, self.group, token, delay_ms=delay_ms)
 
-    def renew(self, token: str, lease_ms: int) -> None:
-        self.client.group_renew(self.domain, self.topic, self.group, token, lease_ms=lease_ms)
+    def renew(self, token: str, lease_ms: int | None) -> int | None:
+        return self.client.group_renew(self.domain, self.topic, self.group, token, lease_ms=lease_ms).lease_until_ms
 
     def complete(self, token: str, effects: Sequence[Mutation], scope: str, execution_generation: int) -> bool:
         return self.client.complete_processing(
@@ -249,7 +261,7 @@ def work(
     handler: Callable[[D], Handled],
     *,
     concurrency: int = DEFAULT_CONCURRENCY,
-    lease_ms: int = DEFAULT_LEASE_MS,
+    lease_ms: int | None = None,
     stop: Event | None = None,
     nack_delay_ms: int | None = None,
     exactly_once: ExactlyOnce | None = None,
@@ -264,7 +276,16 @@ def work(
     stop = stop or Event()
     stats = ConsumeStats()
     running: dict[Future[Handled], _Running[D]] = {}
-    renew_every = lease_ms / 1000 / RENEW_FRACTION
+
+    def renew_at(asked: float, lease_until_ms: int | None) -> float:
+        """When to renew a lease asked for at `asked` (monotonic): with `lease_ms` given, a third of
+        it after it was asked for, so the time the answer took does not eat into it; else (the
+        source's own lease, whose length the answer does not state) after a third of the time left
+        until the expiry it states, read against this machine's clock."""
+        if lease_ms is not None:
+            return asked + lease_ms / 1000 / RENEW_FRACTION
+        left_s = 0.0 if lease_until_ms is None else lease_until_ms / 1000 - time.time()
+        return time.monotonic() + max(left_s, 0.0) / RENEW_FRACTION
 
     def known(command: Callable[..., object], *args: object) -> bool:
         """Run a command; False when its outcome is not known (it is tried again later)."""
@@ -334,8 +355,7 @@ def work(
             if entry.renew_at > now or future.done():
                 continue
             try:
-                source.renew(entry.delivery.token, lease_ms)
-                entry.renew_at = now + renew_every
+                entry.renew_at = renew_at(now, source.renew(entry.delivery.token, lease_ms))
             except UNKNOWN_OUTCOME:
                 stats.unknown_outcomes += 1  # renewed again next round
             except CommandRejected as refusal:
@@ -372,7 +392,9 @@ def work(
                             raise
                         most, deliveries = free // 2, []  # more than the queue takes at once (module docstring)
                     for delivery in deliveries:
-                        running[pool.submit(handle, delivery)] = _Running(delivery, asked + renew_every)
+                        running[pool.submit(handle, delivery)] = _Running(
+                            delivery, renew_at(asked, delivery.lease_until_ms)
+                        )
                     stats.received += len(deliveries)
                 if running:
                     done, _ = wait(list(running), timeout=SETTLE_POLL_S, return_when=FIRST_COMPLETED)
@@ -389,11 +411,11 @@ def work(
 
 class WorkOptions(TypedDict, total=False):
     """How the helper works, each with a default: `concurrency` (DEFAULT_CONCURRENCY handlers at
-    once), `lease_ms` (DEFAULT_LEASE_MS), `stop` (set it to stop), `nack_delay_ms` (None: the
-    policy's backoff), `exactly_once` (None: ack on return)."""
+    once), `lease_ms` (None: the queue's or group's own lease, module docstring), `stop` (set it to
+    stop), `nack_delay_ms` (None: the policy's backoff), `exactly_once` (None: ack on return)."""
 
     concurrency: int
-    lease_ms: int
+    lease_ms: int | None
     stop: Event | None
     nack_delay_ms: int | None
     exactly_once: ExactlyOnce | None
