@@ -31,7 +31,7 @@ def outcome_for(credential: Credential, command_id: str, offset: int = 7) -> byt
 def test_the_outcome_sealed_for_the_waiter_answers_it() -> None:
     async def scenario() -> int:
         waiters = OutcomeWaiters(None)
-        waiters.attach(asyncio.get_running_loop())
+        waiters.attach(asyncio.get_running_loop(), {})
         waiter = waiters.expect(DOMAIN, "c-1", ALICE, b"c-1")
         waiter.position = (0, 7)
         # Bob's outcome under the same command id (his own command's) is not Alice's answer.
@@ -48,7 +48,7 @@ def test_a_waiter_gives_up_after_its_timeout_and_a_late_outcome_changes_nothing(
     async def scenario() -> float:
         loop = asyncio.get_running_loop()
         waiters = OutcomeWaiters(None)
-        waiters.attach(loop)
+        waiters.attach(loop, {})
         waiter = waiters.expect(DOMAIN, "c-2", ALICE, b"c-2")
         started = loop.time()
         with pytest.raises(TimeoutError):
@@ -66,7 +66,7 @@ def test_a_waiter_gives_up_after_its_timeout_and_a_late_outcome_changes_nothing(
 def test_a_request_that_goes_away_cancels_only_its_own_wait() -> None:
     async def scenario() -> tuple[bool, int]:
         waiters = OutcomeWaiters(None)
-        waiters.attach(asyncio.get_running_loop())
+        waiters.attach(asyncio.get_running_loop(), {})
         gone, staying = waiters.expect(DOMAIN, "c-3", ALICE, b"c-3"), waiters.expect(DOMAIN, "c-3", ALICE, b"c-3")
         task = asyncio.create_task(gone.answer(5.0))
         await asyncio.sleep(0)
@@ -88,7 +88,7 @@ def test_a_refusal_of_a_record_published_before_its_append_is_acknowledged_answe
 
     async def scenario() -> tuple[str, bool]:
         waiters = OutcomeWaiters(None)
-        waiters.attach(asyncio.get_running_loop())
+        waiters.attach(asyncio.get_running_loop(), {})
         waiter = waiters.expect(DOMAIN, "c-4", ALICE, b"c-4")
         other = waiters.expect(DOMAIN, "c-4", ALICE, b"c-4 other content")
         refusal = new_outcome("c-4", DOMAIN, 0, 9, 1_000)
@@ -119,7 +119,7 @@ def test_the_outcome_feed_answers_a_workers_outcome_once_committed_and_holds_bac
     async def scenario() -> list[tuple[str, bool]]:
         loop = asyncio.get_running_loop()
         waiters = OutcomeWaiters(reply, in_process=[0, 2])
-        waiters.attach(loop)
+        waiters.attach(loop, {})
         held, free = waiters.expect(DOMAIN, "c-held", ALICE, b"h"), waiters.expect(DOMAIN, "c-free", ALICE, b"f")
         outcomes = data.outcome_log()
         feed = OutcomeFeed(data.outcome_log(), waiters, Listener(data.root, EDGE_BELL), answerable_below, loop)

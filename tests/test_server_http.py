@@ -294,6 +294,28 @@ def test_long_poll_is_answered_by_a_later_enqueue(api: httpx.Client, served: tup
     assert [m["message_id"] for m in committed(answered[0])["deliveries"]] == ["late"]
 
 
+def test_a_long_poll_outlives_a_rotation_of_its_principals_credential(
+    api: httpx.Client, served: tuple[Path, str], workers: int
+) -> None:
+    """A long poll is authorized when it is recorded (§5a): the rotation of its caller's credential
+    while it waits does not keep its answer from it. It is served later, sealed with the key then in
+    force; the server answers it with its delivery (with two workers, from the worker's partition)."""
+    root, url = served
+    d = domain_of(root, workers - 1, workers)
+    queue = f"/v1/domains/{d}/queues/rotating"
+    committed(api.put(queue, json={"policy": {}}))
+    name = f"poller-{uuid.uuid4().hex[:8]}"
+    grants = [{"capability": "consume", "domain": d}]
+    issued = api.post("/v1/principals", json={"principal": name, "grants": grants}).json()
+    started = time.monotonic()
+    waiting, answered = long_poll(url, {"Authorization": f"Bearer {issued['bearer_token']}"}, f"{queue}/receive")
+    assert api.post(f"/v1/principals/{name}/credential").status_code == 200
+    committed(api.post(f"{queue}/messages", json={"message_id": "after-rotation", "body": b64(b"hi")}))
+    waiting.join(60)
+    assert time.monotonic() - started < 15, "answered by the enqueue, not by the server's outcome timeout"
+    assert [m["message_id"] for m in committed(answered[0])["deliveries"]] == ["after-rotation"]
+
+
 def test_a_local_client_and_the_api_are_served_side_by_side(api: httpx.Client, served: tuple[Path, str]) -> None:
     """The API and the processors share one thread: a local client's appends (the doorbell) are
     applied while HTTP requests come and go, and each side sees the other's commands."""

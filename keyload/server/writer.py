@@ -25,7 +25,7 @@ import contextlib
 import logging
 import threading
 from collections import defaultdict
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -44,6 +44,7 @@ MAX_ECHOES = 65_536  # outcomes handed over in process whose copies the Kafka ta
 # more come only from a producer appending unsigned records under that id in that moment.
 MAX_UNPLACED = 16
 _Key = tuple[str, str]  # (domain, command id): command ids are scoped by domain
+Keys = Mapping[str, bytes]  # a keyring: key id to secret
 _Pending = dict[int, list[tuple[bytes, "asyncio.Future[int]"]]]
 
 log = logging.getLogger("keyload.server")
@@ -101,21 +102,29 @@ class Waiter:
         finally:
             timer.cancel()
 
-    def answered_by(self, value: bytes, signed: SignedRecord | None, record: Record) -> bool:
+    def answered_by(self, value: bytes, signed: SignedRecord | None, record: Record, keys: Keys) -> bool:
         """An outcome sealed with the waiter's key answers it (the reply to that principal's
-        command); so does an unsealed refusal of its own record (the processor could not
-        authenticate it: a principal disabled since the server checked it), and nothing else: two
+        command); so does one of its own record sealed with another key of the service's keyring
+        `keys` (a long poll served after its principal's credential was rotated is sealed with the
+        key then in force), and an unsealed refusal of its own record (the processor could not
+        authenticate it: a principal disabled since the server checked it); nothing else: two
         principals sending one command id to one domain are each answered with their own outcome
         (the second one's a Conflict, §5), and an unsigned record someone appended under the same
         id cannot answer anyone."""
-        if signed is not None:
-            return self.credential.seals(value)
-        return self.refused_by(record)
+        if signed is None:
+            return self.refused_by(record)
+        if self.credential.seals(value):
+            return True
+        key = keys.get(signed.key_id) if self.placed_at(record) else None
+        return key is not None and signed.verify(key)
 
     def refused_by(self, record: Record) -> bool:
         """Whether the unsealed outcome `record` is the refusal of this waiter's own record."""
-        own = self.position == (record["partition"], record["offset"])
-        return own and record["status"] != "committed"
+        return self.placed_at(record) and record["status"] != "committed"
+
+    def placed_at(self, record: Record) -> bool:
+        """Whether the outcome `record` is of this waiter's own record: of the command at its position."""
+        return self.position == (record["partition"], record["offset"])
 
 
 def _expire(future: asyncio.Future[Answer]) -> None:
@@ -133,6 +142,7 @@ class OutcomeWaiters:
         # no reply partition): the embedded server's own (with `--workers`, worker 0's).
         self._in_process = frozenset(in_process)
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._keys: Keys = {}  # the service's keyring, which seals every outcome (`Waiter.answered_by`)
         self._waiting: dict[_Key, list[Waiter]] = defaultdict(list)
         # Kafka: outcomes this process's processors published to the reply partition and handed over
         # in process, whose copies `OutcomeTail` reads back: each copy is passed over, so it cannot
@@ -140,9 +150,10 @@ class OutcomeWaiters:
         # None while no tail reads the reply partition.
         self._echoes: dict[bytes, int] | None = None
 
-    def attach(self, loop: asyncio.AbstractEventLoop) -> None:
-        """The event loop the waiting requests run on (the server's, once it starts)."""
-        self._loop = loop
+    def attach(self, loop: asyncio.AbstractEventLoop, keys: Keys) -> None:
+        """The event loop the waiting requests run on (the server's, once it starts), and the
+        service's keyring."""
+        self._loop, self._keys = loop, keys
 
     def reply_to(self, partition: int) -> int | None:
         """The reply partition a command to `partition` names: none when its processor answers in
@@ -296,7 +307,7 @@ class OutcomeWaiters:
         for waiter in self._waiting.get((record["domain"], record["command_id"]), ()):
             if waiter.future.done():
                 continue
-            if waiter.answered_by(value, signed, record):
+            if waiter.answered_by(value, signed, record, self._keys):
                 waiter.future.set_result(Answer(record))
             elif signed is None and waiter.position is None and record["status"] != "committed":
                 if waiter.unplaced is None:
