@@ -1518,12 +1518,29 @@ def test_a_key_any_partition_signs_with_is_refused_before_any_partition_applies_
                 admin.inspect_principal(name, partition=partition)
 
 
-def test_credential_issuing_refuses_what_it_must(api: httpx.Client) -> None:
-    missing = api.post("/v1/principals/nobody-here/credential")
+def test_credential_issuing_refuses_what_it_must(api: httpx.Client, served: tuple[Path, str]) -> None:
+    """Refusals of the HTTP layer: no outcome, so no command id (§10a), though the request gave one."""
+    ends = log_ends(served[0])
+    keyed = {"Idempotency-Key": "refused-issuance"}
+    missing = api.post("/v1/principals/nobody-here/credential", headers=keyed)
     assert (missing.status_code, missing.json()["error_code"]) == (404, "NotFound")
+    refusals = [missing]
     for service_principal in ("keyload-ticker", "keyload-gc", "keyload-admin"):
-        refused = api.post(f"/v1/principals/{service_principal}/credential")
+        refused = api.post(f"/v1/principals/{service_principal}/credential", headers=keyed)
         assert (refused.status_code, refused.json()["error_code"]) == (403, "PermissionDenied")
+        refusals.append(refused)
+    assert log_ends(served[0]) == ends
+    name = f"plain-{uuid.uuid4().hex[:8]}"
+    plain = api.post("/v1/principals", json={"principal": name, "grants": []}).json()["bearer_token"]
+    by_a_plain_principal = httpx.post(
+        f"{served[1]}/v1/principals",
+        json={"principal": f"{name}-2", "grants": []},
+        headers={**keyed, "Authorization": f"Bearer {plain}"},
+    )
+    assert (by_a_plain_principal.status_code, by_a_plain_principal.json()["error_code"]) == (403, "PermissionDenied")
+    refusals.append(by_a_plain_principal)
+    for refused in refusals:
+        assert refused.json()["command_id"] is None and "keyload-command-id" not in refused.headers
     bad_name = api.post("/v1/principals", json={"principal": "bad name!", "grants": []})
     assert (bad_name.status_code, bad_name.json()["error_code"]) == (400, "Validation")
     assert api.get("/healthz").status_code == 200  # the connection is still good

@@ -443,8 +443,8 @@ async def _answer(request: Request, answer: Callable[[str], Awaitable[Response]]
         return await answer(command_id)
     except Unauthenticated as exc:
         return error_response(statuses.UNAUTHENTICATED, str(exc))
-    except Refused as exc:
-        return error_response(exc.pair, str(exc), _own(request, command_id))
+    except Refused as exc:  # the server's own refusal, before any append: no outcome, no command id
+        return error_response(exc.pair, str(exc))
     except CommandTooLarge as exc:
         return error_response(statuses.TOO_LARGE, str(exc))
     except InvalidCommand as exc:
