@@ -27,7 +27,7 @@ MAX_SCHEDULE_AHEAD_MS = 365 * 24 * 3600 * 1000
 TICK_EXAMINATION_BUDGET = 256  # timers examined before one record
 # The highest feature level this processor applies (processors/features.py); `keyload run` raises
 # every partition to it.
-FEATURE_LEVEL = 17
+FEATURE_LEVEL = 18
 RECEIVE_EXAMINATION_BUDGET = 256  # ready rows one Receive looks at (held keys are skipped)
 MAX_DETAIL_CHARS = 512  # an outcome's error detail is cut to this
 # An outcome is one log record, and both logs take records up to 4 MiB: a larger

@@ -99,6 +99,12 @@ The levels:
     (processors/principals.py): a rotation may retire a key because it leaked. Before it such a
     key was taken back, as a rotation repeated by its command id past the receipt horizon (when the
     id is new again) did with the key derived from that id.
+18. A PutPrincipal, GrantCapability or RevokeCapability that would change the key of one of the
+    service's actors (keyload-ticker, keyload-gc, keyload-checkpointer), disable it, or leave it
+    without its capability (tick, recovery, checkpoint) on every domain is Conflict
+    (processors/principals.py). Before it such a change applied, and the service's Ticks (or GC
+    passes, or checkpoint records) were refused from then on: leases, delays and long polls never
+    ran out.
 """
 
 from __future__ import annotations
@@ -128,6 +134,7 @@ PURGES_NAME_LOWEST = 14  # the level from which a refused PurgeTopic names the l
 HELD_OUT_OF_READY = 15  # the level from which a strict queue's held messages have no ready row
 OBJECT_KEYS_UNIQUE = 16  # the level from which an object key carries its reserving command's digest
 RETIRED_KEYS_REFUSED = 17  # the level from which a principal never takes back a key it was rotated from
+SERVICE_ACTORS_KEPT = 18  # the level from which the service's actors keep their keys, enablement and capability
 # The reads level 1 covers, frozen: tests/test_feature_levels.py holds the command table's `reads`
 # rows to it. Making an existing command a read changes how level-1 logs replay: a later level.
 LEVEL_1_READS = frozenset(

@@ -9,7 +9,7 @@ a principal names its key by id, and the keyring of the service holds the key.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 import msgspec
 
@@ -21,13 +21,24 @@ from keyload.processors import validation
 from keyload.processors.access import EVERYTHING, allows, load_principal, policy_epoch
 from keyload.processors.context import Context
 from keyload.processors.errors import ErrorCode, Rejected
-from keyload.processors.features import PRINCIPALS_CHECKED, RETIRED_KEYS_REFUSED, feature_level
+from keyload.processors.features import PRINCIPALS_CHECKED, RETIRED_KEYS_REFUSED, SERVICE_ACTORS_KEPT, feature_level
 from keyload.processors.key_rotation import JITTER, PROOF, TOKEN, MissingKey, active_key_id
 from keyload.projections import keys
 from keyload.projections.records import Grant, PrincipalRecord, save
 from keyload.projections.store import Readable, Staged
 
 FIRST_REVISION = 1
+TICKER_PRINCIPAL = "keyload-ticker"
+GC_PRINCIPAL = "keyload-gc"
+CHECKPOINTER_PRINCIPAL = "keyload-checkpointer"
+# The service's actors, with the capability each acts with on every domain: the service signs their
+# commands with their fixed keys (keyload/storage/principals.py), so from SERVICE_ACTORS_KEPT each
+# keeps its key, stays enabled and keeps that capability (`_keeps_acting`).
+SERVICE_ACTORS: Mapping[str, Capability] = {
+    TICKER_PRINCIPAL: Capability.tick,
+    GC_PRINCIPAL: Capability.recovery,
+    CHECKPOINTER_PRINCIPAL: Capability.checkpoint,
+}
 SERVICE_KEYS = (TOKEN, JITTER, PROOF)  # the purposes the partition's own keys serve (processors/key_rotation.py)
 
 
@@ -94,6 +105,8 @@ def _view(stage: Staged, record: PrincipalRecord) -> Record:
 def _save(stage: Staged, record: PrincipalRecord, previous: PrincipalRecord | None, ctx: Context) -> Record:
     """Store `record`, which replaces `previous` (None: a new principal), as one policy change."""
     _bump_epoch(stage)
+    if previous is not None:
+        _keeps_acting(stage, previous, record)
     taken = previous is not None and _administers(previous) and not _administers(record)
     if taken and not _another_administrator(stage, record.principal):
         # Nobody could change the policy again: principals, grants and keys would stay as they are.
@@ -103,6 +116,25 @@ def _save(stage: Staged, record: PrincipalRecord, previous: PrincipalRecord | No
         )
     _install(stage, record, ctx)
     return _view(stage, record)
+
+
+def _keeps_acting(stage: Staged, previous: PrincipalRecord, record: PrincipalRecord) -> None:
+    """Refuse a change that would stop one of the service's actors acting (feature level 18): its
+    Ticks, GC passes or checkpoint records, signed with its fixed key, would be refused for good
+    (leases and delays would never run out, nothing would be collected)."""
+    capability = SERVICE_ACTORS.get(record.principal)
+    if capability is None or feature_level(stage) < SERVICE_ACTORS_KEPT:
+        return
+    if (
+        record.key_id != previous.key_id
+        or not record.enabled
+        or not allows(record.grants, capability, None, EVERYTHING)
+    ):
+        raise Rejected(
+            ErrorCode.CONFLICT,
+            f"the service signs its {capability.value} commands as {record.principal}: it keeps its key, "
+            f"stays enabled and keeps {capability.value} on every domain",
+        )
 
 
 def _administers(record: PrincipalRecord) -> bool:

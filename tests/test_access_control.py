@@ -51,7 +51,7 @@ from keyload.operations.recovery import drill
 from keyload.processors import tokens
 from keyload.processors.access import policy_epoch
 from keyload.processors.errors import ErrorCode, Rejected
-from keyload.processors.features import PRINCIPALS_CHECKED, RETIRED_KEYS_REFUSED
+from keyload.processors.features import PRINCIPALS_CHECKED, RETIRED_KEYS_REFUSED, SERVICE_ACTORS_KEPT
 from keyload.processors.outcomes import OUTCOME, new_outcome, reject
 from keyload.processors.payloads import proofs
 from keyload.projections import keys
@@ -84,9 +84,11 @@ from keyload.storage.principals import (
     CHECKPOINTER_PRINCIPAL,
     GC_PRINCIPAL,
     SERVICE_ACTORS,
+    TICKER_PRINCIPAL,
     issued_credential,
     new_credential,
     system_credential,
+    system_key_id,
 )
 
 from .payloads import CANCEL_LARGE, COMMIT, INSPECT_RESERVATION, PREPARE, prepare_body
@@ -799,6 +801,54 @@ def test_from_level_17_a_principal_never_takes_back_a_key_it_was_rotated_from(se
     )
     view = typed(secured.ok(secured.admin, system, PUT_PRINCIPAL, put | {"key_id": "k-alice-2"}), PrincipalView)
     assert view.principal.key_id == "k-alice-2"  # the key in force is no retired one
+
+
+@pytest.mark.parametrize(("actor", "capability"), list(SERVICE_ACTORS.items()))
+def test_from_level_18_the_services_actors_keep_acting(secured: Secured, actor: str, capability: Capability) -> None:
+    """The service signs its Ticks, GC passes and checkpoint records as its actors, with fixed keys: a
+    change of an actor's key, a disable, or the loss of its capability on every domain would have its
+    commands refused for good (no lease, delay or long poll would run out). Level 18 refuses each,
+    Conflict, and nothing moves; another grant beside it is a change like any other. Below it a log
+    replays as written: the disable applies."""
+    system = secured.system_domain(0)
+    keyring.add(secured.root, f"k-{actor}-2")
+    everything = can(capability, domain="*")
+    put = {"principal": actor, "key_id": None, "enabled": None, "grants": None, "expected_revision": None}
+    changes = [
+        (PUT_PRINCIPAL, put | {"key_id": f"k-{actor}-2"}),
+        (PUT_PRINCIPAL, put | {"enabled": False}),
+        (PUT_PRINCIPAL, put | {"grants": [can(capability, domain="shop").to_avro()]}),
+        (REVOKE_CAPABILITY, {"principal": actor, "grant": everything.to_avro()}),
+    ]
+    secured.everywhere("RaiseFeatureLevel", {"level": SERVICE_ACTORS_KEPT})
+    inspect = BY_NAME["InspectPrincipal"].branch
+    before = secured.ok(secured.admin, system, inspect, {"principal": actor})
+    for kind, body in changes:
+        outcome, _ = secured.submit_as(secured.admin, system, kind, body)
+        assert (outcome.status, outcome.error_code, outcome.detail) == (
+            "rejected",
+            "Conflict",
+            f"the service signs its {capability.value} commands as {actor}: it keeps its key, stays enabled "
+            f"and keeps {capability.value} on every domain",
+        )
+    assert secured.ok(secured.admin, system, inspect, {"principal": actor}) == before
+    extra = can(Capability.inspect, domain="*").to_avro()
+    view = typed(
+        secured.ok(secured.admin, system, BY_NAME["GrantCapability"].branch, {"principal": actor, "grant": extra}),
+        PrincipalView,
+    )
+    assert (view.principal.key_id, view.principal.enabled) == (system_key_id(actor), True)
+
+
+def test_below_level_18_an_actor_disabled_stops_acting(secured: Secured) -> None:
+    """What level 18 prevents: below it the ticker can be disabled, and its next Tick is refused."""
+    system = secured.system_domain(0)
+    put = {"principal": TICKER_PRINCIPAL, "key_id": None, "enabled": False, "grants": None, "expected_revision": None}
+    view = typed(secured.ok(secured.admin, system, PUT_PRINCIPAL, put), PrincipalView)
+    assert view.principal.enabled is False
+    ticker = system_credential(secured.root, TICKER_PRINCIPAL)
+    tick, _ = secured.submit_as(ticker, system, BY_NAME["Tick"].branch, {})
+    assert (tick.status, tick.error_code) == ("rejected", "PermissionDenied")
 
 
 def test_the_last_administrator_cannot_be_disabled_or_lose_admin(secured: Secured) -> None:

@@ -26,20 +26,17 @@ from pathlib import Path
 
 from keyload.commands import Capability
 from keyload.credentials import ADMIN_PRINCIPAL, FOLDER, Credential, CredentialError, credential_path
+from keyload.processors.principals import CHECKPOINTER_PRINCIPAL as CHECKPOINTER_PRINCIPAL
+from keyload.processors.principals import GC_PRINCIPAL as GC_PRINCIPAL
+from keyload.processors.principals import SERVICE_ACTORS as SERVICE_ACTORS
+from keyload.processors.principals import TICKER_PRINCIPAL as TICKER_PRINCIPAL
 from keyload.storage import keyring
 
-TICKER_PRINCIPAL = "keyload-ticker"
-GC_PRINCIPAL = "keyload-gc"
-CHECKPOINTER_PRINCIPAL = "keyload-checkpointer"
-SYSTEM_PRINCIPALS: tuple[tuple[str, Capability], ...] = (
-    (ADMIN_PRINCIPAL, Capability.admin),  # listed first: it signs EnableAccessControl
-    (TICKER_PRINCIPAL, Capability.tick),
-    (GC_PRINCIPAL, Capability.recovery),
-    (CHECKPOINTER_PRINCIPAL, Capability.checkpoint),
-)
-# The service's actors: it signs their commands with their fixed keys (`system_credential`), so their
-# keys are never rotated (a rotated actor's commands would be refused for good); the administrator's may be.
-SERVICE_ACTORS = frozenset(name for name, _ in SYSTEM_PRINCIPALS if name != ADMIN_PRINCIPAL)
+# The administrator (listed first: it signs EnableAccessControl), then the service's actors
+# (processors/principals.py): the service signs their commands with their fixed keys
+# (`system_credential`), so their keys are never rotated (a rotated actor's commands would be refused
+# for good); the administrator's may be.
+SYSTEM_PRINCIPALS: tuple[tuple[str, Capability], ...] = ((ADMIN_PRINCIPAL, Capability.admin), *SERVICE_ACTORS.items())
 FOLDER_MODE = 0o700
 # A principal with a credential file: its name is the file's name.
 FILE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
