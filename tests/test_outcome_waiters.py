@@ -14,7 +14,7 @@ from keyload.errors import ErrorCode
 from keyload.log.codec import REGISTRY
 from keyload.processors.errors import Rejected
 from keyload.processors.outcomes import new_outcome, reject
-from keyload.server.writer import OUTCOME, OutcomeFeed, OutcomeWaiters
+from keyload.server.writer import OUTCOME, OutcomeFeed, OutcomeWaiters, open_outcome
 from keyload.service.doorbell import Listener
 from keyload.service.workers import EDGE_BELL
 from keyload.storage.datadir import DataDir
@@ -42,6 +42,33 @@ def test_the_outcome_sealed_for_the_waiter_answers_it() -> None:
         return offset
 
     assert asyncio.run(scenario()) == 7
+
+
+def test_an_outcome_of_the_waiters_own_position_sealed_with_another_keyring_key_answers_it() -> None:
+    """A long poll served after its principal's rotation is sealed with the new key: an outcome of the
+    waiter's own position sealed with a key of the service's keyring answers it; one at another
+    position (another command's under the same id), or sealed with a key the keyring lacks, does not."""
+    rotated = Credential("alice", "k-alice-2", os.urandom(32))
+    forged = Credential("alice", "k-alice-2", os.urandom(32))  # the key id, not its secret
+    keys = {BOB.key_id: BOB.secret, rotated.key_id: rotated.secret}
+
+    async def scenario() -> list[bool]:
+        waiters = OutcomeWaiters(None)
+        waiters.attach(asyncio.get_running_loop(), keys)
+        waiter = waiters.expect(DOMAIN, "c-9", ALICE, b"c-9")
+        waiter.position = (0, 7)
+        offered = [outcome_for(BOB, "c-9", 8), outcome_for(forged, "c-9", 7), outcome_for(rotated, "c-9", 7)]
+        answers = []
+        for value in offered:
+            opened = open_outcome(value)
+            assert opened is not None
+            answers.append(waiter.answered_by(value, *opened, keys))
+        waiters.published(None, offered)
+        assert (await waiter.answer(5.0)).record["offset"] == 7
+        waiters.forget(DOMAIN, "c-9", waiter)
+        return answers
+
+    assert asyncio.run(scenario()) == [False, False, True]
 
 
 def test_a_waiter_gives_up_after_its_timeout_and_a_late_outcome_changes_nothing() -> None:
