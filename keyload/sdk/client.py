@@ -301,6 +301,18 @@ class Client:
     ) -> Result:
         """Submit a command of the table row `name` (keyload/commands.py: "CreateQueue", ...) and return
         its typed result; `CommandRejected` when it is refused. Every typed method below goes through here."""
+        return self._sent(name, domain, body, command_id, timeout_s)[0]
+
+    def _sent(
+        self,
+        name: str,
+        domain: str,
+        body: dict[str, Any],
+        command_id: str | None = None,
+        timeout_s: float | None = None,
+    ) -> tuple[Result, int]:
+        """`send`, and the log time its outcome was evaluated at (`Outcome.eval_time_ms`): a lease's
+        `lease_until_ms` less it is the lease's length, known without reading this machine's clock."""
         kind = self.commands.get(name)
         if kind is None:
             raise InvalidCommand(f"unknown command {shown(name)}; nothing was appended")
@@ -309,7 +321,7 @@ class Client:
         if outcome.status != "committed":
             raise _refusal(kind, body, outcome)
         typed: Result = self._result(outcome, self.result_types[kind.result])
-        return typed
+        return typed, outcome.eval_time_ms
 
     def _send(
         self,
@@ -321,9 +333,21 @@ class Client:
         timeout_s: float | None = None,
     ) -> T:
         """`send`, typed: `result` is the class the table row's result record is read as (checked)."""
-        typed = self.send(name, domain, body, command_id, timeout_s)
+        return self._send_timed(result, name, domain, body, command_id, timeout_s)[0]
+
+    def _send_timed(
+        self,
+        result: type[T],
+        name: str,
+        domain: str,
+        body: dict[str, Any],
+        command_id: str | None = None,
+        timeout_s: float | None = None,
+    ) -> tuple[T, int]:
+        """`_send`, and the log time its outcome was evaluated at (`_sent`)."""
+        typed, at = self._sent(name, domain, body, command_id, timeout_s)
         assert isinstance(typed, result), (name, result)
-        return typed
+        return typed, at
 
     def _result(self, outcome: Outcome, kind: type[T]) -> T:
         if outcome.status != "committed":

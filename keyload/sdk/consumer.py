@@ -16,10 +16,9 @@ the helper then asks for half as many, down to one, and keeps the smaller number
 for the rest of the run (a refusal of a receive for one delivery is raised).
 
 Leases are the queue's or group's own (its policy's `lease_ms`) unless `lease_ms` is given, and
-are renewed while a handler runs, when two thirds of the lease are left: with `lease_ms` given,
-counted from when the receive or renew was sent (this machine's clock alone); without it, from the
-expiry the answer states in log time, read against this machine's clock (a clock behind the
-server's by two thirds of a lease renews too late: the lease is lost and the delivery comes again).
+are renewed while a handler runs, when two thirds of the lease are left, counted from when the
+receive or renew was sent: the lease's length is read from the answer (its `lease_until_ms` less
+the log time the outcome was evaluated at), never from this machine's clock against the server's.
 
 While idle, a consumer long-polls: one receive command per `wait_ms`, waiting in
 the log (a consumer of a paused queue or group waits there for the resume). While
@@ -71,7 +70,15 @@ from keyload.errors import (
     ValidationError,
 )
 from keyload.limits import MAX_ACK_BATCH
-from keyload.sdk.results import Delivery, GroupDelivery, Mutation
+from keyload.sdk.results import (
+    Delivery,
+    GroupDelivery,
+    GroupLeaseResult,
+    GroupReceiveResult,
+    LeaseResult,
+    Mutation,
+    ReceiveResult,
+)
 
 if TYPE_CHECKING:
     from keyload.sdk.client import Client
@@ -87,13 +94,8 @@ UNKNOWN_PAUSE_S = 0.1  # after a round that met one: a server that refuses at on
 
 
 class Token(Protocol):
-    """A delivery as the helper needs it: its token and its lease's expiry in log time."""
-
     @property
     def token(self) -> str: ...
-
-    @property
-    def lease_until_ms(self) -> int: ...
 
 
 class Settled(Protocol):
@@ -125,14 +127,14 @@ class Source(Protocol[D_co]):
 
     `receive(wait=True)` long-polls in the log for up to the source's `wait_ms`."""
 
-    def receive(self, max_items: int, lease_ms: int | None, wait: bool) -> Sequence[D_co]: ...
+    def receive(self, max_items: int, lease_ms: int | None, wait: bool) -> Leased[D_co]: ...
 
     def ack_batch(self, tokens: list[str]) -> Sequence[Settled]: ...
 
     def nack(self, token: str, delay_ms: int | None) -> None: ...
 
     def renew(self, token: str, lease_ms: int | None) -> int | None:
-        """Renew a lease; its new expiry in log time."""
+        """Renew a lease; the length it was renewed for in ms (None: it is not held)."""
         ...
 
     def complete(self, token: str, effects: Sequence[Mutation], scope: str, execution_generation: int) -> bool:
@@ -140,13 +142,28 @@ class Source(Protocol[D_co]):
         ...
 
 
+@dataclass(frozen=True)
+class Leased(Generic[D_co]):
+    """What a receive leased: the deliveries whose leases are held, and the leases' length in ms."""
+
+    deliveries: Sequence[D_co]
+    lease_ms: int
+
+
 Held = TypeVar("Held", Delivery, GroupDelivery)
 
 
-def held(deliveries: Sequence[Held]) -> list[Held]:
-    """The deliveries whose leases are held: a receive the SDK repeated (a retry after a lost answer)
-    reports a lease settled or expired since with its error code, and nothing is left to process."""
-    return [delivery for delivery in deliveries if delivery.error_code is None]
+def leased(deliveries: Sequence[Held], at: int) -> Leased[Held]:
+    """The deliveries of a receive answered at log time `at` whose leases are held (a receive the SDK
+    repeated, a retry after a lost answer, reports a lease settled or expired since with its error
+    code, and nothing is left to process), and their leases' length (`Client._sent`)."""
+    held = [delivery for delivery in deliveries if delivery.error_code is None]
+    return Leased(held, held[0].lease_until_ms - at if held else 0)
+
+
+def renewed(lease_until_ms: int | None, at: int) -> int | None:
+    """The length of a lease renewed at log time `at` until `lease_until_ms` (None: not held)."""
+    return None if lease_until_ms is None else lease_until_ms - at
 
 
 @dataclass
@@ -156,12 +173,16 @@ class QueueSource:
     queue: str
     wait_ms: int
 
-    def receive(self, max_items: int, lease_ms: int | None, wait: bool) -> Sequence[Delivery]:
-        wait_ms = self.wait_ms if wait else None
-        result = self.client.receive(
-            self.domain, self.queue, max_messages=max_items, lease_ms=lease_ms, wait_ms=wait_ms
-        )
-        return held(result.deliveries)
+    def receive(self, max_items: int, lease_ms: int | None, wait: bool) -> Leased[Delivery]:
+        body = {
+            "queue": self.queue,
+            "max_messages": max_items,
+            "max_bytes": None,
+            "lease_ms": lease_ms,
+            "wait_ms": self.wait_ms if wait else None,
+        }
+        result, at = self.client._send_timed(ReceiveResult, "Receive", self.domain, body)
+        return leased(result.deliveries, at)
 
     def ack_batch(self, tokens: list[str]) -> Sequence[Settled]:
         return self.client.ack_batch(self.domain, tokens).results
@@ -170,7 +191,9 @@ class QueueSource:
         self.client.nack(self.domain, token, delay_ms=delay_ms)
 
     def renew(self, token: str, lease_ms: int | None) -> int | None:
-        return self.client.renew(self.domain, token, lease_ms=lease_ms).lease_until_ms
+        body = {"token": token, "lease_ms": lease_ms}
+        result, at = self.client._send_timed(LeaseResult, "Renew", self.domain, body)
+        return renewed(result.lease_until_ms, at)
 
     def complete(self, token: str, effects: Sequence[Mutation], scope: str, execution_generation: int) -> bool:
         return self.client.complete_processing(
@@ -186,12 +209,17 @@ class GroupSource:
     group: str
     wait_ms: int
 
-    def receive(self, max_items: int, lease_ms: int | None, wait: bool) -> Sequence[GroupDelivery]:
-        wait_ms = self.wait_ms if wait else None
-        result = self.client.group_receive(
-            self.domain, self.topic, self.group, max_events=max_items, lease_ms=lease_ms, wait_ms=wait_ms
-        )
-        return held(result.deliveries)
+    def receive(self, max_items: int, lease_ms: int | None, wait: bool) -> Leased[GroupDelivery]:
+        body = {
+            "topic": self.topic,
+            "group": self.group,
+            "max_events": max_items,
+            "max_bytes": None,
+            "lease_ms": lease_ms,
+            "wait_ms": self.wait_ms if wait else None,
+        }
+        result, at = self.client._send_timed(GroupReceiveResult, "GroupReceive", self.domain, body)
+        return leased(result.deliveries, at)
 
     def ack_batch(self, tokens: list[str]) -> Sequence[Settled]:
         return self.client.group_ack_batch(self.domain, self.topic, self.group, tokens).results
@@ -200,7 +228,9 @@ class GroupSource:
         self.client.group_nack(self.domain, self.topic, self.group, token, delay_ms=delay_ms)
 
     def renew(self, token: str, lease_ms: int | None) -> int | None:
-        return self.client.group_renew(self.domain, self.topic, self.group, token, lease_ms=lease_ms).lease_until_ms
+        body = {"topic": self.topic, "group": self.group, "token": token, "lease_ms": lease_ms}
+        result, at = self.client._send_timed(GroupLeaseResult, "GroupRenew", self.domain, body)
+        return renewed(result.lease_until_ms, at)
 
     def complete(self, token: str, effects: Sequence[Mutation], scope: str, execution_generation: int) -> bool:
         return self.client.complete_processing(
@@ -277,15 +307,10 @@ def work(
     stats = ConsumeStats()
     running: dict[Future[Handled], _Running[D]] = {}
 
-    def renew_at(asked: float, lease_until_ms: int | None) -> float:
-        """When to renew a lease asked for at `asked` (monotonic): with `lease_ms` given, a third of
-        it after it was asked for, so the time the answer took does not eat into it; else (the
-        source's own lease, whose length the answer does not state) after a third of the time left
-        until the expiry it states, read against this machine's clock."""
-        if lease_ms is not None:
-            return asked + lease_ms / 1000 / RENEW_FRACTION
-        left_s = 0.0 if lease_until_ms is None else lease_until_ms / 1000 - time.time()
-        return time.monotonic() + max(left_s, 0.0) / RENEW_FRACTION
+    def renew_at(asked: float, granted_ms: int | None) -> float:
+        """When to renew a lease of `granted_ms` asked for at `asked` (monotonic): a third of it after
+        it was asked for, so the time the answer took does not eat into it (None: not held, never)."""
+        return float("inf") if granted_ms is None else asked + granted_ms / 1000 / RENEW_FRACTION
 
     def known(command: Callable[..., object], *args: object) -> bool:
         """Run a command; False when its outcome is not known (it is tried again later)."""
@@ -380,22 +405,20 @@ def work(
                     # renewed. A lease runs from the receive's log time, after it was asked for: renewals
                     # count from then.
                     asked = time.monotonic()
+                    got: Leased[D] = Leased((), 0)
                     try:
-                        deliveries = source.receive(free, lease_ms, wait=not running)
+                        got = source.receive(free, lease_ms, wait=not running)
                     except UNKNOWN_OUTCOME:  # what it may have leased comes again when the lease runs out
                         stats.unknown_outcomes += 1
-                        deliveries = []
                     except DispatchPausedError:  # only while handlers run: once they are done it waits
-                        deliveries = []
+                        pass
                     except ValidationError:
                         if free == 1:
                             raise
-                        most, deliveries = free // 2, []  # more than the queue takes at once (module docstring)
-                    for delivery in deliveries:
-                        running[pool.submit(handle, delivery)] = _Running(
-                            delivery, renew_at(asked, delivery.lease_until_ms)
-                        )
-                    stats.received += len(deliveries)
+                        most = free // 2  # more than the queue takes at once (module docstring)
+                    for delivery in got.deliveries:
+                        running[pool.submit(handle, delivery)] = _Running(delivery, renew_at(asked, got.lease_ms))
+                    stats.received += len(got.deliveries)
                 if running:
                     done, _ = wait(list(running), timeout=SETTLE_POLL_S, return_when=FIRST_COMPLETED)
                     if done:
