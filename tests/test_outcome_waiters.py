@@ -31,7 +31,7 @@ def outcome_for(credential: Credential, command_id: str, offset: int = 7) -> byt
 def test_the_outcome_sealed_for_the_waiter_answers_it() -> None:
     async def scenario() -> int:
         waiters = OutcomeWaiters(None)
-        waiters.attach(asyncio.get_running_loop(), {})
+        waiters.attach(asyncio.get_running_loop(), no_key)
         waiter = waiters.expect(DOMAIN, "c-1", ALICE, b"c-1")
         waiter.position = (0, 7)
         # Bob's outcome under the same command id (his own command's) is not Alice's answer.
@@ -44,38 +44,49 @@ def test_the_outcome_sealed_for_the_waiter_answers_it() -> None:
     assert asyncio.run(scenario()) == 7
 
 
-def test_an_outcome_of_the_waiters_own_position_sealed_with_another_keyring_key_answers_it() -> None:
-    """A long poll served after its principal's rotation is sealed with the new key: an outcome of the
-    waiter's own position sealed with a key of the service's keyring answers it; one at another
-    position (another command's under the same id), or sealed with a key the keyring lacks, does not."""
+def no_key(principal: str) -> None:
+    """No principal's key in force is known (a Kafka server's policy)."""
+
+
+def test_an_outcome_of_the_waiters_own_position_sealed_with_its_principals_new_key_answers_it() -> None:
+    """A long poll served after its principal's rotation is sealed with the key then in force: an
+    outcome of the waiter's own position sealed with the key its principal holds now answers it. Not
+    one sealed with another principal's key (Bob's, though the service's keyring holds it: anyone who
+    can write the outcome stream could seal with their own), nor with a key id the principal holds
+    but another secret, nor one at another position (another command's under the same id)."""
     rotated = Credential("alice", "k-alice-2", os.urandom(32))
     forged = Credential("alice", "k-alice-2", os.urandom(32))  # the key id, not its secret
-    keys = {BOB.key_id: BOB.secret, rotated.key_id: rotated.secret}
+    in_force = {"alice": (rotated.key_id, rotated.secret), "bob": (BOB.key_id, BOB.secret)}
 
     async def scenario() -> list[bool]:
         waiters = OutcomeWaiters(None)
-        waiters.attach(asyncio.get_running_loop(), keys)
+        waiters.attach(asyncio.get_running_loop(), in_force.get)
         waiter = waiters.expect(DOMAIN, "c-9", ALICE, b"c-9")
         waiter.position = (0, 7)
-        offered = [outcome_for(BOB, "c-9", 8), outcome_for(forged, "c-9", 7), outcome_for(rotated, "c-9", 7)]
+        offered = [
+            outcome_for(BOB, "c-9", 7),
+            outcome_for(forged, "c-9", 7),
+            outcome_for(rotated, "c-9", 8),
+            outcome_for(rotated, "c-9", 7),
+        ]
         answers = []
         for value in offered:
             opened = open_outcome(value)
             assert opened is not None
-            answers.append(waiter.answered_by(value, *opened, keys))
+            answers.append(waiter.answered_by(value, *opened, in_force.get))
         waiters.published(None, offered)
         assert (await waiter.answer(5.0)).record["offset"] == 7
         waiters.forget(DOMAIN, "c-9", waiter)
         return answers
 
-    assert asyncio.run(scenario()) == [False, False, True]
+    assert asyncio.run(scenario()) == [False, False, False, True]
 
 
 def test_a_waiter_gives_up_after_its_timeout_and_a_late_outcome_changes_nothing() -> None:
     async def scenario() -> float:
         loop = asyncio.get_running_loop()
         waiters = OutcomeWaiters(None)
-        waiters.attach(loop, {})
+        waiters.attach(loop, no_key)
         waiter = waiters.expect(DOMAIN, "c-2", ALICE, b"c-2")
         started = loop.time()
         with pytest.raises(TimeoutError):
@@ -93,7 +104,7 @@ def test_a_waiter_gives_up_after_its_timeout_and_a_late_outcome_changes_nothing(
 def test_a_request_that_goes_away_cancels_only_its_own_wait() -> None:
     async def scenario() -> tuple[bool, int]:
         waiters = OutcomeWaiters(None)
-        waiters.attach(asyncio.get_running_loop(), {})
+        waiters.attach(asyncio.get_running_loop(), no_key)
         gone, staying = waiters.expect(DOMAIN, "c-3", ALICE, b"c-3"), waiters.expect(DOMAIN, "c-3", ALICE, b"c-3")
         task = asyncio.create_task(gone.answer(5.0))
         await asyncio.sleep(0)
@@ -115,7 +126,7 @@ def test_a_refusal_of_a_record_published_before_its_append_is_acknowledged_answe
 
     async def scenario() -> tuple[str, bool]:
         waiters = OutcomeWaiters(None)
-        waiters.attach(asyncio.get_running_loop(), {})
+        waiters.attach(asyncio.get_running_loop(), no_key)
         waiter = waiters.expect(DOMAIN, "c-4", ALICE, b"c-4")
         other = waiters.expect(DOMAIN, "c-4", ALICE, b"c-4 other content")
         refusal = new_outcome("c-4", DOMAIN, 0, 9, 1_000)
@@ -146,7 +157,7 @@ def test_the_outcome_feed_answers_a_workers_outcome_once_committed_and_holds_bac
     async def scenario() -> list[tuple[str, bool]]:
         loop = asyncio.get_running_loop()
         waiters = OutcomeWaiters(reply, in_process=[0, 2])
-        waiters.attach(loop, {})
+        waiters.attach(loop, no_key)
         held, free = waiters.expect(DOMAIN, "c-held", ALICE, b"h"), waiters.expect(DOMAIN, "c-free", ALICE, b"f")
         outcomes = data.outcome_log()
         feed = OutcomeFeed(data.outcome_log(), waiters, Listener(data.root, EDGE_BELL), answerable_below, loop)

@@ -204,6 +204,19 @@ class Engine:
             raise Unauthenticated("the request carries Authorization more than once: send it once")
         return self.authenticator.credential(request.headers.get("authorization"), self.policy(partition))
 
+    def key_in_force(self, principal: str) -> tuple[str, bytes] | None:
+        """The key id and secret `principal` signs with now, as partition 0's policy has it (every
+        partition holds every principal, §5a); None where this server holds no policy (Kafka), cannot
+        read it now, or its keyring lacks the key. Read on the event loop, which the embedded
+        service turns on its processors' thread."""
+        try:
+            policy = self.policy(0)
+            record = None if policy is None else load_principal(policy, principal)
+        except StoreError:
+            return None
+        secret = None if record is None else self.authenticator.keys.get(record.key_id)
+        return None if record is None or secret is None else (record.key_id, secret)
+
     async def submit(
         self, credential: Credential, command_id: str, domain: str, partition: int, body: Branch
     ) -> Answer:

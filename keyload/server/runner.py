@@ -471,7 +471,7 @@ class HttpServer:
     async def _on_start(self, loop: asyncio.AbstractEventLoop) -> None:
         self._writer = CommandWriter(self.side.open_log(), loop, self.side.wake, blocking=self.side.blocking)
         self.engine.writer = self._writer
-        self.engine.waiters.attach(loop, self.engine.authenticator.keys)
+        self.engine.waiters.attach(loop, self.engine.key_in_force)
         if self.side.feed is not None:
             self._tail = self.side.feed(self.engine.waiters, loop)
         elif self.side.outcomes is not None:

@@ -25,7 +25,7 @@ import contextlib
 import logging
 import threading
 from collections import defaultdict
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Collection
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -44,7 +44,8 @@ MAX_ECHOES = 65_536  # outcomes handed over in process whose copies the Kafka ta
 # more come only from a producer appending unsigned records under that id in that moment.
 MAX_UNPLACED = 16
 _Key = tuple[str, str]  # (domain, command id): command ids are scoped by domain
-Keys = Mapping[str, bytes]  # a keyring: key id to secret
+# The key id and secret a principal signs with now, as the policy has it; None where it is not known.
+KeyInForce = Callable[[str], tuple[str, bytes] | None]
 _Pending = dict[int, list[tuple[bytes, "asyncio.Future[int]"]]]
 
 log = logging.getLogger("keyload.server")
@@ -102,21 +103,23 @@ class Waiter:
         finally:
             timer.cancel()
 
-    def answered_by(self, value: bytes, signed: SignedRecord | None, record: Record, keys: Keys) -> bool:
+    def answered_by(self, value: bytes, signed: SignedRecord | None, record: Record, key_in_force: KeyInForce) -> bool:
         """An outcome sealed with the waiter's key answers it (the reply to that principal's
-        command); so does one of its own record sealed with another key of the service's keyring
-        `keys` (a long poll served after its principal's credential was rotated is sealed with the
-        key then in force), and an unsealed refusal of its own record (the processor could not
+        command); so does one of its own record sealed with the key its principal holds now
+        (`key_in_force`: a long poll served after the principal's credential was rotated is sealed
+        with the new key), and an unsealed refusal of its own record (the processor could not
         authenticate it: a principal disabled since the server checked it); nothing else: two
         principals sending one command id to one domain are each answered with their own outcome
-        (the second one's a Conflict, §5), and an unsigned record someone appended under the same
-        id cannot answer anyone."""
+        (the second one's a Conflict, §5), and an outcome someone else appended, unsealed or sealed
+        with another principal's key, cannot answer anyone."""
         if signed is None:
             return self.refused_by(record)
         if self.credential.seals(value):
             return True
-        key = keys.get(signed.key_id) if self.placed_at(record) else None
-        return key is not None and signed.verify(key)
+        if signed.key_id == self.credential.key_id or not self.placed_at(record):
+            return False
+        held = key_in_force(self.credential.principal)
+        return held is not None and held[0] == signed.key_id and signed.verify(held[1])
 
     def refused_by(self, record: Record) -> bool:
         """Whether the unsealed outcome `record` is the refusal of this waiter's own record."""
@@ -125,6 +128,10 @@ class Waiter:
     def placed_at(self, record: Record) -> bool:
         """Whether the outcome `record` is of this waiter's own record: of the command at its position."""
         return self.position == (record["partition"], record["offset"])
+
+
+def _no_key(principal: str) -> None:
+    """No key is known to be in force (before `attach`)."""
 
 
 def _expire(future: asyncio.Future[Answer]) -> None:
@@ -142,7 +149,7 @@ class OutcomeWaiters:
         # no reply partition): the embedded server's own (with `--workers`, worker 0's).
         self._in_process = frozenset(in_process)
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._keys: Keys = {}  # the service's keyring, which seals every outcome (`Waiter.answered_by`)
+        self._key_in_force: KeyInForce = _no_key  # set by `attach` (`Waiter.answered_by`)
         self._waiting: dict[_Key, list[Waiter]] = defaultdict(list)
         # Kafka: outcomes this process's processors published to the reply partition and handed over
         # in process, whose copies `OutcomeTail` reads back: each copy is passed over, so it cannot
@@ -150,10 +157,10 @@ class OutcomeWaiters:
         # None while no tail reads the reply partition.
         self._echoes: dict[bytes, int] | None = None
 
-    def attach(self, loop: asyncio.AbstractEventLoop, keys: Keys) -> None:
-        """The event loop the waiting requests run on (the server's, once it starts), and the
-        service's keyring."""
-        self._loop, self._keys = loop, keys
+    def attach(self, loop: asyncio.AbstractEventLoop, key_in_force: KeyInForce) -> None:
+        """The event loop the waiting requests run on (the server's, once it starts), and where the
+        key each principal holds now is read from (on that loop)."""
+        self._loop, self._key_in_force = loop, key_in_force
 
     def reply_to(self, partition: int) -> int | None:
         """The reply partition a command to `partition` names: none when its processor answers in
@@ -307,7 +314,7 @@ class OutcomeWaiters:
         for waiter in self._waiting.get((record["domain"], record["command_id"]), ()):
             if waiter.future.done():
                 continue
-            if waiter.answered_by(value, signed, record, self._keys):
+            if waiter.answered_by(value, signed, record, self._key_in_force):
                 waiter.future.set_result(Answer(record))
             elif signed is None and waiter.position is None and record["status"] != "committed":
                 if waiter.unplaced is None:
