@@ -39,6 +39,14 @@ SERVICE_ACTORS: Mapping[str, Capability] = {
     GC_PRINCIPAL: Capability.recovery,
     CHECKPOINTER_PRINCIPAL: Capability.checkpoint,
 }
+
+
+def system_key_id(principal: str) -> str:
+    """The fixed keyring key id of the service's own principals (the administrator's first key, an
+    actor's only one)."""
+    return f"{principal}-1"
+
+
 SERVICE_KEYS = (TOKEN, JITTER, PROOF)  # the purposes the partition's own keys serve (processors/key_rotation.py)
 
 
@@ -121,12 +129,13 @@ def _save(stage: Staged, record: PrincipalRecord, previous: PrincipalRecord | No
 def _keeps_acting(stage: Staged, previous: PrincipalRecord, record: PrincipalRecord) -> None:
     """Refuse a change that would stop one of the service's actors acting (feature level 18): its
     Ticks, GC passes or checkpoint records, signed with its fixed key, would be refused for good
-    (leases and delays would never run out, nothing would be collected)."""
+    (leases and delays would never run out, nothing would be collected). A change back to its fixed
+    key is taken: below the level its key could be changed, and this mends it."""
     capability = SERVICE_ACTORS.get(record.principal)
     if capability is None or feature_level(stage) < SERVICE_ACTORS_KEPT:
         return
     if (
-        record.key_id != previous.key_id
+        record.key_id not in (previous.key_id, system_key_id(record.principal))
         or not record.enabled
         or not allows(record.grants, capability, None, EVERYTHING)
     ):
@@ -260,8 +269,12 @@ def _retired(stage: Staged, principal: PrincipalRecord, key_id: str) -> bool:
     """Whether `key_id` is a key the principal held and was rotated away from (feature level 17): a
     rotation may retire a key because it leaked, so none brings it back (a repeat of the rotation
     that made it is answered its stored outcome before this is asked)."""
-    if key_id == principal.key_id or feature_level(stage) < RETIRED_KEYS_REFUSED:
+    level = feature_level(stage)
+    if key_id == principal.key_id or level < RETIRED_KEYS_REFUSED:
         return False
+    actor = level >= SERVICE_ACTORS_KEPT and principal.principal in SERVICE_ACTORS
+    if actor and key_id == system_key_id(principal.principal):
+        return False  # an actor's fixed key may return (`_keeps_acting`)
     owner = stage.get(keys.principal_key(key_id))
     return owner is not None and owner.decode("utf-8") == principal.principal
 

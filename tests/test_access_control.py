@@ -840,6 +840,24 @@ def test_from_level_18_the_services_actors_keep_acting(secured: Secured, actor: 
     assert (view.principal.key_id, view.principal.enabled) == (system_key_id(actor), True)
 
 
+def test_from_level_18_an_actor_given_another_key_below_it_takes_its_fixed_key_back(secured: Secured) -> None:
+    """The mend for what level 18 prevents: an actor given another key below it (its commands refused
+    since) may take its fixed key back, though it held it before (retired keys return for no one
+    else), and may not take a third."""
+    system = secured.system_domain(0)
+    for key_id in ("k-gc-2", "k-gc-3"):
+        keyring.add(secured.root, key_id)
+    put = {"principal": GC_PRINCIPAL, "key_id": "k-gc-2", "enabled": None, "grants": None, "expected_revision": None}
+    secured.ok(secured.admin, system, PUT_PRINCIPAL, put)
+    secured.everywhere("RaiseFeatureLevel", {"level": SERVICE_ACTORS_KEPT})
+    refused, _ = secured.submit_as(secured.admin, system, PUT_PRINCIPAL, put | {"key_id": "k-gc-3"})
+    assert (refused.status, refused.error_code) == ("rejected", "Conflict")
+    mended = typed(
+        secured.ok(secured.admin, system, PUT_PRINCIPAL, put | {"key_id": system_key_id(GC_PRINCIPAL)}), PrincipalView
+    )
+    assert mended.principal.key_id == system_key_id(GC_PRINCIPAL)
+
+
 def test_below_level_18_an_actor_disabled_stops_acting(secured: Secured) -> None:
     """What level 18 prevents: below it the ticker can be disabled, and its next Tick is refused."""
     system = secured.system_domain(0)

@@ -30,6 +30,7 @@ from keyload.processors.principals import CHECKPOINTER_PRINCIPAL as CHECKPOINTER
 from keyload.processors.principals import GC_PRINCIPAL as GC_PRINCIPAL
 from keyload.processors.principals import SERVICE_ACTORS as SERVICE_ACTORS
 from keyload.processors.principals import TICKER_PRINCIPAL as TICKER_PRINCIPAL
+from keyload.processors.principals import system_key_id as system_key_id
 from keyload.storage import keyring
 
 # The administrator (listed first: it signs EnableAccessControl), then the service's actors
@@ -41,10 +42,6 @@ FOLDER_MODE = 0o700
 # A principal with a credential file: its name is the file's name.
 FILE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 KEY_ID_RANDOM_BYTES = 8
-
-
-def system_key_id(principal: str) -> str:
-    return f"{principal}-1"
 
 
 def ensure_system(root: Path) -> None:
