@@ -49,6 +49,7 @@ from starlette.responses import FileResponse, Response
 from starlette.routing import Route
 
 from keyload.commands import BY_NAME, Capability
+from keyload.limits import AVRO_LONG_MAX
 from keyload.log.base import partition_for
 from keyload.processors.access import allows, load_principal
 from keyload.processors.apply import DOMAIN_RULE, valid_domain
@@ -247,8 +248,10 @@ class PayloadRoutes:
 
 
 def _reservation_id(text: str) -> int:
-    if not is_number(text):
-        raise WireError("reservation_id must be an integer")
+    """A reservation id named in a path: an Avro long ≥ 0, as a command's field takes it (one that
+    names no reservation is then NotFound)."""
+    if not is_number(text) or int(text) > AVRO_LONG_MAX:
+        raise WireError(f"reservation_id must be an integer in 0..{AVRO_LONG_MAX}")
     return int(text)
 
 
