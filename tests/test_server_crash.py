@@ -4,7 +4,11 @@ drill rebuilds the same projection from the log."""
 
 from __future__ import annotations
 
+import base64
+import hashlib
+import json
 import signal
+import socket
 import threading
 import time
 from pathlib import Path
@@ -101,6 +105,57 @@ def test_a_request_in_flight_when_the_service_is_stopped_gets_its_outcome(tmp_pa
     assert response.status_code == 200
     (delivery,) = response.json()["result"]["deliveries"]
     assert (delivery["message_id"], delivery["body"]) == ("late", "c2VudCBkdXJpbmcgdGhlIGRyYWlu")
+
+
+def test_an_upload_in_flight_when_the_service_stops_is_answered_503_and_taken_after_a_restart(
+    tmp_path: Path,
+) -> None:
+    """An upload whose body is still coming (a slow client) when the service stops is answered 503
+    `Unavailable` at the end of the drain, in the API's JSON form, before the server closes its
+    connection (uvicorn would answer a request it cuts off 500, in plain text); once the service
+    serves again the same reservation and handle take the bytes."""
+    root = tmp_path / "data"
+    service = start_service(root)
+    url = served_url(root)
+    credential = Credential.load(root / "credentials" / "keyload-admin.json")
+    auth = {"Authorization": f"Bearer {credential.bearer_token}"}
+    payload = bytes(range(256)) * 64
+    queue = f"{url}/v1/domains/{DOMAIN}/queues/media"
+    assert httpx.put(queue, json={"policy": {}}, headers=auth).status_code == 200
+    reserve = {
+        "message_id": "video",
+        "length": len(payload),
+        "sha256": base64.b64encode(hashlib.sha256(payload).digest()).decode(),
+        "headers": {},
+    }
+    reserved = httpx.post(f"{queue}/reservations", json=reserve, headers=auth)
+    content = f"{url}/v1/domains/{DOMAIN}/reservations/{reserved.json()['result']['reservation_id']}/content"
+    upload = {**auth, "Keyload-Upload-Handle": reserved.headers["keyload-upload-handle"]}
+    # A client that sent the head and part of the body, and reads while it would send the rest (httpx
+    # reads an answer only once its body is sent).
+    address = url.removeprefix("http://").rsplit(":", 1)
+    target = content.removeprefix(url)
+    head = (
+        f"PUT {target} HTTP/1.1\r\nHost: {address[0]}\r\nAuthorization: {auth['Authorization']}\r\n"
+        f"Keyload-Upload-Handle: {upload['Keyload-Upload-Handle']}\r\nContent-Length: {len(payload)}\r\n\r\n"
+    )
+    with socket.create_connection((address[0], int(address[1])), timeout=30) as slow:
+        slow.sendall(head.encode() + payload[:1024])
+        time.sleep(0.5)
+        started = time.monotonic()
+        service.send_signal(signal.SIGTERM)
+        answer = slow.makefile("rb").read()
+    assert time.monotonic() - started < 8  # within the drain, before the server's graceful shutdown ends
+    status_line, _, rest = answer.partition(b"\r\n")
+    assert status_line == b"HTTP/1.1 503 Service Unavailable"
+    assert json.loads(rest.partition(b"\r\n\r\n")[2])["error_code"] == "Unavailable"
+    assert stop_service(service, 30) == 0
+    service = start_service(root)
+    try:
+        again = httpx.put(served_url(root) + content.removeprefix(url), content=payload, headers=upload, timeout=30)
+        assert (again.status_code, again.json()["result"]["state"]) == (200, "committed")
+    finally:
+        assert stop_service(service, 30) == 0
 
 
 class LongPoll:

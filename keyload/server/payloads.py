@@ -121,7 +121,10 @@ class PayloadRoutes:
             handle_text, handle, stored = self._upload_handle(
                 request, caller.principal, domain, partition, reservation_id
             )
-            proof = await self._store(request, handle_text, handle, stored)
+            stopping = Refused(statuses.UNAVAILABLE, "the service is stopping: upload again once it serves")
+            proof = await self.engine.waiters.unless_abandoned(
+                self._store(request, handle_text, handle, stored), stopping
+            )
             commit = {"reservation_id": reservation_id, "proof": proof}
             command_id = f"upload-{uuid.uuid4()}"  # a proof differs per attempt: idempotent by reservation
             committed = await self.engine.submit(caller, command_id, domain, partition, (COMMIT.branch, commit))

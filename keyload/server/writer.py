@@ -25,9 +25,10 @@ import contextlib
 import logging
 import threading
 from collections import defaultdict
-from collections.abc import Callable, Collection
+from collections.abc import Awaitable, Callable, Collection
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import TypeVar
 
 from keyload.credentials import Credential, SignedRecord, unwrap
 from keyload.log.base import CommandLog, LogError, LogTruncated
@@ -43,6 +44,7 @@ MAX_ECHOES = 65_536  # outcomes handed over in process whose copies the Kafka ta
 # Unsealed refusals under a waiter's command id kept until its append is acknowledged (`Waiter.unplaced`):
 # more come only from a producer appending unsigned records under that id in that moment.
 MAX_UNPLACED = 16
+T = TypeVar("T")
 _Key = tuple[str, str]  # (domain, command id): command ids are scoped by domain
 # The key id and secret a principal signs with now, as the policy has it; None where it is not known.
 KeyInForce = Callable[[str], tuple[str, bytes] | None]
@@ -149,6 +151,7 @@ class OutcomeWaiters:
         # no reply partition): the embedded server's own (with `--workers`, worker 0's).
         self._in_process = frozenset(in_process)
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._abandoned = asyncio.Event()  # set by `abandon`: the service is stopping
         self._key_in_force: KeyInForce = _no_key  # set by `attach` (`Waiter.answered_by`)
         self._waiting: dict[_Key, list[Waiter]] = defaultdict(list)
         # Kafka: outcomes this process's processors published to the reply partition and handed over
@@ -235,10 +238,27 @@ class OutcomeWaiters:
             loop.call_soon_threadsafe(self._abandon, reason)
 
     def _abandon(self, reason: Exception) -> None:
+        self._abandoned.set()
         for waiters in self._waiting.values():
             for waiter in waiters:
                 if not waiter.future.done():
                     waiter.future.set_exception(reason)
+
+    async def unless_abandoned(self, work: Awaitable[T], reason: Exception) -> T:
+        """`work`'s result, or `reason` raised once the waiting requests are abandoned (the service
+        is stopping) while it runs, `work` then cancelled: a request that waits for something other
+        than an outcome (an upload streaming its body or storing it) is answered with the others,
+        before the server closes its connection without an answer."""
+        task = asyncio.ensure_future(work)
+        abandoned = asyncio.ensure_future(self._abandoned.wait())
+        try:
+            await asyncio.wait((task, abandoned), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            abandoned.cancel()
+        if not task.done():
+            task.cancel()
+            raise reason
+        return task.result()
 
     def published(self, reply_partition: int | None, outcomes: list[bytes]) -> None:
         """Called by the runtime (processor thread) with outcomes it is publishing: those for the
