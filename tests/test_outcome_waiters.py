@@ -14,7 +14,7 @@ from keyload.errors import ErrorCode
 from keyload.log.codec import REGISTRY
 from keyload.processors.errors import Rejected
 from keyload.processors.outcomes import new_outcome, reject
-from keyload.server.writer import OUTCOME, OutcomeFeed, OutcomeWaiters, open_outcome
+from keyload.server.writer import OUTCOME, Halted, OutcomeFeed, OutcomeWaiters, open_outcome
 from keyload.service.doorbell import Listener
 from keyload.service.workers import EDGE_BELL
 from keyload.storage.datadir import DataDir
@@ -185,3 +185,35 @@ def test_the_outcome_feed_answers_a_workers_outcome_once_committed_and_holds_bac
         ("read again, still uncommitted", False),
         ("once committed", True),
     ]
+
+
+def test_work_unless_abandoned_ends_with_the_waiters_or_with_its_request() -> None:
+    """An upload's work (`unless_abandoned`) returns its result; ends with `reason` once the waiters are
+    abandoned (the service stopping), itself cancelled; and is cancelled with its request."""
+
+    async def scenario() -> None:
+        waiters = OutcomeWaiters(None)
+        waiters.attach(asyncio.get_running_loop(), no_key)
+        assert await waiters.unless_abandoned(asyncio.sleep(0, "stored"), Halted("stopping")) == "stored"
+        ran: list[asyncio.Future[None]] = []
+
+        async def forever() -> None:
+            ran.append(asyncio.ensure_future(asyncio.sleep(3600)))
+            await ran[-1]
+
+        request = asyncio.ensure_future(waiters.unless_abandoned(forever(), Halted("stopping")))
+        await asyncio.sleep(0.01)
+        request.cancel()  # the client went away
+        with pytest.raises(asyncio.CancelledError):
+            await request
+        await asyncio.sleep(0)
+        assert ran[-1].cancelled()
+        request = asyncio.ensure_future(waiters.unless_abandoned(forever(), Halted("stopping")))
+        await asyncio.sleep(0.01)
+        waiters.abandon(Halted("stopping"))
+        with pytest.raises(Halted):
+            await request
+        await asyncio.sleep(0)
+        assert ran[-1].cancelled()
+
+    asyncio.run(scenario())

@@ -253,10 +253,12 @@ class OutcomeWaiters:
         abandoned = asyncio.ensure_future(self._abandoned.wait())
         try:
             await asyncio.wait((task, abandoned), return_when=asyncio.FIRST_COMPLETED)
-        finally:
+        finally:  # also when the request itself is cancelled (its client went away): `work` goes with it
             abandoned.cancel()
-        if not task.done():
-            task.cancel()
+            unfinished = not task.done()
+            if unfinished:
+                task.cancel()
+        if unfinished:
             raise reason
         return task.result()
 
