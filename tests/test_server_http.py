@@ -945,6 +945,7 @@ def test_large_payloads_are_uploaded_attested_and_read_by_the_service(
     raw = {"content-type": "application/octet-stream"}
     wrong = api.put(content, content=payload[:-1] + b"\x00", headers=raw)
     assert (wrong.status_code, wrong.json()["error_code"]) == (409, "Conflict")
+    assert wrong.json()["command_id"] is None and "keyload-command-id" not in wrong.headers  # no outcome
     assert committed(api.put(content, content=payload, headers=raw))["state"] == "committed"
     assert committed(api.put(content, content=payload, headers=raw))["state"] == "committed"  # idempotent
     [delivery] = committed(api.post(f"{queue}/receive", json={}))["deliveries"]
