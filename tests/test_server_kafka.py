@@ -7,6 +7,7 @@ import asyncio
 import base64
 import contextlib
 import hashlib
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -15,6 +16,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from devtools.broker import NativeBroker
 from keyload import Capability, Client, Credential, Grant, KeyloadError
 from keyload.credentials import CredentialError
 from keyload.errors import NotFoundError
@@ -228,5 +230,44 @@ def test_a_principal_disabled_since_the_edge_checked_it_is_refused_at_once(
                 operator.put_principal("clerk", enabled=False)
                 refused = [api.put(f"/v1/domains/shop/queues/q{n}", json={}) for n in range(12)]
         assert [(r.status_code, r.json()["error_code"]) for r in refused] == [(403, "PermissionDenied")] * 12
+    finally:
+        assert stop_service(service, 30) == 0
+
+
+def test_a_request_whose_append_a_broker_away_holds_is_answered_503_when_the_service_stops(
+    native_broker: NativeBroker, tmp_path: Path
+) -> None:
+    """A request whose append the broker holds (killed) when the service is stopped is answered 503
+    `Unavailable` with its command id at the end of the drain, in the API's JSON form, rather than cut
+    off when the server closes (a plain-text 500); sent again by its Idempotency-Key once the broker
+    and the service are back, it applies once."""
+    root = tmp_path / "data"
+    DataDir.create(root, 2, kafka=KafkaConfig(native_broker.bootstrap, f"drain-{uuid.uuid4().hex[:8]}"))
+    service = start_service(root)
+    url, auth = served_url(root), bearer(root)
+    queue = f"{url}/v1/domains/shop/queues/orders"
+    assert httpx.put(queue, json={"policy": {}}, headers=auth, timeout=60).status_code == 200
+    native_broker.kill()
+    answered: list[httpx.Response] = []
+    enqueue = {"message_id": "held", "body": base64.b64encode(b"x").decode()}
+    keyed = {**auth, "Idempotency-Key": "held-by-the-broker"}
+    sender = threading.Thread(
+        target=lambda: answered.append(httpx.post(f"{queue}/messages", json=enqueue, headers=keyed, timeout=60))
+    )
+    sender.start()
+    time.sleep(1)
+    stop_service(service, 60)
+    sender.join(60)
+    [response] = answered
+    assert (response.status_code, response.json()["error_code"]) == (503, "Unavailable")
+    assert response.json()["command_id"] == "held-by-the-broker"
+    native_broker.start()
+    service = start_service(root)
+    try:
+        url = served_url(root)
+        again = httpx.post(f"{url}/v1/domains/shop/queues/orders/messages", json=enqueue, headers=keyed, timeout=60)
+        assert again.status_code == 200, again.text
+        counters = httpx.get(f"{url}/v1/domains/shop/queues/orders", headers=auth, timeout=60).json()
+        assert counters["result"]["counters"]["enqueued_total"] == 1
     finally:
         assert stop_service(service, 30) == 0

@@ -428,7 +428,7 @@ class HttpServer:
             os.remove(self.data.root / ADDRESS_FILE)
         self._server.should_exit = True
         self._served.wait(DRAIN_S)
-        self.engine.waiters.abandon(Halted("the service is stopping"))
+        self._abandon()
 
     def stop(self) -> None:
         """Answer the requests still waiting 503 (retry by command id), then stop serving (once)."""
@@ -437,7 +437,7 @@ class HttpServer:
         self._stopped.set()
         with contextlib.suppress(FileNotFoundError):
             os.remove(self.data.root / ADDRESS_FILE)
-        self.engine.waiters.abandon(Halted("the service is stopping"))
+        self._abandon()
         self._server.should_exit = True
         self._wait_for(self._served.is_set, SHUTDOWN_TIMEOUT_S)
         if self.rings is not None:  # the loop is this thread's: close it (a thread of its own closes its own)
@@ -445,6 +445,14 @@ class HttpServer:
             self._runner.close()
         self._socket.close()
         self.engine.metrics.close()
+
+    def _abandon(self) -> None:
+        """Answer 503 the requests still waiting for their outcomes or for their appends (a broker
+        away): resubmit by command id. Thread-safe."""
+        stopping = Halted("the service is stopping")
+        self.engine.waiters.abandon(stopping)
+        if self._writer is not None:
+            self._writer.abandon(stopping)
 
     def _wait_for(self, condition: Callable[[], bool], timeout_s: float) -> None:
         """Until `condition()` holds or the server has ended, for up to `timeout_s`, turning the

@@ -224,6 +224,8 @@ class OutcomeWaiters:
     def forget(self, domain: str, command_id: str, waiter: Waiter) -> None:
         """Stop waiting (answered, timed out, or its client went away)."""
         waiter.release()
+        if waiter.future.done() and not waiter.future.cancelled():
+            waiter.future.exception()  # retrieved: one abandoned while its append failed is not logged as lost
         key = (domain, command_id)
         remaining = [entry for entry in self._waiting.get(key, ()) if entry is not waiter]
         if remaining:
@@ -376,6 +378,7 @@ class CommandWriter:
         self.wake = wake
         self._thread = ThreadPoolExecutor(1, thread_name_prefix="keyload-writer") if blocking else None
         self._pending: _Pending = defaultdict(list)
+        self._sending: list[_Pending] = []  # appends the writer thread makes now (a broker may hold them)
         self._scheduled = False
 
     def append(self, partition: int, value: bytes) -> asyncio.Future[int]:
@@ -399,7 +402,24 @@ class CommandWriter:
         except RuntimeError as exc:  # the writer thread is shut down: the server is stopping
             _settle(pending, dict.fromkeys(pending, LogError(f"the server is stopping: {exc}")))
             return
-        done.add_done_callback(lambda finished: _settle(pending, finished.result()))
+        self._sending.append(pending)
+        done.add_done_callback(lambda finished: self._sent(pending, finished.result()))
+
+    def _sent(self, pending: _Pending, results: dict[int, list[int] | Exception]) -> None:
+        self._sending.remove(pending)
+        _settle(pending, results)
+
+    def abandon(self, reason: Exception) -> None:
+        """Fail the requests whose appends the writer thread is making (a broker away holds them)
+        with `reason` (the service is stopping), so they are answered with the waiting ones rather
+        than cut off when the server closes: the append may still be made, so resubmit by command
+        id. Thread-safe."""
+        if not self.loop.is_closed():
+            self.loop.call_soon_threadsafe(self._abandon, reason)
+
+    def _abandon(self, reason: Exception) -> None:
+        for pending in self._sending:
+            _settle(pending, dict.fromkeys(pending, reason))
 
     def _append_each(self, pending: _Pending) -> dict[int, list[int] | Exception]:
         """Append each partition's values: their offsets, or what failed (a full disk, a damaged
