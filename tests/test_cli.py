@@ -67,6 +67,10 @@ def test_errors_without_a_service_are_one_line(tmp_path: Path) -> None:
     assert_one_clear_line(result, 2, "partition counts must be 1..1024")
     result = run_keyload("run", "--data", missing, "--segment-bytes", "100")
     assert_one_clear_line(result, 2, "segment bytes must be 4096..2147483648")
+    insync = ("--replication-factor", "1", "--min-insync-replicas", "2", "--listen", "none")
+    result = run_keyload("run", "--data", missing, "--kafka", "127.0.0.1:9", *insync)
+    assert_one_clear_line(result, 2, "--min-insync-replicas must be in 1..--replication-factor")
+    assert not Path(missing).exists()  # nothing recorded that no later start could run with
     # A Kafka processor runs no GC worker: the option would be ignored, and no GC would run.
     result = run_keyload("run", "--data", missing, "--listen", "none", "--kafka", "127.0.0.1:1", "--gc-interval-s", "5")
     assert_one_clear_line(result, 2, "--gc-interval-s is for the embedded log: on Kafka, run `keyload gc run")

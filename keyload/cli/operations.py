@@ -150,6 +150,8 @@ def run(args: argparse.Namespace) -> int:
     _check_against_the_log(args)
     kafka = None
     if args.kafka is not None:
+        if args.min_insync_replicas > args.replication_factor:  # before the data directory records them
+            raise UsageError("--min-insync-replicas must be in 1..--replication-factor")
         kafka = KafkaConfig(args.kafka, args.topic_prefix, args.replication_factor, args.min_insync_replicas)
         if args.keyring_from is None and not (Path(args.data) / CONFIG).exists():
             _refuse_a_second_keyring(kafka, args.data)
