@@ -104,7 +104,9 @@ The levels:
     without its capability (tick, recovery, checkpoint) on every domain is Conflict
     (processors/principals.py). Before it such a change applied, and the service's Ticks (or GC
     passes, or checkpoint records) were refused from then on: leases, delays and long polls never
-    ran out.
+    ran out. The one key change taken is back to the actor's fixed key (`<principal>-1`), though it
+    held it before (level 17 refuses any other key a principal was rotated from): the mend of an
+    actor whose key was changed below the level.
 """
 
 from __future__ import annotations

@@ -843,19 +843,28 @@ def test_from_level_18_the_services_actors_keep_acting(secured: Secured, actor: 
 def test_from_level_18_an_actor_given_another_key_below_it_takes_its_fixed_key_back(secured: Secured) -> None:
     """The mend for what level 18 prevents: an actor given another key below it (its commands refused
     since) may take its fixed key back, though it held it before (retired keys return for no one
-    else), and may not take a third."""
+    else), and may not take a third; its commands are taken again."""
     system = secured.system_domain(0)
-    for key_id in ("k-gc-2", "k-gc-3"):
+    for key_id in ("k-ticker-2", "k-ticker-3"):
         keyring.add(secured.root, key_id)
-    put = {"principal": GC_PRINCIPAL, "key_id": "k-gc-2", "enabled": None, "grants": None, "expected_revision": None}
-    secured.ok(secured.admin, system, PUT_PRINCIPAL, put)
+    put = {"principal": TICKER_PRINCIPAL, "key_id": "k-ticker-2", "enabled": None, "grants": None}
+    secured.ok(secured.admin, system, PUT_PRINCIPAL, put | {"expected_revision": None})
+    ticker, tick = system_credential(secured.root, TICKER_PRINCIPAL), BY_NAME["Tick"].branch
+    refused_tick, _ = secured.submit_as(ticker, system, tick, {})
+    assert (refused_tick.status, refused_tick.error_code) == ("rejected", "PermissionDenied")
     secured.everywhere("RaiseFeatureLevel", {"level": SERVICE_ACTORS_KEPT})
-    refused, _ = secured.submit_as(secured.admin, system, PUT_PRINCIPAL, put | {"key_id": "k-gc-3"})
-    assert (refused.status, refused.error_code) == ("rejected", "Conflict")
-    mended = typed(
-        secured.ok(secured.admin, system, PUT_PRINCIPAL, put | {"key_id": system_key_id(GC_PRINCIPAL)}), PrincipalView
+    refused, _ = secured.submit_as(
+        secured.admin, system, PUT_PRINCIPAL, put | {"key_id": "k-ticker-3", "expected_revision": None}
     )
-    assert mended.principal.key_id == system_key_id(GC_PRINCIPAL)
+    assert (refused.status, refused.error_code) == ("rejected", "Conflict")
+    fixed = system_key_id(TICKER_PRINCIPAL)
+    mended = typed(
+        secured.ok(secured.admin, system, PUT_PRINCIPAL, put | {"key_id": fixed, "expected_revision": None}),
+        PrincipalView,
+    )
+    assert mended.principal.key_id == fixed
+    taken, _ = secured.submit_as(ticker, system, tick, {})
+    assert taken.status == "committed"
 
 
 def test_below_level_18_an_actor_disabled_stops_acting(secured: Secured) -> None:

@@ -14,7 +14,7 @@ from keyload.errors import ErrorCode
 from keyload.log.codec import REGISTRY
 from keyload.processors.errors import Rejected
 from keyload.processors.outcomes import new_outcome, reject
-from keyload.server.writer import OUTCOME, Halted, OutcomeFeed, OutcomeWaiters, open_outcome
+from keyload.server.writer import OUTCOME, CommandWriter, Halted, OutcomeFeed, OutcomeWaiters, open_outcome
 from keyload.service.doorbell import Listener
 from keyload.service.workers import EDGE_BELL
 from keyload.storage.datadir import DataDir
@@ -44,7 +44,7 @@ def test_the_outcome_sealed_for_the_waiter_answers_it() -> None:
     assert asyncio.run(scenario()) == 7
 
 
-def no_key(principal: str) -> None:
+def no_key(principal: str, partition: int) -> None:
     """No principal's key in force is known (a Kafka server's policy)."""
 
 
@@ -56,11 +56,14 @@ def test_an_outcome_of_the_waiters_own_position_sealed_with_its_principals_new_k
     but another secret, nor one at another position (another command's under the same id)."""
     rotated = Credential("alice", "k-alice-2", os.urandom(32))
     forged = Credential("alice", "k-alice-2", os.urandom(32))  # the key id, not its secret
-    in_force = {"alice": (rotated.key_id, rotated.secret), "bob": (BOB.key_id, BOB.secret)}
+    keys = {"alice": (rotated.key_id, rotated.secret), "bob": (BOB.key_id, BOB.secret)}
+
+    def in_force(principal: str, partition: int) -> tuple[str, bytes] | None:
+        return keys.get(principal) if partition == 0 else None
 
     async def scenario() -> list[bool]:
         waiters = OutcomeWaiters(None)
-        waiters.attach(asyncio.get_running_loop(), in_force.get)
+        waiters.attach(asyncio.get_running_loop(), in_force)
         waiter = waiters.expect(DOMAIN, "c-9", ALICE, b"c-9")
         waiter.position = (0, 7)
         offered = [
@@ -73,7 +76,7 @@ def test_an_outcome_of_the_waiters_own_position_sealed_with_its_principals_new_k
         for value in offered:
             opened = open_outcome(value)
             assert opened is not None
-            answers.append(waiter.answered_by(value, *opened, in_force.get))
+            answers.append(waiter.answered_by(value, *opened, in_force))
         waiters.published(None, offered)
         assert (await waiter.answer(5.0)).record["offset"] == 7
         waiters.forget(DOMAIN, "c-9", waiter)
@@ -217,3 +220,30 @@ def test_work_unless_abandoned_ends_with_the_waiters_or_with_its_request() -> No
         assert ran[-1].cancelled()
 
     asyncio.run(scenario())
+
+
+def test_once_abandoned_later_requests_and_appends_fail_with_the_same_reason(tmp_path: Path) -> None:
+    """A stop stays in effect: a request that comes after the abandon (the next batch of a coalesced
+    line, a request that waited its turn, a pipelined one) fails with the same reason at once, as
+    does an append asked of the writer then: nothing of it is appended."""
+    data = DataDir.create(tmp_path / "data")
+
+    async def scenario() -> int:
+        loop = asyncio.get_running_loop()
+        waiters = OutcomeWaiters(None)
+        waiters.attach(loop, no_key)
+        with data.file_command_log() as log:
+            writer = CommandWriter(log, loop, lambda partitions: None, blocking=False)
+            queued = writer.append(0, b"queued before the stop")
+            stopping = Halted("stopping")
+            waiters.abandon(stopping)
+            writer.abandon(stopping)
+            await asyncio.sleep(0.01)
+            with pytest.raises(Halted):
+                waiters.expect(DOMAIN, "c-late", ALICE, b"c-late")
+            assert await queued == 0  # flushed in the turn it was asked in, before the stop
+            with pytest.raises(Halted):
+                await writer.append(0, b"asked after the stop")
+            return log.end_offset(0)
+
+    assert asyncio.run(scenario()) == 1

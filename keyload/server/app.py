@@ -204,17 +204,17 @@ class Engine:
             raise Unauthenticated("the request carries Authorization more than once: send it once")
         return self.authenticator.credential(request.headers.get("authorization"), self.policy(partition))
 
-    def key_in_force(self, principal: str) -> tuple[str, bytes] | None:
-        """The key id and secret `principal` signs with now, as partition 0's policy has it (every
-        partition holds every principal, §5a); None where this server holds no policy (Kafka), cannot
-        read it now, or its keyring lacks the key. Read on the event loop, which the embedded
-        service turns on its processors' thread."""
+    def key_in_force(self, principal: str, partition: int) -> tuple[str, bytes] | None:
+        """The key id and secret `principal` signs with now, as `partition`'s policy has it (a worker
+        process's partition: partition 0's, which holds every principal too, §5a); None where this
+        server holds no policy (Kafka), cannot read it or the keyring now, or the keyring lacks the
+        key. Read on the event loop, which the embedded service turns on its processors' thread."""
         try:
-            policy = self.policy(0)
+            policy = self.policy(partition)
             record = None if policy is None else load_principal(policy, principal)
-        except StoreError:
+            secret = None if record is None else self.authenticator.keys.get(record.key_id)
+        except Exception:  # a store or keyring that cannot be read now: no answer but the sealed one
             return None
-        secret = None if record is None else self.authenticator.keys.get(record.key_id)
         return None if record is None or secret is None else (record.key_id, secret)
 
     async def submit(

@@ -28,7 +28,7 @@ from collections import defaultdict
 from collections.abc import Awaitable, Callable, Collection
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from keyload.credentials import Credential, SignedRecord, unwrap
 from keyload.log.base import CommandLog, LogError, LogTruncated
@@ -46,8 +46,8 @@ MAX_ECHOES = 65_536  # outcomes handed over in process whose copies the Kafka ta
 MAX_UNPLACED = 16
 T = TypeVar("T")
 _Key = tuple[str, str]  # (domain, command id): command ids are scoped by domain
-# The key id and secret a principal signs with now, as the policy has it; None where it is not known.
-KeyInForce = Callable[[str], tuple[str, bytes] | None]
+# The key id and secret a principal signs with now, as a partition's policy has it; None where not known.
+KeyInForce = Callable[[str, int], tuple[str, bytes] | None]
 _Pending = dict[int, list[tuple[bytes, "asyncio.Future[int]"]]]
 
 log = logging.getLogger("keyload.server")
@@ -120,7 +120,7 @@ class Waiter:
             return True
         if signed.key_id == self.credential.key_id or not self.placed_at(record):
             return False
-        held = key_in_force(self.credential.principal)
+        held = key_in_force(self.credential.principal, record["partition"])
         return held is not None and held[0] == signed.key_id and signed.verify(held[1])
 
     def refused_by(self, record: Record) -> bool:
@@ -132,7 +132,12 @@ class Waiter:
         return self.position == (record["partition"], record["offset"])
 
 
-def _no_key(principal: str) -> None:
+def _retrieved(task: asyncio.Future[Any]) -> None:
+    if not task.cancelled():
+        task.exception()
+
+
+def _no_key(principal: str, partition: int) -> None:
     """No key is known to be in force (before `attach`)."""
 
 
@@ -152,6 +157,7 @@ class OutcomeWaiters:
         self._in_process = frozenset(in_process)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._abandoned = asyncio.Event()  # set by `abandon`: the service is stopping
+        self._stopping: Exception | None = None  # why, once `abandon` ran: later requests fail with it too
         self._key_in_force: KeyInForce = _no_key  # set by `attach` (`Waiter.answered_by`)
         self._waiting: dict[_Key, list[Waiter]] = defaultdict(list)
         # Kafka: outcomes this process's processors published to the reply partition and handed over
@@ -196,6 +202,8 @@ class OutcomeWaiters:
         unanswered, this one is its copy: appending the record again would publish its stored outcome
         once more, later, where it could answer the request after them (another command's)."""
         assert self._loop is not None, "attach the event loop first"
+        if self._stopping is not None:  # a request that came after the abandon (coalesced, pipelined, a turn's)
+            raise self._stopping
         waiting = self._waiting[(domain, command_id)]
         leader = None
         if waiting:
@@ -240,6 +248,7 @@ class OutcomeWaiters:
             loop.call_soon_threadsafe(self._abandon, reason)
 
     def _abandon(self, reason: Exception) -> None:
+        self._stopping = reason
         self._abandoned.set()
         for waiters in self._waiting.values():
             for waiter in waiters:
@@ -252,6 +261,7 @@ class OutcomeWaiters:
         than an outcome (an upload streaming its body or storing it) is answered with the others,
         before the server closes its connection without an answer."""
         task = asyncio.ensure_future(work)
+        task.add_done_callback(_retrieved)  # its exception is read even when nobody awaits it any more
         abandoned = asyncio.ensure_future(self._abandoned.wait())
         try:
             await asyncio.wait((task, abandoned), return_when=asyncio.FIRST_COMPLETED)
@@ -379,12 +389,16 @@ class CommandWriter:
         self._thread = ThreadPoolExecutor(1, thread_name_prefix="keyload-writer") if blocking else None
         self._pending: _Pending = defaultdict(list)
         self._sending: list[_Pending] = []  # appends the writer thread makes now (a broker may hold them)
+        self._stopping: Exception | None = None  # why, once `abandon` ran: appends asked for later fail with it
         self._scheduled = False
 
     def append(self, partition: int, value: bytes) -> asyncio.Future[int]:
         """A future of the offset `value` is appended at in `partition` (on the file log not yet
         durable: the processor makes it so before publishing anything that depends on it)."""
         future: asyncio.Future[int] = self.loop.create_future()
+        if self._stopping is not None:
+            future.set_exception(self._stopping)
+            return future
         self._pending[partition].append((value, future))
         if not self._scheduled:
             self._scheduled = True
@@ -418,7 +432,8 @@ class CommandWriter:
             self.loop.call_soon_threadsafe(self._abandon, reason)
 
     def _abandon(self, reason: Exception) -> None:
-        for pending in self._sending:
+        self._stopping = reason
+        for pending in (*self._sending, self._pending):  # made now, or queued behind those
             _settle(pending, dict.fromkeys(pending, reason))
 
     def _append_each(self, pending: _Pending) -> dict[int, list[int] | Exception]:
